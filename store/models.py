@@ -1,0 +1,101 @@
+"""SQLAlchemy 2 typed models of the store.
+
+Time series follow a narrow layout: ``series`` holds one row per distinct (node, metric, label
+set); ``samples`` holds (series_id, ts, value) with the primary key in query order, so a range
+query on one series is an index range scan.  ``rollup_1m`` / ``rollup_1h`` keep min, max, sum,
+count, last and the reset-aware counter increase per bucket.  ``events`` holds discrete
+happenings with a JSON details column.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Node(Base):
+    __tablename__ = "nodes"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(253), unique=True)
+    labels: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    first_seen: Mapped[float] = mapped_column(Float)
+    last_seen: Mapped[float] = mapped_column(Float)
+
+
+class Series(Base):
+    __tablename__ = "series"
+    __table_args__ = (
+        UniqueConstraint("node_id", "metric", "labels", name="uq_series_identity"),
+        Index("ix_series_metric", "metric"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
+    metric: Mapped[str] = mapped_column(String(200))
+    # canonical JSON of the label set (sorted keys, no spaces): see triscope.samples.label_key
+    labels: Mapped[str] = mapped_column(Text, default="{}")
+    kind: Mapped[str] = mapped_column(String(16), default="gauge")
+
+
+class Sample(Base):
+    """One raw point.  Counters hold the cumulative value the source reported."""
+
+    __tablename__ = "samples"
+    __table_args__ = {"sqlite_with_rowid": False}
+
+    series_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    ts: Mapped[float] = mapped_column(Float, primary_key=True)
+    value: Mapped[float] = mapped_column(Float)
+
+
+class _RollupColumns:
+    series_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    bucket: Mapped[float] = mapped_column(Float, primary_key=True)  # bucket start, epoch seconds
+    min: Mapped[float] = mapped_column(Float)
+    max: Mapped[float] = mapped_column(Float)
+    sum: Mapped[float] = mapped_column(Float)
+    count: Mapped[int] = mapped_column(Integer)
+    last: Mapped[float] = mapped_column(Float)
+    last_ts: Mapped[float] = mapped_column(Float)
+    # counters: reset-aware increase inside the bucket (gauges: 0)
+    increase: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+class Rollup1m(_RollupColumns, Base):
+    __tablename__ = "rollup_1m"
+    __table_args__ = {"sqlite_with_rowid": False}
+
+
+class Rollup1h(_RollupColumns, Base):
+    __tablename__ = "rollup_1h"
+    __table_args__ = {"sqlite_with_rowid": False}
+
+
+class RollupWatermark(Base):
+    """How far each node's raw data has been rolled up, per tier (``1m`` / ``1h``)."""
+
+    __tablename__ = "rollup_watermarks"
+
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True)
+    tier: Mapped[str] = mapped_column(String(8), primary_key=True)
+    rolled_until: Mapped[float] = mapped_column(Float)
+
+
+class Event(Base):
+    __tablename__ = "events"
+    __table_args__ = (Index("ix_events_node_ts", "node_id", "ts"), Index("ix_events_ts", "ts"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
+    ts: Mapped[float] = mapped_column(Float)
+    kind: Mapped[str] = mapped_column(String(64))
+    severity: Mapped[str] = mapped_column(String(16), default="info")
+    message: Mapped[str] = mapped_column(Text, default="")
+    details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)

@@ -1,0 +1,79 @@
+"""The ``triscope`` command line.
+
+Each subcommand lives in its own module under ``triscope.commands`` and exposes
+``register(subparsers)``; the handler it sets with ``set_defaults(func=...)`` returns an exit code.
+Errors meant for the user are raised as ``UserError`` (or ``store.db.StoreError``) and printed as
+one line, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+COMMAND_MODULES = [
+    "triscope.commands.run",
+    "triscope.commands.agent",
+    "triscope.commands.dashboard",
+    "triscope.commands.remediate",
+    "triscope.commands.db",
+    "triscope.commands.query",
+    "triscope.commands.rca",
+    "triscope.commands.slo",
+    "triscope.commands.doctor",
+    "triscope.commands.trace",
+]
+
+
+class UserError(Exception):
+    """A problem with what the user asked for: printed as one line, exit code 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="triscope",
+        description="Find and fix GPU / I/O / NPU coordination mismatch on AI inference nodes.",
+        epilog="Database: --db URL or TRISCOPE_DB_URL; default a SQLite file ./triscope.db. "
+        "Run 'triscope COMMAND --help' for each command.",
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name == name:
+                continue  # that part is not built yet
+            raise
+        mod.register(sub)
+    return parser
+
+
+def setup_logging(verbosity: int) -> None:
+    level = logging.WARNING if verbosity <= 0 else logging.INFO if verbosity == 1 else logging.DEBUG
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from store.db import StoreError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    setup_logging(max(args.verbose, getattr(args, "default_verbosity", 0)))
+    try:
+        rc = args.func(args)
+    except (UserError, StoreError) as e:
+        print(f"triscope {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

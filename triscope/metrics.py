@@ -1,0 +1,105 @@
+"""The metric catalogue: every metric triscope exports, its type and help text.
+
+One source of truth for the exporter (HELP/TYPE lines), the store (counter vs gauge) and the
+docs.  Prometheus conventions: ``triscope_`` prefix, base units, ``_total`` on counters, ``_ratio``
+for 0..1.  Extend in the same style; metrics scraped from applications (``--scrape``) keep their
+own names and are not listed here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from triscope.samples import MetricKind
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    name: str
+    kind: MetricKind
+    help: str
+    labels: tuple[str, ...] = ()
+
+
+_SPECS = [
+    # network
+    MetricSpec("triscope_tcp_retransmits_total", "counter", "TCP segments retransmitted (eBPF tcp:tcp_retransmit_skb, else /proc/net/snmp RetransSegs).", ()),
+    MetricSpec("triscope_tcp_retransmits_by_state_total", "counter", "TCP retransmits by the socket's TCP state (eBPF).", ("state",)),
+    MetricSpec("triscope_tcp_synack_retransmits_total", "counter", "SYN-ACK retransmits (eBPF tcp:tcp_retransmit_synack).", ()),
+    MetricSpec("triscope_tcp_sockets", "gauge", "TCP sockets by state (from /proc/net/sockstat and /proc/net/snmp).", ("state",)),
+    MetricSpec("triscope_tcp_segments_out_total", "counter", "TCP segments sent (/proc/net/snmp OutSegs).", ()),
+    # DMA / IOMMU / PCIe
+    MetricSpec("triscope_dma_map_total", "counter", "DMA mappings created (eBPF dma:dma_map_*).", ("device", "direction")),
+    MetricSpec("triscope_dma_map_bytes_total", "counter", "Bytes DMA-mapped (eBPF dma:dma_map_*).", ("device", "direction")),
+    MetricSpec("triscope_dma_unmap_total", "counter", "DMA mappings released (eBPF dma:dma_unmap_*).", ("device", "direction")),
+    MetricSpec("triscope_dma_map_errors_total", "counter", "DMA mapping failures (eBPF dma:*_err).", ("device",)),
+    MetricSpec("triscope_iommu_map_bytes_total", "counter", "Bytes mapped through the IOMMU (eBPF iommu:map).", ("device",)),
+    MetricSpec("triscope_iommu_unmap_bytes_total", "counter", "Bytes unmapped from the IOMMU (eBPF iommu:unmap).", ("device",)),
+    MetricSpec("triscope_iommu_page_faults_total", "counter", "IOMMU I/O page faults (eBPF iommu:io_page_fault).", ("device",)),
+    MetricSpec("triscope_pcie_aer_errors_total", "counter", "PCIe AER errors by severity (eBPF ras:aer_event, else sysfs aer_dev_*).", ("device", "severity")),
+    MetricSpec("triscope_pcie_link_speed_gts", "gauge", "PCIe link speed in GT/s (kind=current|max).", ("device", "kind")),
+    MetricSpec("triscope_pcie_link_width", "gauge", "PCIe link width in lanes (kind=current|max).", ("device", "kind")),
+    MetricSpec("triscope_pcie_link_degraded", "gauge", "1 when the link runs below its maximum speed or width.", ("device",)),
+    MetricSpec("triscope_pcie_link_capacity_bytes_per_second", "gauge", "Usable one-way bandwidth of the negotiated link (generation x width, after encoding).", ("device",)),
+    # host pressure
+    MetricSpec("triscope_pressure_ratio", "gauge", "Pressure stall information avg10 as a ratio (resource=cpu|memory|io, kind=some|full).", ("resource", "kind")),
+    MetricSpec("triscope_pressure_stalled_seconds_total", "counter", "Pressure stall information total stall time.", ("resource", "kind")),
+    MetricSpec("triscope_cpu_busy_ratio", "gauge", "Share of CPU time not idle/iowait since the last tick, all CPUs.", ()),
+    MetricSpec("triscope_cpu_seconds_total", "counter", "CPU time by mode, all CPUs (/proc/stat).", ("mode",)),
+    MetricSpec("triscope_memory_available_bytes", "gauge", "MemAvailable from /proc/meminfo.", ()),
+    # GPU (NVML)
+    MetricSpec("triscope_gpu_utilization_ratio", "gauge", "NVML utilization.gpu (coarse: copy-engine time counts as busy).", ("gpu",)),
+    MetricSpec("triscope_gpu_memory_utilization_ratio", "gauge", "NVML utilization.memory (coarse).", ("gpu",)),
+    MetricSpec("triscope_gpu_memory_used_bytes", "gauge", "GPU memory used.", ("gpu",)),
+    MetricSpec("triscope_gpu_memory_total_bytes", "gauge", "GPU memory total.", ("gpu",)),
+    MetricSpec("triscope_gpu_sm_active_ratio", "gauge", "SM activity from NVML GPM between two ticks (Hopper+).", ("gpu",)),
+    MetricSpec("triscope_gpu_tensor_active_ratio", "gauge", "Tensor-core activity from NVML GPM (Hopper+).", ("gpu",)),
+    MetricSpec("triscope_gpu_dram_bw_ratio", "gauge", "DRAM bandwidth utilization from NVML GPM (Hopper+).", ("gpu",)),
+    MetricSpec("triscope_gpu_pcie_rx_bytes_total", "counter", "Bytes received by the GPU over PCIe (GPM rates integrated per tick).", ("gpu",)),
+    MetricSpec("triscope_gpu_pcie_tx_bytes_total", "counter", "Bytes sent by the GPU over PCIe (GPM rates integrated per tick).", ("gpu",)),
+    MetricSpec("triscope_gpu_pcie_replays_total", "counter", "PCIe replay counter (NVML).", ("gpu",)),
+    MetricSpec("triscope_gpu_xid_errors_total", "counter", "XID errors by code (NVML events).", ("gpu", "xid")),
+    MetricSpec("triscope_gpu_power_watts", "gauge", "GPU power draw.", ("gpu",)),
+    MetricSpec("triscope_gpu_temperature_celsius", "gauge", "GPU temperature.", ("gpu",)),
+    MetricSpec("triscope_gpu_sm_clock_hertz", "gauge", "SM clock.", ("gpu",)),
+    MetricSpec("triscope_gpu_throttle_reasons", "gauge", "NVML clocks-event (throttle) reason bitmask.", ("gpu",)),
+    MetricSpec("triscope_gpu_up", "gauge", "1 while the GPU answers NVML, 0 after it fell off the bus.", ("gpu",)),
+    # NPU (npu-smi)
+    MetricSpec("triscope_npu_aicore_utilization_ratio", "gauge", "Ascend AICore utilization (npu-smi).", ("npu", "chip")),
+    MetricSpec("triscope_npu_hbm_used_bytes", "gauge", "Ascend HBM used (npu-smi).", ("npu", "chip")),
+    MetricSpec("triscope_npu_hbm_total_bytes", "gauge", "Ascend HBM total (npu-smi).", ("npu", "chip")),
+    MetricSpec("triscope_npu_memory_used_bytes", "gauge", "Ascend device memory used (npu-smi).", ("npu", "chip")),
+    MetricSpec("triscope_npu_memory_total_bytes", "gauge", "Ascend device memory total (npu-smi).", ("npu", "chip")),
+    MetricSpec("triscope_npu_health", "gauge", "Ascend health: 0 OK, 1 Warning, 2 Alarm, 3 Critical, -1 unknown.", ("npu", "chip")),
+    MetricSpec("triscope_npu_power_watts", "gauge", "Ascend power draw (npu-smi).", ("npu", "chip")),
+    MetricSpec("triscope_npu_temperature_celsius", "gauge", "Ascend temperature (npu-smi).", ("npu", "chip")),
+    MetricSpec("triscope_npu_hugepages_used", "gauge", "Ascend hugepages in use (npu-smi).", ("npu", "chip")),
+    MetricSpec("triscope_npu_hugepages_total", "gauge", "Ascend hugepages total (npu-smi).", ("npu", "chip")),
+    # analysis
+    MetricSpec("triscope_mismatch_score", "gauge", "Share of accelerator time lost to I/O over the sliding window (0..1).", ()),
+    MetricSpec("triscope_mismatch_state", "gauge", "1 for the node's current coordination state, 0 for the others.", ("state",)),
+    # self
+    MetricSpec("triscope_collector_up", "gauge", "1 when the collector's last collect() succeeded.", ("collector",)),
+    MetricSpec("triscope_probe_attached", "gauge", "1 when the eBPF probe is attached.", ("probe",)),
+    MetricSpec("triscope_probe_lost_events_total", "counter", "Events the kernel could not hand to the agent (ring/perf buffer full).", ("probe",)),
+    MetricSpec("triscope_tick_duration_seconds", "gauge", "Wall time of the last sampler tick (all collectors + store write).", ()),
+    MetricSpec("triscope_collector_duration_seconds", "gauge", "Wall time of the collector's last collect().", ("collector",)),
+    MetricSpec("triscope_ticks_total", "counter", "Sampler ticks run.", ()),
+    MetricSpec("triscope_spooled_samples", "gauge", "Samples waiting in the on-disk spool for the store to return.", ()),
+    MetricSpec("triscope_spooled_samples_total", "counter", "Samples written to the on-disk spool because the store was unreachable.", ()),
+    MetricSpec("triscope_dropped_samples_total", "counter", "Samples dropped because the spool was full.", ()),
+    MetricSpec("triscope_store_write_errors_total", "counter", "Failed store writes (the tick went to the spool).", ()),
+]
+
+CATALOGUE: dict[str, MetricSpec] = {s.name: s for s in _SPECS}
+
+
+def spec(name: str) -> MetricSpec | None:
+    return CATALOGUE.get(name)
+
+
+def kind_of(name: str) -> MetricKind:
+    s = CATALOGUE.get(name)
+    if s is not None:
+        return s.kind
+    return "counter" if name.endswith("_total") else "gauge"
