@@ -1,0 +1,57 @@
+"""Real TCP retransmits on loopback, without root tricks (tests, benchmarks, demos).
+
+A listener with a backlog of 0 that never accepts: once its queue is full the kernel drops new
+SYNs, and the connecting sockets retransmit them (1 s, 3 s, 7 s ... after the first try).
+``/proc/net/snmp`` ``Tcp: RetransSegs`` moves by the same amount.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+def read_retranssegs(proc: str = "/proc") -> int:
+    with open(f"{proc}/net/snmp") as f:
+        lines = [line.split() for line in f if line.startswith("Tcp:")]
+    header, values = lines[0], lines[1]
+    return int(values[header.index("RetransSegs")])
+
+
+@contextmanager
+def syn_retransmits(connections: int = 8, host: str = "127.0.0.1") -> Iterator[tuple[str, int]]:
+    """Open a never-accepting listener and ``connections`` non-blocking connects to it.
+
+    Yields the listener's (host, port): the peer that retransmits are aimed at.  SYN retransmits
+    keep coming (exponential backoff) until the context exits and the sockets are closed.
+    """
+
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((host, 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    clients: list[socket.socket] = []
+    try:
+        for _ in range(connections):
+            c = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            c.setblocking(False)
+            try:
+                c.connect((host, port))
+            except BlockingIOError:
+                pass
+            clients.append(c)
+        yield host, port
+    finally:
+        for c in clients:
+            c.close()
+        listener.close()
+
+
+if __name__ == "__main__":  # quick manual check: python -m triscope.loopback
+    before = read_retranssegs()
+    with syn_retransmits(8):
+        time.sleep(4)
+    print("RetransSegs delta:", read_retranssegs() - before)
