@@ -1,0 +1,610 @@
+"""The store's API: batched tick writes, rollups, retention and the read functions.
+
+Writes: ``write_ticks(node, ticks)`` inserts each tick's samples in one transaction (idempotent
+per (series, ts): a replayed spool never doubles a point) and rolls closed buckets up into
+``rollup_1m`` and ``rollup_1h`` with set-based SQL.  Reads: ``query`` serves a range from raw
+samples or a rollup tier, whichever keeps the row count small, and downsamples in SQL to at most
+``max_points`` (the min and the max of each bucket survive, so spikes do).  Counters come back
+as per-second rates with resets handled.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.engine import Connection, Engine
+
+from store.db import StoreError, check_reachable, make_engine, normalise_url
+from triscope.samples import EventRecord, Sample, label_key, parse_label_key
+
+TIERS = (("raw", 0.0), ("1m", 60.0), ("1h", 3600.0))
+
+
+@dataclass(slots=True)
+class Tick:
+    ts: float
+    samples: Sequence[Sample] = ()
+    events: Sequence[EventRecord] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    name: str
+    labels: dict[str, Any]
+    first_seen: float
+    last_seen: float
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesInfo:
+    id: int
+    node: str
+    metric: str
+    labels: dict[str, str]
+    kind: str
+
+
+@dataclass(slots=True)
+class SeriesData:
+    info: SeriesInfo
+    ts: list[float] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
+    tier: str = "raw"
+
+
+@dataclass(frozen=True, slots=True)
+class LatestValue:
+    info: SeriesInfo
+    ts: float
+    value: float
+
+
+@dataclass(frozen=True, slots=True)
+class EventRow:
+    id: int
+    node: str
+    ts: float
+    kind: str
+    severity: str
+    message: str
+    details: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionPolicy:
+    """How long each tier is kept (seconds).  Defaults: raw 7 d, 1-minute 90 d, hourly 2 years."""
+
+    raw: float = 7 * 86400
+    rollup_1m: float = 90 * 86400
+    rollup_1h: float = 730 * 86400
+
+
+class Store:
+    """One database.  Thread-safe for one writer and many readers."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.dialect = engine.dialect.name
+        self._node_ids: dict[str, int] = {}
+        self._series_ids: dict[tuple[int, str, str], int] = {}
+        self._lock = threading.RLock()
+
+    # ------------------------------------------------------------------ lifecycle
+    @classmethod
+    def open(cls, url: str | None = None, *, check: bool = True) -> Store:
+        engine = make_engine(url)
+        if check:
+            check_reachable(engine)
+        return cls(engine)
+
+    @property
+    def url(self) -> str:
+        return self.engine.url.render_as_string(hide_password=False)
+
+    def upgrade(self) -> None:
+        from store.db import upgrade
+
+        upgrade(self.url)
+
+    def is_migrated(self) -> bool:
+        from sqlalchemy import inspect
+
+        return inspect(self.engine).has_table("samples")
+
+    def require_schema(self) -> None:
+        if not self.is_migrated():
+            raise StoreError(f"database {self.engine.url.render_as_string(hide_password=True)} has no triscope "
+                             "schema: run 'triscope db upgrade --db URL'")
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # ------------------------------------------------------------------ ids
+    def _node_id(self, conn: Connection, node: str, ts: float) -> int:
+        nid = self._node_ids.get(node)
+        if nid is not None:
+            return nid
+        row = conn.execute(text("SELECT id FROM nodes WHERE name = :n"), {"n": node}).first()
+        if row is None:
+            conn.execute(text(self._insert_ignore("nodes", "(name, labels, first_seen, last_seen)",
+                                                  "(:n, :l, :t, :t)", "(name)")),
+                         {"n": node, "l": "{}", "t": ts})
+            row = conn.execute(text("SELECT id FROM nodes WHERE name = :n"), {"n": node}).first()
+        assert row is not None
+        self._node_ids[node] = int(row[0])
+        return int(row[0])
+
+    def _insert_ignore(self, table: str, cols: str, values: str, conflict: str) -> str:
+        return f"INSERT INTO {table} {cols} VALUES {values} ON CONFLICT {conflict} DO NOTHING"
+
+    def _series_id_map(self, conn: Connection, node_id: int, keys: Iterable[tuple[str, str, str]]) -> dict[tuple[str, str], int]:
+        """(metric, labelkey) -> series id for one node, creating the missing series."""
+        out: dict[tuple[str, str], int] = {}
+        missing: list[tuple[str, str, str]] = []
+        for metric, lk, kind in keys:
+            sid = self._series_ids.get((node_id, metric, lk))
+            if sid is None:
+                missing.append((metric, lk, kind))
+            else:
+                out[(metric, lk)] = sid
+        if missing:
+            conn.execute(
+                text(self._insert_ignore("series", "(node_id, metric, labels, kind)", "(:n, :m, :l, :k)",
+                                         "(node_id, metric, labels)")),
+                [{"n": node_id, "m": m, "l": lk, "k": k} for m, lk, k in missing],
+            )
+            rows = conn.execute(text("SELECT id, metric, labels FROM series WHERE node_id = :n"), {"n": node_id})
+            for sid, metric, lk in rows:
+                self._series_ids[(node_id, metric, lk)] = int(sid)
+            for metric, lk, _ in missing:
+                out[(metric, lk)] = self._series_ids[(node_id, metric, lk)]
+        return out
+
+    # ------------------------------------------------------------------ writes
+    def write_ticks(self, node: str, ticks: Sequence[Tick], *, rollup: bool = True) -> int:
+        """Write ticks for one node in one transaction.  Returns the number of samples written."""
+        if not ticks:
+            return 0
+        with self._lock:
+            try:
+                return self._write_ticks(node, ticks, rollup)
+            except Exception:
+                # ids may have been cached from a transaction that rolled back
+                self._node_ids.pop(node, None)
+                self._series_ids.clear()
+                raise
+
+    def _write_ticks(self, node: str, ticks: Sequence[Tick], rollup: bool) -> int:
+        t_min = min(t.ts for t in ticks)
+        t_max = max(t.ts for t in ticks)
+        with self.engine.begin() as conn:
+            nid = self._node_id(conn, node, t_min)
+            keys: dict[tuple[str, str], str] = {}
+            for t in ticks:
+                for s in t.samples:
+                    keys.setdefault((s.name, label_key(s.labels)), s.kind)
+            sids = self._series_id_map(conn, nid, ((m, lk, k) for (m, lk), k in keys.items()))
+            rows = [
+                (sids[(s.name, label_key(s.labels))], t.ts, float(s.value))
+                for t in ticks for s in t.samples
+                if s.value == s.value and not math.isinf(s.value)
+            ]
+            self._insert_samples(conn, rows)
+            events = [(t.ts, e) for t in ticks for e in t.events]
+            if events:
+                self._insert_events(conn, nid, events)
+            conn.execute(text("UPDATE nodes SET last_seen = :t WHERE id = :n AND last_seen < :t"), {"t": t_max, "n": nid})
+            if rollup:
+                self._rollup_node(conn, nid, t_min, t_max)
+        return len(rows)
+
+    def _insert_samples(self, conn: Connection, rows: list[tuple[int, float, float]]) -> None:
+        if not rows:
+            return
+        raw = conn.connection.dbapi_connection
+        assert raw is not None
+        cur = raw.cursor()
+        try:
+            if self.dialect == "sqlite":
+                cur.executemany("INSERT OR IGNORE INTO samples (series_id, ts, value) VALUES (?, ?, ?)", rows)
+            else:
+                # COPY into a temp table, then one INSERT ... ON CONFLICT: fast and idempotent
+                cur.execute("CREATE TEMP TABLE IF NOT EXISTS _ingest (series_id integer, ts double precision, "
+                            "value double precision) ON COMMIT DELETE ROWS")
+                with cur.copy("COPY _ingest (series_id, ts, value) FROM STDIN") as cp:  # type: ignore[attr-defined]
+                    for r in rows:
+                        cp.write_row(r)
+                cur.execute("INSERT INTO samples (series_id, ts, value) SELECT series_id, ts, value FROM _ingest "
+                            "ON CONFLICT DO NOTHING")
+                cur.execute("TRUNCATE _ingest")
+        finally:
+            cur.close()
+
+    def _insert_events(self, conn: Connection, node_id: int, events: list[tuple[float, EventRecord]]) -> None:
+        conn.execute(
+            text("INSERT INTO events (node_id, ts, kind, severity, message, details) VALUES (:n, :t, :k, :s, :m, :d)"),
+            [{"n": node_id, "t": e.ts or ts, "k": e.kind, "s": e.severity, "m": e.message,
+              "d": json.dumps(e.details, default=str)} for ts, e in events],
+        )
+
+    def add_events(self, node: str, events: Sequence[EventRecord], ts: float | None = None) -> None:
+        if not events:
+            return
+        now = ts if ts is not None else time.time()
+        with self._lock, self.engine.begin() as conn:
+            nid = self._node_id(conn, node, now)
+            self._insert_events(conn, nid, [(now, e) for e in events])
+
+    def set_node_labels(self, node: str, labels: Mapping[str, Any]) -> None:
+        with self._lock, self.engine.begin() as conn:
+            nid = self._node_id(conn, node, time.time())
+            conn.execute(text("UPDATE nodes SET labels = :l WHERE id = :n"), {"l": json.dumps(dict(labels)), "n": nid})
+
+    # ------------------------------------------------------------------ rollups
+    def _watermark(self, conn: Connection, node_id: int, tier: str) -> float | None:
+        row = conn.execute(text("SELECT rolled_until FROM rollup_watermarks WHERE node_id = :n AND tier = :t"),
+                           {"n": node_id, "t": tier}).first()
+        return None if row is None else float(row[0])
+
+    def _set_watermark(self, conn: Connection, node_id: int, tier: str, until: float) -> None:
+        conn.execute(text("INSERT INTO rollup_watermarks (node_id, tier, rolled_until) VALUES (:n, :t, :u) "
+                          "ON CONFLICT (node_id, tier) DO UPDATE SET rolled_until = excluded.rolled_until"),
+                     {"n": node_id, "t": tier, "u": until})
+
+    def _rollup_node(self, conn: Connection, node_id: int, t_min: float, t_max: float) -> None:
+        """Roll closed buckets of this node up; re-roll buckets that late (spooled) samples touched."""
+        for tier, width, source in (("1m", 60.0, "samples"), ("1h", 3600.0, "rollup_1m")):
+            wm = self._watermark(conn, node_id, tier)
+            closed_until = math.floor(t_max / width) * width  # buckets before this are closed
+            if tier == "1h":
+                # hourly is built from 1-minute rollups, which are complete up to their own watermark
+                wm1 = self._watermark(conn, node_id, "1m") or 0.0
+                closed_until = min(closed_until, math.floor(wm1 / width) * width)
+            if wm is None:
+                first = conn.execute(text(
+                    "SELECT min(ts) FROM samples WHERE series_id IN (SELECT id FROM series WHERE node_id = :n)"
+                ), {"n": node_id}).scalar()
+                if first is None:
+                    continue
+                wm = math.floor(float(first) / width) * width
+                self._set_watermark(conn, node_id, tier, wm)
+            lo = wm
+            if t_min < wm:  # late data landed in already-rolled buckets: re-roll from there
+                lo = math.floor(t_min / width) * width
+            if closed_until > lo:
+                self._roll(conn, node_id, tier, width, source, lo, closed_until)
+                if closed_until > wm:
+                    self._set_watermark(conn, node_id, tier, closed_until)
+
+    def _roll(self, conn: Connection, node_id: int, tier: str, width: float, source: str, lo: float, hi: float) -> None:
+        table = f"rollup_{tier}"
+        upsert = (f" ON CONFLICT (series_id, bucket) DO UPDATE SET min = excluded.min, max = excluded.max, "
+                  "sum = excluded.sum, count = excluded.count, last = excluded.last, last_ts = excluded.last_ts, "
+                  "increase = excluded.increase")
+        params = {"n": node_id, "lo": lo, "hi": hi, "w": width}
+        if source == "samples":
+            # window over [lo - width, hi) so the first sample of the range has its predecessor
+            sql = f"""
+            INSERT INTO {table} (series_id, bucket, min, max, sum, count, last, last_ts, increase)
+            SELECT series_id, bucket, min(value), max(value), sum(value), count(*),
+                   {self._last_expr('value', 'ts')}, max(ts),
+                   sum(CASE WHEN kind = 'counter' AND prev IS NOT NULL
+                            THEN CASE WHEN value >= prev THEN value - prev ELSE value END ELSE 0 END)
+            FROM (
+                SELECT s.series_id, s.ts, s.value, se.kind,
+                       {self._floor('s.ts', ':w')} AS bucket,
+                       lag(s.value) OVER (PARTITION BY s.series_id ORDER BY s.ts) AS prev
+                FROM samples s JOIN series se ON se.id = s.series_id
+                WHERE se.node_id = :n AND s.ts >= :lo - :w AND s.ts < :hi
+            ) w
+            WHERE w.ts >= :lo
+            GROUP BY series_id, bucket
+            {upsert}"""
+        else:
+            sql = f"""
+            INSERT INTO {table} (series_id, bucket, min, max, sum, count, last, last_ts, increase)
+            SELECT r.series_id, {self._floor('r.bucket', ':w')} AS b, min(r.min), max(r.max), sum(r.sum),
+                   sum(r.count), {self._last_expr('r.last', 'r.last_ts')}, max(r.last_ts), sum(r.increase)
+            FROM rollup_1m r JOIN series se ON se.id = r.series_id
+            WHERE se.node_id = :n AND r.bucket >= :lo AND r.bucket < :hi
+            GROUP BY r.series_id, b
+            {upsert}"""
+        conn.execute(text(sql), params)
+
+    def _floor(self, expr: str, width: str) -> str:
+        if self.dialect == "sqlite":
+            return f"(CAST({expr} / {width} AS INTEGER) * {width})"
+        return f"(floor({expr} / {width}) * {width})"
+
+    def _last_expr(self, value: str, ts: str) -> str:
+        if self.dialect == "sqlite":
+            # SQLite: a bare column next to max() comes from the row holding the max
+            return self._sqlite_last(value, ts)
+        return f"(array_agg({value} ORDER BY {ts} DESC))[1]"
+
+    @staticmethod
+    def _sqlite_last(value: str, ts: str) -> str:
+        # json trick: the value of the row with the greatest ts, without a bare-column dependency
+        return f"CAST(substr(max(printf('%020.6f', {ts}) || '|' || {value}), 22) AS REAL)"
+
+    def rollup_all(self) -> None:
+        """Roll every node up to now (used after imports and by the retention job)."""
+        now = time.time()
+        with self._lock, self.engine.begin() as conn:
+            for (nid,) in conn.execute(text("SELECT id FROM nodes")).all():
+                self._rollup_node(conn, int(nid), now, now)
+
+    # ------------------------------------------------------------------ retention
+    def apply_retention(self, policy: RetentionPolicy | None = None, now: float | None = None) -> dict[str, int]:
+        """Delete data older than the policy allows.  Returns rows removed per table."""
+        policy = policy or RetentionPolicy()
+        now = now if now is not None else time.time()
+        out: dict[str, int] = {}
+        with self._lock, self.engine.begin() as conn:
+            for table, keep, col in (("samples", policy.raw, "ts"), ("rollup_1m", policy.rollup_1m, "bucket"),
+                                     ("rollup_1h", policy.rollup_1h, "bucket"), ("events", policy.rollup_1h, "ts")):
+                res = conn.execute(text(f"DELETE FROM {table} WHERE {col} < :cut"), {"cut": now - keep})
+                out[table] = int(res.rowcount or 0)
+        return out
+
+    # ------------------------------------------------------------------ reads
+    def nodes(self) -> list[NodeInfo]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(text("SELECT name, labels, first_seen, last_seen FROM nodes ORDER BY name")).all()
+        return [NodeInfo(r[0], _json(r[1]), float(r[2]), float(r[3])) for r in rows]
+
+    def series(self, node: str | None = None, metric: str | None = None, prefix: str | None = None,
+               labels: Mapping[str, str] | None = None) -> list[SeriesInfo]:
+        where, params = ["1=1"], {}
+        if node is not None:
+            where.append("n.name = :node")
+            params["node"] = node
+        if metric is not None:
+            where.append("s.metric = :metric")
+            params["metric"] = metric
+        if prefix is not None:
+            where.append("s.metric LIKE :prefix")
+            params["prefix"] = prefix.replace("_", r"\_") + "%"
+        sql = (f"SELECT s.id, n.name, s.metric, s.labels, s.kind FROM series s JOIN nodes n ON n.id = s.node_id "
+               f"WHERE {' AND '.join(where)} ORDER BY n.name, s.metric, s.labels")
+        if prefix is not None:
+            sql = sql.replace("LIKE :prefix", "LIKE :prefix ESCAPE '\\'")
+        with self.engine.connect() as conn:
+            rows = conn.execute(text(sql), params).all()
+        out = [SeriesInfo(int(r[0]), r[1], r[2], parse_label_key(r[3]), r[4]) for r in rows]
+        if labels:
+            out = [s for s in out if all(s.labels.get(k) == v for k, v in labels.items())]
+        return out
+
+    def metric_names(self, node: str | None = None) -> list[str]:
+        sql = "SELECT DISTINCT s.metric FROM series s"
+        params: dict[str, Any] = {}
+        if node is not None:
+            sql += " JOIN nodes n ON n.id = s.node_id WHERE n.name = :node"
+            params["node"] = node
+        with self.engine.connect() as conn:
+            return sorted(r[0] for r in conn.execute(text(sql), params))
+
+    def time_bounds(self, node: str | None = None) -> tuple[float, float] | None:
+        sql = "SELECT min(s.ts), max(s.ts) FROM samples s"
+        params: dict[str, Any] = {}
+        if node is not None:
+            sql += " JOIN series se ON se.id = s.series_id JOIN nodes n ON n.id = se.node_id WHERE n.name = :node"
+            params["node"] = node
+        with self.engine.connect() as conn:
+            row = conn.execute(text(sql), params).first()
+        if row is None or row[0] is None:
+            return None
+        return float(row[0]), float(row[1])
+
+    def query(self, metric: str, node: str | None = None, labels: Mapping[str, str] | None = None,
+              start: float | None = None, end: float | None = None, max_points: int | None = 2000,
+              rate: bool | None = None, tier: str | None = None) -> list[SeriesData]:
+        """Every series of ``metric`` (on ``node``, matching ``labels``) over [start, end].
+
+        Counters come back as per-second rates (``rate=None``) unless ``rate=False``.
+        ``max_points=None`` returns every raw point.  ``tier`` forces ``raw``, ``1m`` or ``1h``.
+        """
+        infos = self.series(node=node, metric=metric, labels=labels)
+        end = time.time() if end is None else end
+        start = end - 3600 if start is None else start
+        out: list[SeriesData] = []
+        with self.engine.connect() as conn:
+            for info in infos:
+                as_rate = (info.kind == "counter") if rate is None else rate
+                out.append(self._query_one(conn, info, start, end, max_points, as_rate, tier))
+        return out
+
+    def query_series(self, info: SeriesInfo, start: float, end: float, max_points: int | None = 2000,
+                     rate: bool | None = None, tier: str | None = None) -> SeriesData:
+        with self.engine.connect() as conn:
+            as_rate = (info.kind == "counter") if rate is None else rate
+            return self._query_one(conn, info, start, end, max_points, as_rate, tier)
+
+    def _choose_tier(self, start: float, end: float, max_points: int | None) -> str:
+        if max_points is None:
+            return "raw"
+        span = end - start
+        # raw while the range holds at most ~50 raw points per output point (1 Hz assumed), then rollups
+        if span <= 50 * max_points:
+            return "raw"
+        if span <= 60 * 50 * max_points:
+            return "1m"
+        return "1h"
+
+    def _query_one(self, conn: Connection, info: SeriesInfo, start: float, end: float,
+                   max_points: int | None, as_rate: bool, tier: str | None) -> SeriesData:
+        tier = tier or self._choose_tier(start, end, max_points)
+        if tier == "raw":
+            ts, vals = self._raw(conn, info.id, start, end, as_rate, max_points)
+            return SeriesData(info, ts, vals, "raw")
+        # rollup tier, with the not-yet-rolled tail served from the next finer tier
+        width = 60.0 if tier == "1m" else 3600.0
+        wm = self._watermark(conn, self._node_id_of(conn, info.id), tier)
+        ts: list[float] = []
+        vals: list[float] = []
+        roll_end = min(end, wm) if wm is not None else start
+        if roll_end > start:
+            ts, vals = self._rollup_points(conn, tier, width, info.id, start, roll_end, as_rate)
+        if roll_end < end:
+            finer = "raw" if tier == "1m" else "1m"
+            if finer == "raw":
+                t2, v2 = self._raw(conn, info.id, max(start, roll_end), end, as_rate, None)
+            else:
+                wm1 = self._watermark(conn, self._node_id_of(conn, info.id), "1m")
+                mid = min(end, wm1) if wm1 is not None else max(start, roll_end)
+                t2, v2 = self._rollup_points(conn, "1m", 60.0, info.id, max(start, roll_end), mid, as_rate)
+                if mid < end:
+                    t3, v3 = self._raw(conn, info.id, max(start, mid), end, as_rate, None)
+                    t2, v2 = t2 + t3, v2 + v3
+            ts, vals = ts + t2, vals + v2
+        if max_points is not None and len(ts) > max_points:
+            ts, vals = minmax_downsample(ts, vals, max_points)
+        return SeriesData(info, ts, vals, tier)
+
+    def _node_id_of(self, conn: Connection, series_id: int) -> int:
+        return int(conn.execute(text("SELECT node_id FROM series WHERE id = :s"), {"s": series_id}).scalar_one())
+
+    def _raw(self, conn: Connection, sid: int, start: float, end: float, as_rate: bool,
+             max_points: int | None) -> tuple[list[float], list[float]]:
+        params = {"s": sid, "a": start, "b": end}
+        if as_rate:
+            inner = ("SELECT ts, CASE WHEN prev IS NULL OR ts <= pts THEN NULL "
+                     "WHEN value >= prev THEN (value - prev) / (ts - pts) ELSE value / (ts - pts) END AS value "
+                     "FROM (SELECT ts, value, lag(value) OVER (ORDER BY ts) AS prev, lag(ts) OVER (ORDER BY ts) AS pts "
+                     "FROM samples WHERE series_id = :s AND ts >= :a AND ts <= :b) r")
+            base = f"SELECT ts, value FROM ({inner}) q WHERE value IS NOT NULL"
+        else:
+            base = "SELECT ts, value FROM samples WHERE series_id = :s AND ts >= :a AND ts <= :b"
+        if max_points is not None and max_points >= 4:
+            count = conn.execute(text(f"SELECT count(*) FROM samples WHERE series_id = :s AND ts >= :a AND ts <= :b"),
+                                 params).scalar_one()
+            if count > max_points:
+                return self._sql_downsample(conn, base, params, start, end, max_points)
+        rows = conn.execute(text(base + " ORDER BY ts"), params).all()
+        return [float(r[0]) for r in rows], [float(r[1]) for r in rows]
+
+    def _sql_downsample(self, conn: Connection, base: str, params: dict[str, Any], start: float, end: float,
+                        max_points: int) -> tuple[list[float], list[float]]:
+        """Min/max per bucket in SQL: at most ``max_points`` rows leave the database."""
+        nb = max(1, max_points // 2)
+        width = max((end - start) / nb, 1e-9)
+        p = dict(params, w=width, a0=start)
+        sub = f"SELECT ts, value, {self._floor('(ts - :a0)', ':w')} AS b FROM ({base}) x"
+        if self.dialect == "sqlite":
+            # SQLite documents that a bare column beside a single min()/max() comes from that row
+            lows = conn.execute(text(f"SELECT b, min(value), ts FROM ({sub}) y GROUP BY b"), p).all()
+            highs = {r[0]: r for r in conn.execute(text(f"SELECT b, max(value), ts FROM ({sub}) y GROUP BY b"), p)}
+            rows = [(b, vmin, tmin, highs[b][1], highs[b][2]) for b, vmin, tmin in lows]
+        else:
+            rows = conn.execute(text(
+                f"SELECT b, min(value), (array_agg(ts ORDER BY value ASC, ts))[1], "
+                f"max(value), (array_agg(ts ORDER BY value DESC, ts))[1] FROM ({sub}) y GROUP BY b"), p).all()
+        ts: list[float] = []
+        vals: list[float] = []
+        for _b, vmin, tmin, vmax, tmax in sorted(rows, key=lambda r: r[0]):
+            for t, v in sorted({(float(tmin), float(vmin)), (float(tmax), float(vmax))}):
+                ts.append(t)
+                vals.append(v)
+        return ts, vals
+
+    def _rollup_points(self, conn: Connection, tier: str, width: float, sid: int, start: float, end: float,
+                       as_rate: bool) -> tuple[list[float], list[float]]:
+        table = f"rollup_{tier}"
+        a = math.floor(start / width) * width
+        rows = conn.execute(text(f"SELECT bucket, min, max, sum, count, increase FROM {table} "
+                                 f"WHERE series_id = :s AND bucket >= :a AND bucket < :b ORDER BY bucket"),
+                            {"s": sid, "a": a, "b": end}).all()
+        ts: list[float] = []
+        vals: list[float] = []
+        for bucket, vmin, vmax, vsum, cnt, inc in rows:
+            if as_rate:
+                ts.append(float(bucket) + width / 2)
+                vals.append(float(inc) / width)
+            elif cnt == 1 or vmin == vmax:
+                ts.append(float(bucket) + width / 2)
+                vals.append(float(vmin))
+            else:
+                ts.extend((float(bucket) + width * 0.25, float(bucket) + width * 0.75))
+                vals.extend((float(vmin), float(vmax)))
+        return ts, vals
+
+    def latest(self, node: str, metric: str | None = None, prefix: str | None = None,
+               since: float | None = None) -> list[LatestValue]:
+        infos = self.series(node=node, metric=metric, prefix=prefix)
+        out: list[LatestValue] = []
+        with self.engine.connect() as conn:
+            for info in infos:
+                row = conn.execute(text("SELECT ts, value FROM samples WHERE series_id = :s "
+                                        + ("AND ts >= :since " if since is not None else "")
+                                        + "ORDER BY ts DESC LIMIT 1"), {"s": info.id, "since": since}).first()
+                if row is None and since is None:
+                    row = conn.execute(text("SELECT last_ts, last FROM rollup_1m WHERE series_id = :s "
+                                            "ORDER BY bucket DESC LIMIT 1"), {"s": info.id}).first()
+                if row is not None:
+                    out.append(LatestValue(info, float(row[0]), float(row[1])))
+        return out
+
+    def events(self, node: str | None = None, start: float | None = None, end: float | None = None,
+               kinds: Sequence[str] | None = None, limit: int = 10000) -> list[EventRow]:
+        where, params = ["1=1"], {"lim": limit}
+        if node is not None:
+            where.append("n.name = :node")
+            params["node"] = node
+        if start is not None:
+            where.append("e.ts >= :a")
+            params["a"] = start
+        if end is not None:
+            where.append("e.ts <= :b")
+            params["b"] = end
+        if kinds:
+            names = []
+            for i, k in enumerate(kinds):
+                params[f"k{i}"] = k
+                names.append(f":k{i}")
+            where.append(f"e.kind IN ({', '.join(names)})")
+        sql = (f"SELECT e.id, n.name, e.ts, e.kind, e.severity, e.message, e.details FROM events e "
+               f"JOIN nodes n ON n.id = e.node_id WHERE {' AND '.join(where)} ORDER BY e.ts, e.id LIMIT :lim")
+        with self.engine.connect() as conn:
+            rows = conn.execute(text(sql), params).all()
+        return [EventRow(int(r[0]), r[1], float(r[2]), r[3], r[4], r[5], _json(r[6])) for r in rows]
+
+
+def _json(v: Any) -> dict[str, Any]:
+    if v is None:
+        return {}
+    if isinstance(v, dict):
+        return v
+    return dict(json.loads(v))
+
+
+def minmax_downsample(ts: list[float], vals: list[float], max_points: int) -> tuple[list[float], list[float]]:
+    """Keep the min and the max of each of ``max_points // 2`` equal-count buckets, in time order."""
+    n = len(ts)
+    if n <= max_points:
+        return ts, vals
+    nb = max(1, max_points // 2)
+    out_t: list[float] = []
+    out_v: list[float] = []
+    for b in range(nb):
+        lo, hi = b * n // nb, (b + 1) * n // nb
+        if hi <= lo:
+            continue
+        seg = range(lo, hi)
+        imin = min(seg, key=vals.__getitem__)
+        imax = max(seg, key=vals.__getitem__)
+        for i in sorted({imin, imax}):
+            out_t.append(ts[i])
+            out_v.append(vals[i])
+    return out_t, out_v
+
+
+__all__ = ["EventRow", "LatestValue", "NodeInfo", "RetentionPolicy", "SeriesData", "SeriesInfo", "Store",
+           "StoreError", "Tick", "minmax_downsample", "normalise_url"]
