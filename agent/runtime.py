@@ -1,0 +1,106 @@
+"""Putting the agent together: store, spool, writer, collectors, sampler, exporter."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.exporter import make_registry, serve
+from agent.registry import AgentOptions, build_collectors, build_post_processors, split_available
+from agent.sampler import Sampler
+from agent.spool import Spool
+from agent.writer import StoreWriter
+from store import Store
+from store.api import Tick
+from store.db import upgrade
+from triscope.samples import Sample
+
+log = logging.getLogger("triscope.agent")
+
+
+@dataclass
+class AgentConfig:
+    db_url: str
+    node: str = field(default_factory=socket.gethostname)
+    interval: float = 1.0
+    listen: tuple[str, int] | None = ("127.0.0.1", 9464)
+    spool_dir: str = "triscope-spool"
+    spool_max_bytes: int = 256 << 20
+    migrate: bool = True
+    options: AgentOptions = field(default_factory=AgentOptions)
+
+
+class Agent:
+    def __init__(self, cfg: AgentConfig) -> None:
+        self.cfg = cfg
+        if cfg.migrate:
+            upgrade(cfg.db_url)
+        # the store may be down at start: the spool takes the ticks until it returns
+        self.store = Store.open(cfg.db_url, check=False)
+        self.spool = Spool(Path(cfg.spool_dir) / _safe(cfg.node), cfg.spool_max_bytes)
+        self.writer = StoreWriter(self.store, cfg.node, self.spool)
+        collectors = build_collectors(cfg.options)
+        self.collectors, self.off = split_available(collectors)
+        self.registry, self.tick_collector = make_registry()
+        self.sampler = Sampler(self.collectors, [self.writer], interval=cfg.interval,
+                               post=build_post_processors(), self_metrics=self._self_metrics,
+                               on_tick=self._on_tick)
+        self.server: Any = None
+        self.last_tick: Tick | None = None
+
+    def _self_metrics(self) -> list[Sample]:
+        return [
+            Sample("triscope_spooled_samples", float(self.spool.pending_samples)),
+            Sample("triscope_spooled_samples_total", float(self.spool.spooled_samples_total), kind="counter"),
+            Sample("triscope_dropped_samples_total", float(self.spool.dropped_samples), kind="counter"),
+            Sample("triscope_store_write_errors_total", float(self.writer.write_errors), kind="counter"),
+        ]
+
+    def _on_tick(self, tick: Tick) -> None:
+        self.last_tick = tick
+        self.tick_collector.update(tick.samples)
+
+    def start_exporter(self) -> None:
+        if self.cfg.listen is not None:
+            host, port = self.cfg.listen
+            self.server = serve(self.registry, host, port)
+
+    def run(self, duration: float = 0.0) -> None:
+        self.writer.start()
+        self.start_exporter()
+        names = ", ".join(f"{c.name}" + ("" if not getattr(c, "down_reason", None) else " (off)") for c in self.collectors)
+        log.warning("agent for node %s: interval %.3gs, collectors: %s", self.cfg.node, self.cfg.interval, names)
+        try:
+            self.sampler.run(duration)
+        finally:
+            self.shutdown()
+
+    def start_background(self) -> threading.Thread:
+        t = threading.Thread(target=self.run, name="agent", daemon=True)
+        t.start()
+        return t
+
+    def stop(self) -> None:
+        self.sampler.stop()
+
+    def shutdown(self) -> None:
+        self.sampler.close()
+        self.writer.close()
+        if self.server is not None:
+            try:
+                self.server[0].shutdown()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def _safe(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name) or "node"
+
+
+def default_spool_dir() -> str:
+    return os.environ.get("TRISCOPE_SPOOL_DIR", "triscope-spool")

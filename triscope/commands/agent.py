@@ -1,0 +1,96 @@
+"""``triscope agent``: the node agent alone."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import socket
+
+from triscope.commands.common import add_db_option, db_url, parse_hostport
+
+
+def add_agent_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--interval", type=float, default=1.0, metavar="SECONDS",
+                   help="seconds between ticks; every collector runs once per tick (default 1)")
+    p.add_argument("--node", default=socket.gethostname(), help="node name the samples are stored under "
+                   "(default: this host's name)")
+    p.add_argument("--scrape", action="append", default=[], metavar="URL",
+                   help="also read an application's Prometheus endpoint each tick (repeatable), e.g. "
+                        "http://127.0.0.1:8000/metrics — its request/error counters and latency histograms "
+                        "are the SLIs the SLO pages use")
+    p.add_argument("--spool", default=None, metavar="DIR",
+                   help="where ticks wait while the database is unreachable (default ./triscope-spool or "
+                        "$TRISCOPE_SPOOL_DIR)")
+    p.add_argument("--spool-max-mb", type=float, default=256, help="spool size bound; beyond it the oldest "
+                   "ticks are dropped and counted (default 256)")
+    p.add_argument("--no-ebpf", action="store_true", help="do not load the eBPF probes (procfs fallbacks only)")
+    p.add_argument("--no-nvml", action="store_true", help="do not start the NVML (NVIDIA GPU) collector")
+    p.add_argument("--no-npu", action="store_true", help="do not start the npu-smi (Ascend NPU) collector")
+    p.add_argument("--npu-smi", metavar="PATH", help="npu-smi executable (default: found on PATH)")
+    p.add_argument("--proc", default="/proc", help=argparse.SUPPRESS)
+    p.add_argument("--sys", default="/sys", help=argparse.SUPPRESS)
+    p.add_argument("--no-migrate", action="store_true", help="do not upgrade the schema at start")
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "agent", help="run the node agent (collectors -> store + /metrics)",
+        description="Run the node agent: every tick, all collectors (eBPF probes, NVML, npu-smi, procfs/sysfs, "
+        "scraped application metrics) are read on one clock; the tick goes to the store in one batch and to "
+        "the Prometheus exporter. If the database is unreachable, ticks wait in an on-disk spool and are "
+        "written back in order when it returns.",
+    )
+    add_db_option(p)
+    add_agent_options(p)
+    p.add_argument("--duration", type=float, default=0.0, metavar="SECONDS",
+                   help="stop after this many seconds (0 = run until interrupted; default 0)")
+    p.add_argument("--listen", default="127.0.0.1:9464", metavar="HOST:PORT",
+                   help="where /metrics is served (default 127.0.0.1:9464; 'off' to disable)")
+    p.set_defaults(func=cmd_agent, default_verbosity=0)
+
+
+def build_config(args: argparse.Namespace, listen: tuple[str, int] | None):  # type: ignore[no-untyped-def]
+    from agent.registry import AgentOptions
+    from agent.runtime import AgentConfig, default_spool_dir
+    from agent.collectors.scrape_url import validate_scrape_url
+    from triscope.cli import UserError
+
+    if args.interval <= 0:
+        raise UserError(f"--interval must be > 0 (got {args.interval})")
+    for url in args.scrape:
+        problem = validate_scrape_url(url)
+        if problem:
+            raise UserError(f"--scrape {url!r}: {problem}")
+    opts = AgentOptions(proc=args.proc, sys=args.sys, scrape=list(args.scrape), ebpf=not args.no_ebpf,
+                        nvml=not args.no_nvml, npu=not args.no_npu, npu_smi=args.npu_smi)
+    return AgentConfig(db_url=db_url(args), node=args.node, interval=args.interval, listen=listen,
+                       spool_dir=args.spool or default_spool_dir(), spool_max_bytes=int(args.spool_max_mb * (1 << 20)),
+                       migrate=not args.no_migrate, options=opts)
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    import logging
+
+    from agent.runtime import Agent
+    from triscope.cli import UserError
+
+    listen = None if args.listen == "off" else parse_hostport(args.listen)
+    if args.duration < 0:
+        raise UserError("--duration must be >= 0")
+    cfg = build_config(args, listen)
+    logging.getLogger("triscope.agent").setLevel(logging.INFO)
+    agent = Agent(cfg)
+    signal.signal(signal.SIGTERM, lambda *_: agent.stop())
+    try:
+        agent.start_exporter()
+    except OSError as e:
+        raise UserError(f"cannot listen on {args.listen}: {e.strerror or e}") from None
+    if listen:
+        print(f"triscope agent: node {cfg.node}, /metrics on http://{listen[0]}:{listen[1]}/metrics, "
+              f"store {agent.store.engine.url.render_as_string(hide_password=True)}", flush=True)
+    agent.cfg.listen = None  # already serving
+    try:
+        agent.run(args.duration)
+    except KeyboardInterrupt:
+        agent.stop()
+    return 0

@@ -1,0 +1,64 @@
+"""``triscope doctor``: which collectors and probes can run here, and what to do about the others."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("doctor", help="which collectors/probes can run on this host, and why not",
+                       description="Check every collector and eBPF probe on this host: 'ok', or the reason it "
+                       "cannot run and what to install or change.")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--proc", default="/proc", help=argparse.SUPPRESS)
+    p.add_argument("--sys", default="/sys", help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_doctor)
+
+
+def gather(proc: str = "/proc", sys_: str = "/sys") -> list[dict[str, Any]]:
+    from agent.registry import AgentOptions, build_collectors
+
+    rows: list[dict[str, Any]] = []
+    try:
+        from agent.doctor import host_doctor  # type: ignore[attr-defined]
+        for name, ok, reason, hint in host_doctor(proc, sys_):
+            rows.append({"kind": "collector", "name": name, "ok": ok, "reason": reason, "hint": hint})
+    except ImportError:
+        pass
+    seen = {r["name"] for r in rows}
+    collectors = build_collectors(AgentOptions(proc=proc, sys=sys_, ebpf=False))
+    for c in collectors:
+        if c.name in seen:
+            continue
+        try:
+            av = c.check()
+            rows.append({"kind": "collector", "name": c.name, "ok": av.ok, "reason": av.reason, "hint": av.hint})
+        finally:
+            c.close()
+    try:
+        from agent.collectors.ebpf import ebpf_doctor  # type: ignore[attr-defined]
+        for probe, ok, reason, hint in ebpf_doctor():
+            rows.append({"kind": "probe", "name": probe, "ok": ok, "reason": reason, "hint": hint})
+    except ImportError:
+        rows.append({"kind": "probe", "name": "ebpf", "ok": False, "reason": "eBPF support not installed",
+                     "hint": ""})
+    return rows
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    rows = gather(args.proc, args.sys)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    width = max(len(r["name"]) for r in rows) if rows else 10
+    for r in rows:
+        status = "ok" if r["ok"] else "off"
+        line = f"{r['kind']:<9} {r['name']:<{width}}  {status:<3}"
+        if not r["ok"]:
+            line += f"  {r['reason']}"
+            if r["hint"]:
+                line += f" — {r['hint']}"
+        print(line)
+    return 0

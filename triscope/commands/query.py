@@ -1,0 +1,79 @@
+"""``triscope query``: print stored series and events."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from triscope.commands.common import add_db_option, db_url, fmt_ts, parse_time
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "query", help="print stored points of a metric (or events) for a node and time range",
+        description="Print stored points. Counters are printed as they are stored (cumulative) unless "
+        "--rate is given. Without --metric, lists the metrics stored for the node.",
+    )
+    add_db_option(p)
+    p.add_argument("--metric", help="metric name, e.g. triscope_tcp_retransmits_total")
+    p.add_argument("--node", help="node name (default: all nodes)")
+    p.add_argument("--label", action="append", default=[], metavar="K=V", help="only series with this label (repeatable)")
+    p.add_argument("--since", type=float, default=3600.0, metavar="SECONDS", help="how far back (default 3600)")
+    p.add_argument("--start", help="range start (ISO 8601, -2h, epoch); overrides --since")
+    p.add_argument("--end", help="range end (default now)")
+    p.add_argument("--rate", action="store_true", help="counters as per-second rates")
+    p.add_argument("--max-points", type=int, default=0, help="downsample each series to at most N points "
+                   "(min/max preserving; default: every raw point)")
+    p.add_argument("--events", action="store_true", help="print events instead of samples")
+    p.add_argument("--json", action="store_true", help="one JSON object per line: {\"ts\", \"value\", \"labels\"}")
+    p.set_defaults(func=cmd_query)
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    from store import Store
+    from triscope.cli import UserError
+
+    st = Store.open(db_url(args))
+    st.require_schema()
+    end = parse_time(args.end) if args.end else time.time()
+    start = parse_time(args.start) if args.start else end - args.since
+    if start > end:
+        raise UserError("the range starts after it ends")
+    if args.node and args.node not in {n.name for n in st.nodes()}:
+        known = ", ".join(n.name for n in st.nodes()) or "none"
+        raise UserError(f"unknown node {args.node!r} (stored nodes: {known})")
+    if args.events:
+        for e in st.events(node=args.node, start=start, end=end):
+            if args.json:
+                print(json.dumps({"ts": e.ts, "node": e.node, "kind": e.kind, "severity": e.severity,
+                                  "message": e.message, "details": e.details}))
+            else:
+                print(f"{fmt_ts(e.ts)}  {e.node:<16} {e.kind:<18} {e.severity:<8} {e.message}")
+        return 0
+    if not args.metric:
+        for m in st.metric_names(args.node):
+            print(m)
+        return 0
+    labels = {}
+    for kv in args.label:
+        k, sep, v = kv.partition("=")
+        if not sep:
+            raise UserError(f"--label {kv!r} is not K=V")
+        labels[k] = v
+    if args.metric not in st.metric_names(args.node):
+        raise UserError(f"unknown metric {args.metric!r}" + (f" on node {args.node!r}" if args.node else "")
+                        + " — 'triscope query' without --metric lists the stored ones")
+    results = st.query(args.metric, node=args.node, labels=labels or None, start=start, end=end,
+                       max_points=args.max_points or None, rate=True if args.rate else False)
+    for sd in results:
+        lab = dict(sd.info.labels)
+        if not args.json:
+            print(f"# {sd.info.metric}{{{','.join(f'{k}={v!r}' for k, v in sorted(lab.items()))}}} node={sd.info.node} "
+                  f"points={len(sd.ts)} tier={sd.tier}")
+        for t, v in zip(sd.ts, sd.values):
+            if args.json:
+                print(json.dumps({"ts": t, "value": v, "labels": lab, "node": sd.info.node, "metric": sd.info.metric}))
+            else:
+                print(f"{fmt_ts(t)}  {v:.6g}")
+    return 0
