@@ -1,6 +1,6 @@
 """Import every model module so ``Base.metadata`` holds the whole schema (Alembic, tests)."""
 
-from store import models  # noqa: F401
+from store import audit, models  # noqa: F401
 from store.models import Base
 
 # Parts that add tables import their model modules here, e.g. ``from store import audit``.

@@ -1,0 +1,414 @@
+"""The Kubernetes adapter: the only module of triscope that imports ``kubernetes``.
+
+A small set of verbs (``restart_deployment``, ``rollout_status``, ``cordon``, ``uncordon``,
+``evict``, ``set_preferred_node``, ``set_configmap_keys``, ``post_event``, leases) over the official
+client, returning plain dicts, and the project's own error types so callers never see
+``ApiException`` or urllib3 errors.  Writes that depend on what was read carry the
+``resourceVersion`` they read, so a concurrent change answers 409 and the verb re-reads and retries.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+RESTARTED_AT = "kubectl.kubernetes.io/restartedAt"  # what `kubectl rollout restart` sets
+CORDONED_BY = "triscope.io/cordoned-by"
+CORDONED_AT = "triscope.io/cordoned-at"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+SMP = "application/strategic-merge-patch+json"
+MERGE = "application/merge-patch+json"
+
+
+class KubeError(Exception):
+    """A Kubernetes API call failed; ``status`` is the HTTP status (0: no answer)."""
+
+    def __init__(self, message: str, status: int = 0, reason: str = "", body: Any = None) -> None:
+        super().__init__(message)
+        self.status, self.reason, self.body = status, reason, body
+
+    def answer(self) -> dict[str, Any]:
+        return {"status": self.status, "reason": self.reason, "message": str(self)}
+
+
+class NotFound(KubeError):
+    pass
+
+
+class Conflict(KubeError):
+    pass
+
+
+class AlreadyExists(KubeError):
+    pass
+
+
+class Unauthorized(KubeError):
+    pass
+
+
+class TooManyRequests(KubeError):
+    pass
+
+
+class Unavailable(KubeError):
+    """No answer from the API server (refused, timed out, TLS...)."""
+
+
+class NotConfigured(KubeError):
+    """No Kubernetes API configured for this engine."""
+
+
+class PausedDeployment(KubeError):
+    pass
+
+
+class DegradedDeployment(KubeError):
+    """The workload is already below its desired available replicas: a restart would deepen the outage."""
+
+
+class RolloutTimeout(KubeError):
+    pass
+
+
+class EvictionBlocked(KubeError):
+    """Eviction kept answering 429 (a PodDisruptionBudget) until the timeout."""
+
+
+class NotOurCordon(KubeError):
+    """The node was cordoned by someone else: triscope leaves it alone."""
+
+
+def _now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _micro_now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class KubeAdapter:
+    """Verbs over one API server.  Build it with :meth:`connect`."""
+
+    def __init__(self, api_client: Any, *, describe: str = "") -> None:
+        from kubernetes import client
+
+        self._api = api_client
+        self.core = client.CoreV1Api(api_client)
+        self.apps = client.AppsV1Api(api_client)
+        self.coord = client.CoordinationV1Api(api_client)
+        self.describe = describe
+        self.timeout = (3.0, 15.0)
+
+    # construction ----------------------------------------------------------------------------------
+    @classmethod
+    def connect(cls, *, url: str | None = None, token: str | None = None, kubeconfig: str | None = None,
+                context: str | None = None, in_cluster: bool = False, verify_ssl: bool = True,
+                ca_file: str | None = None) -> KubeAdapter:
+        """An adapter for ``url`` (+ bearer ``token``), a kubeconfig file, or the in-cluster service account."""
+        from kubernetes import client, config
+
+        cfg = client.Configuration()
+        try:
+            if url:
+                cfg.host = url.rstrip("/")
+                if token:
+                    cfg.api_key = {"BearerToken": token}
+                    cfg.api_key_prefix = {"BearerToken": "Bearer"}
+                cfg.verify_ssl = verify_ssl
+                if ca_file:
+                    cfg.ssl_ca_cert = ca_file
+                describe = cfg.host
+            elif in_cluster:
+                config.load_incluster_config(client_configuration=cfg)
+                describe = "in-cluster"
+            else:
+                path = kubeconfig or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+                config.load_kube_config(config_file=path, context=context, client_configuration=cfg)
+                describe = f"kubeconfig {path}"
+        except Exception as e:  # ConfigException, FileNotFoundError, yaml errors
+            raise NotConfigured(f"cannot load Kubernetes configuration: {e}") from None
+        cfg.retries = 1
+        return cls(client.ApiClient(cfg), describe=describe)
+
+    def close(self) -> None:
+        try:
+            self._api.close()
+        except Exception:  # pragma: no cover - best effort
+            pass
+
+    # plumbing --------------------------------------------------------------------------------------
+    def _call(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            resp = fn(*args, _preload_content=False, _request_timeout=self.timeout, **kw)
+        except ApiException as e:
+            raise self._translate(e) from None
+        except Exception as e:  # urllib3 MaxRetryError, timeouts, refused connections
+            raise Unavailable(f"Kubernetes API {self.describe} unreachable: {type(e).__name__}: {e}") from None
+        data = resp.data
+        return json.loads(data) if data else {}
+
+    @staticmethod
+    def _translate(e: Any) -> KubeError:
+        body: Any = None
+        message = str(e.reason or "")
+        reason = ""
+        try:
+            body = json.loads(e.body) if e.body else None
+            if isinstance(body, dict):
+                message = body.get("message") or message
+                reason = body.get("reason") or ""
+        except (ValueError, TypeError):
+            body = e.body
+        status = int(e.status or 0)
+        cls: type[KubeError] = {404: NotFound, 401: Unauthorized, 403: Unauthorized, 429: TooManyRequests}.get(
+            status, KubeError)
+        if status == 409:
+            cls = AlreadyExists if reason == "AlreadyExists" else Conflict
+        return cls(f"{status} {reason or e.reason}: {message}", status=status, reason=reason, body=body)
+
+    # deployments -----------------------------------------------------------------------------------
+    def get_deployment(self, namespace: str, name: str) -> dict[str, Any]:
+        return self._call(self.apps.read_namespaced_deployment, name, namespace)
+
+    @staticmethod
+    def deployment_health(dep: dict[str, Any]) -> dict[str, int | bool]:
+        spec, st = dep.get("spec", {}), dep.get("status", {}) or {}
+        desired = int(spec.get("replicas", 1) if spec.get("replicas") is not None else 1)
+        return {"desired": desired, "available": int(st.get("availableReplicas") or 0),
+                "updated": int(st.get("updatedReplicas") or 0), "paused": bool(spec.get("paused")),
+                "generation": int(dep.get("metadata", {}).get("generation") or 0),
+                "observed_generation": int(st.get("observedGeneration") or 0)}
+
+    def restart_deployment(self, namespace: str, name: str, *, allow_degraded: bool = False) -> dict[str, Any]:
+        """``kubectl rollout restart``: stamp the pod template's ``restartedAt`` annotation.
+
+        Re-reads the live object first and refuses a paused Deployment or one already below its
+        desired available replicas.  The patch carries the ``resourceVersion`` that was checked, so
+        a change in between answers 409 and the check runs again.
+        """
+        for _ in range(3):
+            dep = self.get_deployment(namespace, name)
+            h = self.deployment_health(dep)
+            if h["paused"]:
+                raise PausedDeployment(f"deployment {namespace}/{name} is paused: not restarting it")
+            if not allow_degraded and h["available"] < h["desired"]:
+                raise DegradedDeployment(
+                    f"deployment {namespace}/{name} has {h['available']}/{h['desired']} available replicas: "
+                    "not restarting a workload that is already degraded")
+            stamp = _now_rfc3339()
+            patch = {"metadata": {"resourceVersion": dep["metadata"]["resourceVersion"]},
+                     "spec": {"template": {"metadata": {"annotations": {RESTARTED_AT: stamp}}}}}
+            try:
+                out = self._call(self.apps.patch_namespaced_deployment, name, namespace, patch, _content_type=SMP)
+            except Conflict:
+                continue
+            return {"restartedAt": stamp, "generation": out.get("metadata", {}).get("generation"),
+                    "resourceVersion": out.get("metadata", {}).get("resourceVersion")}
+        raise Conflict(f"deployment {namespace}/{name} kept changing while restarting it", status=409)
+
+    def rollout_status(self, namespace: str, name: str, *, generation: int | None = None, timeout: float = 300.0,
+                       poll: float = 0.5, stop: Callable[[], bool] | None = None) -> dict[str, Any]:
+        """Follow a rollout the way ``kubectl rollout status`` does, until complete or ``timeout``."""
+        deadline = time.monotonic() + timeout
+        h: dict[str, Any] = {}
+        while True:
+            dep = self.get_deployment(namespace, name)
+            h = dict(self.deployment_health(dep))
+            st = dep.get("status", {}) or {}
+            gen = generation or h["generation"]
+            total = int(st.get("replicas") or 0)
+            if (h["observed_generation"] >= gen and h["updated"] >= h["desired"] and total <= h["updated"]
+                    and h["available"] >= h["updated"]):
+                h["complete"] = True
+                return h
+            if time.monotonic() >= deadline or (stop and stop()):
+                raise RolloutTimeout(f"rollout of {namespace}/{name} not complete after {timeout:g}s "
+                                     f"({h['updated']}/{h['desired']} updated, {h['available']} available)",
+                                     body=h)
+            time.sleep(poll)
+
+    def set_preferred_node(self, namespace: str, name: str, node: str, weight: int = 100) -> dict[str, Any]:
+        """Steer new pods of a Deployment toward ``node`` with a preferred node affinity (keeps other terms)."""
+        dep = self.get_deployment(namespace, name)
+        aff = dep.get("spec", {}).get("template", {}).get("spec", {}).get("affinity") or {}
+        terms = [t for t in (aff.get("nodeAffinity", {}) or {}).get("preferredDuringSchedulingIgnoredDuringExecution", [])
+                 or [] if not any(e.get("key") == HOSTNAME_LABEL
+                                  for e in t.get("preference", {}).get("matchExpressions", []) or [])]
+        terms.append({"weight": int(weight), "preference": {"matchExpressions": [
+            {"key": HOSTNAME_LABEL, "operator": "In", "values": [node]}]}})
+        patch = {"metadata": {"resourceVersion": dep["metadata"]["resourceVersion"]},
+                 "spec": {"template": {"spec": {"affinity": {"nodeAffinity": {
+                     "preferredDuringSchedulingIgnoredDuringExecution": terms}}}}}}
+        out = self._call(self.apps.patch_namespaced_deployment, name, namespace, patch, _content_type=SMP)
+        return {"preferred_node": node, "weight": weight, "generation": out.get("metadata", {}).get("generation")}
+
+    # pods ------------------------------------------------------------------------------------------
+    def list_pods(self, namespace: str, *, label_selector: str | None = None, node: str | None = None) -> list[dict[str, Any]]:
+        kw: dict[str, Any] = {}
+        if label_selector:
+            kw["label_selector"] = label_selector
+        if node:
+            kw["field_selector"] = f"spec.nodeName={node}"
+        return list(self._call(self.core.list_namespaced_pod, namespace, **kw).get("items", []))
+
+    def evict(self, namespace: str, pod: str, *, timeout: float = 60.0, backoff: float = 0.5,
+              max_backoff: float = 5.0) -> dict[str, Any]:
+        """Evict through the Eviction API; a 429 (PodDisruptionBudget) backs off and retries until ``timeout``.
+
+        Never deletes a pod directly.  A pod already gone counts as evicted.
+        """
+        from kubernetes import client
+
+        body = client.V1Eviction(api_version="policy/v1", kind="Eviction",
+                                 metadata=client.V1ObjectMeta(name=pod, namespace=namespace))
+        deadline = time.monotonic() + timeout
+        attempts, delay = 0, backoff
+        while True:
+            attempts += 1
+            try:
+                self._call(self.core.create_namespaced_pod_eviction, pod, namespace, body)
+                return {"pod": pod, "evicted": True, "attempts": attempts}
+            except NotFound:
+                return {"pod": pod, "evicted": True, "attempts": attempts, "note": "already gone"}
+            except TooManyRequests as e:
+                if time.monotonic() + delay > deadline:
+                    raise EvictionBlocked(f"eviction of {namespace}/{pod} blocked by a disruption budget for "
+                                          f"{timeout:g}s ({attempts} attempts): {e}", status=429,
+                                          reason="TooManyRequests", body=e.body) from None
+                time.sleep(delay)
+                delay = min(max_backoff, delay * 2)
+
+    # nodes -----------------------------------------------------------------------------------------
+    def get_node(self, name: str) -> dict[str, Any]:
+        return self._call(self.core.read_node, name)
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        return list(self._call(self.core.list_node).get("items", []))
+
+    def cordon(self, name: str, *, by: str) -> dict[str, Any]:
+        """Mark a node unschedulable, annotated as cordoned by ``by``.
+
+        A node someone else already cordoned is left as it is (``cordoned_by_other``).
+        """
+        for _ in range(5):
+            node = self.get_node(name)
+            ann = node.get("metadata", {}).get("annotations") or {}
+            if node.get("spec", {}).get("unschedulable"):
+                return {"node": name, "result": "already_ours" if ann.get(CORDONED_BY) == by else "cordoned_by_other",
+                        "cordoned_by": ann.get(CORDONED_BY)}
+            node.setdefault("spec", {})["unschedulable"] = True
+            node["metadata"].setdefault("annotations", {})
+            node["metadata"]["annotations"] = {**ann, CORDONED_BY: by, CORDONED_AT: _now_rfc3339()}
+            try:
+                self._call(self.core.replace_node, name, node)
+            except Conflict:
+                continue
+            return {"node": name, "result": "cordoned"}
+        raise Conflict(f"node {name} kept changing while cordoning it", status=409)
+
+    def uncordon(self, name: str, *, by: str) -> dict[str, Any]:
+        """Undo our own cordon; never uncordons a node cordoned by someone else."""
+        for _ in range(5):
+            node = self.get_node(name)
+            ann = dict(node.get("metadata", {}).get("annotations") or {})
+            if not node.get("spec", {}).get("unschedulable"):
+                return {"node": name, "result": "not_cordoned"}
+            if ann.get(CORDONED_BY) != by:
+                raise NotOurCordon(f"node {name} was cordoned by {ann.get(CORDONED_BY) or 'someone else'}, "
+                                   "not by triscope: leaving it cordoned")
+            node["spec"]["unschedulable"] = False
+            ann.pop(CORDONED_BY, None)
+            ann.pop(CORDONED_AT, None)
+            node["metadata"]["annotations"] = ann
+            try:
+                self._call(self.core.replace_node, name, node)
+            except Conflict:
+                continue
+            return {"node": name, "result": "uncordoned"}
+        raise Conflict(f"node {name} kept changing while uncordoning it", status=409)
+
+    # configmaps ------------------------------------------------------------------------------------
+    def get_configmap(self, namespace: str, name: str) -> dict[str, Any]:
+        return self._call(self.core.read_namespaced_config_map, name, namespace)
+
+    def set_configmap_keys(self, namespace: str, name: str, data: dict[str, str | None],
+                           annotations: dict[str, str | None] | None = None, *, create: bool = True) -> dict[str, Any]:
+        """Set (or with ``None`` remove) keys of a ConfigMap; read-modify-replace with resourceVersion, retried on 409.
+
+        Returns ``previous`` (the old values of those keys) and the new ``resourceVersion``.
+        """
+        for _ in range(8):
+            try:
+                cm = self.get_configmap(namespace, name)
+            except NotFound:
+                if not create:
+                    raise
+                body = {"apiVersion": "v1", "kind": "ConfigMap",
+                        "metadata": {"name": name, "namespace": namespace,
+                                     "annotations": {k: v for k, v in (annotations or {}).items() if v is not None}},
+                        "data": {k: v for k, v in data.items() if v is not None}}
+                try:
+                    out = self._call(self.core.create_namespaced_config_map, namespace, body)
+                except AlreadyExists:
+                    continue
+                return {"previous": {k: None for k in data}, "resourceVersion": out["metadata"]["resourceVersion"],
+                        "created": True}
+            cur = dict(cm.get("data") or {})
+            previous = {k: cur.get(k) for k in data}
+            for k, v in data.items():
+                if v is None:
+                    cur.pop(k, None)
+                else:
+                    cur[k] = v
+            ann = dict(cm.get("metadata", {}).get("annotations") or {})
+            for k, v in (annotations or {}).items():
+                if v is None:
+                    ann.pop(k, None)
+                else:
+                    ann[k] = v
+            cm["data"] = cur
+            cm["metadata"]["annotations"] = ann
+            try:
+                out = self._call(self.core.replace_namespaced_config_map, name, namespace, cm)
+            except Conflict:
+                continue
+            return {"previous": previous, "resourceVersion": out["metadata"]["resourceVersion"], "created": False}
+        raise Conflict(f"configmap {namespace}/{name} kept changing (409) while updating it", status=409)
+
+    # events ----------------------------------------------------------------------------------------
+    def post_event(self, namespace: str, involved: dict[str, str], *, reason: str, message: str,
+                   type_: str = "Normal", component: str = "triscope-remediation") -> dict[str, Any]:
+        """A core/v1 Event about ``involved`` (kind, name, namespace, apiVersion)."""
+        now = _now_rfc3339()
+        body = {"apiVersion": "v1", "kind": "Event",
+                "metadata": {"generateName": f"{involved.get('name', 'triscope')}.", "namespace": namespace},
+                "involvedObject": involved, "reason": reason, "message": message[:1024], "type": type_,
+                "source": {"component": component}, "reportingComponent": component,
+                "reportingInstance": os.uname().nodename, "firstTimestamp": now, "lastTimestamp": now, "count": 1}
+        return self._call(self.core.create_namespaced_event, namespace, body)
+
+    # leases ----------------------------------------------------------------------------------------
+    def get_lease(self, namespace: str, name: str) -> dict[str, Any]:
+        return self._call(self.coord.read_namespaced_lease, name, namespace)
+
+    def create_lease(self, namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+        return self._call(self.coord.create_namespaced_lease, namespace, body)
+
+    def replace_lease(self, namespace: str, name: str, lease: dict[str, Any]) -> dict[str, Any]:
+        return self._call(self.coord.replace_namespaced_lease, name, namespace, lease)
+
+    @staticmethod
+    def micro_time() -> str:
+        return _micro_now()

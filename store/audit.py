@@ -1,0 +1,367 @@
+"""Remediation tables and their query functions: audit log, cooldowns, delivery dedupe, circuit
+breaker, dependency fallbacks.
+
+Everything the engine must not forget across a restart lives here: which alert deliveries were
+already handled (Alertmanager delivers at least once), when each target was last acted on
+(cooldowns), how many actions each rule took (rate limits and the hourly cap are counted from the
+audit log), whether the circuit breaker is open, and which dependency fallbacks are active and
+must be reverted.  The dashboard reads the audit log through :func:`audit_log` and
+:func:`action_counts`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import JSON, Boolean, Float, Index, Integer, String, Text, delete, func, insert, select, update
+from sqlalchemy.orm import Mapped, mapped_column
+
+from store.models import Base
+
+if TYPE_CHECKING:
+    from store.api import Store
+
+# outcomes ----------------------------------------------------------------------------------------
+ACTED = "acted"
+DRY_RUN = "dry_run"
+SUPPRESSED = "suppressed"
+FAILED = "failed"
+IN_PROGRESS = "in_progress"
+OUTCOMES = (ACTED, DRY_RUN, SUPPRESSED, FAILED, IN_PROGRESS)
+# decisions that count against cooldowns, rate limits, the hourly cap and the breaker window
+COUNTED = (ACTED, DRY_RUN, FAILED, IN_PROGRESS)
+
+
+class RemediationAudit(Base):
+    """One row per decision: acted, dry-run, suppressed (``rail`` says by which), failed."""
+
+    __tablename__ = "remediation_audit"
+    __table_args__ = (
+        Index("ix_remediation_audit_ts", "ts"),
+        Index("ix_remediation_audit_rule_ts", "rule", "ts"),
+        Index("ix_remediation_audit_target_ts", "target_key", "ts"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    ts: Mapped[float] = mapped_column(Float)
+    engine_id: Mapped[str] = mapped_column(String(128), default="")
+    rule: Mapped[str] = mapped_column(String(128))
+    trigger_kind: Mapped[str] = mapped_column(String(32))
+    trigger: Mapped[str] = mapped_column(Text, default="")
+    trigger_key: Mapped[str] = mapped_column(String(512), default="")
+    action: Mapped[str] = mapped_column(String(32))
+    target: Mapped[str] = mapped_column(String(512), default="")
+    target_key: Mapped[str] = mapped_column(String(512), default="")
+    node: Mapped[str | None] = mapped_column(String(253), nullable=True)
+    namespace: Mapped[str | None] = mapped_column(String(253), nullable=True)
+    outcome: Mapped[str] = mapped_column(String(16))
+    rail: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    dry_run: Mapped[bool] = mapped_column(Boolean, default=False)
+    params: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    response: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    received_ts: Mapped[float | None] = mapped_column(Float, nullable=True)
+    issued_ts: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finished_ts: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class RemediationCooldown(Base):
+    """When each target was last acted on (per target, whatever rule acted)."""
+
+    __tablename__ = "remediation_cooldowns"
+
+    target_key: Mapped[str] = mapped_column(String(512), primary_key=True)
+    rule: Mapped[str] = mapped_column(String(128))
+    last_ts: Mapped[float] = mapped_column(Float)
+
+
+class RemediationDelivery(Base):
+    """Trigger deliveries already handled (alert fingerprint + startsAt, threshold episodes, XID events)."""
+
+    __tablename__ = "remediation_deliveries"
+    __table_args__ = (Index("ix_remediation_deliveries_ts", "ts"),)
+
+    key: Mapped[str] = mapped_column(String(512), primary_key=True)
+    ts: Mapped[float] = mapped_column(Float)
+
+
+class RemediationBreaker(Base):
+    """The circuit breaker: one row (id 1)."""
+
+    __tablename__ = "remediation_breaker"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    state: Mapped[str] = mapped_column(String(8), default="closed")
+    opened_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    reset_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    reset_by: Mapped[str | None] = mapped_column(String(128), nullable=True)
+
+
+class RemediationFallback(Base):
+    """A dependency switched to its fallback mode, until reverted."""
+
+    __tablename__ = "remediation_fallbacks"
+    __table_args__ = (Index("ix_remediation_fallbacks_state", "state"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    rule: Mapped[str] = mapped_column(String(128))
+    target_key: Mapped[str] = mapped_column(String(512))
+    namespace: Mapped[str] = mapped_column(String(253))
+    configmap: Mapped[str] = mapped_column(String(253))
+    key: Mapped[str] = mapped_column(String(253))
+    value: Mapped[str] = mapped_column(Text)
+    previous_value: Mapped[str | None] = mapped_column(Text, nullable=True)
+    trigger_key: Mapped[str] = mapped_column(String(512), default="")
+    dry_run: Mapped[bool] = mapped_column(Boolean, default=False)
+    switched_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float] = mapped_column(Float)
+    hold_s: Mapped[float] = mapped_column(Float, default=0.0)
+    clear_since: Mapped[float | None] = mapped_column(Float, nullable=True)
+    state: Mapped[str] = mapped_column(String(16), default="active")
+    reverted_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    revert_reason: Mapped[str] = mapped_column(Text, default="")
+
+
+_AUDIT = RemediationAudit.__table__
+_COOL = RemediationCooldown.__table__
+_DELIV = RemediationDelivery.__table__
+_BREAKER = RemediationBreaker.__table__
+_FALLBACK = RemediationFallback.__table__
+
+
+# audit -------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class AuditRow:
+    id: int
+    ts: float
+    engine_id: str
+    rule: str
+    trigger_kind: str
+    trigger: str
+    trigger_key: str
+    action: str
+    target: str
+    target_key: str
+    node: str | None
+    namespace: str | None
+    outcome: str
+    rail: str | None
+    reason: str
+    dry_run: bool
+    params: dict[str, Any]
+    response: dict[str, Any]
+    received_ts: float | None
+    issued_ts: float | None
+    finished_ts: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in self.__slots__}
+
+
+def record_decision(store: Store, **values: Any) -> int:
+    """Insert one audit row (``ts`` defaults to now); returns its id."""
+    values.setdefault("ts", time.time())
+    for k, default in (("params", {}), ("response", {}), ("reason", ""), ("trigger", ""), ("trigger_key", ""),
+                       ("target", ""), ("target_key", ""), ("engine_id", ""), ("dry_run", False)):
+        if values.get(k) is None:
+            values[k] = default
+    with store.engine.begin() as conn:
+        res = conn.execute(insert(_AUDIT).values(**values))
+        return int(res.inserted_primary_key[0])  # type: ignore[index]
+
+
+def update_decision(store: Store, audit_id: int, **values: Any) -> None:
+    with store.engine.begin() as conn:
+        conn.execute(update(_AUDIT).where(_AUDIT.c.id == audit_id).values(**values))
+
+
+def audit_log(store: Store, since: float | None = None, until: float | None = None, rule: str | None = None,
+              outcome: str | Sequence[str] | None = None, limit: int = 500, action: str | None = None,
+              target_key: str | None = None, newest_first: bool = True) -> list[AuditRow]:
+    """Audit rows in [since, until], optionally one rule / outcome(s) / action / target, newest first."""
+    q = select(_AUDIT)
+    if since is not None:
+        q = q.where(_AUDIT.c.ts >= since)
+    if until is not None:
+        q = q.where(_AUDIT.c.ts <= until)
+    if rule is not None:
+        q = q.where(_AUDIT.c.rule == rule)
+    if action is not None:
+        q = q.where(_AUDIT.c.action == action)
+    if target_key is not None:
+        q = q.where(_AUDIT.c.target_key == target_key)
+    if outcome is not None:
+        q = q.where(_AUDIT.c.outcome.in_([outcome] if isinstance(outcome, str) else list(outcome)))
+    q = q.order_by(_AUDIT.c.ts.desc() if newest_first else _AUDIT.c.ts, _AUDIT.c.id.desc() if newest_first else _AUDIT.c.id)
+    q = q.limit(limit)
+    with store.engine.connect() as conn:
+        rows = conn.execute(q).mappings().all()
+    return [AuditRow(**{k: (dict(v) if k in ("params", "response") and v else ({} if k in ("params", "response") else v))
+                        for k, v in r.items()}) for r in rows]
+
+
+def action_counts(store: Store, since: float | None = None, until: float | None = None) -> dict[tuple[str, str], int]:
+    """Number of decisions per (action, outcome) in the window (dashboard summary)."""
+    q = select(_AUDIT.c.action, _AUDIT.c.outcome, func.count()).group_by(_AUDIT.c.action, _AUDIT.c.outcome)
+    if since is not None:
+        q = q.where(_AUDIT.c.ts >= since)
+    if until is not None:
+        q = q.where(_AUDIT.c.ts <= until)
+    with store.engine.connect() as conn:
+        return {(a, o): int(n) for a, o, n in conn.execute(q)}
+
+
+def count_decisions(store: Store, since: float, *, rule: str | None = None,
+                    outcomes: Iterable[str] = COUNTED) -> int:
+    """Decisions that count against limits since ``since`` (one rule or all)."""
+    q = select(func.count()).select_from(_AUDIT).where(_AUDIT.c.ts >= since,
+                                                       _AUDIT.c.outcome.in_(list(outcomes)))
+    if rule is not None:
+        q = q.where(_AUDIT.c.rule == rule)
+    with store.engine.connect() as conn:
+        return int(conn.execute(q).scalar_one())
+
+
+def targets_hit(store: Store, since: float) -> tuple[set[str], set[str]]:
+    """Distinct (target keys, nodes) acted on (or dry-run, failed, in progress) since ``since``."""
+    q = (select(_AUDIT.c.target_key, _AUDIT.c.node).distinct()
+         .where(_AUDIT.c.ts >= since, _AUDIT.c.outcome.in_(list(COUNTED))))
+    with store.engine.connect() as conn:
+        rows = conn.execute(q).all()
+    return {r[0] for r in rows if r[0]}, {r[1] for r in rows if r[1]}
+
+
+# cooldowns ---------------------------------------------------------------------------------------
+def last_action(store: Store, target_key: str) -> float | None:
+    with store.engine.connect() as conn:
+        v = conn.execute(select(_COOL.c.last_ts).where(_COOL.c.target_key == target_key)).scalar_one_or_none()
+    return None if v is None else float(v)
+
+
+def set_last_action(store: Store, target_key: str, rule: str, ts: float) -> None:
+    with store.engine.begin() as conn:
+        n = conn.execute(update(_COOL).where(_COOL.c.target_key == target_key).values(rule=rule, last_ts=ts)).rowcount
+        if not n:
+            conn.execute(insert(_COOL).values(target_key=target_key, rule=rule, last_ts=ts))
+
+
+# delivery dedupe ---------------------------------------------------------------------------------
+def _insert_ignore(store: Store, table: Any, values: dict[str, Any], key_cols: list[str]) -> bool:
+    if store.engine.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        stmt: Any = pg_insert(table).values(**values).on_conflict_do_nothing(index_elements=key_cols)
+    else:
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        stmt = sqlite_insert(table).values(**values).on_conflict_do_nothing(index_elements=key_cols)
+    with store.engine.begin() as conn:
+        return bool(conn.execute(stmt).rowcount)
+
+
+def claim_delivery(store: Store, key: str, ts: float | None = None) -> bool:
+    """Record a trigger delivery; False when it was already handled (durable dedupe)."""
+    return _insert_ignore(store, _DELIV, {"key": key[:512], "ts": time.time() if ts is None else ts}, ["key"])
+
+
+def release_delivery(store: Store, key: str) -> None:
+    """Forget a delivery (it was claimed but not handled, e.g. this engine lost leadership)."""
+    with store.engine.begin() as conn:
+        conn.execute(delete(_DELIV).where(_DELIV.c.key == key[:512]))
+
+
+def prune(store: Store, deliveries_before: float) -> int:
+    with store.engine.begin() as conn:
+        return int(conn.execute(delete(_DELIV).where(_DELIV.c.ts < deliveries_before)).rowcount or 0)
+
+
+# circuit breaker ---------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class BreakerState:
+    state: str
+    opened_at: float | None
+    reason: str
+    reset_at: float | None
+    reset_by: str | None
+
+    @property
+    def is_open(self) -> bool:
+        return self.state == "open"
+
+
+def breaker_state(store: Store) -> BreakerState:
+    with store.engine.connect() as conn:
+        r = conn.execute(select(_BREAKER).where(_BREAKER.c.id == 1)).mappings().first()
+    if r is None:
+        return BreakerState("closed", None, "", None, None)
+    return BreakerState(r["state"], r["opened_at"], r["reason"] or "", r["reset_at"], r["reset_by"])
+
+
+def open_breaker(store: Store, reason: str, ts: float | None = None) -> None:
+    ts = time.time() if ts is None else ts
+    with store.engine.begin() as conn:
+        n = conn.execute(update(_BREAKER).where(_BREAKER.c.id == 1, _BREAKER.c.state != "open")
+                         .values(state="open", opened_at=ts, reason=reason)).rowcount
+        if not n and conn.execute(select(_BREAKER.c.id).where(_BREAKER.c.id == 1)).first() is None:
+            conn.execute(insert(_BREAKER).values(id=1, state="open", opened_at=ts, reason=reason))
+
+
+def reset_breaker(store: Store, by: str = "operator", ts: float | None = None) -> BreakerState:
+    """Close the breaker.  Triggers that started before ``reset_at`` are not replayed."""
+    ts = time.time() if ts is None else ts
+    with store.engine.begin() as conn:
+        n = conn.execute(update(_BREAKER).where(_BREAKER.c.id == 1)
+                         .values(state="closed", reset_at=ts, reset_by=by)).rowcount
+        if not n:
+            conn.execute(insert(_BREAKER).values(id=1, state="closed", reason="", reset_at=ts, reset_by=by))
+    return breaker_state(store)
+
+
+# dependency fallbacks ----------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class FallbackRow:
+    id: int
+    rule: str
+    target_key: str
+    namespace: str
+    configmap: str
+    key: str
+    value: str
+    previous_value: str | None
+    trigger_key: str
+    dry_run: bool
+    switched_at: float
+    expires_at: float
+    hold_s: float
+    clear_since: float | None
+    state: str
+    reverted_at: float | None
+    revert_reason: str
+
+
+def add_fallback(store: Store, **values: Any) -> int:
+    with store.engine.begin() as conn:
+        return int(conn.execute(insert(_FALLBACK).values(**values)).inserted_primary_key[0])  # type: ignore[index]
+
+
+def active_fallbacks(store: Store, target_key: str | None = None) -> list[FallbackRow]:
+    q = select(_FALLBACK).where(_FALLBACK.c.state == "active").order_by(_FALLBACK.c.id)
+    if target_key is not None:
+        q = q.where(_FALLBACK.c.target_key == target_key)
+    with store.engine.connect() as conn:
+        return [FallbackRow(**r) for r in conn.execute(q).mappings().all()]
+
+
+def fallbacks(store: Store, limit: int = 200) -> list[FallbackRow]:
+    with store.engine.connect() as conn:
+        rows = conn.execute(select(_FALLBACK).order_by(_FALLBACK.c.id.desc()).limit(limit)).mappings().all()
+    return [FallbackRow(**r) for r in rows]
+
+
+def update_fallback(store: Store, fallback_id: int, **values: Any) -> None:
+    with store.engine.begin() as conn:
+        conn.execute(update(_FALLBACK).where(_FALLBACK.c.id == fallback_id).values(**values))

@@ -1,0 +1,646 @@
+"""A small Kubernetes API server for tests: the real REST protocol over HTTP, in-memory state.
+
+No API server can be installed on the test machines, and nothing on PyPI serves the Kubernetes
+REST API faithfully enough for the official ``kubernetes`` client (the candidates need a real
+cluster).  This server speaks the same URLs, verbs, content types, ``Status`` error objects and
+``resourceVersion`` rules as kube-apiserver for the resources the remediation engine touches:
+
+* ``apps/v1`` deployments: get / list / create / replace (409 on a stale ``resourceVersion``) /
+  patch with ``application/strategic-merge-patch+json``, ``merge-patch+json`` and
+  ``json-patch+json`` (a JSON object sent as json-patch is refused with 400, as the real server
+  does).  A tiny deployment controller: a pod-template change bumps ``metadata.generation`` and,
+  after ``rollout_delay`` seconds, replaces the pods (scheduled on uncordoned nodes, honouring a
+  preferred node affinity) and updates ``status`` (``observedGeneration``, ``updatedReplicas``,
+  ``availableReplicas``...).  ``spec.paused`` stops it; ``stuck_rollouts`` makes rollouts hang.
+* ``v1`` pods: get / list (``labelSelector`` equality terms, ``fieldSelector=spec.nodeName=``) /
+  create / delete, and the ``pods/eviction`` subresource (``policy/v1`` Eviction): a
+  PodDisruptionBudget whose ``status.disruptionsAllowed`` is 0 answers 429 ``TooManyRequests``.
+* ``policy/v1`` poddisruptionbudgets: get / list / create / replace.
+* ``v1`` nodes: get / list / create / replace / patch (cordon = ``spec.unschedulable``).
+* ``v1`` configmaps, ``coordination.k8s.io/v1`` leases, ``v1`` events: get / list / create (409
+  AlreadyExists) / replace (409 Conflict) / patch / delete.
+* Bearer-token authentication (401 ``Unauthorized``) when a token is set.
+
+Every request is logged in ``server.requests`` (method, path, query, content type, body) so tests
+can assert what went over the wire.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+import random
+import re
+import socket
+import string
+import threading
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+# resource -> (group/version, kind, namespaced)
+RESOURCES: dict[str, tuple[str, str, bool]] = {
+    "deployments": ("apps/v1", "Deployment", True),
+    "pods": ("v1", "Pod", True),
+    "nodes": ("v1", "Node", False),
+    "configmaps": ("v1", "ConfigMap", True),
+    "events": ("v1", "Event", True),
+    "namespaces": ("v1", "Namespace", False),
+    "leases": ("coordination.k8s.io/v1", "Lease", True),
+    "poddisruptionbudgets": ("policy/v1", "PodDisruptionBudget", True),
+}
+
+# lists merged by key in a strategic merge patch (subset of the Kubernetes patchMergeKey tags)
+MERGE_KEYS = {
+    "containers": "name", "initContainers": "name", "volumes": "name", "env": "name",
+    "volumeMounts": "mountPath", "ports": "containerPort", "conditions": "type", "imagePullSecrets": "name",
+    "taints": "key", "tolerations": "key",
+}
+
+_PATH = re.compile(
+    r"^/(?:api/(?P<cv>v1)|apis/(?P<group>[^/]+)/(?P<gv>[^/]+))"
+    r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<res>[a-z]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>[a-z]+))?/?$"
+)
+
+
+class ApiError(Exception):
+    def __init__(self, code: int, reason: str, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.code, self.reason, self.message, self.details = code, reason, message, details or {}
+
+    def status(self) -> dict[str, Any]:
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": self.message, "reason": self.reason, "details": self.details, "code": self.code}
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def strategic_merge(original: Any, patch: Any, key: str | None = None) -> Any:
+    """Apply a strategic merge patch (the subset real clients send: maps, null deletes, keyed lists)."""
+    if isinstance(patch, dict) and isinstance(original, dict):
+        if patch.get("$patch") == "replace":
+            return {k: v for k, v in patch.items() if k != "$patch"}
+        out = dict(original)
+        for k, v in patch.items():
+            if k.startswith("$"):
+                continue
+            if v is None:
+                out.pop(k, None)
+            elif k in out:
+                out[k] = strategic_merge(out[k], v, k)
+            else:
+                out[k] = strategic_merge({}, v, k) if isinstance(v, dict) else copy.deepcopy(v)
+        return out
+    if isinstance(patch, list) and isinstance(original, list) and key in MERGE_KEYS:
+        mk = MERGE_KEYS[key]
+        out_list = [copy.deepcopy(x) for x in original]
+        for item in patch:
+            if not isinstance(item, dict) or mk not in item:
+                out_list.append(copy.deepcopy(item))
+                continue
+            idx = next((i for i, x in enumerate(out_list) if isinstance(x, dict) and x.get(mk) == item[mk]), None)
+            if item.get("$patch") == "delete":
+                if idx is not None:
+                    out_list.pop(idx)
+            elif idx is None:
+                out_list.append(copy.deepcopy(item))
+            else:
+                out_list[idx] = strategic_merge(out_list[idx], item, None)
+        return out_list
+    return copy.deepcopy(patch)
+
+
+def merge_patch(original: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(original) if isinstance(original, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = merge_patch(out.get(k), v)
+    return out
+
+
+def json_patch(doc: Any, ops: list[dict[str, Any]]) -> Any:
+    """RFC 6902 JSON patch (add / replace / remove / test)."""
+    doc = copy.deepcopy(doc)
+    for op in ops:
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        parent = doc
+        for p in parts[:-1]:
+            parent = parent[int(p)] if isinstance(parent, list) else parent.setdefault(p, {})
+        last = parts[-1]
+        kind = op["op"]
+        if kind == "test":
+            cur = parent[int(last)] if isinstance(parent, list) else parent.get(last)
+            if cur != op.get("value"):
+                raise ApiError(422, "Invalid", f"test operation failed at {op['path']}")
+        elif kind in ("add", "replace"):
+            if isinstance(parent, list):
+                if last == "-":
+                    parent.append(op["value"])
+                elif kind == "add":
+                    parent.insert(int(last), op["value"])
+                else:
+                    parent[int(last)] = op["value"]
+            else:
+                if kind == "replace" and last not in parent:
+                    raise ApiError(422, "Invalid", f"replace operation does not apply: doc is missing path: {op['path']}")
+                parent[last] = op["value"]
+        elif kind == "remove":
+            if isinstance(parent, list):
+                parent.pop(int(last))
+            elif last in parent:
+                del parent[last]
+            else:
+                raise ApiError(422, "Invalid", f"remove operation does not apply: doc is missing path: {op['path']}")
+        else:
+            raise ApiError(400, "BadRequest", f"unsupported JSON patch op {kind!r}")
+    return doc
+
+
+def _match_labels(selector: str, labels: dict[str, str]) -> bool:
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        if "!=" in term:
+            k, v = term.split("!=", 1)
+            if labels.get(k.strip()) == v.strip():
+                return False
+        elif "=" in term:
+            k, v = term.replace("==", "=").split("=", 1)
+            if labels.get(k.strip()) != v.strip():
+                return False
+        elif term.startswith("!"):
+            if term[1:] in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+def _match_fields(selector: str, obj: dict[str, Any]) -> bool:
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        neg = "!=" in term
+        k, v = term.split("!=" if neg else "=", 1)
+        cur: Any = obj
+        for p in k.replace("==", "").strip().split("."):
+            cur = cur.get(p) if isinstance(cur, dict) else None
+        if (str(cur or "") == v.strip().lstrip("=")) == neg:
+            return False
+    return True
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    content_type: str
+    body: Any
+
+
+class KubeTestServer:
+    """Start with ``KubeTestServer().start()``; ``url`` for the client, ``stop()`` at the end."""
+
+    def __init__(self, token: str | None = None, host: str = "127.0.0.1", port: int = 0,
+                 rollout_delay: float = 0.2) -> None:
+        self.token = token
+        self.rollout_delay = rollout_delay
+        self.stuck_rollouts = False
+        self.lock = threading.RLock()
+        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.requests: list[Request] = []
+        self._rv = itertools.count(1000)
+        self._timers: list[threading.Timer] = []
+        self._node_rr = itertools.count()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a: Any) -> None:  # quiet
+                pass
+
+            def setup(self) -> None:
+                super().setup()
+                self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+            def _handle(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                code, payload = server.dispatch(self.command, self.path, dict(self.headers.items()), raw)
+                data = json.dumps(payload).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _handle
+
+        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.httpd.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    # lifecycle -----------------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        host, port = self.httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> KubeTestServer:
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="kube-test-server", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        for t in self._timers:
+            t.cancel()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    # state helpers for tests ---------------------------------------------------------------------
+    def next_rv(self) -> str:
+        return str(next(self._rv))
+
+    def get(self, resource: str, namespace: str, name: str) -> dict[str, Any] | None:
+        with self.lock:
+            obj = self.objects.get((resource, namespace if RESOURCES[resource][2] else "", name))
+            return copy.deepcopy(obj) if obj else None
+
+    def list(self, resource: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        with self.lock:
+            return [copy.deepcopy(o) for (r, ns, _), o in sorted(self.objects.items())
+                    if r == resource and (namespace is None or ns == namespace)]
+
+    def put(self, resource: str, obj: dict[str, Any]) -> dict[str, Any]:
+        """Create or overwrite an object directly (test setup), bumping its resourceVersion."""
+        gv, kind, namespaced = RESOURCES[resource]
+        with self.lock:
+            obj = copy.deepcopy(obj)
+            obj.setdefault("apiVersion", gv)
+            obj.setdefault("kind", kind)
+            meta = obj.setdefault("metadata", {})
+            meta.setdefault("uid", hashlib.sha1(f"{resource}/{meta.get('namespace')}/{meta['name']}".encode()).hexdigest())
+            meta.setdefault("creationTimestamp", _now())
+            meta.setdefault("generation", 1)
+            if namespaced:
+                meta.setdefault("namespace", "default")
+            meta["resourceVersion"] = self.next_rv()
+            self.objects[(resource, meta.get("namespace", "") if namespaced else "", meta["name"])] = obj
+            return copy.deepcopy(obj)
+
+    def add_node(self, name: str, labels: dict[str, str] | None = None, unschedulable: bool = False,
+                 annotations: dict[str, str] | None = None) -> dict[str, Any]:
+        lab = {"kubernetes.io/hostname": name, **(labels or {})}
+        return self.put("nodes", {"metadata": {"name": name, "labels": lab, "annotations": annotations or {}},
+                                  "spec": {"unschedulable": True} if unschedulable else {},
+                                  "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+
+    def add_deployment(self, namespace: str, name: str, replicas: int = 2, paused: bool = False,
+                       nodes: list[str] | None = None, available: int | None = None) -> dict[str, Any]:
+        """A Deployment with its pods (placed round-robin on ``nodes`` or the schedulable nodes)."""
+        labels = {"app": name}
+        dep = {
+            "metadata": {"name": name, "namespace": namespace, "labels": labels, "annotations": {}},
+            "spec": {"replicas": replicas, "paused": paused, "selector": {"matchLabels": labels},
+                     "template": {"metadata": {"labels": labels, "annotations": {}},
+                                  "spec": {"containers": [{"name": "app", "image": "registry.local/app:1"}]}}},
+        }
+        with self.lock:
+            dep = self.put("deployments", dep)
+            self._replace_pods(dep, nodes)
+            avail = replicas if available is None else available
+            self._set_status(namespace, name, updated=replicas, available=avail)
+            return self.get("deployments", namespace, name) or {}
+
+    def add_pdb(self, namespace: str, name: str, match_labels: dict[str, str], disruptions_allowed: int) -> None:
+        self.put("poddisruptionbudgets", {
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"selector": {"matchLabels": match_labels}, "minAvailable": 1},
+            "status": {"disruptionsAllowed": disruptions_allowed, "currentHealthy": 0, "desiredHealthy": 0,
+                       "expectedPods": 0, "observedGeneration": 1},
+        })
+
+    def set_pdb_allowed(self, namespace: str, name: str, allowed: int) -> None:
+        with self.lock:
+            self.objects[("poddisruptionbudgets", namespace, name)]["status"]["disruptionsAllowed"] = allowed
+
+    def pods_on(self, node: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        return [p for p in self.list("pods", namespace) if p.get("spec", {}).get("nodeName") == node]
+
+    def calls(self, method: str | None = None, path_contains: str = "") -> list[Request]:
+        with self.lock:
+            return [r for r in self.requests if (method is None or r.method == method) and path_contains in r.path]
+
+    # deployment controller -----------------------------------------------------------------------
+    def _schedulable_nodes(self) -> list[str]:
+        return [o["metadata"]["name"] for (r, _, _), o in sorted(self.objects.items())
+                if r == "nodes" and not o.get("spec", {}).get("unschedulable")]
+
+    def _pick_node(self, template_spec: dict[str, Any], candidates: list[str]) -> str | None:
+        if not candidates:
+            return None
+        pref = (template_spec.get("affinity", {}).get("nodeAffinity", {})
+                .get("preferredDuringSchedulingIgnoredDuringExecution", []))
+        best: tuple[int, str] | None = None
+        for node in candidates:
+            nobj = self.objects.get(("nodes", "", node), {})
+            nlabels = nobj.get("metadata", {}).get("labels", {})
+            score = 0
+            for term in pref:
+                exprs = term.get("preference", {}).get("matchExpressions", [])
+                if all(e.get("operator") == "In" and nlabels.get(e["key"]) in e.get("values", []) for e in exprs):
+                    score += int(term.get("weight", 0))
+            if best is None or score > best[0]:
+                best = (score, node)
+        if best and best[0] > 0:
+            return best[1]
+        return candidates[next(self._node_rr) % len(candidates)]
+
+    def _template_hash(self, dep: dict[str, Any]) -> str:
+        return hashlib.sha1(json.dumps(dep["spec"]["template"], sort_keys=True).encode()).hexdigest()[:10]
+
+    def _replace_pods(self, dep: dict[str, Any], nodes: list[str] | None = None) -> None:
+        ns, name = dep["metadata"]["namespace"], dep["metadata"]["name"]
+        sel = dep["spec"]["selector"]["matchLabels"]
+        for key in [k for k, o in self.objects.items() if k[0] == "pods" and k[1] == ns
+                    and all(o["metadata"].get("labels", {}).get(a) == b for a, b in sel.items())]:
+            del self.objects[key]
+        self._create_pods(dep, dep["spec"].get("replicas", 1), nodes)
+
+    def _create_pods(self, dep: dict[str, Any], n: int, nodes: list[str] | None = None) -> None:
+        ns, name = dep["metadata"]["namespace"], dep["metadata"]["name"]
+        h = self._template_hash(dep)
+        tmpl = dep["spec"]["template"]
+        for i in range(n):
+            if nodes:
+                node: str | None = nodes[i % len(nodes)]
+            else:
+                node = self._pick_node(tmpl.get("spec", {}), self._schedulable_nodes())
+            suffix = "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
+            self.put("pods", {
+                "metadata": {"name": f"{name}-{h}-{suffix}", "namespace": ns,
+                             "labels": {**tmpl["metadata"].get("labels", {}), "pod-template-hash": h},
+                             "annotations": dict(tmpl["metadata"].get("annotations", {})),
+                             "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                                                  "name": f"{name}-{h}", "uid": h, "controller": True}]},
+                "spec": {**copy.deepcopy(tmpl.get("spec", {})), "nodeName": node},
+                "status": {"phase": "Running" if node else "Pending"},
+            })
+
+    def _set_status(self, ns: str, name: str, updated: int, available: int) -> None:
+        dep = self.objects[("deployments", ns, name)]
+        replicas = dep["spec"].get("replicas", 1)
+        dep["status"] = {
+            "observedGeneration": dep["metadata"].get("generation", 1), "replicas": replicas,
+            "updatedReplicas": updated, "readyReplicas": available, "availableReplicas": available,
+            "unavailableReplicas": max(0, replicas - available),
+            "conditions": [{"type": "Available", "status": "True" if available >= replicas else "False"},
+                           {"type": "Progressing", "status": "True",
+                            "reason": "NewReplicaSetAvailable" if updated >= replicas else "ReplicaSetUpdated"}],
+        }
+        dep["metadata"]["resourceVersion"] = self.next_rv()
+
+    def _start_rollout(self, ns: str, name: str) -> None:
+        dep = self.objects[("deployments", ns, name)]
+        dep["metadata"]["generation"] = dep["metadata"].get("generation", 1) + 1
+        if dep["spec"].get("paused"):
+            return
+        st = dep.setdefault("status", {})
+        st["observedGeneration"] = dep["metadata"]["generation"]
+        st["updatedReplicas"] = 0
+        if self.stuck_rollouts:
+            return
+
+        def finish() -> None:
+            with self.lock:
+                cur = self.objects.get(("deployments", ns, name))
+                if cur is None or self.stuck_rollouts:
+                    return
+                self._replace_pods(cur)
+                r = cur["spec"].get("replicas", 1)
+                self._set_status(ns, name, updated=r, available=r)
+
+        t = threading.Timer(self.rollout_delay, finish)
+        t.daemon = True
+        self._timers.append(t)
+        t.start()
+
+    def _replace_evicted(self, pod: dict[str, Any]) -> None:
+        """The ReplicaSet controller: an evicted pod of a deployment gets a replacement."""
+        ns = pod["metadata"]["namespace"]
+        labels = pod["metadata"].get("labels", {})
+        for (r, dns, _), dep in list(self.objects.items()):
+            if r == "deployments" and dns == ns and all(
+                    labels.get(a) == b for a, b in dep["spec"]["selector"]["matchLabels"].items()):
+                def recreate(dep: dict[str, Any] = dep) -> None:
+                    with self.lock:
+                        self._create_pods(dep, 1)
+                t = threading.Timer(self.rollout_delay, recreate)
+                t.daemon = True
+                self._timers.append(t)
+                t.start()
+
+    # HTTP dispatch -------------------------------------------------------------------------------
+    def dispatch(self, method: str, raw_path: str, headers: dict[str, str], raw: bytes) -> tuple[int, Any]:
+        parts = urlsplit(raw_path)
+        query = parse_qs(parts.query)
+        ctype = next((v for k, v in headers.items() if k.lower() == "content-type"), "").split(";")[0].strip()
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = None
+            if method in ("POST", "PUT", "PATCH"):
+                return 400, ApiError(400, "BadRequest", "the request body is not valid JSON").status()
+        with self.lock:
+            self.requests.append(Request(method, parts.path, query, ctype, body))
+        if self.token is not None:
+            auth = next((v for k, v in headers.items() if k.lower() == "authorization"), "")
+            if auth != f"Bearer {self.token}":
+                return 401, ApiError(401, "Unauthorized", "Unauthorized").status()
+        try:
+            with self.lock:
+                return self._route(method, parts.path, query, ctype, body)
+        except ApiError as e:
+            return e.code, e.status()
+
+    def _route(self, method: str, path: str, query: dict[str, list[str]], ctype: str, body: Any) -> tuple[int, Any]:
+        if path in ("/api", "/api/"):
+            return 200, {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
+        if path in ("/version", "/version/"):
+            return 200, {"major": "1", "minor": "31", "gitVersion": "v1.31.0-triscope-test"}
+        m = _PATH.match(path)
+        if not m:
+            raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
+        gv = m["cv"] or f"{m['group']}/{m['gv']}"
+        res, ns, name, sub = m["res"], m["ns"] or "", m["name"], m["sub"]
+        if res not in RESOURCES or RESOURCES[res][0] != gv:
+            raise ApiError(404, "NotFound", f"the server could not find the requested resource ({gv} {res})")
+        _, kind, namespaced = RESOURCES[res]
+        if not namespaced:
+            ns = ""
+        if sub:
+            if res == "pods" and sub == "eviction" and method == "POST":
+                return self._evict(ns, name or "", body)
+            if res == "deployments" and sub in ("status", "scale") and method == "GET":
+                obj = self._must(res, ns, name or "")
+                return 200, obj
+            raise ApiError(404, "NotFound", f"subresource {sub} not served")
+        if name is None:
+            if method == "GET":
+                items = [copy.deepcopy(o) for (r, ons, _), o in sorted(self.objects.items())
+                         if r == res and (not ns or ons == ns)]
+                if "labelSelector" in query:
+                    items = [o for o in items if _match_labels(query["labelSelector"][0], o["metadata"].get("labels", {}))]
+                if "fieldSelector" in query:
+                    items = [o for o in items if _match_fields(query["fieldSelector"][0], o)]
+                return 200, {"kind": f"{kind}List", "apiVersion": gv, "metadata": {"resourceVersion": self.next_rv()},
+                             "items": items}
+            if method == "POST":
+                return self._create(res, ns, body)
+            raise ApiError(405, "MethodNotAllowed", f"{method} not allowed on a collection")
+        if method == "GET":
+            return 200, self._must(res, ns, name)
+        if method == "PUT":
+            return self._replace(res, ns, name, body)
+        if method == "PATCH":
+            return self._patch(res, ns, name, ctype, body)
+        if method == "DELETE":
+            obj = self._must(res, ns, name)
+            del self.objects[(res, ns, name)]
+            return 200, obj
+        raise ApiError(405, "MethodNotAllowed", f"{method} not allowed")
+
+    def _must(self, res: str, ns: str, name: str) -> dict[str, Any]:
+        obj = self.objects.get((res, ns, name))
+        if obj is None:
+            kind = RESOURCES[res][1]
+            raise ApiError(404, "NotFound", f'{res} "{name}" not found',
+                           {"name": name, "kind": res, "group": kind and RESOURCES[res][0].split("/")[0]})
+        return copy.deepcopy(obj)
+
+    def _validate(self, res: str, body: Any) -> dict[str, Any]:
+        if not isinstance(body, dict) or not isinstance(body.get("metadata"), dict):
+            raise ApiError(400, "BadRequest", "the object has no metadata")
+        kind = RESOURCES[res][1]
+        if body.get("kind") not in (None, kind):
+            raise ApiError(400, "BadRequest", f"the kind {body.get('kind')!r} does not match {kind}")
+        return body
+
+    def _create(self, res: str, ns: str, body: Any) -> tuple[int, Any]:
+        body = self._validate(res, body)
+        meta = body["metadata"]
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + "".join(random.choices(string.ascii_lowercase, k=5))
+        if not meta.get("name"):
+            raise ApiError(422, "Invalid", "metadata.name: Required value")
+        if ns:
+            if meta.get("namespace", ns) != ns:
+                raise ApiError(400, "BadRequest", "the namespace of the object does not match the request")
+            meta["namespace"] = ns
+        if (res, ns, meta["name"]) in self.objects:
+            raise ApiError(409, "AlreadyExists", f'{res} "{meta["name"]}" already exists',
+                           {"name": meta["name"], "kind": res})
+        meta.pop("resourceVersion", None)
+        obj = self.put(res, body)
+        if res == "deployments":
+            self._replace_pods(self.objects[(res, ns, meta["name"])])
+            r = obj["spec"].get("replicas", 1)
+            self._set_status(ns, meta["name"], updated=r, available=r)
+            obj = self._must(res, ns, meta["name"])
+        return 201, obj
+
+    def _store_update(self, res: str, ns: str, name: str, old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+        meta = new.setdefault("metadata", {})
+        for k in ("uid", "creationTimestamp", "generation"):
+            if k in old["metadata"]:
+                meta[k] = old["metadata"][k]
+        meta["name"], meta["resourceVersion"] = name, self.next_rv()
+        if ns:
+            meta["namespace"] = ns
+        new["apiVersion"], new["kind"] = RESOURCES[res][0], RESOURCES[res][1]
+        if res == "deployments":
+            new["status"] = old.get("status", {})
+        self.objects[(res, ns, name)] = new
+        if res == "deployments" and (new["spec"].get("template") != old["spec"].get("template")
+                                     or (old["spec"].get("paused") and not new["spec"].get("paused"))):
+            self._start_rollout(ns, name)
+        return copy.deepcopy(self.objects[(res, ns, name)])
+
+    def _replace(self, res: str, ns: str, name: str, body: Any) -> tuple[int, Any]:
+        body = self._validate(res, body)
+        old = self._must(res, ns, name)
+        rv = body["metadata"].get("resourceVersion")
+        if rv and rv != old["metadata"]["resourceVersion"]:
+            raise ApiError(409, "Conflict",
+                           f'Operation cannot be fulfilled on {res} "{name}": the object has been modified; '
+                           "please apply your changes to the latest version and try again",
+                           {"name": name, "kind": res})
+        return 200, self._store_update(res, ns, name, old, copy.deepcopy(body))
+
+    def _patch(self, res: str, ns: str, name: str, ctype: str, body: Any) -> tuple[int, Any]:
+        old = self._must(res, ns, name)
+        if ctype == "application/json-patch+json":
+            if not isinstance(body, list):
+                raise ApiError(400, "BadRequest",
+                               "json: cannot unmarshal object into Go value of type []handlers.jsonPatchOp")
+            new = json_patch(old, body)
+        elif ctype == "application/merge-patch+json":
+            new = merge_patch(old, body)
+        elif ctype == "application/strategic-merge-patch+json":
+            if not isinstance(body, dict):
+                raise ApiError(400, "BadRequest", "a strategic merge patch must be a JSON object")
+            new = strategic_merge(old, body)
+        else:
+            raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format - "
+                           f"accepted media types include: application/json-patch+json, application/merge-patch+json, "
+                           f"application/apply-patch+yaml, application/strategic-merge-patch+json ({ctype!r})")
+        rv = (body.get("metadata") or {}).get("resourceVersion") if isinstance(body, dict) else None
+        if rv and rv != old["metadata"]["resourceVersion"]:
+            raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {res} "{name}": the object has been '
+                           "modified; please apply your changes to the latest version and try again",
+                           {"name": name, "kind": res})
+        return 200, self._store_update(res, ns, name, old, new)
+
+    def _evict(self, ns: str, name: str, body: Any) -> tuple[int, Any]:
+        if not isinstance(body, dict) or body.get("kind") != "Eviction":
+            raise ApiError(400, "BadRequest", "the body of an eviction must be a policy/v1 Eviction")
+        pod = self._must("pods", ns, name)
+        labels = pod["metadata"].get("labels", {})
+        for (r, pns, pname), pdb in self.objects.items():
+            if r != "poddisruptionbudgets" or pns != ns:
+                continue
+            sel = pdb["spec"].get("selector", {}).get("matchLabels", {})
+            if all(labels.get(k) == v for k, v in sel.items()):
+                if pdb["status"].get("disruptionsAllowed", 0) <= 0:
+                    raise ApiError(429, "TooManyRequests",
+                                   "Cannot evict pod as it would violate the pod's disruption budget.",
+                                   {"causes": [{"reason": "DisruptionBudget",
+                                                "message": f"The disruption budget {pname} needs 1 healthy pods "
+                                                           "and has 1 currently"}]})
+                pdb["status"]["disruptionsAllowed"] -= 1
+        del self.objects[("pods", ns, name)]
+        self._replace_evicted(pod)
+        return 201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
+
+
+if __name__ == "__main__":  # manual use: python tests/kube_server.py
+    srv = KubeTestServer().start()
+    srv.add_node("node-a")
+    srv.add_node("node-b")
+    srv.add_deployment("default", "demo")
+    print("serving on", srv.url)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        srv.stop()
