@@ -275,13 +275,14 @@ class Store:
                     continue
                 wm = math.floor(float(first) / width) * width
                 self._set_watermark(conn, node_id, tier, wm)
-            lo = wm
-            if t_min < wm:  # late data landed in already-rolled buckets: re-roll from there
+            if t_min < wm:  # late (spooled) data below the watermark: re-roll the buckets it touched
                 lo = math.floor(t_min / width) * width
-            if closed_until > lo:
-                self._roll(conn, node_id, tier, width, source, lo, closed_until)
-                if closed_until > wm:
-                    self._set_watermark(conn, node_id, tier, closed_until)
+                hi = min(wm, math.floor(t_max / width) * width + width)
+                if hi > lo:
+                    self._roll(conn, node_id, tier, width, source, lo, hi)
+            if closed_until > wm:
+                self._roll(conn, node_id, tier, width, source, wm, closed_until)
+                self._set_watermark(conn, node_id, tier, closed_until)
 
     def _roll(self, conn: Connection, node_id: int, tier: str, width: float, source: str, lo: float, hi: float) -> None:
         table = f"rollup_{tier}"
