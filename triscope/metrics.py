@@ -37,6 +37,8 @@ _SPECS = [
     MetricSpec("triscope_iommu_unmap_bytes_total", "counter", "Bytes unmapped from the IOMMU (eBPF iommu:unmap).", ("device",)),
     MetricSpec("triscope_iommu_page_faults_total", "counter", "IOMMU I/O page faults (eBPF iommu:io_page_fault).", ("device",)),
     MetricSpec("triscope_pcie_aer_errors_total", "counter", "PCIe AER errors by severity (eBPF ras:aer_event, else sysfs aer_dev_*).", ("device", "severity")),
+    MetricSpec("triscope_pcie_aer_error_types_total", "counter", "PCIe AER errors by error type, shown once non-zero (sysfs aer_dev_*).", ("device", "severity", "error")),
+    MetricSpec("triscope_pcie_aer_rootport_errors_total", "counter", "ERR_* messages a root port received from its hierarchy (sysfs aer_rootport_total_err_*).", ("device", "severity")),
     MetricSpec("triscope_pcie_link_speed_gts", "gauge", "PCIe link speed in GT/s (kind=current|max).", ("device", "kind")),
     MetricSpec("triscope_pcie_link_width", "gauge", "PCIe link width in lanes (kind=current|max).", ("device", "kind")),
     MetricSpec("triscope_pcie_link_degraded", "gauge", "1 when the link runs below its maximum speed or width.", ("device",)),
@@ -47,6 +49,7 @@ _SPECS = [
     MetricSpec("triscope_cpu_busy_ratio", "gauge", "Share of CPU time not idle/iowait since the last tick, all CPUs.", ()),
     MetricSpec("triscope_cpu_seconds_total", "counter", "CPU time by mode, all CPUs (/proc/stat).", ("mode",)),
     MetricSpec("triscope_memory_available_bytes", "gauge", "MemAvailable from /proc/meminfo.", ()),
+    MetricSpec("triscope_memory_total_bytes", "gauge", "MemTotal from /proc/meminfo.", ()),
     # GPU (NVML)
     MetricSpec("triscope_gpu_utilization_ratio", "gauge", "NVML utilization.gpu (coarse: copy-engine time counts as busy).", ("gpu",)),
     MetricSpec("triscope_gpu_memory_utilization_ratio", "gauge", "NVML utilization.memory (coarse).", ("gpu",)),
@@ -78,6 +81,7 @@ _SPECS = [
     # analysis
     MetricSpec("triscope_mismatch_score", "gauge", "Share of accelerator time lost to I/O over the sliding window (0..1).", ()),
     MetricSpec("triscope_mismatch_state", "gauge", "1 for the node's current coordination state, 0 for the others.", ("state",)),
+    MetricSpec("triscope_mismatch_pin_churn", "gauge", "1 while the DMA map rate says host memory is being pinned and unpinned (pin churn).", ()),
     # self
     MetricSpec("triscope_collector_up", "gauge", "1 when the collector's last collect() succeeded.", ("collector",)),
     MetricSpec("triscope_probe_attached", "gauge", "1 when the eBPF probe is attached.", ("probe",)),

@@ -1,0 +1,204 @@
+"""PCIe link state per device from sysfs: negotiated vs maximum speed and width.
+
+For every device under ``/sys/bus/pci/devices`` that has ``current_link_speed``,
+``max_link_speed``, ``current_link_width`` and ``max_link_width`` (PCI Express devices; plain
+PCI and virtio devices have none and are skipped):
+
+- ``triscope_pcie_link_speed_gts{device,kind=current|max}`` (GT/s),
+- ``triscope_pcie_link_width{device,kind=current|max}`` (lanes),
+- ``triscope_pcie_link_degraded{device}``: 1 when the link trained below what it could reach,
+  where "could reach" is the lower of the device's own maximum and its upstream port's maximum
+  (a Gen5 x16 GPU in a Gen4 x8 slot is not degraded at Gen4 x8; it is at Gen3 or x4),
+- ``triscope_pcie_link_capacity_bytes_per_second{device}``: the usable one-way bandwidth of the
+  negotiated link: GT/s x lanes x encoding / 8, encoding 8b/10b at 2.5 and 5 GT/s, 128b/130b at
+  8-32 GT/s, and ~242/256 at 64 GT/s (PCIe 6 FLIT mode).
+
+sysfs speed strings are ``"16.0 GT/s PCIe"`` on current kernels, ``"8 GT/s"`` on old ones, and
+``"Unknown"`` / ``"Unknown speed"`` when the link is down or the device does not answer.
+
+Note: many GPUs drop the link to 2.5 GT/s when idle to save power and retrain under load; pass
+``degraded_on_speed=False`` to flag only lost lanes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from agent.collectors.base import Availability, BaseCollector, CollectorUnavailable
+from triscope.samples import Sample
+
+LINK_FILES = ("current_link_speed", "max_link_speed", "current_link_width", "max_link_width")
+BDF_RE = re.compile(r"^[0-9a-fA-F]{4,}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
+SPEED_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*GT/s")
+
+# Friendly names for the ``classes`` filter -> PCI class code prefixes (``class`` file, 0xCCSSPP).
+CLASS_ALIASES = {
+    "storage": "0x01",
+    "network": "0x02",
+    "display": "0x03",
+    "gpu": "0x03",
+    "bridge": "0x0604",
+    "accelerator": "0x12",
+    "npu": "0x12",
+}
+
+
+def parse_speed(text: str) -> float | None:
+    """``"16.0 GT/s PCIe"`` -> 16.0; ``"Unknown"`` -> None."""
+
+    m = SPEED_RE.search(text)
+    return float(m.group(1)) if m else None
+
+
+def parse_width(text: str) -> int | None:
+    text = text.strip()
+    return int(text) if text.isdigit() else None
+
+
+def encoding_efficiency(speed_gts: float) -> float:
+    """Share of the raw bit rate that carries data after line encoding, by PCIe generation."""
+
+    if speed_gts <= 5.0:
+        return 8 / 10  # Gen1, Gen2: 8b/10b
+    if speed_gts <= 32.0:
+        return 128 / 130  # Gen3, Gen4, Gen5: 128b/130b
+    return 242 / 256  # Gen6+: PAM4, 256-byte FLITs carrying 236 B TLP + 6 B DLP (+ CRC/FEC)
+
+
+def link_capacity_bytes_per_second(speed_gts: float, width: int) -> float:
+    return speed_gts * 1e9 * width * encoding_efficiency(speed_gts) / 8.0
+
+
+@dataclass(slots=True)
+class LinkState:
+    device: str
+    pci_class: str
+    current_speed: float | None
+    max_speed: float | None
+    current_width: int | None
+    max_width: int | None
+    upstream: str | None = None
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read().strip()
+
+
+class PcieLinkCollector(BaseCollector):
+    name = "pcie_link"
+
+    def __init__(self, sys: str = "/sys", classes: Iterable[str] | None = None, include_bridges: bool = True,
+                 degraded_on_speed: bool = True) -> None:
+        self.sys = sys
+        self.devices_dir = os.path.join(sys, "bus/pci/devices")
+        self.class_prefixes = None
+        if classes is not None:
+            prefixes = []
+            for c in classes:
+                p = CLASS_ALIASES.get(c.lower(), c.lower())
+                if not re.fullmatch(r"0x[0-9a-f]{2,6}", p):
+                    raise ValueError(f"unknown PCI class {c!r}: use a class code prefix like 0x0302 "
+                                     f"or one of {', '.join(sorted(CLASS_ALIASES))}")
+                prefixes.append(p)
+            self.class_prefixes = tuple(prefixes)
+        self.include_bridges = include_bridges
+        self.degraded_on_speed = degraded_on_speed
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def _wanted(self, pci_class: str) -> bool:
+        pci_class = pci_class.lower()
+        if not self.include_bridges and pci_class.startswith("0x0604"):
+            return False
+        return self.class_prefixes is None or pci_class.startswith(self.class_prefixes)
+
+    def _upstream(self, dev_path: str) -> str | None:
+        """The upstream port's BDF: the parent directory of the device in the /sys/devices tree."""
+
+        parent = os.path.basename(os.path.dirname(os.path.realpath(dev_path)))
+        return parent if BDF_RE.match(parent) else None
+
+    def read_links(self) -> list[LinkState]:
+        try:
+            names = sorted(os.listdir(self.devices_dir))
+        except OSError as e:
+            raise CollectorUnavailable(f"cannot list {self.devices_dir}: {e.strerror or e}",
+                                       "mount sysfs, or pass the host's /sys to the agent") from e
+        links: list[LinkState] = []
+        for name in names:
+            path = os.path.join(self.devices_dir, name)
+            try:
+                raw = [_read(os.path.join(path, f)) for f in LINK_FILES]
+            except OSError:
+                continue  # no PCIe capability (plain PCI, virtio) or the device is gone / not answering
+            try:
+                pci_class = _read(os.path.join(path, "class"))
+            except OSError:
+                pci_class = ""
+            if not self._wanted(pci_class):
+                continue
+            links.append(LinkState(name, pci_class, parse_speed(raw[0]), parse_speed(raw[1]),
+                                   parse_width(raw[2]), parse_width(raw[3]), self._upstream(path)))
+        return links
+
+    # -- protocol ------------------------------------------------------------------------------
+
+    def check(self) -> Availability:
+        if not os.path.isdir(self.devices_dir):
+            return Availability(False, f"{self.devices_dir} not found (sysfs not mounted, or no PCI bus)",
+                                "mount sysfs, or pass the host's /sys to the agent")
+        try:
+            links = self.read_links()
+        except CollectorUnavailable as e:
+            return Availability(False, e.reason, e.hint)
+        if not links:
+            what = "no PCI Express device with link attributes" + (
+                " in the selected classes" if self.class_prefixes else "")
+            return Availability(False, f"{what} under {self.devices_dir} (virtual machine with virtio/PCI devices only?)",
+                                "nothing to install: PCIe link state needs PCI Express devices "
+                                "(GPUs, NICs, NVMe) passed through to this host")
+        return Availability(True, f"ok ({len(links)} PCIe links)")
+
+    def collect(self, now: float) -> Iterator[Sample]:
+        links = self.read_links()
+        by_name = {link.device: link for link in links}
+        for link in links:
+            labels_cur = {"device": link.device, "kind": "current"}
+            labels_max = {"device": link.device, "kind": "max"}
+            if link.max_speed is not None:
+                yield Sample("triscope_pcie_link_speed_gts", link.max_speed, labels_max, "gauge")
+            if link.max_width:
+                yield Sample("triscope_pcie_link_width", float(link.max_width), labels_max, "gauge")
+            # a link that is down reads "Unknown" speed and width 0: report 0 so it shows as degraded
+            cur_speed = link.current_speed or 0.0
+            cur_width = link.current_width or 0
+            yield Sample("triscope_pcie_link_speed_gts", cur_speed, labels_cur, "gauge")
+            yield Sample("triscope_pcie_link_width", float(cur_width), labels_cur, "gauge")
+            yield Sample("triscope_pcie_link_capacity_bytes_per_second",
+                         link_capacity_bytes_per_second(cur_speed, cur_width) if cur_speed and cur_width else 0.0,
+                         {"device": link.device}, "gauge")
+            reach_speed, reach_width = link.max_speed, link.max_width
+            up = by_name.get(link.upstream) if link.upstream else None
+            if up is None and link.upstream:
+                up = self._read_one(link.upstream)  # upstream port filtered out by class: still use its caps
+            if up is not None:
+                if up.max_speed and reach_speed:
+                    reach_speed = min(reach_speed, up.max_speed)
+                if up.max_width and reach_width:
+                    reach_width = min(reach_width, up.max_width)
+            degraded = bool(reach_width) and cur_width < (reach_width or 0)
+            if self.degraded_on_speed and reach_speed:
+                degraded = degraded or cur_speed < reach_speed
+            yield Sample("triscope_pcie_link_degraded", 1.0 if degraded else 0.0, {"device": link.device}, "gauge")
+
+    def _read_one(self, name: str) -> LinkState | None:
+        path = os.path.join(self.devices_dir, name)
+        try:
+            raw = [_read(os.path.join(path, f)) for f in LINK_FILES]
+        except OSError:
+            return None
+        return LinkState(name, "", parse_speed(raw[0]), parse_speed(raw[1]), parse_width(raw[2]), parse_width(raw[3]))

@@ -1,0 +1,68 @@
+"""Which host collectors can run here, and for each that cannot, why and what to install.
+
+``host_doctor(proc, sys)`` runs every host collector's ``check()`` (procfs / sysfs collectors, and
+``--scrape`` endpoints when given) and returns one row per collector.  ``triscope doctor`` prints
+these next to the eBPF / NVML / npu-smi rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable
+from typing import NamedTuple
+
+from agent.collectors.aer import AerCollector
+from agent.collectors.base import Availability, Collector
+from agent.collectors.cpu import CpuCollector
+from agent.collectors.pcie import PcieLinkCollector
+from agent.collectors.pressure import PressureCollector
+from agent.collectors.tcp import TcpCollector
+
+
+class DoctorRow(NamedTuple):
+    collector: str
+    ok: bool
+    reason: str
+    hint: str
+
+
+def _row(name: str, make: Callable[[], Collector]) -> DoctorRow:
+    try:
+        c = make()
+    except Exception as e:  # noqa: BLE001 - a collector that cannot even be built is a finding, not a crash
+        return DoctorRow(name, False, f"cannot start: {e}", "")
+    try:
+        av = c.check()
+    except Exception as e:  # noqa: BLE001
+        av = Availability(False, f"check failed: {e}", "")
+    finally:
+        with contextlib.suppress(Exception):
+            c.close()
+    return DoctorRow(c.name or name, bool(av.ok), av.reason, av.hint)
+
+
+def host_doctor(proc: str = "/proc", sys: str = "/sys", scrape: Iterable[str] = (),
+                scrape_timeout: float = 2.0) -> list[DoctorRow]:
+    from agent.collectors.scrape import ScrapeCollector
+
+    rows = [
+        _row("tcp", lambda: TcpCollector(proc=proc)),
+        _row("cpu", lambda: CpuCollector(proc=proc)),
+        _row("pressure", lambda: PressureCollector(proc=proc)),
+        _row("pcie_link", lambda: PcieLinkCollector(sys=sys)),
+        _row("aer", lambda: AerCollector(sys=sys, proc=proc)),
+    ]
+    for url in scrape:
+        rows.append(_row(f"scrape:{url}", lambda url=url: ScrapeCollector(url, timeout=scrape_timeout)))  # type: ignore[misc]
+    return rows
+
+
+def format_rows(rows: Iterable[DoctorRow]) -> str:
+    """Readable text: ``ok``/``--`` per collector, the reason and, for those that cannot run, the hint."""
+
+    lines = []
+    for r in rows:
+        lines.append(f"{'ok' if r.ok else '--':3} {r.collector:14} {r.reason}")
+        if not r.ok and r.hint:
+            lines.append(f"{'':3} {'':14} -> {r.hint}")
+    return "\n".join(lines)
