@@ -1,0 +1,120 @@
+"""``triscope slo``: check an SLO file, write its Prometheus rules, print SLO status from the store."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from triscope.commands.common import add_db_option, db_url, fmt_ts, parse_time
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "slo", help="SLOs: validate a spec, write Prometheus rules, print status (burn rates, budget)",
+        description="SLO files use Sloth's prometheus/v1 spec (see docs/analysis.md); the shipped example "
+        "is deploy/slo.example.yaml.",
+    )
+    ssub = p.add_subparsers(dest="slo_command", metavar="SUBCOMMAND")
+    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+
+    c = ssub.add_parser("check", help="validate an SLO file (prints FILE:LINE: reason on errors)",
+                        description="Validate an SLO file and list its SLOs.")
+    c.add_argument("file", type=Path, help="SLO file (Sloth prometheus/v1 YAML)")
+    c.set_defaults(func=cmd_check)
+
+    r = ssub.add_parser(
+        "rules", help="write the Prometheus recording and alerting rules of an SLO file",
+        description="Write Prometheus rules equivalent to triscope's SLO evaluation: error ratios over "
+        "5m/30m/1h/6h/1d/3d and the period (ratio of sums), budget metadata, and multi-window "
+        "multi-burn-rate page/ticket alerts (SRE workbook). Check them with 'promtool check rules'.",
+    )
+    r.add_argument("file", type=Path, help="SLO file (Sloth prometheus/v1 YAML)")
+    r.add_argument("-o", "--output", type=Path, help="write to this file instead of standard output")
+    r.set_defaults(func=cmd_rules)
+
+    s = ssub.add_parser(
+        "status", help="print each SLO's SLI, error budget, burn rates and alert state from the store",
+        description="Evaluate SLOs over stored series: SLI and error budget remaining over the SLO period, "
+        "burn rates over 5m..3d, data coverage, and page/ticket status (multi-window multi-burn-rate).",
+    )
+    add_db_option(s)
+    s.add_argument("--slo", type=Path, default=None, metavar="FILE",
+                   help="SLO file (default $TRISCOPE_SLO_FILE or deploy/slo.example.yaml)")
+    s.add_argument("--node", help="only series of this node (default: all nodes)")
+    s.add_argument("--at", default="now", help="evaluate at this time (ISO 8601, -2h, epoch; default now)")
+    s.add_argument("--json", action="store_true", help="one JSON object per SLO")
+    s.set_defaults(func=cmd_status)
+
+
+def _load(path: Path | None):  # type: ignore[no-untyped-def]
+    from analysis.slo import SLOSpecError, default_slo_file, load_slo_file
+    from triscope.cli import UserError
+
+    path = path or default_slo_file()
+    if path is None:
+        raise UserError("no SLO file: pass --slo FILE or set TRISCOPE_SLO_FILE")
+    try:
+        return path, load_slo_file(path)
+    except SLOSpecError as e:
+        raise UserError(str(e)) from None
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    path, slos = _load(args.file)
+    for s in slos:
+        print(f"{s.source}: {s.id}: objective {s.objective:g}% over {s.period}, "
+              f"{len(s.error_query.terms)} error term(s), {len(s.total_query.terms)} total term(s)"
+              + (f", alert {s.alerting.name}" if s.alerting else ""))
+    print(f"{path}: OK, {len(slos)} SLO(s)")
+    return 0
+
+
+def cmd_rules(args: argparse.Namespace) -> int:
+    from analysis.slo import rules_yaml
+
+    path, slos = _load(args.file)
+    text = rules_yaml(slos, path.name)
+    if args.output:
+        args.output.write_text(text)
+        print(f"wrote {args.output} ({sum(1 for line in text.splitlines() if line.lstrip().startswith(('- record:', '- alert:')))} rules)",
+              file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _pct(x: float | None, nd: int = 3) -> str:
+    return "no data" if x is None else f"{x * 100:.{nd}f}%"
+
+
+def _burn(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from analysis.slo import WINDOWS, evaluate
+    from store import Store
+
+    path, slos = _load(args.slo)
+    st = Store.open(db_url(args))
+    st.require_schema()
+    now = parse_time(args.at) if args.at else time.time()
+    for slo in slos:
+        status = evaluate(st, slo, now, node=args.node)
+        if args.json:
+            print(json.dumps(status.as_dict()))
+        else:
+            print(f"{slo.service}/{slo.name}  objective {slo.objective:g}% over {slo.period}  "
+                  f"[{status.status.upper()}]  at {fmt_ts(now)}")
+            print(f"  SLI {_pct(status.sli)}   error budget remaining {_pct(status.budget_remaining, 1)}   "
+                  f"coverage {status.coverage * 100:.1f}%")
+            print("  burn   " + "  ".join(f"{w}={_burn(status.windows[w].burn_rate)}" for w, _ in WINDOWS))
+            print("  cover  " + "  ".join(f"{w}={status.windows[w].coverage * 100:.0f}%" for w, _ in WINDOWS))
+            for a in status.alerts:
+                print(f"  {a.severity:<6} {a.long_window}/{a.short_window} > {a.factor:g}x: "
+                      f"{'FIRING' if a.firing else 'ok'} ({_burn(a.long_burn)} / {_burn(a.short_burn)})")
+    st.close()
+    return 0
