@@ -1,0 +1,116 @@
+"""What the BPF program (``probes.bpf.c``) and the Python side agree on: probes, counter slots, records.
+
+Imported by the agent (never imports bcc) and by the loader child.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Literal
+
+# slots of the `counters` per-CPU array (keep in sync with probes.bpf.c)
+C_TCP_SKB = 0
+C_TCP_SKB_ERR = 1
+C_TCP_SYNACK = 2
+C_IOMMU_MAP = 3
+C_IOMMU_MAP_BYTES = 4
+C_IOMMU_UNMAP = 5
+C_IOMMU_UNMAP_BYTES = 6
+C_IOMMU_FAULT = 7
+C_AER_NONFATAL = 8
+C_AER_FATAL = 9
+C_AER_CORRECTED = 10
+C_LOST_IOMMU_FAULT = 11
+C_LOST_AER = 12
+C_DMA_SG_TRUNCATED = 13
+C_TCP_PEERS_INSERT_FAIL = 14
+C_TCP_STATE = 16
+N_COUNTERS = 32
+
+PEERS_MAX = 1024
+DMA_KEYS_MAX = 4096
+DEVNAME_LEN = 32
+
+# Linux TCP states (include/net/tcp_states.h)
+TCP_STATES = {
+    1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2", 6: "TIME_WAIT",
+    7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK", 10: "LISTEN", 11: "CLOSING", 12: "NEW_SYN_RECV",
+    13: "BOUND_INACTIVE",
+}
+
+# enum dma_data_direction
+DMA_DIRECTIONS = {0: "bidirectional", 1: "to_device", 2: "from_device", 3: "none"}
+DMA_OPS = {0: "map", 1: "unmap", 2: "error"}
+
+AttachKind = Literal["tracepoint", "raw"]
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeSpec:
+    """One logical probe: the label of ``triscope_probe_attached{probe}``.
+
+    ``tracepoints`` are candidates (``category:event``); every one this kernel has is attached
+    (renamed tracepoints across kernel versions, e.g. ``dma_map_page`` -> ``dma_map_phys``).
+    ``fields`` must all be present in the tracepoint's tracefs format: for raw tracepoints this
+    guards the argument positions the program reads.
+    """
+
+    name: str
+    define: str
+    fn: str
+    kind: AttachKind
+    tracepoints: tuple[str, ...]
+    fields: tuple[str, ...] = ()
+    description: str = ""
+
+
+PROBES: tuple[ProbeSpec, ...] = (
+    ProbeSpec("tcp_retransmit", "WANT_TCP_SKB", "on_tcp_retransmit_skb", "tracepoint",
+              ("tcp:tcp_retransmit_skb",), ("family", "dport", "daddr", "daddr_v6"),
+              "TCP retransmits: total, by state, top peers"),
+    ProbeSpec("tcp_retransmit_synack", "WANT_TCP_SYNACK", "on_tcp_retransmit_synack", "tracepoint",
+              ("tcp:tcp_retransmit_synack",), ("family", "dport", "daddr", "daddr_v6"),
+              "SYN-ACK retransmits"),
+    ProbeSpec("dma_map", "WANT_DMA_MAP", "on_dma_map", "raw",
+              ("dma:dma_map_phys", "dma:dma_map_page", "dma:dma_map_resource"),
+              ("device", "dma_addr", "size", "dir"), "DMA mappings: count and bytes per device/direction"),
+    ProbeSpec("dma_unmap", "WANT_DMA_UNMAP", "on_dma_unmap", "raw",
+              ("dma:dma_unmap_phys", "dma:dma_unmap_page", "dma:dma_unmap_resource"),
+              ("device", "size", "dir"), "DMA unmappings"),
+    ProbeSpec("dma_map_sg", "WANT_DMA_MAP_SG", "on_dma_map_sg", "tracepoint",
+              ("dma:dma_map_sg",), ("device", "lengths", "truncated", "dir"),
+              "scatter-gather DMA mappings (bytes summed over up to 128 entries)"),
+    ProbeSpec("dma_unmap_sg", "WANT_DMA_UNMAP_SG", "on_dma_unmap_sg", "raw",
+              ("dma:dma_unmap_sg",), ("device", "dir"), "scatter-gather DMA unmappings"),
+    ProbeSpec("dma_map_err", "WANT_DMA_MAP_SG_ERR", "on_dma_map_sg_err", "tracepoint",
+              ("dma:dma_map_sg_err",), ("device", "dir"), "DMA mapping failures"),
+    ProbeSpec("iommu_map", "WANT_IOMMU_MAP", "on_iommu_map", "raw",
+              ("iommu:map",), ("iova", "size"), "IOMMU map: count and bytes"),
+    ProbeSpec("iommu_unmap", "WANT_IOMMU_UNMAP", "on_iommu_unmap", "raw",
+              ("iommu:unmap",), ("iova", "unmapped_size"), "IOMMU unmap: count and bytes"),
+    ProbeSpec("iommu_page_fault", "WANT_IOMMU_FAULT", "on_iommu_fault", "tracepoint",
+              ("iommu:io_page_fault",), ("device", "driver", "iova", "flags"), "IOMMU I/O page faults (events)"),
+    ProbeSpec("aer", "WANT_AER", "on_aer_event", "tracepoint",
+              ("ras:aer_event",), ("dev_name", "status", "severity"), "PCIe AER errors (events)"),
+)
+
+PROBE_BY_NAME = {p.name: p for p in PROBES}
+
+# map name -> what the parent expects; only the maps of attached sections exist
+MAPS = ("counters", "tcp_peers", "dma_stats", "dma_devs", "dma_named", "rare_events")
+
+# struct rare_event (probes.bpf.c): u64 ts, u64 addr, u32 kind, status, severity, tlp_valid, tlp[4],
+# char dev[32], char drv[32]
+RARE_EVENT = struct.Struct("<QQIIII4I32s32s")
+RARE_IOMMU_FAULT = 1
+RARE_AER = 2
+
+# struct peer_key: u16 family, u16 dport, u32 pad, u8 daddr[16]
+PEER_KEY = struct.Struct("<HHI16s")
+# struct dma_key: u64 dev, u32 dir, u32 op
+DMA_KEY = struct.Struct("<QII")
+# struct dma_named_key: char dev[32], u32 dir, u32 op
+DMA_NAMED_KEY = struct.Struct("<32sII")
+# struct dma_val: u64 count, u64 bytes
+DMA_VAL = struct.Struct("<QQ")

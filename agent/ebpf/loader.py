@@ -1,0 +1,220 @@
+"""Compile and attach the probes in a short-lived child, hand the fds to the agent.
+
+The child (``python -m agent.ebpf.loader CONFIG FD``) imports bcc, compiles ``probes.bpf.c`` once
+with the sections this kernel supports, attaches every planned tracepoint, sends the map fds and
+the attachments' fds (perf-event fds of classic tracepoints, raw-tracepoint fds) over a Unix
+socket with ``socket.send_fds`` and leaves with ``os._exit`` — bcc's own cleanup would detach what
+it just handed over.  The parent never imports bcc, so LLVM never lives in the agent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent.ebpf.layout import DMA_KEYS_MAX, MAPS, PEERS_MAX
+
+SOURCE = Path(__file__).with_name("probes.bpf.c")
+_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Attachment:
+    probe: str
+    tracepoint: str
+    kind: str
+    ok: bool
+    error: str = ""
+    fd: int = -1
+
+
+@dataclass
+class LoadResult:
+    fatal: str = ""                       # set when nothing could be loaded (bcc missing, compile error)
+    error: str = ""                       # the detail (last lines of the child's stderr)
+    maps: dict[str, int] = field(default_factory=dict)
+    attachments: list[Attachment] = field(default_factory=list)
+    loaded: dict[str, bool] = field(default_factory=dict)   # load_only mode: function -> verifier ok
+    load_errors: dict[str, str] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def close(self) -> None:
+        for fd in list(self.maps.values()) + [a.fd for a in self.attachments if a.fd >= 0]:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.maps.clear()
+        for a in self.attachments:
+            a.fd = -1
+
+
+def run_loader(defines: list[str], attach: list[dict[str, str]], *, python: str | None = None,
+               bcc_path: str | None = "/usr/lib/python3/dist-packages", timeout: float = 60.0,
+               load_only: list[str] | None = None, extra_cflags: list[str] | None = None,
+               env: dict[str, str] | None = None) -> LoadResult:
+    """Spawn the loader child and receive its fds.  Never raises for load problems: see ``fatal``.
+
+    ``attach``: ``[{"probe", "tp", "kind" ("tracepoint"|"raw"), "fn"}]``.
+    ``load_only``: functions to load as tracepoint programs without attaching (verifier check).
+    """
+
+    t0 = time.monotonic()
+    cfg = {
+        "source": str(SOURCE),
+        "bcc_path": bcc_path or "",
+        "cflags": [f"-D{d}" for d in defines] + [f"-DPEERS_MAX={PEERS_MAX}", f"-DDMA_KEYS_MAX={DMA_KEYS_MAX}"]
+        + list(extra_cflags or []),
+        "attach": attach,
+        "load_only": load_only or [],
+        "maps": list(MAPS),
+    }
+    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    child_env = dict(os.environ if env is None else env)
+    child_env["PYTHONPATH"] = str(_ROOT) + (os.pathsep + child_env["PYTHONPATH"] if child_env.get("PYTHONPATH") else "")
+    res = LoadResult()
+    with tempfile.TemporaryFile() as errf, parent:
+        try:
+            proc = subprocess.Popen(
+                [python or sys.executable, "-m", "agent.ebpf.loader", json.dumps(cfg), str(child.fileno())],
+                pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, stdout=errf, stderr=errf,
+                env=child_env, close_fds=True,
+            )
+        except OSError as e:
+            child.close()
+            res.fatal, res.error = "spawn", f"cannot start the loader: {e}"
+            return res
+        child.close()
+        parent.settimeout(timeout)
+        msg, fds = b"", []
+        try:
+            msg, fds, flags, _ = socket.recv_fds(parent, 1 << 20, 256)
+        except (TimeoutError, OSError) as e:
+            res.fatal, res.error = "timeout", f"loader did not answer: {e}"
+        finally:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        errf.seek(0)
+        stderr = errf.read().decode(errors="replace")
+    for fd in fds:
+        os.set_inheritable(fd, False)
+    if not msg:
+        res.fatal = res.fatal or "crashed"
+        res.error = (res.error + "\n" if res.error else "") + (stderr[-2000:] or f"loader exited with {proc.returncode}")
+        for fd in fds:
+            os.close(fd)
+        return res
+    data = json.loads(msg)
+    res.timings = dict(data.get("timings", {}))
+    res.timings["total"] = time.monotonic() - t0
+    if data.get("fatal"):
+        res.fatal = data["fatal"]
+        res.error = data.get("error", "") + ("\n" + stderr[-2000:] if stderr.strip() else "")
+        for fd in fds:
+            os.close(fd)
+        return res
+    for name, idx in data.get("maps", {}).items():
+        res.maps[name] = fds[idx]
+    for a in data.get("attach", []):
+        idx = a.get("fd_index", -1)
+        res.attachments.append(Attachment(a["probe"], a["tp"], a["kind"], bool(a["ok"]), a.get("error", ""),
+                                          fds[idx] if idx >= 0 else -1))
+    res.loaded = {k: bool(v) for k, v in data.get("loaded", {}).items()}
+    res.load_errors = dict(data.get("load_errors", {}))
+    used = set(res.maps.values()) | {a.fd for a in res.attachments}
+    for fd in fds:
+        if fd not in used:
+            os.close(fd)
+    return res
+
+
+# ------------------------------------------------------------------------------------------- child
+def _child(cfg: dict, sock: socket.socket) -> None:
+    timings: dict[str, float] = {}
+    t0 = time.monotonic()
+
+    def send(payload: dict, fds: list[int] | None = None) -> None:
+        payload["timings"] = timings
+        socket.send_fds(sock, [json.dumps(payload).encode()], fds or [])
+
+    try:
+        if cfg["bcc_path"]:
+            sys.path.insert(0, cfg["bcc_path"])
+        from bcc import BPF  # type: ignore[import-not-found]
+    except Exception as e:  # noqa: BLE001 - reported to the parent
+        send({"fatal": "bcc", "error": f"{type(e).__name__}: {e}"})
+        return
+    timings["import_bcc"] = time.monotonic() - t0
+    t1 = time.monotonic()
+    try:
+        text = Path(cfg["source"]).read_text()
+        b = BPF(text=text, cflags=cfg["cflags"])
+    except Exception as e:  # noqa: BLE001
+        send({"fatal": "compile", "error": f"{type(e).__name__}: {e}"})
+        return
+    timings["compile"] = time.monotonic() - t1
+    t2 = time.monotonic()
+    fds: list[int] = []
+    results = []
+    for a in cfg["attach"]:
+        r = {"probe": a["probe"], "tp": a["tp"], "kind": a["kind"], "ok": False, "fd_index": -1}
+        try:
+            if a["kind"] == "raw":
+                ev = a["tp"].split(":", 1)[1]
+                b.attach_raw_tracepoint(tp=ev, fn_name=a["fn"])
+                fd = b.raw_tracepoint_fds[ev.encode()]
+            else:
+                b.attach_tracepoint(tp=a["tp"], fn_name=a["fn"])
+                fd = b.tracepoint_fds[a["tp"].encode()]
+            r["ok"] = True
+            r["fd_index"] = len(fds)
+            fds.append(fd)
+        except Exception as e:  # noqa: BLE001
+            r["error"] = f"{type(e).__name__}: {e}"
+        results.append(r)
+    loaded, load_errors = {}, {}
+    for fn in cfg.get("load_only", []):
+        try:
+            b.load_func(fn, BPF.TRACEPOINT)
+            loaded[fn] = True
+        except Exception as e:  # noqa: BLE001
+            loaded[fn] = False
+            load_errors[fn] = f"{type(e).__name__}: {e}"
+    timings["attach"] = time.monotonic() - t2
+    maps = {}
+    for name in cfg["maps"]:
+        try:
+            t = b.get_table(name)
+        except Exception:  # noqa: BLE001 - the section is off
+            continue
+        maps[name] = len(fds)
+        fds.append(t.map_fd)
+    timings["child_total"] = time.monotonic() - t0
+    send({"maps": maps, "attach": results, "loaded": loaded, "load_errors": load_errors}, fds)
+
+
+def main(argv: list[str]) -> None:
+    cfg = json.loads(argv[0])
+    sock = socket.socket(fileno=int(argv[1]))
+    try:
+        _child(cfg, sock)
+    except BaseException as e:  # noqa: BLE001
+        with contextlib.suppress(Exception):
+            socket.send_fds(sock, [json.dumps({"fatal": "crashed", "error": f"{type(e).__name__}: {e}"}).encode()], [])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # bcc's atexit cleanup would detach the tracepoints whose fds the agent now holds
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
