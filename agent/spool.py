@@ -34,7 +34,7 @@ def tick_from_json(line: str) -> Tick:
     d = json.loads(line)
     return Tick(
         float(d["ts"]),
-        [Sample(n, lab, float(v), k) for n, lab, v, k in d["s"]],
+        [Sample(n, float(v), lab, k) for n, lab, v, k in d["s"]],
         [EventRecord(k, m, sev, det, ts) for k, m, sev, det, ts in d["e"]],
     )
 

@@ -119,3 +119,8 @@ def wait_for_port(port: int, host: str = "127.0.0.1", timeout: float = 15.0) -> 
                 return
         time.sleep(0.05)
     raise TimeoutError(f"nothing listening on {host}:{port} after {timeout}s")
+
+
+@pytest.fixture
+def unused_port() -> int:
+    return free_port()

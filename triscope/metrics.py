@@ -79,7 +79,7 @@ _SPECS = [
     MetricSpec("triscope_npu_power_watts", "gauge", "Ascend power draw (npu-smi).", ("npu", "chip")),
     MetricSpec("triscope_npu_temperature_celsius", "gauge", "Ascend temperature (npu-smi).", ("npu", "chip")),
     MetricSpec("triscope_npu_hugepages_used", "gauge", "Ascend hugepages in use (npu-smi).", ("npu", "chip")),
-    MetricSpec("triscope_npu_hugepages_total", "gauge", "Ascend hugepages total (npu-smi).", ("npu", "chip")),
+    MetricSpec("triscope_npu_hugepages_capacity", "gauge", "Ascend hugepages configured (npu-smi; named _capacity because _total is for counters).", ("npu", "chip")),
     # analysis
     MetricSpec("triscope_mismatch_score", "gauge", "Share of accelerator time lost to I/O over the sliding window (0..1).", ()),
     MetricSpec("triscope_mismatch_state", "gauge", "1 for the node's current coordination state, 0 for the others.", ("state",)),

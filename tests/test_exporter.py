@@ -1,0 +1,53 @@
+"""The agent's /metrics output passes the real promtool."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import urllib.request
+
+import pytest
+
+from agent.exporter import make_registry, serve
+from triscope.metrics import CATALOGUE
+from triscope.samples import Sample
+
+pytestmark = pytest.mark.prometheus
+
+
+def _render(samples: list[Sample]) -> str:
+    registry, tick = make_registry()
+    tick.update(samples)
+    from prometheus_client import generate_latest
+
+    return generate_latest(registry).decode()
+
+
+def test_catalogue_follows_conventions() -> None:
+    for name, spec in CATALOGUE.items():
+        assert name.startswith("triscope_"), name
+        assert (spec.kind == "counter") == name.endswith("_total"), name
+        assert spec.help, name
+
+
+def test_promtool_accepts_exporter_output() -> None:
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool missing: 'make test' installs Debian's prometheus package"
+    samples = [Sample(name, 1.0, {k: "x" for k in spec.labels}, spec.kind) for name, spec in CATALOGUE.items()]
+    samples.append(Sample("app_requests_total", 3.0, {}, "counter"))  # scraped app metric: not re-exported
+    text = _render(samples)
+    assert "app_requests_total" not in text
+    assert "triscope_process_resident_memory_bytes" in text
+    res = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_served_over_http(unused_port: int) -> None:
+    registry, tick = make_registry()
+    tick.update([Sample("triscope_tcp_retransmits_total", 7.0, kind="counter")])
+    server, _thread = serve(registry, "127.0.0.1", unused_port)
+    try:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{unused_port}/metrics", timeout=5).read().decode()
+    finally:
+        server.shutdown()
+    assert "triscope_tcp_retransmits_total 7.0" in body
