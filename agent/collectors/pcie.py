@@ -107,6 +107,7 @@ class PcieLinkCollector(BaseCollector):
             self.class_prefixes = tuple(prefixes)
         self.include_bridges = include_bridges
         self.degraded_on_speed = degraded_on_speed
+        self._static: dict[str, tuple[str, str | None]] = {}
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -135,14 +136,19 @@ class PcieLinkCollector(BaseCollector):
                 raw = [_read(os.path.join(path, f)) for f in LINK_FILES]
             except OSError:
                 continue  # no PCIe capability (plain PCI, virtio) or the device is gone / not answering
-            try:
-                pci_class = _read(os.path.join(path, "class"))
-            except OSError:
-                pci_class = ""
-            if not self._wanted(pci_class):
+            static = self._static.get(name)
+            if static is None:  # class and place in the tree are fixed while the device exists
+                try:
+                    pci_class = _read(os.path.join(path, "class"))
+                except OSError:
+                    pci_class = ""
+                static = self._static[name] = (pci_class, self._upstream(path))
+            if not self._wanted(static[0]):
                 continue
-            links.append(LinkState(name, pci_class, parse_speed(raw[0]), parse_speed(raw[1]),
-                                   parse_width(raw[2]), parse_width(raw[3]), self._upstream(path)))
+            links.append(LinkState(name, static[0], parse_speed(raw[0]), parse_speed(raw[1]),
+                                   parse_width(raw[2]), parse_width(raw[3]), static[1]))
+        for gone in self._static.keys() - set(names):  # hot-unplugged: forget, a new device may reuse the BDF
+            del self._static[gone]
         return links
 
     # -- protocol ------------------------------------------------------------------------------
