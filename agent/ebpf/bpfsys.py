@@ -9,6 +9,7 @@ pages, without syscalls.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import mmap
@@ -275,10 +276,8 @@ class RingBuffer:
 
     def close(self) -> None:
         for m in (self._cons, self._prod):
-            try:
+            with contextlib.suppress(BufferError, ValueError):
                 m.close()
-            except (BufferError, ValueError):
-                pass
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1

@@ -92,7 +92,7 @@ def run_loader(defines: list[str], attach: list[dict[str, str]], *, python: str 
             return res
         child.close()
         parent.settimeout(timeout)
-        msg, fds = b"", []
+        msg, fds = b"", list[int]()
         try:
             msg, fds, flags, _ = socket.recv_fds(parent, 1 << 20, 256)
         except (TimeoutError, OSError) as e:
@@ -149,7 +149,7 @@ def _child(cfg: dict, sock: socket.socket) -> None:
     try:
         if cfg["bcc_path"]:
             sys.path.insert(0, cfg["bcc_path"])
-        from bcc import BPF  # type: ignore[import-not-found]
+        from bcc import BPF
     except Exception as e:  # noqa: BLE001 - reported to the parent
         send({"fatal": "bcc", "error": f"{type(e).__name__}: {e}"})
         return
