@@ -36,7 +36,7 @@ def gpu(busy: float | None, link_gbps: float | None = None, name: str = "gpu=0")
 
 # ------------------------------------------------------------------------------------ pure classifier
 def test_link_capacity_and_ceiling() -> None:
-    assert GEN5_X16 == pytest.approx(63.0e9, rel=0.001)
+    assert pytest.approx(63.0e9, rel=0.001) == GEN5_X16
     assert link_capacity_bytes_per_second(8.0, 16) == pytest.approx(15.75e9, rel=0.001)
     assert link_capacity_bytes_per_second(2.5, 1) == pytest.approx(0.25e9)
     th = MismatchThresholds()
