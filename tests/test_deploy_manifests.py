@@ -1,0 +1,374 @@
+"""Kubernetes manifests under deploy/kustomize, validated offline.
+
+Every overlay is rendered with kustomize (``kubectl kustomize``), and every object is checked
+against the OpenAPI schema of a current Kubernetes release that the ``kubernetes-validate``
+package ships (strict: unknown fields are errors), and against the oldest release we support.
+ServiceMonitor / PrometheusRule are checked against the Prometheus Operator CRD schemas kept in
+deploy/schemas (with the API server's structural pruning emulated: undeclared fields are errors).
+Then the security and wiring properties the docs promise are asserted one by one.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+KUSTOMIZE = REPO / "deploy" / "kustomize"
+SCHEMAS = REPO / "deploy" / "schemas"
+OVERLAYS = ["overlays/nvidia", "overlays/ascend"]
+ALL_ROOTS = ["base", "targets", "secrets-example", *OVERLAYS]
+K8S_LATEST = "1.37.0"   # the newest release kubernetes-validate ships
+K8S_OLDEST = "1.31.0"   # oldest release we claim (recursiveReadOnly is beta there, GA in 1.33)
+CRD_SCHEMAS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor.v1.schema.yaml",
+    ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrule.v1.schema.yaml",
+}
+
+
+def kustomize(root: str) -> list[dict[str, Any]]:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.fail("kubectl (with its built-in kustomize) is needed to render deploy/kustomize")
+    out = subprocess.run([kubectl, "kustomize", str(KUSTOMIZE / root)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, f"kustomize {root} failed: {out.stderr}"
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, list[dict[str, Any]]]:
+    return {root: kustomize(root) for root in ALL_ROOTS}
+
+
+def by_kind(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objs if o["kind"] == kind]
+
+
+def one(objs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    found = [o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind}/{name}, found {len(found)}"
+    return found[0]
+
+
+def pod_specs(objs: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
+    for o in objs:
+        spec = o.get("spec", {})
+        if o["kind"] in ("Deployment", "DaemonSet", "StatefulSet", "Job"):
+            yield f"{o['kind']}/{o['metadata']['name']}", spec["template"]["spec"]
+        elif o["kind"] == "CronJob":
+            yield f"CronJob/{o['metadata']['name']}", spec["jobTemplate"]["spec"]["template"]["spec"]
+
+
+# ---------------------------------------------------------------------------------------------
+# schema validation
+
+
+def _undeclared_fields(obj: Any, schema: dict[str, Any], path: str = "") -> list[str]:
+    """Fields the structural schema does not declare (the API server would prune them)."""
+    if schema.get("x-kubernetes-preserve-unknown-fields"):
+        return []
+    bad: list[str] = []
+    if isinstance(obj, dict) and schema.get("type") == "object":
+        props = schema.get("properties")
+        extra = schema.get("additionalProperties")
+        for key, value in obj.items():
+            if props is not None and key in props:
+                bad += _undeclared_fields(value, props[key], f"{path}.{key}")
+            elif isinstance(extra, dict):
+                bad += _undeclared_fields(value, extra, f"{path}.{key}")
+            elif props is not None and not (path == "" and key == "metadata"):
+                bad.append(f"{path}.{key}")
+    elif isinstance(obj, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(obj):
+            bad += _undeclared_fields(item, schema["items"], f"{path}[{i}]")
+    return bad
+
+
+def validate_crd_object(obj: dict[str, Any]) -> None:
+    schema = yaml.safe_load((SCHEMAS / CRD_SCHEMAS[(obj["apiVersion"], obj["kind"])]).read_text())
+    jsonschema.Draft7Validator(schema).validate(obj)
+    undeclared = _undeclared_fields(obj, schema)
+    if undeclared:
+        raise jsonschema.ValidationError(f"fields not in the CRD schema: {undeclared}")
+    kubernetes_validate.validate({"apiVersion": "v1", "kind": "ConfigMap", "metadata": obj["metadata"]},
+                                 K8S_LATEST, strict=True)
+
+
+def validate_object(obj: dict[str, Any], version: str) -> None:
+    if (obj["apiVersion"], obj["kind"]) in CRD_SCHEMAS:
+        validate_crd_object(obj)
+    else:
+        kubernetes_validate.validate(obj, version, strict=True)
+
+
+@pytest.mark.parametrize("root", ALL_ROOTS)
+@pytest.mark.parametrize("version", [K8S_LATEST, K8S_OLDEST])
+def test_every_rendered_object_matches_its_schema(rendered: dict[str, list[dict[str, Any]]], root: str,
+                                                  version: str) -> None:
+    objs = rendered[root]
+    assert objs, f"{root} rendered nothing"
+    for obj in objs:
+        try:
+            validate_object(obj, version)
+        except (jsonschema.ValidationError, kubernetes_validate.ValidationError) as e:
+            pytest.fail(f"{root}: {obj['kind']}/{obj['metadata']['name']} invalid for {version}: {e.message} "
+                        f"at {list(e.absolute_path)}")
+
+
+def test_every_manifest_file_is_rendered_somewhere(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    # a YAML file in base/ that no kustomization lists would silently never be applied
+    listed = set()
+    for kfile in KUSTOMIZE.rglob("kustomization.yaml"):
+        k = yaml.safe_load(kfile.read_text())
+        for entry in k.get("resources", []) + [p["path"] for p in k.get("patches", []) if "path" in p]:
+            listed.add((kfile.parent / entry).resolve())
+    for f in KUSTOMIZE.rglob("*.yaml"):
+        if f.name != "kustomization.yaml":
+            assert f.resolve() in listed, f"{f.relative_to(REPO)} is not listed in any kustomization.yaml"
+
+
+def test_schema_validation_rejects_mistakes(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    # the validators must be able to fail: a typo in a core kind, a wrong type, and a typo in a CRD
+    ds = one(rendered["overlays/nvidia"], "DaemonSet", "triscope-agent")
+    typo = yaml.safe_load(yaml.safe_dump(ds))
+    typo["spec"]["template"]["spec"]["hostPid"] = True
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate_object(typo, K8S_LATEST)
+    wrong_type = yaml.safe_load(yaml.safe_dump(ds))
+    wrong_type["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] = "9464"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate_object(wrong_type, K8S_LATEST)
+    sm = one(rendered["base"], "ServiceMonitor", "triscope-agent")
+    bad_sm = yaml.safe_load(yaml.safe_dump(sm))
+    bad_sm["spec"]["endpoints"][0]["scrapeInterval"] = "15s"   # the field is "interval"
+    with pytest.raises(jsonschema.ValidationError, match="scrapeInterval"):
+        validate_object(bad_sm, K8S_LATEST)
+    bad_rule = yaml.safe_load(yaml.safe_dump(one(rendered["base"], "PrometheusRule", "triscope")))
+    bad_rule["spec"]["groups"][0]["rules"][0]["for"] = "5 minutes"
+    with pytest.raises(jsonschema.ValidationError):
+        validate_object(bad_rule, K8S_LATEST)
+
+
+# ---------------------------------------------------------------------------------------------
+# the agent DaemonSet: host access, explained and limited
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_agent_is_unprivileged_with_only_the_needed_capabilities(rendered: dict[str, list[dict[str, Any]]],
+                                                                 overlay: str) -> None:
+    ds = one(rendered[overlay], "DaemonSet", "triscope-agent")
+    spec = ds["spec"]["template"]["spec"]
+    assert spec["hostPID"] is True and spec["hostNetwork"] is True
+    assert spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert spec["automountServiceAccountToken"] is False
+    (c,) = spec["containers"]
+    sc = c["securityContext"]
+    assert sc["privileged"] is False
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert set(sc["capabilities"]["add"]) == {"BPF", "PERFMON"}
+    assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    vols = {v["name"]: v for v in spec["volumes"]}
+    for path, host in [("/sys", "/sys"), ("/sys/kernel/tracing", "/sys/kernel/tracing"),
+                       ("/host/lib/modules", "/lib/modules"), ("/host/usr/src", "/usr/src")]:
+        assert mounts[path].get("readOnly") is True, f"{path} must be read-only"
+        assert vols[mounts[path]["name"]]["hostPath"]["path"] == host
+    # every hostPath is mounted read-only: the agent writes nothing to the node
+    for m in c["volumeMounts"]:
+        if "hostPath" in vols[m["name"]]:
+            assert m.get("readOnly") is True, f"hostPath {m['name']} mounted writable"
+    # requests sized from the measured footprint (steady RSS <= 60 MB, BCC compile peak ~135 MB)
+    res = c["resources"]
+    assert _mebibytes(res["requests"]["memory"]) == 64
+    assert 200 <= _mebibytes(res["limits"]["memory"]) <= 512
+    assert "cpu" not in res.get("limits", {}), "a CPU limit would throttle ticks"
+    args = " ".join(c["args"])
+    assert "--no-migrate" in args and "--listen=$(HOST_IP):9464" in args and "--node=$(NODE_NAME)" in args
+
+
+def test_nvidia_overlay_gives_nvml_through_the_runtime_not_privileged(
+        rendered: dict[str, list[dict[str, Any]]]) -> None:
+    spec = one(rendered["overlays/nvidia"], "DaemonSet", "triscope-agent")["spec"]["template"]["spec"]
+    assert spec["runtimeClassName"] == "nvidia"
+    assert spec["nodeSelector"] == {"kubernetes.io/os": "linux", "nvidia.com/gpu.present": "true"}
+    env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all" and env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+    assert "nvidia.com/gpu" not in str(spec["containers"][0]["resources"]), "must not take a GPU from workloads"
+
+
+def test_ascend_overlay_mounts_the_driver_read_only(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    spec = one(rendered["overlays/ascend"], "DaemonSet", "triscope-agent")["spec"]["template"]["spec"]
+    assert spec["runtimeClassName"] == "ascend"
+    c = spec["containers"][0]
+    assert "--npu-smi=/usr/local/sbin/npu-smi" in c["args"] and "--no-nvml" in c["args"]
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    assert mounts["/usr/local/Ascend/driver"]["readOnly"] is True
+    assert mounts["/usr/local/sbin/npu-smi"]["readOnly"] is True
+    assert set(c["securityContext"]["capabilities"]["add"]) == {"BPF", "PERFMON"}
+
+
+def _mebibytes(q: str) -> float:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(Mi|Gi|Ki)", q)
+    assert m, f"memory quantity {q!r} not in Ki/Mi/Gi"
+    return float(m.group(1)) * {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024}[m.group(2)]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_container_is_bounded_and_hardened(rendered: dict[str, list[dict[str, Any]]], overlay: str) -> None:
+    seen = set()
+    for name, spec in pod_specs(rendered[overlay]):
+        seen.add(name)
+        for c in spec["containers"] + spec.get("initContainers", []):
+            res = c.get("resources", {})
+            assert "memory" in res.get("requests", {}) and "memory" in res.get("limits", {}), name
+            assert "cpu" in res.get("requests", {}), name
+            sc = c.get("securityContext", {})
+            assert sc.get("privileged", False) is False, f"{name} is privileged"
+            assert sc.get("allowPrivilegeEscalation") is False, name
+            assert sc.get("readOnlyRootFilesystem") is True, name
+            assert sc.get("capabilities", {}).get("drop") == ["ALL"], name
+        if name != "DaemonSet/triscope-agent":
+            # everything but the agent meets Pod Security "restricted"
+            assert spec["securityContext"]["runAsNonRoot"] is True, name
+            assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault", name
+            assert not spec.get("hostPID") and not spec.get("hostNetwork"), name
+            assert not any("hostPath" in v for v in spec.get("volumes", [])), name
+            assert all("add" not in c["securityContext"]["capabilities"] for c in spec["containers"]), name
+    assert {"DaemonSet/triscope-agent", "Deployment/triscope-engine", "Deployment/triscope-dashboard",
+            "Job/triscope-db-upgrade", "CronJob/triscope-db-maintenance"} <= seen
+
+
+# ---------------------------------------------------------------------------------------------
+# RBAC: only the verbs the engine's actions use
+
+EXPECTED_RULES = {
+    "triscope-engine-workloads": {("apps", "deployments"): {"get", "patch"},
+                                  ("", "pods"): {"get", "list"},
+                                  ("", "pods/eviction"): {"create"},
+                                  ("", "configmaps"): {"get", "create", "update"},
+                                  ("", "events"): {"create"}},
+    "triscope-engine-nodes": {("", "nodes"): {"get", "list", "update"}, ("", "events"): {"create"}},
+    "triscope-engine-leader": {("coordination.k8s.io", "leases"): {"create", "get", "update"},
+                               ("", "events"): {"create"}},
+}
+
+
+def _rules(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
+    out: dict[tuple[str, str], set[str]] = {}
+    for r in role["rules"]:
+        for g in r["apiGroups"]:
+            for res in r["resources"]:
+                out.setdefault((g, res), set()).update(r["verbs"])
+    return out
+
+
+def test_rbac_grants_exactly_the_verbs_the_actions_use(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    objs = rendered["overlays/nvidia"]
+    roles = {r["metadata"]["name"]: r for r in by_kind(objs, "ClusterRole") + by_kind(objs, "Role")}
+    assert set(roles) == set(EXPECTED_RULES)
+    for name, expected in EXPECTED_RULES.items():
+        assert _rules(roles[name]) == expected, name
+        for r in roles[name]["rules"]:
+            assert "*" not in r["verbs"] and "*" not in r["resources"] and "*" not in r["apiGroups"]
+            assert "delete" not in r["verbs"] and "secrets" not in r["resources"]
+    # get/update on leases limited to the one Lease the engine elects with
+    lease_rules = [r for r in roles["triscope-engine-leader"]["rules"] if "leases" in r["resources"]]
+    assert all(r.get("resourceNames") == ["triscope-remediation"] for r in lease_rules if "create" not in r["verbs"])
+    engine = one(objs, "Deployment", "triscope-engine")["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in engine["containers"][0]["env"]}
+    assert env["TRISCOPE_LEASE_NAME"] == "triscope-remediation"
+    # bindings: nodes cluster-wide, workloads only in the namespaces listed in targets/
+    crb = one(objs, "ClusterRoleBinding", "triscope-engine-nodes")
+    assert crb["roleRef"]["name"] == "triscope-engine-nodes"
+    workload_bindings = [b for b in by_kind(objs, "RoleBinding") if b["roleRef"]["name"] == "triscope-engine-workloads"]
+    assert [b["metadata"]["namespace"] for b in workload_bindings] == ["inference"]
+    for b in by_kind(objs, "RoleBinding") + by_kind(objs, "ClusterRoleBinding"):
+        assert b["subjects"] == [{"kind": "ServiceAccount", "name": "triscope-engine", "namespace": "triscope"}]
+    assert not any(b["roleRef"]["name"] == "triscope-engine-workloads" for b in by_kind(objs, "ClusterRoleBinding"))
+
+
+def test_engine_is_leader_elected_and_highly_available(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    objs = rendered["overlays/nvidia"]
+    dep = one(objs, "Deployment", "triscope-engine")
+    assert dep["spec"]["replicas"] >= 2
+    pdb = one(objs, "PodDisruptionBudget", "triscope-engine")
+    assert pdb["spec"]["minAvailable"] == 1
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    assert "--dry-run" in c["args"]
+
+
+# ---------------------------------------------------------------------------------------------
+# wiring: Services, Secrets, NetworkPolicy, ServiceMonitor
+
+
+def test_services_select_pods_and_name_real_ports(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    objs = rendered["overlays/nvidia"]
+    templates = {name: spec for name, spec in pod_specs(objs)}
+    pods = [(o["spec"]["template"]["metadata"]["labels"], templates[f"{o['kind']}/{o['metadata']['name']}"])
+            for o in objs if o["kind"] in ("Deployment", "DaemonSet")]
+    for svc in by_kind(objs, "Service"):
+        sel = svc["spec"]["selector"]
+        matched = [spec for labels, spec in pods if all(labels.get(k) == v for k, v in sel.items())]
+        assert matched, f"Service {svc['metadata']['name']} selects no pod"
+        port_names = {p["name"] for spec in matched for c in spec["containers"] for p in c.get("ports", [])}
+        for p in svc["spec"]["ports"]:
+            assert p["targetPort"] in port_names, f"{svc['metadata']['name']}: no container port {p['targetPort']}"
+    for sm in by_kind(objs, "ServiceMonitor"):
+        sel = sm["spec"]["selector"]["matchLabels"]
+        svcs = [s for s in by_kind(objs, "Service") if all(s["metadata"]["labels"].get(k) == v for k, v in sel.items())]
+        assert svcs, f"ServiceMonitor {sm['metadata']['name']} selects no Service"
+        svc_ports = {p["name"] for s in svcs for p in s["spec"]["ports"]}
+        assert all(e["port"] in svc_ports for e in sm["spec"]["endpoints"])
+    agent_sm = one(objs, "ServiceMonitor", "triscope-agent")
+    relabel = agent_sm["spec"]["endpoints"][0]["relabelings"][0]
+    assert relabel["sourceLabels"] == ["__meta_kubernetes_pod_node_name"] and relabel["targetLabel"] == "node"
+
+
+def test_every_secret_key_the_workloads_read_is_created_by_the_example(
+        rendered: dict[str, list[dict[str, Any]]]) -> None:
+    secrets = {s["metadata"]["name"]: set(s["data"]) for s in by_kind(rendered["secrets-example"], "Secret")}
+    assert all(s["metadata"]["namespace"] == "triscope" for s in by_kind(rendered["secrets-example"], "Secret"))
+    wanted: set[tuple[str, str]] = set()
+    for overlay in OVERLAYS:
+        for _, spec in pod_specs(rendered[overlay]):
+            for c in spec["containers"]:
+                for e in c.get("env", []):
+                    ref = e.get("valueFrom", {}).get("secretKeyRef")
+                    if ref:
+                        wanted.add((ref["name"], ref["key"]))
+            for v in spec.get("volumes", []):
+                if "secret" in v:
+                    for item in v["secret"].get("items", []):
+                        wanted.add((v["secret"]["secretName"], item["key"]))
+    assert ("triscope-webhook", "token") in wanted and ("triscope-db", "agent-url") in wanted
+    for name, key in wanted:
+        assert key in secrets.get(name, set()), f"secret {name} key {key} is read but not created"
+
+
+def test_network_policy_denies_by_default_and_opens_only_triscope_ports(
+        rendered: dict[str, list[dict[str, Any]]]) -> None:
+    pols = {p["metadata"]["name"]: p for p in by_kind(rendered["base"], "NetworkPolicy")}
+    deny = pols["triscope-default-deny"]["spec"]
+    assert deny["podSelector"] == {} and set(deny["policyTypes"]) == {"Ingress", "Egress"}
+    assert "ingress" not in deny and "egress" not in deny
+    ingress_ports = {p["port"] for pol in pols.values() for rule in pol["spec"].get("ingress", [])
+                     for p in rule.get("ports", [])}
+    assert ingress_ports == {9095, 8050}
+    for pol in pols.values():
+        for rule in pol["spec"].get("ingress", []):
+            assert rule.get("from"), f"{pol['metadata']['name']}: ingress open to everyone"
