@@ -42,7 +42,7 @@ class ScrapeError(CollectorUnavailable):
     """The endpoint could not be read or parsed; ``reason`` says which and why."""
 
 
-def _check_url(url: str) -> tuple[str, str]:
+def parse_scrape_url(url: str) -> tuple[str, str]:
     """Return (normalised url, instance ``host:port``) or raise ValueError with a clear message."""
 
     if not isinstance(url, str) or not url.strip():
@@ -73,7 +73,7 @@ class ScrapeCollector(BaseCollector):
 
     def __init__(self, url: str, timeout: float = 2.0, job: str | None = None, max_bytes: int = 16 << 20,
                  max_samples: int = 50_000) -> None:
-        self.url, self.instance = _check_url(url)
+        self.url, self.instance = parse_scrape_url(url)
         if not timeout or timeout <= 0:
             raise ValueError(f"scrape timeout must be > 0 seconds, got {timeout!r}")
         self.timeout = float(timeout)
