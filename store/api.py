@@ -20,6 +20,7 @@ from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import IntegrityError
 
 from store.db import StoreError, check_reachable, make_engine, normalise_url
 from triscope.samples import EventRecord, Sample, label_key, parse_label_key
@@ -94,6 +95,8 @@ class Store:
         self.dialect = engine.dialect.name
         self._node_ids: dict[str, int] = {}
         self._series_ids: dict[tuple[int, str, str], int] = {}
+        self._watermarks: dict[tuple[int, str], float] = {}
+        self._label_keys: dict[tuple[tuple[str, str], ...], str] = {}
         self._lock = threading.RLock()
 
     # ------------------------------------------------------------------ lifecycle
@@ -174,29 +177,48 @@ class Store:
             return 0
         with self._lock:
             try:
+                if self.dialect == "postgresql":
+                    try:
+                        return self._write_ticks(node, ticks, rollup, fast=True)
+                    except Exception as e:  # noqa: BLE001
+                        if not _is_unique_violation(e):
+                            raise
+                        # some points are stored already (a replay): take the idempotent path
                 return self._write_ticks(node, ticks, rollup)
             except Exception:
                 # ids may have been cached from a transaction that rolled back
                 self._node_ids.pop(node, None)
                 self._series_ids.clear()
+                self._watermarks.clear()
                 raise
 
-    def _write_ticks(self, node: str, ticks: Sequence[Tick], rollup: bool) -> int:
+    def _write_ticks(self, node: str, ticks: Sequence[Tick], rollup: bool, fast: bool = False) -> int:
         t_min = min(t.ts for t in ticks)
         t_max = max(t.ts for t in ticks)
         with self.engine.begin() as conn:
             nid = self._node_id(conn, node, t_min)
+            # label sets repeat every tick: canonicalise each distinct one once
+            lk_cache = self._label_keys
+            pending: list[tuple[float, Sample, str]] = []
             keys: dict[tuple[str, str], str] = {}
             for t in ticks:
                 for s in t.samples:
-                    keys.setdefault((s.name, label_key(s.labels)), s.kind)
+                    tk = tuple(sorted(s.labels.items())) if s.labels else ()
+                    lk = lk_cache.get(tk)
+                    if lk is None:
+                        lk = label_key(s.labels)
+                        if len(lk_cache) < 200_000:
+                            lk_cache[tk] = lk
+                    if (s.name, lk) not in keys:
+                        keys[(s.name, lk)] = s.kind
+                    pending.append((t.ts, s, lk))
             sids = self._series_id_map(conn, nid, ((m, lk, k) for (m, lk), k in keys.items()))
             rows = [
-                (sids[(s.name, label_key(s.labels))], t.ts, float(s.value))
-                for t in ticks for s in t.samples
+                (sids[(s.name, lk)], ts, float(s.value))
+                for ts, s, lk in pending
                 if s.value == s.value and not math.isinf(s.value)
             ]
-            self._insert_samples(conn, rows)
+            self._insert_samples(conn, rows, fast)
             events = [(t.ts, e) for t in ticks for e in t.events]
             if events:
                 self._insert_events(conn, nid, events)
@@ -205,7 +227,7 @@ class Store:
                 self._rollup_node(conn, nid, t_min, t_max)
         return len(rows)
 
-    def _insert_samples(self, conn: Connection, rows: list[tuple[int, float, float]]) -> None:
+    def _insert_samples(self, conn: Connection, rows: list[tuple[int, float, float]], fast: bool = False) -> None:
         if not rows:
             return
         raw = conn.connection.dbapi_connection
@@ -214,8 +236,14 @@ class Store:
         try:
             if self.dialect == "sqlite":
                 cur.executemany("INSERT OR IGNORE INTO samples (series_id, ts, value) VALUES (?, ?, ?)", rows)
+            elif fast:
+                # the common case: nothing of this batch is stored yet, COPY straight into the table
+                rows.sort()
+                with cur.copy("COPY samples (series_id, ts, value) FROM STDIN") as cp:  # type: ignore[attr-defined]
+                    for r in rows:
+                        cp.write_row(r)
             else:
-                # COPY into a temp table, then one INSERT ... ON CONFLICT: fast and idempotent
+                # a replay (spool drain, re-import): COPY into a temp table, then INSERT ... ON CONFLICT
                 cur.execute("CREATE TEMP TABLE IF NOT EXISTS _ingest (series_id integer, ts double precision, "
                             "value double precision) ON COMMIT DELETE ROWS")
                 with cur.copy("COPY _ingest (series_id, ts, value) FROM STDIN") as cp:  # type: ignore[attr-defined]
@@ -248,24 +276,30 @@ class Store:
             conn.execute(text("UPDATE nodes SET labels = :l WHERE id = :n"), {"l": json.dumps(dict(labels)), "n": nid})
 
     # ------------------------------------------------------------------ rollups
-    def _watermark(self, conn: Connection, node_id: int, tier: str) -> float | None:
+    def _watermark(self, conn: Connection, node_id: int, tier: str, cached: bool = False) -> float | None:
+        if cached and (node_id, tier) in self._watermarks:
+            return self._watermarks[(node_id, tier)]
         row = conn.execute(text("SELECT rolled_until FROM rollup_watermarks WHERE node_id = :n AND tier = :t"),
                            {"n": node_id, "t": tier}).first()
-        return None if row is None else float(row[0])
+        if row is None:
+            return None
+        self._watermarks[(node_id, tier)] = float(row[0])
+        return float(row[0])
 
     def _set_watermark(self, conn: Connection, node_id: int, tier: str, until: float) -> None:
         conn.execute(text("INSERT INTO rollup_watermarks (node_id, tier, rolled_until) VALUES (:n, :t, :u) "
                           "ON CONFLICT (node_id, tier) DO UPDATE SET rolled_until = excluded.rolled_until"),
                      {"n": node_id, "t": tier, "u": until})
+        self._watermarks[(node_id, tier)] = until
 
     def _rollup_node(self, conn: Connection, node_id: int, t_min: float, t_max: float) -> None:
         """Roll closed buckets of this node up; re-roll buckets that late (spooled) samples touched."""
         for tier, width, source in (("1m", 60.0, "samples"), ("1h", 3600.0, "rollup_1m")):
-            wm = self._watermark(conn, node_id, tier)
+            wm = self._watermark(conn, node_id, tier, cached=True)
             closed_until = math.floor(t_max / width) * width  # buckets before this are closed
             if tier == "1h":
                 # hourly is built from 1-minute rollups, which are complete up to their own watermark
-                wm1 = self._watermark(conn, node_id, "1m") or 0.0
+                wm1 = self._watermark(conn, node_id, "1m", cached=True) or 0.0
                 closed_until = min(closed_until, math.floor(wm1 / width) * width)
             if wm is None:
                 first = conn.execute(text(
@@ -576,6 +610,12 @@ class Store:
         with self.engine.connect() as conn:
             rows = conn.execute(text(sql), params).all()
         return [EventRow(int(r[0]), r[1], float(r[2]), r[3], r[4], r[5], _json(r[6])) for r in rows]
+
+
+def _is_unique_violation(e: BaseException) -> bool:
+    if isinstance(e, IntegrityError):
+        return True
+    return getattr(e, "sqlstate", None) == "23505"
 
 
 def _json(v: Any) -> dict[str, Any]:

@@ -1,0 +1,121 @@
+"""Store benchmarks: ingest rate (SQLite, PostgreSQL) and downsampled range queries.
+
+Baseline measured in the same run: a naive row-by-row ORM insert (one ``session.add`` per
+sample, one commit per tick), the way a first version of such a store is usually written.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.common import Row
+from store import Store, Tick
+from store.db import upgrade
+from triscope.samples import Sample
+
+SERIES = 200
+
+
+def _ticks(t0: float, n: int, series: int = SERIES) -> list[Tick]:
+    return [Tick(t0 + i, [Sample(f"m{j % 20}", float(i * j % 97), {"dev": str(j)}) for j in range(series)])
+            for i in range(n)]
+
+
+def _ingest(st: Store, ticks: list[Tick], batch: int, nodes: int = 1) -> float:
+    t = time.perf_counter()
+    n = 0
+    for i in range(0, len(ticks), batch):
+        for k in range(nodes):
+            n += st.write_ticks(f"node-{k}", ticks[i:i + batch])
+    return n / (time.perf_counter() - t)
+
+
+def _naive(url: str, ticks: list[Tick]) -> float:
+    from sqlalchemy.orm import Session
+
+    from store import models
+
+    st = Store.open(url)
+    st.write_ticks("naive", ticks[:1])  # create series ids
+    ids = {(s.metric, tuple(sorted(s.labels.items()))): s.id for s in st.series(node="naive")}
+    t = time.perf_counter()
+    n = 0
+    with Session(st.engine) as session:
+        for tk in ticks[1:]:
+            for s in tk.samples:
+                session.add(models.Sample(series_id=ids[(s.name, tuple(sorted(s.labels.items())))], ts=tk.ts, value=s.value))
+                n += 1
+            session.commit()
+    return n / (time.perf_counter() - t)
+
+
+def _query_bench(st: Store, node: str, start: float, end: float, runs: int) -> float:
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        res = st.query("q", node=node, start=start, end=end, max_points=2000)
+        times.append(time.perf_counter() - t)
+        assert res and len(res[0].ts) <= 2000
+    return statistics.median(times) * 1000
+
+
+def run(quick: bool = False) -> list[Row]:
+    rows: list[Row] = []
+    n_ticks = 60 if quick else 300
+    with tempfile.TemporaryDirectory() as d:
+        url = f"sqlite:///{Path(d) / 'b.db'}"
+        upgrade(url)
+        st = Store.open(url)
+        t0 = 1_800_000_000.0
+        ticks = _ticks(t0, n_ticks)
+        agent_rate = _ingest(st, ticks, batch=1)
+        naive = _naive(url, _ticks(t0 + 10_000, 20 if quick else 60))
+        rows.append(Row("ingest sqlite", "samples/s, one tick (200 series) per transaction", agent_rate, "samples/s",
+                        ">= 100000", "naive ORM row-by-row", naive, agent_rate >= 100_000))
+        # queries: one series, 24 h at 1 Hz, and 30 days through the rollups
+        day = 86_400
+        qt0 = 1_700_000_000.0 - 30 * day
+        qticks = [Tick(qt0 + i, [Sample("q", math.sin(i / 300) + (5 if i % 10_007 == 0 else 0))])
+                  for i in range(30 * day if not quick else 3 * day)]
+        for i in range(0, len(qticks), 20_000):
+            st.write_ticks("qnode", qticks[i:i + 20_000])
+        end = qticks[-1].ts
+        q24 = _query_bench(st, "qnode", end - day, end, 5 if quick else 20)
+        rows.append(Row("query sqlite 24h", "1 series, 86,400 points -> <= 2,000 (median)", q24, "ms", "<= 100", "", None, q24 <= 100))
+        if not quick:
+            q30 = _query_bench(st, "qnode", end - 30 * day, end, 20)
+            rows.append(Row("query sqlite 30d", "1 series, 30 days via rollups -> <= 2,000 (median)", q30, "ms", "<= 200", "", None, q30 <= 200))
+        st.close()
+    # PostgreSQL, the real server started like the tests start it
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from conftest import PostgresServer  # type: ignore[import-not-found]
+
+    srv = PostgresServer()
+    try:
+        url = srv.create_database("bench")
+        upgrade(url)
+        st = Store.open(url)
+        ticks = _ticks(1_800_000_000.0, n_ticks)
+        one = _ingest(st, ticks, batch=1)
+        st2 = Store.open(url)
+        many = _ingest(st2, _ticks(1_800_100_000.0, n_ticks), batch=n_ticks // 2 if quick else 50, nodes=4)
+        naive = _naive(url, _ticks(1_800_200_000.0, 20 if quick else 60))
+        rows.append(Row("ingest postgresql", "samples/s, one tick (200 series) per transaction", one, "samples/s",
+                        ">= 200000", "naive ORM row-by-row", naive, one >= 200_000))
+        rows.append(Row("ingest postgresql", "samples/s, 50 ticks per transaction (spool drain / gateway)", many,
+                        "samples/s", ">= 200000", "naive ORM row-by-row", naive, many >= 200_000))
+        st.close()
+        st2.close()
+    finally:
+        srv.destroy()
+    return rows
+
+
+if __name__ == "__main__":
+    for r in run(quick="--quick" in sys.argv):
+        print(r)

@@ -1,0 +1,149 @@
+"""``triscope run``: the main job on one machine.
+
+Agent (this node, live) + the recorded H200 trace as a second node + remediation engine
+(dry-run) + dashboard, on a SQLite file store.  Prints where everything is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from triscope.commands.agent import add_agent_options, build_config
+from triscope.commands.common import add_db_option, parse_hostport
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_TRACE = REPO / "examples" / "traces"
+DEFAULT_POLICY = REPO / "deploy" / "policy.example.yaml"
+DEFAULT_SLO = REPO / "deploy" / "slo.example.yaml"
+
+log = logging.getLogger("triscope.run")
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "run", help="the main job: agent + remediation engine (dry-run) + dashboard on a local store",
+        description="Run everything on this machine: the node agent (live samples of this host), the recorded "
+        "H200 trace imported as a second node, the remediation engine in dry-run, and the dashboard. "
+        "Prints the dashboard URL. Stop with Ctrl-C.",
+    )
+    add_db_option(p)
+    add_agent_options(p)
+    p.add_argument("--duration", type=float, default=0.0, help="stop after SECONDS (default: run until Ctrl-C)")
+    p.add_argument("--metrics-listen", default="127.0.0.1:9464", metavar="HOST:PORT", help="agent /metrics (default 127.0.0.1:9464)")
+    p.add_argument("--dashboard", default="127.0.0.1:8050", metavar="HOST:PORT", help="dashboard address (default 127.0.0.1:8050)")
+    p.add_argument("--webhook", default="127.0.0.1:9095", metavar="HOST:PORT",
+                   help="remediation webhook for Alertmanager (default 127.0.0.1:9095)")
+    p.add_argument("--policy", default=str(DEFAULT_POLICY), help="remediation policy (default deploy/policy.example.yaml)")
+    p.add_argument("--slo", default=str(DEFAULT_SLO), help="SLO file (default deploy/slo.example.yaml)")
+    p.add_argument("--trace", default=None, help="recorded trace to show as a second node "
+                   "(default examples/traces/h200-phases.*; 'none' to skip)")
+    p.set_defaults(func=cmd_run)
+
+
+def _find_trace(arg: str | None) -> Path | None:
+    if arg == "none":
+        return None
+    if arg:
+        return Path(arg)
+    found = sorted(DEFAULT_TRACE.glob("h200-phases.*")) if DEFAULT_TRACE.is_dir() else []
+    return found[0] if found else None
+
+
+def _import_trace(url: str, path: Path) -> str | None:
+    try:
+        from triscope import trace as trace_mod
+    except ImportError:
+        return None
+    try:
+        return str(trace_mod.import_for_demo(url, path))  # type: ignore[attr-defined]
+    except Exception as e:  # noqa: BLE001 - the demo goes on without the trace
+        log.error("could not import the trace %s: %s", path, e)
+        return None
+
+
+def _start_engine(url: str, policy: str, listen: tuple[str, int]) -> Any:
+    try:
+        from remediation.engine import start_embedded  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    try:
+        return start_embedded(url, policy, listen, dry_run=True)
+    except Exception as e:  # noqa: BLE001
+        log.error("remediation engine did not start: %s", e)
+        return None
+
+
+def _start_dashboard(url: str, slo: str, listen: tuple[str, int]) -> Any:
+    try:
+        from dashboard.app import create_app, serve_in_thread  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    slo_file = slo if Path(slo).exists() else None
+    app = create_app(url, slo_file=slo_file)
+    return serve_in_thread(app, listen[0], listen[1])
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from agent.runtime import Agent
+    from store.db import upgrade
+    from triscope.cli import UserError
+
+    metrics = parse_hostport(args.metrics_listen)
+    dash_addr = parse_hostport(args.dashboard)
+    hook = parse_hostport(args.webhook)
+    cfg = build_config(args, metrics)
+    logging.getLogger("triscope").setLevel(logging.INFO)
+    upgrade(cfg.db_url)
+    cfg.migrate = False
+    lines = [f"store:       {cfg.db_url}"]
+    trace = _find_trace(args.trace)
+    if trace is not None:
+        node = _import_trace(cfg.db_url, trace)
+        if node:
+            lines.append(f"trace:       {trace.name} imported as node '{node}' (shifted to end now)")
+    agent = Agent(cfg)
+    try:
+        agent.start_exporter()
+    except OSError as e:
+        raise UserError(f"cannot listen on {args.metrics_listen} for /metrics: {e.strerror or e}") from None
+    agent.cfg.listen = None
+    lines.append(f"agent:       node '{cfg.node}', every {cfg.interval:g}s, metrics http://{metrics[0]}:{metrics[1]}/metrics")
+    engine = _start_engine(cfg.db_url, args.policy, hook)
+    if engine is not None:
+        lines.append(f"remediation: DRY-RUN, policy {args.policy}, webhook http://{hook[0]}:{hook[1]}/api/v1/alerts")
+    dash = None
+    try:
+        dash = _start_dashboard(cfg.db_url, args.slo, dash_addr)
+    except OSError as e:
+        raise UserError(f"cannot listen on {args.dashboard} for the dashboard: {e.strerror or e}") from None
+    if dash is not None:
+        lines.append(f"dashboard:   http://{dash_addr[0]}:{dash_addr[1]}/")
+    lines.append(f"look at it:  triscope query --db {cfg.db_url} --metric triscope_tcp_retransmits_total --since 300")
+    print("triscope is running (Ctrl-C to stop)\n  " + "\n  ".join(lines), flush=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    t = agent.start_background()
+    try:
+        deadline = time.monotonic() + args.duration if args.duration else None
+        while not stop.is_set() and t.is_alive():
+            if deadline and time.monotonic() >= deadline:
+                break
+            stop.wait(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        agent.stop()
+        t.join(30)
+        for h in (engine, dash):
+            if h is not None and hasattr(h, "stop"):
+                try:
+                    h.stop()
+                except Exception:  # noqa: BLE001
+                    pass
+    return 0
