@@ -9,6 +9,7 @@ client, returning plain dicts, and the project's own error types so callers neve
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -139,10 +140,8 @@ class KubeAdapter:
         return cls(client.ApiClient(cfg), describe=describe)
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self._api.close()
-        except Exception:  # pragma: no cover - best effort
-            pass
 
     # plumbing --------------------------------------------------------------------------------------
     def _call(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:

@@ -16,7 +16,20 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import JSON, Boolean, Float, Index, Integer, String, Text, delete, func, insert, select, update
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Float,
+    Index,
+    Integer,
+    String,
+    Text,
+    delete,
+    func,
+    insert,
+    select,
+    update,
+)
 from sqlalchemy.orm import Mapped, mapped_column
 
 from store.models import Base

@@ -370,7 +370,7 @@ class KubeTestServer:
         return hashlib.sha1(json.dumps(dep["spec"]["template"], sort_keys=True).encode()).hexdigest()[:10]
 
     def _replace_pods(self, dep: dict[str, Any], nodes: list[str] | None = None) -> None:
-        ns, name = dep["metadata"]["namespace"], dep["metadata"]["name"]
+        ns = dep["metadata"]["namespace"]
         sel = dep["spec"]["selector"]["matchLabels"]
         for key in [k for k, o in self.objects.items() if k[0] == "pods" and k[1] == ns
                     and all(o["metadata"].get("labels", {}).get(a) == b for a, b in sel.items())]:
