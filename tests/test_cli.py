@@ -1,0 +1,110 @@
+"""The command line: help everywhere, one clear line for bad input, query output shapes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from store import Store, Tick
+from store.db import upgrade
+from triscope.cli import build_parser
+from triscope.samples import Sample
+
+
+def triscope(*args: str, cwd: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "triscope", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=timeout)
+
+
+def _subcommands() -> list[str]:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    return sorted(sub.choices)  # type: ignore[union-attr]
+
+
+def test_every_subcommand_has_help() -> None:
+    names = _subcommands()
+    for required in ("run", "agent", "db", "query", "doctor"):
+        assert required in names
+    for name in names:
+        res = triscope(name, "--help")
+        assert res.returncode == 0, (name, res.stderr)
+        assert "usage: triscope " + name in res.stdout
+        assert len(res.stdout.splitlines()) > 3
+
+
+@pytest.fixture
+def seeded(sqlite_url: str) -> str:
+    upgrade(sqlite_url)
+    st = Store.open(sqlite_url)
+    import time
+
+    now = time.time()
+    st.write_ticks("n1", [Tick(now - 10 + i, [Sample("triscope_tcp_retransmits_total", float(i * 3), {}, "counter"),
+                                               Sample("triscope_tcp_sockets", 5.0, {"state": "time_wait"})])
+                          for i in range(10)])
+    return sqlite_url
+
+
+def test_query_json_points(seeded: str) -> None:
+    res = triscope("query", "--db", seeded, "--metric", "triscope_tcp_retransmits_total", "--node", "n1", "--json")
+    assert res.returncode == 0, res.stderr
+    points = [json.loads(line) for line in res.stdout.splitlines()]
+    assert len(points) == 10
+    assert set(points[0]) >= {"ts", "value", "labels"}
+    assert [p["value"] for p in points] == [float(i * 3) for i in range(10)]
+    rate = triscope("query", "--db", seeded, "--metric", "triscope_tcp_retransmits_total", "--rate", "--json")
+    assert {json.loads(line)["value"] for line in rate.stdout.splitlines()} == {3.0}
+
+
+def test_query_table_is_readable(seeded: str) -> None:
+    res = triscope("query", "--db", seeded, "--metric", "triscope_tcp_sockets", "--label", "state=time_wait")
+    assert res.returncode == 0
+    assert res.stdout.startswith("# triscope_tcp_sockets{state='time_wait'} node=n1 points=10")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["query", "--metric", "no_such_metric"], "unknown metric 'no_such_metric'"),
+    (["query", "--metric", "triscope_tcp_sockets", "--node", "ghost"], "unknown node 'ghost'"),
+    (["query", "--metric", "triscope_tcp_sockets", "--start", "yesterday-ish"], "cannot read time"),
+])
+def test_bad_query_input_is_one_line(seeded: str, args: list[str], message: str) -> None:
+    res = triscope(*args, "--db", seeded)
+    assert res.returncode == 2
+    assert message in res.stderr
+    assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_unreachable_database_is_one_line(unused_port: int) -> None:
+    res = triscope("query", "--db", f"postgresql://nobody@127.0.0.1:{unused_port}/x", "--metric", "m")
+    assert res.returncode == 2
+    assert "unreachable" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_malformed_urls_are_one_line(tmp_path: Path) -> None:
+    res = triscope("db", "upgrade", "--db", "mysql://x/y")
+    assert res.returncode == 2 and "only sqlite and postgresql" in res.stderr
+    res = triscope("agent", "--db", f"sqlite:///{tmp_path}/a.db", "--scrape", "ftp://host/metrics", "--duration", "1")
+    assert res.returncode == 2 and "--scrape 'ftp://host/metrics'" in res.stderr and "Traceback" not in res.stderr
+    res = triscope("agent", "--db", f"sqlite:///{tmp_path}/a.db", "--listen", "localhost:http", "--duration", "1")
+    assert res.returncode == 2 and "not HOST:PORT" in res.stderr
+
+
+def test_schema_missing_says_what_to_run(tmp_path: Path) -> None:
+    res = triscope("query", "--db", f"sqlite:///{tmp_path}/empty.db", "--metric", "m")
+    assert res.returncode == 2 and "triscope db upgrade" in res.stderr
+
+
+def test_doctor_lists_every_collector() -> None:
+    res = triscope("doctor", "--json")
+    assert res.returncode == 0, res.stderr
+    rows = json.loads(res.stdout)
+    names = {r["name"] for r in rows}
+    assert {"tcp", "cpu", "pressure"} <= names
+    assert all(r["ok"] or r["reason"] for r in rows)  # every 'off' says why
+    text = triscope("doctor").stdout
+    assert "ok" in text
