@@ -11,6 +11,13 @@ config = context.config
 target_metadata = target_metadata_all
 
 
+def _include_name(name, type_, parent_names):  # type: ignore[no-untyped-def]
+    # the daily partitions of samples (PostgreSQL, revision 0003) are not models: see store/partitions.py
+    from store.partitions import is_partition_name
+
+    return not (type_ == "table" and is_partition_name(name))
+
+
 def run_migrations_offline() -> None:
     context.configure(url=config.get_main_option("sqlalchemy.url"), target_metadata=target_metadata,
                       literal_binds=True, render_as_batch=True)
@@ -22,7 +29,8 @@ def run_migrations_online() -> None:
     engine = make_engine(config.get_main_option("sqlalchemy.url"))
     with engine.connect() as connection:
         context.configure(connection=connection, target_metadata=target_metadata,
-                          render_as_batch=connection.dialect.name == "sqlite")
+                          render_as_batch=connection.dialect.name == "sqlite",
+                          include_name=_include_name)
         with context.begin_transaction():
             context.run_migrations()
     engine.dispose()

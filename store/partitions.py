@@ -1,0 +1,153 @@
+"""Daily range partitions of ``samples`` on PostgreSQL (the fleet store).
+
+On PostgreSQL, revision 0003 turns ``samples`` into a table partitioned by range on ``ts``
+(float epoch seconds), one partition per UTC day named ``samples_pYYYYMMDD``, plus a
+``samples_default`` partition that catches rows no daily partition covers, so a write never
+fails for lack of a partition. Each partition carries the primary key (series_id, ts), the index
+in query order; a time-range query touches only the days it spans (partition pruning).
+
+Upkeep, both idempotent and cheap (call them hourly, from the retention job):
+
+* ``ensure_partitions(engine, now, ahead_days)`` creates today's partition and ``ahead_days``
+  more, so midnight never lands rows in the default partition; rows that did land there (an
+  agent with a skewed clock, an import of old data) are moved into the day partition created for
+  them.
+* ``drop_expired_partitions(engine, before_ts)`` drops every daily partition that ends at or
+  before ``before_ts``: retention is ``DROP TABLE`` of whole days, never a bulk ``DELETE``.
+
+On SQLite (and on a PostgreSQL ``samples`` that is not partitioned) both are no-ops that
+return an empty list.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import text
+from sqlalchemy.engine import Connection, Engine
+
+PARENT = "samples"
+DEFAULT = "samples_default"
+DAY = 86400.0
+_NAME = re.compile(r"^samples_p(\d{8})$")
+_BOUND = re.compile(r"FROM \('?(-?[\d.eE+]+)'?\) TO \('?(-?[\d.eE+]+)'?\)")
+LOCK_TIMEOUT = "5s"   # DDL on the parent waits at most this long for ingest transactions
+
+
+def is_partition_name(name: str | None) -> bool:
+    """True for the partition tables (Alembic's autogenerate / check must ignore them)."""
+    return bool(name) and (name == DEFAULT or bool(_NAME.match(str(name))))
+
+
+def partition_name(day_start: float) -> str:
+    return "samples_p" + datetime.fromtimestamp(day_start, UTC).strftime("%Y%m%d")
+
+
+def day_start(ts: float) -> float:
+    d = datetime.fromtimestamp(ts, UTC)
+    return datetime(d.year, d.month, d.day, tzinfo=UTC).timestamp()
+
+
+def is_partitioned(conn: Connection) -> bool:
+    if conn.dialect.name != "postgresql":
+        return False
+    return bool(conn.execute(text(
+        "SELECT EXISTS (SELECT 1 FROM pg_partitioned_table p JOIN pg_class c ON c.oid = p.partrelid "
+        "WHERE c.relname = :t AND c.relnamespace = to_regnamespace(current_schema())::oid)"), {"t": PARENT}).scalar())
+
+
+def list_partitions(conn: Connection) -> list[tuple[str, float | None, float | None]]:
+    """(name, lower bound, upper bound) of every partition of ``samples``; None bounds for the default."""
+    rows = conn.execute(text(
+        "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i "
+        "JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_class p ON p.oid = i.inhparent "
+        "WHERE p.relname = :t AND p.relnamespace = to_regnamespace(current_schema())::oid ORDER BY 1"),
+        {"t": PARENT}).all()
+    out: list[tuple[str, float | None, float | None]] = []
+    for name, bound in rows:
+        m = _BOUND.search(bound or "")
+        out.append((str(name), float(m.group(1)), float(m.group(2))) if m else (str(name), None, None))
+    return out
+
+
+def create_day_partition(conn: Connection, start: float) -> str | None:
+    """Create the partition for the UTC day starting at ``start``; None if it exists already.
+
+    Rows for that day that sit in the default partition are moved into it (PostgreSQL refuses to
+    create a partition whose range the default partition already holds rows of).
+    """
+    name = partition_name(start)
+    if conn.execute(text("SELECT to_regclass(:n)"), {"n": name}).scalar() is not None:
+        return None
+    end = start + DAY
+    conn.execute(text(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"))
+    has_default = conn.execute(text("SELECT to_regclass(:n)"), {"n": DEFAULT}).scalar() is not None
+    stray = has_default and conn.execute(
+        text(f"SELECT EXISTS (SELECT 1 FROM {DEFAULT} WHERE ts >= :lo AND ts < :hi)"),
+        {"lo": start, "hi": end}).scalar()
+    if stray:
+        conn.execute(text(f"ALTER TABLE {PARENT} DETACH PARTITION {DEFAULT}"))
+    conn.execute(text(f"CREATE TABLE {name} PARTITION OF {PARENT} FOR VALUES FROM ({start!r}) TO ({end!r})"))
+    if stray:
+        conn.execute(text(f"INSERT INTO {name} SELECT series_id, ts, value FROM {DEFAULT} WHERE ts >= :lo AND ts < :hi"),
+                     {"lo": start, "hi": end})
+        conn.execute(text(f"DELETE FROM {DEFAULT} WHERE ts >= :lo AND ts < :hi"), {"lo": start, "hi": end})
+        conn.execute(text(f"ALTER TABLE {PARENT} ATTACH PARTITION {DEFAULT} DEFAULT"))
+    return name
+
+
+def ensure_partitions(engine: Engine, now: float, ahead_days: int = 3) -> list[str]:
+    """Create the daily partitions from today (UTC) to ``ahead_days`` ahead, plus one for every day
+    that has rows stranded in the default partition.  Returns the names created (oldest first)."""
+    if engine.dialect.name != "postgresql":
+        return []
+    if ahead_days < 0:
+        raise ValueError("ahead_days must be >= 0")
+    created: list[str] = []
+    with engine.begin() as conn:
+        if not is_partitioned(conn):
+            return []
+        days = {day_start(now) + i * DAY for i in range(ahead_days + 1)}
+        if conn.execute(text("SELECT to_regclass(:n)"), {"n": DEFAULT}).scalar() is not None:
+            lo, hi = conn.execute(text(f"SELECT min(ts), max(ts) FROM {DEFAULT}")).one()
+            if lo is not None:
+                d = day_start(lo)
+                while d <= hi:
+                    days.add(d)
+                    d = (datetime.fromtimestamp(d, UTC) + timedelta(days=1)).timestamp()
+    for d in sorted(days):
+        # one short transaction per day: the DDL's lock on the parent is held briefly
+        with engine.begin() as conn:
+            name = create_day_partition(conn, d)
+            if name:
+                created.append(name)
+    return created
+
+
+def drop_expired_partitions(engine: Engine, before_ts: float) -> list[str]:
+    """Drop every daily partition whose whole range ends at or before ``before_ts``.
+
+    Rows in a partition that straddles ``before_ts`` stay until that day has fully expired, so
+    raw data is kept up to one day longer than the retention asks (never shorter).  Returns the
+    names dropped."""
+    if engine.dialect.name != "postgresql":
+        return []
+    with engine.connect() as conn:
+        if not is_partitioned(conn):
+            return []
+        expired = [name for name, _lo, hi in list_partitions(conn)
+                   if hi is not None and hi <= before_ts and _NAME.match(name)]
+    dropped: list[str] = []
+    for name in expired:
+        with engine.begin() as conn:
+            conn.execute(text(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"))
+            conn.execute(text(f"DROP TABLE IF EXISTS {name}"))
+            dropped.append(name)
+    return dropped
+
+
+def partition_bounds_for_rows(conn: Connection) -> tuple[float, float] | None:
+    """min/max ts over all samples (used by the migration to size the initial partitions)."""
+    lo, hi = conn.execute(text(f"SELECT min(ts), max(ts) FROM {PARENT}")).one()
+    return None if lo is None else (float(lo), float(hi))

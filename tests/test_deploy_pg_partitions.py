@@ -1,0 +1,154 @@
+"""PostgreSQL fleet store: daily partitions of samples (revision 0003, store/partitions.py).
+
+Real PostgreSQL (the conftest server); the store writes through its normal COPY path.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from alembic import command
+from sqlalchemy import text
+
+from store import Store, Tick
+from store import partitions as P
+from store.db import alembic_config, upgrade
+from triscope.samples import Sample
+
+DAY = 86400.0
+
+
+def _count(st: Store, table: str = "samples") -> int:
+    with st.engine.connect() as c:
+        return int(c.execute(text(f"SELECT count(*) FROM {table}")).scalar() or 0)
+
+
+def _ticks(start: float, n: int, step: float = 3600.0) -> list[Tick]:
+    return [Tick(ts=start + i * step, samples=[Sample("triscope_cpu_busy_ratio", 0.5, {}, "gauge"),
+                                               Sample("triscope_tcp_retransmits_total", float(i), {}, "counter")])
+            for i in range(n)]
+
+
+@pytest.mark.postgres
+def test_upgrade_partitions_samples_by_day_and_alembic_sees_no_drift(pg_url: str) -> None:
+    upgrade(pg_url)
+    st = Store.open(pg_url)
+    try:
+        now = time.time()
+        with st.engine.connect() as c:
+            assert P.is_partitioned(c)
+            parts = P.list_partitions(c)
+        names = [n for n, _, _ in parts]
+        assert P.DEFAULT in names
+        today = P.day_start(now)
+        for i in range(4):   # today + 3 days ahead
+            assert P.partition_name(today + i * DAY) in names
+        for name, lo, hi in parts:
+            if name != P.DEFAULT:
+                assert hi - lo == DAY and name == P.partition_name(lo)
+        st.write_ticks("node-a", _ticks(now - 5, 3, 1.0))
+        with st.engine.connect() as c:
+            where = c.execute(text("SELECT DISTINCT tableoid::regclass::text FROM samples")).scalars().all()
+        assert where == [P.partition_name(today)]
+        # a range query over one day reads one partition (pruning)
+        with st.engine.connect() as c:
+            plan = "\n".join(c.execute(text("EXPLAIN SELECT * FROM samples WHERE series_id = 1 AND ts >= :a AND ts < :b"),
+                                       {"a": today + 10, "b": today + 20}).scalars())
+        assert P.partition_name(today) in plan and P.partition_name(today + DAY) not in plan and P.DEFAULT not in plan
+        command.check(alembic_config(pg_url))   # partitions are not drift
+    finally:
+        st.close()
+
+
+@pytest.mark.postgres
+def test_existing_rows_move_into_day_partitions_and_downgrade_restores_a_plain_table(pg_url: str) -> None:
+    upgrade(pg_url, "0002")
+    st = Store.open(pg_url)
+    try:
+        start = P.day_start(time.time()) - 3 * DAY + 1800
+        st.write_ticks("node-a", _ticks(start, 72))            # 3 days of hourly points, 2 series
+        before = _count(st)
+        assert before == 144
+        upgrade(pg_url)
+        with st.engine.connect() as c:
+            assert P.is_partitioned(c)
+            per_part = dict(c.execute(text("SELECT tableoid::regclass::text, count(*) FROM samples GROUP BY 1")).all())
+        assert _count(st) == before
+        assert per_part == {P.partition_name(start + i * DAY): 48 for i in range(3)}
+        data = st.query("triscope_cpu_busy_ratio", node="node-a", start=start, end=start + 3 * DAY, max_points=None)
+        assert len(data) == 1 and len(data[0].ts) == 72
+        command.downgrade(alembic_config(pg_url), "0002")
+        with st.engine.connect() as c:
+            assert not P.is_partitioned(c)
+        assert _count(st) == before
+        upgrade(pg_url)
+        assert _count(st) == before
+    finally:
+        st.close()
+
+
+@pytest.mark.postgres
+def test_retention_drops_whole_days_and_keeps_the_rest(pg_url: str) -> None:
+    upgrade(pg_url)
+    st = Store.open(pg_url)
+    try:
+        today = P.day_start(time.time())
+        start = today - 5 * DAY
+        created = P.ensure_partitions(st.engine, start, ahead_days=5)
+        assert created == [P.partition_name(start + i * DAY) for i in range(5)]   # today onwards existed
+        assert P.ensure_partitions(st.engine, start, ahead_days=5) == []            # idempotent
+        st.write_ticks("node-a", _ticks(start + 600, 5 * 24))                       # 5 past days
+        assert _count(st) == 240
+        cut = today - 2 * DAY + 3600        # keep the last 2 days minus an hour
+        dropped = P.drop_expired_partitions(st.engine, cut)
+        assert dropped == [P.partition_name(start + i * DAY) for i in range(3)]
+        with st.engine.connect() as c:
+            oldest = c.execute(text("SELECT min(ts) FROM samples")).scalar()
+            names = [n for n, _, _ in P.list_partitions(c)]
+        # the partition straddling the cut stays whole: data is kept up to a day longer, never shorter
+        assert oldest == pytest.approx(today - 2 * DAY + 600)
+        assert _count(st) == 2 * 48
+        assert P.partition_name(today - 2 * DAY) in names and P.partition_name(today - 3 * DAY) not in names
+        assert P.drop_expired_partitions(st.engine, cut) == []
+        assert st.query("triscope_cpu_busy_ratio", node="node-a", start=today - 2 * DAY, end=today, max_points=None)
+    finally:
+        st.close()
+
+
+@pytest.mark.postgres
+def test_rows_outside_every_partition_land_in_default_and_are_moved_out(pg_url: str) -> None:
+    upgrade(pg_url)
+    st = Store.open(pg_url)
+    try:
+        future = P.day_start(time.time()) + 10 * DAY + 100     # beyond the partitions made ahead
+        st.write_ticks("node-skewed", _ticks(future, 4, 60.0))  # a write never fails for lack of a partition
+        assert _count(st, P.DEFAULT) == 8
+        created = P.ensure_partitions(st.engine, time.time(), ahead_days=3)
+        assert created == [P.partition_name(P.day_start(future))]
+        assert _count(st, P.DEFAULT) == 0
+        assert _count(st, P.partition_name(P.day_start(future))) == 8
+        st.write_ticks("node-skewed", _ticks(future, 4, 60.0))  # replay: still idempotent across the move
+        assert _count(st) == 8
+    finally:
+        st.close()
+
+
+def test_sqlite_is_untouched(sqlite_url: str) -> None:
+    upgrade(sqlite_url)
+    st = Store.open(sqlite_url)
+    try:
+        assert P.ensure_partitions(st.engine, time.time(), 3) == []
+        assert P.drop_expired_partitions(st.engine, time.time()) == []
+        st.write_ticks("n", _ticks(time.time(), 2))
+        assert _count(st) == 4
+        with st.engine.connect() as c:
+            assert c.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0003"
+    finally:
+        st.close()
+
+
+def test_partition_names_are_recognised() -> None:
+    assert P.is_partition_name("samples_p20261129") and P.is_partition_name("samples_default")
+    assert not P.is_partition_name("samples") and not P.is_partition_name("samples_p2026") and not P.is_partition_name(None)
+    assert P.partition_name(P.day_start(1764374400.0 + 5000)) == "samples_p20251129"
