@@ -8,7 +8,7 @@ set -x
 PS=${PHASE_S:-20}
 . examples/workload/h200_setup.sh
 DB="sqlite:///$OUT/h200.db"
-python3 -m triscope doctor
+timeout 90 python3 -m triscope doctor
 python3 -m triscope db upgrade --db "$DB"
 python3 -m triscope agent --db "$DB" --interval 1 --node h200 --scrape http://127.0.0.1:9500/metrics \
   --listen 127.0.0.1:9464 --duration $((PS*7+45)) -v > "$OUT/agent.log" 2>&1 &
