@@ -95,7 +95,13 @@ def build_collectors(opts: AgentOptions) -> list[Collector]:
         if c is not None:
             collectors.append(c)
     for url in opts.scrape:
-        c = _make(f"scrape:{url}", "agent.collectors.scrape", "ScrapeCollector", url=url, timeout=opts.scrape_timeout)
+        try:
+            from agent.collectors.scrape import parse_scrape_url
+
+            name = "scrape:" + parse_scrape_url(url)[1]
+        except (ImportError, ValueError):
+            name = f"scrape:{url}"
+        c = _make(name, "agent.collectors.scrape", "ScrapeCollector", url=url, timeout=opts.scrape_timeout)
         if c is not None:
             collectors.append(c)
     return collectors

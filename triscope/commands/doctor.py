@@ -22,7 +22,7 @@ def gather(proc: str = "/proc", sys_: str = "/sys") -> list[dict[str, Any]]:
 
     rows: list[dict[str, Any]] = []
     try:
-        from agent.doctor import host_doctor  # type: ignore[attr-defined]
+        from agent.doctor import host_doctor
         for name, ok, reason, hint in host_doctor(proc, sys_):
             rows.append({"kind": "collector", "name": name, "ok": ok, "reason": reason, "hint": hint})
     except ImportError:
@@ -38,7 +38,7 @@ def gather(proc: str = "/proc", sys_: str = "/sys") -> list[dict[str, Any]]:
         finally:
             c.close()
     try:
-        from agent.collectors.ebpf import ebpf_doctor  # type: ignore[attr-defined]
+        from agent.collectors.ebpf import ebpf_doctor
         for probe, ok, reason, hint in ebpf_doctor():
             rows.append({"kind": "probe", "name": probe, "ok": ok, "reason": reason, "hint": hint})
     except ImportError:
