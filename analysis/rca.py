@@ -1,0 +1,435 @@
+"""Historical root-cause queries: "what changed on this node in this window?"
+
+``rank_causes(store, node, start, end)`` compares every stored series of the node in the window
+with a baseline (by default the preceding window of the same length), scores each change by how
+far it moved (robust z-score, bursts count through the window's peak) and how early in the
+window it started, groups the changes into candidate causes (host staging, DMA mapping / pin
+churn, network, PCIe link load, PCIe/IOMMU errors, GPU health, accelerator activity,
+application SLIs...), merges the window's events (XID, AER, IOMMU faults, retransmit bursts with
+their peers, mismatch state changes, remediation actions) and adds what the mismatch detector
+says about the window compared with the baseline.  Causes come back ranked, each with evidence.
+
+Scoring, per series:  ``effect = max(|mean_w - mean_b|, 0.5 * |peak_w - mean_b|)``,
+``z = effect / max(std_b, 5 % of |mean_b|, 1 % of |mean_w|, eps)``, ``magnitude = log(1+z)/log(1+100)``
+(0 below z = 3, 1 at z >= 100), ``score = magnitude * (0.6 + 0.4 * earliness) * role weight``, where
+earliness is 1 when the series had already moved at the window's start and 0 at its end, and the
+role weight is 1 for causes, 0.8 for link/traffic load, 0.6 for symptoms (accelerator activity,
+application SLIs), 0.3 for the agent's own metrics; a cause or load series moving in its benign
+direction (DMA maps falling, memory available rising) counts half.  A cause's score is its best series score, plus
+0.1 per further changed series (at most 0.3), plus its events (0.5 + 0.1 per event, at most 1, x
+weight), plus 0.8 x the increase (window over baseline) in the share of mismatch-detector windows
+that point at it (staging-bound -> host staging, pin churn -> DMA mapping, io-saturated -> PCIe
+load, network-bound -> network).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from analysis.config import MismatchThresholds
+
+# ---------------------------------------------------------------------------------------------- categories
+ROLE_WEIGHT = {"cause": 1.0, "load": 0.8, "symptom": 0.6, "self": 0.3, "context": 0.2}
+
+
+@dataclass(frozen=True, slots=True)
+class Category:
+    key: str
+    title: str
+    role: str
+    match: Callable[[str, Mapping[str, str]], bool]
+
+
+def _res(labels: Mapping[str, str], *names: str) -> bool:
+    return labels.get("resource") in names
+
+
+CATEGORIES: tuple[Category, ...] = (
+    Category("derived", "triscope's own analysis", "self", lambda m, lab: m.startswith("triscope_mismatch_")),
+    Category("network", "Network retransmits", "cause",
+             lambda m, lab: m.startswith(("triscope_tcp_retransmits", "triscope_tcp_synack_retransmits"))),
+    Category("network_traffic", "Network traffic", "load", lambda m, lab: m.startswith("triscope_tcp_")),
+    Category("iommu_faults", "IOMMU faults / DMA mapping errors", "cause",
+             lambda m, lab: m in ("triscope_iommu_page_faults_total", "triscope_dma_map_errors_total")),
+    Category("dma_mapping", "DMA mapping / host memory pin churn", "cause",
+             lambda m, lab: m.startswith(("triscope_dma_", "triscope_iommu_map", "triscope_iommu_unmap"))),
+    Category("pcie_errors", "PCIe link errors / degraded link", "cause",
+             lambda m, lab: m.startswith(("triscope_pcie_aer", "triscope_pcie_link_degraded",
+                                          "triscope_pcie_link_speed", "triscope_pcie_link_width"))
+             or m == "triscope_gpu_pcie_replays_total"),
+    Category("pcie_load", "PCIe link load (host <-> device copies)", "load",
+             lambda m, lab: m.startswith(("triscope_gpu_pcie_rx", "triscope_gpu_pcie_tx", "triscope_gpu_nvlink_"))),
+    Category("host_staging", "Host staging (CPU copying / CPU pressure)", "cause",
+             lambda m, lab: m == "triscope_cpu_busy_ratio"
+             or (m == "triscope_cpu_seconds_total" and lab.get("mode") not in ("idle", "iowait"))
+             or (m.startswith("triscope_pressure_") and _res(lab, "cpu"))),
+    Category("host_memory", "Host memory pressure", "cause",
+             lambda m, lab: m.startswith("triscope_memory_") or (m.startswith("triscope_pressure_") and _res(lab, "memory"))),
+    Category("host_io", "Host I/O pressure", "cause",
+             lambda m, lab: m.startswith("triscope_pressure_") and _res(lab, "io")),
+    Category("gpu_health", "Accelerator health (XID, lost GPU, thermal/throttle)", "cause",
+             lambda m, lab: m.startswith(("triscope_gpu_xid", "triscope_gpu_up", "triscope_gpu_temperature",
+                                          "triscope_gpu_throttle", "triscope_npu_health", "triscope_npu_temperature"))),
+    Category("accelerator_activity", "Accelerator activity", "symptom",
+             lambda m, lab: m.startswith(("triscope_gpu_", "triscope_npu_"))),
+    Category("agent", "triscope agent itself", "self",
+             lambda m, lab: m.startswith(("triscope_collector", "triscope_probe", "triscope_tick", "triscope_spool",
+                                          "triscope_dropped", "triscope_store", "triscope_ticks"))),
+    Category("host_other", "Other host metrics", "symptom", lambda m, lab: m.startswith("triscope_")),
+    Category("application", "Application SLIs", "symptom", lambda m, lab: True),
+)
+CATEGORY_BY_KEY = {c.key: c for c in CATEGORIES}
+# events -> category (and weight of one event kind)
+EVENT_CATEGORY = {"xid": "gpu_health", "gpu_lost": "gpu_health", "aer": "pcie_errors", "iommu_fault": "iommu_faults",
+                  "retransmit_burst": "network", "remediation": "remediation", "collector": "agent"}
+MISMATCH_CATEGORY = {"staging-bound": "host_staging", "io-saturated": "pcie_load", "network-bound": "network"}
+CATEGORY_BY_KEY["remediation"] = Category("remediation", "Remediation actions in the window", "context",
+                                          lambda m, lab: False)
+
+
+# metrics where a fall is the bad direction (for all others a rise is)
+DOWN_IS_BAD = frozenset({"triscope_memory_available_bytes", "triscope_gpu_up", "triscope_pcie_link_speed_gts",
+                         "triscope_pcie_link_width", "triscope_collector_up", "triscope_probe_attached"})
+BENIGN_FACTOR = 0.5
+PRIOR_WEIGHT = 0.8
+
+
+def _bad_direction(metric: str) -> str:
+    return "down" if metric in DOWN_IS_BAD else "up"
+
+
+def categorize(metric: str, labels: Mapping[str, str]) -> Category:
+    for c in CATEGORIES:
+        if c.match(metric, labels):
+            return c
+    return CATEGORIES[-1]
+
+
+# ---------------------------------------------------------------------------------------------- results
+@dataclass(slots=True)
+class SeriesChange:
+    metric: str
+    labels: dict[str, str]
+    category: str
+    baseline: float | None
+    window: float | None
+    peak: float | None
+    z: float
+    onset: float | None
+    direction: str               # up | down | appeared | vanished
+    score: float
+
+    @property
+    def series(self) -> str:
+        lab = ",".join(f'{k}="{v}"' for k, v in sorted(self.labels.items()))
+        return f"{self.metric}{{{lab}}}" if lab else self.metric
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"type": "series", "series": self.series, "category": self.category, "baseline": _rnd(self.baseline),
+                "window": _rnd(self.window), "peak": _rnd(self.peak), "z": round(self.z, 2), "onset": self.onset,
+                "direction": self.direction, "score": round(self.score, 4)}
+
+
+@dataclass(slots=True)
+class Cause:
+    key: str
+    title: str
+    score: float
+    onset: float | None
+    summary: str
+    evidence: list[dict[str, Any]] = field(default_factory=list)
+    peers: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"cause": self.key, "title": self.title, "score": round(self.score, 4), "onset": self.onset,
+                "summary": self.summary, "peers": self.peers, "evidence": self.evidence}
+
+
+@dataclass(slots=True)
+class RCAResult:
+    node: str
+    start: float
+    end: float
+    baseline_start: float
+    baseline_end: float
+    causes: list[Cause]
+    changes: list[SeriesChange]
+    events: list[dict[str, Any]]
+    mismatch: dict[str, Any]
+    series_examined: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "start": self.start, "end": self.end,
+                "baseline": {"start": self.baseline_start, "end": self.baseline_end},
+                "series_examined": self.series_examined, "mismatch": self.mismatch,
+                "causes": [c.as_dict() for c in self.causes], "events": self.events}
+
+
+def _rnd(x: float | None) -> float | None:
+    if x is None:
+        return None
+    if x == 0 or not math.isfinite(x):
+        return x
+    return float(f"{x:.6g}")
+
+
+# ---------------------------------------------------------------------------------------------- scoring
+Z_MIN = 3.0
+Z_MAX = 100.0
+
+
+def score_series(bts: Sequence[float], bvals: Sequence[float], wts: Sequence[float], wvals: Sequence[float],
+                 start: float, end: float, counter: bool) -> tuple[float, float, float | None, str,
+                                                                   float | None, float | None, float | None]:
+    """(magnitude 0..1, z, onset, direction, baseline mean, window mean, window peak) of one series."""
+    import numpy as np
+
+    b = np.asarray(bvals, dtype=float)
+    w = np.asarray(wvals, dtype=float)
+    b = b[np.isfinite(b)]
+    wmask = np.isfinite(w)
+    w_t = np.asarray(wts, dtype=float)[wmask]
+    w = w[wmask]
+    if len(w) == 0:
+        if len(b) == 0:
+            return 0.0, 0.0, None, "up", None, None, None
+        mb = float(b.mean())
+        if counter and abs(mb) < 1e-12:
+            return 0.0, 0.0, None, "down", mb, None, None
+        return 0.8, Z_MAX, start, "vanished", mb, None, None
+    mw = float(w.mean())
+    if len(b) == 0:
+        if not counter:
+            return 0.5, Z_MAX, float(w_t[0]), "appeared", None, mw, float(w.max())
+        b = np.zeros(1)
+    mb = float(b.mean())
+    sb = float(b.std()) if len(b) > 1 else 0.0
+    dev = np.abs(w - mb)
+    ipk = int(dev.argmax())
+    peak = float(w[ipk])
+    effect = max(abs(mw - mb), 0.5 * float(dev[ipk]))
+    scale = max(sb, 0.05 * abs(mb), 0.01 * abs(mw), 1e-12)
+    z = effect / scale
+    if z < Z_MIN or effect <= 1e-12:
+        return 0.0, z, None, "up" if mw >= mb else "down", mb, mw, peak
+    mag = min(1.0, math.log1p(z) / math.log1p(Z_MAX))
+    thr = max(3 * scale, 0.5 * effect)
+    over = dev > thr
+    onset = None
+    if over.any():
+        idx = np.nonzero(over)[0]
+        onset = float(w_t[idx[0]])
+    # the direction of whatever made the effect: the mean shift, or the peak for a burst
+    ref = mw if abs(mw - mb) >= 0.5 * float(dev[ipk]) else peak
+    direction = "up" if ref >= mb else "down"
+    return mag, z, onset, direction, mb, mw, peak
+
+
+def _earliness(onset: float | None, start: float, end: float) -> float:
+    if onset is None or end <= start:
+        return 0.0
+    return max(0.0, min(1.0, 1.0 - (onset - start) / (end - start)))
+
+
+# ---------------------------------------------------------------------------------------------- main entry
+def rank_causes(store: Any, node: str, start: float, end: float, baseline: tuple[float, float] | None = None,
+                max_points: int = 600, thresholds: MismatchThresholds | None = None, top: int | None = None,
+                use_mismatch: bool = True) -> RCAResult:
+    """Rank the likely causes of what changed on ``node`` in [start, end].
+
+    ``baseline`` (start, end) defaults to the preceding window of the same length.  Each series is
+    read once over [baseline start, end], downsampled to at most ``2 * max_points`` points
+    (min/max preserving, from rollups for long ranges).
+    """
+    if end <= start:
+        raise ValueError("the window must end after it starts")
+    b0, b1 = baseline if baseline is not None else (start - (end - start), start)
+    infos = store.series(node=node)
+    changes: list[SeriesChange] = []
+    lo = min(b0, start)
+    hi = max(b1, end)
+    for info in infos:
+        cat = categorize(info.metric, info.labels)
+        if cat.key == "derived":
+            continue
+        counter = info.kind == "counter"
+        sd = store.query_series(info, lo, hi, max_points=2 * max_points)
+        ts, vals = sd.ts, sd.values
+        bts: list[float] = []
+        bv: list[float] = []
+        wts: list[float] = []
+        wv: list[float] = []
+        for t, v in zip(ts, vals, strict=False):
+            if b0 <= t < b1:
+                bts.append(t)
+                bv.append(v)
+            if start <= t < end:
+                wts.append(t)
+                wv.append(v)
+        mag, z, onset, direction, mb, mw, peak = score_series(bts, bv, wts, wv, start, end, counter)
+        if mag <= 0:
+            continue
+        score = mag * (0.6 + 0.4 * _earliness(onset, start, end)) * ROLE_WEIGHT[cat.role]
+        if cat.role in ("cause", "load") and direction != _bad_direction(info.metric):
+            score *= BENIGN_FACTOR
+        changes.append(SeriesChange(info.metric, dict(info.labels), cat.key, mb, mw, peak, z, onset, direction, score))
+    changes.sort(key=lambda c: -c.score)
+
+    # events
+    events = store.events(node=node, start=start, end=end, limit=5000)
+    ev_dicts: list[dict[str, Any]] = []
+    by_cat_events: dict[str, list[Any]] = {}
+    for e in events:
+        d = {"type": "event", "ts": e.ts, "kind": e.kind, "severity": e.severity, "message": e.message,
+             "details": e.details}
+        ev_dicts.append(d)
+        cat_key = EVENT_CATEGORY.get(e.kind)
+        if e.kind == "mismatch_state":
+            to = (e.details or {}).get("to")
+            cat_key = "dma_mapping" if (e.details or {}).get("pin_churn") and to == "staging-bound" else \
+                MISMATCH_CATEGORY.get(to or "")
+        if cat_key:
+            by_cat_events.setdefault(cat_key, []).append(e)
+
+    # the mismatch detector's view: window vs baseline
+    mismatch: dict[str, Any] = {}
+    prior: dict[str, float] = {}
+    if use_mismatch:
+        mismatch, prior = _mismatch_prior(store, node, start, end, b0, b1, thresholds)
+
+    causes: dict[str, Cause] = {}
+
+    def cause(key: str) -> Cause:
+        c = causes.get(key)
+        if c is None:
+            cat = CATEGORY_BY_KEY[key]
+            c = causes[key] = Cause(key, cat.title, 0.0, None, "")
+        return c
+
+    per_cat: dict[str, list[SeriesChange]] = {}
+    for ch in changes:
+        per_cat.setdefault(ch.category, []).append(ch)
+    for key, chs in per_cat.items():
+        c = cause(key)
+        c.score = chs[0].score + min(0.3, 0.1 * (len(chs) - 1))
+        onsets = [x.onset for x in chs if x.onset is not None]
+        c.onset = min(onsets) if onsets else None
+        c.evidence.extend(x.as_dict() for x in chs[:8])
+    for key, evs in by_cat_events.items():
+        c = cause(key)
+        w = ROLE_WEIGHT[CATEGORY_BY_KEY[key].role]
+        severe = any(e.severity in ("error", "critical") for e in evs)
+        c.score += min(1.0, 0.5 + 0.1 * len(evs) + (0.2 if severe else 0.0)) * w
+        first = min(e.ts for e in evs)
+        c.onset = first if c.onset is None else min(c.onset, first)
+        for e in evs[:10]:
+            c.evidence.append({"type": "event", "ts": e.ts, "kind": e.kind, "severity": e.severity,
+                               "message": e.message, "details": e.details})
+        if key == "network":
+            c.peers = _peers(evs)
+    for key, p in prior.items():
+        if p <= 0:
+            continue
+        c = cause(key)
+        c.score += PRIOR_WEIGHT * p
+        c.evidence.append({"type": "mismatch", "detail": f"mismatch detector: {p:.0%} more windows point here "
+                                                         "than in the baseline", "share": round(p, 4)})
+    # peers also from per-peer series
+    if "network" in causes:
+        for ch in per_cat.get("network", []):
+            if "peer" in ch.labels and ch.labels["peer"] not in causes["network"].peers:
+                causes["network"].peers.append(ch.labels["peer"])
+    out = [c for c in causes.values() if c.score > 0.05 and c.key != "derived"]
+    out.sort(key=lambda c: (-c.score, c.onset if c.onset is not None else math.inf))
+    for c in out:
+        c.summary = _summary(c)
+    if top is not None:
+        out = out[:top]
+    return RCAResult(node, start, end, b0, b1, out, changes, ev_dicts, mismatch, len(infos))
+
+
+def _peers(evs: Sequence[Any]) -> list[str]:
+    counts: dict[str, float] = {}
+    for e in evs:
+        for p in (e.details or {}).get("top_peers", []) or []:
+            if isinstance(p, dict) and p.get("peer"):
+                counts[str(p["peer"])] = counts.get(str(p["peer"]), 0) + float(p.get("retransmits", 1) or 1)
+            elif isinstance(p, str):
+                counts[p] = counts.get(p, 0) + 1
+        if (e.details or {}).get("peer"):
+            counts[str(e.details["peer"])] = counts.get(str(e.details["peer"]), 0) + 1
+    return [p for p, _ in sorted(counts.items(), key=lambda kv: -kv[1])]
+
+
+def _summary(c: Cause) -> str:
+    parts = []
+    series = [e for e in c.evidence if e.get("type") == "series"]
+    if series:
+        s = series[0]
+        if s["direction"] in ("appeared", "vanished"):
+            parts.append(f"{s['series']} {s['direction']}")
+        else:
+            parts.append(f"{s['series']} {s['direction']} {_fmt(s['baseline'])} -> {_fmt(s['window'])}"
+                         + (f" (peak {_fmt(s['peak'])})" if s["peak"] != s["window"] else ""))
+        if len(series) > 1:
+            parts.append(f"+{len(series) - 1} more series")
+    evs = [e for e in c.evidence if e.get("type") == "event"]
+    if evs:
+        kinds = sorted({e["kind"] for e in evs})
+        parts.append(f"{len(evs)} event(s): {', '.join(kinds)}")
+    if c.peers:
+        parts.append("peer " + ", ".join(c.peers[:3]))
+    mm = [e for e in c.evidence if e.get("type") == "mismatch"]
+    if mm:
+        parts.append(mm[0]["detail"])
+    return "; ".join(parts)
+
+
+def _fmt(x: float | None) -> str:
+    if x is None:
+        return "-"
+    ax = abs(x)
+    if ax >= 1e9:
+        return f"{x / 1e9:.3g}G"
+    if ax >= 1e6:
+        return f"{x / 1e6:.3g}M"
+    if ax >= 1e3:
+        return f"{x / 1e3:.3g}k"
+    return f"{x:.3g}"
+
+
+def _mismatch_prior(store: Any, node: str, start: float, end: float, b0: float, b1: float,
+                    th: MismatchThresholds | None) -> tuple[dict[str, Any], dict[str, float]]:
+    from analysis.mismatch import node_states
+
+    th = th or MismatchThresholds()
+    span = end - start
+    window = max(th.window_s, span / 500.0)
+
+    def shares(a: float, b: float) -> tuple[dict[str, float], int]:
+        ws = node_states(store, node, a, b, window=window, thresholds=th)
+        if not ws:
+            return {}, 0
+        out: dict[str, float] = {}
+        for w in ws:
+            key = "dma_mapping" if w.pin_churn else MISMATCH_CATEGORY.get(w.state)
+            if key:
+                out[key] = out.get(key, 0.0) + 1.0 / len(ws)
+            out["state:" + w.state] = out.get("state:" + w.state, 0.0) + 1.0 / len(ws)
+        return out, len(ws)
+
+    win, n_w = shares(start, end)
+    if n_w == 0:
+        return {}, {}
+    base, n_b = shares(b0, b1)
+    prior = {k: max(0.0, v - base.get(k, 0.0)) for k, v in win.items() if not k.startswith("state:")}
+    summary = {
+        "windows": n_w,
+        "window_states": {k[6:]: round(v, 4) for k, v in win.items() if k.startswith("state:")},
+        "baseline_states": {k[6:]: round(v, 4) for k, v in base.items() if k.startswith("state:")},
+        "pin_churn_share": round(win.get("dma_mapping", 0.0), 4),
+    }
+    return summary, prior
