@@ -644,3 +644,34 @@ if __name__ == "__main__":  # manual use: python tests/kube_server.py
             time.sleep(3600)
     except KeyboardInterrupt:
         srv.stop()
+
+
+# helpers shared by the remediation tests ---------------------------------------------------------
+def open_store(url: str):  # type: ignore[no-untyped-def]
+    """A migrated store at ``url``."""
+    from store import Store
+
+    st = Store.open(url)
+    st.upgrade()
+    return st
+
+
+def policy_text(rules: str, settings: str = "") -> str:
+    """A policy document: ``settings`` and ``rules`` are YAML blocks indented by two spaces."""
+    base = ("  namespaces: [inference, default]\n  evaluate_interval: 1s\n  max_in_flight: 4\n"
+            "  breaker: {window: 15m, max_targets: 50, max_percent: 100, min_population: 1000}\n")
+    return f"version: 1\nsettings:\n{settings or base}rules:\n{rules}"
+
+
+def alert_payload(alerts: list[dict[str, Any]], status: str = "firing") -> dict[str, Any]:
+    """An Alertmanager webhook v4 payload for ``alerts`` (each: labels, status, startsAt, fingerprint)."""
+    out = []
+    for a in alerts:
+        labels = a["labels"]
+        out.append({"status": a.get("status", status), "labels": labels, "annotations": a.get("annotations", {}),
+                    "startsAt": a.get("startsAt", "2026-11-29T18:00:00.123456789Z"),
+                    "endsAt": a.get("endsAt", "0001-01-01T00:00:00Z"), "generatorURL": "http://prometheus/graph",
+                    "fingerprint": a.get("fingerprint") or hashlib.sha1(json.dumps(labels, sort_keys=True).encode()).hexdigest()[:16]})
+    return {"version": "4", "groupKey": "{}:{alertname=\"x\"}", "truncatedAlerts": 0, "status": status,
+            "receiver": "triscope", "groupLabels": {}, "commonLabels": {}, "commonAnnotations": {},
+            "externalURL": "http://alertmanager", "alerts": out}
