@@ -1,0 +1,150 @@
+"""Building and serving the dashboard.
+
+``create_app(store_url, slo_file=None, ...)`` returns the Dash app (pages: Fleet, Node, Mismatch,
+SLOs, Remediation, Root cause).  ``serve_in_thread(app, host, port)`` serves it from a background
+thread (``triscope run`` uses it) and returns a handle with ``url`` and ``stop()``.
+``dashboard.wsgi:server`` is the WSGI entry for gunicorn.
+
+The dashboard is read-only: it reads through ``store.Store``'s query functions and
+``analysis``, and never writes.  Bound to anything but loopback it refuses to start without
+``TRISCOPE_DASHBOARD_PASSWORD`` (HTTP basic auth) unless told that an authenticating proxy sits in
+front (``trust_proxy_auth``; see docs/dashboard.md for oauth2-proxy).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dashboard.context import CONFIG_KEY, DashboardContext
+from triscope.cli import UserError
+
+log = logging.getLogger(__name__)
+
+PASSWORD_ENV = "TRISCOPE_DASHBOARD_PASSWORD"
+USER_ENV = "TRISCOPE_DASHBOARD_USER"
+PROXY_ENV = "TRISCOPE_DASHBOARD_TRUST_PROXY_AUTH"
+ASSETS = Path(__file__).resolve().parent / "assets"
+PAGE_MODULES = ("fleet", "node", "mismatch", "slos", "remediation", "rootcause")
+
+
+class DashboardConfigError(UserError):
+    """A setting that keeps the dashboard from starting (one clear line)."""
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, password: str | None, trust_proxy_auth: bool = False) -> None:
+    """Refuse a non-loopback bind without authentication."""
+    if is_loopback(host) or password or trust_proxy_auth:
+        return
+    raise DashboardConfigError(
+        f"refusing to serve the dashboard on {host} without authentication: set {PASSWORD_ENV} (HTTP basic auth), "
+        f"or put an authenticating proxy (oauth2-proxy) in front and set {PROXY_ENV}=1; "
+        "or bind to 127.0.0.1")
+
+
+def _import_pages() -> None:
+    import importlib
+
+    import dash
+
+    for name in PAGE_MODULES:
+        mod = importlib.import_module(f"dashboard.pages.{name}")
+        # what Dash does for modules it finds in a pages folder: the registry entry gets the layout
+        entry = dash.page_registry.get(mod.__name__)
+        if entry is not None and not entry.get("layout"):
+            entry["layout"] = mod.layout
+
+
+def create_app(store_url: str | None = None, slo_file: str | Path | None = None, *, store: Any = None,
+               password: str | None = None, username: str | None = None, live_interval_s: float = 5.0,
+               max_points: int = 1500, clock: Any = None, title: str = "triscope") -> Any:
+    """The Dash app over the store at ``store_url`` (or an open ``store``).
+
+    ``password`` (default ``$TRISCOPE_DASHBOARD_PASSWORD``) turns on HTTP basic auth for every
+    request (user ``username``, default ``$TRISCOPE_DASHBOARD_USER`` or ``triscope``).
+    """
+    import dash
+    from dash import dcc, html
+
+    from dashboard import auth, registry
+
+    if store is None:
+        from store import Store
+
+        store = Store.open(store_url)
+        store.require_schema()
+    slo_path = Path(slo_file) if slo_file else None
+    if slo_path is not None and not slo_path.is_file():
+        raise DashboardConfigError(f"SLO file {slo_path} does not exist")
+    app = dash.Dash(
+        "dashboard", use_pages=True, pages_folder="", assets_folder=str(ASSETS), title=title,
+        suppress_callback_exceptions=True, update_title=None,  # type: ignore[arg-type]
+    )
+    _import_pages()
+    import time
+
+    app.server.config[CONFIG_KEY] = DashboardContext(
+        store=store, slo_file=slo_path, live_interval_s=live_interval_s, max_points=max_points,
+        clock=clock or time.time)
+    pages = [p for p in dash.page_registry.values() if p["module"].startswith("dashboard.pages.")]
+    pages.sort(key=lambda p: p.get("order") or 0)
+    nav = html.Nav([html.Span("triscope", className="brand")]
+                   + [dcc.Link(p["name"], href=p["relative_path"], className="nav-link", id=f"nav-{p['module'].split('.')[-1]}")
+                      for p in pages if not p.get("nav_hidden")], className="topnav")
+    app.layout = html.Div([nav, html.Main(dash.page_container, className="page")], className="app")
+    registry.attach(app)
+    pw = password if password is not None else os.environ.get(PASSWORD_ENV) or None
+    if pw:
+        auth.install_basic_auth(app.server, username or os.environ.get(USER_ENV) or "triscope", pw)
+    return app
+
+
+@dataclass
+class ServerHandle:
+    host: str
+    port: int
+    thread: threading.Thread
+    server: Any
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/"
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self.server.shutdown()
+        self.thread.join(timeout)
+        self.server.server_close()
+
+
+def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 8050, *, password: str | None = None,
+                    trust_proxy_auth: bool = False) -> ServerHandle:
+    """Serve ``app`` from a daemon thread (werkzeug, threaded).  Port 0 picks a free port.
+    Refuses a non-loopback host without authentication (see ``check_bind``)."""
+    from werkzeug.serving import make_server
+
+    pw = password if password is not None else os.environ.get(PASSWORD_ENV)
+    has_auth = bool(pw) or bool(getattr(app.server, "triscope_basic_auth", False))
+    check_bind(host, "set" if has_auth else None, trust_proxy_auth or _env_flag(PROXY_ENV))
+    srv = make_server(host, port, app.server, threaded=True)
+    t = threading.Thread(target=srv.serve_forever, name="triscope-dashboard", daemon=True)
+    t.start()
+    return ServerHandle(host, int(srv.server_port), t, srv)
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")

@@ -1,0 +1,33 @@
+"""What a running dashboard knows: its store, its SLO file, its options.
+
+``create_app`` puts one ``DashboardContext`` in the Flask app's config; layouts and callbacks run
+inside a request and fetch it with ``ctx()``, so several apps can live in one process.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CONFIG_KEY = "TRISCOPE_DASHBOARD"
+
+
+@dataclass
+class DashboardContext:
+    store: Any                              # store.Store
+    slo_file: Path | None = None
+    live_interval_s: float = 5.0
+    max_points: int = 1500                  # per series, before Plotly
+    clock: Any = time.time
+    cache: dict[str, Any] = field(default_factory=dict)
+
+    def now(self) -> float:
+        return float(self.clock())
+
+
+def ctx() -> DashboardContext:
+    from flask import current_app
+
+    return current_app.config[CONFIG_KEY]  # type: ignore[no-any-return]

@@ -1,0 +1,461 @@
+"""Everything the pages read, through the store's query functions and the analysis package only.
+
+No SQL here: ``store.Store`` (``nodes``, ``series``, ``query``, ``latest``, ``events``,
+``time_bounds``) and ``analysis.*``.  Every series is downsampled by the store
+(``max_points``) before it reaches a figure.  Functions return plain dataclasses; the figure
+builders in ``dashboard.figures`` turn them into Plotly figures.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from analysis.mismatch import STATES, link_capacity_bytes_per_second
+
+PRESETS: dict[str, float] = {"15m": 900.0, "1h": 3600.0, "24h": 86400.0, "7d": 7 * 86400.0}
+LIVE_SLACK_S = 120.0   # a node whose last sample is this close to now counts as live
+
+GB = 1e9
+
+
+# ---------------------------------------------------------------------------------------------- time windows
+@dataclass(frozen=True)
+class Window:
+    start: float
+    end: float
+    live: bool               # anchored at now (True) or at the node's last sample (recorded data)
+    note: str = ""
+
+    @property
+    def span(self) -> float:
+        return self.end - self.start
+
+
+def resolve_window(store: Any, node: str | None, preset: str, now: float,
+                   custom: tuple[float, float] | None = None) -> Window:
+    """The range a page shows.  Presets end at now for a live node, else at the node's last
+    sample (a recorded trace or a node that stopped reporting), and say so."""
+    if preset == "custom" and custom is not None:
+        a, b = custom
+        return Window(min(a, b), max(a, b), False, "custom range")
+    span = PRESETS.get(preset, 3600.0)
+    last: float | None = None
+    if node:
+        for n in store.nodes():
+            if n.name == node:
+                last = n.last_seen
+    else:
+        tb = store.time_bounds()
+        last = tb[1] if tb else None
+    if last is None or abs(now - last) <= LIVE_SLACK_S:
+        return Window(now - span, now, True)
+    from datetime import datetime, timezone
+
+    when = datetime.fromtimestamp(last, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return Window(last - span, last + 1.0, False, f"not live: showing the {preset} before the last sample ({when})")
+
+
+# ---------------------------------------------------------------------------------------------- node lanes
+LANES = ("accelerators", "io", "network")
+LANE_TITLES = {"accelerators": "Accelerators (busy %)", "io": "I/O: PCIe / DMA / IOMMU",
+               "network": "Network"}
+
+
+@dataclass
+class LaneTrace:
+    key: str                   # "metric|labelkey": stable id, used by live append
+    metric: str
+    labels: dict[str, str]
+    lane: str
+    name: str
+    unit: str
+    scale: float               # multiply stored values by this for display
+    ts: list[float]
+    values: list[float]
+    secondary: bool = False
+    dash: str | None = None
+    as_rate: bool = False
+    shape: str = "linear"      # "hv" for step lines (capacity)
+
+
+@dataclass
+class Segment:
+    start: float
+    end: float
+    state: str
+    score: float | None = None
+
+
+@dataclass
+class EventMark:
+    ts: float
+    kind: str
+    severity: str
+    message: str
+
+
+@dataclass
+class NodeLanes:
+    node: str
+    window: Window
+    traces: list[LaneTrace] = field(default_factory=list)
+    missing: dict[str, str] = field(default_factory=dict)     # lane -> what is missing
+    segments: list[Segment] = field(default_factory=list)
+    segments_note: str = ""
+    events: list[EventMark] = field(default_factory=list)
+    events_truncated: bool = False
+
+
+@dataclass(frozen=True)
+class TraceSpec:
+    metric: str
+    lane: str
+    title: str                 # format with labels, e.g. "GPU {gpu} SM active"
+    unit: str
+    scale: float = 1.0
+    secondary: bool = False
+    dash: str | None = None
+    only_labels: Mapping[str, str] | None = None
+    limit: int = 8
+
+
+NODE_TRACES: tuple[TraceSpec, ...] = (
+    TraceSpec("triscope_gpu_sm_active_ratio", "accelerators", "GPU {gpu} SM active", "%", 100.0),
+    TraceSpec("triscope_gpu_tensor_active_ratio", "accelerators", "GPU {gpu} tensor active", "%", 100.0, dash="dot"),
+    TraceSpec("triscope_npu_aicore_utilization_ratio", "accelerators", "NPU {npu}/{chip} AICore", "%", 100.0),
+    TraceSpec("triscope_gpu_pcie_rx_bytes_total", "io", "GPU {gpu} PCIe RX (H2D)", "GB/s", 1 / GB),
+    TraceSpec("triscope_gpu_pcie_tx_bytes_total", "io", "GPU {gpu} PCIe TX (D2H)", "GB/s", 1 / GB),
+    TraceSpec("triscope_iommu_map_bytes_total", "io", "IOMMU map {device}", "GB/s", 1 / GB, dash="dash", limit=4),
+    TraceSpec("triscope_dma_map_total", "io", "DMA maps/s {device} {direction}", "maps/s", 1.0, secondary=True,
+              dash="dot", limit=4),
+    TraceSpec("triscope_tcp_retransmits_total", "network", "TCP retransmits/s", "/s", 1.0),
+    TraceSpec("triscope_tcp_sockets", "network", "TIME_WAIT sockets", "sockets", 1.0, secondary=True, dash="dot",
+              only_labels={"state": "time_wait"}),
+)
+# older GPUs without GPM: only the coarse NVML figure (copies count as busy) is there
+COARSE_GPU = TraceSpec("triscope_gpu_utilization_ratio", "accelerators", "GPU {gpu} NVML util (coarse)", "%", 100.0,
+                       dash="dash")
+
+
+def _fmt(title: str, labels: Mapping[str, str]) -> str:
+    class _D(dict):  # type: ignore[type-arg]
+        def __missing__(self, k: str) -> str:
+            return "?"
+
+    return " ".join(title.format_map(_D(labels)).replace("?", "").split())
+
+
+def _key(metric: str, labels: Mapping[str, str]) -> str:
+    return metric + "|" + ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+def node_lanes(store: Any, node: str, window: Window, max_points: int = 1500,
+               specs: Sequence[TraceSpec] = NODE_TRACES, max_events: int = 300) -> NodeLanes:
+    """The three lanes of one node over ``window``, each series downsampled by the store."""
+    out = NodeLanes(node, window)
+    present = {s.metric for s in store.series(node=node, prefix="triscope_")}
+    todo = list(specs)
+    if "triscope_gpu_sm_active_ratio" not in present and "triscope_gpu_utilization_ratio" in present:
+        todo.insert(0, COARSE_GPU)
+    for spec in todo:
+        if spec.metric not in present:
+            continue
+        data = store.query(spec.metric, node=node, labels=dict(spec.only_labels) if spec.only_labels else None,
+                           start=window.start, end=window.end, max_points=max_points)
+        data = [d for d in data if d.ts]
+        if len(data) > spec.limit:  # keep the busiest few (by peak), say so in the name of the rest
+            data = sorted(data, key=lambda d: -max(d.values))[: spec.limit]
+        for d in data:
+            out.traces.append(LaneTrace(
+                _key(spec.metric, d.info.labels), spec.metric, dict(d.info.labels), spec.lane,
+                _fmt(spec.title, d.info.labels), spec.unit, spec.scale, d.ts, d.values, spec.secondary, spec.dash,
+                d.info.kind == "counter"))
+    cap = link_capacity_traces(store, node, window, present)
+    out.traces.extend(cap)
+    has = {t.lane for t in out.traces}
+    gpus = "triscope_gpu_info" in present or any(m.startswith("triscope_gpu_") for m in present)
+    if "accelerators" not in has:
+        out.missing["accelerators"] = ("no GPU or NPU on this node (no NVML / npu-smi series stored)"
+                                       if not gpus and not any(m.startswith("triscope_npu_") for m in present)
+                                       else "accelerator series stored, but no points in this range")
+    if "io" not in has:
+        out.missing["io"] = ("no PCIe / DMA / IOMMU series stored for this node (GPU PCIe counters need NVML GPM; "
+                             "DMA and IOMMU need the eBPF probes)" if not any(
+                                 m.startswith(("triscope_gpu_pcie", "triscope_dma", "triscope_iommu")) for m in present)
+                             else "I/O series stored, but no points in this range")
+    if "network" not in has:
+        out.missing["network"] = ("no TCP series stored for this node" if not any(
+            m.startswith("triscope_tcp") for m in present) else "TCP series stored, but no points in this range")
+    out.segments, out.segments_note = mismatch_segments(store, node, window, max_points, present)
+    evs = store.events(node=node, start=window.start, end=window.end, limit=max_events + 1)
+    evs = [e for e in evs if e.kind != "mismatch_state"] or evs  # state changes are the ribbon already
+    out.events_truncated = len(evs) > max_events
+    out.events = [EventMark(e.ts, e.kind, e.severity, e.message) for e in evs[:max_events]]
+    return out
+
+
+def link_capacity_traces(store: Any, node: str, window: Window, present: set[str]) -> list[LaneTrace]:
+    """A step line per GPU link at its negotiated one-way capacity (gen x width, as trained now)."""
+    out: list[LaneTrace] = []
+    if "triscope_gpu_pcie_rx_bytes_total" not in present and "triscope_gpu_pcie_tx_bytes_total" not in present:
+        return out
+    bus_of: dict[str, str] = {}
+    for info in store.series(node=node, metric="triscope_gpu_info"):
+        if info.labels.get("gpu") and info.labels.get("bus_id"):
+            bus_of[info.labels["gpu"]] = info.labels["bus_id"]
+    gpus = sorted({s.labels.get("gpu", "") for s in store.series(node=node, metric="triscope_gpu_pcie_rx_bytes_total")})
+    for gpu in gpus:
+        keys = [{"device": bus_of[gpu]}] if gpu in bus_of else []
+        keys.append({"gpu": gpu})
+        cap = None
+        for lab in keys:
+            speed = _last(store, node, "triscope_pcie_link_speed_gts", dict(lab, kind="current"), window)
+            width = _last(store, node, "triscope_pcie_link_width", dict(lab, kind="current"), window)
+            if speed and width:
+                cap = link_capacity_bytes_per_second(speed, width)
+                break
+            c = _last(store, node, "triscope_pcie_link_capacity_bytes_per_second", lab, window)
+            if c:
+                cap = c
+                break
+        if cap:
+            out.append(LaneTrace(f"capacity|gpu={gpu}", "capacity", {"gpu": gpu}, "io", f"GPU {gpu} link capacity",
+                                 "GB/s", 1 / GB, [window.start, window.end], [cap, cap], dash="dash", shape="hv"))
+    return out
+
+
+def _last(store: Any, node: str, metric: str, labels: Mapping[str, str], window: Window) -> float | None:
+    best: tuple[float, float] | None = None
+    for d in store.query(metric, node=node, labels=dict(labels), start=window.start - 86400, end=window.end,
+                         max_points=20, rate=False):
+        if d.ts and (best is None or d.ts[-1] > best[0]):
+            best = (d.ts[-1], d.values[-1])
+    return None if best is None else best[1]
+
+
+def segments_from_points(points: Iterable[tuple[float, str]], end: float, max_gap: float | None = None) -> list[Segment]:
+    """Runs of equal state from (ts, state) points sorted or not; a run ends at the next point
+    (or ``end``); a gap longer than ``max_gap`` ends a run early (no data is not a state)."""
+    pts = sorted(points)
+    out: list[Segment] = []
+    for i, (t, st) in enumerate(pts):
+        nxt = pts[i + 1][0] if i + 1 < len(pts) else end
+        if max_gap is not None and nxt - t > max_gap:
+            nxt = t + max_gap
+        if out and out[-1].state == st and abs(out[-1].end - t) < 1e-6:
+            out[-1].end = nxt
+        else:
+            out.append(Segment(t, nxt, st))
+    return out
+
+
+def mismatch_segments(store: Any, node: str, window: Window, max_points: int,
+                      present: set[str] | None = None) -> tuple[list[Segment], str]:
+    """The ribbon: the state the agent stored (``triscope_mismatch_state``), else the detector
+    run over the stored series (``analysis.mismatch.node_states``)."""
+    present = present if present is not None else {s.metric for s in store.series(node=node, prefix="triscope_")}
+    if "triscope_mismatch_state" in present:
+        pts: list[tuple[float, str]] = []
+        step = 0.0
+        for d in store.query("triscope_mismatch_state", node=node, start=window.start, end=window.end,
+                             max_points=max_points, rate=False):
+            st = d.info.labels.get("state", "?")
+            pts.extend((t, st) for t, v in zip(d.ts, d.values, strict=False) if v >= 0.5)
+            if len(d.ts) > 1:
+                step = max(step, (d.ts[-1] - d.ts[0]) / (len(d.ts) - 1))
+        if pts:
+            return segments_from_points(pts, window.end, max_gap=max(30.0, 4 * step)), "state stored by the agent"
+    segs = computed_states(store, node, window)
+    if segs:
+        return [Segment(s.start, s.end, s.state, s.score) for s in segs], "state computed from the stored series"
+    return [], "no mismatch state: no accelerator data in this range"
+
+
+def computed_states(store: Any, node: str, window: Window, max_windows: int = 400) -> list[Any]:
+    """``analysis.mismatch.node_states`` with a window size that keeps at most ``max_windows``."""
+    from analysis.config import MismatchThresholds
+    from analysis.mismatch import node_states
+
+    th = MismatchThresholds()
+    w = max(th.window_s, math.ceil(window.span / max_windows))
+    return list(node_states(store, node, window.start, window.end, window=w, thresholds=th))
+
+
+def live_delta(store: Any, node: str, keys: Sequence[str], since: float, until: float) -> dict[str, tuple[list[float], list[float]]]:
+    """New raw points per trace key after ``since`` (live mode appends these)."""
+    out: dict[str, tuple[list[float], list[float]]] = {}
+    by_metric: dict[str, set[str]] = {}
+    for k in keys:
+        m = k.split("|", 1)[0]
+        if m != "capacity":
+            by_metric.setdefault(m, set()).add(k)
+    for metric, ks in by_metric.items():
+        # counters need the previous point for their first rate: ask from a little earlier
+        for d in store.query(metric, node=node, start=since - 30, end=until, max_points=None):
+            k = _key(metric, d.info.labels)
+            if k in ks:
+                pts = [(t, v) for t, v in zip(d.ts, d.values, strict=False) if t > since]
+                out[k] = ([p[0] for p in pts], [p[1] for p in pts])
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- fleet
+@dataclass
+class FleetRow:
+    node: str
+    state: str
+    score: float | None
+    accelerators: str
+    slo: str
+    last_remediation: str
+    last_seen: float
+    live: bool
+
+
+def fleet_rows(store: Any, now: float, slo_status: Mapping[str, str] | None = None) -> list[FleetRow]:
+    rows: list[FleetRow] = []
+    last_actions = last_remediation_by_node(store)
+    for n in store.nodes():
+        state, score = "no data", None
+        latest = store.latest(n.name, prefix="triscope_mismatch_")
+        best_ts = -1.0
+        for lv in latest:
+            if lv.info.metric == "triscope_mismatch_state" and lv.value >= 0.5 and lv.ts > best_ts:
+                state, best_ts = lv.info.labels.get("state", "?"), lv.ts
+            elif lv.info.metric == "triscope_mismatch_score":
+                score = lv.value
+        if best_ts < 0:
+            state = "not computed" if store.series(node=n.name, metric="triscope_gpu_sm_active_ratio") else "no accelerator"
+        rows.append(FleetRow(n.name, state, score, accelerator_summary(store, n.name),
+                             (slo_status or {}).get(n.name, "no SLO file configured" if slo_status is None else "-"),
+                             last_actions.get(n.name, "none"), n.last_seen, abs(now - n.last_seen) <= LIVE_SLACK_S))
+    return rows
+
+
+def accelerator_summary(store: Any, node: str) -> str:
+    names: dict[str, str] = {}
+    for s in store.series(node=node, metric="triscope_gpu_info"):
+        names[s.labels.get("gpu", "?")] = s.labels.get("name", "GPU")
+    gpus = {s.labels.get("gpu") for s in store.series(node=node, prefix="triscope_gpu_") if s.labels.get("gpu")}
+    npus = {(s.labels.get("npu"), s.labels.get("chip")) for s in store.series(node=node, prefix="triscope_npu_")
+            if s.labels.get("npu") is not None}
+    parts = []
+    if gpus:
+        models = sorted(set(names.values())) or ["GPU"]
+        parts.append(f"{len(gpus)} x {'/'.join(models)}")
+    if npus:
+        parts.append(f"{len(npus)} x Ascend NPU")
+    return ", ".join(parts) or "none"
+
+
+def last_remediation_by_node(store: Any) -> dict[str, str]:
+    out: dict[str, str] = {}
+    rows = audit_rows(store, limit=500)
+    if rows.rows:
+        for r in rows.rows:
+            node = str(r.get("node") or r.get("target_node") or "")
+            if node:  # rows come newest first
+                out.setdefault(node, f"{r.get('action', '?')} ({r.get('outcome', '?')})")
+        return out
+    for e in store.events(kinds=["remediation"], limit=2000):
+        out[e.node] = e.message[:60] or e.details.get("action", "remediation")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- mismatch page
+@dataclass
+class MismatchPoint:
+    node: str
+    ts: float
+    busy: float
+    link_util: float
+    state: str
+    score: float
+
+
+def mismatch_points(store: Any, nodes: Sequence[str], window: Window, max_windows: int = 400) -> tuple[list[MismatchPoint], dict[str, dict[str, float]]]:
+    pts: list[MismatchPoint] = []
+    shares: dict[str, dict[str, float]] = {}
+    for node in nodes:
+        states = computed_states(store, node, window, max_windows=max_windows)
+        if not states:
+            continue
+        counts: dict[str, float] = {}
+        for s in states:
+            counts[s.state] = counts.get(s.state, 0.0) + (s.end - s.start)
+            busy = s.evidence.get("busy")
+            lu = s.evidence.get("link_util")
+            if busy is not None:
+                pts.append(MismatchPoint(node, s.start, float(busy), float(lu or 0.0), s.state, s.score))
+        tot = sum(counts.values()) or 1.0
+        shares[node] = {k: counts.get(k, 0.0) / tot for k in STATES if counts.get(k)}
+    return pts, shares
+
+
+# ---------------------------------------------------------------------------------------------- optional analysis parts
+def optional(module: str, *names: str) -> tuple[Any, str]:
+    """(the first of ``names`` found in ``module``, "") or (None, why it is missing)."""
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name and module.startswith(e.name):
+            return None, f"{module} is not installed in this build yet"
+        raise
+    for n in names:
+        f = getattr(mod, n, None)
+        if f is not None:
+            return f, ""
+    return None, f"{module} has no {' / '.join(names)} yet"
+
+
+@dataclass
+class AuditRows:
+    rows: list[dict[str, Any]]
+    source: str          # "audit" (remediation engine's table), "events", or "" (none)
+    note: str
+
+
+def audit_rows(store: Any, start: float | None = None, end: float | None = None, limit: int = 1000) -> AuditRows:
+    """The remediation audit log: ``store.audit`` when the engine's table exists, else the
+    ``remediation`` events; an explained empty state otherwise."""
+    fn, why = optional("store.audit", "audit_log")
+    if fn is not None:
+        try:
+            recs = fn(store, since=start, until=end, limit=limit)
+        except Exception as e:  # noqa: BLE001 - the table may not be migrated yet
+            recs, why = [], f"audit table unavailable: {str(e).splitlines()[0][:160]}"
+        rows = []
+        for r in recs:
+            d = _as_dict(r)
+            d["mode"] = "dry-run" if d.get("dry_run") else "live"
+            if d.get("rail"):
+                d["outcome"] = f"{d.get('outcome')} ({d['rail']})"
+            rows.append(d)
+        if rows:
+            return AuditRows(rows, "audit", "")
+    evs = store.events(kinds=["remediation"], start=start, end=end, limit=limit)
+    if evs:
+        return AuditRows([{"ts": e.ts, "node": e.node, "rule": e.details.get("rule", ""),
+                           "action": e.details.get("action", ""), "target": e.details.get("target", ""),
+                           "mode": "dry-run" if e.details.get("dry_run", True) else "live",
+                           "outcome": e.details.get("outcome", e.severity), "reason": e.message} for e in evs],
+                         "events", "from remediation events (the engine's audit table is not available)")
+    note = ("no remediation decisions recorded yet. The remediation engine writes every decision (acted, dry-run, "
+            "suppressed, failed) here once it runs: 'triscope remediate --policy FILE' or 'triscope run'.")
+    if why:
+        note += f" ({why})"
+    return AuditRows([], "", note)
+
+
+def _as_dict(r: Any) -> dict[str, Any]:
+    if isinstance(r, Mapping):
+        return dict(r)
+    if hasattr(r, "__dataclass_fields__"):
+        return {k: getattr(r, k) for k in r.__dataclass_fields__}
+    if hasattr(r, "_asdict"):
+        return dict(r._asdict())
+    return {k: v for k, v in vars(r).items() if not k.startswith("_")}

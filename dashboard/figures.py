@@ -1,0 +1,269 @@
+"""Figure builders: plain functions from the data classes of ``dashboard.data`` to Plotly figures.
+
+No Dash, no store, no request: unit-tested without a browser.  Times arrive as epoch seconds
+and leave as ``datetime64[ms]`` arrays (UTC) so Plotly serialises them compactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+STATE_COLORS: dict[str, str] = {
+    "idle": "#9e9e9e",
+    "compute-bound": "#2e7d32",
+    "balanced": "#1976d2",
+    "io-saturated": "#d32f2f",
+    "staging-bound": "#ef6c00",
+    "network-bound": "#7b1fa2",
+}
+EVENT_SYMBOLS = {"xid": "x", "aer": "diamond", "iommu_fault": "triangle-down", "remediation": "star",
+                 "retransmit_burst": "triangle-up", "gpu_lost": "x", "phase": "line-ns-open", "collector": "circle-open"}
+SEVERITY_COLORS = {"info": "#546e7a", "warning": "#f9a825", "error": "#c62828", "critical": "#6a1b9a"}
+LANE_ROWS = {"accelerators": 2, "io": 3, "network": 4}
+FONT = dict(family="system-ui, -apple-system, Segoe UI, Roboto, sans-serif", size=12)
+
+
+def to_dt(ts: Sequence[float]) -> list[str]:
+    """Epoch seconds -> ISO 8601 strings (UTC, milliseconds), the form Plotly keeps in its JSON;
+    live mode appends strings of the same form."""
+    arr = (np.asarray(ts, dtype=float) * 1000.0).astype("datetime64[ms]")
+    return [str(x) for x in np.datetime_as_string(arr, unit="ms")]
+
+
+def _base_layout(fig: go.Figure, height: int, uirevision: Any = None) -> go.Figure:
+    fig.update_layout(height=height, margin=dict(l=60, r=30, t=40, b=40), font=FONT, template="plotly_white",
+                      uirevision=uirevision, hovermode="x unified",
+                      legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0, font=dict(size=11)))
+    return fig
+
+
+def empty_figure(message: str, height: int = 260) -> go.Figure:
+    """A figure that says what is missing instead of an empty plot."""
+    fig = go.Figure()
+    fig.add_annotation(text=message, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
+                       font=dict(size=14, color="#555"))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    fig.update_layout(height=height, template="plotly_white", margin=dict(l=20, r=20, t=20, b=20), font=FONT)
+    return fig
+
+
+def ribbon_shapes(segments: Sequence[Any]) -> tuple[list[list[Any]], list[list[float]], dict[str, list[Any]]]:
+    """Per state: the x/y of filled rectangles (None-separated) for one scatter trace each."""
+    xs: dict[str, list[Any]] = {}
+    ys: dict[str, list[float | None]] = {}
+    hover: dict[str, list[Any]] = {}
+    for s in segments:
+        a, b = to_dt([s.start, s.end])
+        x = xs.setdefault(s.state, [])
+        y = ys.setdefault(s.state, [])
+        x.extend([a, a, b, b, a, None])
+        y.extend([0, 1, 1, 0, 0, None])
+        hover.setdefault(s.state, []).append((s.start, s.end, getattr(s, "score", None)))
+    return xs, ys, hover  # type: ignore[return-value]
+
+
+# axes of the node figure: row -> (x axis, primary y axis, secondary y axis)
+NODE_AXES = {1: ("x", "y", None), 2: ("x2", "y2", None), 3: ("x3", "y3", "y4"), 4: ("x4", "y5", "y6")}
+
+
+def node_lanes_figure(lanes: Any, uirevision: Any = "node", height: int = 860) -> tuple[dict[str, Any], list[str]]:
+    """The node page's figure: the mismatch ribbon and events on top, then the accelerator, I/O
+    and network lanes on one shared time axis.  Returns (figure as a plain dict, trace keys in
+    figure order); the keys let live mode append to the right traces.
+
+    The layout comes from ``make_subplots``; the traces are plain dicts with list values (no
+    per-point validation, and lists that ``dash.Patch`` can extend in live mode)."""
+    fig = make_subplots(rows=4, cols=1, shared_xaxes=True, vertical_spacing=0.045,
+                        row_heights=[0.07, 0.31, 0.31, 0.31],
+                        specs=[[{}], [{}], [{"secondary_y": True}], [{"secondary_y": True}]])
+    data: list[dict[str, Any]] = []
+    keys: list[str] = []
+
+    def add(trace: dict[str, Any], row: int, key: str, secondary: bool = False) -> None:
+        xa, ya, ya2 = NODE_AXES[row]
+        trace["xaxis"], trace["yaxis"] = xa, (ya2 if secondary and ya2 else ya)
+        data.append(trace)
+        keys.append(key)
+
+    a, b = to_dt([lanes.window.start, lanes.window.end])
+    # one invisible trace per row keeps every subplot (and its axes and notes) drawn when a lane is empty
+    for row in NODE_AXES:
+        add({"type": "scatter", "x": [a, b], "y": [0, 0], "mode": "lines", "line": {"width": 0}, "opacity": 0,
+             "showlegend": False, "hoverinfo": "skip"}, row, f"frame|{row}")
+    # ribbon
+    xs, ys, _ = ribbon_shapes(lanes.segments)
+    for state in [s for s in STATE_COLORS if s in xs] + [s for s in xs if s not in STATE_COLORS]:
+        add({"type": "scatter", "x": xs[state], "y": ys[state], "fill": "toself", "mode": "lines",
+             "line": {"width": 0}, "fillcolor": STATE_COLORS.get(state, "#bdbdbd"), "name": state,
+             "legendgroup": "state", "legendgrouptitle": {"text": "state"}, "hoverinfo": "name", "hoveron": "fills"},
+            1, f"ribbon|{state}")
+    notes: list[dict[str, Any]] = []
+    if not lanes.segments:
+        notes.append(_note(lanes.segments_note or "no mismatch state", 1, 11))
+    # events as markers on the ribbon row
+    by_kind: dict[str, list[Any]] = {}
+    for e in lanes.events:
+        by_kind.setdefault(e.kind, []).append(e)
+    for kind, evs in by_kind.items():
+        add({"type": "scatter", "x": to_dt([e.ts for e in evs]), "y": [0.5] * len(evs), "mode": "markers",
+             "name": f"event: {kind}", "legendgroup": "events",
+             "marker": {"symbol": EVENT_SYMBOLS.get(kind, "circle"), "size": 11, "line": {"width": 2},
+                        "color": [SEVERITY_COLORS.get(e.severity, "#546e7a") for e in evs]},
+             "text": [f"{e.kind} ({e.severity}): {e.message}" for e in evs],
+             "hovertemplate": "%{text}<extra></extra>"}, 1, f"events|{kind}")
+    # lanes
+    units: dict[tuple[int, bool], str] = {}
+    for t in lanes.traces:
+        row = LANE_ROWS[t.lane]
+        secondary = bool(t.secondary and NODE_AXES[row][2])
+        k = t.scale
+        add({"type": "scatter", "x": to_dt(t.ts), "y": [v * k for v in t.values], "mode": "lines", "name": t.name,
+             "line": {"width": 1.4, "dash": t.dash or "solid", "shape": t.shape},
+             "hovertemplate": f"%{{y:.3g}} {t.unit}<extra>{t.name}</extra>"}, row, t.key, secondary)
+        units.setdefault((row, secondary), t.unit)
+    for lane, row in LANE_ROWS.items():
+        msg = lanes.missing.get(lane)
+        if msg:
+            notes.append(_note(msg, row, 13))
+    titles = {1: "state", 2: "Accelerators", 3: "I/O: PCIe / DMA / IOMMU", 4: "Network"}
+    for row, title in titles.items():
+        xa, ya, _ = NODE_AXES[row]
+        notes.append({"text": f"<b>{title}</b>", "xref": f"{xa} domain", "yref": f"{ya} domain", "x": 0, "y": 1,
+                      "xanchor": "left", "yanchor": "bottom", "showarrow": False, "font": {"size": 12, "color": "#37474f"}})
+    for (row, secondary), unit in units.items():
+        fig.update_yaxes(title_text=unit, row=row, col=1, rangemode="tozero",
+                         **({"secondary_y": secondary} if NODE_AXES[row][2] else {}))
+    for row in (3, 4):
+        if (row, True) not in units:
+            fig.update_yaxes(visible=False, row=row, col=1, secondary_y=True)
+        if (row, False) not in units:
+            fig.update_yaxes(rangemode="tozero", row=row, col=1, secondary_y=False)
+    fig.update_yaxes(range=[0, 105], row=2, col=1)
+    fig.update_yaxes(visible=False, fixedrange=True, range=[0, 1], row=1, col=1)
+    fig.update_xaxes(type="date")
+    if not lanes.window.live:  # a live view autoranges so appended points show
+        fig.update_xaxes(range=[a, b])
+    fig.update_xaxes(showticklabels=True, row=4, col=1)
+    _base_layout(fig, height, uirevision)
+    fig.update_layout(dragmode="zoom", hovermode="closest", legend={"y": -0.05, "yanchor": "top"},
+                      margin={"l": 60, "r": 60, "t": 30, "b": 40}, annotations=notes)
+    out = fig.to_plotly_json()
+    out["data"] = data
+    return out, keys
+
+
+def _note(text: str, row: int, size: int) -> dict[str, Any]:
+    xa, ya, _ = NODE_AXES[row]
+    return {"text": text, "x": 0.5, "y": 0.5, "xref": f"{xa} domain", "yref": f"{ya} domain", "showarrow": False,
+            "font": {"size": size, "color": "#666"}}
+
+
+def mismatch_scatter(points: Sequence[Any], height: int = 440) -> go.Figure:
+    """Link load (x) against accelerator busy (y), one point per window, coloured by state."""
+    if not points:
+        return empty_figure("no mismatch windows: no accelerator data in this range", height)
+    fig = go.Figure()
+    by_state: dict[str, list[Any]] = {}
+    for p in points:
+        by_state.setdefault(p.state, []).append(p)
+    for state in [s for s in STATE_COLORS if s in by_state] + [s for s in by_state if s not in STATE_COLORS]:
+        pts = by_state[state]
+        fig.add_trace(go.Scatter(
+            x=[p.link_util * 100 for p in pts], y=[p.busy * 100 for p in pts], mode="markers", name=state,
+            marker=dict(color=STATE_COLORS.get(state, "#bdbdbd"), size=7, opacity=0.75),
+            text=[f"{p.node} score {p.score:.2f}" for p in pts],
+            hovertemplate="link %{x:.0f}% / busy %{y:.0f}%<br>%{text}<extra>" + state + "</extra>"))
+    fig.update_xaxes(title_text="link load (% of the link's effective ceiling)", range=[-3, 110])
+    fig.update_yaxes(title_text="accelerator busy (SM active / AICore %)", range=[-3, 105])
+    _base_layout(fig, height)
+    fig.update_layout(hovermode="closest")
+    return fig
+
+
+def state_share_figure(shares: Mapping[str, Mapping[str, float]], height: int | None = None) -> go.Figure:
+    """Share of time in each state per node: one stacked horizontal bar per node."""
+    if not shares:
+        return empty_figure("no node has accelerator data in this range", 220)
+    nodes = list(shares)
+    fig = go.Figure()
+    states = [s for s in STATE_COLORS if any(s in shares[n] for n in nodes)]
+    states += sorted({s for n in nodes for s in shares[n]} - set(states))
+    for s in states:
+        fig.add_trace(go.Bar(y=nodes, x=[shares[n].get(s, 0.0) * 100 for n in nodes], name=s, orientation="h",
+                             marker_color=STATE_COLORS.get(s, "#bdbdbd"),
+                             hovertemplate="%{y}: %{x:.1f}%<extra>" + s + "</extra>"))
+    fig.update_layout(barmode="stack")
+    fig.update_xaxes(title_text="share of time (%)", range=[0, 100])
+    _base_layout(fig, height or max(200, 90 + 40 * len(nodes)))
+    fig.update_layout(hovermode="closest")
+    return fig
+
+
+def slo_figure(name: str, ts: Sequence[float], budget_remaining: Sequence[float | None],
+               actions: Sequence[tuple[float, str]] = (), height: int = 300) -> go.Figure:
+    """Error budget remaining (%) over the window, with remediation actions as vertical markers."""
+    if not ts or all(v is None for v in budget_remaining):
+        return empty_figure("no SLI data in this window: the SLO's series are not stored for it (no traffic is "
+                            "'no data', not 0)", height)
+    fig = go.Figure()
+    y = [None if v is None else v * 100 for v in budget_remaining]
+    fig.add_trace(go.Scatter(x=to_dt(ts), y=y, mode="lines+markers", name="error budget remaining", line=dict(width=2),
+                             connectgaps=False, hovertemplate="%{y:.1f}%<extra></extra>"))
+    fig.add_hline(y=0, line=dict(color="#c62828", dash="dash", width=1))
+    if actions:
+        fig.add_trace(go.Scatter(x=to_dt([a[0] for a in actions]), y=[100] * len(actions), mode="markers",
+                                 name="remediation", marker=dict(symbol="star", size=12, color="#6a1b9a"),
+                                 text=[a[1] for a in actions], hovertemplate="%{text}<extra></extra>"))
+    fig.update_yaxes(title_text="budget left (%)")
+    _base_layout(fig, height)
+    fig.update_layout(legend=dict(orientation="h", yanchor="bottom", y=1.0, x=1, xanchor="right"),
+                      margin=dict(l=60, r=20, t=30, b=40))
+    return fig
+
+
+def burn_rate_figure(name: str, burn: Mapping[str, float | None], page: float = 14.4, ticket: float = 1.0,
+                     height: int = 260) -> go.Figure:
+    windows = list(burn)
+    vals = [burn[w] for w in windows]
+    if not windows or all(v is None for v in vals):
+        return empty_figure(f"{name}: no traffic in any burn-rate window (no data)", height)
+    colors = ["#c62828" if (v or 0) >= page else "#f9a825" if (v or 0) >= ticket else "#2e7d32" for v in vals]
+    fig = go.Figure(go.Bar(x=windows, y=[v if v is not None else 0 for v in vals], marker_color=colors,
+                           text=["no data" if v is None else f"{v:.2f}x" for v in vals], textposition="outside",
+                           hovertemplate="%{x}: %{text}<extra></extra>"))
+    fig.add_hline(y=ticket, line=dict(color="#f9a825", dash="dot", width=1))
+    fig.update_yaxes(title_text="burn rate (x budget)")
+    _base_layout(fig, height)
+    return fig
+
+
+def evidence_figure(title: str, ts: Sequence[float], values: Sequence[float], window: tuple[float, float],
+                    baseline: tuple[float, float] | None = None, onset: float | None = None,
+                    unit: str = "", height: int = 220) -> go.Figure:
+    """One cause's series with the baseline and the window shaded and the onset marked."""
+    if not ts:
+        return empty_figure(f"{title}: no points stored for this series", height)
+    fig = go.Figure(go.Scatter(x=to_dt(ts), y=list(values), mode="lines", name=title, line=dict(width=1.5),
+                                 hovertemplate=f"%{{y:.3g}} {unit}<extra></extra>"))
+    spans = [("baseline", baseline, "#90a4ae")] if baseline is not None else []
+    spans.append(("window", window, "#ef6c00"))
+    for label, span, color in spans:
+        a, b = to_dt(span)
+        fig.add_shape(type="rect", x0=a, x1=b, y0=0, y1=1, xref="x", yref="paper", fillcolor=color,
+                      opacity=0.13, line_width=0, layer="below")
+        fig.add_annotation(x=a, y=1, xref="x", yref="paper", text=label, showarrow=False, xanchor="left",
+                           yanchor="top", font=dict(size=10, color="#555"))
+    if onset is not None:
+        o = to_dt([onset])[0]
+        fig.add_shape(type="line", x0=o, x1=o, y0=0, y1=1, xref="x", yref="paper",
+                      line=dict(color="#c62828", dash="dash", width=1))
+    fig.update_yaxes(title_text=unit)
+    _base_layout(fig, height)
+    fig.update_layout(showlegend=False, title=dict(text=title, font=dict(size=12)))
+    return fig

@@ -1,0 +1,158 @@
+"""Node: the three lanes (accelerators / I/O / network) on one shared time axis, the mismatch
+ribbon and the events above them; presets, custom range, live mode, "explain this window"."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import dash
+from dash import Input, Output, Patch, State, dcc, html, no_update
+
+from dashboard import data, figures
+from dashboard.components import error_note, fmt_ts, note, parse_ts, range_picker
+from dashboard.context import ctx
+from dashboard.registry import page_callback
+
+dash.register_page(__name__, path="/node", path_template="/node/<node>", name="Node", order=1, title="triscope - node",
+                   nav_hidden=True)
+
+
+def layout(node: str | None = None, range: str = "1h", start: str = "", end: str = "", **_: Any) -> html.Div:  # noqa: A002
+    c = ctx()
+    known = [n.name for n in c.store.nodes()]
+    if not node or node not in known:
+        msg = ("no nodes stored yet: start the agent ('triscope agent --db URL') or import a trace"
+               if not known else f"unknown node {node!r}" if node else "pick a node")
+        return html.Div([html.H2("Node"), note(msg, "warn"),
+                         html.Ul([html.Li(dcc.Link(n, href=f"/node/{quote(n)}")) for n in known])])
+    preset = "custom" if (start and end and range in ("", "custom", "1h")) and parse_ts(start) and parse_ts(end) else range
+    return html.Div([
+        dcc.Store(id="node-name", data=node),
+        dcc.Store(id="node-meta"),
+        html.Div([html.H2(node, className="node-title"),
+                  html.Span(id="node-window-note", className="window-note")], className="page-head"),
+        html.Div([
+            range_picker("node", preset, start, end),
+            dcc.Checklist(id="node-live", options=[{"label": " live", "value": "live"}], value=[], inline=True,
+                          className="live-toggle"),
+            html.Div(id="node-explain", className="explain"),
+        ], className="toolbar"),
+        dcc.Interval(id="node-interval", interval=int(c.live_interval_s * 1000), disabled=True),
+        dcc.Loading(dcc.Graph(id="node-graph", config={"displaylogo": False, "scrollZoom": False},
+                              figure=figures.empty_figure("loading...", 820)), delay_show=400, type="dot"),
+        html.Div(id="node-status", className="status-line"),
+    ])
+
+
+# ---------------------------------------------------------------------------------------------- callbacks
+def _window(c: Any, node: str, preset: str, start: str | None, end: str | None) -> data.Window:
+    custom = None
+    if preset == "custom":
+        a, b = parse_ts(start), parse_ts(end)
+        if a is None or b is None or a == b:
+            raise ValueError("custom range needs a start and an end (UTC ISO 8601 or epoch seconds)")
+        custom = (a, b)
+    return data.resolve_window(c.store, node, preset, c.now(), custom)
+
+
+@page_callback(
+    Output("node-graph", "figure"), Output("node-meta", "data"), Output("node-window-note", "children"),
+    Output("node-status", "children"),
+    Input("node-range", "value"), Input("node-apply", "n_clicks"), Input("node-name", "data"),
+    State("node-start", "value"), State("node-end", "value"),
+)
+def render(preset: str, _clicks: int, node: str, start: str | None, end: str | None) -> tuple[Any, ...]:
+    c = ctx()
+    t0 = time.perf_counter()
+    try:
+        w = _window(c, node, preset, start, end)
+    except ValueError as e:
+        return no_update, no_update, "", note(str(e), "warn")
+    try:
+        lanes = data.node_lanes(c.store, node, w, max_points=c.max_points)
+        fig, keys = figures.node_lanes_figure(lanes, uirevision=f"{node}|{preset}|{w.start:.0f}")
+    except Exception as e:  # noqa: BLE001 - say it in the page, never a traceback
+        return figures.empty_figure("the node's data could not be read (see the note below)"), None, "", \
+            error_note("reading the node's series", e)
+    npts = sum(len(t.ts) for t in lanes.traces)
+    cursor = max((t.ts[-1] for t in lanes.traces if t.ts and t.metric != "capacity"), default=w.end)
+    meta = {"node": node, "keys": keys, "cursor": cursor, "start": w.start, "end": w.end, "live": w.live}
+    head = f"{fmt_ts(w.start)} to {fmt_ts(w.end)} UTC" + (f" ({w.note})" if w.note else "")
+    status = (f"{len(lanes.traces)} series, {npts} points after downsampling, {len(lanes.events)} events"
+              + (" (more events in range than shown)" if lanes.events_truncated else "")
+              + f"; ribbon: {lanes.segments_note}; built in {(time.perf_counter() - t0) * 1000:.0f} ms")
+    return fig, meta, head, status
+
+
+@page_callback(Output("node-interval", "disabled"), Input("node-live", "value"))
+def toggle_live(value: list[str] | None) -> bool:
+    return "live" not in (value or [])
+
+
+@page_callback(
+    Output("node-graph", "figure", allow_duplicate=True), Output("node-meta", "data", allow_duplicate=True),
+    Input("node-interval", "n_intervals"), State("node-meta", "data"), prevent_initial_call=True,
+)
+def live_append(_n: int, meta: dict[str, Any] | None) -> tuple[Any, Any]:
+    """Append the points stored since the last render / append; the zoom stays (uirevision)."""
+    if not meta or not meta.get("keys"):
+        return no_update, no_update
+    c = ctx()
+    since = float(meta["cursor"])
+    delta = data.live_delta(c.store, meta["node"], meta["keys"], since, c.now() + 1)
+    if not any(ts for ts, _ in delta.values()):
+        return no_update, no_update
+    scale = {s.metric: s.scale for s in (*data.NODE_TRACES, data.COARSE_GPU)}
+    p = Patch()
+    newest = since
+    for i, key in enumerate(meta["keys"]):
+        if key not in delta:
+            continue
+        ts, vals = delta[key]
+        if not ts:
+            continue
+        k = scale.get(key.split("|", 1)[0], 1.0)
+        p["data"][i]["x"].extend(figures.to_dt(ts))
+        p["data"][i]["y"].extend([v * k for v in vals])
+        newest = max(newest, ts[-1])
+    meta = dict(meta, cursor=newest)
+    return p, meta
+
+
+@page_callback(
+    Output("node-explain", "children"),
+    Input("node-graph", "relayoutData"), Input("node-graph", "selectedData"), Input("node-meta", "data"),
+)
+def explain_link(relayout: dict[str, Any] | None, selected: dict[str, Any] | None, meta: dict[str, Any] | None) -> Any:
+    """Offer "explain this window" for the zoomed / selected span (else the whole range)."""
+    if not meta:
+        return ""
+    a, b = float(meta["start"]), float(meta["end"])
+    picked = False
+    trig = dash.callback_context.triggered_id
+    if trig == "node-graph" and selected and selected.get("range"):
+        xr = next(iter(selected["range"].values()), None)
+        if xr and len(xr) == 2:
+            a, b, picked = *_span(xr[0], xr[1], a, b), True
+    elif relayout:
+        for k, v in relayout.items():
+            if k.startswith("xaxis") and k.endswith(".range[0]"):
+                hi = relayout.get(k.replace("[0]", "[1]"))
+                a, b, picked = *_span(v, hi, a, b), True
+                break
+            if k.startswith("xaxis") and k.endswith(".range") and isinstance(v, list) and len(v) == 2:
+                a, b, picked = *_span(v[0], v[1], a, b), True
+                break
+    href = "/rootcause?" + urlencode({"node": meta["node"], "start": f"{a:.0f}", "end": f"{b:.0f}"})
+    what = "the selected span" if picked else "this range"
+    return dcc.Link(f"Explain {what} ({fmt_ts(a)} to {fmt_ts(b)}) \u2192", href=href, id="node-explain-link",
+                    className="btn btn-primary")
+
+
+def _span(x0: Any, x1: Any, a: float, b: float) -> tuple[float, float]:
+    lo, hi = parse_ts(str(x0)), parse_ts(str(x1))
+    if lo is None or hi is None or hi <= lo:
+        return a, b
+    return lo, hi

@@ -1,0 +1,122 @@
+"""Root cause: node and window in, ranked causes with their evidence charts out
+(``analysis.rca``), next to what the mismatch detector and the events say about the window."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import dash
+from dash import Input, Output, State, dcc, html
+
+from dashboard import data, figures, rca_view
+from dashboard.components import empty_state, error_note, fmt_ts, note, parse_ts
+from dashboard.context import ctx
+from dashboard.figures import STATE_COLORS
+from dashboard.registry import page_callback
+
+dash.register_page(__name__, path="/rootcause", name="Root cause", order=5, title="triscope - root cause")
+
+
+def layout(node: str = "", start: str = "", end: str = "", **_: Any) -> html.Div:
+    c = ctx()
+    nodes = [n.name for n in c.store.nodes()]
+    if not nodes:
+        return html.Div([html.H2("Root cause"), note("no nodes stored yet: start the agent or import a trace", "warn")])
+    node = node if node in nodes else nodes[0]
+    a, b = parse_ts(start), parse_ts(end)
+    if a is None or b is None:  # default: the node's last 15 minutes of data
+        last = next(n.last_seen for n in c.store.nodes() if n.name == node)
+        b = min(c.now(), last + 1)
+        a = b - 900
+    return html.Div([
+        html.Div([html.H2("Root cause"), html.Span("what changed on this node in this window, against the "
+                                                    "preceding window of the same length", className="window-note")],
+                 className="page-head"),
+        html.Div([
+            dcc.Dropdown(id="rootcause-node", options=[{"label": n, "value": n} for n in nodes], value=node,
+                         clearable=False, className="node-select"),
+            dcc.Input(id="rootcause-start", type="text", value=fmt_ts(a), debounce=True, className="ts-input"),
+            dcc.Input(id="rootcause-end", type="text", value=fmt_ts(b), debounce=True, className="ts-input"),
+            html.Button("Explain", id="rootcause-go", n_clicks=0, className="btn btn-primary"),
+            dcc.Link("open on the node page", href=f"/node/{node}", id="rootcause-nodelink", className="btn"),
+        ], className="toolbar"),
+        dcc.Loading(html.Div(id="rootcause-body"), delay_show=300, type="dot"),
+    ])
+
+
+@page_callback(
+    Output("rootcause-body", "children"), Output("rootcause-nodelink", "href"),
+    Input("rootcause-go", "n_clicks"), Input("rootcause-node", "value"),
+    State("rootcause-start", "value"), State("rootcause-end", "value"),
+)
+def explain(_n: int, node: str, start: str | None, end: str | None) -> tuple[Any, Any]:
+    c = ctx()
+    link = f"/node/{node}"
+    a, b = parse_ts(start), parse_ts(end)
+    if a is None or b is None or b <= a:
+        return note("give the window as UTC times (2026-11-29 17:00:00) or epoch seconds, start before end", "warn"), link
+    link = f"/node/{node}?range=custom&start={a:.0f}&end={b:.0f}"
+    t0 = time.perf_counter()
+    parts: list[Any] = []
+    try:
+        res = rca_view.explain(c.store, node, a, b)
+    except Exception as e:  # noqa: BLE001
+        res = None
+        parts.append(error_note("the root-cause query", e))
+    if res is not None:
+        if res.causes:
+            parts.append(html.H3(f"Likely causes ({len(res.causes)})"))
+            parts.append(html.Ol([_cause(c, node, i, cz, a, b, res.baseline) for i, cz in enumerate(res.causes[:8])],
+                                 className="causes", id="rootcause-causes"))
+        else:
+            parts.append(empty_state("No ranked causes", res.note, id="rootcause-nocauses"))
+    parts += _detector(c, node, a, b)
+    parts.append(html.Div(f"answered in {(time.perf_counter() - t0) * 1000:.0f} ms", className="status-line"))
+    return parts, link
+
+
+def _cause(c: Any, node: str, i: int, cz: rca_view.Cause, a: float, b: float,
+           baseline: tuple[float, float] | None) -> html.Li:
+    kids: list[Any] = [html.Div([html.Span(cz.title, className="cause-title"),
+                                 html.Span(f"score {cz.score:.2f}" if cz.score is not None else "", className="badge")],
+                                className="card-head"),
+                       html.Div(cz.summary, className="muted")]
+    if cz.metric and i < 5:
+        span = b - a
+        lo = baseline[0] if baseline else a - span
+        sds = c.store.query(cz.metric, node=node, labels=cz.labels or None, start=lo, end=b, max_points=600)
+        if sds:
+            sd = sds[0]
+            kids.append(dcc.Graph(figure=figures.evidence_figure(cz.title, sd.ts, sd.values, (a, b), baseline or (lo, a),
+                                                                 cz.onset), config={"displaylogo": False},
+                                  className="evidence"))
+    return html.Li(kids, className="card cause")
+
+
+def _detector(c: Any, node: str, a: float, b: float) -> list[Any]:
+    out: list[Any] = [html.H3("Mismatch detector over the window")]
+    try:
+        states = data.computed_states(c.store, node, data.Window(a, b, False), max_windows=200)
+    except Exception as e:  # noqa: BLE001
+        return out + [error_note("the mismatch detector", e)]
+    if not states:
+        out.append(note("no accelerator data in this window: the detector has nothing to classify", "info"))
+    else:
+        from analysis.mismatch import state_fractions
+
+        fr = state_fractions(states)
+        out.append(html.Div([html.Span(f"{s} {f:.0%}", className="state-chip",
+                                       style={"backgroundColor": STATE_COLORS.get(s, "#9e9e9e")}) for s, f in fr.items()],
+                            className="legend-line", id="rootcause-states"))
+        worst = max(states, key=lambda s: s.score)
+        reasons = worst.evidence.get("reasons") or []
+        if reasons:
+            out.append(html.Div(f"worst window {fmt_ts(worst.start)}: {worst.state} (score {worst.score:.2f}): "
+                                + "; ".join(reasons), className="muted"))
+    evs = c.store.events(node=node, start=a, end=b, limit=51)
+    if evs:
+        out.append(html.H3(f"Events in the window ({len(evs) if len(evs) <= 50 else '50+'})"))
+        out.append(html.Ul([html.Li(f"{fmt_ts(e.ts)} {e.kind} ({e.severity}): {e.message}") for e in evs[:50]],
+                           className="events"))
+    return out

@@ -1,0 +1,80 @@
+"""SLOs: per SLO the SLI, the error budget remaining and its burn-down over the window, burn
+rates with page/ticket status, remediation actions marked on the chart."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dash
+from dash import Input, Output, dcc, html
+
+from dashboard import data, figures, slo_view
+from dashboard.components import empty_state, error_note, fmt_ts, note, range_picker
+from dashboard.context import ctx
+from dashboard.registry import page_callback
+
+dash.register_page(__name__, path="/slos", name="SLOs", order=3, title="triscope - SLOs")
+
+
+def layout(range: str = "24h", **_: Any) -> html.Div:  # noqa: A002
+    c = ctx()
+    ss = slo_view.load(c)
+    head = html.Div([html.H2("SLOs"), html.Span(str(c.slo_file or ""), className="window-note")], className="page-head")
+    if not ss.slos:
+        return html.Div([head, empty_state("No SLOs to show", ss.problem, id="slos-empty")])
+    return html.Div([
+        head,
+        html.Div([range_picker("slos", range, custom=False)], className="toolbar"),
+        dcc.Loading(html.Div(id="slos-body"), delay_show=400, type="dot"),
+    ])
+
+
+def _pct(x: float | None, nd: int = 2) -> str:
+    return "no data" if x is None else f"{x * 100:.{nd}f}%"
+
+
+@page_callback(Output("slos-body", "children"), Input("slos-range", "value"))
+def render(preset: str) -> Any:
+    c = ctx()
+    ss = slo_view.load(c)
+    try:
+        w = data.resolve_window(c.store, None, preset, c.now())
+        actions = [(float(r.get("ts") or 0), f"{r.get('action', '')} {r.get('target', '')} ({r.get('outcome', '')})")
+                   for r in data.audit_rows(c.store, w.start, w.end).rows]
+        cards: list[Any] = []
+        if w.note:
+            cards.append(note(f"evaluated at {fmt_ts(w.end)} UTC: {w.note}", "info"))
+        for slo in ss.slos:
+            st = slo_view.evaluate(c, slo, w.end)
+            ts, budget = slo_view.burn_down(c, slo, w.start, w.end)
+            status = st.status
+            rows = [html.Tr([html.Td(k), html.Td("no data" if f.burn_rate is None else f"{f.burn_rate:.2f}x"),
+                             html.Td(_pct(f.error_ratio, 3)), html.Td(f"{f.coverage:.0%}")])
+                    for k, f in st.windows.items()]
+            alerts = [html.Li(f"{a.severity}: {a.long_window} & {a.short_window} over {a.factor:g}x "
+                              f"({'FIRING' if a.firing else 'ok'})", className="firing" if a.firing else "")
+                      for a in st.alerts]
+            cards.append(html.Div([
+                html.Div([html.H3(f"{slo.service} / {slo.name}"),
+                          html.Span(status, className=f"badge badge-{status.replace(' ', '-')}")], className="card-head"),
+                html.Div(slo.description or "", className="muted"),
+                html.Div([
+                    html.Div([html.Div("objective", className="kpi-label"), html.Div(f"{slo.objective:g}%", className="kpi")]),
+                    html.Div([html.Div(f"SLI ({slo.period})", className="kpi-label"), html.Div(_pct(st.sli, 3), className="kpi")]),
+                    html.Div([html.Div("budget left", className="kpi-label"), html.Div(_pct(st.budget_remaining, 1), className="kpi")]),
+                    html.Div([html.Div("data coverage", className="kpi-label"), html.Div(f"{st.coverage:.0%}", className="kpi")]),
+                ], className="kpis"),
+                html.Div([
+                    html.Div([html.Div(f"error budget remaining over the {slo.period} window, across the range shown",
+                                       className="muted"),
+                              dcc.Graph(figure=figures.slo_figure(slo.id, ts, budget, actions),
+                                        config={"displaylogo": False})], className="grow"),
+                    html.Div([html.Table([html.Thead(html.Tr([html.Th("window"), html.Th("burn rate"),
+                                                              html.Th("error ratio"), html.Th("coverage")])),
+                                          html.Tbody(rows)], className="small-table"),
+                              html.Ul(alerts, className="alerts")], className="side"),
+                ], className="row"),
+            ], className="card slo-card"))
+        return cards
+    except Exception as e:  # noqa: BLE001
+        return error_note("evaluating the SLOs", e)
