@@ -54,7 +54,7 @@ def parse_rfc3339(value: str) -> float | None:
     # Alertmanager sends nanoseconds; Python parses at most microseconds
     if "." in v:
         head, _, rest = v.partition(".")
-        frac = "".join(ch for ch in rest if ch.isdigit())
+        frac = rest[: len(rest) - len(rest.lstrip("0123456789"))]
         tz = rest[len(frac):]
         v = f"{head}.{frac[:6]}{tz}"
     try:

@@ -1,0 +1,164 @@
+"""The Alertmanager webhook (auth, validation, 202) and the ``triscope remediate`` process."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import free_port, wait_for_port
+from kube_server import alert_payload, open_store, policy_text
+from remediation.engine import Engine, start
+from remediation.policy import parse_policy
+from store import audit
+
+REPO = Path(__file__).resolve().parent.parent
+RULES = """  - name: cmd
+    trigger: {alert: Storm}
+    action: command
+    target: {node: {label: node}}
+    params: {argv: ["true"]}
+"""
+
+
+@pytest.fixture
+def hook(tmp_path: Path) -> Iterator[tuple[str, int, Any]]:
+    st = open_store(f"sqlite:///{tmp_path / 't.db'}")
+    port = free_port()
+    h = start(st, parse_policy(policy_text(RULES)), listen=("127.0.0.1", port), token="s3cret", dry_run=True,
+              max_body=4096)
+    yield "127.0.0.1", port, h
+    h.stop()
+    st.close()
+
+
+def post(host: str, port: int, body: bytes, token: str | None = "s3cret", path: str = "/api/v1/alerts") -> tuple[int, dict[str, Any]]:
+    c = http.client.HTTPConnection(host, port, timeout=10)
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    c.request("POST", path, body=body, headers=headers)
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    return r.status, json.loads(data) if data else {}
+
+
+def test_webhook_auth_validation_and_accept(hook: tuple[str, int, Any]) -> None:
+    host, port, h = hook
+    good = json.dumps(alert_payload([{"labels": {"alertname": "Storm", "node": "n1"}}])).encode()
+    assert post(host, port, good, token=None)[0] == 401
+    assert post(host, port, good, token="wrong")[0] == 401
+    code, body = post(host, port, b"{not json")
+    assert code == 400 and "not valid JSON" in body["error"]
+    code, body = post(host, port, json.dumps({"version": "3", "alerts": []}).encode())
+    assert code == 400 and "version" in body["error"]
+    bad = alert_payload([{"labels": {"alertname": "Storm"}}])
+    bad["alerts"][0]["status"] = "burning"
+    code, body = post(host, port, json.dumps(bad).encode())
+    assert code == 400 and "alerts[0].status" in body["error"]
+    bad = alert_payload([{"labels": {"alertname": "Storm", "n": 1}}])  # type: ignore[dict-item]
+    assert post(host, port, json.dumps(bad).encode())[0] == 400
+    code, body = post(host, port, b"x" * 5000)
+    assert code == 400 and "too large" in body["error"]
+    assert audit.audit_log(h.engine.store) == []  # nothing rejected reached the engine
+    code, body = post(host, port, good)
+    assert code == 202 and body == {"status": "accepted", "alerts": 1, "matched": 1}
+    assert h.engine.drain()
+    assert [r.outcome for r in audit.audit_log(h.engine.store)] == ["dry_run"]
+    c = http.client.HTTPConnection(host, port, timeout=5)
+    c.request("GET", "/metrics")
+    text = c.getresponse().read().decode()
+    assert 'triscope_remediation_actions_total{action="command",outcome="dry_run"}' in text
+    c.request("GET", "/healthz")
+    assert json.loads(c.getresponse().read())["breaker"] == "closed"
+
+
+def _cli(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "triscope", "remediate", *args], capture_output=True, text=True,
+                          cwd=REPO, timeout=60, env={**os.environ, **(env or {})})
+
+
+def test_cli_refuses_to_start_without_token(tmp_path: Path) -> None:
+    pol = tmp_path / "p.yaml"
+    pol.write_text(policy_text(RULES))
+    db = f"sqlite:///{tmp_path / 't.db'}"
+    open_store(db).close()
+    env = {"TRISCOPE_WEBHOOK_TOKEN": ""}
+    res = _cli(["--db", db, "--policy", str(pol)], env)
+    assert res.returncode == 2 and "no webhook token" in res.stderr
+    res = _cli(["--db", db, "--policy", str(pol), "--listen", "0.0.0.0:0", "--insecure-no-auth"], env)
+    assert res.returncode == 2 and "only allowed on loopback" in res.stderr
+    res = _cli(["--db", db, "--policy", str(pol), "--token-file", str(tmp_path / "missing")], env)
+    assert res.returncode == 2 and "cannot read --token-file" in res.stderr
+
+
+def test_cli_serves_webhook_with_token_file(tmp_path: Path) -> None:
+    pol = tmp_path / "p.yaml"
+    pol.write_text(policy_text(RULES))
+    tok = tmp_path / "token"
+    tok.write_text("file-token\n")
+    db = f"sqlite:///{tmp_path / 't.db'}"
+    open_store(db).close()
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "triscope", "remediate", "--db", db, "--policy", str(pol),
+                             "--listen", f"127.0.0.1:{port}", "--token-file", str(tok)], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_port(port, timeout=30)
+        body = json.dumps(alert_payload([{"labels": {"alertname": "Storm", "node": "n1"}}])).encode()
+        assert post("127.0.0.1", port, body, token="s3cret")[0] == 401
+        assert post("127.0.0.1", port, body, token="file-token")[0] == 202
+        st = open_store(db)
+        deadline = time.time() + 10
+        while time.time() < deadline and not audit.audit_log(st):
+            time.sleep(0.1)
+        assert [r.outcome for r in audit.audit_log(st)] == ["acted"]
+        st.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "webhook: POST" in out
+
+
+def test_leader_election_one_acts_and_takeover(tmp_path: Path) -> None:
+    from kube_server import KubeTestServer
+    from remediation.kube import KubeAdapter
+    from remediation.leader import LeaderElector
+
+    srv = KubeTestServer().start()
+    try:
+        a = LeaderElector(KubeAdapter.connect(url=srv.url), "default", "lease", "a", lease_duration_s=1)
+        b = LeaderElector(KubeAdapter.connect(url=srv.url), "default", "lease", "b", lease_duration_s=1)
+        assert a.step() and not b.step()
+        assert a.step() and not b.step()  # renewals keep it
+        lease = srv.get("leases", "default", "lease")
+        assert lease["spec"]["holderIdentity"] == "a" and lease["spec"]["leaseTransitions"] == 0
+        time.sleep(1.2)  # a stops renewing (crashed): b takes over once the lease expired
+        assert b.step()
+        lease = srv.get("leases", "default", "lease")
+        assert lease["spec"]["holderIdentity"] == "b" and lease["spec"]["leaseTransitions"] == 1
+        assert not a.step()
+        # an engine that is not the leader answers but does not act
+        st = open_store(f"sqlite:///{tmp_path / 't.db'}")
+        eng = Engine(st, parse_policy(policy_text(RULES)), leader=a)
+        eng.submit_alerts(alert_payload([{"labels": {"alertname": "Storm", "node": "n1"}}]))
+        assert eng.drain()
+        eng.close()
+        assert [(r.outcome, r.rail) for r in audit.audit_log(st)] == [("suppressed", "leader")]
+        st.close()
+        b.release()
+        assert srv.get("leases", "default", "lease")["spec"].get("holderIdentity") is None
+        assert a.step()  # released: taken at once
+    finally:
+        srv.stop()
