@@ -12,7 +12,7 @@ import threading
 from triscope.commands.common import add_db_option, db_url, fmt_ts, parse_hostport, parse_time
 
 TOKEN_ENV = "TRISCOPE_WEBHOOK_TOKEN"
-DEFAULT_LISTEN = "127.0.0.1:9465"
+DEFAULT_LISTEN = "127.0.0.1:9095"
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
