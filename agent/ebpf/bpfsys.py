@@ -213,6 +213,8 @@ class BpfMap:
                             vr[i * self.value_total:(i + 1) * self.value_total]))
             if done or got == 0:
                 return out
+            if got < n and self.type in (MAP_TYPE_ARRAY, MAP_TYPE_PERCPU_ARRAY):
+                return out   # arrays fill every request until their end
             ctypes.memmove(token_in, token_out, len(token_out))
             first = False
 

@@ -23,6 +23,8 @@ HINT_HEADERS = ("install linux-headers-amd64 and link /lib/modules/$(uname -r)/b
                 "(and .../source to -common); `make run` does this")
 HINT_TRACEFS = "mount -t tracefs nodev /sys/kernel/tracing (the agent does this itself when it runs as root)"
 HINT_PERM = "run the agent as root, or grant CAP_BPF, CAP_PERFMON and CAP_SYS_RESOURCE"
+HINT_AER = ("kernel built without CONFIG_PCIEAER (no ras:aer_event); a kernel with CONFIG_PCIEAER=y enables it — "
+            "until then the sysfs AER collector is the fallback where the kernel exposes aer_dev_* files")
 HINT_TP = "this kernel does not have the tracepoint (CONFIG option off or older kernel); nothing to install"
 
 
@@ -148,7 +150,7 @@ def plan_probes(tracefs: str | None, wanted: set[str] | None = None) -> list[Pro
                 p.hint = "this kernel's tracepoint differs from what the probe reads; probe left off"
             else:
                 p.reason = "tracepoint absent: " + ", ".join(spec.tracepoints)
-                p.hint = HINT_TP
+                p.hint = HINT_AER if spec.name == "aer" else HINT_TP
         plans.append(p)
     return plans
 

@@ -58,7 +58,8 @@ class LoadResult:
 def run_loader(defines: list[str], attach: list[dict[str, str]], *, python: str | None = None,
                bcc_path: str | None = "/usr/lib/python3/dist-packages", timeout: float = 60.0,
                load_only: list[str] | None = None, extra_cflags: list[str] | None = None,
-               env: dict[str, str] | None = None) -> LoadResult:
+               env: dict[str, str] | None = None, source: str | Path | None = None,
+               maps: list[str] | None = None) -> LoadResult:
     """Spawn the loader child and receive its fds.  Never raises for load problems: see ``fatal``.
 
     ``attach``: ``[{"probe", "tp", "kind" ("tracepoint"|"raw"), "fn"}]``.
@@ -67,13 +68,13 @@ def run_loader(defines: list[str], attach: list[dict[str, str]], *, python: str 
 
     t0 = time.monotonic()
     cfg = {
-        "source": str(SOURCE),
+        "source": str(source or SOURCE),
         "bcc_path": bcc_path or "",
         "cflags": [f"-D{d}" for d in defines] + [f"-DPEERS_MAX={PEERS_MAX}", f"-DDMA_KEYS_MAX={DMA_KEYS_MAX}"]
         + list(extra_cflags or []),
         "attach": attach,
         "load_only": load_only or [],
-        "maps": list(MAPS),
+        "maps": list(maps if maps is not None else MAPS),
     }
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     child_env = dict(os.environ if env is None else env)
