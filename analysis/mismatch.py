@@ -292,11 +292,13 @@ def _negotiated_capacity(store: Any, node: str, labels: Mapping[str, str], start
 
 
 def node_states(store: Any, node: str, start: float, end: float, window: float | None = None,
-                thresholds: MismatchThresholds | None = None, ceiling_lookback_s: float = 86400.0) -> list[WindowState]:
+                thresholds: MismatchThresholds | None = None, ceiling_lookback_s: float = 86400.0,
+                tier: str | None = None) -> list[WindowState]:
     """Cut [start, end) into windows of ``window`` seconds (default ``thresholds.window_s``) and
     classify each one from the node's stored series.  Windows without accelerator data are left
     out.  The link ceiling's observed part is the highest per-tick rate seen in
-    [start - ceiling_lookback_s, end].
+    [start - ceiling_lookback_s, end].  ``tier`` (``raw``, ``1m``, ``1h``) forces the store tier read
+    (coarse windows over long ranges: ``1m`` rollups hold exact mean rates for counters).
     """
     import numpy as np
 
@@ -306,10 +308,10 @@ def node_states(store: Any, node: str, start: float, end: float, window: float |
         return []
     n = int(math.ceil((end - start) / w))
     span = end - start
-    mp = None if span <= 6 * 3600 else max(2000, int(span / w) * 2)
+    mp = None if span <= 6 * 3600 and tier in (None, "raw") else max(2000, int(span / w) * 2)
 
     def q(metric: str):  # type: ignore[no-untyped-def]
-        return store.query(metric, node=node, start=start, end=end, max_points=mp)
+        return store.query(metric, node=node, start=start, end=end, max_points=mp, tier=tier)
 
     def host_mean(series_list) -> tuple[Any, Any]:  # type: ignore[no-untyped-def]
         tot_s = np.zeros(n)
@@ -373,7 +375,8 @@ def node_states(store: Any, node: str, start: float, end: float, window: float |
                 if ceiling_lookback_s > 0:
                     for m in (PCIE_RX, PCIE_TX):
                         for hist in store.query(m, node=node, labels=dict(sd.info.labels),
-                                                start=start - ceiling_lookback_s, end=start, max_points=2000):
+                                                start=start - ceiling_lookback_s, end=start, max_points=2000,
+                                                tier=tier):
                             if hist.values:
                                 observed = max(observed, max(hist.values))
                 negotiated = _negotiated_capacity(store, node, sd.info.labels, start, end)
@@ -414,3 +417,19 @@ def state_fractions(states: Sequence[WindowState]) -> dict[str, float]:
     for s in states:
         out[s.state] = out.get(s.state, 0.0) + 1.0
     return {k: v / len(states) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
+
+
+def sliding_states(store: Any, node: str, start: float, end: float, window: float | None = None,
+                   step: float = 1.0, thresholds: MismatchThresholds | None = None) -> list[WindowState]:
+    """Windows of ``window`` seconds every ``step`` seconds that lie fully inside [start, end]
+    (the view the per-tick tracker has), sorted by start."""
+    th = thresholds or MismatchThresholds()
+    w = float(window or th.window_s)
+    out: list[WindowState] = []
+    k = 0
+    while k * step < w and start + k * step + w <= end:
+        s0 = start + k * step
+        n_full = int((end - s0) // w)
+        out += node_states(store, node, s0, s0 + n_full * w, window=w, thresholds=th)
+        k += 1
+    return sorted(out, key=lambda x: x.start)

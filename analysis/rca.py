@@ -251,12 +251,14 @@ def rank_causes(store: Any, node: str, start: float, end: float, baseline: tuple
     changes: list[SeriesChange] = []
     lo = min(b0, start)
     hi = max(b1, end)
+    # ranges over an hour are read from the rollups (counter rates per bucket are exact means)
+    tier = None if hi - lo <= 3600 else "1m" if hi - lo <= 14 * 86400 else "1h"
     for info in infos:
         cat = categorize(info.metric, info.labels)
         if cat.key == "derived":
             continue
         counter = info.kind == "counter"
-        sd = store.query_series(info, lo, hi, max_points=2 * max_points)
+        sd = store.query_series(info, lo, hi, max_points=2 * max_points, tier=tier)
         ts, vals = sd.ts, sd.values
         bts: list[float] = []
         bv: list[float] = []
@@ -298,7 +300,7 @@ def rank_causes(store: Any, node: str, start: float, end: float, baseline: tuple
     mismatch: dict[str, Any] = {}
     prior: dict[str, float] = {}
     if use_mismatch:
-        mismatch, prior = _mismatch_prior(store, node, start, end, b0, b1, thresholds)
+        mismatch, prior = _mismatch_prior(store, node, start, end, b0, b1, thresholds, tier)
 
     causes: dict[str, Cause] = {}
 
@@ -402,15 +404,17 @@ def _fmt(x: float | None) -> str:
 
 
 def _mismatch_prior(store: Any, node: str, start: float, end: float, b0: float, b1: float,
-                    th: MismatchThresholds | None) -> tuple[dict[str, Any], dict[str, float]]:
+                    th: MismatchThresholds | None, tier: str | None = None) -> tuple[dict[str, Any], dict[str, float]]:
     from analysis.mismatch import node_states
 
     th = th or MismatchThresholds()
     span = end - start
-    window = max(th.window_s, span / 500.0)
+    window = max(th.window_s, span / 200.0, 120.0 if tier == "1m" else 0.0, 7200.0 if tier == "1h" else 0.0)
 
     def shares(a: float, b: float) -> tuple[dict[str, float], int]:
-        ws = node_states(store, node, a, b, window=window, thresholds=th)
+        # the window looks back over the baseline for the link's observed ceiling
+        ws = node_states(store, node, a, b, window=window, thresholds=th, tier=tier,
+                         ceiling_lookback_s=max(0.0, a - min(b0, start)))
         if not ws:
             return {}, 0
         out: dict[str, float] = {}

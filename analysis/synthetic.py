@@ -82,8 +82,15 @@ def h200_phase_ticks(start: float = 1_800_000_000.0, phase_s: int = 60, phases: 
                     Sample("triscope_pcie_link_speed_gts", 32.0, {"device": BUS_ID, "kind": "current"}),
                     Sample("triscope_pcie_link_width", 16.0, {"device": BUS_ID, "kind": "current"}),
                 ]
-            ev = [EventRecord("phase", f"phase {ph.name}", "info", {"name": ph.name, "expected": ph.expected},
-                              t)] if i == 0 else []
+            # phase edges as the workload logs them (examples/workload/h200_phases.py --phases)
+            ev = []
+            if i == 0:
+                ev.append(EventRecord("phase", f"phase {ph.name} start", "info",
+                                      {"phase": ph.name, "edge": "start", "expected": ph.expected}, t))
+            if i == phase_s - 1:
+                ev.append(EventRecord("phase", f"phase {ph.name} end", "info",
+                                      {"phase": ph.name, "edge": "end", "start": t - (phase_s - 1),
+                                       "end": t + 1.0}, t + 0.999))
             yield t, s, ev
             t += 1.0
 

@@ -1,0 +1,109 @@
+"""Acceptance on the trace recorded on the H200 (examples/traces/h200-phases.jsonl.gz, written by
+examples/workload/h200_record.sh and loaded with 'triscope import-trace'): the mismatch state per
+labelled phase, the pin-churn flag, and the RCA ranking for the pageable and pin-churn phases.
+
+These tests run whenever the trace file is in the tree (it is committed with the GPU work)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from analysis.mismatch import sliding_states, state_fractions
+from analysis.online import MismatchTracker
+from analysis.rca import rank_causes
+from store import Store
+
+REPO = Path(__file__).resolve().parent.parent
+TRACES = sorted((REPO / "examples" / "traces").glob("h200-phases.*"))
+TRACE = next((p for p in TRACES if p.name.endswith(".jsonl.gz")), TRACES[0] if TRACES else None)
+if os.environ.get("TRISCOPE_H200_TRACE"):  # check another recording (or a synthetic one) the same way
+    TRACE = Path(os.environ["TRISCOPE_H200_TRACE"])
+
+pytestmark = pytest.mark.skipif(TRACE is None, reason="examples/traces/h200-phases.* is not in the tree yet")
+
+EXPECTED = {
+    "idle": "idle",
+    "idle_end": "idle",
+    "pinned_h2d": "io-saturated",
+    "pinned_d2h": "io-saturated",
+    "pageable_h2d": "staging-bound",
+    "compute_bf16": "compute-bound",
+}
+TRIM_START = 2.0  # the first tick inside a phase still averages the second before it
+TRIM_END = 1.0
+
+
+@pytest.fixture(scope="module")
+def trace_store(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    from triscope.trace import import_trace, phase_spans
+
+    url = f"sqlite:///{tmp_path_factory.mktemp('trace') / 'h200.db'}"
+    st = Store.open(url)
+    st.upgrade()
+    info = import_trace(st, TRACE)
+    spans = phase_spans(st.events(node=info.node, kinds=["phase"]))
+    assert spans, "the trace carries no phase events"
+    yield st, info.node, spans
+    st.close()
+
+
+def test_each_phase_gets_its_expected_state(trace_store) -> None:  # type: ignore[no-untyped-def]
+    st, node, spans = trace_store
+    assert set(EXPECTED) <= set(spans), f"phases in the trace: {sorted(spans)}"
+    report = {}
+    for phase, exp in EXPECTED.items():
+        a, b = spans[phase]
+        ws = sliding_states(st, node, a + TRIM_START, b - TRIM_END)
+        assert ws, phase
+        frac = state_fractions(ws)
+        report[phase] = frac
+        assert frac.get(exp, 0.0) >= 0.9, (phase, exp, frac, ws[0].evidence)
+
+
+def test_pin_churn_phase_is_flagged(trace_store) -> None:  # type: ignore[no-untyped-def]
+    st, node, spans = trace_store
+    a, b = spans["pin_churn"]
+    ws = sliding_states(st, node, a + TRIM_START, b - TRIM_END)
+    assert ws
+    flagged = sum(w.pin_churn for w in ws) / len(ws)
+    assert flagged >= 0.9, [w.evidence.get("dma_map_rate") for w in ws]
+    # and no other phase is
+    for phase in ("compute_bf16", "pinned_h2d", "idle"):
+        a, b = spans[phase]
+        assert not any(w.pin_churn for w in sliding_states(st, node, a + TRIM_START, b - TRIM_END)), phase
+
+
+def test_online_tracker_replaying_the_trace(trace_store) -> None:  # type: ignore[no-untyped-def]
+    from triscope.trace import iter_ticks, read_trace
+
+    st, node, spans = trace_store
+    tr = MismatchTracker()
+    states: dict[str, list[str]] = {p: [] for p in EXPECTED}
+    for tick in iter_ticks(read_trace(TRACE), 0.0):
+        tr.process(tick.ts, list(tick.samples))
+        for phase in EXPECTED:
+            a, b = spans[phase]
+            if a + TRIM_START + tr.th.window_s <= tick.ts <= b - TRIM_END and tr.state is not None:
+                states[phase].append(tr.state)
+    for phase, exp in EXPECTED.items():
+        got = states[phase]
+        assert got, phase
+        assert got.count(exp) / len(got) >= 0.9, (phase, exp, {s: got.count(s) for s in set(got)})
+
+
+def test_rca_on_the_trace(trace_store) -> None:  # type: ignore[no-untyped-def]
+    st, node, spans = trace_store
+    a, b = spans["pageable_h2d"]
+    res = rank_causes(st, node, a, b)
+    keys = [c.key for c in res.causes]
+    assert "host_staging" in keys, [(c.key, round(c.score, 2)) for c in res.causes]
+    for k in ("network", "network_traffic"):
+        if k in keys:
+            assert keys.index("host_staging") < keys.index(k)
+    a, b = spans["pin_churn"]
+    res = rank_causes(st, node, a, b)
+    assert res.causes and res.causes[0].key == "dma_mapping", [(c.key, round(c.score, 2), c.summary)
+                                                                for c in res.causes]
