@@ -134,3 +134,34 @@ def test_doctor_rows():
     rows = ebpf_doctor(bcc_path="/nonexistent")
     assert all(not ok for _, ok, _, _ in rows)
     assert "python3-bpfcc" in {r[0]: r for r in rows}["tcp_retransmit"][3]
+
+
+def test_unprivileged_agent_says_no_permission(tmp_path):
+    """The collector in a process without root / CAP_BPF: no crash, every probe off with the reason."""
+
+    import subprocess
+    import sys
+
+    code = (
+        "import json\n"
+        "from agent.collectors.ebpf import EbpfCollector\n"
+        "c = EbpfCollector()\n"
+        "items = c.collect(0)\n"
+        "print(json.dumps({'attached': c.attached, 'reasons': c.reasons, 'hints': c.hints, 'ok': c.check().ok,\n"
+        "                  'exported': {s.labels['probe']: s.value for s in items}}))\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code],
+        capture_output=True, text=True, cwd=str(tmp_path), env={**os.environ, "PYTHONPATH": root}, timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    import json
+
+    data = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not any(data["attached"].values())
+    assert set(data["exported"].values()) == {0.0}
+    assert data["ok"] is False
+    for name, reason in data["reasons"].items():
+        assert reason.startswith("no permission"), (name, reason)
+        assert "CAP_BPF" in data["hints"][name]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import struct
 import time
 from collections.abc import Iterable
@@ -24,7 +25,9 @@ from agent.ebpf.decode import cstr, decode_peer, decode_rare
 from agent.ebpf.discover import (
     DEFAULT_BCC_PATH,
     HINT_BCC,
+    HINT_PERM,
     HINT_TRACEFS,
+    bpf_privileges,
     classify_error,
     defines_for,
     ensure_tracefs,
@@ -106,12 +109,22 @@ class EbpfCollector(BaseCollector):
         plans = plan_probes(tracefs, set(self.probe_names))
         for p in plans:
             if not p.ok:
-                self.reasons[p.spec.name] = p.reason if tracefs else f"no tracefs ({why})"
-                self.hints[p.spec.name] = p.hint if tracefs else HINT_TRACEFS
+                if tracefs:
+                    self.reasons[p.spec.name], self.hints[p.spec.name] = p.reason, p.hint
+                elif why.startswith("no permission"):
+                    self.reasons[p.spec.name], self.hints[p.spec.name] = why, HINT_PERM
+                else:
+                    self.reasons[p.spec.name], self.hints[p.spec.name] = f"no tracefs ({why})", HINT_TRACEFS
         attach = [{"probe": p.spec.name, "tp": tp, "kind": p.spec.kind, "fn": p.spec.fn}
                   for p in plans if p.ok for tp in p.tracepoints]
+        allowed, why_not = bpf_privileges()
+        if attach and not allowed:
+            for p in plans:
+                if p.ok:
+                    self.reasons[p.spec.name], self.hints[p.spec.name] = why_not, HINT_PERM
+            attach = []
         defines = defines_for(plans)
-        if self.selftest_pid is not None:
+        if self.selftest_pid is not None and attach:
             defines += ["WANT_SELFTEST", f"SELFTEST_PID={self.selftest_pid}", f"SELFTEST_NR={_getppid_nr()}"]
             attach.append({"probe": "selftest", "tp": "raw_syscalls:sys_enter", "kind": "raw", "fn": "on_selftest"})
         if attach:
@@ -146,7 +159,7 @@ class EbpfCollector(BaseCollector):
                     else:
                         err = "; ".join(a.error for a in atts)
                         reason, hint = classify_error(err)
-                        if "failed to load bpf program" in err.lower():
+                        if "failed to load bpf program" in err.lower() and os.geteuid() == 0:
                             reason, hint = f"rejected by the kernel: {err[:300]}", "see the verifier log in the agent's stderr"
                         self.reasons[name], self.hints[name] = reason, hint
                 try:

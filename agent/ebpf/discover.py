@@ -54,6 +54,9 @@ def ensure_tracefs(allow_mount: bool = True, candidates: tuple[str, ...] = TRACE
     found = find_tracefs(candidates)
     if found:
         return found, "ok"
+    for c in candidates:
+        if os.path.ismount(c) and not os.access(c, os.R_OK | os.X_OK):
+            return None, f"no permission to read tracefs at {c} (euid {os.geteuid()})"
     if not allow_mount:
         return None, "tracefs is not mounted"
     ok, msg = mount_tracefs(candidates[0])
@@ -86,6 +89,24 @@ def tracepoint_fields(tracefs: str, tp: str) -> list[str] | None:
             continue
         names.append(name)
     return names
+
+
+CAP_SYS_ADMIN = 21
+CAP_PERFMON = 38
+CAP_BPF = 39
+
+
+def bpf_privileges(status: str = "/proc/self/status") -> tuple[bool, str]:
+    """Can this process load tracing programs?  CAP_SYS_ADMIN, or CAP_BPF with CAP_PERFMON."""
+
+    try:
+        with open(status) as f:
+            cap = next(int(line.split()[1], 16) for line in f if line.startswith("CapEff:"))
+    except (OSError, StopIteration, ValueError):
+        return os.geteuid() == 0, "capabilities unknown"
+    if cap >> CAP_SYS_ADMIN & 1 or (cap >> CAP_BPF & 1 and cap >> CAP_PERFMON & 1):
+        return True, "ok"
+    return False, f"no permission: needs CAP_BPF and CAP_PERFMON or root (euid {os.geteuid()}, CapEff {cap:#x})"
 
 
 def kernel_headers(release: str | None = None, modules: str = "/lib/modules") -> tuple[bool, str]:

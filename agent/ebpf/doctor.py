@@ -7,7 +7,6 @@ detached again.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from agent.ebpf.discover import (
@@ -17,6 +16,7 @@ from agent.ebpf.discover import (
     HINT_PERM,
     HINT_TRACEFS,
     bcc_present,
+    bpf_privileges,
     find_tracefs,
     kernel_headers,
     plan_probes,
@@ -41,11 +41,9 @@ def ebpf_doctor(attach: bool = True, bcc_path: str = DEFAULT_BCC_PATH, **kwargs:
     ok, why = kernel_headers()
     if not ok:
         blockers.append((why, HINT_HEADERS))
-    if os.geteuid() != 0:
-        blockers.append(("no permission: not root", HINT_PERM))
-    if tracefs is None and os.geteuid() == 0:
-        # the agent mounts it itself; say so instead of failing
-        blockers = blockers or []
+    ok, why = bpf_privileges()
+    if not ok:
+        blockers.append((why, HINT_PERM))
     if blockers:
         reason = "; ".join(b[0] for b in blockers)
         hint = "; ".join(b[1] for b in blockers)
