@@ -75,6 +75,7 @@ class Trigger:
     xid_codes: tuple[int, ...] = ()
     within_s: float = 300.0
     nodes: tuple[Matcher, ...] = ()              # stored-data triggers: which nodes (by node labels / name)
+    slo_file: str = ""                           # slo triggers: the SLO spec file (settings.slo_file)
 
     def describe(self) -> str:
         if self.kind == "alert":
@@ -154,6 +155,7 @@ class Settings:
     kubernetes: KubeSettings = field(default_factory=KubeSettings)
     leader_election: LeaderSettings = field(default_factory=LeaderSettings)
     workers: int = 8
+    slo_file: str = ""
 
 
 @dataclass(frozen=True)
@@ -227,6 +229,8 @@ def parse_duration(v: Any) -> float | None:
 class _Parser:
     def __init__(self, doc: _Doc) -> None:
         self.d = doc
+        self.slos: dict[str, Any] | None = None
+        self.slo_path = ""
 
     # typed getters ----------------------------------------------------------------------------
     def mapping(self, v: Any, path: tuple[Any, ...], allowed: tuple[str, ...], what: str) -> dict[str, Any]:
@@ -293,7 +297,7 @@ class _Parser:
         p: tuple[Any, ...] = ("settings",)
         m = self.mapping(v, p, ("dry_run", "namespaces", "max_actions_per_hour", "max_in_flight", "breaker",
                                 "evaluate_interval", "dedupe_retention", "engine_id", "kubernetes",
-                                "leader_election", "workers"), "settings")
+                                "leader_election", "workers", "slo_file"), "settings")
         ns = m.get("namespaces", [])
         if not isinstance(ns, list) or not all(isinstance(x, str) and _NAME.match(x) for x in ns):
             raise self.d.err(p + ("namespaces",), "namespaces must be a list of namespace names")
@@ -338,7 +342,28 @@ class _Parser:
             evaluate_interval_s=max(0.2, self.duration(m, "evaluate_interval", p, 15.0)),
             dedupe_retention_s=self.duration(m, "dedupe_retention", p, 7 * 86400.0),
             engine_id=engine_id, kubernetes=kube, leader_election=leader,
-            workers=self.integer(m, "workers", p, 8, 1, 64))
+            workers=self.integer(m, "workers", p, 8, 1, 64), slo_file=self.slo_file(m, p))
+
+    def slo_file(self, m: dict[str, Any], p: tuple[Any, ...]) -> str:
+        v = self.string(m, "slo_file", p, "") or ""
+        if not v:
+            return ""
+        path = Path(v).expanduser()
+        if not path.is_absolute():
+            path = (Path(self.d.file).resolve().parent / path) if self.d.file and not self.d.file.startswith("<") \
+                else path.resolve()
+        if not path.is_file():
+            raise self.d.err(p + ("slo_file",), f"slo_file {v!r}: no such file ({path})")
+        try:
+            from analysis.slo import load_slo_file
+        except ImportError:
+            return str(path)
+        try:
+            self.slos = {s.id: s for s in load_slo_file(path)}
+            self.slos.update({s.name: s for s in self.slos.values()})
+        except Exception as e:
+            raise self.d.err(p + ("slo_file",), f"slo_file {v!r}: {e}") from None
+        return str(path)
 
     def matchers(self, v: Any, path: tuple[Any, ...]) -> tuple[Matcher, ...]:
         if v is None:
@@ -400,8 +425,14 @@ class _Parser:
             status = self.string(m, "status", path, "page") or "page"
             if status not in ("page", "ticket"):
                 raise self.d.err(path + ("status",), f"status must be page or ticket, not {status!r}")
-            return Trigger("slo", slo=self.string(m, "slo", path, required=True) or "", slo_status=status,
-                           for_s=self.duration(m, "for", path, 0.0), nodes=nodes)
+            name = self.string(m, "slo", path, required=True) or ""
+            if self.slos is None and not self.slo_path:
+                raise self.d.err(path + ("slo",), "slo triggers need settings.slo_file (the SLO spec file)")
+            if self.slos is not None and name not in self.slos:
+                raise self.d.err(path + ("slo",), f"no SLO {name!r} in {self.slo_path} "
+                                 f"(there are: {', '.join(sorted({s.id for s in self.slos.values()}))})")
+            return Trigger("slo", slo=name, slo_status=status, for_s=self.duration(m, "for", path, 0.0), nodes=nodes,
+                           slo_file=self.slo_path)
         codes = m["xid"] if isinstance(m["xid"], list) else [m["xid"]]
         if not codes or not all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in codes):
             raise self.d.err(path + ("xid",), "xid must be an XID code or a list of codes (positive integers)")
@@ -503,6 +534,7 @@ def parse_policy(text: str, file: str = "<policy>") -> Policy:
     if root.get("version", 1) != 1:
         raise doc.err(("version",), f"unsupported policy version {root.get('version')!r} (this triscope reads version 1)")
     settings = p.settings(root.get("settings"))
+    p.slo_path = settings.slo_file
     rules_v = root.get("rules")
     if not isinstance(rules_v, list) or not rules_v:
         raise doc.err(("rules",), "rules must be a non-empty list")

@@ -164,23 +164,39 @@ def _fmt(labels: dict[str, str]) -> str:
     return "{" + ",".join(f"{k}={v}" for k, v in sorted(labels.items())) + "}" if labels else ""
 
 
-def _slo_status(store: Any, slo: str, node: str, now: float) -> tuple[str | None, str]:
-    """The SLO status from ``analysis.slo`` if that module is installed (page / ticket / ok)."""
+_SLO_CACHE: dict[str, tuple[float, dict[str, Any]]] = {}
+
+
+def _slo_specs(path: str) -> dict[str, Any]:
+    import os
+
+    from analysis.slo import load_slo_file
+
+    mtime = os.stat(path).st_mtime
+    hit = _SLO_CACHE.get(path)
+    if hit is None or hit[0] != mtime:
+        specs = {s.id: s for s in load_slo_file(path)}
+        specs.update({s.name: s for s in list(specs.values())})
+        hit = (mtime, specs)
+        _SLO_CACHE[path] = hit
+    return hit[1]
+
+
+def _slo_status(store: Any, trigger: Trigger, node: str, now: float) -> tuple[str | None, str]:
+    """The SLO's multi-window burn-rate status on ``node`` from ``analysis.slo`` (page / ticket / ok / no data)."""
     try:
-        from analysis import slo as slo_mod  # type: ignore[attr-defined]
+        from analysis import slo as slo_mod
     except ImportError:
         return None, "analysis.slo is not installed: SLO triggers cannot be evaluated"
-    fn = getattr(slo_mod, "slo_status", None) or getattr(slo_mod, "status", None)
-    if fn is None:
-        return None, "analysis.slo has no slo_status(store, slo, node, now) function"
     try:
-        res = fn(store, slo, node=node, now=now)
-    except TypeError:
-        res = fn(store, slo, node, now)
-    except Exception as e:  # an SLO that is not defined, no data...
-        return None, f"SLO {slo}: {e}"
-    status = res if isinstance(res, str) else getattr(res, "status", None) or (res or {}).get("status")
-    return (str(status) if status else None), f"SLO {slo} on {node}: {status}"
+        spec = _slo_specs(trigger.slo_file).get(trigger.slo)
+        if spec is None:
+            return None, f"no SLO {trigger.slo!r} in {trigger.slo_file}"
+        st = slo_mod.evaluate(store, spec, now, node=node)
+    except Exception as e:  # a broken spec file, no data...
+        return None, f"SLO {trigger.slo}: {type(e).__name__}: {e}"
+    burns = {k: (None if w.burn_rate is None else round(w.burn_rate, 2)) for k, w in st.windows.items()}
+    return st.status, f"SLO {spec.id} on {node}: {st.status} (burn rates {burns})"
 
 
 def evaluate_condition(store: Any, trigger: Trigger, node: str, now: float, stale_s: float) -> Condition:
@@ -191,7 +207,7 @@ def evaluate_condition(store: Any, trigger: Trigger, node: str, now: float, stal
         return eval_series_condition(store, MISMATCH_METRIC, node, {"state": trigger.state}, ">=", 0.5,
                                      trigger.for_s, now, stale_s)
     if trigger.kind == "slo":
-        status, detail = _slo_status(store, trigger.slo, node, now)
+        status, detail = _slo_status(store, trigger, node, now)
         holds = status == "page" or (trigger.slo_status == "ticket" and status == "ticket")
         return Condition(holds, started_at=now if holds else None, detail=detail)
     raise ValueError(f"not a stored-data condition: {trigger.kind}")
@@ -235,6 +251,8 @@ def stored_data_events(store: Any, rule: Rule, now: float, stale_s: float,
             clear.add(n.name)
             continue
         start = episodes.setdefault(ep_key, cond.started_at or now)
+        if t.kind == "slo" and now - start < t.for_s:
+            continue  # the SLO status must hold for `for` (the engine's own observation of it)
         out.append(TriggerEvent(
             rule=rule, kind=t.kind, key=f"{t.kind}:{rule.name}:{n.name}:{start:.0f}",
             description=f"{t.describe()}: {cond.detail}", labels={**labels, **cond.series, "node": n.name},

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from kube_server import KubeTestServer, alert_payload, open_store, policy_text
+
 from remediation import kube as k
 from remediation import metrics
 from remediation.engine import Engine
@@ -275,3 +275,64 @@ def test_metric_threshold_for_duration_and_mismatch_state(store: Any, srv: KubeT
     assert all(r.outcome == "dry_run" and r.node == "gpu-1" for r in rows)
     hot = next(r for r in rows if r.rule == "hot-20s")
     assert "triscope_gpu_utilization_ratio{gpu=0}=0.95 > 0.9" in hot.trigger
+
+
+SLO_FILE = """version: "prometheus/v1"
+service: "svc"
+period: 30d
+slos:
+  - name: "avail"
+    objective: 99.0
+    sli:
+      events:
+        error_query: sum(rate(req_total{code="500"}[{{.window}}]))
+        total_query: sum(rate(req_total[{{.window}}]))
+    alerting:
+      name: SvcAvail
+      page_alert: {labels: {severity: page}}
+      ticket_alert: {labels: {severity: ticket}}
+"""
+
+
+def test_slo_page_trigger_switches_fallback(store: Any, srv: KubeTestServer, tmp_path: Path) -> None:
+    (tmp_path / "slo.yaml").write_text(SLO_FILE)
+    now = time.time()
+    ok = err = 0.0
+    ticks = []
+    for i in range(400):  # 66 minutes at 10 s: 30 % of requests fail -> both page windows burn > 14.4x
+        ok += 700
+        err += 300
+        ticks.append(Tick(now - 4000 + i * 10, [Sample("req_total", ok, {"code": "200"}, "counter"),
+                                                 Sample("req_total", err, {"code": "500"}, "counter")]))
+    store.write_ticks("svc-node", ticks)
+    store.write_ticks("quiet-node", [Tick(now - 5, [Sample("req_total", 10.0, {"code": "200"}, "counter")])])
+    text = policy_text("""  - name: slo-page
+    trigger: {slo: avail, status: page}
+    action: dependency_fallback
+    target: {namespace: inference}
+    params: {configmap: deps, key: mode}
+""", settings="  namespaces: [inference]\n  slo_file: slo.yaml\n")
+    (tmp_path / "policy.yaml").write_text(text)
+    from remediation.policy import load_policy
+
+    eng = Engine(store, load_policy(tmp_path / "policy.yaml"), kube=k.KubeAdapter.connect(url=srv.url))
+    assert eng.evaluate_triggers(now) == 1
+    assert eng.drain()
+    eng.close()
+    row = audit.audit_log(store)[0]
+    assert row.outcome == "acted" and row.node == "svc-node" and "svc-avail on svc-node: page" in row.trigger
+    assert srv.get("configmaps", "inference", "deps")["data"] == {"mode": "fallback"}
+
+
+def test_slo_trigger_names_an_existing_slo(tmp_path: Path) -> None:
+    from remediation.policy import PolicyError, load_policy
+
+    (tmp_path / "slo.yaml").write_text(SLO_FILE)
+    (tmp_path / "policy.yaml").write_text(policy_text("""  - name: s
+    trigger: {slo: latency, status: page}
+    action: command
+    params: {argv: ["true"]}
+""", settings="  slo_file: slo.yaml\n"))
+    with pytest.raises(PolicyError) as ei:
+        load_policy(tmp_path / "policy.yaml")
+    assert ei.value.line == 6 and "no SLO 'latency'" in ei.value.reason and "svc-avail" in ei.value.reason

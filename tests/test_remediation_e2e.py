@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import free_port, wait_for_port
 from kube_server import KubeTestServer, open_store
+
 from remediation.engine import start
 from remediation.policy import parse_policy
 from store import audit
@@ -69,7 +69,7 @@ def test_retransmit_storm_alert_drives_dry_run_and_live_restart(tmp_path: Path) 
             [sys.executable, "-m", "triscope", "agent", "--db", f"sqlite:///{tmp_path / 'agent.db'}",
              "--listen", f"127.0.0.1:{agent_port}", "--no-ebpf", "--no-nvml", "--no-npu", "--interval", "1",
              "--node", "e2e-node", "--spool", str(tmp_path / "spool")],
-            cwd=REPO, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "agent.log", "wb")))
+            cwd=REPO, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "agent.log", "wb")))  # noqa: SIM115
 
         # engine 1: `triscope remediate --dry-run` with the shipped example policy
         dry_db = f"sqlite:///{tmp_path / 'dry.db'}"
@@ -78,7 +78,7 @@ def test_retransmit_storm_alert_drives_dry_run_and_live_restart(tmp_path: Path) 
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "triscope", "remediate", "--db", dry_db, "--policy", str(EXAMPLE), "--dry-run",
              "--listen", f"127.0.0.1:{dry_port}", "--token-file", str(token)],
-            cwd=REPO, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "engine.log", "wb")))
+            cwd=REPO, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "engine.log", "wb")))  # noqa: SIM115
 
         # engine 2: live, the same example policy pointed at the Kubernetes test server
         live_text = EXAMPLE.read_text().replace("    mode: none\n", f"    mode: url\n    url: {kube.url}\n", 1)
@@ -102,7 +102,7 @@ def test_retransmit_storm_alert_drives_dry_run_and_live_restart(tmp_path: Path) 
         procs.append(subprocess.Popen(
             [ALERTMANAGER, f"--config.file={tmp_path / 'am.yml'}", f"--storage.path={tmp_path / 'am-data'}",
              f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address="],
-            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "am.log", "wb")))
+            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "am.log", "wb")))  # noqa: SIM115
 
         # Prometheus: the rule from deploy/ with a short `for:`, the agent's node/workload as target labels
         rules = yaml.safe_load(RULES.read_text())
@@ -125,7 +125,7 @@ def test_retransmit_storm_alert_drives_dry_run_and_live_restart(tmp_path: Path) 
             [PROMETHEUS, f"--config.file={tmp_path / 'prom.yml'}", f"--storage.tsdb.path={tmp_path / 'prom-data'}",
              f"--web.listen-address=127.0.0.1:{prom_port}", "--rules.alert.resend-delay=1s",
              "--rules.alert.for-grace-period=1s"],
-            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "prom.log", "wb")))
+            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "prom.log", "wb")))  # noqa: SIM115
 
         for port in (agent_port, dry_port, am_port, prom_port):
             wait_for_port(port, timeout=30)

@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from kube_server import policy_text
+
 from remediation.policy import PolicyError, load_policy, parse_policy
 
 REPO = Path(__file__).resolve().parent.parent

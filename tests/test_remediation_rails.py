@@ -12,16 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from kube_server import KubeTestServer, alert_payload, open_store, policy_text
+
 from remediation.engine import Engine
 from remediation.kube import KubeAdapter
 from remediation.leader import LeaderElector
 from remediation.policy import parse_policy
 from remediation.triggers import TriggerEvent
-from store import audit
+from store import Tick, audit
 from triscope.samples import Sample
-from store import Tick
 
 REPO = Path(__file__).resolve().parent.parent
 

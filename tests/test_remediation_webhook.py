@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import free_port, wait_for_port
 from kube_server import alert_payload, open_store, policy_text
+
 from remediation.engine import Engine, start
 from remediation.policy import parse_policy
 from store import audit
@@ -133,6 +133,7 @@ def test_cli_serves_webhook_with_token_file(tmp_path: Path) -> None:
 
 def test_leader_election_one_acts_and_takeover(tmp_path: Path) -> None:
     from kube_server import KubeTestServer
+
     from remediation.kube import KubeAdapter
     from remediation.leader import LeaderElector
 
