@@ -21,7 +21,6 @@ import json
 import os
 import queue
 import random
-import statistics
 import subprocess
 import sys
 import tempfile
