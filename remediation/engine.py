@@ -549,12 +549,14 @@ def start(store: Any, policy: Policy, *, listen: tuple[str, int] | None = None, 
     return EngineHandle(engine, sched, server, owns_store)
 
 
-def start_embedded(store_url: str, policy_path: str | Path | None = None, listen: str | None = None,
-                   dry_run: bool = True, token: str | None = None) -> EngineHandle:
+def start_embedded(store_url: str, policy_path: str | Path | None = None,
+                   listen: str | tuple[str, int] | None = None, dry_run: bool = True,
+                   token: str | None = None) -> EngineHandle:
     """The engine inside ``triscope run``: dry-run, the example policy by default.
 
-    ``listen`` (``HOST:PORT``) also serves the webhook; it needs ``token`` (or
+    ``listen`` (``HOST:PORT`` or ``(host, port)``) also serves the webhook; it needs ``token`` (or
     ``TRISCOPE_WEBHOOK_TOKEN``), except on a loopback address where it runs without auth.
+    Returns a handle with ``.stop()``.
     """
     import os
 
@@ -565,9 +567,20 @@ def start_embedded(store_url: str, policy_path: str | Path | None = None, listen
     st.require_schema()
     addr = None
     if listen:
-        host, _, port = listen.rpartition(":")
-        addr = (host or "127.0.0.1", int(port))
+        if isinstance(listen, str):
+            host, _, port = listen.rpartition(":")
+            addr = (host or "127.0.0.1", int(port))
+        else:
+            addr = (listen[0], int(listen[1]))
         token = token or os.environ.get("TRISCOPE_WEBHOOK_TOKEN") or None
         if token is None and addr[0] not in ("127.0.0.1", "localhost", "::1"):
+            st.close()
             raise ValueError("the webhook needs a bearer token when it listens beyond loopback")
-    return start(st, policy, listen=addr, dry_run=dry_run, token=token, owns_store=True)
+        if token is None:
+            log.warning("remediation webhook on %s:%d runs without a bearer token (loopback, dry-run demo); "
+                        "set TRISCOPE_WEBHOOK_TOKEN to require one", addr[0], addr[1])
+    try:
+        return start(st, policy, listen=addr, dry_run=dry_run, token=token, owns_store=True)
+    except Exception:
+        st.close()
+        raise

@@ -163,3 +163,26 @@ def test_leader_election_one_acts_and_takeover(tmp_path: Path) -> None:
         assert a.step()  # released: taken at once
     finally:
         srv.stop()
+
+
+def test_start_embedded_dry_run_with_example_policy(tmp_path: Path) -> None:
+    from remediation.engine import start_embedded
+
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    open_store(url).close()
+    port = free_port()
+    h = start_embedded(url, None, ("127.0.0.1", port))
+    try:
+        assert h.engine.dry_run and len(h.engine.policy.rules) == 6
+        assert {j.id for j in h.scheduler.get_jobs()} == {"evaluate-triggers", "fallback-reverts", "prune-deliveries"}
+        assert all(j.max_instances == 1 and j.coalesce for j in h.scheduler.get_jobs())
+        body = json.dumps(alert_payload([{"labels": {"alertname": "TriscopeTcpRetransmitStorm", "severity": "warning",
+                                                     "namespace": "inference", "deployment": "web",
+                                                     "node": "n1"}}])).encode()
+        assert post("127.0.0.1", port, body, token=None)[0] == 202
+        assert h.engine.drain()
+        row = audit.audit_log(h.engine.store)[0]
+        assert (row.rule, row.outcome) == ("restart-on-retransmit-storm", "dry_run")
+        assert "live state not checked" in row.reason
+    finally:
+        h.stop()
