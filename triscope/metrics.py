@@ -84,6 +84,11 @@ _SPECS = [
     MetricSpec("triscope_mismatch_score", "gauge", "Share of accelerator time lost to I/O over the sliding window (0..1).", ()),
     MetricSpec("triscope_mismatch_state", "gauge", "1 for the node's current coordination state, 0 for the others.", ("state",)),
     MetricSpec("triscope_mismatch_pin_churn", "gauge", "1 while the DMA map rate says host memory is being pinned and unpinned (pin churn).", ()),
+    # remediation engine (served on the engine's webhook listener, GET /metrics)
+    MetricSpec("triscope_remediation_actions_total", "counter", "Remediation decisions by action and outcome (acted, dry_run, suppressed, failed).", ("action", "outcome")),
+    MetricSpec("triscope_remediation_breaker_open", "gauge", "1 while the remediation circuit breaker is open.", ()),
+    MetricSpec("triscope_remediation_actions_in_flight", "gauge", "Remediation actions running now.", ()),
+    MetricSpec("triscope_remediation_leader", "gauge", "1 while this engine holds the leader lease (or runs alone).", ()),
     # self
     MetricSpec("triscope_collector_up", "gauge", "1 when the collector's last collect() succeeded.", ("collector",)),
     MetricSpec("triscope_probe_attached", "gauge", "1 when the eBPF probe is attached.", ("probe",)),
