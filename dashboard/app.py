@@ -135,12 +135,16 @@ def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 8050, *, pass
                     trust_proxy_auth: bool = False) -> ServerHandle:
     """Serve ``app`` from a daemon thread (werkzeug, threaded).  Port 0 picks a free port.
     Refuses a non-loopback host without authentication (see ``check_bind``)."""
-    from werkzeug.serving import make_server
+    from werkzeug.serving import WSGIRequestHandler, make_server
+
+    class _Handler(WSGIRequestHandler):
+        def log_request(self, code: Any = "-", size: Any = "-") -> None:  # access log at debug level only
+            log.debug("%s %s %s", self.address_string(), self.requestline, code)
 
     pw = password if password is not None else os.environ.get(PASSWORD_ENV)
     has_auth = bool(pw) or bool(getattr(app.server, "triscope_basic_auth", False))
     check_bind(host, "set" if has_auth else None, trust_proxy_auth or _env_flag(PROXY_ENV))
-    srv = make_server(host, port, app.server, threaded=True)
+    srv = make_server(host, port, app.server, threaded=True, request_handler=_Handler)
     t = threading.Thread(target=srv.serve_forever, name="triscope-dashboard", daemon=True)
     t.start()
     return ServerHandle(host, int(srv.server_port), t, srv)

@@ -6,6 +6,8 @@ and leave as ``datetime64[ms]`` arrays (UTC) so Plotly serialises them compactly
 
 from __future__ import annotations
 
+import copy
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -79,9 +81,7 @@ def node_lanes_figure(lanes: Any, uirevision: Any = "node", height: int = 860) -
 
     The layout comes from ``make_subplots``; the traces are plain dicts with list values (no
     per-point validation, and lists that ``dash.Patch`` can extend in live mode)."""
-    fig = make_subplots(rows=4, cols=1, shared_xaxes=True, vertical_spacing=0.045,
-                        row_heights=[0.07, 0.31, 0.31, 0.31],
-                        specs=[[{}], [{}], [{"secondary_y": True}], [{"secondary_y": True}]])
+    layout = _node_layout_base()
     data: list[dict[str, Any]] = []
     keys: list[str] = []
 
@@ -105,7 +105,7 @@ def node_lanes_figure(lanes: Any, uirevision: Any = "node", height: int = 860) -
             1, f"ribbon|{state}")
     notes: list[dict[str, Any]] = []
     if not lanes.segments:
-        notes.append(_note(lanes.segments_note or "no mismatch state", 1, 11))
+        notes.append(dict(_note(lanes.segments_note or "no mismatch state", 1, 11), x=0.0, xanchor="left"))
     # events as markers on the ribbon row
     by_kind: dict[str, list[Any]] = {}
     for e in lanes.events:
@@ -117,11 +117,12 @@ def node_lanes_figure(lanes: Any, uirevision: Any = "node", height: int = 860) -
                         "color": [SEVERITY_COLORS.get(e.severity, "#546e7a") for e in evs]},
              "text": [f"{e.kind} ({e.severity}): {e.message}" for e in evs],
              "hovertemplate": "%{text}<extra></extra>"}, 1, f"events|{kind}")
-    # lanes
+    # lanes (a lane with only secondary-axis series draws them on its primary axis)
+    has_primary = {LANE_ROWS[t.lane] for t in lanes.traces if not t.secondary}
     units: dict[tuple[int, bool], str] = {}
     for t in lanes.traces:
         row = LANE_ROWS[t.lane]
-        secondary = bool(t.secondary and NODE_AXES[row][2])
+        secondary = bool(t.secondary and NODE_AXES[row][2] and row in has_primary)
         k = t.scale
         add({"type": "scatter", "x": to_dt(t.ts), "y": [v * k for v in t.values], "mode": "lines", "name": t.name,
              "line": {"width": 1.4, "dash": t.dash or "solid", "shape": t.shape},
@@ -136,26 +137,43 @@ def node_lanes_figure(lanes: Any, uirevision: Any = "node", height: int = 860) -
         xa, ya, _ = NODE_AXES[row]
         notes.append({"text": f"<b>{title}</b>", "xref": f"{xa} domain", "yref": f"{ya} domain", "x": 0, "y": 1,
                       "xanchor": "left", "yanchor": "bottom", "showarrow": False, "font": {"size": 12, "color": "#37474f"}})
+    def yax(row: int, secondary: bool = False) -> dict[str, Any]:
+        _, ya, ya2 = NODE_AXES[row]
+        name = ya2 if secondary and ya2 else ya
+        return layout["yaxis" + name[1:]]  # type: ignore[no-any-return]
+
     for (row, secondary), unit in units.items():
-        fig.update_yaxes(title_text=unit, row=row, col=1, rangemode="tozero",
-                         **({"secondary_y": secondary} if NODE_AXES[row][2] else {}))
+        yax(row, secondary).update(title={"text": unit}, rangemode="tozero")
     for row in (3, 4):
         if (row, True) not in units:
-            fig.update_yaxes(visible=False, row=row, col=1, secondary_y=True)
+            yax(row, True)["visible"] = False
         if (row, False) not in units:
-            fig.update_yaxes(rangemode="tozero", row=row, col=1, secondary_y=False)
-    fig.update_yaxes(range=[0, 105], row=2, col=1)
-    fig.update_yaxes(visible=False, fixedrange=True, range=[0, 1], row=1, col=1)
-    fig.update_xaxes(type="date")
-    if not lanes.window.live:  # a live view autoranges so appended points show
-        fig.update_xaxes(range=[a, b])
-    fig.update_xaxes(showticklabels=True, row=4, col=1)
-    _base_layout(fig, height, uirevision)
-    fig.update_layout(dragmode="zoom", hovermode="closest", legend={"y": -0.05, "yanchor": "top"},
-                      margin={"l": 60, "r": 60, "t": 30, "b": 40}, annotations=notes)
-    out = fig.to_plotly_json()
-    out["data"] = data
-    return out, keys
+            yax(row)["rangemode"] = "tozero"
+    yax(2)["range"] = [0, 105]
+    yax(1).update(visible=False, fixedrange=True, range=[0, 1])
+    for i, ax in enumerate(("xaxis", "xaxis2", "xaxis3", "xaxis4")):
+        # live mode moves the range along unless the user zoomed
+        layout[ax].update(type="date", range=[a, b], showticklabels=ax == "xaxis4")
+    layout.update(height=height, uirevision=uirevision, annotations=notes)
+    return {"data": data, "layout": layout}, keys
+
+
+_NODE_LAYOUT: dict[str, Any] | None = None
+
+
+def _node_layout_base() -> dict[str, Any]:
+    """The node figure's layout without data: built once with make_subplots, copied per figure
+    (make_subplots and the update_* calls cost ~40 ms a figure)."""
+    global _NODE_LAYOUT
+    if _NODE_LAYOUT is None:
+        fig = make_subplots(rows=4, cols=1, shared_xaxes=True, vertical_spacing=0.045,
+                            row_heights=[0.07, 0.31, 0.31, 0.31],
+                            specs=[[{}], [{}], [{"secondary_y": True}], [{"secondary_y": True}]])
+        _base_layout(fig, 860)
+        fig.update_layout(dragmode="zoom", hovermode="closest", legend={"y": -0.05, "yanchor": "top"},
+                          margin={"l": 60, "r": 60, "t": 30, "b": 40})
+        _NODE_LAYOUT = json.loads(fig.to_json())["layout"]
+    return copy.deepcopy(_NODE_LAYOUT)
 
 
 def _note(text: str, row: int, size: int) -> dict[str, Any]:

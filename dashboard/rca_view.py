@@ -1,7 +1,8 @@
-"""Root-cause results for the dashboard, through ``analysis.rca``.
+"""Root-cause results for the dashboard, through ``analysis.rca.rank_causes``.
 
-``explain(store, node, start, end)`` returns ranked ``Cause`` rows, or an explained empty result
-when ``analysis.rca`` is not in this build yet.
+``explain(store, node, start, end)`` returns ranked ``Cause`` rows, each with the series that
+moved most in its category (for the evidence chart), the baseline window and the detector's
+comparison; an explained empty result when ``analysis.rca`` is not in this build.
 """
 
 from __future__ import annotations
@@ -9,18 +10,29 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dashboard.data import _as_dict, optional
+from dashboard.data import optional
+
+
+@dataclass
+class Evidence:
+    metric: str
+    labels: dict[str, str]
+    baseline: float | None
+    window: float | None
+    direction: str
+    onset: float | None
 
 
 @dataclass
 class Cause:
+    key: str
     title: str
     summary: str
     score: float | None = None
-    metric: str | None = None
-    labels: dict[str, str] = field(default_factory=dict)
     onset: float | None = None
-    kind: str = "series"
+    series: list[Evidence] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    peers: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -28,29 +40,42 @@ class RcaResult:
     causes: list[Cause]
     baseline: tuple[float, float] | None
     note: str
+    series_examined: int = 0
+    mismatch: dict[str, Any] = field(default_factory=dict)
 
 
-def explain(store: Any, node: str, start: float, end: float) -> RcaResult:
-    fn, why = optional("analysis.rca", "root_causes", "explain", "rca", "query")
+# the detector input to chart for a cause that has no moved series of its own (its evidence is the
+# mismatch detector's verdict, which reads these)
+CATEGORY_SERIES = {
+    "host_staging": ("triscope_cpu_busy_ratio", "triscope_pressure_ratio"),
+    "dma_mapping": ("triscope_dma_map_total",),
+    "network": ("triscope_tcp_retransmits_total",),
+    "pcie_load": ("triscope_gpu_pcie_rx_bytes_total", "triscope_gpu_pcie_tx_bytes_total"),
+    "accelerator_activity": ("triscope_gpu_sm_active_ratio", "triscope_npu_aicore_utilization_ratio"),
+}
+
+
+def explain(store: Any, node: str, start: float, end: float, top: int = 8) -> RcaResult:
+    fn, why = optional("analysis.rca", "rank_causes")
     if fn is None:
         return RcaResult([], None, f"ranked causes come from the historical root-cause analysis, which is not "
                                    f"available in this build ({why}); the detector's verdict and the events are below")
     res = fn(store, node, start, end)
-    d = _as_dict(res) if not isinstance(res, list) else {"causes": res}
-    raw = d.get("causes") or d.get("ranked") or []
-    base = d.get("baseline")
-    baseline = (float(base[0]), float(base[1])) if isinstance(base, (list, tuple)) and len(base) == 2 else None
-    causes = [_cause(_as_dict(x)) for x in raw]
-    return RcaResult(causes, baseline, "" if causes else "nothing moved against the baseline in this window")
-
-
-def _cause(x: dict[str, Any]) -> Cause:
-    metric = x.get("metric") or x.get("series")
-    labels = x.get("labels") or {}
-    title = str(x.get("title") or x.get("name") or metric or x.get("kind") or "cause")
-    summary = str(x.get("summary") or x.get("reason") or x.get("evidence") or "")
-    score = x.get("score")
-    onset = x.get("onset")
-    return Cause(title, summary, float(score) if score is not None else None,
-                 metric if isinstance(metric, str) else None, dict(labels) if isinstance(labels, dict) else {},
-                 float(onset) if onset is not None else None, str(x.get("kind", "series")))
+    by_cat: dict[str, list[Any]] = {}
+    for ch in sorted(res.changes, key=lambda c: -c.score):
+        by_cat.setdefault(ch.category, []).append(ch)
+    causes = []
+    for c in res.causes[:top]:
+        ev = [Evidence(ch.metric, dict(ch.labels), ch.baseline, ch.window, ch.direction, ch.onset)
+              for ch in by_cat.get(c.key, [])[:3]]
+        if not ev:
+            for metric in CATEGORY_SERIES.get(c.key, ()):
+                infos = store.series(node=node, metric=metric)
+                if infos:
+                    ev.append(Evidence(metric, dict(infos[0].labels), None, None, "detector input", c.onset))
+                    break
+        causes.append(Cause(c.key, c.title, c.summary, c.score, c.onset, ev,
+                            [e for e in c.evidence if e.get("type") == "event"], list(c.peers)))
+    note = "" if causes else (f"nothing moved against the baseline in this window "
+                              f"({res.series_examined} series examined)")
+    return RcaResult(causes, (res.baseline_start, res.baseline_end), note, res.series_examined, dict(res.mismatch))

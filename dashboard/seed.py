@@ -87,6 +87,17 @@ def seed_demo(store: object, end: float, phase_s: int = 120, cycles: int = 2, wi
     for batch in _batches(h200()):
         store.write_ticks(H200, batch)  # type: ignore[attr-defined]
     out[H200] = (start, end)
+    try:  # the remediation engine's audit log, when its tables exist
+        from store.audit import record_decision
+
+        for k, (outcome, rail) in enumerate((("dry_run", None), ("suppressed", "cooldown"))):
+            record_decision(store, ts=start + span * 0.6 + 30 * k, rule="gpu-xid-restart", trigger_kind="xid",
+                            trigger="XID 79 on gpu 0", action="rolling_restart", target="inference/llm-server",
+                            target_key="deployment/inference/llm-server", node=H200, namespace="inference",
+                            outcome=outcome, rail=rail, dry_run=True,
+                            reason="XID 79 (GPU fell off the bus)" + (": target in cooldown" if rail else ""))
+    except Exception:  # noqa: BLE001 - no audit table in this store: the events above stand in
+        pass
 
     rnd = random.Random(3)
 

@@ -23,7 +23,10 @@ def layout(node: str = "", start: str = "", end: str = "", **_: Any) -> html.Div
     nodes = [n.name for n in c.store.nodes()]
     if not nodes:
         return html.Div([html.H2("Root cause"), note("no nodes stored yet: start the agent or import a trace", "warn")])
-    node = node if node in nodes else nodes[0]
+    if node not in nodes:  # default: the first node with an accelerator (the detector has something to say)
+        accel = [n for n in nodes if c.store.series(node=n, metric="triscope_gpu_sm_active_ratio")
+                 or c.store.series(node=n, metric="triscope_npu_aicore_utilization_ratio")]
+        node = (accel or nodes)[0]
     a, b = parse_ts(start), parse_ts(end)
     if a is None or b is None:  # default: the node's last 15 minutes of data
         last = next(n.last_seen for n in c.store.nodes() if n.name == node)
@@ -66,7 +69,9 @@ def explain(_n: int, node: str, start: str | None, end: str | None) -> tuple[Any
         parts.append(error_note("the root-cause query", e))
     if res is not None:
         if res.causes:
-            parts.append(html.H3(f"Likely causes ({len(res.causes)})"))
+            parts.append(html.H3(f"Likely causes ({len(res.causes)}; {res.series_examined} series against the "
+                                 f"baseline {fmt_ts(res.baseline[0]) if res.baseline else ''} to "
+                                 f"{fmt_ts(res.baseline[1]) if res.baseline else ''})"))
             parts.append(html.Ol([_cause(c, node, i, cz, a, b, res.baseline) for i, cz in enumerate(res.causes[:8])],
                                  className="causes", id="rootcause-causes"))
         else:
@@ -79,18 +84,27 @@ def explain(_n: int, node: str, start: str | None, end: str | None) -> tuple[Any
 def _cause(c: Any, node: str, i: int, cz: rca_view.Cause, a: float, b: float,
            baseline: tuple[float, float] | None) -> html.Li:
     kids: list[Any] = [html.Div([html.Span(cz.title, className="cause-title"),
-                                 html.Span(f"score {cz.score:.2f}" if cz.score is not None else "", className="badge")],
+                                 html.Span(f"score {cz.score:.2f}" if cz.score is not None else "", className="badge"),
+                                 html.Span(f"onset {fmt_ts(cz.onset)}" if cz.onset else "", className="muted")],
                                 className="card-head"),
                        html.Div(cz.summary, className="muted")]
-    if cz.metric and i < 5:
-        span = b - a
-        lo = baseline[0] if baseline else a - span
-        sds = c.store.query(cz.metric, node=node, labels=cz.labels or None, start=lo, end=b, max_points=600)
+    if cz.peers:
+        kids.append(html.Div("peers: " + ", ".join(cz.peers[:5]), className="muted"))
+    if cz.series and i < 5:  # evidence chart of the series that moved most, baseline and window shaded
+        ev = cz.series[0]
+        lo = baseline[0] if baseline else a - (b - a)
+        sds = c.store.query(ev.metric, node=node, labels=ev.labels or None, start=lo, end=b, max_points=600)
+        sds = [sd for sd in sds if sd.info.labels == ev.labels] or sds
         if sds:
             sd = sds[0]
-            kids.append(dcc.Graph(figure=figures.evidence_figure(cz.title, sd.ts, sd.values, (a, b), baseline or (lo, a),
-                                                                 cz.onset), config={"displaylogo": False},
+            lab = ",".join(f"{k}={v}" for k, v in sorted(ev.labels.items()))
+            title = f"{ev.metric}{{{lab}}}" + (" (per second)" if sd.info.kind == "counter" else "")
+            kids.append(dcc.Graph(figure=figures.evidence_figure(title, sd.ts, sd.values, (a, b), baseline or (lo, a),
+                                                                 ev.onset), config={"displaylogo": False},
                                   className="evidence"))
+    elif cz.events:
+        kids.append(html.Ul([html.Li(f"{fmt_ts(e.get('ts'))} {e.get('kind')}: {e.get('message', '')}")
+                             for e in cz.events[:5]], className="events"))
     return html.Li(kids, className="card cause")
 
 

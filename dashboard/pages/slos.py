@@ -46,7 +46,8 @@ def render(preset: str) -> Any:
             cards.append(note(f"evaluated at {fmt_ts(w.end)} UTC: {w.note}", "info"))
         for slo in ss.slos:
             st = slo_view.evaluate(c, slo, w.end)
-            ts, budget = slo_view.burn_down(c, slo, w.start, w.end)
+            tb = c.store.time_bounds()
+            ts, budget = slo_view.burn_down(c, slo, max(w.start, tb[0]) if tb else w.start, w.end)
             status = st.status
             rows = [html.Tr([html.Td(k), html.Td("no data" if f.burn_rate is None else f"{f.burn_rate:.2f}x"),
                              html.Td(_pct(f.error_ratio, 3)), html.Td(f"{f.coverage:.0%}")])
@@ -62,7 +63,7 @@ def render(preset: str) -> Any:
                     html.Div([html.Div("objective", className="kpi-label"), html.Div(f"{slo.objective:g}%", className="kpi")]),
                     html.Div([html.Div(f"SLI ({slo.period})", className="kpi-label"), html.Div(_pct(st.sli, 3), className="kpi")]),
                     html.Div([html.Div("budget left", className="kpi-label"), html.Div(_pct(st.budget_remaining, 1), className="kpi")]),
-                    html.Div([html.Div("data coverage", className="kpi-label"), html.Div(f"{st.coverage:.0%}", className="kpi")]),
+                    html.Div([html.Div("data coverage", className="kpi-label"), html.Div(f"{st.coverage:.1%}", className="kpi")]),
                 ], className="kpis"),
                 html.Div([
                     html.Div([html.Div(f"error budget remaining over the {slo.period} window, across the range shown",

@@ -1,0 +1,143 @@
+"""Dashboard benchmark: the node page over 24 h at 1 Hz, 10 plotted series.
+
+* server side: every callback of the node page (render for each preset, live append,
+  "explain" link, live toggle), median of 20 runs, timed as the callback function plus the JSON
+  encoding Dash does (what the server spends per request);
+* browser: first render of the node page complete in headless Chromium (navigation start to
+  the figure drawn with its traces and no callback in flight), median of 5 loads;
+* named baseline, measured in the same run: the same figure built from raw, un-downsampled
+  points (``max_points=None``): its render callback time and its payload size.
+
+Run alone: ``python -m bench.bench_dashboard [--quick]``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import Row
+
+NODE = "bench-node"
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+def _median_ms(fn: Any, runs: int) -> float:
+    fn()  # warm
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t) * 1000)
+    return statistics.median(times)
+
+
+def _callbacks(app: Any, end: float, runs: int) -> tuple[dict[str, float], float, int, int]:
+    from dash._utils import to_json
+
+    from dashboard.context import CONFIG_KEY
+    from dashboard.pages import node
+
+    c = app.server.config[CONFIG_KEY]
+    out: dict[str, float] = {}
+    with app.server.test_request_context("/_dash-update-component", method="POST"):
+        meta: dict[str, Any] = {}
+
+        def render(preset: str) -> Any:
+            res = node.render(preset, 0, NODE, None, None)
+            to_json(res)
+            meta.update(res[1] or {})
+            return res
+
+        for preset in ("15m", "1h", "24h", "7d"):
+            out[f"render {preset}"] = _median_ms(lambda p=preset: render(p), runs)
+        payload_ds = len(to_json(render("24h")[0]))
+        render("24h")
+        base_meta = dict(meta, cursor=end - 5)  # five new points per series, as after a 5 s live interval
+        out["live append"] = _median_ms(lambda: to_json(node.live_append(1, dict(base_meta), None)), runs)
+        relayout = {"xaxis.range[0]": "2026-01-01 00:00:00", "xaxis.range[1]": "2026-01-01 01:00:00"}
+        out["explain link"] = _median_ms(lambda: to_json(node.explain_link(relayout, None, dict(meta))), runs)
+        out["live toggle"] = _median_ms(lambda: node.toggle_live(["live"]), runs)
+        # named baseline: the same 24 h figure from raw points
+        mp = c.max_points
+        c.max_points = None
+        try:
+            base_ms = _median_ms(lambda: render("24h"), max(3, runs // 5))
+            payload_raw = len(to_json(render("24h")[0]))
+        finally:
+            c.max_points = mp
+    return out, base_ms, payload_ds, payload_raw
+
+
+def _browser(app: Any, loads: int) -> float | None:
+    from dashboard.app import serve_in_thread
+
+    if not Path(CHROMIUM).exists():
+        return None
+    from playwright.sync_api import sync_playwright
+
+    handle = serve_in_thread(app, "127.0.0.1", 0)
+    times = []
+    try:
+        with sync_playwright() as p:
+            b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            page = b.new_page(viewport={"width": 1400, "height": 1000})
+            url = f"{handle.url}node/{NODE}?range=24h"
+            for i in range(loads + 1):
+                page.goto("about:blank")
+                page.goto(url, wait_until="commit")
+                page.wait_for_function(
+                    "() => { const gd = document.querySelector('#node-graph .js-plotly-plot');"
+                    " return gd && gd.data && gd.data.length > 10 && gd._fullLayout && "
+                    " document.querySelectorAll('#node-graph .scatterlayer .trace').length > 10 && "
+                    " !document.querySelector('[data-dash-is-loading=\"true\"]'); }", timeout=30000, polling="raf")
+                ms = page.evaluate("() => performance.now()")
+                if i:  # the first load warms the caches of the server and the browser
+                    times.append(ms)
+            b.close()
+    finally:
+        handle.stop()
+    return statistics.median(times)
+
+
+def run(quick: bool = False) -> list[Row]:
+    from dashboard.app import create_app
+    from dashboard.seed import seed_bench
+    from store import Store
+
+    hours = 3.0 if quick else 24.0
+    runs = 5 if quick else 20
+    tmp = Path(tempfile.mkdtemp(prefix="triscope-bench-dash-"))
+    url = f"sqlite:///{tmp / 'bench.db'}"
+    st = Store.open(url)
+    st.upgrade()
+    end = time.time()
+    t = time.perf_counter()
+    n = seed_bench(st, end, hours=hours, node=NODE)
+    seed_s = time.perf_counter() - t
+    app = create_app(url, store=st)
+    cb, base_ms, payload_ds, payload_raw = _callbacks(app, end, runs)
+    first = _browser(app, 2 if quick else 5)
+    label = f"dashboard node page ({hours:g} h at 1 Hz, 10 series, SQLite)"
+    rows = [Row(label, f"callback {k} (server, median of {runs})", round(v, 1), "ms", "<= 300",
+                "same figure from raw points (render 24h)" if k == "render 24h" else "",
+                round(base_ms, 1) if k == "render 24h" else None, v <= 300) for k, v in cb.items()]
+    rows.append(Row(label, "node page payload (24h figure JSON)", round(payload_ds / 1024, 1), "KiB", "",
+                    "raw points", round(payload_raw / 1024, 1)))
+    if first is not None:
+        rows.append(Row(label, "first render complete in Chromium (median)", round(first, 0), "ms", "<= 1500",
+                        "", None, first <= 1500))
+    rows.append(Row(label, f"seed: {n} samples written", round(n / seed_s), "samples/s"))
+    st.close()
+    return rows
+
+
+if __name__ == "__main__":
+    for r in run(quick="--quick" in sys.argv):
+        print(r)

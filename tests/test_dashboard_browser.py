@@ -1,0 +1,282 @@
+"""The dashboard in a real headless Chromium (Debian's, through Playwright), served by the real
+``triscope dashboard`` command over a seeded SQLite store.
+
+Screenshots of every page go to artifacts/screenshots/ (ignored by git).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO, free_port, wait_for_port
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"]
+SHOTS = REPO / "artifacts" / "screenshots"
+
+
+class Server:
+    def __init__(self, db_url: str, port: int, proc: subprocess.Popen[bytes]) -> None:
+        self.db_url, self.port, self.proc = db_url, port, proc
+        self.base = f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, dict[str, tuple[float, float]]]]:
+    from dashboard.seed import seed_demo
+    from store import Store
+
+    d = tmp_path_factory.mktemp("dash")
+    url = f"sqlite:///{d / 'triscope.db'}"
+    st = Store.open(url)
+    st.upgrade()
+    spans = seed_demo(st, time.time())
+    yield st, spans
+    st.close()
+
+
+@pytest.fixture(scope="module")
+def server(seeded: tuple[Any, Any]) -> Iterator[Server]:
+    st, _ = seeded
+    port = free_port()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("TRISCOPE_DASHBOARD_PASSWORD", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "triscope.cli", "dashboard", "--db", st.url, "--port", str(port),
+         "--slo", str(REPO / "deploy" / "slo.example.yaml"), "--live-interval", "1"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        wait_for_port(port, timeout=60)
+        yield Server(st.url, port, proc)
+    finally:
+        proc.terminate()
+        try:
+            out, _ = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+        # a callback that raised would have logged a traceback
+        assert b"Traceback" not in out, out.decode(errors="replace")[-3000:]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    assert Path(CHROMIUM).exists(), "Debian chromium is not installed (make test installs it)"
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+class Page:
+    """A Playwright page that records console errors and uncaught exceptions."""
+
+    def __init__(self, browser: Any, base: str) -> None:
+        self.page = browser.new_page(viewport={"width": 1400, "height": 1000}, timezone_id="UTC")
+        self.base = base
+        self.errors: list[str] = []
+        self.page.on("console", lambda m: self.errors.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self.errors.append(f"pageerror: {e}"))
+
+    def goto(self, path: str) -> Any:
+        self.page.goto(self.base + path)
+        self.settle()
+        return self.page
+
+    def settle(self, timeout: float = 20000) -> None:
+        """Wait until Dash has no callback in flight."""
+        self.page.wait_for_load_state("networkidle", timeout=timeout)
+        self.page.wait_for_function(
+            "() => document.querySelector('#_pages_content') && "
+            "!document.querySelector('[data-dash-is-loading=\"true\"]')", timeout=timeout)
+
+    def shot(self, name: str) -> None:
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        self.page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+    def close(self) -> None:
+        self.page.close()
+
+
+@pytest.fixture
+def page(browser: Any, server: Server) -> Iterator[Page]:
+    p = Page(browser, server.base)
+    yield p
+    p.close()
+
+
+def graph_js(page: Any, gid: str, expr: str) -> Any:
+    return page.evaluate(f"() => {{ const gd = document.querySelector('#{gid} .js-plotly-plot'); return {expr}; }}")
+
+
+def trace_len(page: Any, gid: str, name: str) -> int:
+    return int(graph_js(page, gid, f"(gd.data.find(t => t.name === {name!r}) || {{x: []}}).x.length"))
+
+
+PAGES = [
+    ("fleet", "/", "#fleet-table"),
+    ("node-h200", "/node/h200-node", "#node-graph .js-plotly-plot"),
+    ("node-cpu", "/node/cpu-node", "#node-graph .js-plotly-plot"),
+    ("mismatch", "/mismatch", "#mismatch-scatter .js-plotly-plot"),
+    ("slos", "/slos", ".slo-card"),
+    ("remediation", "/remediation", "#remediation-table"),
+    ("rootcause", "/rootcause", "#rootcause-states"),
+]
+
+
+@pytest.mark.parametrize(("name", "path", "selector"), PAGES, ids=[p[0] for p in PAGES])
+def test_every_page_renders_without_console_errors(page: Page, name: str, path: str, selector: str) -> None:
+    pg = page.goto(path)
+    pg.wait_for_selector(selector, timeout=20000)
+    page.settle()
+    body = pg.inner_text("body")
+    assert "Traceback" not in body and "Error loading" not in body and "failed:" not in body, body[:2000]
+    page.shot(name)
+    assert page.errors == [], page.errors
+
+
+def test_node_page_lanes_ribbon_and_events(page: Page) -> None:
+    pg = page.goto("/node/h200-node")
+    pg.wait_for_selector("#node-graph .js-plotly-plot")
+    names = graph_js(pg, "node-graph", "gd.data.map(t => t.name)")
+    for expected in ("GPU 0 SM active", "GPU 0 PCIe RX (H2D)", "GPU 0 link capacity", "TCP retransmits/s",
+                     "TIME_WAIT sockets", "io-saturated", "staging-bound", "compute-bound", "event: xid"):
+        assert expected in names, names
+    # the ribbon and the lanes share one time axis
+    assert graph_js(pg, "node-graph", "gd._fullLayout.xaxis2.matches || gd._fullLayout.xaxis.matches") is not None
+    assert page.errors == []
+
+
+def test_node_without_gpu_says_so(page: Page) -> None:
+    pg = page.goto("/node/cpu-node")
+    pg.wait_for_selector("#node-graph .js-plotly-plot")
+    notes = graph_js(pg, "node-graph", "gd.layout.annotations.map(a => a.text)")
+    assert any("no GPU or NPU on this node" in n for n in notes), notes
+    assert pg.locator("#node-graph").inner_text().count("no GPU or NPU on this node") == 1
+
+
+def test_changing_the_time_range_redraws(page: Page) -> None:
+    pg = page.goto("/node/h200-node")
+    pg.wait_for_selector("#node-graph .js-plotly-plot")
+    before = pg.inner_text("#node-window-note")
+    span0 = graph_js(pg, "node-graph", "gd._fullLayout.xaxis.range.map(s => Date.parse(s.replace(' ', 'T') + 'Z'))")
+    pg.get_by_label("24h").check()
+    pg.wait_for_function("(b) => document.querySelector('#node-window-note').innerText !== b", arg=before)
+    page.settle()
+    span1 = graph_js(pg, "node-graph", "gd._fullLayout.xaxis.range.map(s => Date.parse(s.replace(' ', 'T') + 'Z'))")
+    assert (span1[1] - span1[0]) > 20 * (span0[1] - span0[0]), (span0, span1)
+    # a custom range
+    st, en = time.time() - 600, time.time() - 300
+    pg.fill("#node-start", str(int(st)))
+    pg.fill("#node-end", str(int(en)))
+    pg.get_by_label("custom").check()
+    pg.click("#node-apply")
+    pg.wait_for_function("() => document.querySelector('#node-window-note').innerText.includes('custom')")
+    page.settle()
+    r = graph_js(pg, "node-graph", "gd._fullLayout.xaxis.range.map(s => Date.parse(s.replace(' ', 'T') + 'Z') / 1000)")
+    assert abs(r[0] - st) < 2 and abs(r[1] - en) < 2, r
+    assert page.errors == []
+
+
+def test_fleet_row_opens_its_node(page: Page) -> None:
+    pg = page.goto("/")
+    pg.wait_for_selector("#fleet-table")
+    pg.locator("#fleet-table td", has_text="h200-node").first.click()
+    pg.wait_for_url(re.compile(r".*/node/h200-node$"))
+    pg.wait_for_selector("#node-graph .js-plotly-plot")
+    assert pg.inner_text(".node-title") == "h200-node"
+    # the fleet table filters (native filter row)
+    page.goto("/")
+    pg.locator("#fleet-table .dash-filter input").first.fill("cpu")
+    pg.keyboard.press("Enter")
+    pg.wait_for_function("() => document.querySelectorAll('#fleet-table tbody tr td[data-dash-column=node]').length === 1")
+    assert page.errors == []
+
+
+def _phase_window(spans: dict[str, tuple[float, float]], phase: str) -> tuple[float, float]:
+    from analysis.synthetic import H200_PHASES
+
+    start = spans["h200-node"][0]
+    names = [p.name for p in H200_PHASES]
+    span = spans["h200-node"][1] - start
+    phase_s = span / (2 * len(names))
+    i = names.index(phase)
+    return start + i * phase_s + 10, start + (i + 1) * phase_s - 10
+
+
+def test_explain_this_window_opens_root_cause(page: Page, seeded: tuple[Any, Any]) -> None:
+    _, spans = seeded
+    pg = page.goto("/node/h200-node")
+    pg.wait_for_selector("#node-explain-link")
+    pg.click("#node-explain-link")
+    pg.wait_for_url(re.compile(r".*/rootcause\?node=h200-node&start=\d+&end=\d+"))
+    pg.wait_for_selector("#rootcause-states")
+    assert page.errors == []
+
+
+@pytest.mark.parametrize(("phase", "state", "first_cause"), [
+    ("pageable_h2d", "staging-bound", "Host staging"),
+    ("pin_churn", "staging-bound", "DMA mapping"),
+])
+def test_root_cause_for_a_window(page: Page, seeded: tuple[Any, Any], phase: str, state: str, first_cause: str) -> None:
+    """Windows of the H200-shaped trace: ranked causes from analysis.rca with evidence charts, and
+    the detector's verdict for the window."""
+    _, spans = seeded
+    a, b = _phase_window(spans, phase)
+    pg = page.goto(f"/rootcause?node=h200-node&start={a:.0f}&end={b:.0f}")
+    pg.wait_for_selector("#rootcause-causes li")
+    titles = pg.locator("#rootcause-causes .cause-title").all_inner_texts()
+    assert titles and titles[0].startswith(first_cause), titles
+    assert pg.locator("#rootcause-causes .js-plotly-plot").count() >= 1
+    chips = pg.inner_text("#rootcause-states")
+    assert chips.split()[0] == state, chips
+    page.shot(f"rootcause-{phase}")
+    assert page.errors == []
+
+
+def test_live_mode_appends_points_and_keeps_zoom(page: Page, seeded: tuple[Any, Any]) -> None:
+    from store import Tick
+    from triscope.samples import Sample
+
+    st, _ = seeded
+    pg = page.goto("/node/cpu-node?range=15m")
+    pg.wait_for_selector("#node-graph .js-plotly-plot")
+    n0 = trace_len(pg, "node-graph", "TIME_WAIT sockets")
+    assert n0 > 0
+    # a user's zoom: the last ten minutes of the view, drag-zoomed on the accelerator-less lane
+    box = pg.locator("#node-graph .nsewdrag").nth(3).bounding_box()
+    y = box["y"] + box["height"] / 2
+    pg.mouse.move(box["x"] + box["width"] * 0.4, y)
+    pg.mouse.down()
+    pg.mouse.move(box["x"] + box["width"] * 0.7, y, steps=5)
+    pg.mouse.up()
+    pg.wait_for_function("() => document.querySelector('#node-explain-link').innerText.includes('selected span')")
+    zoom = graph_js(pg, "node-graph", "gd._fullLayout.xaxis.range")
+    pg.get_by_label("live").check()
+    # the agent writes three new ticks
+    now = time.time()
+    st.write_ticks("cpu-node", [Tick(now + i, [Sample("triscope_tcp_sockets", 200.0 + i, {"state": "time_wait"})])
+                                for i in range(3)])
+    pg.wait_for_function(
+        "(n) => { const gd = document.querySelector('#node-graph .js-plotly-plot');"
+        " const t = gd.data.find(t => t.name === 'TIME_WAIT sockets'); return t && t.x.length >= n + 3; }",
+        arg=n0, timeout=15000)
+    y = graph_js(pg, "node-graph", "gd.data.find(t => t.name === 'TIME_WAIT sockets').y.slice(-3)")
+    assert y == [200.0, 201.0, 202.0]
+    assert graph_js(pg, "node-graph", "gd._fullLayout.xaxis.range") == zoom  # uirevision kept the zoom
+    page.shot("node-live")
+    assert page.errors == []
