@@ -114,3 +114,12 @@ def load_thresholds(path: str | Path | None = None, environ: Mapping[str, str] |
             raise ConfigError(f"{p}: expected a mapping of threshold names to numbers")
         th = th.with_overrides(data, str(p))
     return thresholds_from_env(th, environ)
+
+
+ENV_FILE = "TRISCOPE_MISMATCH_FILE"
+
+
+def default_thresholds() -> MismatchThresholds:
+    """What the detector uses when no thresholds are passed: the defaults, then the YAML file named
+    by ``$TRISCOPE_MISMATCH_FILE`` (if set), then ``TRISCOPE_MISMATCH_*`` variables."""
+    return load_thresholds(os.environ.get(ENV_FILE) or None)

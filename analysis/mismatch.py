@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from analysis.config import MismatchThresholds
+from analysis.config import MismatchThresholds, default_thresholds
 
 STATES: tuple[str, ...] = ("idle", "compute-bound", "balanced", "io-saturated", "staging-bound", "network-bound")
 IO_STATES = frozenset({"io-saturated", "staging-bound", "network-bound"})
@@ -302,7 +302,7 @@ def node_states(store: Any, node: str, start: float, end: float, window: float |
     """
     import numpy as np
 
-    th = thresholds or MismatchThresholds()
+    th = thresholds or default_thresholds()
     w = float(window or th.window_s)
     if end <= start or w <= 0:
         return []
@@ -423,7 +423,7 @@ def sliding_states(store: Any, node: str, start: float, end: float, window: floa
                    step: float = 1.0, thresholds: MismatchThresholds | None = None) -> list[WindowState]:
     """Windows of ``window`` seconds every ``step`` seconds that lie fully inside [start, end]
     (the view the per-tick tracker has), sorted by start."""
-    th = thresholds or MismatchThresholds()
+    th = thresholds or default_thresholds()
     w = float(window or th.window_s)
     out: list[WindowState] = []
     k = 0

@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from analysis.config import MismatchThresholds
+from analysis.config import MismatchThresholds, default_thresholds
 from analysis.mismatch import (
     CPU_BUSY,
     DMA_MAPS,
@@ -85,7 +85,7 @@ class MismatchTracker:
     """Per-node online mismatch state.  One instance per agent; not thread-safe (one sampler)."""
 
     def __init__(self, thresholds: MismatchThresholds | None = None) -> None:
-        self.th = thresholds or MismatchThresholds()
+        self.th = thresholds or default_thresholds()
         self._counters: dict[tuple[str, str], tuple[float, float]] = {}  # (metric, labels) -> (ts, value)
         self._busy: dict[str, _Rolling] = {}
         self._link: dict[str, _Rolling] = {}

@@ -257,3 +257,15 @@ def test_stage_skew_from_stored_histogram(sqlite_url: str) -> None:
     assert s.bubble_fraction == pytest.approx(1 - 0.024 / 0.080)
     assert s.requests == pytest.approx(600)
     st.close()
+
+
+def test_tracker_and_node_states_pick_up_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    f = tmp_path / "mismatch.yaml"
+    f.write_text("io_saturated_link: 0.3\n")
+    monkeypatch.setenv("TRISCOPE_MISMATCH_FILE", str(f))
+    monkeypatch.setenv("TRISCOPE_MISMATCH_WINDOW_S", "5")
+    tr = MismatchTracker()
+    assert tr.th.io_saturated_link == 0.3 and tr.th.window_s == 5.0
+    monkeypatch.setenv("TRISCOPE_MISMATCH_WINDOW_S", "soon")
+    with pytest.raises(ConfigError):
+        MismatchTracker()
