@@ -85,7 +85,7 @@ def thresholds_from_env(base: MismatchThresholds | None = None,
     known = {f.name for f in fields(base)}
     values = {}
     for k, v in env.items():
-        if k.startswith(ENV_PREFIX):
+        if k.startswith(ENV_PREFIX) and k != "TRISCOPE_MISMATCH_FILE":
             name = k[len(ENV_PREFIX):].lower()
             if name not in known:
                 raise ConfigError(f"environment {k}: unknown mismatch threshold {name!r}")
