@@ -19,6 +19,8 @@ import pytest
 
 from tests.conftest import REPO, free_port, wait_for_port
 
+TRISCOPE = os.path.join(os.path.dirname(sys.executable), "triscope")  # the console script
+
 pytestmark = pytest.mark.browser
 
 CHROMIUM = "/usr/bin/chromium"
@@ -54,7 +56,7 @@ def server(seeded: tuple[Any, Any]) -> Iterator[Server]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("TRISCOPE_DASHBOARD_PASSWORD", None)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "triscope.cli", "dashboard", "--db", st.url, "--port", str(port),
+        [TRISCOPE, "dashboard", "--db", st.url, "--port", str(port),
          "--slo", str(REPO / "deploy" / "slo.example.yaml"), "--live-interval", "1"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
