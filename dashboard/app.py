@@ -107,6 +107,14 @@ def create_app(store_url: str | None = None, slo_file: str | Path | None = None,
                       for p in pages if not p.get("nav_hidden")], className="topnav")
     app.layout = html.Div([nav, html.Main(dash.page_container, className="page")], className="app")
     registry.attach(app)
+
+    @app.server.route(auth.HEALTH_PATH)
+    def _healthz() -> Any:  # for probes: 200 while the store answers, 503 with the reason otherwise
+        try:
+            store.time_bounds()
+        except Exception as e:  # noqa: BLE001
+            return f"store unavailable: {str(e).splitlines()[0][:200]}\n", 503, {"Content-Type": "text/plain"}
+        return "ok\n", 200, {"Content-Type": "text/plain"}
     pw = password if password is not None else os.environ.get(PASSWORD_ENV) or None
     if pw:
         auth.install_basic_auth(app.server, username or os.environ.get(USER_ENV) or "triscope", pw)

@@ -108,6 +108,7 @@ def test_basic_auth_on_a_public_bind(seeded_url: str) -> None:
         assert _get(base + "/_dash-layout", ("other", "s3cret"))[0] == 401
         code, body = _get(base + "/", ("sre", "s3cret"))
         assert code == 200 and b"_dash-config" in body
+        assert _get(base + "/healthz") == (200, b"ok\n")  # probes need no password
     finally:
         h.stop()
 
