@@ -344,7 +344,6 @@ def node_states(store: Any, node: str, start: float, end: float, window: float |
 
     # accelerators
     accs: list[tuple[str, Any, Any, Any, float]] = []  # name, busy mean, coverage, link mean, ceiling
-    expected = max(1.0, w)  # ticks per window at 1 Hz; coverage relative to the best-covered window
     busy_series = q(GPU_BUSY) + q(NPU_BUSY)
     rx = {_acc_name(sd.info.labels): sd for sd in q(PCIE_RX)}
     tx = {_acc_name(sd.info.labels): sd for sd in q(PCIE_TX)}
@@ -352,8 +351,10 @@ def node_states(store: Any, node: str, start: float, end: float, window: float |
         name = _acc_name(sd.info.labels)
         s, c = _window_means(sd.ts, sd.values, start, w, n)
         busy = np.where(c > 0, s / np.maximum(c, 1), np.nan)
-        expected = max(float(c.max()) if n else 1.0, 1.0)
-        coverage = c / expected
+        # points a window normally holds (the median, so a finer-grained tail does not set it)
+        nz = c[c > 0]
+        expected = max(float(np.median(nz)) if len(nz) else 1.0, 1.0)
+        coverage = np.minimum(1.0, c / expected)
         link = None
         ceiling = 0.0
         if name in rx or name in tx:

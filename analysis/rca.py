@@ -228,6 +228,30 @@ def score_series(bts: Sequence[float], bvals: Sequence[float], wts: Sequence[flo
     return mag, z, onset, direction, mb, mw, peak
 
 
+REFINE_TOP = 24
+
+
+def refine_onset(ts: Sequence[float], vals: Sequence[float], mb: float, mw: float, peak: float | None) -> float | None:
+    """First time the series left the baseline mean by half the window's effect and stayed out
+    (median of that point and the next three)."""
+    import numpy as np
+
+    v = np.asarray(vals, dtype=float)
+    if len(v) == 0:
+        return None
+    effect = abs(mw - mb)
+    if peak is not None and 0.5 * abs(peak - mb) > effect:
+        effect = 0.5 * abs(peak - mb)
+    thr = 0.5 * effect
+    if thr <= 0:
+        return None
+    dev = np.abs(v - mb)
+    for i in np.nonzero(dev > thr)[0]:
+        if float(np.median(dev[i:i + 4])) > thr:
+            return float(ts[i])
+    return None
+
+
 def _earliness(onset: float | None, start: float, end: float) -> float:
     if onset is None or end <= start:
         return 0.0
@@ -241,8 +265,9 @@ def rank_causes(store: Any, node: str, start: float, end: float, baseline: tuple
     """Rank the likely causes of what changed on ``node`` in [start, end].
 
     ``baseline`` (start, end) defaults to the preceding window of the same length.  Each series is
-    read once over [baseline start, end], downsampled to at most ``2 * max_points`` points
-    (min/max preserving, from rollups for long ranges).
+    read once over [baseline start, end]: raw points downsampled to at most ``2 * max_points``
+    (min/max preserving) up to an hour, 1-minute rollups up to 12 hours, hourly rollups beyond
+    (the onsets of the leading changes are then refined from the window's 1-minute rollups).
     """
     if end <= start:
         raise ValueError("the window must end after it starts")
@@ -251,33 +276,49 @@ def rank_causes(store: Any, node: str, start: float, end: float, baseline: tuple
     changes: list[SeriesChange] = []
     lo = min(b0, start)
     hi = max(b1, end)
-    # ranges over an hour are read from the rollups (counter rates per bucket are exact means)
-    tier = None if hi - lo <= 3600 else "1m" if hi - lo <= 14 * 86400 else "1h"
+    # ranges over an hour are read from the rollups (counter rates per bucket are exact means), whole
+    import numpy as np
+
+    from analysis.mismatch import GPU_INFO, INPUT_METRICS
+
+    tier = None if hi - lo <= 3600 else "1m" if hi - lo <= 12 * 3600 else "1h"
+    keep = set(INPUT_METRICS) | {GPU_INFO}
+    cached: list[tuple[Any, Any, Any]] = []
+    infos_of: dict[int, Any] = {}
     for info in infos:
         cat = categorize(info.metric, info.labels)
         if cat.key == "derived":
             continue
         counter = info.kind == "counter"
-        sd = store.query_series(info, lo, hi, max_points=2 * max_points, tier=tier)
-        ts, vals = sd.ts, sd.values
-        bts: list[float] = []
-        bv: list[float] = []
-        wts: list[float] = []
-        wv: list[float] = []
-        for t, v in zip(ts, vals, strict=False):
-            if b0 <= t < b1:
-                bts.append(t)
-                bv.append(v)
-            if start <= t < end:
-                wts.append(t)
-                wv.append(v)
-        mag, z, onset, direction, mb, mw, peak = score_series(bts, bv, wts, wv, start, end, counter)
+        sd = store.query_series(info, lo, hi, max_points=None if tier else 2 * max_points, tier=tier)
+        ts = np.asarray(sd.ts, dtype=float)
+        vals = np.asarray(sd.values, dtype=float)
+        if info.metric in keep:
+            cached.append((info, ts, vals))
+        bm = (ts >= b0) & (ts < b1)
+        wm = (ts >= start) & (ts < end)
+        mag, z, onset, direction, mb, mw, peak = score_series(ts[bm], vals[bm], ts[wm], vals[wm], start, end, counter)
         if mag <= 0:
             continue
         score = mag * (0.6 + 0.4 * _earliness(onset, start, end)) * ROLE_WEIGHT[cat.role]
         if cat.role in ("cause", "load") and direction != _bad_direction(info.metric):
             score *= BENIGN_FACTOR
         changes.append(SeriesChange(info.metric, dict(info.labels), cat.key, mb, mw, peak, z, onset, direction, score))
+        infos_of[id(changes[-1])] = (info, cat, mag)
+    if tier == "1h":
+        # hourly buckets rank the changes; the onsets of the leading ones are refined from minutes
+        changes.sort(key=lambda c: -c.score)
+        for ch in changes[:REFINE_TOP]:
+            if ch.direction not in ("up", "down") or ch.baseline is None or ch.window is None:
+                continue
+            info, cat, mag = infos_of[id(ch)]
+            sd = store.query_series(info, start, end, max_points=None, tier="1m")
+            onset = refine_onset(sd.ts, sd.values, ch.baseline, ch.window, ch.peak)
+            if onset is not None:
+                ch.onset = onset
+                ch.score = mag * (0.6 + 0.4 * _earliness(onset, start, end)) * ROLE_WEIGHT[cat.role]
+                if cat.role in ("cause", "load") and ch.direction != _bad_direction(info.metric):
+                    ch.score *= BENIGN_FACTOR
     changes.sort(key=lambda c: -c.score)
 
     # events
@@ -300,7 +341,8 @@ def rank_causes(store: Any, node: str, start: float, end: float, baseline: tuple
     mismatch: dict[str, Any] = {}
     prior: dict[str, float] = {}
     if use_mismatch:
-        mismatch, prior = _mismatch_prior(store, node, start, end, b0, b1, thresholds, tier)
+        # from the points just read: no second trip to the database
+        mismatch, prior = _mismatch_prior(_CachedStore(cached), node, start, end, b0, b1, thresholds, tier)
 
     causes: dict[str, Cause] = {}
 
@@ -351,6 +393,39 @@ def rank_causes(store: Any, node: str, start: float, end: float, baseline: tuple
     if top is not None:
         out = out[:top]
     return RCAResult(node, start, end, b0, b1, out, changes, ev_dicts, mismatch, len(infos))
+
+
+@dataclass(slots=True)
+class _Points:
+    info: Any
+    ts: Any
+    values: Any
+    tier: str = "cached"
+
+
+class _CachedStore:
+    """The two read functions ``node_states`` uses, served from series already in memory."""
+
+    def __init__(self, cached: Sequence[tuple[Any, Any, Any]]) -> None:
+        self._by_metric: dict[str, list[tuple[Any, Any, Any]]] = {}
+        for c in cached:
+            self._by_metric.setdefault(c[0].metric, []).append(c)
+
+    def series(self, node: str | None = None, metric: str | None = None, prefix: str | None = None,
+               labels: Mapping[str, str] | None = None) -> list[Any]:
+        rows = self._by_metric.get(metric, []) if metric is not None else [c for v in self._by_metric.values() for c in v]
+        return [c[0] for c in rows if not labels or all(c[0].labels.get(k) == v for k, v in labels.items())]
+
+    def query(self, metric: str, node: str | None = None, labels: Mapping[str, str] | None = None,
+              start: float | None = None, end: float | None = None, max_points: int | None = None,
+              rate: bool | None = None, tier: str | None = None) -> list[_Points]:
+        out = []
+        for info, ts, vals in self._by_metric.get(metric, []):
+            if labels and not all(info.labels.get(k) == v for k, v in labels.items()):
+                continue
+            m = (ts >= (start if start is not None else -math.inf)) & (ts <= (end if end is not None else math.inf))
+            out.append(_Points(info, ts[m].tolist(), vals[m].tolist()))
+        return out
 
 
 def _peers(evs: Sequence[Any]) -> list[str]:
