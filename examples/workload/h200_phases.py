@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--copy-mib", type=int, default=512, help="bytes per copy request in the copy phases")
     ap.add_argument("--churn-mib", type=int, default=64, help="fresh pinned buffer per pin_churn request")
     ap.add_argument("--matmuls", type=int, default=20, help="8192^3 bf16 products per compute request")
+    ap.add_argument("--start-delay", type=float, default=0.0,
+                    help="serve /metrics this many seconds before the first phase (lets a scraper attach)")
     ap.add_argument("--deadline", type=float, default=0.050,
                     help="request deadline in seconds; slower requests count as deadline_exceeded")
     args = ap.parse_args(argv)
@@ -93,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     (a @ b).sum().item()
     torch.cuda.synchronize()
 
+    time.sleep(args.start_delay)
     phases = [p for p in PHASES if not args.only or p in args.only.split(",")]
     args.phases.parent.mkdir(parents=True, exist_ok=True)
     log = args.phases.open("a", buffering=1)

@@ -10,13 +10,14 @@ PS=${PHASE_S:-20}
 DB="sqlite:///$OUT/h200.db"
 timeout 90 python3 -m triscope doctor
 python3 -m triscope db upgrade --db "$DB"
-python3 -m triscope agent --db "$DB" --interval 1 --node h200 --scrape http://127.0.0.1:9500/metrics \
-  --listen 127.0.0.1:9464 --duration $((PS*7+45)) -v > "$OUT/agent.log" 2>&1 &
-AG=$!
-sleep 20
-python3 examples/workload/h200_phases.py --phase-seconds "$PS" --phases "$OUT/phases.jsonl" --port 9500 > "$OUT/workload.log" 2>&1 &
+python3 examples/workload/h200_phases.py --phase-seconds "$PS" --start-delay 30 --phases "$OUT/phases.jsonl" \
+  --port 9500 > "$OUT/workload.log" 2>&1 &
 WL=$!
-sleep $((PS*5+5))
+for i in $(seq 60); do python3 -c "import urllib.request;urllib.request.urlopen('http://127.0.0.1:9500/metrics')" 2>/dev/null && break; sleep 1; done
+python3 -m triscope -v agent --db "$DB" --interval 1 --node h200 --scrape http://127.0.0.1:9500/metrics \
+  --listen 127.0.0.1:9464 --duration $((PS*7+50)) > "$OUT/agent.log" 2>&1 &
+AG=$!
+sleep $((PS*5+30))
 python3 -c "import urllib.request;print(urllib.request.urlopen('http://127.0.0.1:9464/metrics').read().decode())" > "$OUT/agent_metrics.txt"
 wait $WL
 wait $AG

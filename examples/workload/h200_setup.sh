@@ -6,9 +6,9 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-if ls .deb/*.deb >/dev/null 2>&1; then
+if ls .deb/gpu/*.deb >/dev/null 2>&1; then
   mkdir -p /opt/bcc
-  for f in .deb/*.deb; do dpkg -x "$f" /opt/bcc; done
+  for f in .deb/gpu/*.deb; do dpkg -x "$f" /opt/bcc; done
   export LD_LIBRARY_PATH=/opt/bcc/usr/lib/x86_64-linux-gnu:/opt/bcc/usr/lib/llvm-14/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}/opt/bcc/usr/lib/python3/dist-packages
   hdr=$(ls -d /opt/bcc/usr/src/linux-headers-*-amd64 | head -1)
