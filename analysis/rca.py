@@ -160,11 +160,12 @@ class RCAResult:
     events: list[dict[str, Any]]
     mismatch: dict[str, Any]
     series_examined: int
+    stages: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {"node": self.node, "start": self.start, "end": self.end,
                 "baseline": {"start": self.baseline_start, "end": self.baseline_end},
-                "series_examined": self.series_examined, "mismatch": self.mismatch,
+                "series_examined": self.series_examined, "mismatch": self.mismatch, "stages": self.stages,
                 "causes": [c.as_dict() for c in self.causes], "events": self.events}
 
 
@@ -392,7 +393,24 @@ def rank_causes(store: Any, node: str, start: float, end: float, baseline: tuple
         c.summary = _summary(c)
     if top is not None:
         out = out[:top]
-    return RCAResult(node, start, end, b0, b1, out, changes, ev_dicts, mismatch, len(infos))
+    return RCAResult(node, start, end, b0, b1, out, changes, ev_dicts, mismatch, len(infos),
+                     _stage_view(store, node, start, end, b0, b1, infos))
+
+
+def _stage_view(store: Any, node: str, start: float, end: float, b0: float, b1: float,
+                infos: Sequence[Any]) -> dict[str, Any]:
+    """Stage skew / pipeline bubbles in the window and the baseline, where the app exports them."""
+    from analysis.stages import stage_skew_from_store
+
+    bases = sorted({i.metric[:-4] for i in infos if i.metric.endswith("_sum") and "stage" in i.labels})
+    out: dict[str, Any] = {}
+    for base in bases[:3]:
+        w = stage_skew_from_store(store, node, start, end, metric=base)
+        if w is None:
+            continue
+        b = stage_skew_from_store(store, node, b0, b1, metric=base)
+        out[base] = {"window": w.as_dict(), "baseline": b.as_dict() if b else None}
+    return out
 
 
 @dataclass(slots=True)

@@ -209,3 +209,29 @@ def test_cli_rca_text_and_json(sqlite_url: str) -> None:
     bad_t = subprocess.run([exe, "rca", "--db", sqlite_url, "--node", "h200", "--start", "yesterday"],
                            capture_output=True, text=True)
     assert bad_t.returncode == 2 and "cannot read time 'yesterday'" in bad_t.stderr
+
+
+def test_rca_reports_stage_skew_where_the_app_exports_it(sqlite_url: str) -> None:
+    st = Store.open(sqlite_url)
+    st.upgrade()
+    ticks = []
+    sums = {"preprocess": 0.0, "h2d": 0.0, "compute": 0.0, "d2h": 0.0}
+    count = 0.0
+    for i in range(120):
+        slow_copy = i >= 60  # the second minute: host-to-device copies take 10x longer
+        per = {"preprocess": 0.001, "h2d": 0.02 if slow_copy else 0.002, "compute": 0.004, "d2h": 0.001}
+        count += 10
+        for k, d in per.items():
+            sums[k] += 10 * d
+        ticks.append(Tick(1000.0 + i, [
+            *(Sample("inference_stage_duration_seconds_sum", v, {"stage": k}, "counter") for k, v in sums.items()),
+            *(Sample("inference_stage_duration_seconds_count", count, {"stage": k}, "counter") for k in sums),
+        ]))
+    st.write_ticks("app", ticks)
+    res = rank_causes(st, "app", 1060.0, 1120.0)
+    sv = res.stages["inference_stage_duration_seconds"]
+    assert sv["window"]["bottleneck"] == "h2d" and sv["baseline"]["bottleneck"] == "compute"
+    assert sv["window"]["bubble_fraction"] > sv["baseline"]["bubble_fraction"]
+    top = res.causes[0]
+    assert top.key == "application" and "h2d" in top.summary
+    st.close()

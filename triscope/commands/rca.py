@@ -71,6 +71,13 @@ def cmd_rca(args: argparse.Namespace) -> int:
         print(f"mismatch state: {ws} (baseline: {bs})"
               + (f"; pin churn in {res.mismatch['pin_churn_share']:.0%} of windows"
                  if res.mismatch.get("pin_churn_share") else ""))
+    for metric, sv in res.stages.items():
+        w, b = sv["window"], sv["baseline"]
+        line = (f"stages ({metric}): bottleneck {w['bottleneck']}, skew {w['skew']:.2f}, "
+                f"pipeline bubbles {w['bubble_fraction']:.0%}")
+        if b:
+            line += f" (baseline: {b['bottleneck']}, skew {b['skew']:.2f}, bubbles {b['bubble_fraction']:.0%})"
+        print(line)
     if not res.causes:
         print("nothing changed beyond the baseline's noise")
         return 0
