@@ -251,6 +251,17 @@ def _window_means(ts: Sequence[float], vals: Sequence[float], start: float, wind
     return sums, counts
 
 
+def _bus_ids(store: Any, node: str) -> set[str]:
+    return {i.labels["bus_id"] for i in store.series(node=node, metric=GPU_INFO) if i.labels.get("bus_id")}
+
+
+def accelerator_dma_series(series: Sequence[Any], bus_ids: set[str]) -> list[Any]:
+    """The DMA-map series of the accelerators' own PCI devices when they can be told apart (a NIC
+    maps per packet, which is not pin churn); all of them otherwise."""
+    mine = [sd for sd in series if sd.info.labels.get("device") in bus_ids]
+    return mine if mine else list(series)
+
+
 def _link_labels(store: Any, node: str, labels: Mapping[str, str], start: float, end: float) -> list[dict[str, str]]:
     """Label sets that identify the accelerator's PCIe link in the link metrics: its PCI address
     (``device``, from ``triscope_gpu_info{gpu,bus_id}``) and, as a fallback, its ``gpu`` label."""
@@ -339,7 +350,7 @@ def node_states(store: Any, node: str, start: float, end: float, window: float |
             s, c = _window_means(sd.ts, sd.values, start, w, n)
             m = np.where(c > 0, s / np.maximum(c, 1), np.nan)
             pressure = np.fmax(pressure, m)
-    dma = summed_rate(q(DMA_MAPS))
+    dma = summed_rate(accelerator_dma_series(q(DMA_MAPS), _bus_ids(store, node)))
     rtx = summed_rate(q(RETRANSMITS))
 
     # accelerators

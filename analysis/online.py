@@ -95,6 +95,7 @@ class MismatchTracker:
         self._speed: dict[str, float] = {}
         self._width: dict[str, float] = {}
         self._links_of: dict[str, tuple[str, ...]] = {}
+        self._bus_ids: set[str] = set()
         self._cpu = _Rolling()
         self._psi = _Rolling()
         self._dma = _Rolling()
@@ -124,7 +125,7 @@ class MismatchTracker:
 
     def process(self, now: float, samples: Iterable[Sample | EventRecord]) -> list[Sample | EventRecord]:
         """Feed one tick; return the mismatch samples (and an event on a state change)."""
-        dma_sum: float | None = None
+        dma_by_dev: dict[str, float] | None = None
         rtx_sum: float | None = None
         psi_max: float | None = None
         link_now: dict[str, float] = {}
@@ -159,11 +160,16 @@ class MismatchTracker:
                 rate = self._rate(s.name, _label_name(s.labels), now, v)
                 if rate is not None:
                     if k == "dma":
-                        dma_sum = (dma_sum or 0.0) + rate
+                        if dma_by_dev is None:
+                            dma_by_dev = {}
+                        dev = s.labels.get("device", "")
+                        dma_by_dev[dev] = dma_by_dev.get(dev, 0.0) + rate
                     else:
                         rtx_sum = (rtx_sum or 0.0) + rate
             elif k == "info":
                 gpu, bus = s.labels.get("gpu"), s.labels.get("bus_id")
+                if bus:
+                    self._bus_ids.add(bus)
                 if gpu is not None:
                     name = f"gpu={gpu}"
                     links = (f"device={bus}", name) if bus else (name,)
@@ -191,8 +197,10 @@ class MismatchTracker:
                 self._link_max[name] = rate
         if psi_max is not None:
             self._psi.add(now, psi_max)
-        if dma_sum is not None:
-            self._dma.add(now, dma_sum)
+        if dma_by_dev is not None:
+            # the accelerators' own devices when known (a NIC maps per packet: not pin churn)
+            mine = [r for d, r in dma_by_dev.items() if d in self._bus_ids]
+            self._dma.add(now, sum(mine) if mine else sum(dma_by_dev.values()))
         if rtx_sum is not None:
             self._rtx.add(now, rtx_sum)
         self._ticks.add(now, 1.0)

@@ -331,6 +331,8 @@ def rank_causes(store: Any, node: str, start: float, end: float, baseline: tuple
              "details": e.details}
         ev_dicts.append(d)
         cat_key = EVENT_CATEGORY.get(e.kind)
+        if e.kind == "mismatch_state" and use_mismatch:
+            continue  # the detector is re-run over window and baseline below: listed, not scored twice
         if e.kind == "mismatch_state":
             to = (e.details or {}).get("to")
             cat_key = "dma_mapping" if (e.details or {}).get("pin_churn") and to == "staging-bound" else \
