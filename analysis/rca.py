@@ -64,7 +64,7 @@ CATEGORIES: tuple[Category, ...] = (
              lambda m, lab: m.startswith(("triscope_gpu_pcie_rx", "triscope_gpu_pcie_tx", "triscope_gpu_nvlink_"))),
     Category("host_staging", "Host staging (CPU copying / CPU pressure)", "cause",
              lambda m, lab: m == "triscope_cpu_busy_ratio"
-             or (m == "triscope_cpu_seconds_total" and lab.get("mode") not in ("idle", "iowait"))
+             or (m == "triscope_cpu_seconds_total" and lab.get("mode") in ("user", "system", "nice", "irq", "softirq"))
              or (m.startswith("triscope_pressure_") and _res(lab, "cpu"))),
     Category("host_memory", "Host memory pressure", "cause",
              lambda m, lab: m.startswith("triscope_memory_") or (m.startswith("triscope_pressure_") and _res(lab, "memory"))),
