@@ -1,0 +1,138 @@
+"""Fleet scale on one PostgreSQL: ingest lag and the fleet page under load, retention by partition.
+
+* ingest: bench/loadgen.py plays N nodes x 200 series at 1 Hz through ``Store.write_ticks``
+  (full: 1,000 nodes for 5 minutes; quick: 100 nodes for 20 s) into a private PostgreSQL with
+  fsync on; figure: the worst tick lag (timestamp -> committed), target < 2 s.
+* fleet page: the dashboard's fleet page over all N nodes, rendered server-side while the load
+  runs, target <= 2 s; baseline: one SQL query that fetches every node's latest mismatch state and
+  score (what the page needs from the samples table), on the same data at the same time.
+* retention: expiring one day of raw samples by dropping its partition, against the bulk DELETE
+  of the same rows (the unpartitioned way), on the same server.
+* storage: bytes on disk per stored sample (heap + primary key), from the load's partitions.
+"""
+
+from __future__ import annotations
+
+import time
+
+from bench.common import Row
+from bench.loadgen import PrivatePostgres, run_load
+
+FLEET_SQL = """
+SELECT n.name, s.metric, s.labels, x.value
+FROM nodes n
+JOIN series s ON s.node_id = n.id AND s.metric IN ('triscope_mismatch_state', 'triscope_mismatch_score')
+JOIN LATERAL (
+    SELECT value FROM samples WHERE series_id = s.id AND ts > :since ORDER BY ts DESC LIMIT 1
+) x ON true
+"""
+
+
+def fleet_sql_seconds(url: str, now: float) -> tuple[float, int]:
+    from sqlalchemy import text
+
+    from store import Store
+
+    st = Store.open(url)
+    try:
+        with st.engine.connect() as c:
+            t = time.perf_counter()
+            rows = c.execute(text(FLEET_SQL), {"since": now - 300}).all()
+            return time.perf_counter() - t, len({r[0] for r in rows})
+    finally:
+        st.close()
+
+
+def retention_compare(url: str, rows_per_day: int) -> tuple[float, float]:
+    """(seconds to DROP one day's partition, seconds to DELETE the same number of rows of one day)."""
+    from sqlalchemy import text
+
+    from store import Store
+    from store import partitions as P
+
+    st = Store.open(url)
+    try:
+        base = P.day_start(time.time()) - 40 * P.DAY     # two old days, far from the live data
+        P.ensure_partitions(st.engine, base, ahead_days=1)
+        step = P.DAY / rows_per_day * 200
+        with st.engine.begin() as c:
+            for d in (0, 1):
+                # 200 series, evenly spread over the day
+                c.execute(text(
+                    "INSERT INTO samples (series_id, ts, value) SELECT 900000 + s, :t0 + i * :step, random() "
+                    "FROM generate_series(0, 199) s, generate_series(0, :n - 1) i"),
+                    {"t0": base + d * P.DAY, "step": step, "n": rows_per_day // 200})
+            c.execute(text("ANALYZE samples"))
+        with st.engine.begin() as c:
+            t = time.perf_counter()
+            c.execute(text("DELETE FROM samples WHERE ts >= :a AND ts < :b"),
+                      {"a": base + P.DAY, "b": base + 2 * P.DAY})
+            delete_s = time.perf_counter() - t
+        t = time.perf_counter()
+        dropped = P.drop_expired_partitions(st.engine, base + P.DAY)
+        drop_s = time.perf_counter() - t
+        assert dropped == [P.partition_name(base)], dropped
+        return drop_s, delete_s
+    finally:
+        st.close()
+
+
+def storage_bytes_per_sample(url: str) -> float:
+    from sqlalchemy import text
+
+    from store import Store
+
+    st = Store.open(url)
+    try:
+        with st.engine.connect() as c:
+            c.execute(text("CHECKPOINT"))
+            size = c.execute(text(
+                "SELECT coalesce(sum(pg_total_relation_size(i.inhrelid)), 0) FROM pg_inherits i "
+                "JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname = 'samples'")).scalar()
+            n = c.execute(text("SELECT count(*) FROM samples")).scalar()
+        return float(size or 0) / max(int(n or 0), 1)
+    finally:
+        st.close()
+
+
+def run(quick: bool = False) -> list[Row]:
+    nodes, duration = (100, 20.0) if quick else (1000, 300.0)
+    series = 200
+    pg = PrivatePostgres()
+    try:
+        res = run_load(pg.url, nodes, series, duration, fleet_every=duration / 2 if quick else 60.0)
+        sql_s, sql_nodes = fleet_sql_seconds(pg.url, time.time())
+        bps = storage_bytes_per_sample(pg.url)
+        drop_s, delete_s = retention_compare(pg.url, 200_000 if quick else 2_000_000)
+    finally:
+        pg.close()
+    rows = [
+        Row("fleet ingest", f"worst tick lag, {nodes} nodes x {series} series at 1 Hz for {duration:.0f} s",
+            res.lag_max_s, "s", "< 2", ok=res.lag_max_s < 2.0 and res.write_errors == 0),
+        Row("fleet ingest", f"p99 tick lag (p50 {res.lag_p50_s:.2f} s)", res.lag_p99_s, "s", "< 2",
+            ok=res.lag_p99_s < 2.0),
+        Row("fleet ingest", f"samples/s committed ({res.write_errors} write errors)", res.samples_per_s, "samples/s",
+            f">= {nodes * series:,}", ok=res.samples_per_s >= 0.99 * nodes * series and res.write_errors == 0),
+        Row("fleet ingest", "PostgreSQL CPU while ingesting (all its processes)",
+            res.server_cores_used if res.server_cores_used is not None else float("nan"), "cores",
+            baseline="simulated agents' CPU (runs on the nodes in production)",
+            baseline_value=res.client_cpu_s / duration),
+    ]
+    page = max(res.fleet_page_s) if res.fleet_page_s else float("nan")
+    rows.append(Row("fleet page", f"server-side render, {res.fleet_page_rows} nodes, under the ingest load"
+                    + (f" ({res.fleet_page_error})" if res.fleet_page_error else ""),
+                    page, "s", "<= 2", f"one SQL: latest mismatch state/score of {sql_nodes} nodes", sql_s,
+                    ok=bool(res.fleet_page_s) and page <= 2.0 and res.fleet_page_rows >= nodes))
+    rows.append(Row("retention", "expire one day of raw samples: DROP its partition", drop_s * 1000, "ms",
+                    "<= 1000", "bulk DELETE of the same day's rows", delete_s * 1000, ok=drop_s <= 1.0))
+    per_day_gb = bps * nodes * series * 86400 / 1e9
+    rows.append(Row("storage", f"bytes on disk per raw sample, heap + primary key (one raw day of {nodes} x "
+                    f"{series} at 1 Hz = {per_day_gb:,.0f} GB)", bps, "B"))
+    return rows
+
+
+if __name__ == "__main__":
+    import sys
+
+    for r in run(quick="--quick" in sys.argv):
+        print(r)
