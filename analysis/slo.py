@@ -525,39 +525,27 @@ def _tier_for(span: float) -> str:
 
 def counter_increase(store: Any, info: Any, start: float, end: float) -> tuple[float, float]:
     """Reset-aware increase of one counter series over [start, end] and the share of the range
-    its points cover (gaps longer than 3 sampling intervals are not covered)."""
+    its points cover (gaps longer than 3 sampling intervals are not covered).
+
+    Reads the cumulative values: raw points up to 6 h, else the 1-minute (up to 7 d) or hourly
+    rollups, whose first and last value per bucket (min and max of a counter) keep the increase
+    exact unless the counter reset inside a bucket (then it is approximate)."""
     span = end - start
     tier = _tier_for(span)
-    if tier == "raw":
-        sd = store.query_series(info, start, end, max_points=None, rate=False, tier="raw")
-        ts, vals = sd.ts, sd.values
-        if len(ts) < 2:
-            return 0.0, 0.0
-        inc = 0.0
-        gaps = [b - a for a, b in zip(ts, ts[1:], strict=False)]
-        med = sorted(gaps)[len(gaps) // 2]
-        cap = max(3 * med, 1e-9)
-        covered = 0.0
-        for i in range(1, len(ts)):
-            d = vals[i] - vals[i - 1]
-            inc += d if d >= 0 else vals[i]
-            covered += min(gaps[i - 1], cap)
-        covered += min(med, cap)  # the first point stands for one interval
-        return inc, min(1.0, covered / span) if span > 0 else 0.0
-    width = 60.0 if tier == "1m" else 3600.0
-    sd = store.query_series(info, start, end, max_points=None, rate=True, tier=tier)
+    sd = store.query_series(info, start, end, max_points=None, rate=False, tier=tier)
     ts, vals = sd.ts, sd.values
-    if not ts:
+    if len(ts) < 2 or span <= 0:
         return 0.0, 0.0
+    gaps = [b - a for a, b in zip(ts, ts[1:], strict=False)]
+    med = sorted(gaps)[len(gaps) // 2]
+    cap = max(3 * med, 60.0 if tier == "1m" else 3600.0 if tier == "1h" else 0.0, 1e-9)
     inc = 0.0
-    covered = 0.0
-    prev = ts[0] - width
-    for t, v in zip(ts, vals, strict=False):
-        dt = min(t - prev, width)
-        inc += v * dt
-        covered += dt
-        prev = t
-    return inc, min(1.0, covered / span) if span > 0 else 0.0
+    covered = min(med, cap)  # the first point stands for one interval
+    for i in range(1, len(ts)):
+        d = vals[i] - vals[i - 1]
+        inc += d if d >= 0 else vals[i]
+        covered += min(gaps[i - 1], cap)
+    return inc, min(1.0, covered / span)
 
 
 def _query_sum(store: Any, q: Query, start: float, end: float, node: str | None,

@@ -183,6 +183,9 @@ def test_evaluate_burn_rates_budget_and_alerts(db: str, request: pytest.FixtureR
     assert s.windows["5m"].total == pytest.approx(5000)
     assert s.windows["1h"].burn_rate == pytest.approx(100.0, rel=1e-6)
     assert s.windows["3d"].error_ratio == pytest.approx(0.10, rel=1e-3)
+    # raw points (6 h) and 1-minute rollups (1 d, 3 d) count the same requests, to one bucket at the edge
+    assert s.windows["6h"].total == pytest.approx(65000)
+    assert abs(s.windows["1d"].total - 65000) <= 1000 and s.windows["1d"].total == s.windows["3d"].total
     assert s.windows["5m"].coverage == pytest.approx(1.0, abs=0.01)
     assert s.windows["3d"].coverage < 0.05  # 65 minutes of data in a 3-day window
     assert s.page and s.ticket and s.status == "page"
