@@ -16,7 +16,8 @@ from agent.ebpf.layout import PROBES, ProbeSpec
 log = logging.getLogger(__name__)
 
 TRACEFS_CANDIDATES = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
-DEFAULT_BCC_PATH = "/usr/lib/python3/dist-packages"
+# where Debian/Ubuntu's python3-bpfcc puts the bcc module; TRISCOPE_BCC_PATH overrides (images, private prefixes)
+DEFAULT_BCC_PATH = os.environ.get("TRISCOPE_BCC_PATH", "/usr/lib/python3/dist-packages")
 
 HINT_BCC = "install Debian/Ubuntu python3-bpfcc and libbpfcc (apt-get install python3-bpfcc libbpfcc)"
 HINT_HEADERS = ("install linux-headers-amd64 and link /lib/modules/$(uname -r)/build to /usr/src/linux-headers-*-amd64 "

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent.ebpf.discover import DEFAULT_BCC_PATH
 from agent.ebpf.layout import DMA_KEYS_MAX, MAPS, PEERS_MAX
 
 SOURCE = Path(__file__).with_name("probes.bpf.c")
@@ -56,7 +57,7 @@ class LoadResult:
 
 
 def run_loader(defines: list[str], attach: list[dict[str, str]], *, python: str | None = None,
-               bcc_path: str | None = "/usr/lib/python3/dist-packages", timeout: float = 60.0,
+               bcc_path: str | None = DEFAULT_BCC_PATH, timeout: float = 60.0,
                load_only: list[str] | None = None, extra_cflags: list[str] | None = None,
                env: dict[str, str] | None = None, source: str | Path | None = None,
                maps: list[str] | None = None) -> LoadResult:
