@@ -47,7 +47,7 @@ def test_310_real_output_chip_device_layout():
     assert _by(s, "triscope_npu_temperature_celsius") == {("6", "0"): 73, ("6", "1"): 74, ("6", "2"): 70, ("6", "3"): 65}
     assert _by(s, "triscope_npu_memory_used_bytes")[("6", "0")] == 2703 * MIB
     assert _by(s, "triscope_npu_memory_total_bytes")[("6", "3")] == 8192 * MIB
-    assert _by(s, "triscope_npu_hugepages_total")[("6", "2")] == 970
+    assert _by(s, "triscope_npu_hugepages_capacity")[("6", "2")] == 970
     assert not _by(s, "triscope_npu_hbm_total_bytes"), "310 has no HBM column"
     assert not _by(s, "triscope_npu_processes"), "no process table: no process samples"
     info_lab = [x.labels for x in s if x.name == "triscope_npu_info"]

@@ -53,6 +53,7 @@ EVENT_KINDS = {
     "remediation": "a remediation decision (acted, dry-run, suppressed, failed)",
     "collector": "a collector or probe changed state (went down, came back)",
     "gpu_lost": "a GPU fell off the bus / stopped answering",
+    "npu_health": "an Ascend NPU chip's npu-smi health changed (OK/Warning/Alarm/Critical)",
     "phase": "a workload phase boundary (recorded traces)",
 }
 

@@ -265,7 +265,7 @@ def info_samples(info: NpuInfo) -> list[Sample]:
         for key, used_m, total_m, scale in (
             ("memory", "triscope_npu_memory_used_bytes", "triscope_npu_memory_total_bytes", MIB),
             ("hbm", "triscope_npu_hbm_used_bytes", "triscope_npu_hbm_total_bytes", MIB),
-            ("hugepages", "triscope_npu_hugepages_used", "triscope_npu_hugepages_total", 1),
+            ("hugepages", "triscope_npu_hugepages_used", "triscope_npu_hugepages_capacity", 1),
         ):
             pair = c.pairs.get(key)
             if pair is None:
