@@ -308,8 +308,9 @@ def node_states(store: Any, node: str, start: float, end: float, window: float |
     """Cut [start, end) into windows of ``window`` seconds (default ``thresholds.window_s``) and
     classify each one from the node's stored series.  Windows without accelerator data are left
     out.  The link ceiling's observed part is the highest per-tick rate seen in
-    [start - ceiling_lookback_s, end].  ``tier`` (``raw``, ``1m``, ``1h``) forces the store tier read
-    (coarse windows over long ranges: ``1m`` rollups hold exact mean rates for counters).
+    [start - ceiling_lookback_s, end].  ``tier`` (``raw``, ``1m``, ``1h``) forces the store tier read;
+    by default windows of 2 min or more over more than an hour read the 1-minute rollups (2 h
+    windows over more than 2 days the hourly ones), which hold exact mean rates for counters.
     """
     import numpy as np
 
@@ -319,6 +320,8 @@ def node_states(store: Any, node: str, start: float, end: float, window: float |
         return []
     n = int(math.ceil((end - start) / w))
     span = end - start
+    if tier is None:  # coarse windows over long ranges: rollups (counter rates per bucket are exact means)
+        tier = "1h" if w >= 7200 and span > 2 * 86400 else "1m" if w >= 120 and span > 3600 else None
     mp = None if span <= 6 * 3600 and tier in (None, "raw") else max(2000, int(span / w) * 2)
 
     def q(metric: str):  # type: ignore[no-untyped-def]
