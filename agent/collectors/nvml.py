@@ -240,6 +240,7 @@ class NvmlCollector(BaseCollector):
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._pending_events: list[EventRecord] = []
+        self._events_lock = threading.Lock()
         self.driver_version = ""
         self.nvml_version = ""
         self.tick_seconds_per_gpu: dict[str, float] = {}
@@ -363,8 +364,9 @@ class NvmlCollector(BaseCollector):
 
     def collect(self, now: float) -> Iterable[Sample | EventRecord]:
         self._init()
-        out: list[Sample | EventRecord] = list(self._pending_events)
-        self._pending_events.clear()
+        with self._events_lock:
+            out: list[Sample | EventRecord] = list(self._pending_events)
+            self._pending_events.clear()
         for g in self._gpus:
             t0 = time.perf_counter()
             out.extend(self._collect_gpu(g, now))
@@ -627,9 +629,10 @@ class NvmlCollector(BaseCollector):
             except nv.NVMLError as e:
                 log.warning("GPU %s: cannot register for XID events: %s", g.label, e)
         if not registered:
-            self._pending_events.append(EventRecord(
-                kind="collector", severity="warning", message="NVML XID events unavailable on every GPU",
-                details={"collector": self.name}))
+            with self._events_lock:
+                self._pending_events.append(EventRecord(
+                    kind="collector", severity="warning", message="NVML XID events unavailable on every GPU",
+                    details={"collector": self.name}))
             _try(nv.nvmlEventSetFree, es)
             return
         try:
