@@ -259,7 +259,7 @@ EXPECTED_RULES = {
                                   ("", "pods/eviction"): {"create"},
                                   ("", "configmaps"): {"get", "create", "update"},
                                   ("", "events"): {"create"}},
-    "triscope-engine-nodes": {("", "nodes"): {"get", "list", "update"}, ("", "events"): {"create"}},
+    "triscope-engine-nodes": {("", "nodes"): {"get", "list", "update"}},
     "triscope-engine-leader": {("coordination.k8s.io", "leases"): {"create", "get", "update"},
                                ("", "events"): {"create"}},
 }
@@ -286,9 +286,9 @@ def test_rbac_grants_exactly_the_verbs_the_actions_use(rendered: dict[str, list[
     # get/update on leases limited to the one Lease the engine elects with
     lease_rules = [r for r in roles["triscope-engine-leader"]["rules"] if "leases" in r["resources"]]
     assert all(r.get("resourceNames") == ["triscope-remediation"] for r in lease_rules if "create" not in r["verbs"])
-    engine = one(objs, "Deployment", "triscope-engine")["spec"]["template"]["spec"]
-    env = {e["name"]: e.get("value") for e in engine["containers"][0]["env"]}
-    assert env["TRISCOPE_LEASE_NAME"] == "triscope-remediation"
+    engine = one(objs, "Deployment", "triscope-engine")
+    assert "lease: triscope-remediation" in _source_comment("engine-deployment.yaml")
+    assert engine["metadata"]["namespace"] == "triscope"
     # bindings: nodes cluster-wide, workloads only in the namespaces listed in targets/
     crb = one(objs, "ClusterRoleBinding", "triscope-engine-nodes")
     assert crb["roleRef"]["name"] == "triscope-engine-nodes"
@@ -306,10 +306,16 @@ def test_engine_is_leader_elected_and_highly_available(rendered: dict[str, list[
     pdb = one(objs, "PodDisruptionBudget", "triscope-engine")
     assert pdb["spec"]["minAvailable"] == 1
     c = dep["spec"]["template"]["spec"]["containers"][0]
-    env = {e["name"]: e for e in c["env"]}
-    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
-    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
-    assert "--dry-run" in c["args"]
+    assert "--dry-run" in c["args"] and "--token-file=/var/run/secrets/triscope-webhook/token" in c["args"]
+    assert c["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    # the policy switches leader election on: the manifest documents the settings it needs
+    doc = _source_comment("engine-deployment.yaml")
+    assert "leader_election: {enabled: true, namespace: triscope, lease: triscope-remediation}" in doc
+    assert "mode: in-cluster" in doc
+
+
+def _source_comment(name: str) -> str:
+    return "\n".join(line for line in (KUSTOMIZE / "base" / name).read_text().splitlines() if line.startswith("#"))
 
 
 # ---------------------------------------------------------------------------------------------
