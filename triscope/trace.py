@@ -93,9 +93,10 @@ def phase_spans(events: Iterable[Any]) -> dict[str, tuple[float, float]]:
 
 # ---------------------------------------------------------------------- export
 def _num(v: float) -> float | int:
-    if v == int(v) and abs(v) < 2**53:
+    """Integral values as JSON integers (shorter); everything else exactly (shortest repr)."""
+    if v == v and abs(v) < 2**53 and v == int(v):
         return int(v)
-    return float(f"{v:.10g}")
+    return v
 
 
 def export_trace(store: Any, node: str, path: Path | str, *, start: float | None = None, end: float | None = None,
