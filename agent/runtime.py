@@ -17,7 +17,7 @@ from agent.spool import Spool
 from agent.writer import StoreWriter
 from store import Store
 from store.api import Tick
-from store.db import upgrade
+from store.db import StoreError
 from triscope.samples import Sample
 
 log = logging.getLogger("triscope.agent")
@@ -39,7 +39,7 @@ class Agent:
     def __init__(self, cfg: AgentConfig) -> None:
         self.cfg = cfg
         if cfg.migrate:
-            upgrade(cfg.db_url)
+            migrate_in_child(cfg.db_url)
         # the store may be down at start: the spool takes the ticks until it returns
         self.store = Store.open(cfg.db_url, check=False)
         self.spool = Spool(Path(cfg.spool_dir) / _safe(cfg.node), cfg.spool_max_bytes)
@@ -96,6 +96,26 @@ class Agent:
                 self.server[0].shutdown()
             except Exception:  # noqa: BLE001
                 pass
+
+
+def migrate_in_child(url: str) -> None:
+    """Upgrade the schema in a short-lived child so Alembic never stays in the agent's memory.
+
+    An unreachable database is not fatal: the agent starts and spools until it returns.
+    """
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "triscope", "db", "upgrade", "--db", url],
+                         capture_output=True, text=True, timeout=300)
+    if res.returncode == 0:
+        return
+    msg = (res.stderr.strip().splitlines() or ["schema upgrade failed"])[-1]
+    msg = msg.removeprefix("triscope db: error: ")
+    if "unreachable" in msg:
+        log.error("%s — starting anyway, ticks wait in the spool", msg)
+        return
+    raise StoreError(msg)
 
 
 def _safe(name: str) -> str:
