@@ -9,7 +9,6 @@ import base64
 import hmac
 from typing import Any
 
-
 HEALTH_PATH = "/healthz"
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from dash import dcc, html
@@ -13,7 +13,7 @@ from dashboard.data import PRESETS
 def fmt_ts(ts: float | None) -> str:
     if ts is None:
         return "-"
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def parse_ts(value: str | None) -> float | None:
@@ -30,7 +30,7 @@ def parse_ts(value: str | None) -> float | None:
     except ValueError:
         return None
     if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
+        dt = dt.replace(tzinfo=UTC)
     return dt.timestamp()
 
 
@@ -54,12 +54,12 @@ def range_picker(prefix: str, value: str = "1h", start: str = "", end: str = "",
 
 
 def note(text: str, kind: str = "info", id: str | None = None) -> html.Div:
-    kw = {"id": id} if id else {}
+    kw: dict[str, Any] = {"id": id} if id else {}
     return html.Div(text, className=f"note note-{kind}", **kw)
 
 
 def empty_state(title: str, detail: str, id: str | None = None) -> html.Div:
-    kw = {"id": id} if id else {}
+    kw: dict[str, Any] = {"id": id} if id else {}
     return html.Div([html.Div(title, className="empty-title"), html.Div(detail, className="empty-detail")],
                     className="empty-state", **kw)
 

@@ -30,4 +30,4 @@ class DashboardContext:
 def ctx() -> DashboardContext:
     from flask import current_app
 
-    return current_app.config[CONFIG_KEY]  # type: ignore[no-any-return]
+    return current_app.config[CONFIG_KEY]

@@ -12,6 +12,7 @@ import importlib
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC
 from typing import Any
 
 from analysis.mismatch import STATES, link_capacity_bytes_per_second
@@ -53,9 +54,9 @@ def resolve_window(store: Any, node: str | None, preset: str, now: float,
         last = tb[1] if tb else None
     if last is None or abs(now - last) <= LIVE_SLACK_S:
         return Window(now - span, now, True)
-    from datetime import datetime, timezone
+    from datetime import datetime
 
-    when = datetime.fromtimestamp(last, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    when = datetime.fromtimestamp(last, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     return Window(last - span, last + 1.0, False, f"not live: showing the {preset} before the last sample ({when})")
 
 
@@ -142,7 +143,7 @@ COARSE_GPU = TraceSpec("triscope_gpu_utilization_ratio", "accelerators", "GPU {g
 
 
 def _fmt(title: str, labels: Mapping[str, str]) -> str:
-    class _D(dict):  # type: ignore[type-arg]
+    class _D(dict):
         def __missing__(self, k: str) -> str:
             return "?"
 
@@ -300,14 +301,23 @@ def mismatch_segments(store: Any, node: str, window: Window, max_points: int,
     return [], "no mismatch state: no accelerator data in this range"
 
 
+CEILING_LOOKBACK_S = 3600.0
+
+
 def computed_states(store: Any, node: str, window: Window, max_windows: int = 400) -> list[Any]:
-    """``analysis.mismatch.node_states`` with a window size that keeps at most ``max_windows``."""
+    """``analysis.mismatch.node_states`` with a window size that keeps at most ``max_windows``.
+
+    The link ceiling's observed part looks back ``CEILING_LOOKBACK_S`` (1 h) before the range
+    instead of the detector's default 24 h: that look-back reads per-second rates from raw
+    points, ~1.5 s a series on SQLite for 24 h, too slow for a page (the negotiated gen x width
+    capacity still sets the ceiling; only links faster than that estimate are affected)."""
     from analysis.config import MismatchThresholds
     from analysis.mismatch import node_states
 
     th = MismatchThresholds()
     w = max(th.window_s, math.ceil(window.span / max_windows))
-    return list(node_states(store, node, window.start, window.end, window=w, thresholds=th))
+    return list(node_states(store, node, window.start, window.end, window=w, thresholds=th,
+                            ceiling_lookback_s=CEILING_LOOKBACK_S))
 
 
 def live_delta(store: Any, node: str, keys: Sequence[str], since: float, until: float) -> dict[str, tuple[list[float], list[float]]]:

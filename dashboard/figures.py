@@ -55,10 +55,10 @@ def empty_figure(message: str, height: int = 260) -> go.Figure:
     return fig
 
 
-def ribbon_shapes(segments: Sequence[Any]) -> tuple[list[list[Any]], list[list[float]], dict[str, list[Any]]]:
+def ribbon_shapes(segments: Sequence[Any]) -> tuple[dict[str, list[Any]], dict[str, list[Any]], dict[str, list[Any]]]:
     """Per state: the x/y of filled rectangles (None-separated) for one scatter trace each."""
     xs: dict[str, list[Any]] = {}
-    ys: dict[str, list[float | None]] = {}
+    ys: dict[str, list[Any]] = {}
     hover: dict[str, list[Any]] = {}
     for s in segments:
         a, b = to_dt([s.start, s.end])
@@ -67,7 +67,7 @@ def ribbon_shapes(segments: Sequence[Any]) -> tuple[list[list[Any]], list[list[f
         x.extend([a, a, b, b, a, None])
         y.extend([0, 1, 1, 0, 0, None])
         hover.setdefault(s.state, []).append((s.start, s.end, getattr(s, "score", None)))
-    return xs, ys, hover  # type: ignore[return-value]
+    return xs, ys, hover
 
 
 # axes of the node figure: row -> (x axis, primary y axis, secondary y axis)
@@ -140,7 +140,7 @@ def node_lanes_figure(lanes: Any, uirevision: Any = "node", height: int = 860) -
     def yax(row: int, secondary: bool = False) -> dict[str, Any]:
         _, ya, ya2 = NODE_AXES[row]
         name = ya2 if secondary and ya2 else ya
-        return layout["yaxis" + name[1:]]  # type: ignore[no-any-return]
+        return layout["yaxis" + name[1:]]
 
     for (row, secondary), unit in units.items():
         yax(row, secondary).update(title={"text": unit}, rangemode="tozero")
@@ -151,7 +151,7 @@ def node_lanes_figure(lanes: Any, uirevision: Any = "node", height: int = 860) -
             yax(row)["rangemode"] = "tozero"
     yax(2)["range"] = [0, 105]
     yax(1).update(visible=False, fixedrange=True, range=[0, 1])
-    for i, ax in enumerate(("xaxis", "xaxis2", "xaxis3", "xaxis4")):
+    for ax in ("xaxis", "xaxis2", "xaxis3", "xaxis4"):
         # live mode moves the range along unless the user zoomed
         layout[ax].update(type="date", range=[a, b], showticklabels=ax == "xaxis4")
     layout.update(height=height, uirevision=uirevision, annotations=notes)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterator
+from typing import Any
 
 from triscope.samples import EventRecord, Sample
 
@@ -34,7 +35,7 @@ def _batches(ticks: Iterator[object], n: int = 600) -> Iterator[list[object]]:
         yield buf
 
 
-def seed_demo(store: object, end: float, phase_s: int = 120, cycles: int = 2, with_mismatch: bool = True) -> dict[str, tuple[float, float]]:
+def seed_demo(store: Any, end: float, phase_s: int = 120, cycles: int = 2, with_mismatch: bool = True) -> dict[str, tuple[float, float]]:
     """Write the demo nodes so that their data ends at ``end``; returns node -> (start, end)."""
     from analysis.online import MismatchTracker
     from analysis.synthetic import H200_PHASES, h200_phase_ticks
@@ -85,7 +86,7 @@ def seed_demo(store: object, end: float, phase_s: int = 120, cycles: int = 2, wi
             yield Tick(ts, smp, evs)
 
     for batch in _batches(h200()):
-        store.write_ticks(H200, batch)  # type: ignore[attr-defined]
+        store.write_ticks(H200, batch)
     out[H200] = (start, end)
     try:  # the remediation engine's audit log, when its tables exist
         from store.audit import record_decision
@@ -119,12 +120,12 @@ def seed_demo(store: object, end: float, phase_s: int = 120, cycles: int = 2, wi
             ], evs)
 
     for batch in _batches(cpu()):
-        store.write_ticks(CPU, batch)  # type: ignore[attr-defined]
+        store.write_ticks(CPU, batch)
     out[CPU] = (start, end)
     return out
 
 
-def seed_bench(store: object, end: float, hours: float = 24.0, node: str = "bench-node", batch: int = 3600) -> int:
+def seed_bench(store: Any, end: float, hours: float = 24.0, node: str = "bench-node", batch: int = 3600) -> int:
     """One node, 10 plotted series at 1 Hz (2 GPUs: SM active x2, PCIe RX/TX x2, tensor; DMA maps,
     retransmits, TIME_WAIT) plus the 4 mismatch-state series of the ribbon, over ``hours`` ending at ``end``.  Returns samples written."""
     from store import Tick
@@ -164,8 +165,8 @@ def seed_bench(store: object, end: float, hours: float = 24.0, node: str = "benc
         smp += [Sample("triscope_mismatch_state", 1.0 if k == phase else 0.0, {"state": st}) for k, st in enumerate(states)]
         ticks.append(Tick(ts, smp))
         if len(ticks) >= batch:
-            written += store.write_ticks(node, ticks)  # type: ignore[attr-defined]
+            written += store.write_ticks(node, ticks)
             ticks = []
     if ticks:
-        written += store.write_ticks(node, ticks)  # type: ignore[attr-defined]
+        written += store.write_ticks(node, ticks)
     return written

@@ -30,7 +30,7 @@ def load(c: DashboardContext) -> SloSet:
     cached = c.cache.get("slos")
     mtime = c.slo_file.stat().st_mtime if c.slo_file.exists() else None
     if cached and cached[0] == mtime:
-        return cached[1]  # type: ignore[no-any-return]
+        return cached[1]
     fn, why = optional("analysis.slo", "load_slo_file")
     if fn is None:
         out = SloSet([], f"SLO analysis is not available in this build ({why})")
@@ -58,7 +58,7 @@ def fleet_status(c: DashboardContext, ttl: float = 30.0) -> dict[str, str] | Non
         return None
     hit = c.cache.get("fleet_slo")
     if hit and time.monotonic() - hit[0] < ttl:
-        return hit[1]  # type: ignore[no-any-return]
+        return hit[1]
     out: dict[str, str] = {}
     now = c.now()
     for n in c.store.nodes():

@@ -282,3 +282,74 @@ def test_live_mode_appends_points_and_keeps_zoom(page: Page, seeded: tuple[Any, 
     assert graph_js(pg, "node-graph", "gd._fullLayout.xaxis.range") == zoom  # uirevision kept the zoom
     page.shot("node-live")
     assert page.errors == []
+
+
+# ---------------------------------------------------------------------------------------------- the recorded H200 trace
+H200_TRACES = sorted((REPO / "examples" / "traces").glob("h200-phases.*"))
+
+
+def _phase_from_store(st: Any, node: str, phase: str) -> tuple[float, float] | None:
+    """[start, end] of a labelled phase: its ``phase`` events, else the ``inference_phase`` gauge."""
+    evs = [e for e in st.events(node=node, kinds=["phase"])
+           if phase in (e.details.get("name"), e.details.get("phase"))]
+    starts = [e.ts for e in evs if e.details.get("edge", "start") == "start"]
+    ends = [e.ts for e in evs if e.details.get("edge") == "end"]
+    if starts:
+        a = min(starts)
+        after = sorted(e.ts for e in st.events(node=node, kinds=["phase"]) if e.ts > a)
+        b = min(ends) if ends else (after[0] if after else a + 60)
+        return a, b
+    for sd in st.query("inference_phase", node=node, labels={"phase": phase}, start=0, end=4e9, max_points=None):
+        on = [t for t, v in zip(sd.ts, sd.values, strict=False) if v >= 0.5]
+        if on:
+            return min(on), max(on)
+    return None
+
+
+@pytest.fixture(scope="module")
+def h200_source(seeded: tuple[Any, Any], server: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, Any]]:
+    """(base URL, node, store) of the recorded H200 trace when examples/traces/h200-phases.* exists
+    (imported with 'triscope import-trace' and served by its own dashboard), else the seeded
+    H200-shaped node."""
+    if not H200_TRACES:
+        yield server.base, "h200-node", seeded[0]
+        return
+    from store import Store
+
+    url = f"sqlite:///{tmp_path_factory.mktemp('trace') / 'trace.db'}"
+    subprocess.run([TRISCOPE, "db", "upgrade", "--db", url], cwd=REPO, check=True, capture_output=True, timeout=120)
+    subprocess.run([TRISCOPE, "import-trace", str(H200_TRACES[0]), "--db", url, "--node", "h200-trace"], cwd=REPO,
+                   check=True, capture_output=True, timeout=300)
+    port = free_port()
+    proc = subprocess.Popen([TRISCOPE, "dashboard", "--db", url, "--port", str(port)], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    st = Store.open(url)
+    try:
+        wait_for_port(port, timeout=60)
+        yield f"http://127.0.0.1:{port}", "h200-trace", st
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        st.close()
+
+
+def test_root_cause_on_the_h200_trace(browser: Any, h200_source: tuple[str, str, Any]) -> None:
+    base, node, st = h200_source
+    win = _phase_from_store(st, node, "pageable_h2d")
+    assert win is not None, "no pageable_h2d phase found in the trace (phase events or inference_phase gauge)"
+    a, b = win
+    pad = min(10.0, (b - a) / 4)
+    p = Page(browser, base)
+    try:
+        pg = p.goto(f"/rootcause?node={node}&start={a + pad:.0f}&end={b - pad:.0f}")
+        pg.wait_for_selector("#rootcause-causes li", timeout=30000)
+        titles = pg.locator("#rootcause-causes .cause-title").all_inner_texts()
+        assert titles, "no ranked causes"
+        net = [i for i, t in enumerate(titles) if t.startswith("Network")]
+        staging = [i for i, t in enumerate(titles) if t.startswith("Host staging")]
+        assert staging and (not net or staging[0] < net[0]), titles  # host staging above everything network
+        assert pg.locator("#rootcause-causes .js-plotly-plot").count() >= 1
+        p.shot("rootcause-h200-trace" if H200_TRACES else "rootcause-h200-seeded")
+        assert p.errors == []
+    finally:
+        p.close()

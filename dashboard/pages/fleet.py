@@ -49,7 +49,7 @@ def layout(**_: Any) -> html.Div:
         html.Div([html.H2("Fleet"), html.Span(f"{len(rows)} node(s); click a row to open the node",
                                               className="window-note")], className="page-head"),
         dcc.Location(id="fleet-nav", refresh="callback-nav"),
-        dash_table.DataTable(
+        dash_table.DataTable(  # type: ignore[attr-defined]
             id="fleet-table", columns=COLUMNS, data=records, sort_action="native", filter_action="native",
             page_size=50, style_data_conditional=style, row_selectable=False, cell_selectable=True,
             style_cell={"fontFamily": "inherit", "fontSize": "13px", "padding": "6px 10px", "textAlign": "left",

@@ -15,6 +15,7 @@ from dashboard.registry import page_callback
 
 dash.register_page(__name__, path="/mismatch", name="Mismatch", order=2, title="triscope - mismatch")
 ALL = "__fleet__"
+MAX_FLEET_NODES = 20  # the detector runs per node over stored series: bound the fleet view
 
 
 def layout(node: str = ALL, range: str = "1h", **_: Any) -> html.Div:  # noqa: A002
@@ -48,11 +49,14 @@ def layout(node: str = ALL, range: str = "1h", **_: Any) -> html.Div:  # noqa: A
 def render(node: str, preset: str) -> tuple[Any, Any, Any]:
     c = ctx()
     try:
-        nodes = [n.name for n in c.store.nodes()] if node == ALL else [node]
+        all_nodes = sorted(c.store.nodes(), key=lambda n: -n.last_seen)
+        nodes = [n.name for n in all_nodes[:MAX_FLEET_NODES]] if node == ALL else [node]
         w = data.resolve_window(c.store, None if node == ALL else node, preset, c.now())
-        per_node = max(50, 600 // max(1, len(nodes)))
+        per_node = max(60, 300 // max(1, len(nodes)))
         pts, shares = data.mismatch_points(c.store, nodes, w, max_windows=per_node)
         head = f"{fmt_ts(w.start)} to {fmt_ts(w.end)} UTC" + (f" ({w.note})" if w.note else "")
+        if node == ALL and len(all_nodes) > MAX_FLEET_NODES:
+            head += f"; the {MAX_FLEET_NODES} most recently seen of {len(all_nodes)} nodes (pick one for the others)"
         missing = [n for n in nodes if n not in shares]
         if missing:
             head += f"; no accelerator data: {', '.join(missing[:8])}" + (" ..." if len(missing) > 8 else "")

@@ -55,7 +55,7 @@ def render(preset: str) -> tuple[Any, Any]:
                 "outcome": str(r.get("outcome", "")), "reason": str(r.get("reason", ""))[:300]} for r in ar.rows]
     style = [{"if": {"filter_query": f'{{outcome}} contains "{o}"', "column_id": "outcome"}, "color": col,
               "fontWeight": "600"} for o, col in OUTCOME_COLORS.items()]
-    table = dash_table.DataTable(
+    table = dash_table.DataTable(  # type: ignore[attr-defined]
         id="remediation-table", columns=COLUMNS, data=records, sort_action="native", filter_action="native",
         page_size=50, style_data_conditional=style,
         style_cell={"fontFamily": "inherit", "fontSize": "13px", "padding": "6px 10px", "textAlign": "left",
