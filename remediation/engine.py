@@ -90,6 +90,62 @@ def target_key(rule: Rule, target: dict[str, str]) -> tuple[str, str]:
     return f"command/{where}/{rule.name}", f"command {rule.params['argv'][0]} for {where}"
 
 
+class DecisionWindow:
+    """Recent counted decisions (acted, dry-run, failed, in progress), rebuilt from the audit log.
+
+    The audit log in the store is the durable record that rate limits, the hourly cap and the
+    breaker window are counted from; this keeps the same counts in memory so a decision does not
+    re-scan the log (the scans grew with the log: O(n) per decision).  It is rebuilt from the store
+    when the engine starts and whenever this replica becomes the leader.
+    """
+
+    def __init__(self, horizon_s: float) -> None:
+        self.horizon_s = horizon_s
+        self.all: list[float] = []
+        self.by_rule: dict[str, list[float]] = {}
+        self.targets: dict[str, float] = {}
+        self.nodes: dict[str, float] = {}
+
+    def load(self, store: Any, now: float) -> None:
+        self.__init__(self.horizon_s)  # type: ignore[misc]
+        rows = audit.audit_log(store, since=now - self.horizon_s, outcome=audit.COUNTED, limit=10_000_000,
+                               newest_first=False)
+        for r in rows:
+            self.add(r.rule, r.target_key, r.node, r.ts)
+
+    def add(self, rule: str, target_key: str, node: str | None, ts: float) -> None:
+        self.all.append(ts)
+        self.by_rule.setdefault(rule, []).append(ts)
+        if target_key:
+            self.targets[target_key] = max(ts, self.targets.get(target_key, 0.0))
+        if node:
+            self.nodes[node] = max(ts, self.nodes.get(node, 0.0))
+
+    @staticmethod
+    def _count(xs: list[float], since: float) -> int:
+        import bisect
+
+        return len(xs) - bisect.bisect_left(xs, since)
+
+    def count(self, since: float, rule: str | None = None) -> int:
+        return self._count(self.all if rule is None else self.by_rule.get(rule, []), since)
+
+    def hit(self, since: float) -> tuple[set[str], set[str]]:
+        return ({t for t, ts in self.targets.items() if ts >= since}, {n for n, ts in self.nodes.items() if ts >= since})
+
+    def trim(self, now: float) -> None:
+        import bisect
+
+        cut = now - self.horizon_s
+        for xs in [self.all, *self.by_rule.values()]:
+            i = bisect.bisect_left(xs, cut)
+            if i:
+                del xs[:i]
+        for d in (self.targets, self.nodes):
+            for key in [kk for kk, ts in d.items() if ts < cut]:
+                del d[key]
+
+
 class Engine:
     """Policies + store + (optional) Kubernetes adapter.  ``submit`` / ``submit_alerts`` feed it."""
 
@@ -117,6 +173,11 @@ class Engine:
         self.alert_rules = tuple(r for r in policy.rules if r.trigger.kind == "alert")
         self.data_rules = tuple(r for r in policy.rules if r.trigger.kind != "alert")
         metrics.LEADER.set(1 if leader is None else 0)
+        self.window = DecisionWindow(max([3600.0, policy.settings.breaker.window_s] + [r.per_s for r in policy.rules]))
+        self.window.load(store, time.time())
+        self._has_fallbacks = any(r.action == "dependency_fallback" for r in policy.rules) or bool(
+            audit.active_fallbacks(store))
+        self._nodes_cache: tuple[float, int] = (0.0, 0)
 
     # intake ------------------------------------------------------------------------------------------
     def submit(self, ev: TriggerEvent) -> Future[Decision]:
@@ -191,6 +252,7 @@ class Engine:
                 node=tinfo["node"], namespace=tinfo["namespace"], outcome=audit.IN_PROGRESS, dry_run=dry,
                 params={**rule.params, "target": target}, received_ts=ev.received_ts)
             audit.set_last_action(self.store, tkey, rule.name, now)
+            self.window.add(rule.name, tkey, tinfo["node"], now)
             with self._state:
                 self._in_flight += 1
                 metrics.IN_FLIGHT.set(self._in_flight)
@@ -234,10 +296,10 @@ class Engine:
         last = audit.last_action(self.store, tinfo["target_key"])
         if last is not None and now - last < rule.cooldown_s:
             return "cooldown", f"{tinfo['target']} was acted on {now - last:.0f}s ago (cooldown {rule.cooldown_s:g}s)"
-        n = audit.count_decisions(self.store, now - rule.per_s, rule=rule.name)
+        n = self.window.count(now - rule.per_s, rule.name)
         if n >= rule.max_actions:
             return "rate_limit", f"rule {rule.name} took {n} actions in the last {rule.per_s:g}s (max {rule.max_actions})"
-        n = audit.count_decisions(self.store, now - 3600.0)
+        n = self.window.count(now - 3600.0)
         if n >= s.max_actions_per_hour:
             return "hourly_cap", f"{n} actions in the last hour (cap {s.max_actions_per_hour})"
         with self._state:
@@ -261,7 +323,7 @@ class Engine:
 
     def _breaker_trips(self, tinfo: dict[str, Any], now: float) -> str:
         b = self.settings.breaker
-        targets, nodes = audit.targets_hit(self.store, now - b.window_s)
+        targets, nodes = self.window.hit(now - b.window_s)
         targets = targets | {tinfo["target_key"]}
         if tinfo.get("node"):
             nodes = nodes | {tinfo["node"]}
@@ -269,7 +331,9 @@ class Engine:
             return f"{len(targets)} targets in {b.window_s:g}s (max {b.max_targets})"
         if len(nodes) > b.max_targets:
             return f"{len(nodes)} nodes in {b.window_s:g}s (max {b.max_targets})"
-        known = len(self.store.nodes())
+        if now - self._nodes_cache[0] > 10.0:
+            self._nodes_cache = (now, len(self.store.nodes()))
+        known = self._nodes_cache[1]
         if known >= b.min_population and nodes and 100.0 * len(nodes) / known > b.max_percent:
             return f"{len(nodes)} of {known} nodes ({100.0 * len(nodes) / known:.0f}%) in {b.window_s:g}s " \
                    f"(max {b.max_percent:g}%)"
@@ -343,12 +407,16 @@ class Engine:
     # alert episodes ----------------------------------------------------------------------------------
     def _note_firing(self, ev: TriggerEvent) -> None:
         self._resolved.pop(ev.episode, None)
+        if not self._has_fallbacks:
+            return
         for fb in audit.active_fallbacks(self.store):
             if fb.trigger_key == ev.episode and fb.clear_since is not None:
                 audit.update_fallback(self.store, fb.id, clear_since=None)
 
     def _note_resolved(self, ev: TriggerEvent) -> None:
         self._resolved[ev.episode] = ev.received_ts
+        if not self._has_fallbacks:
+            return
         for fb in audit.active_fallbacks(self.store):
             if fb.trigger_key == ev.episode and fb.clear_since is None:
                 audit.update_fallback(self.store, fb.id, clear_since=ev.received_ts)
@@ -428,11 +496,18 @@ class Engine:
         return done
 
     def prune(self) -> int:
+        with self._decide:
+            self.window.trim(time.time())
         return audit.prune(self.store, time.time() - self.settings.dedupe_retention_s)
 
     def leader_step(self) -> None:
         if self.leader is not None:
-            metrics.LEADER.set(1 if self.leader.step() else 0)
+            was = self.leader.is_leader
+            now_leader = self.leader.step()
+            if now_leader and not was:  # another replica may have acted meanwhile: recount from the store
+                with self._decide:
+                    self.window.load(self.store, time.time())
+            metrics.LEADER.set(1 if now_leader else 0)
 
     # lifecycle ---------------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:

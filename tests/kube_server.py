@@ -198,6 +198,26 @@ def _match_fields(selector: str, obj: dict[str, Any]) -> bool:
     return True
 
 
+class _Objects(dict):  # type: ignore[type-arg]
+    """Objects keyed (resource, namespace, name), also indexed per resource (``of``) so that
+    controllers and list calls do not scan every object of every kind."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_res: dict[str, dict[tuple[str, str, str], dict[str, Any]]] = {r: {} for r in RESOURCES}
+
+    def __setitem__(self, key: tuple[str, str, str], value: dict[str, Any]) -> None:
+        super().__setitem__(key, value)
+        self.by_res[key[0]][key] = value
+
+    def __delitem__(self, key: tuple[str, str, str]) -> None:
+        super().__delitem__(key)
+        del self.by_res[key[0]][key]
+
+    def of(self, res: str) -> list[tuple[tuple[str, str, str], dict[str, Any]]]:
+        return sorted(self.by_res[res].items(), key=lambda kv: kv[0])
+
+
 @dataclass
 class Request:
     method: str
@@ -216,7 +236,7 @@ class KubeTestServer:
         self.rollout_delay = rollout_delay
         self.stuck_rollouts = False
         self.lock = threading.RLock()
-        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.objects = _Objects()
         self.requests: list[Request] = []
         self._rv = itertools.count(1000)
         self._timers: list[threading.Timer] = []
@@ -278,8 +298,8 @@ class KubeTestServer:
 
     def list(self, resource: str, namespace: str | None = None) -> list[dict[str, Any]]:
         with self.lock:
-            return [copy.deepcopy(o) for (r, ns, _), o in sorted(self.objects.items())
-                    if r == resource and (namespace is None or ns == namespace)]
+            return [copy.deepcopy(o) for (_, ns, _), o in self.objects.of(resource)
+                    if namespace is None or ns == namespace]
 
     def put(self, resource: str, obj: dict[str, Any]) -> dict[str, Any]:
         """Create or overwrite an object directly (test setup), bumping its resourceVersion."""
@@ -343,8 +363,8 @@ class KubeTestServer:
 
     # deployment controller -----------------------------------------------------------------------
     def _schedulable_nodes(self) -> list[str]:
-        return [o["metadata"]["name"] for (r, _, _), o in sorted(self.objects.items())
-                if r == "nodes" and not o.get("spec", {}).get("unschedulable")]
+        return [o["metadata"]["name"] for _, o in self.objects.of("nodes")
+                if not o.get("spec", {}).get("unschedulable")]
 
     def _pick_node(self, template_spec: dict[str, Any], candidates: list[str]) -> str | None:
         if not candidates:
@@ -372,7 +392,7 @@ class KubeTestServer:
     def _replace_pods(self, dep: dict[str, Any], nodes: list[str] | None = None) -> None:
         ns = dep["metadata"]["namespace"]
         sel = dep["spec"]["selector"]["matchLabels"]
-        for key in [k for k, o in self.objects.items() if k[0] == "pods" and k[1] == ns
+        for key in [k for k, o in self.objects.of("pods") if k[1] == ns
                     and all(o["metadata"].get("labels", {}).get(a) == b for a, b in sel.items())]:
             del self.objects[key]
         self._create_pods(dep, dep["spec"].get("replicas", 1), nodes)
@@ -439,8 +459,8 @@ class KubeTestServer:
         """The ReplicaSet controller: an evicted pod of a deployment gets a replacement."""
         ns = pod["metadata"]["namespace"]
         labels = pod["metadata"].get("labels", {})
-        for (r, dns, _), dep in list(self.objects.items()):
-            if r == "deployments" and dns == ns and all(
+        for (_, dns, _), dep in self.objects.of("deployments"):
+            if dns == ns and all(
                     labels.get(a) == b for a, b in dep["spec"]["selector"]["matchLabels"].items()):
                 def recreate(dep: dict[str, Any] = dep) -> None:
                     with self.lock:
@@ -497,8 +517,7 @@ class KubeTestServer:
             raise ApiError(404, "NotFound", f"subresource {sub} not served")
         if name is None:
             if method == "GET":
-                items = [copy.deepcopy(o) for (r, ons, _), o in sorted(self.objects.items())
-                         if r == res and (not ns or ons == ns)]
+                items = [copy.deepcopy(o) for (_, ons, _), o in self.objects.of(res) if not ns or ons == ns]
                 if "labelSelector" in query:
                     items = [o for o in items if _match_labels(query["labelSelector"][0], o["metadata"].get("labels", {}))]
                 if "fieldSelector" in query:
@@ -616,8 +635,8 @@ class KubeTestServer:
             raise ApiError(400, "BadRequest", "the body of an eviction must be a policy/v1 Eviction")
         pod = self._must("pods", ns, name)
         labels = pod["metadata"].get("labels", {})
-        for (r, pns, pname), pdb in self.objects.items():
-            if r != "poddisruptionbudgets" or pns != ns:
+        for (_, pns, pname), pdb in self.objects.of("poddisruptionbudgets"):
+            if pns != ns:
                 continue
             sel = pdb["spec"].get("selector", {}).get("matchLabels", {})
             if all(labels.get(k) == v for k, v in sel.items()):

@@ -169,12 +169,14 @@ def test_rail_in_flight_cap(env: Env) -> None:
     trigger: {alert: RetransmitStorm}
     action: command
     target: {node: {label: node}}
-    params: {argv: [sleep, "1.5"], timeout: 10s}
+    params: {argv: [sleep, "3"], timeout: 10s}
     limits: {cooldown: 0s}
 """
     eng = env.engine(rules=rules, settings="  max_in_flight: 1\n")
     eng.submit_alerts(alert_payload([storm(node="node-a")]))
-    time.sleep(0.5)
+    deadline = time.time() + 10
+    while eng.status()["in_flight"] < 1 and time.time() < deadline:
+        time.sleep(0.02)
     rows = fire(eng, storm(node="node-b"))
     outcomes = sorted((r.outcome, r.rail) for r in audit.audit_log(env.store))
     assert ("suppressed", "in_flight") in outcomes and ("acted", None) in outcomes
