@@ -7,8 +7,8 @@ where NVML answers, it is measured live.
 
 from __future__ import annotations
 
-import statistics
 import stat
+import statistics
 import tempfile
 import time
 from pathlib import Path
