@@ -177,6 +177,7 @@ def parse_info(text: str) -> NpuInfo:
                     pid = int(cells[1])
                 except ValueError:
                     continue
+                info.processes = info.processes if info.processes is not None else []
                 info.processes.append(NpuProcess(ids[0] if ids else "", ids[1] if len(ids) > 1 else "0", pid,
                                                  cells[2], _num(cells[3].split()[0]) if cells[3].split() else None))
             continue
@@ -255,19 +256,19 @@ def info_samples(info: NpuInfo) -> list[Sample]:
         lab = {"npu": c.npu, "chip": c.chip}
         out.append(Sample("triscope_npu_health", float(health_value(c.health)), lab))
         out.append(Sample("triscope_npu_info", 1.0, {**lab, "name": c.name, "bus_id": c.bus_id, "device": c.device}))
-        v = c.values
-        if v.get("power") is not None:
-            out.append(Sample("triscope_npu_power_watts", float(v["power"]), lab))  # type: ignore[arg-type]
-        if v.get("temp") is not None:
-            out.append(Sample("triscope_npu_temperature_celsius", float(v["temp"]), lab))  # type: ignore[arg-type]
-        if v.get("aicore") is not None:
-            out.append(Sample("triscope_npu_aicore_utilization_ratio", float(v["aicore"]) / 100.0, lab))  # type: ignore[operator]
-        for key, used_m, total_m, scale in (
+        power, temp, aicore = c.values.get("power"), c.values.get("temp"), c.values.get("aicore")
+        if power is not None:
+            out.append(Sample("triscope_npu_power_watts", power, lab))
+        if temp is not None:
+            out.append(Sample("triscope_npu_temperature_celsius", temp, lab))
+        if aicore is not None:
+            out.append(Sample("triscope_npu_aicore_utilization_ratio", aicore / 100.0, lab))
+        for col, used_m, total_m, scale in (
             ("memory", "triscope_npu_memory_used_bytes", "triscope_npu_memory_total_bytes", MIB),
             ("hbm", "triscope_npu_hbm_used_bytes", "triscope_npu_hbm_total_bytes", MIB),
             ("hugepages", "triscope_npu_hugepages_used", "triscope_npu_hugepages_capacity", 1),
         ):
-            pair = c.pairs.get(key)
+            pair = c.pairs.get(col)
             if pair is None:
                 continue
             used, total = pair

@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from agent.collectors.base import Availability, BaseCollector, CollectorUnavailable
 from triscope.samples import EventRecord, Sample
@@ -136,7 +136,7 @@ class XidCounter:
         key = (gpu, int(xid))
         self.counts[key] = self.counts.get(key, 0) + 1
         desc = XID_DESCRIPTIONS.get(int(xid), "see NVIDIA XID catalogue")
-        sev = "critical" if int(xid) in XID_CRITICAL else "error"
+        sev: Literal["error", "critical"] = "critical" if int(xid) in XID_CRITICAL else "error"
         return EventRecord(
             kind="xid",
             message=f"GPU {gpu} XID {xid}: {desc}",
@@ -378,8 +378,8 @@ class NvmlCollector(BaseCollector):
                 gpu, xid, ts = self._xid_queue.get_nowait()
             except queue.Empty:
                 break
-            g = next((x for x in self._gpus if x.label == gpu), None)
-            out.append(self._xid.handle(gpu, xid, ts, uuid=g.uuid if g else "", name=g.name if g else ""))
+            src = next((x for x in self._gpus if x.label == gpu), None)
+            out.append(self._xid.handle(gpu, xid, ts, uuid=src.uuid if src else "", name=src.name if src else ""))
         out.extend(self._xid.samples())
         return out
 

@@ -7,7 +7,7 @@ import argparse
 from triscope.commands.common import add_db_option, db_url, parse_time
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "import-trace", help="load a recorded trace (e.g. examples/traces/h200-phases.jsonl.gz) into a store",
         description="Load a recorded trace into a store as one node, so the dashboard and the analysis show "
@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     e.set_defaults(func=cmd_export)
 
 
-def _open_store(url: str):  # type: ignore[no-untyped-def]
+def _open_store(url: str):
     from store import Store
 
     st = Store.open(url)
