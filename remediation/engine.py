@@ -246,12 +246,11 @@ class Engine:
             rail, reason = self._rails(ev, rule, tinfo, now)
             if rail:
                 return self._record(ev, tinfo, "suppressed", rail, reason, {})
-            audit_id = audit.record_decision(
-                self.store, ts=now, engine_id=self.engine_id, rule=rule.name, trigger_kind=ev.kind,
-                trigger=ev.description, trigger_key=ev.key, action=rule.action, target=tdesc, target_key=tkey,
+            audit_id = audit.reserve_action(
+                self.store, tkey, ts=now, engine_id=self.engine_id, rule=rule.name, trigger_kind=ev.kind,
+                trigger=ev.description, trigger_key=ev.key, action=rule.action, target=tdesc,
                 node=tinfo["node"], namespace=tinfo["namespace"], outcome=audit.IN_PROGRESS, dry_run=dry,
                 params={**rule.params, "target": target}, received_ts=ev.received_ts)
-            audit.set_last_action(self.store, tkey, rule.name, now)
             self.window.add(rule.name, tkey, tinfo["node"], now)
             with self._state:
                 self._in_flight += 1

@@ -187,6 +187,22 @@ def record_decision(store: Store, **values: Any) -> int:
         return int(res.inserted_primary_key[0])  # type: ignore[index]
 
 
+def reserve_action(store: Store, target_key: str, **values: Any) -> int:
+    """One transaction: the audit row of a decision that goes ahead, and the target's cooldown stamp."""
+    values.setdefault("ts", time.time())
+    for k, default in (("params", {}), ("response", {}), ("reason", ""), ("trigger", ""), ("trigger_key", ""),
+                       ("target", ""), ("engine_id", ""), ("dry_run", False)):
+        if values.get(k) is None:
+            values[k] = default
+    with store.engine.begin() as conn:
+        audit_id = int(conn.execute(insert(_AUDIT).values(target_key=target_key, **values)).inserted_primary_key[0])  # type: ignore[index]
+        n = conn.execute(update(_COOL).where(_COOL.c.target_key == target_key)
+                         .values(rule=values["rule"], last_ts=values["ts"])).rowcount
+        if not n:
+            conn.execute(insert(_COOL).values(target_key=target_key, rule=values["rule"], last_ts=values["ts"]))
+    return audit_id
+
+
 def update_decision(store: Store, audit_id: int, **values: Any) -> None:
     with store.engine.begin() as conn:
         conn.execute(update(_AUDIT).where(_AUDIT.c.id == audit_id).values(**values))

@@ -160,6 +160,14 @@ def test_retransmit_storm_alert_drives_dry_run_and_live_restart(tmp_path: Path) 
         assert dry_store.events(node="e2e-node", kinds=["remediation"])[0].details["outcome"] == "dry_run"
         dry_store.close()
         assert elapsed < 60, f"end to end took {elapsed:.1f}s"
+        # the engine's own metrics pass promtool and count the decision
+        with urllib.request.urlopen(f"http://127.0.0.1:{live_port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        acted = [ln for ln in text.splitlines()
+                 if ln.startswith('triscope_remediation_actions_total{action="rolling_restart",outcome="acted"}')]
+        assert acted and float(acted[0].split()[-1]) >= 1
+        res = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
+        assert res.returncode == 0, res.stdout + res.stderr
     finally:
         if live_handle is not None:
             live_handle.stop()
