@@ -146,3 +146,20 @@ def test_cli_import_trace(tmp_path, capsys, sqlite_url):
     assert rc == 0 and read_trace(out_file).header["node"] == "demo-gpu"
     rc = main(["export-trace", "--db", sqlite_url, "--node", "nobody", "-o", str(out_file)])
     assert rc == 2 and "has no samples" in capsys.readouterr().err
+
+
+def test_import_for_demo_loads_once_per_trace_length(sqlite_url):
+    from triscope.trace import import_for_demo
+
+    now = 1_900_000_000.0
+    assert import_for_demo(sqlite_url, TRACE, now=now) == "h200"
+    st = Store.open(sqlite_url)
+    try:
+        assert st.time_bounds("h200")[1] == pytest.approx(now, abs=1)
+        n = len(st.events(node="h200"))
+        assert import_for_demo(sqlite_url, TRACE, now=now + 30) == "h200"   # still fresh: nothing added
+        assert len(st.events(node="h200")) == n
+        import_for_demo(sqlite_url, TRACE, now=now + 3600)                  # an hour later: a new copy
+        assert st.time_bounds("h200")[1] == pytest.approx(now + 3600, abs=1)
+    finally:
+        st.close()
