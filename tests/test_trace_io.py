@@ -163,3 +163,21 @@ def test_import_for_demo_loads_once_per_trace_length(sqlite_url):
         assert st.time_bounds("h200")[1] == pytest.approx(now + 3600, abs=1)
     finally:
         st.close()
+
+
+def test_phase_checks_fail_when_the_signature_is_missing():
+    cp = _check_phases()
+    good = {"link_capacity_Bps": 63e9, "pcie_rx_Bps": 0.0, "pcie_tx_Bps": 0.0, "sm_active": 0.0,
+            "tensor_active": 0.0, "utilization": 0.0, "dma_map_per_s": 0.0}
+    m = {
+        "idle": dict(good),
+        "pinned_h2d": {**good, "pcie_rx_Bps": 20e9, "utilization": 0.9},       # far below the link
+        "compute_bf16": {**good, "sm_active": 0.9, "tensor_active": 0.8},
+        "pin_churn": {**good, "dma_map_per_s": None},                           # eBPF probes absent
+    }
+    res = {n: ok for n, ok, _ in cp.checks(m)}
+    assert res["idle: PCIe quiet"] and res["compute_bf16: SMs busy"]
+    assert not res["pinned_h2d: PCIe RX >= 70% of the link"]
+    assert not res["pin_churn: DMA mappings seen (eBPF dma:dma_map_*)"]
+    m["idle"]["sm_active"] = None                                               # NVML missing: not a pass
+    assert not {n: ok for n, ok, _ in cp.checks(m)}["idle: SMs quiet"]
