@@ -13,6 +13,7 @@ Run alone: ``python -m bench.bench_dashboard [--quick]``.
 
 from __future__ import annotations
 
+import shutil
 import statistics
 import sys
 import tempfile
@@ -144,6 +145,7 @@ def run(quick: bool = False) -> list[Row]:
                         "", None, first <= 1500))
     rows.append(Row(label, f"seed: {n} samples written", round(n / seed_s), "samples/s"))
     st.close()
+    shutil.rmtree(tmp, ignore_errors=True)
     return rows
 
 

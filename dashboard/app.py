@@ -71,7 +71,7 @@ def _import_pages() -> None:
 
 def create_app(store_url: str | None = None, slo_file: str | Path | None = None, *, store: Any = None,
                password: str | None = None, username: str | None = None, live_interval_s: float = 5.0,
-               max_points: int = 1500, clock: Any = None, title: str = "triscope") -> Any:
+               max_points: int = 1000, clock: Any = None, title: str = "triscope") -> Any:
     """The Dash app over the store at ``store_url`` (or an open ``store``).
 
     ``password`` (default ``$TRISCOPE_DASHBOARD_PASSWORD``) turns on HTTP basic auth for every

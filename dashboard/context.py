@@ -19,7 +19,7 @@ class DashboardContext:
     store: Any                              # store.Store
     slo_file: Path | None = None
     live_interval_s: float = 5.0
-    max_points: int = 1500                  # per series, before Plotly
+    max_points: int = 1000                  # per series, before Plotly (the chart is ~1,100 px wide)
     clock: Any = time.time
     cache: dict[str, Any] = field(default_factory=dict)
 

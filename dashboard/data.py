@@ -201,8 +201,19 @@ def node_lanes(store: Any, node: str, window: Window, max_points: int = 1500,
     out.segments, out.segments_note = mismatch_segments(store, node, window, max_points, present)
     evs = store.events(node=node, start=window.start, end=window.end, limit=max_events + 1)
     evs = [e for e in evs if e.kind != "mismatch_state"] or evs  # state changes are the ribbon already
-    out.events_truncated = len(evs) > max_events
-    out.events = [EventMark(e.ts, e.kind, e.severity, e.message) for e in evs[:max_events]]
+    marks = [EventMark(e.ts, e.kind, e.severity, e.message) for e in evs]
+    # remediation decisions from the engine's audit log (they replace its "remediation" events)
+    audit = [r for r in audit_rows(store, window.start, window.end, limit=max_events).rows
+             if r.get("node") == node and r.get("ts") is not None]
+    if audit:
+        marks = [m for m in marks if m.kind != "remediation"]
+        sev = {"failed": "error", "acted": "warning"}
+        marks += [EventMark(float(r["ts"]), "remediation", sev.get(str(r.get("outcome", "")).split(" ")[0], "info"),
+                            f"{r.get('rule', '')}: {r.get('action', '')} {r.get('target', '')} ({r.get('mode', '')}, "
+                            f"{r.get('outcome', '')})") for r in audit]
+        marks.sort(key=lambda m: m.ts)
+    out.events_truncated = len(marks) > max_events
+    out.events = marks[:max_events]
     return out
 
 
@@ -214,14 +225,33 @@ def fetch_all(store: Any, infos: Sequence[Any], start: float, end: float, max_po
     """``store.query_series`` for each series, a few at a time on a small thread pool (the
     database works while Python waits: ~2x on a page of 10-15 series, more on PostgreSQL)."""
     global _POOL
+    one = _query_small if max_points is not None and end - start <= SMALL_RANGE_FACTOR * max_points else _query
     if len(infos) <= 1:
-        return [store.query_series(i, start, end, max_points=max_points, rate=rate) for i in infos]
+        return [one(store, i, start, end, max_points, rate) for i in infos]
     if _POOL is None:
         from concurrent.futures import ThreadPoolExecutor
 
         _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="triscope-dash-query")
-    futs = [_POOL.submit(store.query_series, i, start, end, max_points, rate) for i in infos]
+    futs = [_POOL.submit(one, store, i, start, end, max_points, rate) for i in infos]
     return [f.result() for f in futs]
+
+
+# a range of at most this many seconds per output point holds few raw points (1 Hz ticks): one plain
+# indexed read and the store's min/max downsampling in Python beat the SQL bucketing (3 queries)
+SMALL_RANGE_FACTOR = 4
+
+
+def _query(store: Any, info: Any, start: float, end: float, max_points: int | None, rate: bool | None) -> Any:
+    return store.query_series(info, start, end, max_points=max_points, rate=rate)
+
+
+def _query_small(store: Any, info: Any, start: float, end: float, max_points: int | None, rate: bool | None) -> Any:
+    from store.api import minmax_downsample
+
+    d = store.query_series(info, start, end, max_points=None, rate=rate)
+    if max_points is not None and len(d.ts) > max_points:
+        d.ts, d.values = minmax_downsample(d.ts, d.values, max_points)
+    return d
 
 
 def link_capacity_traces(store: Any, node: str, window: Window, present: set[str]) -> list[LaneTrace]:

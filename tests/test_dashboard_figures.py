@@ -152,6 +152,10 @@ def test_node_lanes_from_the_store(demo_store: Any) -> None:
     assert lanes.segments and lanes.segments_note == "state stored by the agent"
     assert {s.state for s in lanes.segments} >= {"io-saturated", "staging-bound", "compute-bound"}
     assert any(e.kind == "xid" for e in lanes.events)
+    # remediation decisions come from the audit log, with their outcome
+    rem = [e.message for e in lanes.events if e.kind == "remediation"]
+    assert rem == ["gpu-xid-restart: rolling_restart inference/llm-server (dry-run, dry_run)",
+                   "gpu-xid-restart: rolling_restart inference/llm-server (dry-run, suppressed (cooldown))"]
     assert lanes.missing == {}
 
 
