@@ -117,8 +117,11 @@ def split_available(collectors: list[Collector]) -> tuple[list[Collector], list[
             av = c.check()
         except Exception as e:  # noqa: BLE001
             av = Availability(False, f"check failed: {e}")
-        if av.ok:
+        if av.ok or c.name.startswith("scrape:"):
+            # a scraped service that is not up yet is retried every tick (it shows as down until then)
             keep.append(c)
+            if not av.ok:
+                log.warning("collector %s: %s (retried every tick)", c.name, av.reason)
         else:
             off.append((c, av))
             log.warning("collector %s is off: %s%s", c.name, av.reason, f" — {av.hint}" if av.hint else "")

@@ -55,7 +55,7 @@ class Agent:
 
     def _self_metrics(self) -> list[Sample]:
         return [
-            Sample("triscope_spooled_samples", float(self.spool.pending_samples)),
+            Sample("triscope_spool_pending_samples", float(self.spool.pending_samples)),
             Sample("triscope_spooled_samples_total", float(self.spool.spooled_samples_total), kind="counter"),
             Sample("triscope_dropped_samples_total", float(self.spool.dropped_samples), kind="counter"),
             Sample("triscope_store_write_errors_total", float(self.writer.write_errors), kind="counter"),
@@ -68,7 +68,7 @@ class Agent:
     def start_exporter(self) -> None:
         if self.cfg.listen is not None:
             host, port = self.cfg.listen
-            self.server = serve(self.registry, host, port)
+            self.server = serve(self.registry, host, port, self.tick_collector)
 
     def run(self, duration: float = 0.0) -> None:
         self.writer.start()

@@ -213,11 +213,13 @@ class Store:
                         keys[(s.name, lk)] = s.kind
                     pending.append((t.ts, s, lk))
             sids = self._series_id_map(conn, nid, ((m, lk, k) for (m, lk), k in keys.items()))
-            rows = [
-                (sids[(s.name, lk)], ts, float(s.value))
+            # one point per (series, ts): two sources reporting the same series in a tick, last wins
+            dedup = {
+                (sids[(s.name, lk)], ts): float(s.value)
                 for ts, s, lk in pending
                 if s.value == s.value and not math.isinf(s.value)
-            ]
+            }
+            rows = [(sid, ts, v) for (sid, ts), v in dedup.items()]
             self._insert_samples(conn, rows, fast)
             events = [(t.ts, e) for t in ticks for e in t.events]
             if events:

@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from agent.exporter import make_registry, serve
+from agent.exporter import make_registry, render_text, serve
 from triscope.metrics import CATALOGUE
 from triscope.samples import Sample
 
@@ -20,7 +20,7 @@ def _render(samples: list[Sample]) -> str:
     tick.update(samples)
     from prometheus_client import generate_latest
 
-    return generate_latest(registry).decode()
+    return (render_text(tick.samples()) + generate_latest(registry)).decode()
 
 
 def test_catalogue_follows_conventions() -> None:
@@ -45,9 +45,32 @@ def test_promtool_accepts_exporter_output() -> None:
 def test_served_over_http(unused_port: int) -> None:
     registry, tick = make_registry()
     tick.update([Sample("triscope_tcp_retransmits_total", 7.0, kind="counter")])
-    server, _thread = serve(registry, "127.0.0.1", unused_port)
+    server, _thread = serve(registry, "127.0.0.1", unused_port, tick)
     try:
         body = urllib.request.urlopen(f"http://127.0.0.1:{unused_port}/metrics", timeout=5).read().decode()
     finally:
         server.shutdown()
     assert "triscope_tcp_retransmits_total 7.0" in body
+
+
+def test_rendering_matches_the_client_library() -> None:
+    """Our fast renderer and prometheus_client agree on every value, label and type."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    registry, tick = make_registry()
+    samples = [Sample("triscope_tcp_sockets", 3.0, {"state": 'we"ird\\x'}),
+               Sample("triscope_tcp_retransmits_total", 12.0, kind="counter"),
+               Sample("triscope_gpu_sm_active_ratio", 0.25, {"gpu": "0"}),
+               Sample("triscope_gpu_sm_active_ratio", 0.75, {"gpu": "1"})]
+    tick.update(samples)
+    ours = {(s.name, tuple(sorted(s.labels.items())), s.value, f.type)
+            for f in text_string_to_metric_families(render_text(tick.samples()).decode()) for s in f.samples}
+    from prometheus_client import CollectorRegistry
+
+    ref_reg = CollectorRegistry()
+    ref_reg.register(tick)
+    ref = {(s.name, tuple(sorted(s.labels.items())), s.value, f.type)
+           for f in text_string_to_metric_families(generate_latest(ref_reg).decode()) for s in f.samples
+           if not s.name.endswith("_created")}
+    assert ours == ref

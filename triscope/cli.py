@@ -60,7 +60,20 @@ def main(argv: list[str] | None = None) -> int:
     from store.db import StoreError
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # -v / -vv / --verbose work before or after the subcommand
+    verbosity = 0
+    rest: list[str] = []
+    for i, a in enumerate(argv):
+        if a == "--":
+            rest.extend(argv[i:])
+            break
+        if a == "--verbose" or (a.startswith("-v") and set(a[1:]) == {"v"}):
+            verbosity += 1 if a == "--verbose" else len(a) - 1
+        else:
+            rest.append(a)
+    args = parser.parse_args(rest)
+    args.verbose = max(args.verbose, verbosity)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -110,7 +110,7 @@ _SPECS = [
     MetricSpec("triscope_tick_duration_seconds", "gauge", "Wall time of the last sampler tick (all collectors + store write).", ()),
     MetricSpec("triscope_collector_duration_seconds", "gauge", "Wall time of the collector's last collect().", ("collector",)),
     MetricSpec("triscope_ticks_total", "counter", "Sampler ticks run.", ()),
-    MetricSpec("triscope_spooled_samples", "gauge", "Samples waiting in the on-disk spool for the store to return.", ()),
+    MetricSpec("triscope_spool_pending_samples", "gauge", "Samples waiting in the on-disk spool for the store to return.", ()),
     MetricSpec("triscope_spooled_samples_total", "counter", "Samples written to the on-disk spool because the store was unreachable.", ()),
     MetricSpec("triscope_dropped_samples_total", "counter", "Samples dropped because the spool was full.", ()),
     MetricSpec("triscope_store_write_errors_total", "counter", "Failed store writes (the tick went to the spool).", ()),
