@@ -39,7 +39,10 @@ pytestmark = [pytest.mark.prometheus, pytest.mark.slow, pytest.mark.timeout(120)
 def _wait(pred, timeout: float, what: str, step: float = 0.25):  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        v = pred()
+        try:
+            v = pred()
+        except OSError:  # Prometheus answers 503 until its TSDB is ready; connection refused while starting
+            v = None
         if v:
             return v
         time.sleep(step)
@@ -84,7 +87,7 @@ def test_retransmit_storm_alert_drives_dry_run_and_live_restart(tmp_path: Path) 
         live_text = EXAMPLE.read_text().replace("    mode: none\n", f"    mode: url\n    url: {kube.url}\n", 1)
         live_store = open_store(f"sqlite:///{tmp_path / 'live.db'}")
         live_port = free_port()
-        live_handle = start(live_store, parse_policy(live_text, "live-policy.yaml"), listen=("127.0.0.1", live_port),
+        live_handle = start(live_store, parse_policy(live_text, str(EXAMPLE)), listen=("127.0.0.1", live_port),
                             token="e2e-token-123")
 
         # Alertmanager: route Triscope* alerts to both engines with the bearer token from a file

@@ -107,7 +107,7 @@ def test_unreachable_api_is_a_failed_decision(tmp_path: Path, srv: KubeTestServe
     down = k.KubeAdapter.connect(url=f"http://127.0.0.1:{_closed_port()}")
     down.timeout = (0.5, 1.0)
     eng = Engine(st, parse_policy(policy_text(rules)), kube=down)
-    no_api = Engine(st, parse_policy(policy_text(rules.replace("name: r", "name: r2"))), kube=None)
+    no_api = Engine(st, parse_policy(policy_text(rules.replace("name: r", "name: r2").replace("deployment: web", "deployment: api"))), kube=None)
     eng.submit_alerts(alert_payload([{"labels": {"alertname": "A"}, "fingerprint": "f1"}]))
     no_api.submit_alerts(alert_payload([{"labels": {"alertname": "A"}, "fingerprint": "f2"}]))
     assert eng.drain(30) and no_api.drain(30)
