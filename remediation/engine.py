@@ -236,7 +236,7 @@ class Engine:
                 return self._record(ev, None, "suppressed", "duplicate", "delivery already handled", {})
             return self._record(ev, None, "suppressed", "target", err, {})
         tkey, tdesc = target_key(rule, target)
-        tinfo = {"target": tdesc, "target_key": tkey, "namespace": target.get("namespace"),
+        tinfo: dict[str, Any] = {"target": tdesc, "target_key": tkey, "namespace": target.get("namespace"),
                  "node": target.get("node") or ev.node, "target_fields": target}
         if not audit.claim_delivery(self.store, ev.key, ev.received_ts):
             return self._record(ev, tinfo, "suppressed", "duplicate", "delivery already handled", {})
@@ -251,7 +251,7 @@ class Engine:
                 trigger=ev.description, trigger_key=ev.key, action=rule.action, target=tdesc,
                 node=tinfo["node"], namespace=tinfo["namespace"], outcome=audit.IN_PROGRESS, dry_run=dry,
                 params={**rule.params, "target": target}, received_ts=ev.received_ts)
-            self.window.add(rule.name, tkey, tinfo["node"], now)
+            self.window.add(rule.name, tkey, tinfo.get("node") or None, now)
             with self._state:
                 self._in_flight += 1
                 metrics.IN_FLIGHT.set(self._in_flight)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import (
     JSON,
@@ -23,6 +23,7 @@ from sqlalchemy import (
     Index,
     Integer,
     String,
+    Table,
     Text,
     delete,
     func,
@@ -139,11 +140,11 @@ class RemediationFallback(Base):
     revert_reason: Mapped[str] = mapped_column(Text, default="")
 
 
-_AUDIT = RemediationAudit.__table__
-_COOL = RemediationCooldown.__table__
-_DELIV = RemediationDelivery.__table__
-_BREAKER = RemediationBreaker.__table__
-_FALLBACK = RemediationFallback.__table__
+_AUDIT = cast(Table, RemediationAudit.__table__)
+_COOL = cast(Table, RemediationCooldown.__table__)
+_DELIV = cast(Table, RemediationDelivery.__table__)
+_BREAKER = cast(Table, RemediationBreaker.__table__)
+_FALLBACK = cast(Table, RemediationFallback.__table__)
 
 
 # audit -------------------------------------------------------------------------------------------
@@ -229,8 +230,13 @@ def audit_log(store: Store, since: float | None = None, until: float | None = No
     q = q.limit(limit)
     with store.engine.connect() as conn:
         rows = conn.execute(q).mappings().all()
-    return [AuditRow(**{k: (dict(v) if k in ("params", "response") and v else ({} if k in ("params", "response") else v))
-                        for k, v in r.items()}) for r in rows]
+    out = []
+    for r in rows:
+        d: dict[str, Any] = dict(r)
+        d["params"] = dict(d["params"] or {})
+        d["response"] = dict(d["response"] or {})
+        out.append(AuditRow(**d))
+    return out
 
 
 def action_counts(store: Store, since: float | None = None, until: float | None = None) -> dict[tuple[str, str], int]:

@@ -15,7 +15,7 @@ TOKEN_ENV = "TRISCOPE_WEBHOOK_TOKEN"
 DEFAULT_LISTEN = "127.0.0.1:9095"
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "remediate", help="run the remediation engine (policies -> safety rails -> Kubernetes actions)",
         description="Run the remediation engine: evaluate the policy's stored-data triggers on a schedule and "
@@ -67,7 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     a.set_defaults(func=cmd_audit)
 
 
-def _open_store(url: str):  # type: ignore[no-untyped-def]
+def _open_store(url: str):
     from sqlalchemy import inspect
 
     from store import Store
@@ -198,7 +198,7 @@ def cmd_run(args: argparse.Namespace) -> int:
               flush=True)
     done = threading.Event()
 
-    def _stop(signum, frame):  # type: ignore[no-untyped-def]
+    def _stop(signum, frame):
         done.set()
 
     signal.signal(signal.SIGTERM, _stop)
