@@ -425,6 +425,8 @@ class Engine:
         """Evaluate every stored-data rule; queue new episodes; mark fallbacks whose condition cleared."""
         now = time.time() if now is None else now
         submitted = 0
+        if self.leader is not None and not self.leader.is_leader:
+            return 0  # the leader evaluates; a follower that became leader starts from fresh episodes
         for rule in self.data_rules:
             try:
                 events, clear = stored_data_events(self.store, rule, now, self.stale_s, self._episodes)

@@ -336,3 +336,49 @@ def test_slo_trigger_names_an_existing_slo(tmp_path: Path) -> None:
     with pytest.raises(PolicyError) as ei:
         load_policy(tmp_path / "policy.yaml")
     assert ei.value.line == 6 and "no SLO 'latency'" in ei.value.reason and "svc-avail" in ei.value.reason
+
+
+def test_fallback_on_mismatch_state_reverts_when_state_clears(store: Any, srv: KubeTestServer) -> None:
+    eng = engine(store, srv, """  - name: netbound
+    trigger: {mismatch: network-bound, for: 4s}
+    action: dependency_fallback
+    target: {namespace: inference}
+    params: {configmap: deps, key: mode, ttl: 1h, hold: 3s}
+""")
+    t0 = time.time() - 20
+    store.write_ticks("gpu-1", [Tick(t0 + i, [Sample("triscope_mismatch_state", 1.0, {"state": "network-bound"})])
+                                for i in range(10)], rollup=False)
+    assert eng.evaluate_triggers(t0 + 10) == 1
+    assert eng.drain()
+    assert srv.get("configmaps", "inference", "deps")["data"] == {"mode": "fallback"}
+    # the state clears: the hold period starts at the first evaluation that sees it clear
+    store.write_ticks("gpu-1", [Tick(t0 + 10 + i, [Sample("triscope_mismatch_state", 0.0, {"state": "network-bound"})])
+                                for i in range(6)], rollup=False)
+    assert eng.evaluate_triggers(t0 + 15) == 0
+    assert audit.active_fallbacks(store)[0].clear_since == pytest.approx(t0 + 15)
+    assert eng.revert_fallbacks(t0 + 16) == 0  # clear for 1 s < hold 3 s
+    assert eng.revert_fallbacks(t0 + 18.5) == 1
+    eng.close()
+    assert srv.get("configmaps", "inference", "deps")["data"] == {}
+    rows = audit.audit_log(store, newest_first=False)
+    assert [(r.trigger_kind, r.outcome) for r in rows] == [("mismatch", "acted"), ("revert", "acted")]
+
+
+def test_cli_audit_lists_decisions(store: Any, srv: KubeTestServer, db_url: str) -> None:
+    import json
+    import subprocess
+    import sys
+
+    eng = engine(store, srv, """  - name: cmd
+    trigger: {alert: A}
+    action: command
+    params: {argv: ["true"]}
+""", dry_run=True)
+    eng.submit_alerts(alert_payload([{"labels": {"alertname": "A"}}]))
+    assert eng.drain()
+    eng.close()
+    res = subprocess.run([sys.executable, "-m", "triscope", "remediate", "audit", "--db", db_url, "--json"],
+                         capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parent.parent)
+    assert res.returncode == 0, res.stderr
+    rows = [json.loads(line) for line in res.stdout.splitlines()]
+    assert [(r["rule"], r["outcome"], r["dry_run"]) for r in rows] == [("cmd", "dry_run", True)]
