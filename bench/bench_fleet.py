@@ -77,7 +77,8 @@ def retention_compare(url: str, rows_per_day: int) -> tuple[float, float]:
         st.close()
 
 
-def storage_bytes_per_sample(url: str) -> float:
+def storage_bytes_per_row(url: str) -> tuple[float, float]:
+    """On-disk bytes per row (heap + indexes + TOAST) of the raw samples and of the 1-minute rollups."""
     from sqlalchemy import text
 
     from store import Store
@@ -90,7 +91,9 @@ def storage_bytes_per_sample(url: str) -> float:
                 "SELECT coalesce(sum(pg_total_relation_size(i.inhrelid)), 0) FROM pg_inherits i "
                 "JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname = 'samples'")).scalar()
             n = c.execute(text("SELECT count(*) FROM samples")).scalar()
-        return float(size or 0) / max(int(n or 0), 1)
+            r_size = c.execute(text("SELECT pg_total_relation_size('rollup_1m')")).scalar()
+            r_n = c.execute(text("SELECT count(*) FROM rollup_1m")).scalar()
+        return float(size or 0) / max(int(n or 0), 1), (float(r_size or 0) / r_n if r_n else float("nan"))
     finally:
         st.close()
 
@@ -100,9 +103,9 @@ def run(quick: bool = False) -> list[Row]:
     series = 200
     pg = PrivatePostgres()
     try:
-        res = run_load(pg.url, nodes, series, duration, fleet_every=duration / 2 if quick else 60.0)
+        res = run_load(pg.url, nodes, series, duration, fleet_every=duration / 2 if quick else 120.0)
         sql_s, sql_nodes = fleet_sql_seconds(pg.url, time.time())
-        bps = storage_bytes_per_sample(pg.url)
+        bps, rollup_bpr = storage_bytes_per_row(pg.url)
         drop_s, delete_s = retention_compare(pg.url, 200_000 if quick else 2_000_000)
     finally:
         pg.close()
@@ -128,7 +131,8 @@ def run(quick: bool = False) -> list[Row]:
                     "<= 1000", "bulk DELETE of the same day's rows", delete_s * 1000, ok=drop_s <= 1.0))
     per_day_gb = bps * nodes * series * 86400 / 1e9
     rows.append(Row("storage", f"bytes on disk per raw sample, heap + primary key (one raw day of {nodes} x "
-                    f"{series} at 1 Hz = {per_day_gb:,.0f} GB)", bps, "B"))
+                    f"{series} at 1 Hz = {per_day_gb:,.0f} GB)", bps, "B",
+                    baseline="bytes per 1-minute rollup row (min/max/sum/count/last/increase)", baseline_value=rollup_bpr))
     return rows
 
 

@@ -26,6 +26,7 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DBAPIError
 
 PARENT = "samples"
 DEFAULT = "samples_default"
@@ -33,6 +34,10 @@ DAY = 86400.0
 _NAME = re.compile(r"^samples_p(\d{8})$")
 _BOUND = re.compile(r"FROM \('?(-?[\d.eE+]+)'?\) TO \('?(-?[\d.eE+]+)'?\)")
 LOCK_TIMEOUT = "5s"   # DDL on the parent waits at most this long for ingest transactions
+
+
+def _lock_timed_out(e: DBAPIError) -> bool:
+    return getattr(e.orig, "sqlstate", None) == "55P03"   # lock_not_available
 
 
 def is_partition_name(name: str | None) -> bool:
@@ -71,7 +76,7 @@ def list_partitions(conn: Connection) -> list[tuple[str, float | None, float | N
     return out
 
 
-def create_day_partition(conn: Connection, start: float) -> str | None:
+def create_day_partition(conn: Connection, start: float, lock_timeout: str = LOCK_TIMEOUT) -> str | None:
     """Create the partition for the UTC day starting at ``start``; None if it exists already.
 
     Rows for that day that sit in the default partition are moved into it (PostgreSQL refuses to
@@ -81,7 +86,7 @@ def create_day_partition(conn: Connection, start: float) -> str | None:
     if conn.execute(text("SELECT to_regclass(:n)"), {"n": name}).scalar() is not None:
         return None
     end = start + DAY
-    conn.execute(text(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"))
+    conn.execute(text("SELECT set_config('lock_timeout', :t, true)"), {"t": lock_timeout})
     has_default = conn.execute(text("SELECT to_regclass(:n)"), {"n": DEFAULT}).scalar() is not None
     stray = has_default and conn.execute(
         text(f"SELECT EXISTS (SELECT 1 FROM {DEFAULT} WHERE ts >= :lo AND ts < :hi)"),
@@ -97,9 +102,10 @@ def create_day_partition(conn: Connection, start: float) -> str | None:
     return name
 
 
-def ensure_partitions(engine: Engine, now: float, ahead_days: int = 3) -> list[str]:
+def ensure_partitions(engine: Engine, now: float, ahead_days: int = 3, *, lock_timeout: str = LOCK_TIMEOUT) -> list[str]:
     """Create the daily partitions from today (UTC) to ``ahead_days`` ahead, plus one for every day
-    that has rows stranded in the default partition.  Returns the names created (oldest first)."""
+    that has rows stranded in the default partition.  Returns the names created (oldest first).
+    A day whose DDL cannot get its lock within ``lock_timeout`` is left for the next run."""
     if engine.dialect.name != "postgresql":
         return []
     if ahead_days < 0:
@@ -118,19 +124,25 @@ def ensure_partitions(engine: Engine, now: float, ahead_days: int = 3) -> list[s
                     d = (datetime.fromtimestamp(d, UTC) + timedelta(days=1)).timestamp()
     for d in sorted(days):
         # one short transaction per day: the DDL's lock on the parent is held briefly
-        with engine.begin() as conn:
-            name = create_day_partition(conn, d)
-            if name:
-                created.append(name)
+        try:
+            with engine.begin() as conn:
+                name = create_day_partition(conn, d, lock_timeout)
+        except DBAPIError as e:
+            if not _lock_timed_out(e):
+                raise
+            continue
+        if name:
+            created.append(name)
     return created
 
 
-def drop_expired_partitions(engine: Engine, before_ts: float) -> list[str]:
+def drop_expired_partitions(engine: Engine, before_ts: float, *, lock_timeout: str = LOCK_TIMEOUT) -> list[str]:
     """Drop every daily partition whose whole range ends at or before ``before_ts``.
 
     Rows in a partition that straddles ``before_ts`` stay until that day has fully expired, so
     raw data is kept up to one day longer than the retention asks (never shorter).  Returns the
-    names dropped."""
+    names dropped; a partition whose DROP cannot get its lock within ``lock_timeout`` (a long
+    query reading it) is left for the next run."""
     if engine.dialect.name != "postgresql":
         return []
     with engine.connect() as conn:
@@ -140,10 +152,15 @@ def drop_expired_partitions(engine: Engine, before_ts: float) -> list[str]:
                    if hi is not None and hi <= before_ts and _NAME.match(name)]
     dropped: list[str] = []
     for name in expired:
-        with engine.begin() as conn:
-            conn.execute(text(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"))
-            conn.execute(text(f"DROP TABLE IF EXISTS {name}"))
-            dropped.append(name)
+        try:
+            with engine.begin() as conn:
+                conn.execute(text("SELECT set_config('lock_timeout', :t, true)"), {"t": lock_timeout})
+                conn.execute(text(f"DROP TABLE IF EXISTS {name}"))
+        except DBAPIError as e:
+            if not _lock_timed_out(e):
+                raise
+            continue
+        dropped.append(name)
     return dropped
 
 

@@ -134,6 +134,30 @@ def test_rows_outside_every_partition_land_in_default_and_are_moved_out(pg_url: 
         st.close()
 
 
+@pytest.mark.postgres
+def test_a_busy_partition_is_left_for_the_next_run_instead_of_stalling(pg_url: str) -> None:
+    upgrade(pg_url)
+    st = Store.open(pg_url)
+    try:
+        old = P.day_start(time.time()) - 10 * DAY
+        P.ensure_partitions(st.engine, old, ahead_days=1)
+        st.write_ticks("n", _ticks(old + 60, 2))
+        reader = st.engine.connect()
+        tx = reader.begin()
+        reader.execute(text("SELECT count(*) FROM samples WHERE ts < :t"), {"t": old + DAY})  # holds its lock
+        try:
+            t0 = time.monotonic()
+            assert P.drop_expired_partitions(st.engine, old + 2 * DAY, lock_timeout="200ms") == []
+            assert time.monotonic() - t0 < 5
+        finally:
+            tx.rollback()
+            reader.close()
+        assert P.drop_expired_partitions(st.engine, old + 2 * DAY, lock_timeout="200ms") == [
+            P.partition_name(old), P.partition_name(old + DAY)]
+    finally:
+        st.close()
+
+
 def test_sqlite_is_untouched(sqlite_url: str) -> None:
     upgrade(sqlite_url)
     st = Store.open(sqlite_url)
