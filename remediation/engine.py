@@ -498,7 +498,10 @@ class Engine:
 
     def prune(self) -> int:
         with self._decide:
-            self.window.trim(time.time())
+            now = time.time()
+            self.window.trim(now)
+            for ep in [e for e, ts in self._resolved.items() if ts < now - self.settings.dedupe_retention_s]:
+                del self._resolved[ep]
         return audit.prune(self.store, time.time() - self.settings.dedupe_retention_s)
 
     def leader_step(self) -> None:

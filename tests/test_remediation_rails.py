@@ -157,6 +157,14 @@ def test_rail_rate_limit_per_rule(env: Env) -> None:
     assert env.patches() == 2
 
 
+def test_rail_rate_limit_survives_restart(env: Env) -> None:
+    rows = fire(env.engine(max_actions=2), storm("web"), storm("api"))
+    assert [r.outcome for r in rows] == ["acted", "acted"]
+    rows = fire(env.engine(max_actions=2), storm("db"))  # a new engine recounts from the audit log
+    assert [(r.outcome, r.rail) for r in rows] == [("suppressed", "rate_limit")]
+    assert env.patches() == 2
+
+
 def test_rail_hourly_cap(env: Env) -> None:
     settings = "  namespaces: [inference]\n  max_actions_per_hour: 2\n"
     rows = fire(env.engine(settings=settings), storm("web"), storm("api"), storm("db"))
