@@ -111,7 +111,7 @@ def create_app(store_url: str | None = None, slo_file: str | Path | None = None,
     @app.server.route(auth.HEALTH_PATH)
     def _healthz() -> Any:  # for probes: 200 while the store answers, 503 with the reason otherwise
         try:
-            store.time_bounds()
+            store.nodes()
         except Exception as e:  # noqa: BLE001
             return f"store unavailable: {str(e).splitlines()[0][:200]}\n", 503, {"Content-Type": "text/plain"}
         return "ok\n", 200, {"Content-Type": "text/plain"}

@@ -50,8 +50,8 @@ def resolve_window(store: Any, node: str | None, preset: str, now: float,
             if n.name == node:
                 last = n.last_seen
     else:
-        tb = store.time_bounds()
-        last = tb[1] if tb else None
+        # the nodes table knows each node's last sample (time_bounds() would scan every sample)
+        last = max((n.last_seen for n in store.nodes()), default=None)
     if last is None or abs(now - last) <= LIVE_SLACK_S:
         return Window(now - span, now, True)
     from datetime import datetime

@@ -127,11 +127,12 @@ def test_slo_and_evidence_figures() -> None:
 
 # ---------------------------------------------------------------------------------------------- data, on a real store
 @pytest.fixture
-def demo_store(sqlite_url: str) -> Any:
+def demo_store(db_url: str) -> Any:
+    """The demo nodes on SQLite and on the real PostgreSQL server."""
     from dashboard.seed import seed_demo
     from store import Store
 
-    st = Store.open(sqlite_url)
+    st = Store.open(db_url)
     st.upgrade()
     spans = seed_demo(st, 1_800_000_000.0, phase_s=60, cycles=1)
     yield st, spans

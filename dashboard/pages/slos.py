@@ -46,8 +46,8 @@ def render(preset: str) -> Any:
             cards.append(note(f"evaluated at {fmt_ts(w.end)} UTC: {w.note}", "info"))
         for slo in ss.slos:
             st = slo_view.evaluate(c, slo, w.end)
-            tb = c.store.time_bounds()
-            ts, budget = slo_view.burn_down(c, slo, max(w.start, tb[0]) if tb else w.start, w.end)
+            first = min((n.first_seen for n in c.store.nodes()), default=w.start)
+            ts, budget = slo_view.burn_down(c, slo, max(w.start, first), w.end)
             status = st.status
             rows = [html.Tr([html.Td(k), html.Td("no data" if f.burn_rate is None else f"{f.burn_rate:.2f}x"),
                              html.Td(_pct(f.error_ratio, 3)), html.Td(f"{f.coverage:.0%}")])
