@@ -65,8 +65,27 @@ def _import_pages() -> None:
         mod = importlib.import_module(f"dashboard.pages.{name}")
         # what Dash does for modules it finds in a pages folder: the registry entry gets the layout
         entry = dash.page_registry.get(mod.__name__)
-        if entry is not None and not entry.get("layout"):
-            entry["layout"] = mod.layout
+        if entry is not None and not getattr(entry.get("layout"), "_triscope_guarded", False):
+            entry["layout"] = _guarded(mod.layout, entry.get("name") or name)
+
+
+def _guarded(layout: Any, page: str) -> Any:
+    """A page layout that says what failed (store unreachable, ...) instead of a blank page."""
+    import functools
+
+    @functools.wraps(layout)
+    def wrapper(**kwargs: Any) -> Any:
+        from dash import html
+
+        from dashboard.components import error_note
+
+        try:
+            return layout(**kwargs)
+        except Exception as e:  # noqa: BLE001 - one line in the page, the traceback in the log
+            return html.Div([html.H2(page), error_note(f"the {page} page", e)])
+
+    wrapper._triscope_guarded = True  # type: ignore[attr-defined]
+    return wrapper
 
 
 def create_app(store_url: str | None = None, slo_file: str | Path | None = None, *, store: Any = None,

@@ -189,3 +189,35 @@ def test_wsgi_entry_under_gunicorn(seeded_url: str, tmp_path: Any) -> None:
     finally:
         p.terminate()
         p.wait(20)
+
+
+@pytest.mark.postgres
+def test_database_outage_is_said_in_the_page(pg_server: Any, pg_url: str) -> None:
+    """PostgreSQL goes away under a running dashboard: pages say so in one line, /healthz is 503,
+    and everything comes back with the database."""
+    from dashboard.app import create_app
+    from dashboard.seed import seed_demo
+    from store import Store
+
+    st = Store.open(pg_url)
+    st.upgrade()
+    seed_demo(st, time.time(), phase_s=20, cycles=1)
+    app = create_app(pg_url, store=st)
+    c = app.server.test_client()
+    layout_of = {p: __import__("dash").page_registry[f"dashboard.pages.{p}"]["layout"] for p in ("fleet", "node")}
+    pg_server.stop()
+    try:
+        r = c.get("/healthz")
+        assert r.status_code == 503 and b"store unavailable" in r.data
+        with app.server.test_request_context("/"):
+            for page, fn in layout_of.items():
+                text = str(fn(node="h200-node"))
+                assert "failed" in text and "OperationalError" in text, (page, text[:500])
+    finally:
+        pg_server.start()
+    deadline = time.monotonic() + 30
+    while c.get("/healthz").status_code != 200 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert c.get("/healthz").status_code == 200
+    with app.server.test_request_context("/"):
+        assert "failed" not in str(layout_of["fleet"]())

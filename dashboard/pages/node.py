@@ -70,6 +70,9 @@ def render(preset: str, _clicks: int, node: str, start: str | None, end: str | N
         w = _window(c, node, preset, start, end)
     except ValueError as e:
         return no_update, no_update, "", note(str(e), "warn")
+    except Exception as e:  # noqa: BLE001 - the store is unreachable: say so
+        return figures.empty_figure("the node's data could not be read (see the note below)"), None, "", \
+            error_note("reading the node", e)
     try:
         lanes = data.node_lanes(c.store, node, w, max_points=c.max_points)
         fig, keys = figures.node_lanes_figure(lanes, uirevision=f"{node}|{preset}|{w.start:.0f}")
@@ -104,7 +107,13 @@ def live_append(_n: int, meta: dict[str, Any] | None, relayout: dict[str, Any] |
         return no_update, no_update
     c = ctx()
     since = float(meta["cursor"])
-    delta = data.live_delta(c.store, meta["node"], meta["keys"], since, c.now() + 1)
+    try:
+        delta = data.live_delta(c.store, meta["node"], meta["keys"], since, c.now() + 1)
+    except Exception as e:  # noqa: BLE001 - a store hiccup: keep the chart, try again next interval
+        import logging
+
+        logging.getLogger("dashboard").warning("live append for %s failed: %s", meta["node"], e)
+        return no_update, no_update
     if not any(ts for ts, _ in delta.values()):
         return no_update, no_update
     scale = {s.metric: s.scale for s in (*data.NODE_TRACES, data.COARSE_GPU)}

@@ -76,7 +76,10 @@ def explain(_n: int, node: str, start: str | None, end: str | None) -> tuple[Any
                                  className="causes", id="rootcause-causes"))
         else:
             parts.append(empty_state("No ranked causes", res.note, id="rootcause-nocauses"))
-    parts += _detector(c, node, a, b)
+    try:
+        parts += _detector(c, node, a, b)
+    except Exception as e:  # noqa: BLE001
+        parts.append(error_note("reading the window's events", e))
     parts.append(html.Div(f"answered in {(time.perf_counter() - t0) * 1000:.0f} ms", className="status-line"))
     return parts, link
 
