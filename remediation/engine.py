@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_POLICY = REPO_ROOT / "deploy" / "policy.example.yaml"
 _K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
-QUIET_RAILS = ("duplicate", "leader")  # no timeline / Kubernetes event for these (they would flood)
+QUIET_RAILS = ("duplicate", "leader", "not_firing")  # audited only: a timeline / Kubernetes Event each would flood
 
 
 @dataclass(frozen=True)
@@ -207,6 +207,8 @@ class Engine:
                 matched += 1
                 if ev.firing:
                     self._note_firing(ev)
+                else:
+                    self._note_resolved(ev)  # in arrival order, before any later firing of the same alert
                 self.submit(ev)
         return len(payload["alerts"]), matched
 
@@ -225,7 +227,6 @@ class Engine:
     def handle(self, ev: TriggerEvent) -> Decision:
         rule = ev.rule
         if not ev.firing:
-            self._note_resolved(ev)
             return self._record(ev, None, "suppressed", "not_firing", "alert resolved: only firing alerts act", {})
         if self.leader is not None and not self.leader.is_leader:
             return self._record(ev, None, "suppressed", "leader", f"not the leader (lease "

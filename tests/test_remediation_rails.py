@@ -235,9 +235,9 @@ def test_rail_recheck_alert_resolved_before_acting(env: Env) -> None:
     labels = storm()["labels"]
     firing = TriggerEvent(rule, "alert", "k1", "alert", labels, None, time.time(), time.time() - 1,
                           episode="alert:restart:fp1")
-    resolved = TriggerEvent(rule, "alert", "k2", "alert", labels, None, time.time(), time.time(), firing=False,
-                            episode="alert:restart:fp1")
-    eng.handle(resolved)
+    # the firing delivery is still queued when Alertmanager's resolved for the same alert arrives
+    eng.submit_alerts(alert_payload([{"labels": labels, "fingerprint": "fp1"}], status="resolved"))
+    assert eng.drain()
     d = eng.handle(firing)
     assert (d.outcome, d.rail) == ("suppressed", "recheck")
     assert env.patches() == 0
