@@ -353,3 +353,24 @@ def test_root_cause_on_the_h200_trace(browser: Any, h200_source: tuple[str, str,
         assert p.errors == []
     finally:
         p.close()
+
+
+def test_live_mode_moves_the_time_axis_without_a_zoom(page: Page, seeded: tuple[Any, Any]) -> None:
+    from store import Tick
+    from triscope.samples import Sample
+
+    st, _ = seeded
+    pg = page.goto("/node/cpu-node?range=15m")
+    pg.wait_for_selector("#node-graph .js-plotly-plot")
+    end0 = graph_js(pg, "node-graph", "Date.parse(gd._fullLayout.xaxis.range[1].replace(' ', 'T') + 'Z') / 1000")
+    pg.get_by_label("live").check()
+    newest = time.time() + 0.5  # after the render (end0), not in the server's future
+    assert newest > end0
+    st.write_ticks("cpu-node", [Tick(newest, [Sample("triscope_tcp_sockets", 99.0, {"state": "time_wait"})])])
+    pg.wait_for_function(
+        "(t) => { const gd = document.querySelector('#node-graph .js-plotly-plot');"
+        " return Date.parse(gd._fullLayout.xaxis.range[1].replace(' ', 'T') + 'Z') / 1000 >= t; }",
+        arg=newest, timeout=15000)
+    rng = graph_js(pg, "node-graph", "gd._fullLayout.xaxis.range.map(s => Date.parse(s.replace(' ', 'T') + 'Z') / 1000)")
+    assert rng[1] - rng[0] == pytest.approx(900, abs=2)  # still a 15-minute view, now ending at the newest point
+    assert page.errors == []
