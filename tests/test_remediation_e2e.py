@@ -155,12 +155,14 @@ def test_retransmit_storm_alert_drives_dry_run_and_live_restart(tmp_path: Path) 
         patches = kube.calls("PATCH", "/apis/apps/v1/namespaces/inference/deployments/web")
         assert len(patches) == 1 and patches[0].content_type == "application/strategic-merge-patch+json"
         assert "kubectl.kubernetes.io/restartedAt" in patches[0].body["spec"]["template"]["metadata"]["annotations"]
-        assert kube.list("events", "inference")[0]["reason"] == "RemediationActed"
+        kev = _wait(lambda: kube.list("events", "inference"), 10, "the Kubernetes Event")
+        assert kev[0]["reason"] == "RemediationActed" and kev[0]["involvedObject"]["name"] == "web"
 
         dry = dry_rows[0]
         assert (dry.rule, dry.outcome, dry.dry_run) == ("restart-on-retransmit-storm", "dry_run", True)
         assert dry.target == "deployment inference/web"
-        assert dry_store.events(node="e2e-node", kinds=["remediation"])[0].details["outcome"] == "dry_run"
+        tl = _wait(lambda: dry_store.events(node="e2e-node", kinds=["remediation"]), 10, "the timeline event")
+        assert tl[0].details["outcome"] == "dry_run"
         dry_store.close()
         assert elapsed < 60, f"end to end took {elapsed:.1f}s"
         # the engine's own metrics pass promtool and count the decision
