@@ -213,3 +213,25 @@ def test_live_delta_returns_only_new_points(demo_store: Any) -> None:
     key = "triscope_tcp_sockets|state=time_wait"
     d = data.live_delta(st, "cpu-node", [key, "capacity|gpu=0"], since=end, until=end + 5)
     assert d[key] == ([end + 1, end + 2], [8.0, 9.0])
+
+
+def test_npu_node_lanes_and_fleet(sqlite_url: str) -> None:
+    """An Ascend node (npu-smi series, no GPU): AICore in the accelerator lane, no PCIe lane."""
+    from store import Store, Tick
+    from triscope.samples import Sample
+
+    st = Store.open(sqlite_url)
+    st.upgrade()
+    t0 = 1_800_000_000.0
+    st.write_ticks("ascend-1", [Tick(t0 + i, [
+        Sample("triscope_npu_aicore_utilization_ratio", 0.5, {"npu": "0", "chip": "0"}),
+        Sample("triscope_npu_aicore_utilization_ratio", 0.25, {"npu": "1", "chip": "0"}),
+        Sample("triscope_npu_health", 0.0, {"npu": "0", "chip": "0"}),
+    ]) for i in range(120)])
+    w = data.resolve_window(st, "ascend-1", "15m", now=time.time())
+    lanes = data.node_lanes(st, "ascend-1", w)
+    aicore = sorted((t.name, t.values[0] * t.scale) for t in lanes.traces if t.lane == "accelerators")
+    assert aicore == [("NPU 0/0 AICore", 50.0), ("NPU 1/0 AICore", 25.0)]
+    assert "accelerators" not in lanes.missing and "io" in lanes.missing
+    assert data.accelerator_summary(st, "ascend-1") == "2 x Ascend NPU"
+    st.close()
