@@ -61,6 +61,9 @@ class MismatchThresholds:
     64 MiB buffer registered per request) maps ~55/s, pinning page by page ~1,100/s."""
     retransmit_rate: float = 5.0
     """TCP retransmits per second at or above this: network trouble."""
+    state_dwell_s: float = 2.0
+    """Per-tick tracker: a new state is reported once the window has shown it this long in a row
+    (0: at once).  Transition ticks (a GPM sample half idle, half copying) do not make states."""
     min_coverage: float = 0.5
     """A window needs accelerator data for at least this share of its ticks to be classified."""
 

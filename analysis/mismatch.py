@@ -93,12 +93,25 @@ class AcceleratorFeatures:
     link_bytes_per_second: float | None = None  # mean of the busier PCIe direction
     link_ceiling: float | None = None       # effective one-way ceiling, bytes/s
     coverage: float = 1.0                   # share of the window's ticks with busy data
+    # the window's typical (median) tick: what the state is decided on, so a window that straddles
+    # a change (half idle, half pinned copies) takes one side instead of a made-up middle; the
+    # means above give the score (share of time lost).  None: use the means.
+    busy_typical: float | None = None
+    link_typical_bytes_per_second: float | None = None
 
     @property
     def link_util(self) -> float | None:
         if self.link_bytes_per_second is None or not self.link_ceiling:
             return None
         return min(1.5, self.link_bytes_per_second / self.link_ceiling)
+
+    @property
+    def link_util_typical(self) -> float | None:
+        if self.link_typical_bytes_per_second is None:
+            return self.link_util
+        if not self.link_ceiling:
+            return None
+        return min(1.5, self.link_typical_bytes_per_second / self.link_ceiling)
 
 
 @dataclass(slots=True)
@@ -139,10 +152,14 @@ def _r(x: float | None, nd: int = 4) -> float | None:
 
 def classify_accelerator(acc: AcceleratorFeatures, f: WindowFeatures,
                          th: MismatchThresholds) -> tuple[str, float, list[str]]:
-    """State, score and the reasons for one accelerator.  ``acc.busy`` must not be None."""
-    b = max(0.0, min(1.0, acc.busy or 0.0))
-    u = acc.link_util
+    """State, score and the reasons for one accelerator.  ``acc.busy`` must not be None.
+
+    The state is decided on the window's typical tick (medians), the score on its means."""
+    b = max(0.0, min(1.0, acc.busy_typical if acc.busy_typical is not None else (acc.busy or 0.0)))
+    u = acc.link_util_typical
     u0 = 0.0 if u is None else u
+    bm = max(0.0, min(1.0, acc.busy or 0.0))  # means: the score
+    um = acc.link_util or 0.0
     cpu = f.cpu_busy or 0.0
     psi = f.pressure or 0.0
     dma = f.dma_map_rate or 0.0
@@ -153,19 +170,19 @@ def classify_accelerator(acc: AcceleratorFeatures, f: WindowFeatures,
                         psi / th.cpu_pressure if th.cpu_pressure > 0 else 0.0,
                         dma / th.pin_churn_rate if th.pin_churn_rate > 0 else 0.0)
     reasons: list[str] = []
-    link_share = min(1.0, u0 / th.io_saturated_link) if th.io_saturated_link > 0 else 0.0
+    link_share = min(1.0, um / th.io_saturated_link) if th.io_saturated_link > 0 else 0.0
     if b >= th.compute_busy:
         reasons.append(f"accelerator busy {b:.0%} >= {th.compute_busy:.0%}")
-        return "compute-bound", (1 - b) * link_share, reasons
+        return "compute-bound", (1 - bm) * link_share, reasons
     if b < th.starved_busy:
         starved = f"accelerator starved: busy {b:.0%} < {th.starved_busy:.0%}"
         if u is not None and u0 >= th.io_saturated_link:
             reasons += [starved, f"link at {u0:.0%} of its ceiling >= {th.io_saturated_link:.0%}"]
-            return "io-saturated", 1 - b, reasons
+            return "io-saturated", 1 - bm, reasons
         link_active = u is not None and u0 >= th.idle_link
         if net_strength >= 1 and net_strength >= host_strength:
             reasons += [starved, f"{rtx:.1f} TCP retransmits/s >= {th.retransmit_rate:g}"]
-            return "network-bound", 1 - b, reasons
+            return "network-bound", 1 - bm, reasons
         # host copying / mapping hard while the link runs well below its ceiling: the pageable case
         host_copying = link_active or pin_churn or psi >= th.cpu_pressure
         if host_copying:
@@ -178,15 +195,15 @@ def classify_accelerator(acc: AcceleratorFeatures, f: WindowFeatures,
                 reasons.append(f"host pressure {psi:.0%}")
             if pin_churn:
                 reasons.append(f"pin churn: {dma:.0f} DMA maps/s")
-            return "staging-bound", 1 - b, reasons
+            return "staging-bound", 1 - bm, reasons
         if net_strength >= 1:
             reasons += [starved, f"{rtx:.1f} TCP retransmits/s >= {th.retransmit_rate:g}"]
-            return "network-bound", 1 - b, reasons
+            return "network-bound", 1 - bm, reasons
         if b < th.idle_busy:
             reasons.append(f"accelerator busy {b:.0%} and link {u0:.0%}: nothing to do")
             return "idle", 0.0, reasons
     reasons.append(f"accelerator busy {b:.0%}, link {u0:.0%} of its ceiling")
-    return "balanced", (1 - b) * link_share, reasons
+    return "balanced", (1 - bm) * link_share, reasons
 
 
 _TIE_ORDER = {s: i for i, s in enumerate(("io-saturated", "staging-bound", "network-bound", "balanced",
@@ -216,7 +233,9 @@ def classify_window(features: WindowFeatures, thresholds: MismatchThresholds | N
     evidence: dict[str, Any] = {
         "accelerator": acc.name,
         "busy": _r(acc.busy),
+        "busy_median": _r(acc.busy_typical),
         "link_util": _r(acc.link_util),
+        "link_util_median": _r(acc.link_util_typical),
         "link_bytes_per_second": _r(acc.link_bytes_per_second, 0),
         "link_ceiling_bytes_per_second": _r(acc.link_ceiling, 0),
         "cpu_busy": _r(features.cpu_busy),
@@ -249,6 +268,30 @@ def _window_means(ts: Sequence[float], vals: Sequence[float], start: float, wind
         np.add.at(sums, idx[ok], v[ok])
         np.add.at(counts, idx[ok], 1)
     return sums, counts
+
+
+def _window_medians(ts: Sequence[float], vals: Sequence[float], start: float, window: float, n: int):  # type: ignore[no-untyped-def]
+    """Upper median of the points in each window (NaN where none): always one of the window's own
+    points, so a window split half and half takes one side rather than the average of both."""
+    import numpy as np
+
+    out = np.full(n, np.nan)
+    if not len(ts):
+        return out
+    t = np.asarray(ts, dtype=float)
+    v = np.asarray(vals, dtype=float)
+    idx = np.floor((t - start) / window).astype(np.int64)
+    ok = (idx >= 0) & (idx < n) & np.isfinite(v)
+    idx, v = idx[ok], v[ok]
+    if not len(v):
+        return out
+    order = np.lexsort((v, idx))
+    idx, v = idx[order], v[order]
+    counts = np.bincount(idx, minlength=n)
+    offsets = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    has = counts > 0
+    out[has] = v[offsets[has] + counts[has] // 2]
+    return out
 
 
 def _bus_ids(store: Any, node: str) -> set[str]:
@@ -357,7 +400,7 @@ def node_states(store: Any, node: str, start: float, end: float, window: float |
     rtx = summed_rate(q(RETRANSMITS))
 
     # accelerators
-    accs: list[tuple[str, Any, Any, Any, float]] = []  # name, busy mean, coverage, link mean, ceiling
+    accs: list[tuple[str, Any, Any, Any, float, Any, Any]] = []  # name, busy, coverage, link, ceiling, medians
     busy_series = q(GPU_BUSY) + q(NPU_BUSY)
     rx = {_acc_name(sd.info.labels): sd for sd in q(PCIE_RX)}
     tx = {_acc_name(sd.info.labels): sd for sd in q(PCIE_TX)}
@@ -365,11 +408,13 @@ def node_states(store: Any, node: str, start: float, end: float, window: float |
         name = _acc_name(sd.info.labels)
         s, c = _window_means(sd.ts, sd.values, start, w, n)
         busy = np.where(c > 0, s / np.maximum(c, 1), np.nan)
+        busy_med = _window_medians(sd.ts, sd.values, start, w, n)
         # points a window normally holds (the median, so a finer-grained tail does not set it)
         nz = c[c > 0]
         expected = max(float(np.median(nz)) if len(nz) else 1.0, 1.0)
         coverage = np.minimum(1.0, c / expected)
         link = None
+        link_med = None
         ceiling = 0.0
         if name in rx or name in tx:
             link = np.full(n, np.nan)
@@ -386,6 +431,7 @@ def node_states(store: Any, node: str, start: float, end: float, window: float |
                 vv = [pts[t] for t in tt]
                 ls, lc = _window_means(tt, vv, start, w, n)
                 link = np.where(lc > 0, ls / np.maximum(lc, 1), np.nan)
+                link_med = _window_medians(tt, vv, start, w, n)
                 observed = max(vv)
                 if ceiling_lookback_s > 0:
                     for m in (PCIE_RX, PCIE_TX):
@@ -396,17 +442,20 @@ def node_states(store: Any, node: str, start: float, end: float, window: float |
                                 observed = max(observed, max(hist.values))
                 negotiated = _negotiated_capacity(store, node, sd.info.labels, start, end)
                 ceiling = effective_ceiling(negotiated, observed, th)
-        accs.append((name, busy, coverage, link, ceiling))
+        accs.append((name, busy, coverage, link, ceiling, busy_med, link_med))
 
     out: list[WindowState] = []
     for i in range(n):
         a_list = []
-        for name, busy, cov, link, ceiling in accs:
+        for name, busy, cov, link, ceiling, busy_med, link_med in accs:
             b = float(busy[i])
             if math.isnan(b):
                 continue
             lb = None if link is None or math.isnan(float(link[i])) else float(link[i])
-            a_list.append(AcceleratorFeatures(name, b, lb, ceiling or None, float(cov[i])))
+            lm = None if link_med is None or math.isnan(float(link_med[i])) else float(link_med[i])
+            bmed = float(busy_med[i])
+            a_list.append(AcceleratorFeatures(name, b, lb, ceiling or None, float(cov[i]),
+                                              None if math.isnan(bmed) else bmed, lm))
         if not a_list:
             continue
         f = WindowFeatures(

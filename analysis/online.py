@@ -11,7 +11,9 @@ window with the same ``classify_window`` the stored-series path uses, and return
 * an ``EventRecord(kind="mismatch_state")`` when the state or the pin-churn flag changes (details: from, to, score,
   pin_churn, evidence).
 
-Counters are turned into rates from consecutive ticks (reset-aware).  Nothing is returned while
+The state is decided on the window's typical tick (medians of accelerator busy and link load)
+and reported once it has held for ``state_dwell_s`` (2 s): a tick that straddles a phase change
+makes no state of its own.  Counters are turned into rates from consecutive ticks (reset-aware).  Nothing is returned while
 no accelerator input has been seen (a host without GPU/NPU has no mismatch state).  Cost is a few
 dictionary look-ups per input sample plus running sums: well under 1 ms per tick (see
 ``bench/bench_analysis.py``).
@@ -76,6 +78,12 @@ class _Rolling:
     def mean(self) -> float | None:
         return self.total / len(self.items) if self.items else None
 
+    def median(self) -> float | None:
+        if not self.items:
+            return None
+        vals = sorted(v for _, v in self.items)
+        return vals[len(vals) // 2]  # the upper median: a real tick, never the average of two sides
+
 
 def _label_name(labels: Mapping[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
@@ -102,6 +110,7 @@ class MismatchTracker:
         self._rtx = _Rolling()
         self._ticks = _Rolling()
         self.state: str | None = None
+        self._candidate: tuple[str, float] | None = None
         self.pin_churn = False
         self.last: Verdict | None = None
 
@@ -217,34 +226,55 @@ class MismatchTracker:
                 continue
             ceiling = None
             lb = None
+            lmed = None
             lr = self._link.get(name)
             if lr is not None and lr.items:
                 lb = lr.mean()
+                lmed = lr.median()
                 negotiated = self._negotiated(name)
                 ceiling = effective_ceiling(negotiated, self._link_max.get(name), self.th)
-            accs.append(AcceleratorFeatures(name, r.mean(), lb, ceiling, min(1.0, len(r.items) / ticks)))
+            accs.append(AcceleratorFeatures(name, r.mean(), lb, ceiling, min(1.0, len(r.items) / ticks),
+                                            r.median(), lmed))
         f = WindowFeatures(accs, self._cpu.mean(), self._psi.mean(), self._dma.mean(), self._rtx.mean())
         v = classify_window(f, self.th)
         if v is None:
             return []
+        state = self._debounce(now, v.state)
         out: list[Sample | EventRecord] = [Sample("triscope_mismatch_score", v.score, {}, "gauge")]
-        out.extend(Sample("triscope_mismatch_state", 1.0 if st == v.state else 0.0, {"state": st}, "gauge")
+        out.extend(Sample("triscope_mismatch_state", 1.0 if st == state else 0.0, {"state": st}, "gauge")
                    for st in STATES)
         out.append(Sample("triscope_mismatch_pin_churn", 1.0 if v.pin_churn else 0.0, {}, "gauge"))
-        if v.state != self.state or v.pin_churn != self.pin_churn:
+        if state != self.state or v.pin_churn != self.pin_churn:
             prev = self.state
+            if state == prev:
+                msg = f"pin churn {'started' if v.pin_churn else 'ended'} (state {state}, score {v.score:.2f})"
+            else:
+                msg = (f"coordination state {prev or 'unknown'} -> {state} (score {v.score:.2f})"
+                       + (", pin churn" if v.pin_churn else ""))
             out.append(EventRecord(
                 "mismatch_state",
-                f"coordination state {prev or 'unknown'} -> {v.state} (score {v.score:.2f})"
-                + (", pin churn" if v.pin_churn else ""),
-                "warning" if v.state in ("io-saturated", "staging-bound", "network-bound") else "info",
-                {"from": prev, "to": v.state, "score": v.score, "pin_churn": v.pin_churn, "evidence": v.evidence},
+                msg,
+                "warning" if state in ("io-saturated", "staging-bound", "network-bound") else "info",
+                {"from": prev, "to": state, "score": v.score, "pin_churn": v.pin_churn, "evidence": v.evidence},
                 now,
             ))
-            self.state = v.state
+            self.state = state
             self.pin_churn = v.pin_churn
         self.last = v
         return out
+
+    def _debounce(self, now: float, new: str) -> str:
+        """The state to report: a new state is taken once the window has shown it for
+        ``state_dwell_s`` seconds in a row (a tick straddling a phase change is not a state)."""
+        if self.state is None or new == self.state or self.th.state_dwell_s <= 0:
+            self._candidate = None
+            return new
+        if self._candidate is None or self._candidate[0] != new:
+            self._candidate = (new, now)
+        if now - self._candidate[1] >= self.th.state_dwell_s:
+            self._candidate = None
+            return new
+        return self.state
 
 
 def run_over(ticks: Sequence[tuple[float, Sequence[Sample]]], thresholds: MismatchThresholds | None = None

@@ -269,3 +269,38 @@ def test_tracker_and_node_states_pick_up_the_environment(tmp_path: Path, monkeyp
     monkeypatch.setenv("TRISCOPE_MISMATCH_WINDOW_S", "soon")
     with pytest.raises(ConfigError):
         MismatchTracker()
+
+
+def test_tracker_goes_straight_from_idle_to_io_saturated() -> None:
+    """A GPM tick that straddles the start of a copy phase (half idle, half copying) and a window
+    half idle / half copying must not show up as staging-bound (the trace's shape)."""
+    tr = MismatchTracker()
+    lab = {"gpu": "0"}
+    rx = 0.0
+    rates = [0.0] * 12 + [31e9] + [50e9] * 12
+    seen = []
+    events = []
+    for i, r in enumerate(rates):
+        rx += r
+        out = tr.process(1000.0 + i, [Sample("triscope_gpu_sm_active_ratio", 0.0, lab),
+                                      Sample("triscope_gpu_pcie_rx_bytes_total", rx, lab, "counter"),
+                                      Sample("triscope_gpu_info", 1.0, {"gpu": "0", "bus_id": "0000:00:06.0"}),
+                                      Sample("triscope_pcie_link_speed_gts", 32.0, {"device": "0000:00:06.0", "kind": "current"}),
+                                      Sample("triscope_pcie_link_width", 16.0, {"device": "0000:00:06.0", "kind": "current"})])
+        seen.append(tr.state)
+        events += [o for o in out if isinstance(o, EventRecord)]
+    assert "staging-bound" not in seen and seen[-1] == "io-saturated"
+    assert [e.details["to"] for e in events] == ["idle", "io-saturated"]
+    # the state follows the window's median tick: idle here, although the mean link load is 30 %
+    v = classify_window(WindowFeatures([AcceleratorFeatures("gpu=0", 0.0, 15e9, 50e9, 1.0, 0.0, 0.0)]))
+    assert v is not None and v.state == "idle"
+
+
+def test_dwell_zero_reports_at_once() -> None:
+    tr = MismatchTracker(MismatchThresholds(state_dwell_s=0))
+    lab = {"gpu": "0"}
+    tr.process(1.0, [Sample("triscope_gpu_sm_active_ratio", 0.0, lab)])
+    assert tr.state == "idle"
+    tr.process(2.0, [Sample("triscope_gpu_sm_active_ratio", 0.95, lab)])
+    tr.process(3.0, [Sample("triscope_gpu_sm_active_ratio", 0.95, lab)])
+    assert tr.state == "compute-bound"
