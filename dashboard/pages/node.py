@@ -19,15 +19,19 @@ dash.register_page(__name__, path="/node", path_template="/node/<node>", name="N
                    nav_hidden=True)
 
 
-def layout(node: str | None = None, range: str = "1h", start: str = "", end: str = "", **_: Any) -> html.Div:  # noqa: A002
+def layout(node: str | None = None, range: str = "", start: str = "", end: str = "", **_: Any) -> html.Div:  # noqa: A002
     c = ctx()
-    known = [n.name for n in c.store.nodes()]
+    infos = {n.name: n for n in c.store.nodes()}
+    known = list(infos)
+    if not range and node in infos:  # default: 1 h, or 15 m for a node with less data (a short trace)
+        range = "15m" if infos[node].last_seen - infos[node].first_seen <= 900 else "1h"  # noqa: A001
     if not node or node not in known:
         msg = ("no nodes stored yet: start the agent ('triscope agent --db URL') or import a trace"
                if not known else f"unknown node {node!r}" if node else "pick a node")
         return html.Div([html.H2("Node"), note(msg, "warn"),
                          html.Ul([html.Li(dcc.Link(n, href=f"/node/{quote(n)}")) for n in known])])
-    preset = "custom" if (start and end and range in ("", "custom", "1h")) and parse_ts(start) and parse_ts(end) else range
+    preset = "custom" if (start and end and range in ("", "custom", "1h", "15m")) and parse_ts(start) and parse_ts(end) \
+        else (range or "1h")
     return html.Div([
         dcc.Store(id="node-name", data=node),
         dcc.Store(id="node-meta"),
