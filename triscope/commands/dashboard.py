@@ -11,7 +11,7 @@ from triscope.commands.common import add_db_option, db_url
 log = logging.getLogger(__name__)
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "dashboard", help="serve the SRE dashboard (fleet, node lanes, mismatch, SLOs, remediation, root cause)",
         description="Serve the read-only Dash dashboard over a store. Bound to anything but loopback it refuses to "
