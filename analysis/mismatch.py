@@ -255,7 +255,7 @@ def _acc_name(labels: Mapping[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
 
 
-def _window_means(ts: Sequence[float], vals: Sequence[float], start: float, window: float, n: int):  # type: ignore[no-untyped-def]
+def _window_means(ts: Sequence[float], vals: Sequence[float], start: float, window: float, n: int) -> tuple[Any, Any]:
     import numpy as np
 
     sums = np.zeros(n)
@@ -270,7 +270,7 @@ def _window_means(ts: Sequence[float], vals: Sequence[float], start: float, wind
     return sums, counts
 
 
-def _window_medians(ts: Sequence[float], vals: Sequence[float], start: float, window: float, n: int):  # type: ignore[no-untyped-def]
+def _window_medians(ts: Sequence[float], vals: Sequence[float], start: float, window: float, n: int) -> Any:
     """Upper median of the points in each window (NaN where none): always one of the window's own
     points, so a window split half and half takes one side rather than the average of both."""
     import numpy as np
@@ -367,10 +367,10 @@ def node_states(store: Any, node: str, start: float, end: float, window: float |
         tier = "1h" if w >= 7200 and span > 2 * 86400 else "1m" if w >= 120 and span > 3600 else None
     mp = None if span <= 6 * 3600 and tier in (None, "raw") else max(2000, int(span / w) * 2)
 
-    def q(metric: str):  # type: ignore[no-untyped-def]
+    def q(metric: str) -> list[Any]:
         return store.query(metric, node=node, start=start, end=end, max_points=mp, tier=tier)
 
-    def host_mean(series_list) -> tuple[Any, Any]:  # type: ignore[no-untyped-def]
+    def host_mean(series_list: list[Any]) -> tuple[Any, Any]:
         tot_s = np.zeros(n)
         tot_c = np.zeros(n)
         for sd in series_list:
@@ -379,7 +379,7 @@ def node_states(store: Any, node: str, start: float, end: float, window: float |
             tot_c += c
         return tot_s, tot_c
 
-    def summed_rate(series_list) -> Any:  # type: ignore[no-untyped-def]
+    def summed_rate(series_list: list[Any]) -> Any:
         """Sum over series of each series' window-mean rate (NaN where none has data)."""
         out = np.full(n, np.nan)
         for sd in series_list:
@@ -434,8 +434,8 @@ def node_states(store: Any, node: str, start: float, end: float, window: float |
                 link_med = _window_medians(tt, vv, start, w, n)
                 observed = max(vv)
                 if ceiling_lookback_s > 0:
-                    for m in (PCIE_RX, PCIE_TX):
-                        for hist in store.query(m, node=node, labels=dict(sd.info.labels),
+                    for direction in (PCIE_RX, PCIE_TX):
+                        for hist in store.query(direction, node=node, labels=dict(sd.info.labels),
                                                 start=start - ceiling_lookback_s, end=start, max_points=2000,
                                                 tier=tier):
                             if hist.values:

@@ -236,31 +236,31 @@ class MismatchTracker:
             accs.append(AcceleratorFeatures(name, r.mean(), lb, ceiling, min(1.0, len(r.items) / ticks),
                                             r.median(), lmed))
         f = WindowFeatures(accs, self._cpu.mean(), self._psi.mean(), self._dma.mean(), self._rtx.mean())
-        v = classify_window(f, self.th)
-        if v is None:
+        verdict = classify_window(f, self.th)
+        if verdict is None:
             return []
-        state = self._debounce(now, v.state)
-        out: list[Sample | EventRecord] = [Sample("triscope_mismatch_score", v.score, {}, "gauge")]
+        state = self._debounce(now, verdict.state)
+        out: list[Sample | EventRecord] = [Sample("triscope_mismatch_score", verdict.score, {}, "gauge")]
         out.extend(Sample("triscope_mismatch_state", 1.0 if st == state else 0.0, {"state": st}, "gauge")
                    for st in STATES)
-        out.append(Sample("triscope_mismatch_pin_churn", 1.0 if v.pin_churn else 0.0, {}, "gauge"))
-        if state != self.state or v.pin_churn != self.pin_churn:
+        out.append(Sample("triscope_mismatch_pin_churn", 1.0 if verdict.pin_churn else 0.0, {}, "gauge"))
+        if state != self.state or verdict.pin_churn != self.pin_churn:
             prev = self.state
             if state == prev:
-                msg = f"pin churn {'started' if v.pin_churn else 'ended'} (state {state}, score {v.score:.2f})"
+                msg = f"pin churn {'started' if verdict.pin_churn else 'ended'} (state {state}, score {verdict.score:.2f})"
             else:
-                msg = (f"coordination state {prev or 'unknown'} -> {state} (score {v.score:.2f})"
-                       + (", pin churn" if v.pin_churn else ""))
+                msg = (f"coordination state {prev or 'unknown'} -> {state} (score {verdict.score:.2f})"
+                       + (", pin churn" if verdict.pin_churn else ""))
             out.append(EventRecord(
                 "mismatch_state",
                 msg,
                 "warning" if state in ("io-saturated", "staging-bound", "network-bound") else "info",
-                {"from": prev, "to": state, "score": v.score, "pin_churn": v.pin_churn, "evidence": v.evidence},
+                {"from": prev, "to": state, "score": verdict.score, "pin_churn": verdict.pin_churn, "evidence": verdict.evidence},
                 now,
             ))
             self.state = state
-            self.pin_churn = v.pin_churn
-        self.last = v
+            self.pin_churn = verdict.pin_churn
+        self.last = verdict
         return out
 
     def _debounce(self, now: float, new: str) -> str:

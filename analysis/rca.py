@@ -182,7 +182,7 @@ Z_MIN = 3.0
 Z_MAX = 100.0
 
 
-def score_series(bts: Sequence[float], bvals: Sequence[float], wts: Sequence[float], wvals: Sequence[float],
+def score_series(bts: Any, bvals: Any, wts: Any, wvals: Any,
                  start: float, end: float, counter: bool) -> tuple[float, float, float | None, str,
                                                                    float | None, float | None, float | None]:
     """(magnitude 0..1, z, onset, direction, baseline mean, window mean, window peak) of one series."""
@@ -249,7 +249,7 @@ def refine_onset(ts: Sequence[float], vals: Sequence[float], mb: float, mw: floa
     dev = np.abs(v - mb)
     for i in np.nonzero(dev > thr)[0]:
         if float(np.median(dev[i:i + 4])) > thr:
-            return float(ts[i])
+            return float(ts[int(i)])
     return None
 
 

@@ -64,13 +64,13 @@ class SLOSpecError(ValueError):
 
 
 # ---------------------------------------------------------------------------------------------- YAML with lines
-class _LineDict(dict):  # type: ignore[type-arg]
+class _LineDict(dict[Any, Any]):
     line: int = 0
-    key_lines: dict[str, int]
-    value_lines: dict[str, int]
+    key_lines: dict[Any, int]
+    value_lines: dict[Any, int]
 
 
-class _LineList(list):  # type: ignore[type-arg]
+class _LineList(list[Any]):
     line: int = 0
     item_lines: list[int]
 

@@ -24,7 +24,7 @@ from analysis.slo import evaluate, parse_slo_text
 from analysis.synthetic import h200_phase_ticks, phase_intervals
 from bench.common import Row
 from store import Store, Tick
-from triscope.samples import Sample
+from triscope.samples import MetricKind, Sample
 
 SERIES = 200
 
@@ -117,7 +117,7 @@ def _rca_store(path: Path, hours: float) -> tuple[Store, float, float]:
     st = Store.open(f"sqlite:///{path}")
     st.upgrade()
     rnd = random.Random(3)
-    names = [("triscope_cpu_busy_ratio", {}, "gauge")]
+    names: list[tuple[str, dict[str, str], MetricKind]] = [("triscope_cpu_busy_ratio", {}, "gauge")]
     names += [("triscope_pressure_ratio", {"resource": r, "kind": "some"}, "gauge") for r in ("cpu", "memory", "io")]
     names += [("triscope_tcp_retransmits_total", {}, "counter"),
               ("triscope_dma_map_total", {"device": "0000:1b:00.0", "direction": "to_device"}, "counter")]

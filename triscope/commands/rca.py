@@ -6,11 +6,12 @@ import argparse
 import json
 import re
 import time
+from typing import Any
 
 from triscope.commands.common import add_db_option, db_url, fmt_ts, parse_time
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "rca", help="historical root-cause query: ranked likely causes of what changed on a node",
         description="Compare every stored series of NODE in [--start, --end] with a baseline (by default the "
@@ -20,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "Times: ISO 8601 (2026-11-29T17:00:00Z), relative (-2h, -30m, -90s), epoch seconds, or now.",
     )
     # let relative times like -2h / -30m through as option values (argparse would take them for options)
-    p._negative_number_matcher = re.compile(r"^-\d+(?:\.\d+)?[smhdw]?$|^-\d*\.\d+$")  # type: ignore[attr-defined]
+    p._negative_number_matcher = re.compile(r"^-\d+(?:\.\d+)?[smhdw]?$|^-\d*\.\d+$")
     add_db_option(p)
     p.add_argument("--node", required=True, help="node name as stored (see 'triscope query')")
     p.add_argument("--start", required=True, help="window start (ISO 8601, -2h, -30m, epoch, now)")
@@ -91,7 +92,7 @@ def cmd_rca(args: argparse.Namespace) -> int:
     return 0
 
 
-def _evidence_line(e: dict) -> str:  # type: ignore[type-arg]
+def _evidence_line(e: dict[str, Any]) -> str:
     from analysis.rca import _fmt
 
     if e.get("type") == "series":

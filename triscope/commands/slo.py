@@ -7,11 +7,12 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from triscope.commands.common import add_db_option, db_url, fmt_ts, parse_time
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "slo", help="SLOs: validate a spec, write Prometheus rules, print status (burn rates, budget)",
         description="SLO files use Sloth's prometheus/v1 spec (see docs/analysis.md); the shipped example "
@@ -49,7 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s.set_defaults(func=cmd_status)
 
 
-def _load(path: Path | None):  # type: ignore[no-untyped-def]
+def _load(path: Path | None) -> tuple[Path, list[Any]]:
     from analysis.slo import SLOSpecError, default_slo_file, load_slo_file
     from triscope.cli import UserError
 
