@@ -286,10 +286,15 @@ def set_last_action(store: Store, target_key: str, rule: str, ts: float) -> None
 
 # delivery dedupe ---------------------------------------------------------------------------------
 def _insert_ignore(store: Store, table: Any, values: dict[str, Any], key_cols: list[str]) -> bool:
+    """Insert unless the key exists; True when this call inserted the row."""
     if store.engine.dialect.name == "postgresql":
         from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-        stmt: Any = pg_insert(table).values(**values).on_conflict_do_nothing(index_elements=key_cols)
+        # psycopg reports rowcount -1 here: ask for the inserted key back instead
+        stmt: Any = (pg_insert(table).values(**values).on_conflict_do_nothing(index_elements=key_cols)
+                     .returning(*[table.c[k] for k in key_cols]))
+        with store.engine.begin() as conn:
+            return conn.execute(stmt).first() is not None
     else:
         from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 

@@ -54,13 +54,14 @@ class Env:
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> Iterator[Env]:
+def env(db_url: str) -> Iterator[Env]:
+    """Every rail on SQLite and on the real PostgreSQL server."""
     srv = KubeTestServer(rollout_delay=0.05).start()
     for n in ("node-a", "node-b", "node-c"):
         srv.add_node(n)
     for d in ("web", "api", "db", "cache"):
         srv.add_deployment("inference", d, replicas=2)
-    url = f"sqlite:///{tmp_path / 't.db'}"
+    url = db_url
     st = open_store(url)
     e = Env(srv, st, KubeAdapter.connect(url=srv.url), url, [])
     yield e

@@ -1,0 +1,44 @@
+"""The remediation tables: migration 0002 matches the models (alembic check) on SQLite and PostgreSQL,
+and the store functions behave the same on both (durable dedupe, breaker, cooldowns)."""
+
+from __future__ import annotations
+
+from alembic import command
+from sqlalchemy import inspect
+
+from kube_server import open_store
+from store import audit
+from store.db import alembic_config
+
+TABLES = {"remediation_audit", "remediation_cooldowns", "remediation_deliveries", "remediation_breaker",
+          "remediation_fallbacks"}
+
+
+def test_migration_matches_models_and_store_functions(db_url: str) -> None:
+    st = open_store(db_url)
+    try:
+        assert TABLES <= set(inspect(st.engine).get_table_names())
+        command.check(alembic_config(db_url))  # raises if the models and the migrations differ
+        assert audit.claim_delivery(st, "alert:r:fp:t:firing", 1.0)
+        assert not audit.claim_delivery(st, "alert:r:fp:t:firing", 2.0)
+        assert audit.breaker_state(st).state == "closed"
+        audit.open_breaker(st, "3 targets", 10.0)
+        audit.open_breaker(st, "again", 11.0)  # stays open with its first reason
+        b = audit.breaker_state(st)
+        assert b.is_open and b.opened_at == 10.0 and b.reason == "3 targets"
+        b = audit.reset_breaker(st, by="sre", ts=20.0)
+        assert not b.is_open and b.reset_at == 20.0 and b.reset_by == "sre"
+        audit.set_last_action(st, "deployment/a/b", "r", 5.0)
+        audit.set_last_action(st, "deployment/a/b", "r", 6.0)
+        assert audit.last_action(st, "deployment/a/b") == 6.0
+        aid = audit.reserve_action(st, "deployment/a/c", ts=30.0, rule="r", trigger_kind="alert", action="rolling_restart",
+                                   outcome=audit.IN_PROGRESS, params={"timeout": 5})
+        audit.update_decision(st, aid, outcome="acted", response={"ok": True}, issued_ts=30.5)
+        rows = audit.audit_log(st, since=0)
+        assert [(r.outcome, r.response, r.params) for r in rows] == [("acted", {"ok": True}, {"timeout": 5})]
+        assert audit.action_counts(st, 0) == {("rolling_restart", "acted"): 1}
+        assert audit.last_action(st, "deployment/a/c") == 30.0
+        assert audit.prune(st, deliveries_before=1.5) == 1
+        assert audit.claim_delivery(st, "alert:r:fp:t:firing", 3.0)
+    finally:
+        st.close()
