@@ -3,8 +3,10 @@
 ``Authorization: Bearer <token>`` is required (compared in constant time): missing or wrong →
 401.  A body that is not JSON, does not follow the v4 schema, or is larger than ``max_body``
 → 400 with a message.  Accepted → 202 with the number of alerts and rule matches; the decisions
-run on the engine's workers, so Alertmanager never waits for an action.  Also ``GET /healthz``
-(engine status) and ``GET /metrics`` (the engine's Prometheus metrics).
+run on the engine's workers, so Alertmanager never waits for an action.  A replica that is not the
+leader answers 503 (Alertmanager retries; its ``GET /readyz`` is 503 too, so a Service with that
+readiness probe sends deliveries to the leader only).  Also ``GET /healthz`` (engine status,
+always 200) and ``GET /metrics`` (the engine's Prometheus metrics).
 """
 
 from __future__ import annotations
@@ -103,6 +105,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path == "/healthz":
             self._send(200, self.server.engine.status())
+        elif self.path == "/readyz":
+            st = self.server.engine.status()
+            self._send(200 if st["leader"] else 503, st)
         elif self.path == "/metrics":
             from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -145,6 +150,12 @@ class _Handler(BaseHTTPRequestHandler):
             payload = validate_payload(obj)
         except PayloadError as e:
             self._send(400, {"error": str(e)})
+            return
+        leader = getattr(self.server.engine, "leader", None)
+        if leader is not None and not leader.is_leader:
+            # a follower must not swallow the delivery: Alertmanager retries, and /readyz keeps the
+            # Service pointing at the leader
+            self._send(503, {"error": "this engine replica is not the leader; retry"}, extra={"Retry-After": "1"})
             return
         n, matched = self.server.engine.submit_alerts(payload, received)
         self._send(202, {"status": "accepted", "alerts": n, "matched": matched})

@@ -120,7 +120,7 @@ def test_cli_serves_webhook_with_token_file(tmp_path: Path) -> None:
         assert post("127.0.0.1", port, body, token="file-token")[0] == 202
         st = open_store(db)
         deadline = time.time() + 10
-        while time.time() < deadline and not audit.audit_log(st):
+        while time.time() < deadline and not [r for r in audit.audit_log(st) if r.outcome != "in_progress"]:
             time.sleep(0.1)
         assert [r.outcome for r in audit.audit_log(st)] == ["acted"]
         st.close()
@@ -186,3 +186,41 @@ def test_start_embedded_dry_run_with_example_policy(tmp_path: Path) -> None:
         assert "live state not checked" in row.reason
     finally:
         h.stop()
+
+
+def test_follower_answers_503_and_is_not_ready(tmp_path: Path) -> None:
+    from kube_server import KubeTestServer
+    from remediation.kube import KubeAdapter
+    from remediation.leader import LeaderElector
+
+    srv = KubeTestServer().start()
+    st = open_store(f"sqlite:///{tmp_path / 't.db'}")
+    other = LeaderElector(KubeAdapter.connect(url=srv.url), "default", "triscope-remediation", "other", 30)
+    assert other.step()
+    text = policy_text(RULES, settings=f"  kubernetes: {{mode: url, url: '{srv.url}'}}\n"
+                                       "  leader_election: {enabled: true, lease_duration: 30s, renew_every: 1s}\n")
+    port = free_port()
+    h = start(st, parse_policy(text), listen=("127.0.0.1", port), token="s3cret")
+    try:
+        body = json.dumps(alert_payload([{"labels": {"alertname": "Storm", "node": "n1"}}])).encode()
+        assert post("127.0.0.1", port, body)[0] == 503
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        c.request("GET", "/readyz")
+        r = c.getresponse()
+        r.read()
+        assert r.status == 503
+        other.release()  # the leader steps down: this replica takes the lease within renew_every
+        deadline = time.time() + 10
+        while time.time() < deadline and not h.engine.status()["leader"]:
+            time.sleep(0.1)
+        c.request("GET", "/readyz")
+        r = c.getresponse()
+        r.read()
+        assert r.status == 200
+        assert post("127.0.0.1", port, body)[0] == 202
+        assert h.engine.drain()
+        assert [r.outcome for r in audit.audit_log(st)] == ["acted"]
+    finally:
+        h.stop()
+        st.close()
+        srv.stop()
