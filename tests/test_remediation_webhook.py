@@ -190,6 +190,7 @@ def test_start_embedded_dry_run_with_example_policy(tmp_path: Path) -> None:
 
 def test_follower_answers_503_and_is_not_ready(tmp_path: Path) -> None:
     from kube_server import KubeTestServer
+
     from remediation.kube import KubeAdapter
     from remediation.leader import LeaderElector
 
