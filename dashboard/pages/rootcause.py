@@ -77,7 +77,7 @@ def explain(_n: int, node: str, start: str | None, end: str | None) -> tuple[Any
         else:
             parts.append(empty_state("No ranked causes", res.note, id="rootcause-nocauses"))
     try:
-        parts += _detector(c, node, a, b)
+        parts += _detector(c, node, a, b, res.mismatch if res is not None else None)
     except Exception as e:  # noqa: BLE001
         parts.append(error_note("reading the window's events", e))
     parts.append(html.Div(f"answered in {(time.perf_counter() - t0) * 1000:.0f} ms", className="status-line"))
@@ -101,7 +101,7 @@ def _cause(c: Any, node: str, i: int, cz: rca_view.Cause, a: float, b: float,
         if sds:
             sd = sds[0]
             lab = ",".join(f"{k}={v}" for k, v in sorted(ev.labels.items()))
-            title = f"{ev.metric}{{{lab}}}" + (" (per second)" if sd.info.kind == "counter" else "")
+            title = (f"{ev.metric}{{{lab}}}" if lab else ev.metric) + (" (per second)" if sd.info.kind == "counter" else "")
             kids.append(dcc.Graph(figure=figures.evidence_figure(title, sd.ts, sd.values, (a, b), baseline or (lo, a),
                                                                  ev.onset), config={"displaylogo": False},
                                   className="evidence"))
@@ -111,26 +111,36 @@ def _cause(c: Any, node: str, i: int, cz: rca_view.Cause, a: float, b: float,
     return html.Li(kids, className="card cause")
 
 
-def _detector(c: Any, node: str, a: float, b: float) -> list[Any]:
-    out: list[Any] = [html.H3("Mismatch detector over the window")]
-    try:
-        states = data.computed_states(c.store, node, data.Window(a, b, False), max_windows=200)
-    except Exception as e:  # noqa: BLE001
-        return out + [error_note("the mismatch detector", e)]
-    if not states:
-        out.append(note("no accelerator data in this window: the detector has nothing to classify", "info"))
-    else:
-        from analysis.mismatch import state_fractions
+def _chips(shares: dict[str, float]) -> list[Any]:
+    return [html.Span(f"{s} {f:.0%}", className="state-chip", style={"backgroundColor": STATE_COLORS.get(s, "#9e9e9e")})
+            for s, f in sorted(shares.items(), key=lambda kv: -kv[1])]
 
-        fr = state_fractions(states)
-        out.append(html.Div([html.Span(f"{s} {f:.0%}", className="state-chip",
-                                       style={"backgroundColor": STATE_COLORS.get(s, "#9e9e9e")}) for s, f in fr.items()],
-                            className="legend-line", id="rootcause-states"))
-        worst = max(states, key=lambda s: s.score)
-        reasons = worst.evidence.get("reasons") or []
-        if reasons:
-            out.append(html.Div(f"worst window {fmt_ts(worst.start)}: {worst.state} (score {worst.score:.2f}): "
-                                + "; ".join(reasons), className="muted"))
+
+def _detector(c: Any, node: str, a: float, b: float, mismatch: dict[str, Any] | None = None) -> list[Any]:
+    """The detector's verdict over the window: from the root-cause result when it carries it (the
+    RCA already ran the detector over the window and its baseline), else run here."""
+    out: list[Any] = [html.H3("Mismatch detector over the window")]
+    if mismatch and mismatch.get("window_states"):
+        out.append(html.Div(_chips(mismatch["window_states"]), className="legend-line", id="rootcause-states"))
+        if mismatch.get("baseline_states"):
+            out.append(html.Div([html.Span("baseline: ", className="muted")] + _chips(mismatch["baseline_states"]),
+                                className="legend-line"))
+    else:
+        try:
+            states = data.computed_states(c.store, node, data.Window(a, b, False), max_windows=200)
+        except Exception as e:  # noqa: BLE001
+            return out + [error_note("the mismatch detector", e)]
+        if not states:
+            out.append(note("no accelerator data in this window: the detector has nothing to classify", "info"))
+        else:
+            from analysis.mismatch import state_fractions
+
+            out.append(html.Div(_chips(state_fractions(states)), className="legend-line", id="rootcause-states"))
+            worst = max(states, key=lambda s: s.score)
+            reasons = worst.evidence.get("reasons") or []
+            if reasons:
+                out.append(html.Div(f"worst window {fmt_ts(worst.start)}: {worst.state} (score {worst.score:.2f}): "
+                                    + "; ".join(reasons), className="muted"))
     evs = c.store.events(node=node, start=a, end=b, limit=51)
     if evs:
         out.append(html.H3(f"Events in the window ({len(evs) if len(evs) <= 50 else '50+'})"))
