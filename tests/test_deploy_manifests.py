@@ -378,3 +378,32 @@ def test_network_policy_denies_by_default_and_opens_only_triscope_ports(
     for pol in pols.values():
         for rule in pol["spec"].get("ingress", []):
             assert rule.get("from"), f"{pol['metadata']['name']}: ingress open to everyone"
+
+
+# ---------------------------------------------------------------------------------------------
+# the commands the containers run exist, with the flags the manifests pass
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_container_commands_parse_with_the_real_cli(rendered: dict[str, list[dict[str, Any]]], overlay: str) -> None:
+    from triscope.cli import build_parser
+
+    parser = build_parser()
+    checked = set()
+    for name, spec in pod_specs(rendered[overlay]):
+        for c in spec["containers"]:
+            argv = [re.sub(r"\$\((\w+)\)", "x", a) for a in c.get("args", [])]
+            if c.get("command") == ["gunicorn"]:
+                module, attr = argv[-1].split(":")
+                assert (REPO / (module.replace(".", "/") + ".py")).is_file(), argv[-1]
+                assert f"\n{attr} = " in (REPO / (module.replace(".", "/") + ".py")).read_text()
+                checked.add(f"{name}: gunicorn {argv[-1]}")
+                continue
+            assert argv and argv[0] == "triscope", f"{name}: unexpected command {argv[:2]}"
+            try:
+                ns = parser.parse_args(argv[1:])
+            except SystemExit:
+                pytest.fail(f"{name}: 'triscope {' '.join(argv[1:])}' is refused by the CLI")
+            assert callable(getattr(ns, "func", None)), name
+            checked.add(f"{name}: triscope {argv[1]}")
+    assert len(checked) == 5, checked
