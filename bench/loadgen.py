@@ -359,6 +359,33 @@ def postgres_cpu_seconds() -> float | None:
     return total if found else None
 
 
+def find_capacity(trial: Any, start: int = 50, limit: int = 4000, refine: int = 2) -> tuple[int, list[tuple[int, bool]]]:
+    """Largest node count for which ``trial(nodes) -> bool`` (kept up) holds: doubling from ``start``
+    until a failure or ``limit``, then ``refine`` bisection steps.  Returns (nodes, trials run)."""
+    tried: list[tuple[int, bool]] = []
+    ok, bad = 0, None
+    n = start
+    while n <= limit:
+        good = bool(trial(n))
+        tried.append((n, good))
+        if not good:
+            bad = n
+            break
+        ok = n
+        n *= 2
+    for _ in range(refine if bad is not None else 0):
+        mid = (ok + bad) // 2 if bad is not None else ok
+        if mid in (ok, bad):
+            break
+        good = bool(trial(mid))
+        tried.append((mid, good))
+        if good:
+            ok = mid
+        else:
+            bad = mid
+    return ok, tried
+
+
 class PrivatePostgres:
     """A throw-away PostgreSQL (tests/conftest.PostgresServer), tuned like a fleet telemetry server."""
 
@@ -388,11 +415,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fleet-every", type=float, default=None, help="seconds between fleet page renders")
     p.add_argument("--quick", action="store_true", help="100 nodes for 20 s")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--find-capacity", action="store_true",
+                   help="search the largest node count that keeps every tick's lag under 2 s (doubling from 50, "
+                        "then bisecting; each trial runs --duration seconds, default 30, on a fresh private "
+                        "server, or on --db with new node names)")
     a = p.parse_args(argv)
     nodes = a.nodes or (100 if a.quick else 1000)
     duration = a.duration or (20.0 if a.quick else 300.0)
     if nodes < 1 or a.series < 1 or duration <= 0:
         p.error("--nodes, --series and --duration must be positive")
+    if a.find_capacity:
+        return _capacity_main(a.db, a.series, a.duration or 30.0, a.workers, a.json)
     pg = None
     url = a.db
     if url is None:
@@ -412,6 +445,31 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(res.summary())
     return 0 if res.kept_up else 1
+
+
+def _capacity_main(db: str | None, series: int, duration: float, workers: int | None, as_json: bool) -> int:
+    results: list[dict[str, Any]] = []
+
+    def trial(n: int) -> bool:
+        pg = PrivatePostgres() if db is None else None
+        try:
+            url = pg.url if pg else str(db)
+            # a fresh node-name prefix per trial, so trials on a given --db do not share nodes
+            res = run_load(url, n, series, duration, workers, fleet_every=1e9, prefix=f"cap{n}-")
+        finally:
+            if pg:
+                pg.close()
+        results.append({"nodes": n, "kept_up": res.kept_up, "lag_max_s": res.lag_max_s,
+                        "lag_p99_s": res.lag_p99_s, "server_cpu_us_per_sample": res.server_cpu_us_per_sample})
+        print(res.summary(), file=sys.stderr, flush=True)
+        return res.kept_up
+
+    best, _ = find_capacity(trial)
+    if as_json:
+        print(json.dumps({"capacity_nodes": best, "series": series, "trials": results}, indent=2))
+    else:
+        print(f"largest fleet that kept every tick under 2 s: {best} nodes x {series} series at 1 Hz")
+    return 0
 
 
 if __name__ == "__main__":

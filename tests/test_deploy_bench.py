@@ -106,3 +106,20 @@ def test_bench_cli_lists_and_rejects_unknown_names() -> None:
                          cwd=REPO, timeout=60)
     assert out.returncode != 0 and "no benchmark named 'nosuch'" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_capacity_search_doubles_then_bisects() -> None:
+    from bench.loadgen import find_capacity
+
+    calls: list[int] = []
+
+    def trial(n: int) -> bool:
+        calls.append(n)
+        return n <= 300
+
+    best, tried = find_capacity(trial, start=50, limit=4000, refine=2)
+    assert calls[:4] == [50, 100, 200, 400]            # doubling until the first failure
+    assert calls[4:] == [300, 350]                     # then bisection between 200 and 400
+    assert best == 300 and tried[-1] == (350, False)
+    assert find_capacity(lambda n: True, start=50, limit=400)[0] == 400
+    assert find_capacity(lambda n: False, start=50)[0] == 0
