@@ -13,6 +13,8 @@ import importlib
 import logging
 import sys
 
+from triscope.errors import UserError
+
 COMMAND_MODULES = [
     "triscope.commands.run",
     "triscope.commands.agent",
@@ -25,10 +27,6 @@ COMMAND_MODULES = [
     "triscope.commands.doctor",
     "triscope.commands.trace",
 ]
-
-
-class UserError(Exception):
-    """A problem with what the user asked for: printed as one line, exit code 2."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,6 +56,7 @@ def setup_logging(verbosity: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from store.db import StoreError
+    from triscope.errors import UserError as _UserError  # the one class, also under "python -m triscope.cli"
 
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -80,13 +79,15 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(max(args.verbose, getattr(args, "default_verbosity", 0)))
     try:
         rc = args.func(args)
-    except (UserError, StoreError) as e:
+    except (_UserError, StoreError) as e:
         print(f"triscope {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
     return int(rc or 0)
 
+
+__all__ = ["UserError", "build_parser", "main"]
 
 if __name__ == "__main__":
     sys.exit(main())
