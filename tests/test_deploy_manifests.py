@@ -35,10 +35,21 @@ CRD_SCHEMAS = {
 }
 
 
+def find_kubectl() -> str | None:
+    """kubectl with kustomize v5: the one 'make test' unpacks into .tools/bin, else the one on PATH."""
+    for cand in (str(REPO / ".tools" / "bin" / "kubectl"), shutil.which("kubectl")):
+        if cand and Path(cand).exists():
+            out = subprocess.run([cand, "version", "--client"], capture_output=True, text=True, timeout=30)
+            if "Kustomize Version: v5" in out.stdout or "Kustomize Version: v6" in out.stdout:
+                return cand
+    return None
+
+
 def kustomize(root: str) -> list[dict[str, Any]]:
-    kubectl = shutil.which("kubectl")
+    kubectl = find_kubectl()
     if kubectl is None:
-        pytest.fail("kubectl (with its built-in kustomize) is needed to render deploy/kustomize")
+        pytest.fail("kubectl with kustomize v5 is needed to render deploy/kustomize: 'make test' puts one in "
+                    ".tools/bin (scripts/setup-system.sh)")
     out = subprocess.run([kubectl, "kustomize", str(KUSTOMIZE / root)], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, f"kustomize {root} failed: {out.stderr}"
