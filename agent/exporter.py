@@ -11,9 +11,8 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from typing import Any
-
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric

@@ -6,6 +6,7 @@ logged once); the eBPF retransmit probe replaces the procfs retransmit counter o
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 from dataclasses import dataclass, field
@@ -63,7 +64,7 @@ def _make(name: str, module: str, cls: str, **kwargs: Any) -> Collector | None:
     if factory is None:
         return None
     try:
-        return factory(**kwargs)  # type: ignore[no-any-return]
+        return factory(**kwargs)
     except Exception as e:  # noqa: BLE001 - a collector that cannot even start degrades, never crashes
         log.error("collector %s cannot start: %s", name, e)
         return UnavailableCollector(name, f"cannot start: {e}")
@@ -126,10 +127,8 @@ def split_available(collectors: list[Collector]) -> tuple[list[Collector], list[
             off.append((c, av))
             log.warning("collector %s is off: %s%s", c.name, av.reason, f" — {av.hint}" if av.hint else "")
             keep.append(UnavailableCollector(c.name, av.reason, av.hint) if not isinstance(c, UnavailableCollector) else c)
-            try:
+            with contextlib.suppress(Exception):
                 c.close()
-            except Exception:  # noqa: BLE001
-                pass
     return keep, off
 
 

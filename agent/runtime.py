@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -92,10 +93,8 @@ class Agent:
         self.sampler.close()
         self.writer.close()
         if self.server is not None:
-            try:
+            with contextlib.suppress(Exception):
                 self.server[0].shutdown()
-            except Exception:  # noqa: BLE001
-                pass
 
 
 def migrate_in_child(url: str) -> None:

@@ -101,7 +101,10 @@ class Sampler:
         for p in self.post:
             try:
                 for item in p.process(now, samples):
-                    (samples if isinstance(item, Sample) else events).append(item)
+                    if isinstance(item, Sample):
+                        samples.append(item)
+                    else:
+                        events.append(item)
             except Exception as e:  # noqa: BLE001
                 log.error("post-processor %s failed: %s", type(p).__name__, _one_line(e))
         for st in self.states:
