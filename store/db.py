@@ -40,7 +40,7 @@ def normalise_url(url: str) -> str:
     return u.render_as_string(hide_password=False)
 
 
-def _sqlite_on_connect(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+def _sqlite_on_connect(dbapi_conn, _record) -> None:
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA busy_timeout=10000")
@@ -73,7 +73,7 @@ def check_reachable(engine: Engine) -> None:
         raise StoreError(f"database {engine.url.render_as_string(hide_password=True)}: {e}") from None
 
 
-def alembic_config(url: str):  # type: ignore[no-untyped-def]
+def alembic_config(url: str):
     from alembic.config import Config
 
     import migrations

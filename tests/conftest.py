@@ -7,6 +7,7 @@ at the end.  ``db_url`` runs a test on SQLite and on that PostgreSQL server.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -76,10 +77,8 @@ class PostgresServer:
         return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{name}"
 
     def destroy(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.stop("immediate")
-        except Exception:
-            pass
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 
 def read_retranssegs(proc: str = "/proc") -> int:
@@ -38,10 +38,8 @@ def syn_retransmits(connections: int = 8, host: str = "127.0.0.1") -> Iterator[t
         for _ in range(connections):
             c = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             c.setblocking(False)
-            try:
+            with suppress(BlockingIOError):
                 c.connect((host, port))
-            except BlockingIOError:
-                pass
             clients.append(c)
         yield host, port
     finally:

@@ -32,7 +32,7 @@ def add_agent_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-migrate", action="store_true", help="do not upgrade the schema at start")
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "agent", help="run the node agent (collectors -> store + /metrics)",
         description="Run the node agent: every tick, all collectors (eBPF probes, NVML, npu-smi, procfs/sysfs, "
@@ -49,10 +49,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=cmd_agent, default_verbosity=0)
 
 
-def build_config(args: argparse.Namespace, listen: tuple[str, int] | None):  # type: ignore[no-untyped-def]
+def build_config(args: argparse.Namespace, listen: tuple[str, int] | None):
+    from agent.collectors.scrape_url import validate_scrape_url
     from agent.registry import AgentOptions
     from agent.runtime import AgentConfig, default_spool_dir
-    from agent.collectors.scrape_url import validate_scrape_url
     from triscope.cli import UserError
 
     if args.interval <= 0:

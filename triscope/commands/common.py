@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from store.db import ENV_DB_URL, default_url
 
@@ -60,9 +60,9 @@ def parse_time(value: str, now: float | None = None) -> float:
     except ValueError:
         raise UserError(f"cannot read time {value!r}: use ISO 8601 (2026-11-29T17:00:00Z), -2h, -30m or now") from None
     if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
+        dt = dt.replace(tzinfo=UTC)
     return dt.timestamp()
 
 
 def fmt_ts(ts: float) -> str:
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"

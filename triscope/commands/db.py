@@ -7,7 +7,7 @@ import argparse
 from triscope.commands.common import add_db_option, db_url
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("db", help="database schema and maintenance",
                        description="Database schema (Alembic migrations) and maintenance.")
     dsub = p.add_subparsers(dest="db_command", metavar="ACTION", required=True)

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("doctor", help="which collectors/probes can run on this host, and why not",
                        description="Check every collector and eBPF probe on this host: 'ok', or the reason it "
                        "cannot run and what to install or change.")

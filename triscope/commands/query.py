@@ -9,7 +9,7 @@ import time
 from triscope.commands.common import add_db_option, db_url, fmt_ts, parse_time
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "query", help="print stored points of a metric (or events) for a node and time range",
         description="Print stored points. Counters are printed as they are stored (cumulative) unless "
@@ -65,13 +65,13 @@ def cmd_query(args: argparse.Namespace) -> int:
         raise UserError(f"unknown metric {args.metric!r}" + (f" on node {args.node!r}" if args.node else "")
                         + " — 'triscope query' without --metric lists the stored ones")
     results = st.query(args.metric, node=args.node, labels=labels or None, start=start, end=end,
-                       max_points=args.max_points or None, rate=True if args.rate else False)
+                       max_points=args.max_points or None, rate=bool(args.rate))
     for sd in results:
         lab = dict(sd.info.labels)
         if not args.json:
             print(f"# {sd.info.metric}{{{','.join(f'{k}={v!r}' for k, v in sorted(lab.items()))}}} node={sd.info.node} "
                   f"points={len(sd.ts)} tier={sd.tier}")
-        for t, v in zip(sd.ts, sd.values):
+        for t, v in zip(sd.ts, sd.values, strict=True):
             if args.json:
                 print(json.dumps({"ts": t, "value": v, "labels": lab, "node": sd.info.node, "metric": sd.info.metric}))
             else:

@@ -7,6 +7,7 @@ Agent (this node, live) + the recorded H200 trace as a second node + remediation
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import signal
 import threading
@@ -25,7 +26,7 @@ DEFAULT_SLO = REPO / "deploy" / "slo.example.yaml"
 log = logging.getLogger("triscope.run")
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "run", help="the main job: agent + remediation engine (dry-run) + dashboard on a local store",
         description="Run everything on this machine: the node agent (live samples of this host), the recorded "
@@ -61,7 +62,7 @@ def _import_trace(url: str, path: Path) -> str | None:
     except ImportError:
         return None
     try:
-        return str(trace_mod.import_for_demo(url, path))  # type: ignore[attr-defined]
+        return str(trace_mod.import_for_demo(url, path))
     except Exception as e:  # noqa: BLE001 - the demo goes on without the trace
         log.error("could not import the trace %s: %s", path, e)
         return None
@@ -69,7 +70,7 @@ def _import_trace(url: str, path: Path) -> str | None:
 
 def _start_engine(url: str, policy: str, listen: tuple[str, int]) -> Any:
     try:
-        from remediation.engine import start_embedded  # type: ignore[attr-defined]
+        from remediation.engine import start_embedded
     except ImportError:
         return None
     try:
@@ -81,7 +82,7 @@ def _start_engine(url: str, policy: str, listen: tuple[str, int]) -> Any:
 
 def _start_dashboard(url: str, slo: str, listen: tuple[str, int]) -> Any:
     try:
-        from dashboard.app import create_app, serve_in_thread  # type: ignore[attr-defined]
+        from dashboard.app import create_app, serve_in_thread
     except ImportError:
         return None
     slo_file = slo if Path(slo).exists() else None
@@ -142,8 +143,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         t.join(30)
         for h in (engine, dash):
             if h is not None and hasattr(h, "stop"):
-                try:
+                with contextlib.suppress(Exception):
                     h.stop()
-                except Exception:  # noqa: BLE001
-                    pass
     return 0
