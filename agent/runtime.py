@@ -33,6 +33,7 @@ class AgentConfig:
     spool_dir: str = "triscope-spool"
     spool_max_bytes: int = 256 << 20
     migrate: bool = True
+    retention: bool = True  # run the store's retention job hourly from this agent
     options: AgentOptions = field(default_factory=AgentOptions)
 
 
@@ -44,7 +45,8 @@ class Agent:
         # the store may be down at start: the spool takes the ticks until it returns
         self.store = Store.open(cfg.db_url, check=False)
         self.spool = Spool(Path(cfg.spool_dir) / _safe(cfg.node), cfg.spool_max_bytes)
-        self.writer = StoreWriter(self.store, cfg.node, self.spool)
+        self.writer = StoreWriter(self.store, cfg.node, self.spool,
+                                  retention_every=3600.0 if cfg.retention else float("inf"))
         collectors = build_collectors(cfg.options)
         self.collectors, self.off = split_available(collectors)
         self.registry, self.tick_collector = make_registry()

@@ -380,13 +380,33 @@ class Store:
 
     # ------------------------------------------------------------------ retention
     def apply_retention(self, policy: RetentionPolicy | None = None, now: float | None = None) -> dict[str, int]:
-        """Delete data older than the policy allows.  Returns rows removed per table."""
+        """Remove data older than the policy allows.  Returns rows (or partitions) removed per table.
+
+        On a partitioned PostgreSQL ``samples`` table, raw samples expire by dropping whole daily
+        partitions (never a bulk DELETE) and the partitions for the next days are created ahead;
+        raw data is then kept up to one day longer than configured, never shorter.
+        """
+        from store import partitions
+
         policy = policy or RetentionPolicy()
         now = now if now is not None else time.time()
         out: dict[str, int] = {}
+        partitioned = False
+        if self.dialect == "postgresql":
+            with self.engine.connect() as conn:
+                partitioned = partitions.is_partitioned(conn)
+        tables = [("rollup_1m", policy.rollup_1m, "bucket"), ("rollup_1h", policy.rollup_1h, "bucket"),
+                  ("events", policy.rollup_1h, "ts")]
+        if partitioned:
+            partitions.ensure_partitions(self.engine, now)
+            out["samples_partitions_dropped"] = len(partitions.drop_expired_partitions(self.engine, now - policy.raw))
+            with self.engine.begin() as conn:  # rows that sat in the default partition
+                res = conn.execute(text("DELETE FROM samples_default WHERE ts < :cut"), {"cut": now - policy.raw})
+                out["samples"] = int(res.rowcount or 0)
+        else:
+            tables.insert(0, ("samples", policy.raw, "ts"))
         with self._lock, self.engine.begin() as conn:
-            for table, keep, col in (("samples", policy.raw, "ts"), ("rollup_1m", policy.rollup_1m, "bucket"),
-                                     ("rollup_1h", policy.rollup_1h, "bucket"), ("events", policy.rollup_1h, "ts")):
+            for table, keep, col in tables:
                 res = conn.execute(text(f"DELETE FROM {table} WHERE {col} < :cut"), {"cut": now - keep})
                 out[table] = int(res.rowcount or 0)
         return out

@@ -30,6 +30,8 @@ def add_agent_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--proc", default="/proc", help=argparse.SUPPRESS)
     p.add_argument("--sys", default="/sys", help=argparse.SUPPRESS)
     p.add_argument("--no-migrate", action="store_true", help="do not upgrade the schema at start")
+    p.add_argument("--no-retention", action="store_true",
+                   help="do not run the hourly retention job (in a fleet, one maintenance job does it for all)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -65,7 +67,7 @@ def build_config(args: argparse.Namespace, listen: tuple[str, int] | None):
                         nvml=not args.no_nvml, npu=not args.no_npu, npu_smi=args.npu_smi)
     return AgentConfig(db_url=db_url(args), node=args.node, interval=args.interval, listen=listen,
                        spool_dir=args.spool or default_spool_dir(), spool_max_bytes=int(args.spool_max_mb * (1 << 20)),
-                       migrate=not args.no_migrate, options=opts)
+                       migrate=not args.no_migrate, retention=not args.no_retention, options=opts)
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
