@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from analysis.config import MismatchThresholds, default_thresholds
+from triscope.pcie import link_capacity_bytes_per_second
 
 STATES: tuple[str, ...] = ("idle", "compute-bound", "balanced", "io-saturated", "staging-bound", "network-bound")
 IO_STATES = frozenset({"io-saturated", "staging-bound", "network-bound"})
@@ -54,23 +55,6 @@ INPUT_METRICS = (GPU_BUSY, NPU_BUSY, PCIE_RX, PCIE_TX, CPU_BUSY, PRESSURE, DMA_M
 
 
 # ---------------------------------------------------------------------------------------------- links
-def link_capacity_bytes_per_second(speed_gts: float, width: float) -> float:
-    """One-way payload capacity of a PCIe link from its per-lane rate (GT/s) and width (lanes).
-
-    Gen 1/2 (2.5/5 GT/s) use 8b/10b encoding, gen 3-5 128b/130b, gen 6+ FLIT mode (242/256).
-    Gen5 x16: 32 GT/s x 16 x 128/130 / 8 = 63.0 GB/s.
-    """
-    if speed_gts <= 0 or width <= 0:
-        return 0.0
-    if speed_gts <= 5.0:
-        enc = 8 / 10
-    elif speed_gts <= 32.0:
-        enc = 128 / 130
-    else:
-        enc = 242 / 256
-    return speed_gts * 1e9 * width * enc / 8.0
-
-
 def effective_ceiling(negotiated: float | None, observed_max: float | None, th: MismatchThresholds) -> float:
     """The rate a link can really carry: the negotiated capacity x efficiency, raised to the
     highest rate actually seen on it (links that beat the efficiency estimate), or, with no

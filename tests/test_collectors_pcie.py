@@ -7,13 +7,9 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES
 
-from agent.collectors.pcie import (
-    PcieLinkCollector,
-    encoding_efficiency,
-    link_capacity_bytes_per_second,
-    parse_speed,
-)
+from agent.collectors.pcie import PcieLinkCollector, parse_speed
 from triscope.metrics import CATALOGUE
+from triscope.pcie import encoding_efficiency, link_capacity_bytes_per_second
 
 H200 = str(FIXTURES / "sysfs-h200")
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from agent.collectors.base import Availability, BaseCollector, CollectorUnavailable
+from triscope.pcie import link_capacity_bytes_per_second
 from triscope.samples import EventRecord, Sample
 
 log = logging.getLogger(__name__)
@@ -51,14 +52,7 @@ def pcie_gts(gen: int) -> float:
 def pcie_capacity_bytes_per_second(gen: int, width: int) -> float:
     """Usable one-way bandwidth of a link: GT/s x lanes x encoding / 8 (gen1-2 8b/10b, gen3-5 128b/130b,
     gen6 FLIT ~242/256)."""
-    gts = pcie_gts(gen)
-    if gen <= 2:
-        eff = 8 / 10
-    elif gen <= 5:
-        eff = 128 / 130
-    else:
-        eff = 242 / 256
-    return gts * 1e9 * width * eff / 8
+    return link_capacity_bytes_per_second(pcie_gts(gen), width)
 
 
 def link_degraded(cur_gen: int, max_gen: int, cur_width: int, max_width: int, busy: bool) -> bool:

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from agent.collectors.base import Availability, BaseCollector, CollectorUnavailable
+from triscope.pcie import link_capacity_bytes_per_second
 from triscope.samples import Sample
 
 LINK_FILES = ("current_link_speed", "max_link_speed", "current_link_width", "max_link_width")
@@ -56,20 +57,6 @@ def parse_speed(text: str) -> float | None:
 def parse_width(text: str) -> int | None:
     text = text.strip()
     return int(text) if text.isdigit() else None
-
-
-def encoding_efficiency(speed_gts: float) -> float:
-    """Share of the raw bit rate that carries data after line encoding, by PCIe generation."""
-
-    if speed_gts <= 5.0:
-        return 8 / 10  # Gen1, Gen2: 8b/10b
-    if speed_gts <= 32.0:
-        return 128 / 130  # Gen3, Gen4, Gen5: 128b/130b
-    return 242 / 256  # Gen6+: PAM4, 256-byte FLITs carrying 236 B TLP + 6 B DLP (+ CRC/FEC)
-
-
-def link_capacity_bytes_per_second(speed_gts: float, width: int) -> float:
-    return speed_gts * 1e9 * width * encoding_efficiency(speed_gts) / 8.0
 
 
 @dataclass(slots=True)
