@@ -47,6 +47,8 @@ from typing import Any
 
 import yaml
 
+from triscope.labels import Matcher, escape_value
+
 WINDOWS: tuple[tuple[str, float], ...] = (
     ("5m", 300.0), ("30m", 1800.0), ("1h", 3600.0), ("6h", 21600.0), ("1d", 86400.0), ("3d", 259200.0),
 )
@@ -108,29 +110,6 @@ _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _co
 
 
 # ---------------------------------------------------------------------------------------------- queries
-@dataclass(frozen=True, slots=True)
-class Matcher:
-    name: str
-    op: str          # = != =~ !~
-    value: str
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        v = labels.get(self.name, "")
-        if self.op == "=":
-            return v == self.value
-        if self.op == "!=":
-            return v != self.value
-        ok = re.fullmatch(self.value, v) is not None
-        return ok if self.op == "=~" else not ok
-
-    def promql(self) -> str:
-        return f'{self.name}{self.op}"{_escape(self.value)}"'
-
-
-def _escape(s: str) -> str:
-    return s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
 @dataclass(frozen=True, slots=True)
 class Term:
     sign: int                    # +1 / -1
@@ -612,7 +591,7 @@ def _sloth_labels(slo: SLOSpec) -> dict[str, str]:
 
 
 def _sel(labels: Mapping[str, str]) -> str:
-    return "{" + ", ".join(f'{k}="{_escape(v)}"' for k, v in labels.items()) + "}"
+    return "{" + ", ".join(f'{k}="{escape_value(v)}"' for k, v in labels.items()) + "}"
 
 
 def prometheus_rules(slos: Sequence[SLOSpec]) -> dict[str, Any]:

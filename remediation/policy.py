@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from triscope.labels import Matcher
+
 ACTIONS = ("rolling_restart", "dependency_fallback", "reschedule", "command")
 TRIGGER_KINDS = ("alert", "metric", "mismatch", "slo", "xid")
 # target fields each action needs
@@ -44,22 +46,6 @@ class PolicyError(Exception):
 
 # model -------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class Matcher:
-    label: str
-    op: str  # = != =~ !~
-    value: str
-
-    def matches(self, labels: dict[str, str]) -> bool:
-        v = labels.get(self.label, "")
-        if self.op == "=":
-            return v == self.value
-        if self.op == "!=":
-            return v != self.value
-        ok = re.fullmatch(self.value, v) is not None
-        return ok if self.op == "=~" else not ok
-
-
-@dataclass(frozen=True)
 class Trigger:
     kind: str                                   # alert | metric | mismatch | slo | xid
     alert: str = ""
@@ -79,7 +65,7 @@ class Trigger:
 
     def describe(self) -> str:
         if self.kind == "alert":
-            m = ",".join(f"{x.label}{x.op}{x.value}" for x in self.matchers)
+            m = ",".join(f"{x.name}{x.op}{x.value}" for x in self.matchers)
             return f"alert {self.alert}" + (f"{{{m}}}" if m else "")
         if self.kind == "metric":
             lab = ",".join(f"{k}={v}" for k, v in self.labels)
