@@ -26,6 +26,7 @@ import os
 from collections.abc import Iterator
 
 from agent.collectors.base import Availability, BaseCollector, CollectorUnavailable
+from agent.collectors.pcie import list_pci_devices, pci_bus_missing
 from triscope.samples import EventRecord, Sample
 
 # file suffix -> (severity label, TOTAL_ line name)
@@ -89,11 +90,7 @@ class AerCollector(BaseCollector):
     def read_counters(self) -> tuple[dict[tuple[str, str], tuple[int, dict[str, int]]], dict[tuple[str, str], int]]:
         """``({(device, severity): (total, types)}, {(rootport, severity): total})``."""
 
-        try:
-            names = sorted(os.listdir(self.devices_dir))
-        except OSError as e:
-            raise CollectorUnavailable(f"cannot list {self.devices_dir}: {e.strerror or e}",
-                                       "mount sysfs, or pass the host's /sys to the agent") from e
+        names = list_pci_devices(self.devices_dir)
         dev: dict[tuple[str, str], tuple[int, dict[str, int]]] = {}
         root: dict[tuple[str, str], int] = {}
         for name in names:
@@ -128,9 +125,9 @@ class AerCollector(BaseCollector):
         return Availability(False, f"{NO_AER_REASON} ({why})", NO_AER_HINT)
 
     def check(self) -> Availability:
-        if not os.path.isdir(self.devices_dir):
-            return Availability(False, f"{self.devices_dir} not found (sysfs not mounted, or no PCI bus)",
-                                "mount sysfs, or pass the host's /sys to the agent")
+        missing = pci_bus_missing(self.devices_dir)
+        if missing is not None:
+            return missing
         try:
             dev, root = self.read_counters()
         except CollectorUnavailable as e:

@@ -70,6 +70,26 @@ class LinkState:
     upstream: str | None = None
 
 
+SYSFS_HINT = "mount sysfs, or pass the host's /sys to the agent"
+
+
+def pci_bus_missing(devices_dir: str) -> Availability | None:
+    """Why a collector reading ``/sys/bus/pci/devices`` cannot run when that directory is missing, else None."""
+
+    if not os.path.isdir(devices_dir):
+        return Availability(False, f"{devices_dir} not found (sysfs not mounted, or no PCI bus)", SYSFS_HINT)
+    return None
+
+
+def list_pci_devices(devices_dir: str) -> list[str]:
+    """The device names (BDFs) under ``/sys/bus/pci/devices``, sorted; CollectorUnavailable when unreadable."""
+
+    try:
+        return sorted(os.listdir(devices_dir))
+    except OSError as e:
+        raise CollectorUnavailable(f"cannot list {devices_dir}: {e.strerror or e}", SYSFS_HINT) from e
+
+
 def _read(path: str) -> str:
     with open(path) as f:
         return f.read().strip()
@@ -111,11 +131,7 @@ class PcieLinkCollector(BaseCollector):
         return parent if BDF_RE.match(parent) else None
 
     def read_links(self) -> list[LinkState]:
-        try:
-            names = sorted(os.listdir(self.devices_dir))
-        except OSError as e:
-            raise CollectorUnavailable(f"cannot list {self.devices_dir}: {e.strerror or e}",
-                                       "mount sysfs, or pass the host's /sys to the agent") from e
+        names = list_pci_devices(self.devices_dir)
         links: list[LinkState] = []
         for name in names:
             path = os.path.join(self.devices_dir, name)
@@ -141,9 +157,9 @@ class PcieLinkCollector(BaseCollector):
     # -- protocol ------------------------------------------------------------------------------
 
     def check(self) -> Availability:
-        if not os.path.isdir(self.devices_dir):
-            return Availability(False, f"{self.devices_dir} not found (sysfs not mounted, or no PCI bus)",
-                                "mount sysfs, or pass the host's /sys to the agent")
+        missing = pci_bus_missing(self.devices_dir)
+        if missing is not None:
+            return missing
         try:
             links = self.read_links()
         except CollectorUnavailable as e:
