@@ -1,7 +1,7 @@
 """Everything the pages read, through the store's query functions and the analysis package only.
 
 No SQL here: ``store.Store`` (``nodes``, ``series``, ``query``, ``latest``, ``events``,
-``time_bounds``) and ``analysis.*``.  Every series is downsampled by the store
+``time_bounds``, ``fleet_latest``, ``series_keys``) and ``analysis.*``.  Every series is downsampled by the store
 (``max_points``) before it reaches a figure.  Functions return plain dataclasses; the figure
 builders in ``dashboard.figures`` turn them into Plotly figures.
 """
@@ -381,33 +381,83 @@ class FleetRow:
     live: bool
 
 
+MISMATCH_METRICS = ("triscope_mismatch_state", "triscope_mismatch_score")
+FLEET_RECENT_S = 3600.0      # nodes seen within this of the newest node: one partition-pruned read
+FLEET_LOOKBACK_S = 900.0     # their latest mismatch points are looked for this far before their last tick
+
+
 def fleet_rows(store: Any, now: float, slo_status: Mapping[str, str] | None = None) -> list[FleetRow]:
-    rows: list[FleetRow] = []
+    """One row per node from a handful of fleet-wide store reads (``Store.fleet_latest``,
+    ``Store.series_keys``), not a few queries per node: ~0.1 s of SQL at 1,000 nodes."""
     last_actions = last_remediation_by_node(store)
-    for n in store.nodes():
+    nodes = store.nodes()
+    latest = fleet_mismatch_latest(store, nodes)
+    gpu_keys = store.series_keys(prefix="triscope_gpu_")
+    npu_keys = store.series_keys(prefix="triscope_npu_")
+    rows: list[FleetRow] = []
+    for n in nodes:
         state, score = "no data", None
-        latest = store.latest(n.name, prefix="triscope_mismatch_")
-        best_ts = -1.0
-        for lv in latest:
-            if lv.info.metric == "triscope_mismatch_state" and lv.value >= 0.5 and lv.ts > best_ts:
-                state, best_ts = lv.info.labels.get("state", "?"), lv.ts
-            elif lv.info.metric == "triscope_mismatch_score":
-                score = lv.value
+        best_ts, score_ts = -1.0, -math.inf
+        for (metric, lk), (ts, value) in latest.get(n.name, {}).items():
+            if metric == "triscope_mismatch_state" and value >= 0.5 and ts > best_ts:
+                state, best_ts = _labels(lk).get("state", "?"), ts
+            elif metric == "triscope_mismatch_score" and ts >= score_ts:
+                score, score_ts = value, ts
+        gk = gpu_keys.get(n.name, set())
         if best_ts < 0:
-            state = "not computed" if store.series(node=n.name, metric="triscope_gpu_sm_active_ratio") else "no accelerator"
-        rows.append(FleetRow(n.name, state, score, accelerator_summary(store, n.name),
+            state = ("not computed" if any(m == "triscope_gpu_sm_active_ratio" for m, _ in gk)
+                     else "no accelerator")
+        rows.append(FleetRow(n.name, state, score, _accelerator_text(gk, npu_keys.get(n.name, set())),
                              (slo_status or {}).get(n.name, "no SLO file configured" if slo_status is None else "-"),
                              last_actions.get(n.name, "none"), n.last_seen, abs(now - n.last_seen) <= LIVE_SLACK_S))
     return rows
 
 
-def accelerator_summary(store: Any, node: str) -> str:
+def fleet_mismatch_latest(store: Any, nodes: Sequence[Any]) -> dict[str, dict[tuple[str, str], tuple[float, float]]]:
+    """Every node's newest mismatch state and score points.  Nodes that reported within the last
+    hour are read in one statement bounded in time (only the newest day partitions are probed);
+    the rest, and any recent node whose mismatch series have nothing that recent, in a second
+    one without a bound (their newest point whenever it was, as ``Store.latest`` gives)."""
+    if not nodes:
+        return {}
+    newest = max(n.last_seen for n in nodes)
+    recent = [n for n in nodes if n.last_seen >= newest - FLEET_RECENT_S]
+    since = min(n.last_seen for n in recent) - FLEET_LOOKBACK_S
+    out = store.fleet_latest(MISMATCH_METRICS, since=since)
+    has_mismatch = store.series_keys(prefix="triscope_mismatch_")
+    recent_names = {n.name for n in recent}
+    again = [n.name for n in nodes
+             if (n.name not in recent_names or n.name not in out) and n.name in has_mismatch]
+    if again:
+        out.update(store.fleet_latest(MISMATCH_METRICS, nodes=again))
+    return out
+
+
+_LABELS: dict[str, dict[str, str]] = {}
+
+
+def _labels(lk: str) -> dict[str, str]:
+    """Parsed label key; the few distinct keys of a fleet are parsed once."""
+    got = _LABELS.get(lk)
+    if got is None:
+        from triscope.samples import parse_label_key
+
+        got = parse_label_key(lk)
+        if len(_LABELS) < 100_000:
+            _LABELS[lk] = got
+    return got
+
+
+def _accelerator_text(gpu_keys: Iterable[tuple[str, str]], npu_keys: Iterable[tuple[str, str]]) -> str:
     names: dict[str, str] = {}
-    for s in store.series(node=node, metric="triscope_gpu_info"):
-        names[s.labels.get("gpu", "?")] = s.labels.get("name", "GPU")
-    gpus = {s.labels.get("gpu") for s in store.series(node=node, prefix="triscope_gpu_") if s.labels.get("gpu")}
-    npus = {(s.labels.get("npu"), s.labels.get("chip")) for s in store.series(node=node, prefix="triscope_npu_")
-            if s.labels.get("npu") is not None}
+    gpus: set[str] = set()
+    for metric, lk in gpu_keys:
+        lab = _labels(lk)
+        if metric == "triscope_gpu_info":
+            names[lab.get("gpu", "?")] = lab.get("name", "GPU")
+        if lab.get("gpu"):
+            gpus.add(lab["gpu"])
+    npus = {(_labels(lk).get("npu"), _labels(lk).get("chip")) for _, lk in npu_keys if _labels(lk).get("npu") is not None}
     parts = []
     if gpus:
         models = sorted(set(names.values())) or ["GPU"]
@@ -415,6 +465,19 @@ def accelerator_summary(store: Any, node: str) -> str:
     if npus:
         parts.append(f"{len(npus)} x Ascend NPU")
     return ", ".join(parts) or "none"
+
+
+def accelerator_summary(store: Any, node: str) -> str:
+    """'8 x NVIDIA H200', '2 x Ascend NPU', 'none' for one node."""
+    gk = {(s.metric, _label_key_of(s.labels)) for s in store.series(node=node, prefix="triscope_gpu_")}
+    nk = {(s.metric, _label_key_of(s.labels)) for s in store.series(node=node, prefix="triscope_npu_")}
+    return _accelerator_text(gk, nk)
+
+
+def _label_key_of(labels: Mapping[str, str]) -> str:
+    from triscope.samples import label_key
+
+    return label_key(labels)
 
 
 def last_remediation_by_node(store: Any) -> dict[str, str]:

@@ -14,11 +14,12 @@ import json
 import math
 import threading
 import time
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import bindparam, text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
@@ -98,6 +99,7 @@ class Store:
         self._watermarks: dict[tuple[int, str], float] = {}
         self._label_keys: dict[tuple[tuple[str, str], ...], str] = {}
         self._lock = threading.RLock()
+        self._direct: Any = None     # PostgreSQL: the steady-state tick's own autocommit connection
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
@@ -127,6 +129,8 @@ class Store:
                              "schema: run 'triscope db upgrade --db URL'")
 
     def close(self) -> None:
+        with self._lock:
+            self._close_direct()
         self.engine.dispose()
 
     # ------------------------------------------------------------------ ids
@@ -178,6 +182,9 @@ class Store:
         with self._lock:
             try:
                 if self.dialect == "postgresql":
+                    n = self._write_direct(node, ticks, rollup)
+                    if n is not None:
+                        return n
                     try:
                         return self._write_ticks(node, ticks, rollup, fast=True)
                     except Exception as e:  # noqa: BLE001
@@ -197,21 +204,7 @@ class Store:
         t_max = max(t.ts for t in ticks)
         with self.engine.begin() as conn:
             nid = self._node_id(conn, node, t_min)
-            # label sets repeat every tick: canonicalise each distinct one once
-            lk_cache = self._label_keys
-            pending: list[tuple[float, Sample, str]] = []
-            keys: dict[tuple[str, str], str] = {}
-            for t in ticks:
-                for s in t.samples:
-                    tk = tuple(sorted(s.labels.items())) if s.labels else ()
-                    lk = lk_cache.get(tk)
-                    if lk is None:
-                        lk = label_key(s.labels)
-                        if len(lk_cache) < 200_000:
-                            lk_cache[tk] = lk
-                    if (s.name, lk) not in keys:
-                        keys[(s.name, lk)] = s.kind
-                    pending.append((t.ts, s, lk))
+            pending, keys = self._prepare(ticks)
             sids = self._series_id_map(conn, nid, ((m, lk, k) for (m, lk), k in keys.items()))
             # one point per (series, ts): two sources reporting the same series in a tick, last wins
             dedup = {
@@ -226,8 +219,98 @@ class Store:
                 self._insert_events(conn, nid, events)
             conn.execute(text("UPDATE nodes SET last_seen = :t WHERE id = :n AND last_seen < :t"), {"t": t_max, "n": nid})
             if rollup:
-                self._rollup_node(conn, nid, t_min, t_max)
+                self._rollup_node(conn, nid, t_min, t_max, delay=rollup_delay(node))
         return len(rows)
+
+    def _prepare(self, ticks: Sequence[Tick]) -> tuple[list[tuple[float, Sample, str]], dict[tuple[str, str], str]]:
+        """(ts, sample, labelkey) of every sample, and (metric, labelkey) -> kind of each series."""
+        # label sets repeat every tick: canonicalise each distinct one once
+        lk_cache = self._label_keys
+        pending: list[tuple[float, Sample, str]] = []
+        keys: dict[tuple[str, str], str] = {}
+        for t in ticks:
+            for s in t.samples:
+                tk = tuple(sorted(s.labels.items())) if s.labels else ()
+                lk = lk_cache.get(tk)
+                if lk is None:
+                    lk = label_key(s.labels)
+                    if len(lk_cache) < 200_000:
+                        lk_cache[tk] = lk
+                if (s.name, lk) not in keys:
+                    keys[(s.name, lk)] = s.kind
+                pending.append((t.ts, s, lk))
+        return pending, keys
+
+    def _write_direct(self, node: str, ticks: Sequence[Tick], rollup: bool) -> int | None:
+        """The steady-state tick on PostgreSQL in one statement and one round trip: every id is
+        cached, no events, no bucket to roll.  A data-modifying CTE moves the node's last_seen and
+        an ``unnest`` of three arrays inserts the samples, on a connection of its own in
+        autocommit mode (one statement is one transaction: no BEGIN, no COMMIT, no pool checkout
+        ping).  Returns None when the tick needs the general path (which then writes it)."""
+        nid = self._node_ids.get(node)
+        if nid is None or any(t.events for t in ticks):
+            return None
+        t_min = min(t.ts for t in ticks)
+        t_max = max(t.ts for t in ticks)
+        if rollup:
+            wm1 = self._watermarks.get((nid, "1m"))
+            wmh = self._watermarks.get((nid, "1h"))
+            if wm1 is None or wmh is None or t_min < wm1 or t_min < wmh:
+                return None
+            if math.floor((t_max - rollup_delay(node)) / 60.0) * 60.0 > wm1:
+                return None
+            if min(math.floor(t_max / 3600.0), math.floor(wm1 / 3600.0)) * 3600.0 > wmh:
+                return None
+        pending, keys = self._prepare(ticks)
+        series_ids = self._series_ids
+        sids: dict[tuple[str, str], int] = {}
+        for metric, lk in keys:
+            sid = series_ids.get((nid, metric, lk))
+            if sid is None:
+                return None
+            sids[(metric, lk)] = sid
+        dedup = {
+            (sids[(s.name, lk)], ts): float(s.value)
+            for ts, s, lk in pending
+            if s.value == s.value and not math.isinf(s.value)
+        }
+        if not dedup:
+            return None
+        keys_sorted = sorted(dedup)
+        # the arrays as text literals: repr() of a float round-trips exactly, and joining strings
+        # costs a fraction of dumping 3 x 200 Python numbers one by one
+        params = {"t": t_max, "n": nid, "s": "{" + ",".join([str(k[0]) for k in keys_sorted]) + "}",
+                  "ts": "{" + ",".join([repr(k[1]) for k in keys_sorted]) + "}",
+                  "v": "{" + ",".join([repr(dedup[k]) for k in keys_sorted]) + "}"}
+        try:
+            conn = self._direct_conn()
+            conn.execute(_DIRECT_SQL, params)
+        except Exception as e:  # noqa: BLE001
+            if _is_unique_violation(e):
+                # some points are stored already (a replay): nothing was written, take the idempotent path
+                return self._write_ticks(node, ticks, rollup)
+            # a broken connection (a restarted server) or anything else: drop it, the general path
+            # (pool with a liveness check) writes the tick or raises
+            self._close_direct()
+            return None
+        return len(keys_sorted)
+
+    def _direct_conn(self) -> Any:
+        if self._direct is None:
+            import psycopg
+
+            url = self.engine.url.set(drivername="postgresql")
+            self._direct = psycopg.connect(url.render_as_string(hide_password=False), autocommit=True,
+                                           connect_timeout=5)
+        return self._direct
+
+    def _close_direct(self) -> None:
+        conn, self._direct = self._direct, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001, S110
+                pass
 
     def _insert_samples(self, conn: Connection, rows: list[tuple[int, float, float]], fast: bool = False) -> None:
         if not rows:
@@ -294,11 +377,18 @@ class Store:
                      {"n": node_id, "t": tier, "u": until})
         self._watermarks[(node_id, tier)] = until
 
-    def _rollup_node(self, conn: Connection, node_id: int, t_min: float, t_max: float) -> None:
-        """Roll closed buckets of this node up; re-roll buckets that late (spooled) samples touched."""
+    def _rollup_node(self, conn: Connection, node_id: int, t_min: float, t_max: float, delay: float = 0.0) -> None:
+        """Roll closed buckets of this node up; re-roll buckets that late (spooled) samples touched.
+
+        ``delay``: a 1-minute bucket is rolled by the first write whose newest tick is at least
+        ``delay`` seconds past the bucket's end (the hourly tier follows the 1-minute watermark),
+        so a fleet whose agents tick in the same second does not roll up in the same second.
+        Until then the reads serve the bucket from raw samples (the watermark says how far the
+        rollups are complete)."""
         for tier, width, source in (("1m", 60.0, "samples"), ("1h", 3600.0, "rollup_1m")):
             wm = self._watermark(conn, node_id, tier, cached=True)
-            closed_until = math.floor(t_max / width) * width  # buckets before this are closed
+            # buckets before this are closed (and, for 1m, at least `delay` seconds old)
+            closed_until = math.floor((t_max - (delay if tier == "1m" else 0.0)) / width) * width
             if tier == "1h":
                 # hourly is built from 1-minute rollups, which are complete up to their own watermark
                 wm1 = self._watermark(conn, node_id, "1m", cached=True) or 0.0
@@ -609,6 +699,79 @@ class Store:
                     out.append(LatestValue(info, float(row[0]), float(row[1])))
         return out
 
+    def fleet_latest(self, metrics: Sequence[str], since: float | None = None,
+                     nodes: Sequence[str] | None = None) -> dict[str, dict[tuple[str, str], tuple[float, float]]]:
+        """The newest point of every series of ``metrics`` on every node (or on ``nodes``), in one
+        SQL statement: node -> {(metric, labelkey): (ts, value)}.
+
+        ``since``: only raw points at or after it (on PostgreSQL the day partitions before it are
+        not touched).  Without ``since`` a series with no raw point left falls back to its newest
+        1-minute rollup (``last_ts``, ``last``), as ``latest()`` does.  Each series costs one
+        backward probe of the samples primary key (series_id, ts)."""
+        metrics = list(metrics)
+        out: dict[str, dict[tuple[str, str], tuple[float, float]]] = {}
+        if not metrics or (nodes is not None and not nodes):
+            return out
+        params: dict[str, Any] = {"metrics": metrics}
+        where = "s.metric IN :metrics"
+        if nodes is not None:
+            where += " AND n.name IN :nodes"
+            params["nodes"] = list(nodes)
+        bound = ""
+        if since is not None:
+            bound = " AND ts >= :since"
+            params["since"] = float(since)
+        if self.dialect == "postgresql":
+            sql = (f"SELECT n.name, s.metric, s.labels, s.id, x.ts, x.value FROM series s "
+                   f"JOIN nodes n ON n.id = s.node_id "
+                   f"LEFT JOIN LATERAL (SELECT ts, value FROM samples WHERE series_id = s.id{bound} "
+                   f"ORDER BY ts DESC LIMIT 1) x ON true WHERE {where}")
+        else:
+            sql = (f"SELECT n.name, s.metric, s.labels, s.id, x.ts, x.value FROM series s "
+                   f"JOIN nodes n ON n.id = s.node_id "
+                   f"LEFT JOIN samples x ON x.series_id = s.id AND x.ts = "
+                   f"(SELECT max(ts) FROM samples WHERE series_id = s.id{bound}) WHERE {where}")
+        stmt = text(sql).bindparams(bindparam("metrics", expanding=True))
+        if nodes is not None:
+            stmt = stmt.bindparams(bindparam("nodes", expanding=True))
+        missing: dict[int, tuple[str, str, str]] = {}
+        with self.engine.connect() as conn:
+            for name, metric, lk, sid, ts, value in conn.execute(stmt, params):
+                if ts is None:
+                    missing[int(sid)] = (name, metric, lk)
+                else:
+                    out.setdefault(name, {})[(metric, lk)] = (float(ts), float(value))
+            if since is None and missing:
+                ids = list(missing)
+                for i in range(0, len(ids), 5000):
+                    rows = conn.execute(text(
+                        "SELECT r.series_id, r.last_ts, r.last FROM rollup_1m r WHERE r.series_id IN :ids AND r.bucket = "
+                        "(SELECT max(bucket) FROM rollup_1m WHERE series_id = r.series_id)"
+                    ).bindparams(bindparam("ids", expanding=True)), {"ids": ids[i:i + 5000]})
+                    for sid, ts, value in rows:
+                        name, metric, lk = missing[int(sid)]
+                        out.setdefault(name, {})[(metric, lk)] = (float(ts), float(value))
+        return out
+
+    def series_keys(self, prefix: str | None = None, metric: str | None = None) -> dict[str, set[tuple[str, str]]]:
+        """node -> {(metric, labelkey)} of every stored series (of ``metric``, or whose name starts
+        with ``prefix``) over the whole fleet, in one statement; labels stay in their canonical
+        text form (``triscope.samples.parse_label_key``), so a fleet-wide listing stays cheap."""
+        where, params = ["1=1"], {}
+        if metric is not None:
+            where.append("s.metric = :metric")
+            params["metric"] = metric
+        if prefix is not None:
+            where.append("s.metric LIKE :prefix ESCAPE '\\'")
+            params["prefix"] = prefix.replace("\\", "\\\\").replace("_", r"\_").replace("%", r"\%") + "%"
+        out: dict[str, set[tuple[str, str]]] = {}
+        with self.engine.connect() as conn:
+            rows = conn.execute(text(f"SELECT n.name, s.metric, s.labels FROM series s JOIN nodes n ON n.id = s.node_id "
+                                     f"WHERE {' AND '.join(where)}"), params)
+            for name, m, lk in rows:
+                out.setdefault(name, set()).add((m, lk))
+        return out
+
     def events(self, node: str | None = None, start: float | None = None, end: float | None = None,
                kinds: Sequence[str] | None = None, limit: int = 10000) -> list[EventRow]:
         where, params = ["1=1"], {"lim": limit}
@@ -632,6 +795,18 @@ class Store:
         with self.engine.connect() as conn:
             rows = conn.execute(text(sql), params).all()
         return [EventRow(int(r[0]), r[1], float(r[2]), r[3], r[4], r[5], _json(r[6])) for r in rows]
+
+
+ROLLUP_SPREAD_S = 45
+_DIRECT_SQL = ("WITH u AS (UPDATE nodes SET last_seen = %(t)s WHERE id = %(n)s AND last_seen < %(t)s) "
+               "INSERT INTO samples (series_id, ts, value) "
+               "SELECT * FROM unnest(%(s)s::integer[], %(ts)s::double precision[], %(v)s::double precision[])")
+
+
+def rollup_delay(node: str) -> float:
+    """Seconds after a 1-minute bucket closes at which ``node``'s writes roll it up: 1 to
+    ``ROLLUP_SPREAD_S``, stable per node name (CRC-32), so a fleet's rollups spread over the minute."""
+    return float(1 + zlib.crc32(node.encode()) % ROLLUP_SPREAD_S)
 
 
 def _is_unique_violation(e: BaseException) -> bool:
