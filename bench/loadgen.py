@@ -105,12 +105,21 @@ def make_tick(ts: float, node_idx: int, series: list[tuple[str, dict[str, str], 
 # workers
 
 
-def _worker(url: str, nodes: list[int], series_n: int, t_start: float, duration: float,
-            out: Any, prefix: str) -> None:
+def _worker(url: str, nodes: list[int], series_n: int, t_warm: float, ready: Any, go: Any, start_at: Any,
+            duration: float, out: Any, prefix: str) -> None:
     from store import Store
 
     st = Store.open(url)
     series = node_series(series_n)
+    # warm-up, untimed: the agents are already running when the measurement starts, so each
+    # worker writes its nodes' first tick (creating nodes and series, filling its own caches of
+    # ids and rollup watermarks) before the schedule begins
+    for n in nodes:
+        st.write_ticks(f"{prefix}{n:04d}", [make_tick(t_warm, n, series)])
+    ready.put(os.getpid())
+    go.wait()
+    t_start = start_at.value
+    cpu0 = os.times()
     lags: list[float] = []
     worst: dict[int, float] = {}     # tick second -> worst lag among this worker's nodes
     written = 0
@@ -149,19 +158,7 @@ def _worker(url: str, nodes: list[int], series_n: int, t_start: float, duration:
         cpu = os.times()
         out.put({"lags": lags, "worst": worst, "written": written, "errors": errors, "ticks": len(lags),
                  "missed_ticks": missed, "finished": time.time(),
-                 "cpu_s": cpu.user + cpu.system})
-
-
-def _warm_up(url: str, nodes: list[int], series_n: int, ts: float, prefix: str) -> None:
-    from store import Store
-
-    st = Store.open(url)
-    series = node_series(series_n)
-    try:
-        for n in nodes:
-            st.write_ticks(f"{prefix}{n:04d}", [make_tick(ts, n, series)])
-    finally:
-        st.close()
+                 "cpu_s": cpu.user + cpu.system - cpu0.user - cpu0.system})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -275,24 +272,27 @@ def run_load(url: str, nodes: int = 1000, series: int = 200, duration: float = 3
     workers = workers or max(2, min(8, (os.cpu_count() or 2) * 2))
     shares = [list(range(w, nodes, workers)) for w in range(workers)]
     ctx = mp.get_context("spawn")   # no inherited connections or threads
-    # warm-up: the agents are already running (nodes and series exist) when the measurement starts
-    t0 = math.floor(time.time())
-    procs = [ctx.Process(target=_warm_up, args=(url, s, series, t0 - 1, prefix)) for s in shares if s]
+    # the workers warm up (one untimed tick per node) and wait; the timed schedule starts after
+    t_warm = math.floor(time.time()) - 1
+    q = ctx.Queue()
+    ready = ctx.Queue()
+    go = ctx.Event()
+    start_at = ctx.Value("d", 0.0)
+    procs = [ctx.Process(target=_worker, args=(url, s, series, t_warm, ready, go, start_at, duration, q, prefix))
+             for s in shares if s]
     for p in procs:
         p.start()
-    for p in procs:
-        p.join()
+    for _ in procs:
+        ready.get(timeout=900)
     fleet_errors: list[str] = []
     try:   # untimed first render: imports the dashboard and builds its app in this (main) thread
         time_fleet_page(url)
     except Exception as e:  # noqa: BLE001
         fleet_errors.append(f"{type(e).__name__}: {e}")
-    t_start = math.floor(time.time()) + 5   # workers import and connect before their first tick
+    t_start = math.floor(time.time()) + 2
+    start_at.value = float(t_start)
     pg_cpu0 = postgres_cpu_seconds()
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(url, s, series, t_start, duration, q, prefix)) for s in shares if s]
-    for p in procs:
-        p.start()
+    go.set()
     stop = threading.Event()
     fleet_times: list[tuple[float, int]] = []
     sampler = threading.Thread(target=_fleet_sampler, args=(url, fleet_every, stop, fleet_times, fleet_errors),
