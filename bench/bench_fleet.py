@@ -4,8 +4,10 @@
   (full: 1,000 nodes for 5 minutes; quick: 100 nodes for 20 s) into a private PostgreSQL with
   fsync on; figure: the worst tick lag (timestamp -> committed), target < 2 s.
 * fleet page: the dashboard's fleet page over all N nodes, rendered server-side while the load
-  runs, target <= 2 s; baseline: one SQL query that fetches every node's latest mismatch state and
-  score (what the page needs from the samples table), on the same data at the same time.
+  runs, target <= 2 s (it reads through ``Store.fleet_latest`` and ``Store.series_keys``: a few
+  fleet-wide statements, not a few queries per node); baseline: one hand-written SQL query that
+  fetches every node's latest mismatch state and score (what the page needs from the samples
+  table), on the same data at the same time.
 * retention: expiring one day of raw samples by dropping its partition, against the bulk DELETE
   of the same rows (the unpartitioned way), on the same server.
 * storage: bytes on disk per stored sample (heap + primary key), from the load's partitions.

@@ -3,14 +3,13 @@ write, on SQLite and on a real PostgreSQL server."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import pytest
 from sqlalchemy import text
 
 from store import Store, Tick
-from store.api import ROLLUP_SPREAD_S, rollup_delay
+from store.api import LAST_SEEN_STEP_S, ROLLUP_SPREAD_S, rollup_delay
 from store.db import upgrade
 from triscope.samples import EventRecord, Sample, label_key
 
@@ -151,7 +150,10 @@ def test_steady_ticks_replays_new_series_and_events(db_url: str) -> None:
         st.write_ticks(node, [_tick(t0 + k, 0, k)])
     if st.dialect == "postgresql":
         assert st._direct is not None   # the steady state took the one-statement path
-    assert st.nodes()[0].last_seen == t0 + 29
+        # there last_seen moves in steps of LAST_SEEN_STEP_S (a hot row otherwise)
+        assert t0 + 29 - LAST_SEEN_STEP_S <= st.nodes()[0].last_seen <= t0 + 29
+    else:
+        assert st.nodes()[0].last_seen == t0 + 29
     # a replay of stored ticks (a spool drained twice): no error, nothing doubled
     assert st.write_ticks(node, [_tick(t0 + 28, 0, 28)]) == len(STATES) + 3
     st.write_ticks(node, [_tick(t0 + 29, 0, 29), _tick(t0 + 30, 0, 30)])
@@ -170,10 +172,12 @@ def test_steady_ticks_replays_new_series_and_events(db_url: str) -> None:
                     max_points=None)
     assert (sd.ts, sd.values) == ([t0 + 31], [0.9])
     assert [e.kind for e in st.events(node=node)] == ["xid"]
-    assert st.nodes()[0].last_seen == t0 + 32
+    # the tick with the event took the general path: last_seen exact there
+    assert st.nodes()[0].last_seen >= t0 + 31
     # an older tick never moves last_seen back
+    before = st.nodes()[0].last_seen
     st.write_ticks(node, [Tick(t0 + 5, [Sample("late", 1.0)])])
-    assert st.nodes()[0].last_seen == t0 + 32
+    assert st.nodes()[0].last_seen == before
     st.close()
 
 
@@ -194,5 +198,5 @@ def test_steady_writes_survive_a_server_restart(pg_server: Any, pg_url: str) -> 
     assert st._direct is not None and not st._direct.closed
     with st.engine.connect() as c:
         assert c.execute(text("SELECT count(DISTINCT ts) FROM samples")).scalar() == 15
-    assert math.isclose(st.nodes()[0].last_seen, t0 + 14)
+    assert t0 + 14 - LAST_SEEN_STEP_S <= st.nodes()[0].last_seen <= t0 + 14
     st.close()
