@@ -291,7 +291,7 @@ def run_load(url: str, nodes: int = 1000, series: int = 200, duration: float = 3
         fleet_errors.append(f"{type(e).__name__}: {e}")
     t_start = math.floor(time.time()) + 2
     start_at.value = float(t_start)
-    pg_cpu0 = postgres_cpu_seconds()
+    pg_cpu0 = postgres_cpu_snapshot()
     go.set()
     stop = threading.Event()
     fleet_times: list[tuple[float, int]] = []
@@ -303,7 +303,7 @@ def run_load(url: str, nodes: int = 1000, series: int = 200, duration: float = 3
     parts = [q.get() for _ in procs]
     for p in procs:
         p.join()
-    pg_cpu1 = postgres_cpu_seconds()
+    pg_cpu1 = postgres_cpu_snapshot()
     stop.set()
     if sampler.is_alive():
         sampler.join(timeout=120)
@@ -336,15 +336,18 @@ def run_load(url: str, nodes: int = 1000, series: int = 200, duration: float = 3
         fleet_page_s=[t for t, _ in fleet_times], fleet_page_rows=max((r for _, r in fleet_times), default=0),
         fleet_page_error="; ".join(fleet_errors), db_bytes=db_bytes, samples_bytes_per_day_est=per_day,
         postgres=version,
-        server_cpu_s=None if pg_cpu0 is None or pg_cpu1 is None else pg_cpu1 - pg_cpu0,
+        server_cpu_s=postgres_cpu_between(pg_cpu0, pg_cpu1),
         client_cpu_s=sum(p["cpu_s"] for p in parts))
 
 
-def postgres_cpu_seconds() -> float | None:
-    """CPU seconds used so far by every PostgreSQL process on this machine (None if unreadable)."""
+def postgres_cpu_snapshot() -> dict[tuple[int, int], float] | None:
+    """CPU seconds so far of every PostgreSQL process on this machine, by (pid, start time).
+
+    Each process counts its own time plus its reaped children's (a postmaster collects its
+    exited backends'), so the time of a backend that ends inside the window is not lost.
+    """
     tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    found = False
+    out: dict[tuple[int, int], float] = {}
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
@@ -352,11 +355,20 @@ def postgres_cpu_seconds() -> float | None:
             if (d / "comm").read_text().strip() not in ("postgres", "postmaster"):
                 continue
             f = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(f[11]) + int(f[12]) + int(f[13]) + int(f[14])) / tick   # utime stime cutime cstime
-            found = True
+            # utime stime cutime cstime, start time
+            out[(int(d.name), int(f[19]))] = (int(f[11]) + int(f[12]) + int(f[13]) + int(f[14])) / tick
         except (OSError, ValueError, IndexError):
             continue
-    return total if found else None
+    return out or None
+
+
+def postgres_cpu_between(before: dict[tuple[int, int], float] | None,
+                         after: dict[tuple[int, int], float] | None) -> float | None:
+    """CPU the PostgreSQL processes used between two snapshots.  A process that ended in between
+    (another cluster shutting down) drops out instead of making the figure negative."""
+    if before is None or after is None:
+        return None
+    return sum(cpu - before.get(key, 0.0) for key, cpu in after.items())
 
 
 def find_capacity(trial: Any, start: int = 50, limit: int = 4000, refine: int = 2) -> tuple[int, list[tuple[int, bool]]]:
