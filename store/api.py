@@ -331,14 +331,14 @@ class Store:
             elif fast:
                 # the common case: nothing of this batch is stored yet, COPY straight into the table
                 rows.sort()
-                with cur.copy("COPY samples (series_id, ts, value) FROM STDIN") as cp:  # type: ignore[attr-defined]
+                with cur.copy("COPY samples (series_id, ts, value) FROM STDIN") as cp:
                     for r in rows:
                         cp.write_row(r)
             else:
                 # a replay (spool drain, re-import): COPY into a temp table, then INSERT ... ON CONFLICT
                 cur.execute("CREATE TEMP TABLE IF NOT EXISTS _ingest (series_id integer, ts double precision, "
                             "value double precision) ON COMMIT DELETE ROWS")
-                with cur.copy("COPY _ingest (series_id, ts, value) FROM STDIN") as cp:  # type: ignore[attr-defined]
+                with cur.copy("COPY _ingest (series_id, ts, value) FROM STDIN") as cp:
                     for r in rows:
                         cp.write_row(r)
                 cur.execute("INSERT INTO samples (series_id, ts, value) SELECT series_id, ts, value FROM _ingest "
@@ -419,7 +419,7 @@ class Store:
 
     def _roll(self, conn: Connection, node_id: int, tier: str, width: float, source: str, lo: float, hi: float) -> None:
         table = f"rollup_{tier}"
-        upsert = (f" ON CONFLICT (series_id, bucket) DO UPDATE SET min = excluded.min, max = excluded.max, "
+        upsert = (" ON CONFLICT (series_id, bucket) DO UPDATE SET min = excluded.min, max = excluded.max, "
                   "sum = excluded.sum, count = excluded.count, last = excluded.last, last_ts = excluded.last_ts, "
                   "increase = excluded.increase")
         params = {"n": node_id, "lo": lo, "hi": hi, "w": width}
@@ -602,8 +602,8 @@ class Store:
         # rollup tier, with the not-yet-rolled tail served from the next finer tier
         width = 60.0 if tier == "1m" else 3600.0
         wm = self._watermark(conn, self._node_id_of(conn, info.id), tier)
-        ts: list[float] = []
-        vals: list[float] = []
+        ts = []
+        vals = []
         roll_end = min(end, wm) if wm is not None else start
         if roll_end > start:
             ts, vals = self._rollup_points(conn, tier, width, info.id, start, roll_end, as_rate)
@@ -638,7 +638,7 @@ class Store:
         else:
             base = "SELECT ts, value FROM samples WHERE series_id = :s AND ts >= :a AND ts <= :b"
         if max_points is not None and max_points >= 4:
-            count = conn.execute(text(f"SELECT count(*) FROM samples WHERE series_id = :s AND ts >= :a AND ts <= :b"),
+            count = conn.execute(text("SELECT count(*) FROM samples WHERE series_id = :s AND ts >= :a AND ts <= :b"),
                                  params).scalar_one()
             if count > max_points:
                 return self._sql_downsample(conn, base, params, start, end, max_points)
@@ -656,7 +656,7 @@ class Store:
             # SQLite documents that a bare column beside a single min()/max() comes from that row
             lows = conn.execute(text(f"SELECT b, min(value), ts FROM ({sub}) y GROUP BY b"), p).all()
             highs = {r[0]: r for r in conn.execute(text(f"SELECT b, max(value), ts FROM ({sub}) y GROUP BY b"), p)}
-            rows = [(b, vmin, tmin, highs[b][1], highs[b][2]) for b, vmin, tmin in lows]
+            rows: Sequence[Any] = [(b, vmin, tmin, highs[b][1], highs[b][2]) for b, vmin, tmin in lows]
         else:
             rows = conn.execute(text(
                 f"SELECT b, min(value), (array_agg(ts ORDER BY value ASC, ts))[1], "
@@ -678,7 +678,7 @@ class Store:
                             {"s": sid, "a": a, "b": end}).all()
         ts: list[float] = []
         vals: list[float] = []
-        for bucket, vmin, vmax, vsum, cnt, inc in rows:
+        for bucket, vmin, vmax, _vsum, cnt, inc in rows:
             if as_rate:
                 ts.append(float(bucket) + width / 2)
                 vals.append(float(inc) / width)
@@ -781,7 +781,8 @@ class Store:
 
     def events(self, node: str | None = None, start: float | None = None, end: float | None = None,
                kinds: Sequence[str] | None = None, limit: int = 10000) -> list[EventRow]:
-        where, params = ["1=1"], {"lim": limit}
+        where: list[str] = ["1=1"]
+        params: dict[str, Any] = {"lim": limit}
         if node is not None:
             where.append("n.name = :node")
             params["node"] = node
