@@ -108,3 +108,23 @@ def test_doctor_lists_every_collector() -> None:
     assert all(r["ok"] or r["reason"] for r in rows)  # every 'off' says why
     text = triscope("doctor").stdout
     assert "ok" in text
+
+
+def test_output_into_a_closed_pipe_is_quiet(sqlite_url: str) -> None:
+    """`triscope query ... | head -1` must not end in a traceback."""
+    import time
+
+    upgrade(sqlite_url)
+    st = Store.open(sqlite_url)
+    now = time.time()
+    st.write_ticks("n1", [Tick(now - 5000 + i, [Sample("triscope_tcp_sockets", 1.0, {"state": "x"})])
+                          for i in range(5000)])  # far more output than a pipe buffer holds
+    proc = subprocess.Popen([sys.executable, "-m", "triscope", "query", "--db", sqlite_url, "--metric",
+                             "triscope_tcp_sockets", "--since", "6000", "--json"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, bufsize=0)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.read(10)
+    proc.stdout.close()  # the reader goes away after the first bytes
+    err = proc.stderr.read().decode()
+    proc.wait(30)
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
