@@ -130,10 +130,10 @@ def test_close_stops_threads_quickly():
 
 def test_fallback_without_gpm_polls_pcie_throughput():
     """The pre-Hopper path on real hardware: GPM off, PCIe bytes from GetPcieThroughput on a thread."""
-    torch = pytest.importorskip("torch")
     c = NvmlCollector(use_gpm=False, xid_events=False, pcie_poll_s=0.01)
     if not c.check().ok:
         pytest.skip("no NVML GPU here")
+    torch = pytest.importorskip("torch")
     try:
         n = 1 << 30
         host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
