@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from triscope.errors import UserError
 from triscope.samples import EventRecord, Sample
 
 FORMAT = "triscope-trace"
@@ -33,7 +34,7 @@ VERSION = 1
 TICKS_PER_BATCH = 120
 
 
-class TraceError(Exception):
+class TraceError(UserError):
     """A trace file that cannot be read (one clear line)."""
 
 

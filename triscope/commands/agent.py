@@ -52,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def build_config(args: argparse.Namespace, listen: tuple[str, int] | None):
-    from agent.collectors.scrape_url import validate_scrape_url
+    from agent.collectors.scrape import parse_scrape_url
     from agent.registry import AgentOptions
     from agent.runtime import AgentConfig, default_spool_dir
     from triscope.cli import UserError
@@ -60,9 +60,10 @@ def build_config(args: argparse.Namespace, listen: tuple[str, int] | None):
     if args.interval <= 0:
         raise UserError(f"--interval must be > 0 (got {args.interval})")
     for url in args.scrape:
-        problem = validate_scrape_url(url)
-        if problem:
-            raise UserError(f"--scrape {url!r}: {problem}")
+        try:
+            parse_scrape_url(url)
+        except ValueError as e:
+            raise UserError(f"--scrape {url!r}: {e}") from None
     opts = AgentOptions(proc=args.proc, sys=args.sys, scrape=list(args.scrape), ebpf=not args.no_ebpf,
                         nvml=not args.no_nvml, npu=not args.no_npu, npu_smi=args.npu_smi)
     return AgentConfig(db_url=db_url(args), node=args.node, interval=args.interval, listen=listen,

@@ -35,24 +35,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.set_defaults(func=cmd_export)
 
 
-def _open_store(url: str):
-    from store import Store
-
-    st = Store.open(url)
-    return st
-
-
 def cmd_import(args: argparse.Namespace) -> int:
-    from triscope.cli import UserError
-    from triscope.trace import TraceError, import_trace
+    from store import Store
+    from triscope.trace import import_trace
 
-    st = _open_store(db_url(args))
+    st = Store.open(db_url(args))
     try:
         st.upgrade()
-        try:
-            info = import_trace(st, args.file, node=args.node, shift_to_now=args.shift_to_now)
-        except TraceError as e:
-            raise UserError(str(e)) from None
+        info = import_trace(st, args.file, node=args.node, shift_to_now=args.shift_to_now)
     finally:
         st.close()
     print(f"imported {info.ticks} ticks ({info.samples} samples, {info.series} series) and {info.events} new events "
@@ -61,18 +51,15 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from triscope.cli import UserError
-    from triscope.trace import TraceError, export_trace
+    from store import Store
+    from triscope.trace import export_trace
 
-    st = _open_store(db_url(args))
+    st = Store.open(db_url(args))
     try:
         st.require_schema()
         start = parse_time(args.start) if args.start else None
         end = parse_time(args.end) if args.end else None
-        try:
-            info = export_trace(st, args.node, args.output, start=start, end=end, exclude_prefixes=args.exclude)
-        except TraceError as e:
-            raise UserError(str(e)) from None
+        info = export_trace(st, args.node, args.output, start=start, end=end, exclude_prefixes=args.exclude)
     finally:
         st.close()
     print(f"wrote {args.output}: node {info.node!r}, {info.ticks} ticks, {info.samples} samples, "
