@@ -10,23 +10,22 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from triscope.metrics import CATALOGUE, kind_of
 from triscope.samples import Sample
 
 
-class TickCollector(Collector):
+class TickCollector:
+    """The last tick's ``triscope_*`` samples; ``version`` moves every tick (the render cache key)."""
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._samples: list[Sample] = []
-
         self.version = 0
 
     def update(self, samples: Sequence[Sample]) -> None:
@@ -38,32 +37,6 @@ class TickCollector(Collector):
     def samples(self) -> list[Sample]:
         with self._lock:
             return list(self._samples)
-
-    def collect(self) -> Iterable[Metric]:
-        with self._lock:
-            samples = list(self._samples)
-        by_name: dict[str, list[Sample]] = defaultdict(list)
-        for s in samples:
-            by_name[s.name].append(s)
-        for name in sorted(by_name):
-            group = by_name[name]
-            spec = CATALOGUE.get(name)
-            help_text = spec.help if spec else f"{name} (triscope)"
-            kind = spec.kind if spec else kind_of(name)
-            label_names = sorted({k for s in group for k in s.labels})
-            fam: Any
-            if kind == "counter" and name.endswith("_total"):
-                fam = CounterMetricFamily(name[: -len("_total")], help_text, labels=label_names)
-            else:
-                fam = GaugeMetricFamily(name, help_text, labels=label_names)
-            seen: set[tuple[str, ...]] = set()
-            for s in group:
-                values = tuple(str(s.labels.get(k, "")) for k in label_names)
-                if values in seen:
-                    continue
-                seen.add(values)
-                fam.add_metric(list(values), float(s.value))
-            yield fam
 
 
 def _escape(v: str) -> str:

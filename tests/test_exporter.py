@@ -69,8 +69,32 @@ def test_rendering_matches_the_client_library() -> None:
     from prometheus_client import CollectorRegistry
 
     ref_reg = CollectorRegistry()
-    ref_reg.register(tick)
+    ref_reg.register(_ClientLibraryReference(samples))
     ref = {(s.name, tuple(sorted(s.labels.items())), s.value, f.type)
            for f in text_string_to_metric_families(generate_latest(ref_reg).decode()) for s in f.samples
            if not s.name.endswith("_created")}
     assert ours == ref
+
+
+class _ClientLibraryReference:
+    """The same samples rendered through prometheus_client's own metric families (the oracle)."""
+
+    def __init__(self, samples: list[Sample]) -> None:
+        self.samples = samples
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        from collections import defaultdict
+
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        by_name: dict[str, list[Sample]] = defaultdict(list)
+        for smp in self.samples:
+            by_name[smp.name].append(smp)
+        for name, group in sorted(by_name.items()):
+            spec = CATALOGUE[name]
+            labels = sorted({k for smp in group for k in smp.labels})
+            fam = (CounterMetricFamily(name[: -len("_total")], spec.help, labels=labels) if spec.kind == "counter"
+                   else GaugeMetricFamily(name, spec.help, labels=labels))
+            for smp in group:
+                fam.add_metric([str(smp.labels.get(k, "")) for k in labels], float(smp.value))
+            yield fam
