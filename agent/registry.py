@@ -118,8 +118,8 @@ def split_available(collectors: list[Collector]) -> tuple[list[Collector], list[
             av = c.check()
         except Exception as e:  # noqa: BLE001
             av = Availability(False, f"check failed: {e}")
-        if av.ok or c.name.startswith("scrape:"):
-            # a scraped service that is not up yet is retried every tick (it shows as down until then)
+        if av.ok or av.transient:
+            # e.g. a scraped service that is not up yet: retried every tick, down until then
             keep.append(c)
             if not av.ok:
                 log.warning("collector %s: %s (retried every tick)", c.name, av.reason)

@@ -197,3 +197,14 @@ def test_unreachable_http_error_timeout_and_limits() -> None:
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_a_target_down_at_start_stays_in_the_agent(unused_port: int) -> None:
+    """The agent keeps retrying a scraped service that is not up yet instead of switching it off."""
+    from agent.registry import UnavailableCollector, split_available
+
+    c = ScrapeCollector(f"http://127.0.0.1:{unused_port}/metrics", timeout=0.5)
+    av = c.check()
+    assert not av.ok and av.transient
+    kept, off = split_available([c])
+    assert kept == [c] and not isinstance(kept[0], UnavailableCollector) and off == []

@@ -30,6 +30,9 @@ class Availability:
     ok: bool
     reason: str = "ok"
     hint: str = ""
+    # not ok *yet*: the thing it reads may come up later (a scraped service still starting), so the
+    # agent keeps the collector and retries every tick instead of switching it off for the run
+    transient: bool = False
 
 
 @runtime_checkable

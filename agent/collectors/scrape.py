@@ -179,7 +179,7 @@ class ScrapeCollector(BaseCollector):
         try:
             self.parse(self.fetch())
         except ScrapeError as e:
-            return Availability(False, e.reason, e.hint)
+            return Availability(False, e.reason, e.hint, transient=True)
         return Availability(True)
 
     def collect(self, now: float) -> Iterator[Sample]:
