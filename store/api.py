@@ -24,7 +24,8 @@ from sqlalchemy import bindparam, text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
-from store.db import StoreError, check_reachable, make_engine, normalise_url
+from store.db import PG_OPTIONS, StoreError, check_reachable, make_engine, normalise_url
+from store.minute_acc import MinuteAccumulator
 from triscope.samples import EventRecord, Sample, label_key, parse_label_key
 
 TIERS = (("raw", 0.0), ("1m", 60.0), ("1h", 3600.0))
@@ -102,6 +103,10 @@ class Store:
         self._lock = threading.RLock()
         self._direct: Any = None     # PostgreSQL: the steady-state tick's own autocommit connection
         self._last_seen: dict[int, float] = {}   # node id -> last_seen this store last wrote
+        # 1-minute rollups built in memory from the ticks this store writes (store/minute_acc.py)
+        self._acc: dict[int, MinuteAccumulator] = {}
+        self._acc_after: dict[int, float] = {}   # node id -> no accumulator until a tick later than this
+        self._counters: set[int] = set()          # series ids of kind 'counter'
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
@@ -169,9 +174,11 @@ class Store:
                                          "(node_id, metric, labels)")),
                 [{"n": node_id, "m": m, "l": lk, "k": k} for m, lk, k in missing],
             )
-            rows = conn.execute(text("SELECT id, metric, labels FROM series WHERE node_id = :n"), {"n": node_id})
-            for sid, metric, lk in rows:
+            rows = conn.execute(text("SELECT id, metric, labels, kind FROM series WHERE node_id = :n"), {"n": node_id})
+            for sid, metric, lk, kind in rows:
                 self._series_ids[(node_id, metric, lk)] = int(sid)
+                if kind == "counter":
+                    self._counters.add(int(sid))
             for metric, lk, _ in missing:
                 out[(metric, lk)] = self._series_ids[(node_id, metric, lk)]
         return out
@@ -200,6 +207,7 @@ class Store:
                 self._series_ids.clear()
                 self._watermarks.clear()
                 self._last_seen.clear()
+                self._acc.clear()
                 raise
 
     def _write_ticks(self, node: str, ticks: Sequence[Tick], rollup: bool, fast: bool = False) -> int:
@@ -216,7 +224,11 @@ class Store:
                 if s.value == s.value and not math.isinf(s.value)
             }
             rows = [(sid, ts, v) for (sid, ts), v in dedup.items()]
-            self._insert_samples(conn, rows, fast)
+            inserted = self._insert_samples(conn, rows, fast)
+            if inserted == len(rows):
+                self._feed(nid, rows)
+            else:   # some points were stored already (a replay): the accumulator cannot tell which
+                self._drop_acc(nid, t_max)
             events = [(t.ts, e) for t in ticks for e in t.events]
             if events:
                 self._insert_events(conn, nid, events)
@@ -286,12 +298,13 @@ class Store:
         # last_seen moves in steps of LAST_SEEN_STEP_S on this path: one node row updated 1,000
         # times a second across a fleet is a hot row that bloats between vacuums
         move = t_max >= self._last_seen.get(nid, -math.inf) + LAST_SEEN_STEP_S
+        one = len(ticks) == 1   # one timestamp: sent once, not once per sample
         params = {"t": t_max, "n": nid, "s": "{" + ",".join([str(k[0]) for k in keys_sorted]) + "}",
-                  "ts": "{" + ",".join([repr(k[1]) for k in keys_sorted]) + "}",
+                  "ts": repr(t_max) if one else "{" + ",".join([repr(k[1]) for k in keys_sorted]) + "}",
                   "v": "{" + ",".join([repr(dedup[k]) for k in keys_sorted]) + "}"}
         try:
             conn = self._direct_conn()
-            conn.execute(_DIRECT_SQL if move else _DIRECT_SQL_NO_SEEN, params)
+            conn.execute(_DIRECT_SQL[move, one], params)
         except Exception as e:  # noqa: BLE001
             if _is_unique_violation(e):
                 # some points are stored already (a replay): nothing was written, take the idempotent path
@@ -302,6 +315,7 @@ class Store:
             return None
         if move:
             self._last_seen[nid] = t_max
+        self._feed(nid, [(sid, ts, v) for (sid, ts), v in dedup.items()])
         return len(keys_sorted)
 
     def _direct_conn(self) -> Any:
@@ -310,7 +324,7 @@ class Store:
 
             url = self.engine.url.set(drivername="postgresql")
             self._direct = psycopg.connect(url.render_as_string(hide_password=False), autocommit=True,
-                                           connect_timeout=5)
+                                           connect_timeout=5, options=PG_OPTIONS)
         return self._direct
 
     def _close_direct(self) -> None:
@@ -319,21 +333,24 @@ class Store:
             with contextlib.suppress(Exception):
                 conn.close()
 
-    def _insert_samples(self, conn: Connection, rows: list[tuple[int, float, float]], fast: bool = False) -> None:
+    def _insert_samples(self, conn: Connection, rows: list[tuple[int, float, float]], fast: bool = False) -> int:
+        """Insert what is not stored yet; returns how many rows were new."""
         if not rows:
-            return
+            return 0
         raw = conn.connection.dbapi_connection
         assert raw is not None
         cur = raw.cursor()
         try:
             if self.dialect == "sqlite":
                 cur.executemany("INSERT OR IGNORE INTO samples (series_id, ts, value) VALUES (?, ?, ?)", rows)
-            elif fast:
+                return int(cur.rowcount)
+            if fast:
                 # the common case: nothing of this batch is stored yet, COPY straight into the table
                 rows.sort()
                 with cur.copy("COPY samples (series_id, ts, value) FROM STDIN") as cp:
                     for r in rows:
                         cp.write_row(r)
+                return len(rows)
             else:
                 # a replay (spool drain, re-import): COPY into a temp table, then INSERT ... ON CONFLICT
                 cur.execute("CREATE TEMP TABLE IF NOT EXISTS _ingest (series_id integer, ts double precision, "
@@ -343,7 +360,77 @@ class Store:
                         cp.write_row(r)
                 cur.execute("INSERT INTO samples (series_id, ts, value) SELECT series_id, ts, value FROM _ingest "
                             "ON CONFLICT DO NOTHING")
+                n = int(cur.rowcount)
                 cur.execute("TRUNCATE _ingest")
+                return n
+        finally:
+            cur.close()
+
+    # ------------------------------------------------------------------ in-memory 1-minute rollups
+    def _feed(self, nid: int, rows: list[tuple[int, float, float]]) -> None:
+        """Newly stored (series id, ts, value) rows of one node into its accumulator."""
+        if not rows:
+            return
+        by_ts: dict[float, list[tuple[int, float]]] = {}
+        for sid, ts, v in rows:
+            pts = by_ts.get(ts)
+            if pts is None:
+                by_ts[ts] = [(sid, v)]
+            else:
+                pts.append((sid, v))
+        t_lo, t_hi = min(by_ts), max(by_ts)
+        acc = self._acc.get(nid)
+        if acc is None:
+            if t_lo <= self._acc_after.get(nid, -math.inf):
+                self._acc_after[nid] = max(t_hi, self._acc_after[nid])
+                return
+            acc = self._acc[nid] = MinuteAccumulator(t_lo)
+        elif t_lo <= acc.last_ts:   # out of order: rolled from the raw samples in SQL from now on
+            self._drop_acc(nid, t_hi)
+            return
+        counters = self._counters
+        for ts in sorted(by_ts):
+            acc.add(ts, by_ts[ts], counters)
+
+    def _drop_acc(self, nid: int, t: float) -> None:
+        acc = self._acc.pop(nid, None)
+        last = acc.last_ts if acc is not None else -math.inf
+        self._acc_after[nid] = max(t, last, self._acc_after.get(nid, -math.inf))
+
+    def _roll_1m(self, conn: Connection, nid: int, lo: float, hi: float) -> None:
+        """Roll the 1-minute buckets in [lo, hi): from the accumulator where it vouches for them,
+        from the raw samples in SQL before that."""
+        acc = self._acc.get(nid)
+        if acc is None:
+            self._roll(conn, nid, "1m", 60.0, "samples", lo, hi)
+            return
+        start, rows = acc.take(lo, hi)
+        if start > lo:
+            self._roll(conn, nid, "1m", 60.0, "samples", lo, start)
+        if rows:
+            self._upsert_rollup(conn, "rollup_1m", rows)
+
+    def _upsert_rollup(self, conn: Connection, table: str, rows: list[tuple[int, float, list[float]]]) -> None:
+        update = ("ON CONFLICT (series_id, bucket) DO UPDATE SET min = excluded.min, max = excluded.max, "
+                  "sum = excluded.sum, count = excluded.count, last = excluded.last, last_ts = excluded.last_ts, "
+                  "increase = excluded.increase")
+        raw = conn.connection.dbapi_connection
+        assert raw is not None
+        cur = raw.cursor()
+        try:
+            if self.dialect == "sqlite":
+                cur.executemany(
+                    f"INSERT INTO {table} (series_id, bucket, min, max, sum, count, last, last_ts, increase) "
+                    f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) {update}",
+                    [(sid, b, r[0], r[1], r[2], int(r[3]), r[4], r[5], r[6]) for sid, b, r in rows])
+            else:
+                cols = list(zip(*[(sid, b, r[0], r[1], r[2], int(r[3]), r[4], r[5], r[6]) for sid, b, r in rows],
+                                strict=True))
+                arrays = ["{" + ",".join(map(repr, c)) + "}" for c in cols]
+                cur.execute(
+                    f"INSERT INTO {table} (series_id, bucket, min, max, sum, count, last, last_ts, increase) "
+                    "SELECT * FROM unnest(%s::integer[], %s::float8[], %s::float8[], %s::float8[], %s::float8[], "
+                    f"%s::integer[], %s::float8[], %s::float8[], %s::float8[]) {update}", arrays)
         finally:
             cur.close()
 
@@ -414,7 +501,10 @@ class Store:
                 if hi > lo:
                     self._roll(conn, node_id, tier, width, source, lo, hi)
             if closed_until > wm:
-                self._roll(conn, node_id, tier, width, source, wm, closed_until)
+                if tier == "1m":
+                    self._roll_1m(conn, node_id, wm, closed_until)
+                else:
+                    self._roll(conn, node_id, tier, width, source, wm, closed_until)
                 self._set_watermark(conn, node_id, tier, closed_until)
 
     def _roll(self, conn: Connection, node_id: int, tier: str, width: float, source: str, lo: float, hi: float) -> None:
@@ -807,11 +897,14 @@ class Store:
 
 ROLLUP_SPREAD_S = 45
 LAST_SEEN_STEP_S = 10.0
-_DIRECT_SQL_NO_SEEN = ("INSERT INTO samples (series_id, ts, value) "
-                       "SELECT * FROM unnest(%(s)s::integer[], %(ts)s::double precision[], %(v)s::double precision[])")
-_DIRECT_SQL = ("WITH u AS (UPDATE nodes SET last_seen = %(t)s WHERE id = %(n)s AND last_seen < %(t)s) "
-               "INSERT INTO samples (series_id, ts, value) "
-               "SELECT * FROM unnest(%(s)s::integer[], %(ts)s::double precision[], %(v)s::double precision[])")
+_MOVE_LAST_SEEN = "WITH u AS (UPDATE nodes SET last_seen = %(t)s WHERE id = %(n)s AND last_seen < %(t)s) "
+_INSERT_MANY_TS = ("INSERT INTO samples (series_id, ts, value) "
+                   "SELECT * FROM unnest(%(s)s::integer[], %(ts)s::double precision[], %(v)s::double precision[])")
+_INSERT_ONE_TS = ("INSERT INTO samples (series_id, ts, value) "
+                  "SELECT s, %(ts)s::double precision, v FROM unnest(%(s)s::integer[], %(v)s::double precision[]) AS x(s, v)")
+# (move last_seen?, one timestamp?) -> the steady-state tick's statement
+_DIRECT_SQL = {(False, False): _INSERT_MANY_TS, (False, True): _INSERT_ONE_TS,
+               (True, False): _MOVE_LAST_SEEN + _INSERT_MANY_TS, (True, True): _MOVE_LAST_SEEN + _INSERT_ONE_TS}
 
 
 def rollup_delay(node: str) -> float:

@@ -49,6 +49,11 @@ def _sqlite_on_connect(dbapi_conn, _record) -> None:
     cur.close()
 
 
+# Every connection: no JIT.  The store's statements are short (a tick's insert, a node's
+# roll-up, a range read); JIT compiling them cost PostgreSQL ~10 % of its CPU under fleet load.
+PG_OPTIONS = "-c jit=off"
+
+
 def make_engine(url: str | None = None, *, echo: bool = False) -> Engine:
     url = normalise_url(url or default_url())
     if url.startswith("sqlite"):
@@ -57,7 +62,7 @@ def make_engine(url: str | None = None, *, echo: bool = False) -> Engine:
     else:
         engine = create_engine(
             url, echo=echo, pool_pre_ping=True, pool_size=5, max_overflow=5,
-            connect_args={"connect_timeout": 5},
+            connect_args={"connect_timeout": 5, "options": PG_OPTIONS},
         )
     return engine
 
