@@ -82,22 +82,27 @@ def node_series(series: int = 200, gpus: int = 8) -> list[tuple[str, dict[str, s
 
 
 def make_tick(ts: float, node_idx: int, series: list[tuple[str, dict[str, str], str]]) -> Any:
+    """One tick of one simulated node: fresh Sample objects, as an agent's collectors make them."""
     from store import Tick
     from triscope.samples import Sample
 
     k = int(ts)
     state = STATES[(node_idx + k // 60) % len(STATES)]     # each node changes state once a minute
+    score = 0.6 if state in ("io-saturated", "staging-bound", "network-bound") else 0.05
+    phase = k / 30.0 + node_idx
+    sin = math.sin
     samples = []
+    append = samples.append
     for i, (m, labels, kind) in enumerate(series):
-        if m == "triscope_mismatch_state":
+        if kind == "counter":
+            v = float(k * (i + 1))
+        elif m == "triscope_mismatch_state":
             v = 1.0 if labels["state"] == state else 0.0
         elif m == "triscope_mismatch_score":
-            v = 0.6 if state in ("io-saturated", "staging-bound", "network-bound") else 0.05
-        elif kind == "counter":
-            v = float(k * (i + 1))
+            v = score
         else:
-            v = 0.5 + 0.4 * math.sin(k / 30.0 + i + node_idx)
-        samples.append(Sample(m, v, labels, kind))   # type: ignore[arg-type]
+            v = 0.5 + 0.4 * sin(phase + i)
+        append(Sample(m, v, labels, kind))   # type: ignore[arg-type]
     return Tick(ts, samples)
 
 

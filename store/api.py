@@ -107,6 +107,8 @@ class Store:
         self._acc: dict[int, MinuteAccumulator] = {}
         self._acc_after: dict[int, float] = {}   # node id -> no accumulator until a tick later than this
         self._counters: set[int] = set()          # series ids of kind 'counter'
+        # node id -> (metric, label pairs as given) -> series id: the steady-state tick's lookup
+        self._raw_sids: dict[int, dict[tuple[str, tuple[tuple[str, str], ...]], int]] = {}
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
@@ -205,6 +207,7 @@ class Store:
                 # ids may have been cached from a transaction that rolled back
                 self._node_ids.pop(node, None)
                 self._series_ids.clear()
+                self._raw_sids.clear()
                 self._watermarks.clear()
                 self._last_seen.clear()
                 self._acc.clear()
@@ -217,6 +220,7 @@ class Store:
             nid = self._node_id(conn, node, t_min)
             pending, keys = self._prepare(ticks)
             sids = self._series_id_map(conn, nid, ((m, lk, k) for (m, lk), k in keys.items()))
+            self._remember_raw(nid, sids, pending)
             # one point per (series, ts): two sources reporting the same series in a tick, last wins
             dedup = {
                 (sids[(s.name, lk)], ts): float(s.value)
@@ -277,34 +281,39 @@ class Store:
                 return None
             if min(math.floor(t_max / 3600.0), math.floor(wm1 / 3600.0)) * 3600.0 > wmh:
                 return None
-        pending, keys = self._prepare(ticks)
-        series_ids = self._series_ids
-        sids: dict[tuple[str, str], int] = {}
-        for metric, lk in keys:
-            sid = series_ids.get((nid, metric, lk))
-            if sid is None:
+        if len(ticks) == 1:
+            points = self._tick_points(nid, ticks[0])
+            if points is None:
                 return None
-            sids[(metric, lk)] = sid
-        dedup = {
-            (sids[(s.name, lk)], ts): float(s.value)
-            for ts, s, lk in pending
-            if s.value == s.value and not math.isinf(s.value)
-        }
-        if not dedup:
+            rows = None
+        else:
+            rows = self._cached_rows(nid, ticks)
+            if rows is None:
+                return None
+            points = {}
+        if not points and not rows:
             return None
-        keys_sorted = sorted(dedup)
         # the arrays as text literals: repr() of a float round-trips exactly, and joining strings
         # costs a fraction of dumping 3 x 200 Python numbers one by one
+        params: dict[str, Any]
+        if rows is None:
+            order = sorted(points)
+            params = {"s": "{" + ",".join(map(str, order)) + "}", "ts": repr(t_max),
+                      "v": "{" + ",".join([repr(points[k]) for k in order]) + "}"}
+            n = len(order)
+        else:
+            rows.sort()
+            params = {"s": "{" + ",".join([str(r[0]) for r in rows]) + "}",
+                      "ts": "{" + ",".join([repr(r[1]) for r in rows]) + "}",
+                      "v": "{" + ",".join([repr(r[2]) for r in rows]) + "}"}
+            n = len(rows)
         # last_seen moves in steps of LAST_SEEN_STEP_S on this path: one node row updated 1,000
         # times a second across a fleet is a hot row that bloats between vacuums
         move = t_max >= self._last_seen.get(nid, -math.inf) + LAST_SEEN_STEP_S
-        one = len(ticks) == 1   # one timestamp: sent once, not once per sample
-        params = {"t": t_max, "n": nid, "s": "{" + ",".join([str(k[0]) for k in keys_sorted]) + "}",
-                  "ts": repr(t_max) if one else "{" + ",".join([repr(k[1]) for k in keys_sorted]) + "}",
-                  "v": "{" + ",".join([repr(dedup[k]) for k in keys_sorted]) + "}"}
+        params["t"], params["n"] = t_max, nid
         try:
             conn = self._direct_conn()
-            conn.execute(_DIRECT_SQL[move, one], params)
+            conn.execute(_DIRECT_SQL[move, rows is None], params)
         except Exception as e:  # noqa: BLE001
             if _is_unique_violation(e):
                 # some points are stored already (a replay): nothing was written, take the idempotent path
@@ -315,8 +324,52 @@ class Store:
             return None
         if move:
             self._last_seen[nid] = t_max
-        self._feed(nid, [(sid, ts, v) for (sid, ts), v in dedup.items()])
-        return len(keys_sorted)
+        if rows is None:
+            acc = self._acc.get(nid)
+            if acc is not None and t_max > acc.last_ts:
+                acc.add(t_max, points.items(), self._counters)
+            else:
+                self._feed(nid, [(sid, t_max, v) for sid, v in points.items()])
+        else:
+            self._feed(nid, rows)
+        return n
+
+    def _tick_points(self, nid: int, tick: Tick) -> dict[int, float] | None:
+        """series id -> value of one tick's finite samples (the last wins), when every series id is
+        cached; None otherwise.  The cache is keyed by the metric and the label pairs in the order
+        the collector gave them, so the steady state never sorts or serialises a label set."""
+        cache = self._raw_sids.get(nid)
+        if cache is None:
+            return None
+        points: dict[int, float] = {}
+        for s in tick.samples:
+            lb = s.labels
+            sid = cache.get((s.name, tuple(lb.items()) if lb else ()))
+            if sid is None:
+                return None
+            v = float(s.value)
+            if v == v and v != _INF and v != -_INF:
+                points[sid] = v
+        return points
+
+    def _cached_rows(self, nid: int, ticks: Sequence[Tick]) -> list[tuple[int, float, float]] | None:
+        rows: dict[tuple[int, float], float] = {}
+        for t in ticks:
+            points = self._tick_points(nid, t)
+            if points is None:
+                return None
+            for sid, v in points.items():
+                rows[(sid, t.ts)] = v
+        return [(sid, ts, v) for (sid, ts), v in rows.items()]
+
+    def _remember_raw(self, nid: int, sids: Mapping[tuple[str, str], int],
+                      pending: list[tuple[float, Sample, str]]) -> None:
+        cache = self._raw_sids.setdefault(nid, {})
+        if len(cache) > 50_000:   # label sets that never repeat (a collector bug): start over
+            cache.clear()
+        for _, smp, lk in pending:
+            lb = smp.labels
+            cache[(smp.name, tuple(lb.items()) if lb else ())] = sids[(smp.name, lk)]
 
     def _direct_conn(self) -> Any:
         if self._direct is None:
@@ -896,6 +949,7 @@ class Store:
 
 
 ROLLUP_SPREAD_S = 45
+_INF = math.inf
 LAST_SEEN_STEP_S = 10.0
 _MOVE_LAST_SEEN = "WITH u AS (UPDATE nodes SET last_seen = %(t)s WHERE id = %(n)s AND last_seen < %(t)s) "
 _INSERT_MANY_TS = ("INSERT INTO samples (series_id, ts, value) "
