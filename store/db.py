@@ -40,7 +40,7 @@ def normalise_url(url: str) -> str:
     return u.render_as_string(hide_password=False)
 
 
-def _sqlite_on_connect(dbapi_conn, _record) -> None:
+def sqlite_on_connect(dbapi_conn, _record) -> None:
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA busy_timeout=10000")
@@ -58,7 +58,7 @@ def make_engine(url: str | None = None, *, echo: bool = False) -> Engine:
     url = normalise_url(url or default_url())
     if url.startswith("sqlite"):
         engine = create_engine(url, echo=echo, connect_args={"timeout": 10, "check_same_thread": False})
-        event.listen(engine, "connect", _sqlite_on_connect)
+        event.listen(engine, "connect", sqlite_on_connect)
     else:
         engine = create_engine(
             url, echo=echo, pool_pre_ping=True, pool_size=5, max_overflow=5,

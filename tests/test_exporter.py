@@ -98,3 +98,32 @@ class _ClientLibraryReference:
             for smp in group:
                 fam.add_metric([str(smp.labels.get(k, "")) for k in labels], float(smp.value))
             yield fam
+
+
+def test_http_answers_bad_requests_and_stops(unused_port: int) -> None:
+    """Wrong path 404, wrong method 405, garbage 400, HEAD has headers only; shutdown ends the thread."""
+    import socket
+    import urllib.error
+
+    registry, tick = make_registry()
+    tick.update([Sample("triscope_ticks_total", 3.0, kind="counter")])
+    server, thread = serve(registry, "127.0.0.1", unused_port, tick)
+    base = f"http://127.0.0.1:{unused_port}"
+    try:
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(f"{base}/nope", timeout=5)
+        assert e.value.code == 404
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(urllib.request.Request(f"{base}/metrics", data=b"x", method="POST"), timeout=5)
+        assert e.value.code == 405
+        with socket.create_connection(("127.0.0.1", unused_port), timeout=5) as s:
+            s.sendall(b"hello\r\n\r\n")
+            assert s.recv(100).startswith(b"HTTP/1.1 400")
+        head = urllib.request.urlopen(urllib.request.Request(f"{base}/metrics", method="HEAD"), timeout=5)
+        assert int(head.headers["Content-Length"]) > 0 and head.read() == b""
+        body = urllib.request.urlopen(f"{base}/metrics?x=1", timeout=5).read().decode()
+        assert "triscope_ticks_total 3.0" in body and "triscope_process_cpu_seconds_total" in body
+    finally:
+        server.shutdown()
+    thread.join(5)
+    assert not thread.is_alive()
