@@ -721,16 +721,9 @@ class Store:
         if node is not None:
             where.append("n.name = :node")
             params["node"] = node
-        if metric is not None:
-            where.append("s.metric = :metric")
-            params["metric"] = metric
-        if prefix is not None:
-            where.append("s.metric LIKE :prefix")
-            params["prefix"] = prefix.replace("_", r"\_") + "%"
+        _metric_filter(where, params, metric, prefix)
         sql = (f"SELECT s.id, n.name, s.metric, s.labels, s.kind FROM series s JOIN nodes n ON n.id = s.node_id "
                f"WHERE {' AND '.join(where)} ORDER BY n.name, s.metric, s.labels")
-        if prefix is not None:
-            sql = sql.replace("LIKE :prefix", "LIKE :prefix ESCAPE '\\'")
         with self.engine.connect() as conn:
             rows = conn.execute(text(sql), params).all()
         out = [SeriesInfo(int(r[0]), r[1], r[2], parse_label_key(r[3]), r[4]) for r in rows]
@@ -965,13 +958,9 @@ class Store:
         """node -> {(metric, labelkey)} of every stored series (of ``metric``, or whose name starts
         with ``prefix``) over the whole fleet, in one statement; labels stay in their canonical
         text form (``triscope.samples.parse_label_key``), so a fleet-wide listing stays cheap."""
-        where, params = ["1=1"], {}
-        if metric is not None:
-            where.append("s.metric = :metric")
-            params["metric"] = metric
-        if prefix is not None:
-            where.append("s.metric LIKE :prefix ESCAPE '\\'")
-            params["prefix"] = prefix.replace("\\", "\\\\").replace("_", r"\_").replace("%", r"\%") + "%"
+        where: list[str] = ["1=1"]
+        params: dict[str, Any] = {}
+        _metric_filter(where, params, metric, prefix)
         out: dict[str, set[tuple[str, str]]] = {}
         with self.engine.connect() as conn:
             rows = conn.execute(text(f"SELECT n.name, s.metric, s.labels FROM series s JOIN nodes n ON n.id = s.node_id "
@@ -1017,6 +1006,16 @@ _INSERT_ONE_TS = ("INSERT INTO samples (series_id, ts, value) "
 # (move last_seen?, one timestamp?) -> the steady-state tick's statement
 _DIRECT_SQL = {(False, False): _INSERT_MANY_TS, (False, True): _INSERT_ONE_TS,
                (True, False): _MOVE_LAST_SEEN + _INSERT_MANY_TS, (True, True): _MOVE_LAST_SEEN + _INSERT_ONE_TS}
+
+
+def _metric_filter(where: list[str], params: dict[str, Any], metric: str | None, prefix: str | None) -> None:
+    """SQL conditions on ``series s`` for one metric and/or a metric-name prefix (matched literally)."""
+    if metric is not None:
+        where.append("s.metric = :metric")
+        params["metric"] = metric
+    if prefix is not None:
+        where.append("s.metric LIKE :prefix ESCAPE '\\'")
+        params["prefix"] = prefix.replace("\\", "\\\\").replace("_", r"\_").replace("%", r"\%") + "%"
 
 
 def rollup_delay(node: str) -> float:

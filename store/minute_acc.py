@@ -4,7 +4,7 @@ A node's writer sees every sample of the node in time order, so it can keep min,
 count, last and a counter's reset-aware increase per series for the open minute, and hand the
 finished rows to the store when the minute is rolled up: the database then inserts 200 rollup
 rows per node and minute instead of reading back the 12,000 raw samples it was just given
-(on a fleet server that read-back was a third of PostgreSQL's CPU).
+(docs/scaling.md shows what that changed under fleet load).
 
 The accumulator only vouches for minutes it saw from their first second: a minute already
 under way when it started (an agent restart) is rolled from the raw samples in SQL as before,
