@@ -414,11 +414,12 @@ class PrivatePostgres:
         with open(self.server.data / "postgresql.conf", "a") as f:
             # a quarter of the RAM for shared buffers (the usual sizing, at most 8 GB): the hot
             # leaf pages of the samples primary key (one insertion point per series) stay cached;
-            # WAL room for a 5-minute run without a forced checkpoint (each checkpoint makes the
-            # next touch of every hot page write a full-page image)
+            # WAL room for the run, and lz4 for the full-page images a checkpoint makes the next
+            # touch of every hot page write (pglz: a 9-11 s lag step at the first checkpoint of a
+            # 1,000-node run; lz4: 1-3 s; docs/scaling.md)
             mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
             sb = max(256, min(8192, mem // 4 // 2**20))
-            f.write("\nfsync = on\nfull_page_writes = on\nsynchronous_commit = off\nwal_compression = on\n"
+            f.write("\nfsync = on\nfull_page_writes = on\nsynchronous_commit = off\nwal_compression = lz4\n"
                     f"shared_buffers = {sb}MB\nmax_wal_size = 16GB\ncheckpoint_timeout = 15min\nwork_mem = 16MB\n")
         self.server.stop()
         self.server.start()
