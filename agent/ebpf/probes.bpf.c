@@ -12,6 +12,10 @@
 //    counted in C_LOST_* and exported, never silent.
 #include <uapi/linux/ptrace.h>
 #include <linux/dma-direction.h>
+#ifdef WANT_TCP_SKB
+#include <linux/skbuff.h>
+#include <net/tcp.h>
+#endif
 
 #define AF_INET_ 2
 #define AF_INET6_ 10
@@ -111,9 +115,15 @@ int on_tcp_retransmit_skb(struct tracepoint__tcp__tcp_retransmit_skb *args) {
         return 0;
     }
 #endif
-    count(C_TCP_SKB, 1);
+    // RetransSegs counts segments: a retransmitted GSO skb carries several (tcp_skb_pcount)
+    u16 segs = 0;
+    bpf_probe_read_kernel(&segs, sizeof(segs), (const u8 *)args->skbaddr + offsetof(struct sk_buff, cb) +
+                                                   offsetof(struct tcp_skb_cb, tcp_gso_segs));
+    if (segs == 0)
+        segs = 1;
+    count(C_TCP_SKB, segs);
 #ifdef TCP_SKB_HAS_STATE
-    count(C_TCP_STATE + (args->state & 15), 1);
+    count(C_TCP_STATE + (args->state & 15), segs);
 #endif
     count_peer(args->family, args->dport, args->daddr, args->daddr_v6);
     return 0;
