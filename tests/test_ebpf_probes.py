@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +15,8 @@ from agent.ebpf.discover import find_tracefs, tracepoint_fields
 from agent.ebpf.layout import PROBES
 from triscope.loopback import read_retranssegs, syn_retransmits
 from triscope.samples import EventRecord, Sample
+
+REPO = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.ebpf
 
@@ -145,3 +149,48 @@ def test_parent_rss_stays_small():
     assert res.returncode == 0, res.stderr
     rss_mb = float(res.stdout.strip().splitlines()[-1])
     assert rss_mb < 60, rss_mb
+
+
+def _btf_members(path: str, struct: str) -> list[tuple[str, int]]:
+    """(member name, byte offset) of ``struct`` from a kernel's BTF (/sys/kernel/btf/vmlinux);
+    anonymous unions show as ''."""
+    import struct as st
+
+    data = Path(path).read_bytes()
+    magic, _ver, _flags, hdr_len, type_off, type_len, str_off, _str_len = st.unpack_from("<HBBIIIII", data)
+    assert magic == 0xEB9F, hex(magic)
+    types = hdr_len + type_off
+    strs = hdr_len + str_off
+
+    def name(off: int) -> str:
+        return data[strs + off:data.index(b"\0", strs + off)].decode()
+
+    extra = {1: 4, 3: 12, 14: 4, 17: 4}            # INT, ARRAY, VAR, DECL_TAG: fixed tails
+    per_member = {4: 12, 5: 12, 6: 8, 13: 8, 15: 12, 19: 12}   # STRUCT, UNION, ENUM, FUNC_PROTO, DATASEC, ENUM64
+    pos, end = types, types + type_len
+    while pos < end:
+        name_off, info, _size = st.unpack_from("<III", data, pos)
+        kind, vlen, kflag = (info >> 24) & 0x1F, info & 0xFFFF, info >> 31
+        body = pos + 12
+        if kind == 4 and name(name_off) == struct:
+            out = []
+            for i in range(vlen):
+                m_name, _m_type, m_off = st.unpack_from("<III", data, body + 12 * i)
+                out.append((name(m_name), ((m_off & 0xFFFFFF) if kflag else m_off) // 8))
+            return out
+        pos = body + extra.get(kind, 0) + per_member.get(kind, 0) * vlen
+    return []
+
+
+def test_retransmit_probe_skb_offset_matches_this_kernel():
+    """The probe reads tcp_gso_segs at a fixed offset into the skb (no <net/tcp.h>, which would add
+    over a second to the compile): hold that offset to the running kernel's own BTF."""
+    btf = "/sys/kernel/btf/vmlinux"
+    if not os.path.exists(btf):
+        pytest.skip("kernel without BTF (/sys/kernel/btf/vmlinux): the offset cannot be checked here")
+    src = (REPO / "agent" / "ebpf" / "probes.bpf.c").read_text()
+    m = re.search(r"#define SKB_CB_OFF (\d+)", src)
+    assert m, "SKB_CB_OFF not defined in probes.bpf.c"
+    assert dict(_btf_members(btf, "sk_buff"))["cb"] == int(m.group(1))
+    # seq, end_seq, then the union whose first member is tcp_gso_segs: at 8 into the control block
+    assert _btf_members(btf, "tcp_skb_cb")[:3] == [("seq", 0), ("end_seq", 4), ("", 8)]

@@ -12,12 +12,9 @@
 //    counted in C_LOST_* and exported, never silent.
 #include <uapi/linux/ptrace.h>
 #include <linux/dma-direction.h>
-#ifdef WANT_TCP_SKB
-#include <linux/skbuff.h>
-#include <net/tcp.h>
-#endif
 
 #define AF_INET_ 2
+#define SKB_CB_OFF 40 /* offsetof(struct sk_buff, cb), 64-bit */
 #define AF_INET6_ 10
 
 // slots of the `counters` per-CPU array (keep in sync with agent/ebpf/layout.py)
@@ -115,11 +112,14 @@ int on_tcp_retransmit_skb(struct tracepoint__tcp__tcp_retransmit_skb *args) {
         return 0;
     }
 #endif
-    // RetransSegs counts segments: a retransmitted GSO skb carries several (tcp_skb_pcount)
+    // RetransSegs counts segments: a retransmitted GSO skb carries several (tcp_skb_pcount, the
+    // tcp_gso_segs of the skb's control block).  Offsets, not <net/tcp.h>: that header alone
+    // would add over a second to the compile at start.  sk_buff.cb is at 40 on 64-bit kernels
+    // since 4.x (next/prev/dev, sk, tstamp before it) and tcp_gso_segs follows seq and end_seq in
+    // struct tcp_skb_cb; an implausible value counts as one segment.
     u16 segs = 0;
-    bpf_probe_read_kernel(&segs, sizeof(segs), (const u8 *)args->skbaddr + offsetof(struct sk_buff, cb) +
-                                                   offsetof(struct tcp_skb_cb, tcp_gso_segs));
-    if (segs == 0)
+    if (bpf_probe_read_kernel(&segs, sizeof(segs), (const u8 *)args->skbaddr + SKB_CB_OFF + 8) != 0 || segs == 0 ||
+        segs > 1024)
         segs = 1;
     count(C_TCP_SKB, segs);
 #ifdef TCP_SKB_HAS_STATE
