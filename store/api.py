@@ -522,9 +522,7 @@ class Store:
             self._upsert_rollup(conn, "rollup_1m", rows)
 
     def _upsert_rollup(self, conn: Connection, table: str, rows: list[tuple[int, float, list[float]]]) -> None:
-        update = ("ON CONFLICT (series_id, bucket) DO UPDATE SET min = excluded.min, max = excluded.max, "
-                  "sum = excluded.sum, count = excluded.count, last = excluded.last, last_ts = excluded.last_ts, "
-                  "increase = excluded.increase")
+        update = _ROLLUP_UPSERT
         raw = conn.connection.dbapi_connection
         assert raw is not None
         cur = raw.cursor()
@@ -620,9 +618,7 @@ class Store:
 
     def _roll(self, conn: Connection, node_id: int, tier: str, width: float, source: str, lo: float, hi: float) -> None:
         table = f"rollup_{tier}"
-        upsert = (" ON CONFLICT (series_id, bucket) DO UPDATE SET min = excluded.min, max = excluded.max, "
-                  "sum = excluded.sum, count = excluded.count, last = excluded.last, last_ts = excluded.last_ts, "
-                  "increase = excluded.increase")
+        upsert = " " + _ROLLUP_UPSERT
         params = {"n": node_id, "lo": lo, "hi": hi, "w": width}
         if source == "samples":
             # window over [lo - width, hi) so the first sample of the range has its predecessor
@@ -996,8 +992,12 @@ class Store:
 
 
 ROLLUP_SPREAD_S = 45
-_INF = math.inf
 LAST_SEEN_STEP_S = 10.0
+_INF = math.inf
+# a rollup row computed again (a late sample, an in-memory minute after a SQL one) replaces the old
+_ROLLUP_UPSERT = ("ON CONFLICT (series_id, bucket) DO UPDATE SET min = excluded.min, max = excluded.max, "
+                  "sum = excluded.sum, count = excluded.count, last = excluded.last, last_ts = excluded.last_ts, "
+                  "increase = excluded.increase")
 _MOVE_LAST_SEEN = "WITH u AS (UPDATE nodes SET last_seen = %(t)s WHERE id = %(n)s AND last_seen < %(t)s) "
 _INSERT_MANY_TS = ("INSERT INTO samples (series_id, ts, value) "
                    "SELECT * FROM unnest(%(s)s::integer[], %(ts)s::double precision[], %(v)s::double precision[])")
