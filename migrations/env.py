@@ -12,10 +12,19 @@ target_metadata = target_metadata_all
 
 
 def _include_name(name, type_, parent_names):  # type: ignore[no-untyped-def]
-    # the daily partitions of samples (PostgreSQL, revision 0003) are not models: see store/partitions.py
+    # the daily partitions of the raw samples (PostgreSQL) are not models: see store/partitions.py
     from store.partitions import is_partition_name
 
     return not (type_ == "table" and is_partition_name(name))
+
+
+def _include_object(dialect: str):  # type: ignore[no-untyped-def]
+    # samples is a view on PostgreSQL and sample_rows exists only there (store/models.py)
+    from store.models import NOT_ON
+
+    def include(obj, name, type_, reflected, compare_to):  # type: ignore[no-untyped-def]
+        return not (type_ == "table" and name == NOT_ON.get(dialect))
+    return include
 
 
 def run_migrations_offline() -> None:
@@ -30,7 +39,7 @@ def run_migrations_online() -> None:
     with engine.connect() as connection:
         context.configure(connection=connection, target_metadata=target_metadata,
                           render_as_batch=connection.dialect.name == "sqlite",
-                          include_name=_include_name)
+                          include_name=_include_name, include_object=_include_object(connection.dialect.name))
         with context.begin_transaction():
             context.run_migrations()
     engine.dispose()

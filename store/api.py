@@ -1,7 +1,8 @@
 """The store's API: batched tick writes, rollups, retention and the read functions.
 
 Writes: ``write_ticks(node, ticks)`` inserts each tick's samples in one transaction (idempotent
-per (series, ts): a replayed spool never doubles a point) and rolls closed buckets up into
+per (series, ts): a replayed spool never doubles a point; on PostgreSQL one row per node and tick
+in ``sample_rows``, on SQLite one row per sample, see store/models.py) and rolls closed buckets up into
 ``rollup_1m`` and ``rollup_1h`` with set-based SQL.  Reads: ``query`` serves a range from raw
 samples or a rollup tier, whichever keeps the row count small, and downsamples in SQL to at most
 ``max_points`` (the min and the max of each bucket survive, so spikes do).  Counters come back
@@ -107,6 +108,8 @@ class Store:
         self._acc: dict[int, MinuteAccumulator] = {}
         self._acc_after: dict[int, float] = {}   # node id -> no accumulator until a tick later than this
         self._counters: set[int] = set()          # series ids of kind 'counter'
+        self._slots: dict[int, int] = {}          # series id -> slot (its position in the node's sample rows)
+        self._nslots: dict[int, int] = {}         # node id -> slots in use (the length of a full sample row)
         # node id -> (metric, label pairs as given) -> series id: the steady-state tick's lookup
         self._raw_sids: dict[int, dict[tuple[str, tuple[tuple[str, str], ...]], int]] = {}
 
@@ -162,28 +165,39 @@ class Store:
 
     def _series_id_map(self, conn: Connection, node_id: int, keys: Iterable[tuple[str, str, str]]) -> dict[tuple[str, str], int]:
         """(metric, labelkey) -> series id for one node, creating the missing series."""
-        out: dict[tuple[str, str], int] = {}
-        missing: list[tuple[str, str, str]] = []
-        for metric, lk, kind in keys:
-            sid = self._series_ids.get((node_id, metric, lk))
-            if sid is None:
-                missing.append((metric, lk, kind))
-            else:
-                out[(metric, lk)] = sid
+        keys = list(keys)
+        missing = [(m, lk, k) for m, lk, k in keys if (node_id, m, lk) not in self._series_ids]
         if missing:
+            self._load_series(conn, node_id)
+        for _ in range(5):
+            missing = [(m, lk, k) for m, lk, k in missing if (node_id, m, lk) not in self._series_ids]
+            if not missing:
+                break
+            # new series take the next free slots of the node; a slot or identity another writer took
+            # in the meantime is skipped (DO NOTHING) and the series tries again with the next ones
+            first = int(conn.execute(text("SELECT coalesce(max(slot), -1) + 1 FROM series WHERE node_id = :n"),
+                                     {"n": node_id}).scalar_one())
             conn.execute(
-                text(self._insert_ignore("series", "(node_id, metric, labels, kind)", "(:n, :m, :l, :k)",
-                                         "(node_id, metric, labels)")),
-                [{"n": node_id, "m": m, "l": lk, "k": k} for m, lk, k in missing],
+                text("INSERT INTO series (node_id, metric, labels, kind, slot) VALUES (:n, :m, :l, :k, :s) "
+                     "ON CONFLICT DO NOTHING"),
+                [{"n": node_id, "m": m, "l": lk, "k": k, "s": first + i} for i, (m, lk, k) in enumerate(missing)],
             )
-            rows = conn.execute(text("SELECT id, metric, labels, kind FROM series WHERE node_id = :n"), {"n": node_id})
-            for sid, metric, lk, kind in rows:
-                self._series_ids[(node_id, metric, lk)] = int(sid)
-                if kind == "counter":
-                    self._counters.add(int(sid))
-            for metric, lk, _ in missing:
-                out[(metric, lk)] = self._series_ids[(node_id, metric, lk)]
-        return out
+            self._load_series(conn, node_id)
+        else:
+            raise StoreError(f"could not create {len(missing)} series of node id {node_id}: their slots kept "
+                             "being taken by another writer")
+        return {(m, lk): self._series_ids[(node_id, m, lk)] for m, lk, _ in keys}
+
+    def _load_series(self, conn: Connection, node_id: int) -> None:
+        rows = conn.execute(text("SELECT id, metric, labels, kind, slot FROM series WHERE node_id = :n"), {"n": node_id})
+        width = 0
+        for sid, metric, lk, kind, slot in rows:
+            self._series_ids[(node_id, metric, lk)] = int(sid)
+            self._slots[int(sid)] = int(slot)
+            width = max(width, int(slot) + 1)
+            if kind == "counter":
+                self._counters.add(int(sid))
+        self._nslots[node_id] = width
 
     # ------------------------------------------------------------------ writes
     def write_ticks(self, node: str, ticks: Sequence[Tick], *, rollup: bool = True) -> int:
@@ -205,17 +219,31 @@ class Store:
                     except Exception as e:  # noqa: BLE001
                         if not _is_unique_violation(e):
                             raise
-                        # some points are stored already (a replay): take the idempotent path
+                        # some points are stored already (a replay): take the idempotent path, with
+                        # no id cached from the transaction that just rolled back (a new series)
+                        self._forget(node)
                 return self._write_ticks(node, ticks, rollup)
             except Exception:
                 # ids may have been cached from a transaction that rolled back
                 self._node_ids.pop(node, None)
                 self._series_ids.clear()
+                self._slots.clear()
+                self._nslots.clear()
                 self._raw_sids.clear()
                 self._watermarks.clear()
                 self._last_seen.clear()
                 self._acc.clear()
                 raise
+
+    def _forget(self, node: str) -> None:
+        """Drop the node's cached ids: some may come from a transaction that rolled back."""
+        nid = self._node_ids.pop(node, None)
+        if nid is None:
+            return
+        for key in [k for k in self._series_ids if k[0] == nid]:
+            self._slots.pop(self._series_ids.pop(key), None)
+        self._nslots.pop(nid, None)
+        self._raw_sids.pop(nid, None)
 
     def _write_ticks(self, node: str, ticks: Sequence[Tick], rollup: bool, fast: bool = False) -> int:
         t_min = min(t.ts for t in ticks)
@@ -232,7 +260,7 @@ class Store:
                 if s.value == s.value and not math.isinf(s.value)
             }
             rows = [(sid, ts, v) for (sid, ts), v in dedup.items()]
-            inserted = self._insert_samples(conn, rows, fast)
+            inserted = self._insert_samples(conn, nid, rows, fast)
             if inserted == len(rows):
                 self._feed(nid, rows)
             else:   # some points were stored already (a replay): the accumulator cannot tell which
@@ -349,28 +377,24 @@ class Store:
 
     def _write_direct(self, node: str, ticks: Sequence[Tick], rollup: bool) -> int | None:
         """The steady-state tick on PostgreSQL in one statement and one round trip.  A
-        data-modifying CTE moves the node's last_seen and an ``unnest`` of three arrays inserts
-        the samples, on a connection of its own in autocommit mode (one statement is one
+        data-modifying CTE moves the node's last_seen and the tick goes in as one row of
+        ``sample_rows``, on a connection of its own in autocommit mode (one statement is one
         transaction: no BEGIN, no COMMIT, no pool checkout ping).  Returns None when the tick
         needs the general path (which then writes it)."""
         got = self._direct_points(node, ticks, rollup)
         if got is None:
             return None
         nid, t_max, points, rows = got
-        # the arrays as text literals: repr() of a float round-trips exactly, and joining strings
-        # costs a fraction of dumping 3 x 200 Python numbers one by one
         params: dict[str, Any]
         if points is not None:
-            order = sorted(points)
-            params = {"s": "{" + ",".join(map(str, order)) + "}", "ts": repr(t_max),
-                      "v": "{" + ",".join([repr(points[k]) for k in order]) + "}"}
-            n = len(order)
+            params = {"ts": repr(t_max), "v": self._row_literal(nid, points)}
+            n = len(points)
         else:
             assert rows is not None
-            rows.sort()
-            params = {"s": "{" + ",".join([str(r[0]) for r in rows]) + "}",
-                      "ts": "{" + ",".join([repr(r[1]) for r in rows]) + "}",
-                      "v": "{" + ",".join([repr(r[2]) for r in rows]) + "}"}
+            by_ts = _by_ts(rows)
+            order = sorted(by_ts)
+            params = {"ts": "{" + ",".join(map(repr, order)) + "}",
+                      "v": "{" + ",".join(['"' + self._row_literal(nid, by_ts[t]) + '"' for t in order]) + "}"}
             n = len(rows)
         # last_seen moves in steps of LAST_SEEN_STEP_S on this path: one node row updated 1,000
         # times a second across a fleet is a hot row that bloats between vacuums
@@ -391,6 +415,16 @@ class Store:
             self._last_seen[nid] = t_max
         self._feed_direct(nid, t_max, points, rows)
         return n
+
+    def _row_literal(self, nid: int, points: Mapping[int, float]) -> str:
+        """The node's sample row for these points as a float8[] literal: one element per slot,
+        NULL where the tick has no value.  repr() of a float round-trips exactly, and joining
+        strings costs a fraction of dumping 200 Python numbers one by one."""
+        slots = self._slots
+        arr = ["NULL"] * self._nslots[nid]
+        for sid, v in points.items():
+            arr[slots[sid]] = repr(v)
+        return "{" + ",".join(arr) + "}"
 
     def _tick_points(self, nid: int, tick: Tick) -> dict[int, float] | None:
         """series id -> value of one tick's finite samples (the last wins), when every series id is
@@ -444,8 +478,10 @@ class Store:
             with contextlib.suppress(Exception):
                 conn.close()
 
-    def _insert_samples(self, conn: Connection, rows: list[tuple[int, float, float]], fast: bool = False) -> int:
-        """Insert what is not stored yet; returns how many rows were new."""
+    def _insert_samples(self, conn: Connection, nid: int, rows: list[tuple[int, float, float]],
+                        fast: bool = False) -> int:
+        """Insert the (series id, ts, value) points of node ``nid`` that are not stored yet (a
+        point stored already keeps its value); returns how many points were new."""
         if not rows:
             return 0
         raw = conn.connection.dbapi_connection
@@ -455,25 +491,37 @@ class Store:
             if self.dialect == "sqlite":
                 cur.executemany("INSERT OR IGNORE INTO samples (series_id, ts, value) VALUES (?, ?, ?)", rows)
                 return int(cur.rowcount)
+            by_ts = _by_ts(rows)
             if fast:
                 # the common case: nothing of this batch is stored yet, COPY straight into the table
-                rows.sort()
-                with cur.copy("COPY samples (series_id, ts, value) FROM STDIN") as cp:
-                    for r in rows:
-                        cp.write_row(r)
+                with cur.copy("COPY sample_rows (node_id, ts, vals) FROM STDIN") as cp:
+                    for ts in sorted(by_ts):
+                        cp.write_row((nid, ts, self._row_literal(nid, by_ts[ts])))
                 return len(rows)
-            else:
-                # a replay (spool drain, re-import): COPY into a temp table, then INSERT ... ON CONFLICT
-                cur.execute("CREATE TEMP TABLE IF NOT EXISTS _ingest (series_id integer, ts double precision, "
-                            "value double precision) ON COMMIT DELETE ROWS")
-                with cur.copy("COPY _ingest (series_id, ts, value) FROM STDIN") as cp:
-                    for r in rows:
-                        cp.write_row(r)
-                cur.execute("INSERT INTO samples (series_id, ts, value) SELECT series_id, ts, value FROM _ingest "
-                            "ON CONFLICT DO NOTHING")
-                n = int(cur.rowcount)
-                cur.execute("TRUNCATE _ingest")
-                return n
+            # a replay (spool drain, re-import): merge into the rows stored already, locked meanwhile
+            cur.execute("SELECT ts, vals FROM sample_rows WHERE node_id = %s AND ts = ANY(%s::float8[]) FOR UPDATE",
+                        (nid, "{" + ",".join(map(repr, by_ts)) + "}"))
+            stored = {float(ts): list(vals) for ts, vals in cur.fetchall()}
+            slots = self._slots
+            new = 0
+            upserts: list[tuple[int, float, str]] = []
+            for ts, points in by_ts.items():
+                arr = stored.get(ts, [])
+                fresh = False
+                for sid, v in points.items():
+                    k = slots[sid]
+                    if k < len(arr) and arr[k] is not None:
+                        continue
+                    arr.extend([None] * (k + 1 - len(arr)))
+                    arr[k] = v
+                    new += 1
+                    fresh = True
+                if fresh:
+                    upserts.append((nid, ts, "{" + ",".join(["NULL" if v is None else repr(float(v)) for v in arr]) + "}"))
+            if upserts:
+                cur.executemany("INSERT INTO sample_rows (node_id, ts, vals) VALUES (%s, %s, %s::float8[]) "
+                                "ON CONFLICT (node_id, ts) DO UPDATE SET vals = excluded.vals", upserts)
+            return new
         finally:
             cur.close()
 
@@ -598,6 +646,7 @@ class Store:
                 closed_until = min(closed_until, math.floor(wm1 / width) * width)
             if wm is None:
                 first = conn.execute(text(
+                    "SELECT min(ts) FROM sample_rows WHERE node_id = :n" if self.dialect == "postgresql" else
                     "SELECT min(ts) FROM samples WHERE series_id IN (SELECT id FROM series WHERE node_id = :n)"
                 ), {"n": node_id}).scalar()
                 if first is None:
@@ -674,11 +723,12 @@ class Store:
 
     # ------------------------------------------------------------------ retention
     def apply_retention(self, policy: RetentionPolicy | None = None, now: float | None = None) -> dict[str, int]:
-        """Remove data older than the policy allows.  Returns rows (or partitions) removed per table.
+        """Remove data older than the policy allows.  Returns rows (or partitions) removed per table
+        (``samples``: raw rows deleted; on PostgreSQL those are node-tick rows).
 
-        On a partitioned PostgreSQL ``samples`` table, raw samples expire by dropping whole daily
-        partitions (never a bulk DELETE) and the partitions for the next days are created ahead;
-        raw data is then kept up to one day longer than configured, never shorter.
+        On PostgreSQL, raw samples expire by dropping whole daily partitions of ``sample_rows``
+        (never a bulk DELETE) and the partitions for the next days are created ahead; raw data is
+        then kept up to one day longer than configured, never shorter.
         """
         from store import partitions
 
@@ -695,10 +745,10 @@ class Store:
             partitions.ensure_partitions(self.engine, now)
             out["samples_partitions_dropped"] = len(partitions.drop_expired_partitions(self.engine, now - policy.raw))
             with self.engine.begin() as conn:  # rows that sat in the default partition
-                res = conn.execute(text("DELETE FROM samples_default WHERE ts < :cut"), {"cut": now - policy.raw})
+                res = conn.execute(text(f"DELETE FROM {partitions.DEFAULT} WHERE ts < :cut"), {"cut": now - policy.raw})
                 out["samples"] = int(res.rowcount or 0)
         else:
-            tables.insert(0, ("samples", policy.raw, "ts"))
+            tables.insert(0, ("samples" if self.dialect == "sqlite" else partitions.PARENT, policy.raw, "ts"))
         with self._lock, self.engine.begin() as conn:
             for table, keep, col in tables:
                 res = conn.execute(text(f"DELETE FROM {table} WHERE {col} < :cut"), {"cut": now - keep})
@@ -737,11 +787,17 @@ class Store:
             return sorted(r[0] for r in conn.execute(text(sql), params))
 
     def time_bounds(self, node: str | None = None) -> tuple[float, float] | None:
-        sql = "SELECT min(s.ts), max(s.ts) FROM samples s"
         params: dict[str, Any] = {}
-        if node is not None:
-            sql += " JOIN series se ON se.id = s.series_id JOIN nodes n ON n.id = se.node_id WHERE n.name = :node"
-            params["node"] = node
+        if self.dialect == "postgresql":
+            sql = "SELECT min(r.ts), max(r.ts) FROM sample_rows r"
+            if node is not None:
+                sql += " JOIN nodes n ON n.id = r.node_id WHERE n.name = :node"
+                params["node"] = node
+        else:
+            sql = "SELECT min(s.ts), max(s.ts) FROM samples s"
+            if node is not None:
+                sql += " JOIN series se ON se.id = s.series_id JOIN nodes n ON n.id = se.node_id WHERE n.name = :node"
+                params["node"] = node
         with self.engine.connect() as conn:
             row = conn.execute(text(sql), params).first()
         if row is None or row[0] is None:
@@ -884,6 +940,16 @@ class Store:
                since: float | None = None) -> list[LatestValue]:
         infos = self.series(node=node, metric=metric, prefix=prefix)
         out: list[LatestValue] = []
+        if self.dialect == "postgresql":
+            if not infos:
+                return out
+            with self.engine.connect() as conn:
+                got = self._pg_latest(conn, "s.id = ANY(CAST(:ids AS integer[]))", {"ids": [i.id for i in infos]}, since)
+            for info in infos:
+                p = got.get(info.id)
+                if p is not None:
+                    out.append(LatestValue(info, p[3], p[4]))
+            return out
         with self.engine.connect() as conn:
             for info in infos:
                 row = conn.execute(text("SELECT ts, value FROM samples WHERE series_id = :s "
@@ -898,13 +964,14 @@ class Store:
 
     def fleet_latest(self, metrics: Sequence[str], since: float | None = None,
                      nodes: Sequence[str] | None = None) -> dict[str, dict[tuple[str, str], tuple[float, float]]]:
-        """The newest point of every series of ``metrics`` on every node (or on ``nodes``), in one
-        SQL statement: node -> {(metric, labelkey): (ts, value)}.
+        """The newest point of every series of ``metrics`` on every node (or on ``nodes``), in a
+        few fleet-wide statements: node -> {(metric, labelkey): (ts, value)}.
 
         ``since``: only raw points at or after it (on PostgreSQL the day partitions before it are
         not touched).  Without ``since`` a series with no raw point left falls back to its newest
-        1-minute rollup (``last_ts``, ``last``), as ``latest()`` does.  Each series costs one
-        backward probe of the samples primary key (series_id, ts)."""
+        1-minute rollup (``last_ts``, ``last``), as ``latest()`` does.  On SQLite each series
+        costs one backward probe of the samples primary key (series_id, ts); on PostgreSQL each
+        node one probe of its newest row (``_pg_latest``)."""
         metrics = list(metrics)
         out: dict[str, dict[tuple[str, str], tuple[float, float]]] = {}
         if not metrics or (nodes is not None and not nodes):
@@ -914,20 +981,19 @@ class Store:
         if nodes is not None:
             where += " AND n.name IN :nodes"
             params["nodes"] = list(nodes)
+        if self.dialect == "postgresql":
+            with self.engine.connect() as conn:
+                for name, metric, lk, ts, value in self._pg_latest(conn, where, params, since).values():
+                    out.setdefault(name, {})[(metric, lk)] = (ts, value)
+            return out
         bound = ""
         if since is not None:
             bound = " AND ts >= :since"
             params["since"] = float(since)
-        if self.dialect == "postgresql":
-            sql = (f"SELECT n.name, s.metric, s.labels, s.id, x.ts, x.value FROM series s "
-                   f"JOIN nodes n ON n.id = s.node_id "
-                   f"LEFT JOIN LATERAL (SELECT ts, value FROM samples WHERE series_id = s.id{bound} "
-                   f"ORDER BY ts DESC LIMIT 1) x ON true WHERE {where}")
-        else:
-            sql = (f"SELECT n.name, s.metric, s.labels, s.id, x.ts, x.value FROM series s "
-                   f"JOIN nodes n ON n.id = s.node_id "
-                   f"LEFT JOIN samples x ON x.series_id = s.id AND x.ts = "
-                   f"(SELECT max(ts) FROM samples WHERE series_id = s.id{bound}) WHERE {where}")
+        sql = (f"SELECT n.name, s.metric, s.labels, s.id, x.ts, x.value FROM series s "
+               f"JOIN nodes n ON n.id = s.node_id "
+               f"LEFT JOIN samples x ON x.series_id = s.id AND x.ts = "
+               f"(SELECT max(ts) FROM samples WHERE series_id = s.id{bound}) WHERE {where}")
         stmt = text(sql).bindparams(bindparam("metrics", expanding=True))
         if nodes is not None:
             stmt = stmt.bindparams(bindparam("nodes", expanding=True))
@@ -948,6 +1014,71 @@ class Store:
                     for sid, ts, value in rows:
                         name, metric, lk = missing[int(sid)]
                         out.setdefault(name, {})[(metric, lk)] = (float(ts), float(value))
+        return out
+
+    def _pg_latest(self, conn: Connection, where: str, params: dict[str, Any], since: float | None
+                   ) -> dict[int, tuple[str, str, str, float, float]]:
+        """PostgreSQL: series id -> (node, metric, labelkey, ts, value) of the newest point of every
+        series matching ``where`` (on ``series s JOIN nodes n``), at or after ``since`` if given.
+
+        Bounded steps instead of a backward probe per series (a series' points are spread over
+        its node's rows, so "its newest" is not one index descent any more): each node's newest
+        row, which holds every live series; for the rest, the node's rows at or after ``since``.
+        Without ``since``: the node's rows not yet rolled up (at or after its 1-minute watermark,
+        about two minutes of them), then the newest 1-minute rollup, whose ``last_ts``/``last``
+        are the newest raw point before the watermark (or the last one retention left), so a
+        series that stopped reporting days ago costs one rollup probe, not a scan of its node's
+        rows."""
+        p = dict(params)
+        bound = ""
+        if since is not None:
+            bound = " AND r.ts >= :since"
+            p["since"] = float(since)
+        stmt = text(
+            f"WITH w AS MATERIALIZED (SELECT s.id, s.node_id, s.slot, n.name, s.metric, s.labels FROM series s "
+            f"JOIN nodes n ON n.id = s.node_id WHERE {where}) "
+            f"SELECT w.id, w.node_id, w.slot, w.name, w.metric, w.labels, x.ts, x.vals[w.slot + 1] "
+            f"FROM (SELECT DISTINCT node_id FROM w) q "
+            f"LEFT JOIN LATERAL (SELECT r.ts, r.vals FROM sample_rows r WHERE r.node_id = q.node_id{bound} "
+            f"ORDER BY r.ts DESC LIMIT 1) x ON true JOIN w ON w.node_id = q.node_id")
+        for key in ("metrics", "nodes"):
+            if key in p:
+                stmt = stmt.bindparams(bindparam(key, expanding=True))
+        out: dict[int, tuple[str, str, str, float, float]] = {}
+        rest: dict[int, tuple[int, int, str, str, str]] = {}
+        for sid, nid, slot, name, metric, lk, ts, value in conn.execute(stmt, p):
+            if value is None:
+                rest[int(sid)] = (int(nid), int(slot), name, metric, lk)
+            else:
+                out[int(sid)] = (name, metric, lk, float(ts), float(value))
+        if not rest:
+            return out
+        ids = list(rest)
+        if since is not None:
+            lows = [float(since)] * len(ids)
+        else:
+            wms: dict[int, float] = dict(conn.execute(text(
+                "SELECT node_id, rolled_until FROM rollup_watermarks WHERE tier = '1m' "
+                "AND node_id = ANY(CAST(:n AS integer[]))"), {"n": sorted({v[0] for v in rest.values()})}).all())
+            lows = [float(wms.get(rest[i][0], -math.inf)) for i in ids]
+        rows = conn.execute(text(
+            "SELECT m.id, x.ts, x.v FROM unnest(CAST(:ids AS integer[]), CAST(:nids AS integer[]), "
+            "CAST(:slots AS integer[]), CAST(:lo AS float8[])) AS m(id, nid, slot, lo) "
+            "CROSS JOIN LATERAL (SELECT r.ts, r.vals[m.slot + 1] AS v FROM sample_rows r WHERE r.node_id = m.nid "
+            "AND r.ts >= m.lo AND r.vals[m.slot + 1] IS NOT NULL ORDER BY r.ts DESC LIMIT 1) x"),
+            {"ids": ids, "nids": [rest[i][0] for i in ids], "slots": [rest[i][1] for i in ids],
+             "lo": lows}).all()
+        for sid, ts, value in rows:
+            _nid, _slot, name, metric, lk = rest.pop(int(sid))
+            out[int(sid)] = (name, metric, lk, float(ts), float(value))
+        if rest and since is None:
+            ids = list(rest)
+            rows = conn.execute(text(
+                "SELECT r.series_id, r.last_ts, r.last FROM rollup_1m r WHERE r.series_id = ANY(CAST(:ids AS integer[])) "
+                "AND r.bucket = (SELECT max(bucket) FROM rollup_1m WHERE series_id = r.series_id)"), {"ids": ids}).all()
+            for sid, ts, value in rows:
+                _nid, _slot, name, metric, lk = rest[int(sid)]
+                out[int(sid)] = (name, metric, lk, float(ts), float(value))
         return out
 
     def series_keys(self, prefix: str | None = None, metric: str | None = None) -> dict[str, set[tuple[str, str]]]:
@@ -999,13 +1130,26 @@ _ROLLUP_UPSERT = ("ON CONFLICT (series_id, bucket) DO UPDATE SET min = excluded.
                   "sum = excluded.sum, count = excluded.count, last = excluded.last, last_ts = excluded.last_ts, "
                   "increase = excluded.increase")
 _MOVE_LAST_SEEN = "WITH u AS (UPDATE nodes SET last_seen = %(t)s WHERE id = %(n)s AND last_seen < %(t)s) "
-_INSERT_MANY_TS = ("INSERT INTO samples (series_id, ts, value) "
-                   "SELECT * FROM unnest(%(s)s::integer[], %(ts)s::double precision[], %(v)s::double precision[])")
-_INSERT_ONE_TS = ("INSERT INTO samples (series_id, ts, value) "
-                  "SELECT s, %(ts)s::double precision, v FROM unnest(%(s)s::integer[], %(v)s::double precision[]) AS x(s, v)")
+# several ticks: their timestamps and their rows (each a float8[] literal) as two parallel arrays
+_INSERT_MANY_TS = ("INSERT INTO sample_rows (node_id, ts, vals) SELECT %(n)s, t, v::double precision[] "
+                   "FROM unnest(%(ts)s::double precision[], %(v)s::text[]) AS x(t, v)")
+_INSERT_ONE_TS = ("INSERT INTO sample_rows (node_id, ts, vals) "
+                  "VALUES (%(n)s, %(ts)s::double precision, %(v)s::double precision[])")
 # (move last_seen?, one timestamp?) -> the steady-state tick's statement
 _DIRECT_SQL = {(False, False): _INSERT_MANY_TS, (False, True): _INSERT_ONE_TS,
                (True, False): _MOVE_LAST_SEEN + _INSERT_MANY_TS, (True, True): _MOVE_LAST_SEEN + _INSERT_ONE_TS}
+
+
+def _by_ts(rows: Iterable[tuple[int, float, float]]) -> dict[float, dict[int, float]]:
+    """(series id, ts, value) points -> ts -> {series id: value}."""
+    out: dict[float, dict[int, float]] = {}
+    for sid, ts, v in rows:
+        pts = out.get(ts)
+        if pts is None:
+            out[ts] = {sid: v}
+        else:
+            pts[sid] = v
+    return out
 
 
 def _metric_filter(where: list[str], params: dict[str, Any], metric: str | None, prefix: str | None) -> None:

@@ -1,8 +1,16 @@
 """SQLAlchemy 2 typed models of the store.
 
-Time series follow a narrow layout: ``series`` holds one row per distinct (node, metric, label
-set); ``samples`` holds (series_id, ts, value) with the primary key in query order, so a range
-query on one series is an index range scan.  ``rollup_1m`` / ``rollup_1h`` keep min, max, sum,
+Time series: ``series`` holds one row per distinct (node, metric, label set), with ``slot``, the
+series' fixed position among its node's series.  Raw points, by dialect:
+
+* SQLite (one node's local store): ``samples`` holds (series_id, ts, value) with the primary key
+  in query order, so a range query on one series is an index range scan.
+* PostgreSQL (the fleet store): ``sample_rows`` holds one row per node and tick, (node_id, ts,
+  vals), where ``vals[slot + 1]`` is the series' value (NULL when the tick had none), partitioned
+  by day (store/partitions.py).  A row per sample would put 200,000 insertion points into the
+  primary key of a 1,000-node fleet, whose leaf pages then all split in the same second
+  (docs/scaling.md); a row per node has 1,000.  ``samples`` is a view over it with the same
+  columns as the SQLite table, so every read is the same SQL on both.  ``rollup_1m`` / ``rollup_1h`` keep min, max, sum,
 count, last and the reset-aware counter increase per bucket.  ``events`` holds discrete
 happenings with a JSON details column.
 """
@@ -11,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import ARRAY, JSON, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -33,6 +41,7 @@ class Series(Base):
     __tablename__ = "series"
     __table_args__ = (
         UniqueConstraint("node_id", "metric", "labels", name="uq_series_identity"),
+        UniqueConstraint("node_id", "slot", name="uq_series_slot"),
         Index("ix_series_metric", "metric"),
     )
 
@@ -42,10 +51,13 @@ class Series(Base):
     # canonical JSON of the label set (sorted keys, no spaces): see triscope.samples.label_key
     labels: Mapped[str] = mapped_column(Text, default="{}")
     kind: Mapped[str] = mapped_column(String(16), default="gauge")
+    # position of the series in its node's sample rows (0-based, never reused within the node)
+    slot: Mapped[int] = mapped_column(Integer)
 
 
 class Sample(Base):
-    """One raw point.  Counters hold the cumulative value the source reported."""
+    """One raw point.  Counters hold the cumulative value the source reported.  A table on
+    SQLite; on PostgreSQL a view over ``sample_rows`` with these columns."""
 
     __tablename__ = "samples"
     __table_args__ = {"sqlite_with_rowid": False}
@@ -53,6 +65,20 @@ class Sample(Base):
     series_id: Mapped[int] = mapped_column(Integer, primary_key=True)
     ts: Mapped[float] = mapped_column(Float, primary_key=True)
     value: Mapped[float] = mapped_column(Float)
+
+
+class SampleRow(Base):
+    """PostgreSQL only: one node's tick, ``vals[slot + 1]`` per series (partitioned by day)."""
+
+    __tablename__ = "sample_rows"
+
+    node_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    ts: Mapped[float] = mapped_column(Float, primary_key=True)
+    vals: Mapped[list[float | None]] = mapped_column(ARRAY(Float))
+
+
+# which table each dialect does not have (migrations/env.py leaves it out of the comparison)
+NOT_ON = {"sqlite": "sample_rows", "postgresql": "samples"}
 
 
 class _RollupColumns:

@@ -1,10 +1,13 @@
-"""Daily range partitions of ``samples`` on PostgreSQL (the fleet store).
+"""Daily range partitions of the raw samples on PostgreSQL (the fleet store).
 
-On PostgreSQL, revision 0003 turns ``samples`` into a table partitioned by range on ``ts``
-(float epoch seconds), one partition per UTC day named ``samples_pYYYYMMDD``, plus a
-``samples_default`` partition that catches rows no daily partition covers, so a write never
-fails for lack of a partition. Each partition carries the primary key (series_id, ts), the index
-in query order; a time-range query touches only the days it spans (partition pruning).
+On PostgreSQL the raw samples live in ``sample_rows`` (revision 0004: one row per node and tick,
+the tick's values in one array), partitioned by range on ``ts`` (float epoch seconds), one
+partition per UTC day named ``sample_rows_pYYYYMMDD``, plus a ``sample_rows_default`` partition
+that catches rows no daily partition covers, so a write never fails for lack of a partition.
+Each partition carries the primary key (node_id, ts), the index in query order; a time-range
+query touches only the days it spans (partition pruning).  Revision 0003 partitioned the older
+one-row-per-sample ``samples`` table the same way; the functions take the parent table's name
+for that migration (``table=``).
 
 Upkeep, both idempotent and cheap (call them hourly, from the retention job):
 
@@ -15,8 +18,8 @@ Upkeep, both idempotent and cheap (call them hourly, from the retention job):
 * ``drop_expired_partitions(engine, before_ts)`` drops every daily partition that ends at or
   before ``before_ts``: retention is ``DROP TABLE`` of whole days, never a bulk ``DELETE``.
 
-On SQLite (and on a PostgreSQL ``samples`` that is not partitioned) both are no-ops that
-return an empty list.
+On SQLite (and on a PostgreSQL table that is not partitioned) both are no-ops that return an
+empty list.
 """
 
 from __future__ import annotations
@@ -28,10 +31,10 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
-PARENT = "samples"
-DEFAULT = "samples_default"
+PARENT = "sample_rows"
+DEFAULT = "sample_rows_default"
 DAY = 86400.0
-_NAME = re.compile(r"^samples_p(\d{8})$")
+_NAME = re.compile(r"^(?:sample_rows|samples)_p(\d{8})$")
 _BOUND = re.compile(r"FROM \('?(-?[\d.eE+]+)'?\) TO \('?(-?[\d.eE+]+)'?\)")
 LOCK_TIMEOUT = "5s"   # DDL on the parent waits at most this long for ingest transactions
 
@@ -42,11 +45,15 @@ def _lock_timed_out(e: DBAPIError) -> bool:
 
 def is_partition_name(name: str | None) -> bool:
     """True for the partition tables (Alembic's autogenerate / check must ignore them)."""
-    return bool(name) and (name == DEFAULT or bool(_NAME.match(str(name))))
+    return bool(name) and (name in (DEFAULT, "samples_default") or bool(_NAME.match(str(name))))
 
 
-def partition_name(day_start: float) -> str:
-    return "samples_p" + datetime.fromtimestamp(day_start, UTC).strftime("%Y%m%d")
+def default_name(table: str = PARENT) -> str:
+    return f"{table}_default"
+
+
+def partition_name(day_start: float, table: str = PARENT) -> str:
+    return f"{table}_p" + datetime.fromtimestamp(day_start, UTC).strftime("%Y%m%d")
 
 
 def day_start(ts: float) -> float:
@@ -54,21 +61,21 @@ def day_start(ts: float) -> float:
     return datetime(d.year, d.month, d.day, tzinfo=UTC).timestamp()
 
 
-def is_partitioned(conn: Connection) -> bool:
+def is_partitioned(conn: Connection, table: str = PARENT) -> bool:
     if conn.dialect.name != "postgresql":
         return False
     return bool(conn.execute(text(
         "SELECT EXISTS (SELECT 1 FROM pg_partitioned_table p JOIN pg_class c ON c.oid = p.partrelid "
-        "WHERE c.relname = :t AND c.relnamespace = to_regnamespace(current_schema())::oid)"), {"t": PARENT}).scalar())
+        "WHERE c.relname = :t AND c.relnamespace = to_regnamespace(current_schema())::oid)"), {"t": table}).scalar())
 
 
-def list_partitions(conn: Connection) -> list[tuple[str, float | None, float | None]]:
-    """(name, lower bound, upper bound) of every partition of ``samples``; None bounds for the default."""
+def list_partitions(conn: Connection, table: str = PARENT) -> list[tuple[str, float | None, float | None]]:
+    """(name, lower bound, upper bound) of every partition of ``table``; None bounds for the default."""
     rows = conn.execute(text(
         "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i "
         "JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_class p ON p.oid = i.inhparent "
         "WHERE p.relname = :t AND p.relnamespace = to_regnamespace(current_schema())::oid ORDER BY 1"),
-        {"t": PARENT}).all()
+        {"t": table}).all()
     out: list[tuple[str, float | None, float | None]] = []
     for name, bound in rows:
         m = _BOUND.search(bound or "")
@@ -76,29 +83,32 @@ def list_partitions(conn: Connection) -> list[tuple[str, float | None, float | N
     return out
 
 
-def create_day_partition(conn: Connection, start: float, lock_timeout: str = LOCK_TIMEOUT) -> str | None:
-    """Create the partition for the UTC day starting at ``start``; None if it exists already.
+def create_day_partition(conn: Connection, start: float, lock_timeout: str = LOCK_TIMEOUT,
+                         table: str = PARENT) -> str | None:
+    """Create the partition of ``table`` for the UTC day starting at ``start``; None if it exists
+    already.
 
     Rows for that day that sit in the default partition are moved into it (PostgreSQL refuses to
     create a partition whose range the default partition already holds rows of).
     """
-    name = partition_name(start)
+    name = partition_name(start, table)
+    default = default_name(table)
     if conn.execute(text("SELECT to_regclass(:n)"), {"n": name}).scalar() is not None:
         return None
     end = start + DAY
     conn.execute(text("SELECT set_config('lock_timeout', :t, true)"), {"t": lock_timeout})
-    has_default = conn.execute(text("SELECT to_regclass(:n)"), {"n": DEFAULT}).scalar() is not None
+    has_default = conn.execute(text("SELECT to_regclass(:n)"), {"n": default}).scalar() is not None
     stray = has_default and conn.execute(
-        text(f"SELECT EXISTS (SELECT 1 FROM {DEFAULT} WHERE ts >= :lo AND ts < :hi)"),
+        text(f"SELECT EXISTS (SELECT 1 FROM {default} WHERE ts >= :lo AND ts < :hi)"),
         {"lo": start, "hi": end}).scalar()
     if stray:
-        conn.execute(text(f"ALTER TABLE {PARENT} DETACH PARTITION {DEFAULT}"))
-    conn.execute(text(f"CREATE TABLE {name} PARTITION OF {PARENT} FOR VALUES FROM ({start!r}) TO ({end!r})"))
+        conn.execute(text(f"ALTER TABLE {table} DETACH PARTITION {default}"))
+    conn.execute(text(f"CREATE TABLE {name} PARTITION OF {table} FOR VALUES FROM ({start!r}) TO ({end!r})"))
     if stray:
-        conn.execute(text(f"INSERT INTO {name} SELECT series_id, ts, value FROM {DEFAULT} WHERE ts >= :lo AND ts < :hi"),
+        conn.execute(text(f"INSERT INTO {name} SELECT * FROM {default} WHERE ts >= :lo AND ts < :hi"),
                      {"lo": start, "hi": end})
-        conn.execute(text(f"DELETE FROM {DEFAULT} WHERE ts >= :lo AND ts < :hi"), {"lo": start, "hi": end})
-        conn.execute(text(f"ALTER TABLE {PARENT} ATTACH PARTITION {DEFAULT} DEFAULT"))
+        conn.execute(text(f"DELETE FROM {default} WHERE ts >= :lo AND ts < :hi"), {"lo": start, "hi": end})
+        conn.execute(text(f"ALTER TABLE {table} ATTACH PARTITION {default} DEFAULT"))
     return name
 
 
@@ -163,8 +173,3 @@ def drop_expired_partitions(engine: Engine, before_ts: float, *, lock_timeout: s
         dropped.append(name)
     return dropped
 
-
-def partition_bounds_for_rows(conn: Connection) -> tuple[float, float] | None:
-    """min/max ts over all samples (used by the migration to size the initial partitions)."""
-    lo, hi = conn.execute(text(f"SELECT min(ts), max(ts) FROM {PARENT}")).one()
-    return None if lo is None else (float(lo), float(hi))

@@ -44,7 +44,8 @@ def test_loadgen_writes_every_tick_through_the_store_and_times_the_fleet_page(pg
         with st.engine.connect() as c:
             # warm-up tick + 6 timed ticks per node, each stored once, in the day partitions
             assert c.execute(text("SELECT count(*) FROM samples")).scalar() == 12 * 30 * 7
-            assert c.execute(text("SELECT count(*) FROM samples_default")).scalar() == 0
+            assert c.execute(text("SELECT count(*) FROM sample_rows")).scalar() == 12 * 7   # a row per node tick
+            assert c.execute(text("SELECT count(*) FROM sample_rows_default")).scalar() == 0
         states = st.latest("lg-0003", prefix="triscope_mismatch_state")
         assert sum(1 for lv in states if lv.value == 1.0) == 1      # one-hot state, as an agent exports it
     finally:

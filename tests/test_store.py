@@ -58,6 +58,29 @@ def test_rewrite_is_idempotent(db_url: str) -> None:
         assert c.execute(text("SELECT count(*) FROM samples")).scalar_one() == 150
 
 
+def test_a_tick_written_in_parts_merges_and_a_stored_point_keeps_its_value(db_url: str) -> None:
+    """Two writes at the same timestamp (a second source, a replay that carries a new series):
+    points already stored keep their value, new ones join them.  On PostgreSQL both land in the
+    same node row; a series created later takes the next slot, and ticks without it read as gaps."""
+    st = _open(db_url)
+    t0 = 1_700_000_000.0
+    st.write_ticks("n", [Tick(t0, [Sample("a", 1.0)]), Tick(t0 + 1, [Sample("a", 2.0)])])
+    st.write_ticks("n", [Tick(t0 + 1, [Sample("a", 99.0), Sample("b", 20.0)]),
+                         Tick(t0 + 2, [Sample("b", 30.0)])])
+    st.write_ticks("n", [Tick(t0 + 3, [Sample("a", 4.0)])])        # the steady path again, b absent
+    got = {sd.info.metric: list(zip(sd.ts, sd.values, strict=True))
+           for m in ("a", "b") for sd in st.query(m, node="n", start=t0, end=t0 + 10, max_points=None)}
+    assert got == {"a": [(t0, 1.0), (t0 + 1, 2.0), (t0 + 3, 4.0)], "b": [(t0 + 1, 20.0), (t0 + 2, 30.0)]}
+    with st.engine.connect() as c:
+        assert c.execute(text("SELECT count(*) FROM samples")).scalar_one() == 5
+        assert dict(c.execute(text("SELECT metric, slot FROM series")).all()) == {"a": 0, "b": 1}
+        if st.dialect == "postgresql":
+            rows = c.execute(text("SELECT ts, vals FROM sample_rows ORDER BY ts")).all()
+            assert [(ts - t0, vals) for ts, vals in rows] == [
+                (0, [1.0]), (1, [2.0, 20.0]), (2, [None, 30.0]), (3, [4.0, None])]
+    st.close()
+
+
 def test_counter_rate_handles_reset(db_url: str) -> None:
     st = _open(db_url)
     t0 = 1_700_000_000.0

@@ -74,14 +74,40 @@ def test_fleet_latest_falls_back_to_the_newest_rollup(db_url: str) -> None:
     assert rolled == t0 + 60   # two closed minutes rolled (the third is open)
     # raw retention expired the old node's samples: its newest rollup stands in, as latest() does
     with st.engine.begin() as c:
-        c.execute(text("DELETE FROM samples WHERE series_id IN (SELECT s.id FROM series s JOIN nodes n "
-                       "ON n.id = s.node_id WHERE n.name = 'old')"))
+        if st.dialect == "postgresql":   # one row per node tick there, under the samples view
+            c.execute(text("DELETE FROM sample_rows WHERE node_id = (SELECT id FROM nodes WHERE name = 'old')"))
+        else:
+            c.execute(text("DELETE FROM samples WHERE series_id IN (SELECT s.id FROM series s JOIN nodes n "
+                           "ON n.id = s.node_id WHERE n.name = 'old')"))
     got = st.fleet_latest(["triscope_mismatch_score"])
     assert got["old"] == {("triscope_mismatch_score", "{}"): (t0 + 119, 1 + 119 / 1000.0)}
     assert got["new"] == {("triscope_mismatch_score", "{}"): (t0 + 9, 2 + 9 / 1000.0)}
     assert got["old"] == _latest_map(st, "old", ("triscope_mismatch_score",))
     # with a bound in time only raw points count
     assert "old" not in st.fleet_latest(["triscope_mismatch_score"], since=t0)
+    st.close()
+
+
+def test_latest_of_series_that_stopped_reporting(db_url: str) -> None:
+    """A series that is not in its node's newest tick: its newest point comes from the ticks
+    after the rollup watermark, or, before it, from the newest 1-minute rollup (which holds that
+    very point); with ``since`` only raw points at or after it count."""
+    st = _open(db_url)
+    t0 = 1_700_000_040.0 - 1_700_000_040.0 % 60
+    for k in range(200):
+        samples = [Sample("live", float(k))]
+        if k < 70:
+            samples.append(Sample("gone_early", 1000.0 + k))      # before the 1-minute watermark
+        if k < 195:
+            samples.append(Sample("gone_late", 2000.0 + k))       # after it
+        st.write_ticks("n", [Tick(t0 + k, samples)])
+    got = {lv.info.metric: (lv.ts - t0, lv.value) for lv in st.latest("n")}
+    assert got == {"live": (199, 199.0), "gone_early": (69, 1069.0), "gone_late": (194, 2194.0)}
+    recent = {lv.info.metric: (lv.ts - t0, lv.value) for lv in st.latest("n", since=t0 + 100)}
+    assert recent == {"live": (199, 199.0), "gone_late": (194, 2194.0)}
+    assert {lv.info.metric for lv in st.latest("n", since=t0 + 69)} == {"live", "gone_early", "gone_late"}
+    fleet = st.fleet_latest(["live", "gone_early", "gone_late"])
+    assert {m: (ts - t0, v) for (m, _), (ts, v) in fleet["n"].items()} == got
     st.close()
 
 
