@@ -10,7 +10,8 @@
   table), on the same data at the same time.
 * retention: expiring one day of raw samples by dropping its partition, against the bulk DELETE
   of the same rows (the unpartitioned way), on the same server.
-* storage: bytes on disk per stored sample (heap + primary key), from the load's partitions.
+* storage: bytes on disk per stored sample (heap + primary key of the node-tick rows), from the
+  load's partitions.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import time
 
 from bench.common import Row
-from bench.loadgen import PrivatePostgres, run_load
+from bench.loadgen import SAMPLES_STORED, PrivatePostgres, run_load
 
 FLEET_SQL = """
 SELECT n.name, s.metric, s.labels, x.value
@@ -48,7 +49,8 @@ def fleet_sql_seconds(url: str) -> tuple[float, int]:
 
 
 def retention_compare(url: str, rows_per_day: int) -> tuple[float, float]:
-    """(seconds to DROP one day's partition, seconds to DELETE the same number of rows of one day)."""
+    """(seconds to DROP one day's partition, seconds to DELETE the same day's rows), for a day of
+    ``rows_per_day`` samples."""
     from sqlalchemy import text
 
     from store import Store
@@ -61,15 +63,16 @@ def retention_compare(url: str, rows_per_day: int) -> tuple[float, float]:
         step = P.DAY / rows_per_day * 200
         with st.engine.begin() as c:
             for d in (0, 1):
-                # 200 series, evenly spread over the day
+                # one node of 200 series, its ticks evenly spread over the day
                 c.execute(text(
-                    "INSERT INTO samples (series_id, ts, value) SELECT 900000 + s, :t0 + i * :step, random() "
-                    "FROM generate_series(0, 199) s, generate_series(0, :n - 1) i"),
+                    "INSERT INTO sample_rows (node_id, ts, vals) SELECT 900000, :t0 + i * :step, "
+                    "ARRAY(SELECT random() FROM generate_series(1, 200) WHERE i >= 0) "
+                    "FROM generate_series(0, :n - 1) i"),
                     {"t0": base + d * P.DAY, "step": step, "n": rows_per_day // 200})
-            c.execute(text("ANALYZE samples"))
+            c.execute(text("ANALYZE sample_rows"))
         with st.engine.begin() as c:
             t = time.perf_counter()
-            c.execute(text("DELETE FROM samples WHERE ts >= :a AND ts < :b"),
+            c.execute(text("DELETE FROM sample_rows WHERE ts >= :a AND ts < :b"),
                       {"a": base + P.DAY, "b": base + 2 * P.DAY})
             delete_s = time.perf_counter() - t
         t = time.perf_counter()
@@ -93,8 +96,8 @@ def storage_bytes_per_row(url: str) -> tuple[float, float]:
             c.execute(text("CHECKPOINT"))
             size = c.execute(text(
                 "SELECT coalesce(sum(pg_total_relation_size(i.inhrelid)), 0) FROM pg_inherits i "
-                "JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname = 'samples'")).scalar()
-            n = c.execute(text("SELECT count(*) FROM samples")).scalar()
+                "JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname = 'sample_rows'")).scalar()
+            n = c.execute(text(SAMPLES_STORED)).scalar()
             r_size = c.execute(text("SELECT pg_total_relation_size('rollup_1m')")).scalar()
             r_n = c.execute(text("SELECT count(*) FROM rollup_1m")).scalar()
         return float(size or 0) / max(int(n or 0), 1), (float(r_size or 0) / r_n if r_n else float("nan"))
@@ -134,7 +137,7 @@ def run(quick: bool = False) -> list[Row]:
     rows.append(Row("retention", "expire one day of raw samples: DROP its partition", drop_s * 1000, "ms",
                     "<= 1000", "bulk DELETE of the same day's rows", delete_s * 1000, ok=drop_s <= 1.0))
     per_day_gb = bps * nodes * series * 86400 / 1e9
-    rows.append(Row("storage", f"bytes on disk per raw sample, heap + primary key (one raw day of {nodes} x "
+    rows.append(Row("storage", f"bytes on disk per raw sample, node-tick rows + primary key (one raw day of {nodes} x "
                     f"{series} at 1 Hz = {per_day_gb:,.0f} GB)", bps, "B",
                     baseline="bytes per 1-minute rollup row (min/max/sum/count/last/increase)", baseline_value=rollup_bpr))
     return rows

@@ -1,7 +1,8 @@
 """Store benchmarks: ingest rate (SQLite, PostgreSQL) and downsampled range queries.
 
 Baseline measured in the same run: a naive row-by-row ORM insert (one ``session.add`` per
-sample, one commit per tick), the way a first version of such a store is usually written.
+sample into a one-row-per-sample table, one commit per tick), the way a first version of such a
+store is usually written.
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from sqlalchemy import Float, Integer
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from bench.common import Row
 from store import Store, Tick
@@ -35,23 +39,42 @@ def _ingest(st: Store, ticks: list[Tick], batch: int, nodes: int = 1) -> float:
     return n / (time.perf_counter() - t)
 
 
-def _naive(url: str, ticks: list[Tick]) -> float:
-    from sqlalchemy.orm import Session
+class _NaiveBase(DeclarativeBase):
+    pass
 
-    from store import models
+
+class _NaiveSample(_NaiveBase):
+    """The baseline's table: one row per sample, primary key (series_id, ts)."""
+
+    __tablename__ = "bench_naive_samples"
+
+    series_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    ts: Mapped[float] = mapped_column(Float, primary_key=True)
+    value: Mapped[float] = mapped_column(Float)
+
+
+def _naive(url: str, ticks: list[Tick]) -> float:
+    """The naive way: an ORM object per sample into a one-row-per-sample table, a commit per tick."""
+    from sqlalchemy.orm import Session
 
     st = Store.open(url)
     st.write_ticks("naive", ticks[:1])  # create series ids
     ids = {(s.metric, tuple(sorted(s.labels.items()))): s.id for s in st.series(node="naive")}
-    t = time.perf_counter()
-    n = 0
-    with Session(st.engine) as session:
-        for tk in ticks[1:]:
-            for s in tk.samples:
-                session.add(models.Sample(series_id=ids[(s.name, tuple(sorted(s.labels.items())))], ts=tk.ts, value=s.value))
-                n += 1
-            session.commit()
-    return n / (time.perf_counter() - t)
+    _NaiveBase.metadata.create_all(st.engine)
+    try:
+        t = time.perf_counter()
+        n = 0
+        with Session(st.engine) as session:
+            for tk in ticks[1:]:
+                for s in tk.samples:
+                    session.add(_NaiveSample(series_id=ids[(s.name, tuple(sorted(s.labels.items())))], ts=tk.ts,
+                                             value=s.value))
+                    n += 1
+                session.commit()
+        return n / (time.perf_counter() - t)
+    finally:
+        _NaiveBase.metadata.drop_all(st.engine)
+        st.close()
 
 
 def _writer_proc(url: str, node: str, t0: float, n_ticks: int, go, out) -> None:  # type: ignore[no-untyped-def]

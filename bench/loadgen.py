@@ -263,6 +263,10 @@ def _percentile(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
+# points stored in the node-tick rows (the non-NULL elements), without reading them through the view
+SAMPLES_STORED = "SELECT coalesce(sum(cardinality(vals) - num_nulls(VARIADIC vals)), 0) FROM sample_rows"
+
+
 def run_load(url: str, nodes: int = 1000, series: int = 200, duration: float = 300.0, workers: int | None = None,
              fleet_every: float = 30.0, prefix: str = "gpu-node-") -> LoadResult:
     from sqlalchemy import text
@@ -324,8 +328,8 @@ def run_load(url: str, nodes: int = 1000, series: int = 200, duration: float = 3
         db_bytes = int(c.execute(text("SELECT pg_database_size(current_database())")).scalar() or 0)
         samples_bytes = int(c.execute(text(
             "SELECT coalesce(sum(pg_total_relation_size(i.inhrelid)), 0) FROM pg_inherits i "
-            "JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname = 'samples'")).scalar() or 0)
-        n_samples = int(c.execute(text("SELECT count(*) FROM samples")).scalar() or 0)
+            "JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname = 'sample_rows'")).scalar() or 0)
+        n_samples = int(c.execute(text(SAMPLES_STORED)).scalar() or 0)
         version = str(c.execute(text("SHOW server_version")).scalar())
     st.close()
     per_day = int(samples_bytes / max(n_samples, 1) * nodes * series * 86400)
