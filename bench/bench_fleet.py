@@ -21,13 +21,14 @@ import time
 from bench.common import Row
 from bench.loadgen import SAMPLES_STORED, PrivatePostgres, run_load
 
+# the page's data in one hand-written statement: each node's newest row, the mismatch slots of it
 FLEET_SQL = """
-SELECT n.name, s.metric, s.labels, x.value
+SELECT n.name, s.metric, s.labels, x.vals[s.slot + 1]
 FROM nodes n
-JOIN series s ON s.node_id = n.id AND s.metric IN ('triscope_mismatch_state', 'triscope_mismatch_score')
 JOIN LATERAL (
-    SELECT value FROM samples WHERE series_id = s.id AND ts > :since ORDER BY ts DESC LIMIT 1
+    SELECT vals FROM sample_rows WHERE node_id = n.id AND ts > :since ORDER BY ts DESC LIMIT 1
 ) x ON true
+JOIN series s ON s.node_id = n.id AND s.metric IN ('triscope_mismatch_state', 'triscope_mismatch_score')
 """
 
 
