@@ -169,10 +169,13 @@ class Store:
         missing = [(m, lk, k) for m, lk, k in keys if (node_id, m, lk) not in self._series_ids]
         if missing:
             self._load_series(conn, node_id)
-        for _ in range(5):
+        for attempt in range(6):
             missing = [(m, lk, k) for m, lk, k in missing if (node_id, m, lk) not in self._series_ids]
             if not missing:
                 break
+            if attempt == 5:
+                raise StoreError(f"could not create {len(missing)} series of node id {node_id}: their slots "
+                                 "kept being taken by another writer")
             # new series take the next free slots of the node; a slot or identity another writer took
             # in the meantime is skipped (DO NOTHING) and the series tries again with the next ones
             first = int(conn.execute(text("SELECT coalesce(max(slot), -1) + 1 FROM series WHERE node_id = :n"),
@@ -183,9 +186,6 @@ class Store:
                 [{"n": node_id, "m": m, "l": lk, "k": k, "s": first + i} for i, (m, lk, k) in enumerate(missing)],
             )
             self._load_series(conn, node_id)
-        else:
-            raise StoreError(f"could not create {len(missing)} series of node id {node_id}: their slots kept "
-                             "being taken by another writer")
         return {(m, lk): self._series_ids[(node_id, m, lk)] for m, lk, _ in keys}
 
     def _load_series(self, conn: Connection, node_id: int) -> None:
@@ -498,7 +498,9 @@ class Store:
                     for ts in sorted(by_ts):
                         cp.write_row((nid, ts, self._row_literal(nid, by_ts[ts])))
                 return len(rows)
-            # a replay (spool drain, re-import): merge into the rows stored already, locked meanwhile
+            # a replay (spool drain, re-import): merge into the rows stored already.  The count of new
+            # points comes from the rows as read here; the upsert merges element by element again in
+            # SQL, so a row another writer inserted or filled in the meantime keeps its points too
             cur.execute("SELECT ts, vals FROM sample_rows WHERE node_id = %s AND ts = ANY(%s::float8[]) FOR UPDATE",
                         (nid, "{" + ",".join(map(repr, by_ts)) + "}"))
             stored = {float(ts): list(vals) for ts, vals in cur.fetchall()}
@@ -519,8 +521,11 @@ class Store:
                 if fresh:
                     upserts.append((nid, ts, "{" + ",".join(["NULL" if v is None else repr(float(v)) for v in arr]) + "}"))
             if upserts:
+                upserts.sort()   # rows locked in one order by every writer: no deadlock between two replays
                 cur.executemany("INSERT INTO sample_rows (node_id, ts, vals) VALUES (%s, %s, %s::float8[]) "
-                                "ON CONFLICT (node_id, ts) DO UPDATE SET vals = excluded.vals", upserts)
+                                "ON CONFLICT (node_id, ts) DO UPDATE SET vals = ARRAY(SELECT coalesce(o, n) FROM "
+                                "unnest(sample_rows.vals, excluded.vals) WITH ORDINALITY AS u(o, n, i) ORDER BY i)",
+                                upserts)
             return new
         finally:
             cur.close()
@@ -749,10 +754,11 @@ class Store:
                 out["samples"] = int(res.rowcount or 0)
         else:
             tables.insert(0, ("samples" if self.dialect == "sqlite" else partitions.PARENT, policy.raw, "ts"))
+        out_key = {partitions.PARENT: "samples"}   # raw rows are reported as "samples" on both dialects
         with self._lock, self.engine.begin() as conn:
             for table, keep, col in tables:
                 res = conn.execute(text(f"DELETE FROM {table} WHERE {col} < :cut"), {"cut": now - keep})
-                out[table] = int(res.rowcount or 0)
+                out[out_key.get(table, table)] = int(res.rowcount or 0)
         return out
 
     # ------------------------------------------------------------------ reads
@@ -1026,9 +1032,9 @@ class Store:
         row, which holds every live series; for the rest, the node's rows at or after ``since``.
         Without ``since``: the node's rows not yet rolled up (at or after its 1-minute watermark,
         about two minutes of them), then the newest 1-minute rollup, whose ``last_ts``/``last``
-        are the newest raw point before the watermark (or the last one retention left), so a
-        series that stopped reporting days ago costs one rollup probe, not a scan of its node's
-        rows."""
+        are the newest raw point before the watermark, so a series that stopped reporting days
+        ago costs one rollup probe, not a scan of its node's rows.  Only a series with no rollup
+        row at all (rollups kept shorter than raw samples) is looked for in all its node's rows."""
         p = dict(params)
         bound = ""
         if since is not None:
@@ -1077,8 +1083,15 @@ class Store:
                 "SELECT r.series_id, r.last_ts, r.last FROM rollup_1m r WHERE r.series_id = ANY(CAST(:ids AS integer[])) "
                 "AND r.bucket = (SELECT max(bucket) FROM rollup_1m WHERE series_id = r.series_id)"), {"ids": ids}).all()
             for sid, ts, value in rows:
-                _nid, _slot, name, metric, lk = rest[int(sid)]
+                _nid, _slot, name, metric, lk = rest.pop(int(sid))
                 out[int(sid)] = (name, metric, lk, float(ts), float(value))
+            # no rollup at all (rollups kept shorter than raw samples, or never rolled): the raw rows
+            for sid, (nid, slot, name, metric, lk) in rest.items():
+                row = conn.execute(text("SELECT ts, vals[:k] FROM sample_rows WHERE node_id = :n "
+                                        "AND vals[:k] IS NOT NULL ORDER BY ts DESC LIMIT 1"),
+                                   {"n": nid, "k": slot + 1}).first()
+                if row is not None:
+                    out[sid] = (name, metric, lk, float(row[0]), float(row[1]))
         return out
 
     def series_keys(self, prefix: str | None = None, metric: str | None = None) -> dict[str, set[tuple[str, str]]]:

@@ -37,6 +37,10 @@ DAY = 86400.0
 _NAME = re.compile(r"^(?:sample_rows|samples)_p(\d{8})$")
 _BOUND = re.compile(r"FROM \('?(-?[\d.eE+]+)'?\) TO \('?(-?[\d.eE+]+)'?\)")
 LOCK_TIMEOUT = "5s"   # DDL on the parent waits at most this long for ingest transactions
+# a node row stays in its heap page, uncompressed, up to 8,160 bytes (~1,000 slots), instead of being
+# compressed or moved to TOAST past ~2 KB (~250 slots): reading one slot of a TOASTed row would
+# decompress the whole array, once per series read (a table option: set on each partition)
+STORAGE = {"sample_rows": " WITH (toast_tuple_target = 8160)"}
 
 
 def _lock_timed_out(e: DBAPIError) -> bool:
@@ -103,7 +107,8 @@ def create_day_partition(conn: Connection, start: float, lock_timeout: str = LOC
         {"lo": start, "hi": end}).scalar()
     if stray:
         conn.execute(text(f"ALTER TABLE {table} DETACH PARTITION {default}"))
-    conn.execute(text(f"CREATE TABLE {name} PARTITION OF {table} FOR VALUES FROM ({start!r}) TO ({end!r})"))
+    conn.execute(text(f"CREATE TABLE {name} PARTITION OF {table} FOR VALUES FROM ({start!r}) TO ({end!r})"
+                      f"{STORAGE.get(table, '')}"))
     if stray:
         conn.execute(text(f"INSERT INTO {name} SELECT * FROM {default} WHERE ts >= :lo AND ts < :hi"),
                      {"lo": start, "hi": end})

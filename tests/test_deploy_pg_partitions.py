@@ -132,6 +132,29 @@ def test_existing_rows_move_into_node_rows_by_day_and_downgrade_restores_them(pg
 
 
 @pytest.mark.postgres
+def test_a_wide_node_row_stays_inline_and_uncompressed(pg_url: str) -> None:
+    """600 series (4.8 KB of values) in one row: past the default 2 KB TOAST threshold, inside
+    the partitions' toast_tuple_target, so reading one slot never decompresses the array."""
+    upgrade(pg_url)
+    st = Store.open(pg_url)
+    try:
+        now = time.time()
+        st.write_ticks("wide", [Tick(now - 1, [Sample(f"m{i}", i + 0.5) for i in range(600)])])
+        with st.engine.connect() as c:
+            size, toast = c.execute(text(
+                "SELECT pg_column_size(r.vals), pg_relation_size(c.reltoastrelid) FROM sample_rows r "
+                "JOIN pg_class c ON c.oid = r.tableoid")).one()
+            opts = c.execute(text("SELECT reloptions FROM pg_class WHERE relname = :n"),
+                             {"n": P.partition_name(P.day_start(now))}).scalar()
+        assert size >= 600 * 8 and toast == 0
+        assert opts == ["toast_tuple_target=8160"]
+        [lv] = st.latest("wide", metric="m599")
+        assert lv.value == 599.5
+    finally:
+        st.close()
+
+
+@pytest.mark.postgres
 def test_retention_drops_whole_days_and_keeps_the_rest(pg_url: str) -> None:
     upgrade(pg_url)
     st = Store.open(pg_url)

@@ -17,6 +17,10 @@ of all of them split in the same second every ~145 s (docs/scaling.md); the new 
 has one insertion point per node.
 
 SQLite (a node's local store) keeps its ``samples`` table.
+
+Writers of the old schema cannot insert into the view: agents still running the previous version
+spool their ticks (nothing is lost) until they run this version, which writes them back.  The
+upgrade locks ``samples`` first, so no row committed during the copy is left behind.
 """
 from __future__ import annotations
 
@@ -58,11 +62,13 @@ def upgrade() -> None:
         b.create_unique_constraint("uq_series_slot", ["node_id", "slot"])
     if conn.dialect.name != "postgresql":
         return
+    conn.execute(text("LOCK TABLE samples IN ACCESS EXCLUSIVE MODE"))
     conn.execute(text(
         "CREATE TABLE sample_rows (node_id integer NOT NULL, ts double precision NOT NULL, "
         "vals double precision[] NOT NULL, CONSTRAINT sample_rows_pkey PRIMARY KEY (node_id, ts)) "
         "PARTITION BY RANGE (ts)"))
-    conn.execute(text(f"CREATE TABLE {partitions.default_name('sample_rows')} PARTITION OF sample_rows DEFAULT"))
+    conn.execute(text(f"CREATE TABLE {partitions.default_name('sample_rows')} PARTITION OF sample_rows DEFAULT"
+                      f"{partitions.STORAGE['sample_rows']}"))
     lo, hi = conn.execute(text("SELECT min(ts), max(ts) FROM samples")).one()
     _day_partitions(conn, "sample_rows", lo, hi)
     # each (node, tick): the slots and values it has, then an array with a NULL for every slot it lacks
@@ -79,6 +85,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     conn = op.get_bind()
     if conn.dialect.name == "postgresql":
+        conn.execute(text("LOCK TABLE sample_rows IN ACCESS EXCLUSIVE MODE"))
         conn.execute(text("DROP VIEW samples"))
         conn.execute(text(
             "CREATE TABLE samples (series_id integer NOT NULL, ts double precision NOT NULL, "
