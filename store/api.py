@@ -535,13 +535,7 @@ class Store:
         """Newly stored (series id, ts, value) rows of one node into its accumulator."""
         if not rows:
             return
-        by_ts: dict[float, list[tuple[int, float]]] = {}
-        for sid, ts, v in rows:
-            pts = by_ts.get(ts)
-            if pts is None:
-                by_ts[ts] = [(sid, v)]
-            else:
-                pts.append((sid, v))
+        by_ts = _by_ts(rows)
         t_lo, t_hi = min(by_ts), max(by_ts)
         acc = self._acc.get(nid)
         if acc is None:
@@ -554,7 +548,7 @@ class Store:
             return
         counters = self._counters
         for ts in sorted(by_ts):
-            acc.add(ts, by_ts[ts], counters)
+            acc.add(ts, by_ts[ts].items(), counters)
 
     def _drop_acc(self, nid: int, t: float) -> None:
         acc = self._acc.pop(nid, None)
