@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
-from agent.collectors.base import Availability, BaseCollector, CollectorUnavailable
+from agent.collectors.base import Availability, BaseCollector, CollectorUnavailable, OpenFiles
 from triscope.samples import Sample
 
 # /proc/stat "cpu" columns, in order (man 5 proc); guest and guest_nice follow but are not summed.
@@ -56,10 +56,13 @@ class CpuCollector(BaseCollector):
         self.proc = proc
         self.clk_tck = clk_tck or os.sysconf("SC_CLK_TCK")
         self._prev: dict[str, int] | None = None
+        self._files = OpenFiles()
 
     def _read(self, rel: str) -> str:
-        with open(os.path.join(self.proc, rel)) as f:
-            return f.read()
+        return self._files.read(os.path.join(self.proc, rel))
+
+    def close(self) -> None:
+        self._files.close()
 
     def check(self) -> Availability:
         try:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
-from agent.collectors.base import Availability, BaseCollector, CollectorUnavailable
+from agent.collectors.base import Availability, BaseCollector, CollectorUnavailable, OpenFiles
 from triscope.samples import Sample
 
 RESOURCES = ("cpu", "memory", "io", "irq")
@@ -50,6 +50,8 @@ class PressureCollector(BaseCollector):
     def __init__(self, proc: str = "/proc") -> None:
         self.proc = proc
         self.dir = os.path.join(proc, "pressure")
+        self._files = OpenFiles()
+        self._resources: list[str] | None = None   # found on the first tick; looked for again after a failure
 
     def _present(self) -> list[str]:
         return [r for r in RESOURCES if os.path.exists(os.path.join(self.dir, r))]
@@ -68,15 +70,19 @@ class PressureCollector(BaseCollector):
             return Availability(False, f"{self.dir}/{present[0]}: {e}", "unknown PSI format: report this kernel")
         return Availability(True)
 
+    def close(self) -> None:
+        self._files.close()
+
     def collect(self, now: float) -> Iterator[Sample]:
-        present = self._present()
+        present = self._resources if self._resources is not None else self._present()
         if not present:
             raise CollectorUnavailable(f"no pressure stall information ({self.dir} missing)", PSI_HINT)
+        self._resources = present
         for resource in present:
             try:
-                with open(os.path.join(self.dir, resource)) as f:
-                    parsed = parse_pressure(f.read())
+                parsed = parse_pressure(self._files.read(os.path.join(self.dir, resource)))
             except (OSError, ValueError) as e:
+                self._resources = None
                 raise CollectorUnavailable(f"cannot read {self.dir}/{resource}: {e}", PSI_HINT) from e
             for kind, values in parsed.items():
                 labels = {"resource": resource, "kind": kind}

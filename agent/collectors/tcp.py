@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
-from agent.collectors.base import Availability, BaseCollector, CollectorUnavailable
+from agent.collectors.base import Availability, BaseCollector, CollectorUnavailable, OpenFiles
 from triscope.samples import Sample
 
 
@@ -68,10 +68,13 @@ class TcpCollector(BaseCollector):
     def __init__(self, proc: str = "/proc", emit_retransmits: bool = True) -> None:
         self.proc = proc
         self.emit_retransmits = emit_retransmits
+        self._files = OpenFiles()
 
     def _read(self, rel: str) -> str:
-        with open(os.path.join(self.proc, rel)) as f:
-            return f.read()
+        return self._files.read(os.path.join(self.proc, rel))
+
+    def close(self) -> None:
+        self._files.close()
 
     def check(self) -> Availability:
         path = os.path.join(self.proc, "net/snmp")
