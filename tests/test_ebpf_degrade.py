@@ -107,7 +107,8 @@ def test_aer_program_passes_the_verifier():
 
 
 def test_map_reads_batch_and_key_by_key_agree():
-    res = run_loader(["WANT_IOMMU_MAP"], [{"probe": "iommu_map", "tp": "iommu:map", "kind": "raw", "fn": "on_iommu_map"}])
+    res = run_loader(["WANT_IOMMU_MAP"], [{"probe": "iommu_map", "tp": "iommu:map", "kind": "raw", "fn": "on_iommu_map"}],
+                     counters_rows=False)
     try:
         assert not res.fatal, res.error
         m = BpfMap(res.maps.pop("counters"))
@@ -165,3 +166,36 @@ def test_unprivileged_agent_says_no_permission(tmp_path):
     for name, reason in data["reasons"].items():
         assert reason.startswith("no permission"), (name, reason)
         assert "CAP_BPF" in data["hints"][name]
+
+
+def test_counters_mapped_into_memory_equal_the_syscall_read():
+    """The rows layout read as memory (no syscall) gives what BPF_MAP_LOOKUP_BATCH reads from the
+    same map, and both count every event the kernel side saw."""
+    from agent.collectors.ebpf import _getppid_nr
+    from agent.ebpf import layout as L
+    from agent.ebpf.bpfsys import Counters, possible_cpus
+
+    res = run_loader(["WANT_SELFTEST", f"SELFTEST_PID={os.getpid()}", f"SELFTEST_NR={_getppid_nr()}"],
+                     [{"probe": "selftest", "tp": "raw_syscalls:sys_enter", "kind": "raw", "fn": "on_selftest"}],
+                     counters_rows=True)
+    try:
+        assert not res.fatal, res.error
+        assert res.attachments and res.attachments[0].ok, res.attachments
+        c = Counters(res.maps.pop("counters"), L.N_COUNTERS)
+        assert c.mapped
+        before = c.read()
+        for _ in range(7):
+            os.getppid()
+        mem = c.read()
+        m = BpfMap(os.dup(c.map.fd))
+        rows = m.items()   # plain array: one 256-byte row per possible CPU
+        assert len(rows) == possible_cpus()
+        by_syscall = [sum(struct.unpack_from("<32Q", v)[i] for _, v in rows) for i in range(L.N_COUNTERS)]
+        assert mem == by_syscall
+        assert mem[L.C_IOMMU_FAULT] - before[L.C_IOMMU_FAULT] == 7
+        assert mem[L.C_DMA_EVENTS] - before[L.C_DMA_EVENTS] == 7
+        assert m.syscalls >= 1 and c.map.syscalls == 0   # the mapped read made no syscall
+        m.close()
+        c.close()
+    finally:
+        res.close()

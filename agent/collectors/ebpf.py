@@ -20,7 +20,7 @@ from typing import Any
 
 from agent.collectors.base import Availability, BaseCollector
 from agent.ebpf import layout as L
-from agent.ebpf.bpfsys import BpfError, BpfMap, RingBuffer, possible_cpus, sum_u64_percpu
+from agent.ebpf.bpfsys import BpfError, BpfMap, Counters, RingBuffer, possible_cpus, sum_u64_percpu
 from agent.ebpf.decode import cstr, decode_peer, decode_rare
 from agent.ebpf.discover import (
     DEFAULT_BCC_PATH,
@@ -59,7 +59,7 @@ class EbpfCollector(BaseCollector):
                  python: str | None = None, tracefs: str | None = None, mount_tracefs: bool = True,
                  burst_threshold: int = 100, top_peers: int = 5, per_peer_series: bool = False,
                  load_timeout: float = 60.0, env: dict[str, str] | None = None, start: bool = True,
-                 selftest_pid: int | None = None) -> None:
+                 selftest_pid: int | None = None, counters_rows: bool = True) -> None:
         self.probe_names = [p.name for p in L.PROBES if probes is None or p.name in set(probes)]
         self.bcc_path = bcc_path
         self.python = python
@@ -71,6 +71,7 @@ class EbpfCollector(BaseCollector):
         self.load_timeout = load_timeout
         self.env = env
         self.selftest_pid = selftest_pid   # tests: getppid() of this pid feeds the DMA and ring paths
+        self.counters_rows = counters_rows  # counters mapped into memory (5.5+); else a per-CPU array
         self.attached: dict[str, bool] = {n: False for n in self.probe_names}
         self.reasons: dict[str, str] = {n: "not started" for n in self.probe_names}
         self.hints: dict[str, str] = {n: "" for n in self.probe_names}
@@ -81,6 +82,7 @@ class EbpfCollector(BaseCollector):
         self.extra_attached: dict[str, list[str]] = {}
         self._load: LoadResult | None = None
         self._maps: dict[str, BpfMap] = {}
+        self._counters: Counters | None = None
         self._ring: RingBuffer | None = None
         self._started = False
         self._ncpus = 0
@@ -90,6 +92,8 @@ class EbpfCollector(BaseCollector):
         self._peer_prev: dict[bytes, int] = {}
         self._peer_totals: dict[str, int] = {}
         self._devnames: dict[int, str] = {}
+        self._dma_seen = -1                       # C_DMA_EVENTS when the DMA hashes were last read
+        self._dma_out: list[Sample] = []          # and the samples they gave
         self._states_seen: set[int] = set()
         self._fault_by_dev: dict[str, int] = {}
         self._aer_by_dev: dict[tuple[str, str], int] = {}
@@ -129,7 +133,14 @@ class EbpfCollector(BaseCollector):
             attach.append({"probe": "selftest", "tp": "raw_syscalls:sys_enter", "kind": "raw", "fn": "on_selftest"})
         if attach:
             res = run_loader(defines, attach, python=self.python, bcc_path=self.bcc_path,
-                             timeout=self.load_timeout, env=self.env)
+                             timeout=self.load_timeout, env=self.env, counters_rows=self.counters_rows)
+            if res.fatal == "compile" and self.counters_rows:
+                # a kernel before 5.5 refuses the mmapable counters map: the per-CPU array instead
+                log.info("eBPF: mmapable counters refused (%s); using a per-CPU array",
+                         (res.error.strip().splitlines() or ["?"])[0][:200])
+                self.counters_rows = False
+                res = run_loader(defines, attach, python=self.python, bcc_path=self.bcc_path,
+                                 timeout=self.load_timeout, env=self.env, counters_rows=False)
             self._load = res
             self.timings = res.timings
             if res.fatal:
@@ -184,6 +195,8 @@ class EbpfCollector(BaseCollector):
         for name, fd in list(res.maps.items()):
             if name == "rare_events":
                 self._ring = RingBuffer(fd)
+            elif name == "counters":
+                self._counters = Counters(fd, L.N_COUNTERS, self._ncpus)
             else:
                 self._maps[name] = BpfMap(fd, self._ncpus)
             del res.maps[name]
@@ -193,6 +206,10 @@ class EbpfCollector(BaseCollector):
             with contextlib.suppress(OSError):
                 m.close()
         self._maps.clear()
+        if self._counters is not None:
+            with contextlib.suppress(OSError):
+                self._counters.close()
+            self._counters = None
         if self._ring is not None:
             with contextlib.suppress(OSError):
                 self._ring.close()
@@ -226,28 +243,21 @@ class EbpfCollector(BaseCollector):
         out: list[Sample | EventRecord] = [
             Sample("triscope_probe_attached", 1.0 if self.attached[n] else 0.0, {"probe": n}) for n in self.probe_names
         ]
-        if "counters" not in self._maps:
+        if self._counters is None:
             return out
-        c = self._read_counters()
+        c = self._counters.read()
         self._collect_tcp(now, c, out)
-        self._collect_dma(out)
+        self._collect_dma(c, out)
         self._collect_iommu_aer(c, out)
         return out
 
     # ------------------------------------------------------------------------------ readers
-    def _read_counters(self) -> list[int]:
-        m = self._maps["counters"]
-        totals = [0] * L.N_COUNTERS
-        for k, v in m.items():
-            idx = struct.unpack("<I", k)[0]
-            if idx < L.N_COUNTERS:
-                totals[idx] = sum_u64_percpu(m, v, 1)[0]
-        return totals
-
     def read_retransmits(self) -> int:
         """Retransmitted segments counted since attach (skb + SYN-ACK), read now."""
 
-        c = self._read_counters()
+        if self._counters is None:
+            return 0
+        c = self._counters.read()
         return c[L.C_TCP_SKB] + c[L.C_TCP_SYNACK]
 
     def _read_peers(self) -> dict[bytes, int]:
@@ -304,7 +314,16 @@ class EbpfCollector(BaseCollector):
                  "top_peers": [{"peer": p, "retransmits": n} for p, n in top]},
             ))
 
-    def _collect_dma(self, out: list[Sample | EventRecord]) -> None:
+    def _collect_dma(self, c: list[int], out: list[Sample | EventRecord]) -> None:
+        if c[L.C_DMA_EVENTS] == self._dma_seen:   # no DMA event since the last read: same values
+            out.extend(self._dma_out)
+            return
+        self._dma_seen = c[L.C_DMA_EVENTS]
+        start = len(out)
+        self._read_dma(out)
+        self._dma_out = [s for s in out[start:] if isinstance(s, Sample)]
+
+    def _read_dma(self, out: list[Sample | EventRecord]) -> None:
         agg: dict[tuple[str, int, int], list[int]] = {}
         m = self._maps.get("dma_stats")
         if m is not None:

@@ -9,7 +9,8 @@ import struct
 from dataclasses import dataclass
 from typing import Literal
 
-# slots of the `counters` per-CPU array (keep in sync with probes.bpf.c)
+# slots of the `counters` rows (one row per possible CPU in a mmapable array, or a per-CPU array
+# on kernels before 5.5; keep in sync with probes.bpf.c)
 C_TCP_SKB = 0
 C_TCP_SKB_ERR = 1
 C_TCP_SYNACK = 2
@@ -25,6 +26,7 @@ C_LOST_IOMMU_FAULT = 11
 C_LOST_AER = 12
 C_DMA_SG_TRUNCATED = 13
 C_TCP_PEERS_INSERT_FAIL = 14
+C_DMA_EVENTS = 15
 C_TCP_STATE = 16
 N_COUNTERS = 32
 

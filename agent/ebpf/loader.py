@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent.ebpf.bpfsys import possible_cpus
 from agent.ebpf.discover import DEFAULT_BCC_PATH
 from agent.ebpf.layout import DMA_KEYS_MAX, MAPS, PEERS_MAX
 
@@ -60,11 +61,13 @@ def run_loader(defines: list[str], attach: list[dict[str, str]], *, python: str 
                bcc_path: str | None = DEFAULT_BCC_PATH, timeout: float = 60.0,
                load_only: list[str] | None = None, extra_cflags: list[str] | None = None,
                env: dict[str, str] | None = None, source: str | Path | None = None,
-               maps: list[str] | None = None) -> LoadResult:
+               maps: list[str] | None = None, counters_rows: bool = True) -> LoadResult:
     """Spawn the loader child and receive its fds.  Never raises for load problems: see ``fatal``.
 
     ``attach``: ``[{"probe", "tp", "kind" ("tracepoint"|"raw"), "fn"}]``.
     ``load_only``: functions to load as tracepoint programs without attaching (verifier check).
+    ``counters_rows``: the counters as one mmapable row per possible CPU (Linux 5.5+), else the
+    per-CPU array of older kernels (``agent.ebpf.bpfsys.Counters`` reads either).
     """
 
     t0 = time.monotonic()
@@ -72,7 +75,7 @@ def run_loader(defines: list[str], attach: list[dict[str, str]], *, python: str 
         "source": str(source or SOURCE),
         "bcc_path": bcc_path or "",
         "cflags": [f"-D{d}" for d in defines] + [f"-DPEERS_MAX={PEERS_MAX}", f"-DDMA_KEYS_MAX={DMA_KEYS_MAX}"]
-        + list(extra_cflags or []),
+        + ([f"-DCOUNTERS_ROWS={possible_cpus()}"] if counters_rows else []) + list(extra_cflags or []),
         "attach": attach,
         "load_only": load_only or [],
         "maps": list(maps if maps is not None else MAPS),

@@ -33,9 +33,27 @@
 #define C_LOST_AER 12
 #define C_DMA_SG_TRUNCATED 13
 #define C_TCP_PEERS_INSERT_FAIL 14
+#define C_DMA_EVENTS 15 /* any DMA map/unmap/error seen: the agent reads the DMA hashes only when it moved */
 #define C_TCP_STATE 16 /* 16 slots: 16 + tcp state */
 #define N_COUNTERS 32
 
+#ifdef COUNTERS_ROWS
+// One row of counters per possible CPU in a plain array the agent maps into its memory
+// (BPF_F_MMAPABLE): reading them costs no syscall.  Each CPU adds to its own row only, as in a
+// per-CPU array; a row is 256 bytes, so two CPUs never share a cache line.
+struct counter_row {
+    u64 v[N_COUNTERS];
+};
+BPF_F_TABLE("array", u32, struct counter_row, counters, COUNTERS_ROWS, BPF_F_MMAPABLE);
+
+static __always_inline void count(u32 slot, u64 n) {
+    u32 cpu = bpf_get_smp_processor_id();
+    struct counter_row *r = counters.lookup(&cpu);
+    if (r)
+        r->v[slot & (N_COUNTERS - 1)] += n;
+}
+#else
+// kernels before 5.5 (no BPF_F_MMAPABLE): a per-CPU array read with one syscall per tick
 BPF_PERCPU_ARRAY(counters, u64, N_COUNTERS);
 
 static __always_inline void count(u32 slot, u64 n) {
@@ -43,6 +61,7 @@ static __always_inline void count(u32 slot, u64 n) {
     if (v)
         *v += n;
 }
+#endif
 
 #define DEVNAME_LEN 32
 
@@ -150,12 +169,14 @@ struct dma_key {
 BPF_PERCPU_HASH(dma_stats, struct dma_key, struct dma_val, DMA_KEYS_MAX);
 BPF_HASH(dma_devs, u64, struct devname, DMA_KEYS_MAX);
 
+// C_DMA_EVENTS moves after the hash holds the event: a reader that sees it move finds the update
 static __always_inline void dma_account(u64 dev, u32 dir, u32 op, u64 bytes) {
     struct dma_key k = {.dev = dev, .dir = dir, .op = op};
     struct dma_val *v = dma_stats.lookup(&k);
     if (v) {
         v->count += 1;
         v->bytes += bytes;
+        count(C_DMA_EVENTS, 1);
         return;
     }
     struct dma_val init = {.count = 1, .bytes = bytes};
@@ -169,6 +190,7 @@ static __always_inline void dma_account(u64 dev, u32 dir, u32 op, u64 bytes) {
             bpf_probe_read_kernel_str(n.name, sizeof(n.name), p);
     }
     dma_devs.update(&dev, &n);
+    count(C_DMA_EVENTS, 1);
 }
 #endif
 
@@ -221,10 +243,11 @@ static __always_inline void dma_named_account(struct dma_named_key *k, u64 bytes
     if (v) {
         v->count += 1;
         v->bytes += bytes;
-        return;
+    } else {
+        struct dma_val init = {.count = 1, .bytes = bytes};
+        dma_named.update(k, &init);
     }
-    struct dma_val init = {.count = 1, .bytes = bytes};
-    dma_named.update(k, &init);
+    count(C_DMA_EVENTS, 1);
 }
 #endif
 
