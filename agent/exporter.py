@@ -20,10 +20,11 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from agent.collectors.base import OpenFiles
 from triscope.metrics import CATALOGUE, kind_of
 from triscope.samples import Sample
 
@@ -99,6 +100,7 @@ class ProcessMetrics(Collector):
 
     def __init__(self, proc: str = "/proc") -> None:
         self.path = os.path.join(proc, "self", "stat")
+        self._files = OpenFiles(limit=1)
         self.ticks = os.sysconf("SC_CLK_TCK")
         self.page = os.sysconf("SC_PAGE_SIZE")
         with open(os.path.join(proc, "stat"), "rb") as f:
@@ -106,53 +108,90 @@ class ProcessMetrics(Collector):
         with open(self.path, "rb") as f:
             self.start = btime + float(f.read().rsplit(b")", 1)[1].split()[19]) / self.ticks
 
+    def read(self) -> tuple[float, float, float]:
+        """(CPU seconds, virtual bytes, resident bytes) now."""
+        fields = self._files.read_bytes(self.path).rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / self.ticks, float(fields[20]), float(int(fields[21]) * self.page)
+
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
-        with open(self.path, "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        yield CounterMetricFamily("triscope_process_cpu_seconds", "Total user and system CPU time spent in seconds.",
-                                  value=(int(fields[11]) + int(fields[12])) / self.ticks)
-        yield GaugeMetricFamily("triscope_process_virtual_memory_bytes", "Virtual memory size in bytes.",
-                                value=float(fields[20]))
-        yield GaugeMetricFamily("triscope_process_resident_memory_bytes", "Resident memory size in bytes.",
-                                value=float(int(fields[21]) * self.page))
-        yield GaugeMetricFamily("triscope_process_start_time_seconds",
-                                "Start time of the process since unix epoch in seconds.", value=self.start)
+        """For a prometheus_client registry (the reference ``render()`` is tested against)."""
+        cpu, vms, rss = self.read()
+        yield CounterMetricFamily("triscope_process_cpu_seconds", _PROCESS_HELP["cpu"], value=cpu)
+        yield GaugeMetricFamily("triscope_process_virtual_memory_bytes", _PROCESS_HELP["vms"], value=vms)
+        yield GaugeMetricFamily("triscope_process_resident_memory_bytes", _PROCESS_HELP["rss"], value=rss)
+        yield GaugeMetricFamily("triscope_process_start_time_seconds", _PROCESS_HELP["start"], value=self.start)
+
+    def render(self) -> bytes:
+        """The same text as prometheus_client's ``generate_latest`` for ``collect()``, without building
+        metric families: this runs once per tick in the agent."""
+        cpu, vms, rss = self.read()
+        return (f"# HELP triscope_process_cpu_seconds_total {_PROCESS_HELP['cpu']}\n"
+                f"# TYPE triscope_process_cpu_seconds_total counter\n"
+                f"triscope_process_cpu_seconds_total {_fmt(cpu)}\n"
+                f"# HELP triscope_process_virtual_memory_bytes {_PROCESS_HELP['vms']}\n"
+                f"# TYPE triscope_process_virtual_memory_bytes gauge\n"
+                f"triscope_process_virtual_memory_bytes {_fmt(vms)}\n"
+                f"# HELP triscope_process_resident_memory_bytes {_PROCESS_HELP['rss']}\n"
+                f"# TYPE triscope_process_resident_memory_bytes gauge\n"
+                f"triscope_process_resident_memory_bytes {_fmt(rss)}\n"
+                f"# HELP triscope_process_start_time_seconds {_PROCESS_HELP['start']}\n"
+                f"# TYPE triscope_process_start_time_seconds gauge\n"
+                f"triscope_process_start_time_seconds {_fmt(self.start)}\n").encode()
 
 
-def make_registry() -> tuple[CollectorRegistry, TickCollector]:
-    """A registry with the process's own metrics; the tick's samples are rendered by render_text."""
-    registry = CollectorRegistry(auto_describe=False)
-    tick = TickCollector()
-    registry.register(ProcessMetrics())
-    return registry, tick
+_PROCESS_HELP = {"cpu": "Total user and system CPU time spent in seconds.", "vms": "Virtual memory size in bytes.",
+                 "rss": "Resident memory size in bytes.",
+                 "start": "Start time of the process since unix epoch in seconds."}
+
+
+def make_sources() -> tuple[ProcessMetrics, TickCollector]:
+    """The process's own metrics and the holder of the last tick's samples: what /metrics renders."""
+    return ProcessMetrics(), TickCollector()
 
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
 
 
 class MetricsServer:
-    """/metrics over HTTP/1.x, one request per connection, served by the thread that accepts."""
+    """/metrics over HTTP/1.x, one request per connection, served by the thread that accepts.
 
-    def __init__(self, addr: tuple[str, int], registry: CollectorRegistry, tick: TickCollector | None) -> None:
-        self.registry = registry
+    The body is rendered once per tick at most and kept for ``max_age`` seconds.  Scraped about
+    as often as the agent ticks, the agent renders it right after the tick, in the sampler's own
+    wake-up (``prerender``), and a scrape only sends bytes; scraped less often (Prometheus every
+    15 s), the first scrape after a tick renders it: one render per scrape, not one per tick.
+    """
+
+    def __init__(self, addr: tuple[str, int], process: ProcessMetrics | None, tick: TickCollector | None,
+                 max_age: float = 1.0) -> None:
+        self.process = process
         self.tick = tick
+        self.max_age = max_age
         self._cache: tuple[int, float, bytes] | None = None
         self._lock = threading.Lock()
+        self._last_scrape: float | None = None
+        self.scrape_gap: float | None = None   # seconds between the last two scrapes
         self._stopped = False
         self.sock = socket.create_server(addr)
         self.server_address = self.sock.getsockname()
 
     def render(self) -> bytes:
-        """Rendered once per tick (and at most once a second without ticks): scrapes are cheap."""
+        """Rendered once per tick (and at most once per ``max_age`` without ticks): scrapes are cheap."""
         version = self.tick.version if self.tick is not None else 0
         now = time.monotonic()
         with self._lock:
-            if self._cache is not None and self._cache[0] == version and now - self._cache[1] < 1.0:
+            if self._cache is not None and self._cache[0] == version and now - self._cache[1] < self.max_age:
                 return self._cache[2]
             samples = self.tick.samples() if self.tick is not None else []
-            body = render_text(samples) + generate_latest(self.registry)
+            body = render_text(samples) + (self.process.render() if self.process is not None else b"")
             self._cache = (version, now, body)
             return body
+
+    def prerender(self, interval: float) -> bool:
+        """Render now if scrapes come about once per ``interval`` or more often."""
+        if self.scrape_gap is None or self.scrape_gap > 1.5 * interval:
+            return False
+        self.render()
+        return True
 
     def serve_forever(self) -> None:
         while not self._stopped:
@@ -194,6 +233,10 @@ class MetricsServer:
         if target.split("?", 1)[0] not in ("/metrics", "/"):
             self._send(conn, 404, b"only /metrics is served here\n")
             return
+        now = time.monotonic()
+        if self._last_scrape is not None:
+            self.scrape_gap = now - self._last_scrape
+        self._last_scrape = now
         self._send(conn, 200, self.render(), CONTENT_TYPE_LATEST, head=method == "HEAD")
 
     @staticmethod
@@ -211,10 +254,10 @@ class MetricsServer:
         self.sock.close()
 
 
-def serve(registry: CollectorRegistry, host: str, port: int,
-          tick: TickCollector | None = None) -> tuple[MetricsServer, threading.Thread]:
+def serve(process: ProcessMetrics | None, host: str, port: int,
+          tick: TickCollector | None = None, max_age: float = 1.0) -> tuple[MetricsServer, threading.Thread]:
     """Start the /metrics HTTP server in a daemon thread; returns (server, thread)."""
-    server = MetricsServer((host, port), registry, tick)
+    server = MetricsServer((host, port), process, tick, max_age)
     thread = threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True)
     thread.start()
     return server, thread

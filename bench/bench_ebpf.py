@@ -3,7 +3,7 @@
 - Kernel cost per event: a C loop of ``getpid`` syscalls (compiled with gcc here) timed without a
   probe and with each probe style attached; the difference per call is the probe's cost.  The
   styles are the program's own code paths (``probes.bpf.c``) driven from ``sys_enter``:
-  raw tracepoint + per-CPU array (the counters: IOMMU map/unmap), raw tracepoint + per-CPU hash
+  raw tracepoint + per-CPU row of the mmapable counters array (IOMMU map/unmap), raw tracepoint + per-CPU hash
   keyed by device pointer (DMA map/unmap), and the named baseline, a classic tracepoint
   (``syscalls:sys_enter_getpid``) with a shared hash increment.
 - Start to attached: ``EbpfCollector()`` construction (child compile + attach + fd hand-over).
@@ -53,7 +53,7 @@ int main(int argc, char **argv) {
 BENCH_C = r"""
 BPF_HASH(bench_hash, u32, u64, 16);
 
-// style of the counting probes (iommu map/unmap): raw tracepoint + per-CPU array
+// style of the counting probes (iommu map/unmap): raw tracepoint + this CPU's row of the counters
 int bench_raw_array(struct bpf_raw_tracepoint_args *ctx) {
     if (ctx->args[1] != BENCH_NR_GETPID)
         return 0;
@@ -82,7 +82,7 @@ int bench_classic_hash(struct tracepoint__syscalls__sys_enter_getpid *args) {
 """
 
 STYLES = [
-    ("raw tracepoint + per-CPU array (counters: iommu map/unmap)", "raw", "raw_syscalls:sys_enter", "bench_raw_array"),
+    ("raw tracepoint + per-CPU row of a mapped array (counters: iommu map/unmap)", "raw", "raw_syscalls:sys_enter", "bench_raw_array"),
     ("raw tracepoint + per-CPU hash by device (DMA map/unmap)", "raw", "raw_syscalls:sys_enter", "bench_raw_dma"),
     ("classic tracepoint + hash (baseline)", "tracepoint", "syscalls:sys_enter_getpid", "bench_classic_hash"),
 ]
@@ -116,13 +116,14 @@ def _events_counted(res, fn: str) -> int:
     import struct
 
     from agent.ebpf import layout as L
-    from agent.ebpf.bpfsys import BpfMap, sum_u64_percpu
+    from agent.ebpf.bpfsys import BpfMap, Counters, sum_u64_percpu
 
     if fn == "bench_raw_array":
-        m = BpfMap(os.dup(res.maps["counters"]))
-        v = m.lookup(struct.pack("<I", L.C_IOMMU_MAP))
-        n = sum_u64_percpu(m, v, 1)[0] if v else 0
-    elif fn == "bench_raw_dma":
+        c = Counters(os.dup(res.maps["counters"]), L.N_COUNTERS)
+        n = c.read()[L.C_IOMMU_MAP]
+        c.close()
+        return n
+    if fn == "bench_raw_dma":
         m = BpfMap(os.dup(res.maps["dma_stats"]))
         n = sum(sum_u64_percpu(m, v, 2)[0] for _, v in m.items())
     else:
@@ -330,6 +331,39 @@ def tick_wakeup_cost(quick: bool) -> list[Row]:
                 "", "same tick back to back", round(hot, 2))]
 
 
+def page_touch_cost(quick: bool) -> list[Row]:
+    """What touching memory again costs after a 1 s pause, per 4 KiB page: on 4 KiB pages against
+    inside 2 MiB transparent huge pages.  Where the host ages guest memory (this VM), the first is
+    what most of a tick's CPU is made of, and why the agent keeps its code and heap on huge pages
+    (agent/hugepages.py)."""
+    import mmap
+
+    from agent.hugepages import thp_mode
+
+    n_pages, reps = 2048, (4 if quick else 9)
+    out: dict[str, float] = {}
+    for kind, advice in (("4k", getattr(mmap, "MADV_NOHUGEPAGE", 15)), ("2m", getattr(mmap, "MADV_HUGEPAGE", 14))):
+        size = n_pages * 4096
+        m = mmap.mmap(-1, size + (2 << 20), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        try:
+            m.madvise(advice)
+            for i in range(0, len(m), 4096):
+                m[i] = 1
+            costs = []
+            for _ in range(reps):
+                time.sleep(1.0)
+                t = time.thread_time()
+                s = 0
+                for i in range(0, size, 4096):
+                    s += m[i]
+                costs.append(time.thread_time() - t)
+            out[kind] = statistics.median(costs) / n_pages * 1e9
+        finally:
+            m.close()
+    label = f"re-touch one page after a 1 s pause (2 MiB pages; THP mode {thp_mode()})"
+    return [Row("agent memory", label, round(out["2m"]), "ns/page", "", "4 KiB pages", round(out["4k"]))]
+
+
 def run(quick: bool = False) -> list[Row]:
     """Kernel cost per event, start-to-attached, tick cost awake vs after a sleep, and agent vs
     node_exporter footprint (60 s each)."""
@@ -337,6 +371,7 @@ def run(quick: bool = False) -> list[Row]:
     rows += kernel_cost(quick)
     rows += attach_time(quick)
     rows += tick_wakeup_cost(quick)
+    rows += page_touch_cost(quick)
     rows += footprint(quick, no_migrate=True)   # how a fleet runs it: schema upgraded once by a job
     rows += footprint(quick)                    # `triscope agent` as is: Alembic upgrade at start
     return rows

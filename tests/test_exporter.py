@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from agent.exporter import make_registry, render_text, serve
+from agent.exporter import ProcessMetrics, make_sources, render_text, serve
 from triscope.metrics import CATALOGUE
 from triscope.samples import Sample
 
@@ -16,11 +16,9 @@ pytestmark = pytest.mark.prometheus
 
 
 def _render(samples: list[Sample]) -> str:
-    registry, tick = make_registry()
+    process, tick = make_sources()
     tick.update(samples)
-    from prometheus_client import generate_latest
-
-    return (render_text(tick.samples()) + generate_latest(registry)).decode()
+    return (render_text(tick.samples()) + process.render()).decode()
 
 
 def test_catalogue_follows_conventions() -> None:
@@ -43,9 +41,9 @@ def test_promtool_accepts_exporter_output() -> None:
 
 
 def test_served_over_http(unused_port: int) -> None:
-    registry, tick = make_registry()
+    process, tick = make_sources()
     tick.update([Sample("triscope_tcp_retransmits_total", 7.0, kind="counter")])
-    server, _thread = serve(registry, "127.0.0.1", unused_port, tick)
+    server, _thread = serve(process, "127.0.0.1", unused_port, tick)
     try:
         body = urllib.request.urlopen(f"http://127.0.0.1:{unused_port}/metrics", timeout=5).read().decode()
     finally:
@@ -58,7 +56,7 @@ def test_rendering_matches_the_client_library() -> None:
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    registry, tick = make_registry()
+    process, tick = make_sources()
     samples = [Sample("triscope_tcp_sockets", 3.0, {"state": 'we"ird\\x'}),
                Sample("triscope_tcp_retransmits_total", 12.0, kind="counter"),
                Sample("triscope_gpu_sm_active_ratio", 0.25, {"gpu": "0"}),
@@ -74,6 +72,30 @@ def test_rendering_matches_the_client_library() -> None:
            for f in text_string_to_metric_families(generate_latest(ref_reg).decode()) for s in f.samples
            if not s.name.endswith("_created")}
     assert ours == ref
+
+
+def test_process_metrics_match_the_client_library() -> None:
+    """The hand-written process block parses to the same families, types and (moving) values as
+    prometheus_client's rendering of the same collector."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    pm = ProcessMetrics()
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(pm)
+
+    def parsed(text: bytes) -> dict[str, tuple[str, str, float]]:
+        return {s.name: (f.type, f.documentation, s.value)
+                for f in text_string_to_metric_families(text.decode()) for s in f.samples}
+
+    ours, ref = parsed(pm.render()), parsed(generate_latest(reg))
+    assert set(ours) == set(ref) == {"triscope_process_cpu_seconds_total", "triscope_process_virtual_memory_bytes",
+                                      "triscope_process_resident_memory_bytes", "triscope_process_start_time_seconds"}
+    for name in ours:
+        assert ours[name][:2] == ref[name][:2], name
+        assert ours[name][2] == pytest.approx(ref[name][2], rel=0.05, abs=0.05), name   # read a moment apart
+    assert ours["triscope_process_resident_memory_bytes"][2] > 1e6
+    assert ours["triscope_process_start_time_seconds"][2] == ref["triscope_process_start_time_seconds"][2]
 
 
 class _ClientLibraryReference:
@@ -105,9 +127,9 @@ def test_http_answers_bad_requests_and_stops(unused_port: int) -> None:
     import socket
     import urllib.error
 
-    registry, tick = make_registry()
+    process, tick = make_sources()
     tick.update([Sample("triscope_ticks_total", 3.0, kind="counter")])
-    server, thread = serve(registry, "127.0.0.1", unused_port, tick)
+    server, thread = serve(process, "127.0.0.1", unused_port, tick)
     base = f"http://127.0.0.1:{unused_port}"
     try:
         with pytest.raises(urllib.error.HTTPError) as e:
@@ -127,3 +149,29 @@ def test_http_answers_bad_requests_and_stops(unused_port: int) -> None:
         server.shutdown()
     thread.join(5)
     assert not thread.is_alive()
+
+
+def test_rendered_at_the_tick_only_when_scraped_about_as_often(unused_port: int) -> None:
+    """Scraped once per tick, the body is rendered at the tick (the scrape sends it as is); scraped
+    less often, nothing is rendered until a scrape asks."""
+    process, tick = make_sources()
+    server, _thread = serve(process, "127.0.0.1", unused_port, tick, max_age=10.0)
+    url = f"http://127.0.0.1:{unused_port}/metrics"
+    try:
+        tick.update([Sample("triscope_ticks_total", 1.0, kind="counter")])
+        assert not server.prerender(1.0)          # never scraped: no render ahead of a scrape
+        urllib.request.urlopen(url, timeout=5).read()
+        urllib.request.urlopen(url, timeout=5).read()
+        assert server.scrape_gap is not None and server.scrape_gap < 1.0
+        tick.update([Sample("triscope_ticks_total", 2.0, kind="counter")])
+        assert server.prerender(1.0)
+        rendered = server._cache
+        body = urllib.request.urlopen(url, timeout=5).read().decode()
+        assert server._cache is rendered          # the scrape sent the body rendered at the tick
+        assert "triscope_ticks_total 2.0" in body
+        server.scrape_gap = 15.0                  # Prometheus every 15 s against 1 s ticks
+        tick.update([Sample("triscope_ticks_total", 3.0, kind="counter")])
+        assert not server.prerender(1.0)
+        assert "triscope_ticks_total 3.0" in urllib.request.urlopen(url, timeout=5).read().decode()
+    finally:
+        server.shutdown()

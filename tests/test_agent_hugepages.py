@@ -1,0 +1,96 @@
+"""Huge pages for the agent's code and heap, on this machine's kernel (THP mode madvise here)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent import hugepages as hp
+
+REPO = Path(__file__).resolve().parent.parent
+MB = 1 << 20
+
+
+def test_spans() -> None:
+    assert hp.aligned_span(0x41F000, 0x945000, 2 * MB) == (0x600000, 0x800000)
+    assert hp.aligned_span(0x41F000, 0x5FF000, 2 * MB) is None
+    maps = [hp.Mapping(0x400000, 0x41F000, "r--p", "/usr/bin/py"),
+            hp.Mapping(0x41F000, 0x6D2000, "r-xp", "/usr/bin/py"),
+            hp.Mapping(0x6D2000, 0x945000, "r--p", "/usr/bin/py"),
+            hp.Mapping(0x945000, 0x990000, "rw-p", "/usr/bin/py"),
+            hp.Mapping(0x990000, 0xA00000, "rw-p", "")]
+    code, lo, hi = hp.text_span(maps, 0x500000) or (None, 0, 0)
+    assert code is maps[1] and (lo, hi) == (0x400000, 0x945000)   # header, code, read-only data; not .data
+    assert hp.text_span(maps, 0x950000) is None                    # not executable
+    assert hp.text_span(maps, 0x10) is None
+
+
+@pytest.mark.skipif(hp.thp_mode() in ("never", "unavailable"), reason="transparent huge pages are off on this host")
+def test_interpreter_code_moves_onto_huge_pages_and_keeps_running() -> None:
+    """In a fresh single-threaded interpreter: the code is moved, lands on huge pages, and the
+    interpreter goes on running (imports, C extensions, threads) on the moved code."""
+    code = (
+        "from agent import hugepages as hp\n"
+        "r = hp.remap_text()\n"
+        "import json, sqlite3, threading, hashlib\n"
+        "t = threading.Thread(target=lambda: sum(range(10**5))); t.start(); t.join()\n"
+        "db = sqlite3.connect(':memory:'); db.execute('create table t (x)'); db.execute('insert into t values (1)')\n"
+        "print(json.dumps({'moved': r.moved, 'huge': r.huge, 'note': r.note, 'path': r.path,\n"
+        "                  'x': db.execute('select x from t').fetchone()[0], 'md5': hashlib.md5(b'a').hexdigest()}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    import json
+
+    got = json.loads(out.stdout)
+    assert got["note"] == "" and got["moved"] >= 2 * MB, got
+    assert got["huge"] == got["moved"], got          # every moved byte on a huge page
+    assert got["x"] == 1 and got["md5"] == "0cc175b9c0f1b6a831c399e269772661"
+
+
+def test_code_is_not_moved_once_threads_run() -> None:
+    import threading
+
+    ev = threading.Event()
+    t = threading.Thread(target=ev.wait)
+    t.start()
+    try:
+        r = hp.remap_text()
+    finally:
+        ev.set()
+        t.join()
+    assert r.moved == 0 and "single-threaded" in r.note
+
+
+@pytest.mark.skipif(hp.thp_mode() in ("never", "unavailable"), reason="transparent huge pages are off on this host")
+def test_dense_heap_goes_onto_huge_pages_sparse_mappings_do_not() -> None:
+    import mmap
+
+    dense = mmap.mmap(-1, 8 * MB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    sparse = mmap.mmap(-1, 8 * MB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        for i in range(0, 8 * MB, 4096):
+            dense[i] = 1
+        for i in range(0, 8 * MB, 64 * 4096):          # 1 page in 64 resident
+            sparse[i] = 1
+        import ctypes
+
+        def addr(m: mmap.mmap) -> int:
+            return ctypes.addressof(ctypes.c_char.from_buffer(m))
+
+        d, s = addr(dense), addr(sparse)
+        res = hp.advise_heap()
+        assert res.advised >= 2 * MB, res
+        assert hp.anon_huge_bytes(d, d + 8 * MB) >= 6 * MB     # whole aligned 2 MiB ranges inside it
+        assert hp.anon_huge_bytes(s, s + 8 * MB) == 0          # a sparse mapping does not grow to 2 MiB pages
+        assert dense[4096 * 7] == 1 and sparse[64 * 4096] == 1
+    finally:
+        # the buffers' exported pointers must go before the mappings close
+        import gc
+
+        gc.collect()
+        dense.close()
+        sparse.close()

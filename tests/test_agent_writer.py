@@ -1,0 +1,75 @@
+"""The store writer's batches: ticks go to the store every ``batch_ticks`` ticks, in order, and
+nothing held for a batch is lost at flush or at close.  (A batch that meets a database outage:
+tests/test_agent_outage.py, where the agent runs with batches of 10 ticks against a real server.)"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.runtime import batch_ticks
+from agent.spool import Spool
+from agent.writer import StoreWriter
+from store import Store, Tick
+from store.db import upgrade
+from triscope.samples import Sample
+
+T0 = 1_700_000_000.0
+
+
+def _tick(i: int) -> Tick:
+    return Tick(T0 + i, [Sample("triscope_ticks_total", float(i + 1), kind="counter")])
+
+
+def _stored(st: Store) -> list[float]:
+    got = st.query("triscope_ticks_total", node="n", start=0, end=T0 + 1e6, max_points=None, rate=False)
+    return sorted(v for sd in got for v in sd.values)
+
+
+def _writer(sqlite_url: str, tmp_path: Path, n: int) -> tuple[Store, StoreWriter]:
+    upgrade(sqlite_url)
+    st = Store.open(sqlite_url)
+    w = StoreWriter(st, "n", Spool(tmp_path / "spool", 1 << 20), batch_ticks=n)
+    w.start()
+    return st, w
+
+
+def test_a_batch_is_written_when_it_is_full(sqlite_url: str, tmp_path: Path) -> None:
+    st, w = _writer(sqlite_url, tmp_path, 3)
+    try:
+        w.submit(_tick(0))
+        w.submit(_tick(1))
+        time.sleep(0.3)   # the writer thread has nothing yet: the two ticks wait for the third
+        assert _stored(st) == [] and w.pending_ticks == 2
+        w.submit(_tick(2))
+        deadline = time.monotonic() + 10
+        while _stored(st) != [1.0, 2.0, 3.0] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _stored(st) == [1.0, 2.0, 3.0] and w.pending_ticks == 0
+        w.submit(_tick(3))
+        assert w.flush(10)   # flush hands over a partial batch too
+        assert _stored(st) == [1.0, 2.0, 3.0, 4.0]
+    finally:
+        w.close()
+
+
+def test_close_writes_the_partial_batch(sqlite_url: str, tmp_path: Path) -> None:
+    st, w = _writer(sqlite_url, tmp_path, 10)
+    for i in range(4):
+        w.submit(_tick(i))
+    w.close()
+    assert _stored(st) == [1.0, 2.0, 3.0, 4.0]
+
+
+@pytest.mark.parametrize(("every", "interval", "n"), [(5.0, 1.0, 5), (0.0, 1.0, 1), (5.0, 10.0, 1), (5.0, 0.5, 10),
+                                                       (2.0, 0.3, 7)])
+def test_batch_size_from_the_options(every: float, interval: float, n: int) -> None:
+    assert batch_ticks(every, interval) == n
+
+
+def test_batch_of_zero_ticks_is_refused(sqlite_url: str, tmp_path: Path) -> None:
+    upgrade(sqlite_url)
+    with pytest.raises(ValueError, match="batch_ticks"):
+        StoreWriter(Store.open(sqlite_url), "n", Spool(tmp_path / "s", 1 << 20), batch_ticks=0)
