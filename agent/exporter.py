@@ -122,8 +122,9 @@ class ProcessMetrics(Collector):
         yield GaugeMetricFamily("triscope_process_start_time_seconds", _PROCESS_HELP["start"], value=self.start)
 
     def render(self) -> bytes:
-        """The same text as prometheus_client's ``generate_latest`` for ``collect()``, without building
-        metric families: this runs once per tick in the agent."""
+        """What prometheus_client's ``generate_latest`` renders for ``collect()`` (the same families,
+        types, help and values; large values in Python's float notation), without building metric
+        families: this runs once per tick in the agent."""
         cpu, vms, rss = self.read()
         return (f"# HELP triscope_process_cpu_seconds_total {_PROCESS_HELP['cpu']}\n"
                 f"# TYPE triscope_process_cpu_seconds_total counter\n"
@@ -187,8 +188,10 @@ class MetricsServer:
             return body
 
     def prerender(self, interval: float) -> bool:
-        """Render now if scrapes come about once per ``interval`` or more often."""
-        if self.scrape_gap is None or self.scrape_gap > 1.5 * interval:
+        """Render now if scrapes come about once per ``interval`` or more often (and still do)."""
+        if self.scrape_gap is None or self.scrape_gap > 1.5 * interval or self._last_scrape is None:
+            return False
+        if time.monotonic() - self._last_scrape > 1.5 * interval:
             return False
         self.render()
         return True
@@ -233,10 +236,11 @@ class MetricsServer:
         if target.split("?", 1)[0] not in ("/metrics", "/"):
             self._send(conn, 404, b"only /metrics is served here\n")
             return
-        now = time.monotonic()
-        if self._last_scrape is not None:
-            self.scrape_gap = now - self._last_scrape
-        self._last_scrape = now
+        if method == "GET":   # a HEAD or a health check does not count as a scraper
+            now = time.monotonic()
+            if self._last_scrape is not None:
+                self.scrape_gap = now - self._last_scrape
+            self._last_scrape = now
         self._send(conn, 200, self.render(), CONTENT_TYPE_LATEST, head=method == "HEAD")
 
     @staticmethod

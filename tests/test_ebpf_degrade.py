@@ -199,3 +199,29 @@ def test_counters_mapped_into_memory_equal_the_syscall_read():
         c.close()
     finally:
         res.close()
+
+
+def test_counters_rows_read_with_a_syscall_where_the_mapping_is_refused():
+    """This kernel never refuses the mapping, so a second reader of the same map drops its mapped
+    view: its syscall read of the rows gives the same totals."""
+    from agent.collectors.ebpf import _getppid_nr
+    from agent.ebpf import layout as L
+    from agent.ebpf.bpfsys import Counters
+
+    res = run_loader(["WANT_SELFTEST", f"SELFTEST_PID={os.getpid()}", f"SELFTEST_NR={_getppid_nr()}"],
+                     [{"probe": "selftest", "tp": "raw_syscalls:sys_enter", "kind": "raw", "fn": "on_selftest"}])
+    try:
+        assert not res.fatal, res.error
+        mapped = Counters(res.maps.pop("counters"), L.N_COUNTERS)
+        unmapped = Counters(os.dup(mapped.map.fd), L.N_COUNTERS)
+        assert unmapped._view is not None
+        unmapped._view.release()
+        unmapped._view = None
+        for _ in range(3):
+            os.getppid()
+        assert unmapped.read() == mapped.read() and mapped.read()[L.C_DMA_EVENTS] >= 3
+        assert unmapped.map.syscalls >= 1
+        mapped.close()
+        unmapped.close()
+    finally:
+        res.close()

@@ -169,6 +169,8 @@ def test_rendered_at_the_tick_only_when_scraped_about_as_often(unused_port: int)
         body = urllib.request.urlopen(url, timeout=5).read().decode()
         assert server._cache is rendered          # the scrape sent the body rendered at the tick
         assert "triscope_ticks_total 2.0" in body
+        server._last_scrape = (server._last_scrape or 0.0) - 10.0   # the fast scraper went away
+        assert not server.prerender(1.0)
         server.scrape_gap = 15.0                  # Prometheus every 15 s against 1 s ticks
         tick.update([Sample("triscope_ticks_total", 3.0, kind="counter")])
         assert not server.prerender(1.0)

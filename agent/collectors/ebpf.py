@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 
 RARE_PROBES = {"iommu_page_fault": L.C_LOST_IOMMU_FAULT, "aer": L.C_LOST_AER}
 MAX_EVENTS_PER_TICK = 200
+DMA_REREAD_TICKS = 60   # the DMA hashes are read at least this often, moved or not
 
 
 class EbpfCollector(BaseCollector):
@@ -93,6 +94,7 @@ class EbpfCollector(BaseCollector):
         self._peer_totals: dict[str, int] = {}
         self._devnames: dict[int, str] = {}
         self._dma_seen = -1                       # C_DMA_EVENTS when the DMA hashes were last read
+        self._dma_ticks = 0
         self._dma_out: list[Sample] = []          # and the samples they gave
         self._states_seen: set[int] = set()
         self._fault_by_dev: dict[str, int] = {}
@@ -134,7 +136,7 @@ class EbpfCollector(BaseCollector):
         if attach:
             res = run_loader(defines, attach, python=self.python, bcc_path=self.bcc_path,
                              timeout=self.load_timeout, env=self.env, counters_rows=self.counters_rows)
-            if res.fatal == "compile" and self.counters_rows:
+            if res.fatal == "compile" and self.counters_rows and "counters" in res.error:
                 # a kernel before 5.5 refuses the mmapable counters map: the per-CPU array instead
                 log.info("eBPF: mmapable counters refused (%s); using a per-CPU array",
                          (res.error.strip().splitlines() or ["?"])[0][:200])
@@ -315,7 +317,10 @@ class EbpfCollector(BaseCollector):
             ))
 
     def _collect_dma(self, c: list[int], out: list[Sample | EventRecord]) -> None:
-        if c[L.C_DMA_EVENTS] == self._dma_seen:   # no DMA event since the last read: same values
+        self._dma_ticks += 1
+        # no DMA event since the last read: same values.  Every DMA_REREAD_TICKS ticks the hashes
+        # are read anyway (a CPU that orders stores loosely may show the count before the update)
+        if c[L.C_DMA_EVENTS] == self._dma_seen and self._dma_ticks % DMA_REREAD_TICKS:
             out.extend(self._dma_out)
             return
         self._dma_seen = c[L.C_DMA_EVENTS]

@@ -247,7 +247,8 @@ class Counters:
     Two layouts, told apart by the map itself:
 
     - a plain array with ``BPF_F_MMAPABLE``, one row of ``slots`` u64 per possible CPU: mapped
-      into this process once, then read as memory (no syscall, no ctypes per tick);
+      into this process once, then read as memory (no syscall, no ctypes per tick; one
+      ``BPF_MAP_LOOKUP_BATCH`` per read where the mapping is refused);
     - a per-CPU array of ``slots`` u64 (kernels before 5.5): one ``BPF_MAP_LOOKUP_BATCH`` per read.
     """
 
@@ -257,13 +258,18 @@ class Counters:
         info = self.map.info
         self._mm: mmap.mmap | None = None
         self._view: memoryview | None = None
-        if info.type == MAP_TYPE_ARRAY and info.flags & BPF_F_MMAPABLE:
+        self.rows = info.type == MAP_TYPE_ARRAY
+        if self.rows:
             if info.value_size != 8 * slots:
                 raise BpfError(errno.EINVAL, f"counters rows are {info.value_size} bytes, expected {8 * slots}")
             size = info.value_size * info.max_entries
             length = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
-            self._mm = mmap.mmap(fd, length, mmap.MAP_SHARED, mmap.PROT_READ)
-            self._view = memoryview(self._mm)[:size].cast("Q")
+            if info.flags & BPF_F_MMAPABLE:
+                try:
+                    self._mm = mmap.mmap(fd, length, mmap.MAP_SHARED, mmap.PROT_READ)
+                    self._view = memoryview(self._mm)[:size].cast("Q")
+                except OSError:   # e.g. refused by a security module: read the rows with a syscall
+                    self._mm = None
         elif not (info.type == MAP_TYPE_PERCPU_ARRAY and info.value_size == 8):
             raise BpfError(errno.EINVAL, f"counters map of type {info.type} is neither layout")
 
@@ -277,6 +283,12 @@ class Counters:
             n = self.slots
             return [sum(v[i::n]) for i in range(n)]
         totals = [0] * self.slots
+        if self.rows:
+            fmt = f"<{self.slots}Q"
+            for _k, val in self.map.items():
+                for i, x in enumerate(struct.unpack_from(fmt, val)):
+                    totals[i] += x
+            return totals
         for k, val in self.map.items():
             idx = struct.unpack("<I", k)[0]
             if idx < self.slots:

@@ -15,7 +15,8 @@ def add_agent_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--write-every", type=float, default=5.0, metavar="SECONDS",
                    help="write ticks to the store in one transaction every this many seconds (default 5; "
                         "0 = every tick). /metrics is current every tick either way; the store, and the "
-                        "dashboard and stored-data triggers that read it, trail by up to this much")
+                        "dashboard and stored-data triggers that read it, trail by up to this much, and "
+                        "a killed agent (SIGKILL, OOM) loses the ticks not written yet (SIGTERM writes them)")
     p.add_argument("--node", default=socket.gethostname(), help="node name the samples are stored under "
                    "(default: this host's name)")
     p.add_argument("--scrape", action="append", default=[], metavar="URL",
@@ -97,7 +98,10 @@ def cmd_agent(args: argparse.Namespace) -> int:
     if cfg.huge_pages:   # before the agent starts any thread: the code is swapped while nothing else runs
         from agent import hugepages
 
-        logging.getLogger("triscope.agent").info("%s", hugepages.describe(hugepages.remap_text(), None))
+        try:
+            logging.getLogger("triscope.agent").info("%s", hugepages.describe(hugepages.remap_text(), None))
+        except Exception as e:  # noqa: BLE001 - an optimisation never stops the agent
+            logging.getLogger("triscope.agent").warning("huge pages for the interpreter's code: %s", e)
     agent = Agent(cfg)
     signal.signal(signal.SIGTERM, lambda *_: agent.stop())
     try:
