@@ -30,15 +30,17 @@ copy stays; the agent's RSS grew by 1-2 MB, as the file pages it replaces were r
 heap grows by at most the unused quarter of the ranges it collapses.  The moved code shows as an
 anonymous mapping in ``/proc/PID/maps``, so ``perf`` and ``gdb`` cannot name the interpreter's C
 functions in it, and uprobes on the interpreter no longer fire in the agent (Python-level tools
-are not affected).  ``triscope agent --no-huge-pages`` turns both steps off.
+are not affected).  ``triscope agent --no-huge-pages`` turns all three steps off.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
 import platform
+import sys
 import threading
 from dataclasses import dataclass
 
@@ -50,6 +52,7 @@ PROT_READ, PROT_WRITE, PROT_EXEC = 1, 2, 4
 MAP_PRIVATE, MAP_ANONYMOUS = 0x02, 0x20
 MREMAP_MAYMOVE, MREMAP_FIXED = 1, 2
 MAP_FAILED = ctypes.c_void_p(-1).value
+PR_SET_NAME = 15
 
 THP_DIR = "/sys/kernel/mm/transparent_hugepage"
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -289,6 +292,67 @@ def remap_text() -> TextResult:
             if raw + n + huge > stage + n:
                 libc.munmap(stage + n, raw + n + huge - (stage + n))
     return TextResult(code.path, n, anon_huge_bytes(start, end))
+
+
+HEAP_ENV = {"PYTHONMALLOC": "malloc", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1:glibc.malloc.arena_max=1"}
+REEXEC_MARK = "TRISCOPE_HEAP_REEXEC"   # set across the execv; removed again once the new image runs
+
+
+def heap_reexec_blocker(environ: os._Environ[str] | dict[str, str] | None = None) -> str | None:
+    """Why the agent does not start itself again with the compact heap, or None."""
+    env = os.environ if environ is None else environ
+    if env.get(REEXEC_MARK):
+        return "already started with the compact heap"
+    why = _supported()
+    if why:
+        return why
+    if platform.libc_ver()[0] != "glibc":
+        return "not glibc: its malloc tunables are what put the heap on huge pages"
+    chosen = [k for k in HEAP_ENV if k in env]
+    if chosen:
+        return f"{' and '.join(chosen)} already set by the operator: left as it is"
+    if sys.flags.ignore_environment:
+        return "python runs with -E/-I: PYTHONMALLOC would be ignored"
+    if not sys.executable or not getattr(sys, "orig_argv", None):
+        return "cannot tell how this interpreter was started"
+    return None
+
+
+def reexec_for_heap() -> str:
+    """Start this program again in the same process with every Python object on glibc's heap,
+    which sits on huge pages (module docstring).  Returns (with the reason) only when it does not."""
+    why = heap_reexec_blocker()
+    if why:
+        return why
+    try:   # the name ps/pgrep show ("triscope", from the script): execve of the interpreter would say "python"
+        with open("/proc/self/comm") as f:
+            comm = f.read().strip() or "1"
+    except OSError:
+        comm = "1"
+    env = dict(os.environ, **HEAP_ENV, **{REEXEC_MARK: comm})
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execve(sys.executable, sys.orig_argv, env)
+    except OSError as e:
+        return f"execve {sys.executable}: {e.strerror or e}"
+    return "unreachable"   # pragma: no cover - execve does not return on success
+
+
+def after_heap_reexec() -> bool:
+    """In the restarted image: True when it runs with the compact heap.  The variables are taken
+    out of os.environ again, so the programs the agent starts (the probe loader, npu-smi) see the
+    operator's environment."""
+    comm = os.environ.pop(REEXEC_MARK, None)
+    if not comm:
+        return False
+    for k in HEAP_ENV:
+        os.environ.pop(k, None)
+    if comm != "1":
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_NAME, ctypes.c_char_p(comm.encode()[:15]), 0, 0, 0)
+    return True
 
 
 def describe(text: TextResult | None, heap: HeapResult | None) -> str:

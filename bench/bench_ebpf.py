@@ -364,6 +364,100 @@ def page_touch_cost(quick: bool) -> list[Row]:
     return [Row("agent memory", label, round(out["2m"]), "ns/page", "", "4 KiB pages", round(out["4k"]))]
 
 
+def _pages_referenced(pid: int) -> tuple[int, int]:
+    """(4 KiB pages, 2 MiB pages) with their accessed bit set since the last clear_refs, from
+    /proc/PID/smaps.  Within a mapping, referenced huge pages are counted first (Referenced is in
+    whole huge pages for them), so the 4 KiB count is a lower bound."""
+    small = huge = 0
+    ref = ahp = 0
+
+    def flush() -> None:
+        nonlocal small, huge
+        h = min(ahp, ref) // 2048 * 2048
+        huge += h // 2048
+        small += (ref - h) // 4
+
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            head = line.split(maxsplit=1)[0]
+            if not head.endswith(":"):          # a new mapping's header line
+                flush()
+                ref = ahp = 0
+            elif head == "Referenced:":
+                ref = int(line.split()[1])
+            elif head == "AnonHugePages:":
+                ahp = int(line.split()[1])
+    flush()
+    return small, huge
+
+
+def pages_touched(quick: bool) -> list[Row]:
+    """Distinct pages one tick touches, the figure the CPU of a tick follows where the host ages
+    guest memory (row ``agent memory``: re-touch cost per page): three agents side by side (all
+    collectors, 1 s interval, /metrics scraped 1/s), each second their accessed bits cleared
+    (``/proc/PID/clear_refs``) and counted one second later (``/proc/PID/smaps``).  The same on
+    any host, unlike the CPU figure."""
+    triscope = ROOT / ".venv" / "bin" / "triscope"
+    if not triscope.exists():
+        return [Row("agent memory", "triscope agent not installed", float("nan"), "", ok=False)]
+    variants = {   # label -> (extra args, extra environment)
+        "code, heap and objects on huge pages (default)": ([], {}),
+        "objects left in pymalloc arenas (PYTHONMALLOC=pymalloc)": ([], {"PYTHONMALLOC": "pymalloc"}),
+        "--no-huge-pages": (["--no-huge-pages"], {}),
+    }
+    settle = 20.0 if quick else 65.0   # past tick 60, when the agent advises its heap the second time
+    reps = 5 if quick else 10
+    procs: dict[str, tuple[subprocess.Popen, int]] = {}
+    got: dict[str, list[tuple[int, int]]] = {k: [] for k in variants}
+    with tempfile.TemporaryDirectory() as td:
+        try:
+            for i, (label, (extra, env)) in enumerate(variants.items()):
+                port = _free_port()
+                db = f"sqlite:///{td}/{i}.db"
+                subprocess.run([str(triscope), "db", "upgrade", "--db", db], check=True, capture_output=True)
+                procs[label] = (subprocess.Popen(
+                    [str(triscope), "agent", "--db", db, "--interval", "1", "--spool", f"{td}/spool{i}",
+                     "--listen", f"127.0.0.1:{port}", "--no-migrate", "--duration", str(int(settle + 3 * reps + 60)),
+                     *extra], env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=td),
+                    port)
+            for label, (_p, port) in procs.items():
+                if not _wait_port(port, 60):
+                    return [Row("agent memory", f"agent ({label}) did not serve /metrics", float("nan"), "", ok=False)]
+            t_end = time.monotonic() + settle
+            while time.monotonic() < t_end:
+                for _p, port in procs.values():
+                    _scrape(port)
+                time.sleep(1)
+            for _ in range(reps):
+                for p, _port in procs.values():
+                    with open(f"/proc/{p.pid}/clear_refs", "w") as f:
+                        f.write("1")
+                t0 = time.monotonic()
+                for _p, port in procs.values():
+                    _scrape(port)
+                time.sleep(max(0.0, 1.0 - (time.monotonic() - t0)))
+                for label, (p, _port) in procs.items():
+                    got[label].append(_pages_referenced(p.pid))
+        except OSError as e:   # clear_refs needs ptrace rights over the agent (root, or the same user)
+            return [Row("agent memory", f"pages touched: {e}", float("nan"), "", ok=False)]
+        finally:
+            for p, _port in procs.values():
+                p.terminate()
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+    med = {k: (statistics.median(s for s, _ in v), statistics.median(h for _, h in v)) for k, v in got.items()}
+    base = med["--no-huge-pages"]
+    rows = []
+    for label in list(variants)[:2]:
+        small, huge = med[label]
+        rows.append(Row("agent memory", f"pages one 1 s tick touches, 4 KiB + 2 MiB ({small:.0f} + {huge:.0f}; median "
+                        f"of {reps}): {label}", small + huge, "pages", "", f"--no-huge-pages ({base[0]:.0f} + {base[1]:.0f})",
+                        base[0] + base[1]))
+    return rows
+
+
 def run(quick: bool = False) -> list[Row]:
     """Kernel cost per event, start-to-attached, tick cost awake vs after a sleep, and agent vs
     node_exporter footprint (60 s each)."""
@@ -372,6 +466,7 @@ def run(quick: bool = False) -> list[Row]:
     rows += attach_time(quick)
     rows += tick_wakeup_cost(quick)
     rows += page_touch_cost(quick)
+    rows += pages_touched(quick)
     rows += footprint(quick, no_migrate=True)   # how a fleet runs it: schema upgraded once by a job
     rows += footprint(quick)                    # `triscope agent` as is: Alembic upgrade at start
     return rows

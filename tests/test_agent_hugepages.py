@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -94,3 +95,58 @@ def test_dense_heap_goes_onto_huge_pages_sparse_mappings_do_not() -> None:
         gc.collect()
         dense.close()
         sparse.close()
+
+
+def test_heap_reexec_respects_the_operator_and_runs_once() -> None:
+    base = {"PATH": "/usr/bin"}
+    assert "PYTHONMALLOC already set" in (hp.heap_reexec_blocker({**base, "PYTHONMALLOC": "pymalloc"}) or "")
+    assert "GLIBC_TUNABLES already set" in (hp.heap_reexec_blocker({**base, "GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}) or "")
+    assert "already started" in (hp.heap_reexec_blocker({**base, hp.REEXEC_MARK: "triscope"}) or "")
+
+
+def test_restarted_image_gives_children_the_operators_environment_and_keeps_its_name() -> None:
+    """What the restarted agent does first: drop the heap variables from os.environ (the probe
+    loader and npu-smi it starts run as the operator started the agent) and take back its name."""
+    code = (
+        "import os, subprocess\n"
+        "from agent import hugepages as hp\n"
+        "ok = hp.after_heap_reexec()\n"
+        "child = subprocess.run(['env'], capture_output=True, text=True).stdout\n"
+        "print(ok, open('/proc/self/comm').read().strip(), 'PYTHONMALLOC' in child, 'GLIBC_TUNABLES' in child,\n"
+        "      hp.REEXEC_MARK in child)\n"
+    )
+    env = {**os.environ, **hp.HEAP_ENV, hp.REEXEC_MARK: "triscope"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "triscope", "False", "False", "False"]
+
+
+@pytest.mark.skipif(hp.heap_reexec_blocker({}) is not None, reason="no compact heap on this host (THP off or not glibc)")
+@pytest.mark.parametrize("operator_env", [{}, {"PYTHONMALLOC": "pymalloc"}])
+def test_agent_starts_again_with_objects_on_the_huge_page_heap(tmp_path: Path, operator_env: dict[str, str]) -> None:
+    """`triscope agent` as an operator starts it: same PID and name after the restart, the log says
+    which heap it runs on, and an operator's own PYTHONMALLOC is left alone."""
+    import time
+
+    env = {k: v for k, v in os.environ.items() if k not in hp.HEAP_ENV and k != hp.REEXEC_MARK}
+    triscope = Path(sys.executable).parent / "triscope"
+    p = subprocess.Popen([str(triscope), "agent", "--db", f"sqlite:///{tmp_path}/t.db", "--listen", "off", "--no-ebpf",
+                          "--spool", str(tmp_path / "spool"), "--duration", "4"],
+                         env={**env, **operator_env}, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    seen = set()
+    deadline = time.monotonic() + 30
+    while p.poll() is None and time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{p.pid}/environ", "rb") as f, open(f"/proc/{p.pid}/comm") as c:
+                seen.add((b"PYTHONMALLOC=malloc" in f.read(), c.read().strip()))
+        except OSError:
+            pass
+        time.sleep(0.05)
+    _out, err = p.communicate(timeout=30)
+    assert p.returncode == 0, err
+    if operator_env:
+        assert "PYTHONMALLOC already set by the operator" in err, err
+        assert (True, "triscope") not in seen
+    else:
+        assert "Python objects on glibc's heap" in err, err
+        assert (True, "triscope") in seen        # the same process (PID), restarted with the compact heap, same name

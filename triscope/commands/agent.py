@@ -36,9 +36,11 @@ def add_agent_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sys", default="/sys", help=argparse.SUPPRESS)
     p.add_argument("--no-migrate", action="store_true", help="do not upgrade the schema at start")
     p.add_argument("--no-huge-pages", action="store_true",
-                   help="do not move the interpreter's code and the heap onto transparent huge pages (on by "
-                        "default: it makes each tick touch far fewer pages; the cost is 1-2 MB of memory and "
-                        "that perf/gdb cannot name the interpreter's C functions)")
+                   help="do not move the interpreter's code, the heap and the Python objects onto transparent "
+                        "huge pages (on by default: a tick touches about 4x fewer pages. The agent starts itself "
+                        "again once, same PID, with PYTHONMALLOC=malloc and glibc's malloc on huge pages unless "
+                        "PYTHONMALLOC or GLIBC_TUNABLES is set; the cost is 2-4 MB of memory and that perf/gdb "
+                        "cannot name the interpreter's C functions)")
     p.add_argument("--no-retention", action="store_true",
                    help="do not run the hourly retention job (in a fleet, one maintenance job does it for all)")
 
@@ -98,6 +100,13 @@ def cmd_agent(args: argparse.Namespace) -> int:
     if cfg.huge_pages:   # before the agent starts any thread: the code is swapped while nothing else runs
         from agent import hugepages
 
+        restarted = hugepages.after_heap_reexec()
+        if not restarted:
+            why = hugepages.reexec_for_heap()   # returns only when the agent was not started again
+            logging.getLogger("triscope.agent").info("huge pages: Python objects stay in pymalloc arenas (%s)", why)
+        else:
+            logging.getLogger("triscope.agent").info(
+                "huge pages: Python objects on glibc's heap (PYTHONMALLOC=malloc, glibc.malloc.hugetlb=1)")
         try:
             logging.getLogger("triscope.agent").info("%s", hugepages.describe(hugepages.remap_text(), None))
         except Exception as e:  # noqa: BLE001 - an optimisation never stops the agent
