@@ -150,3 +150,15 @@ def test_agent_starts_again_with_objects_on_the_huge_page_heap(tmp_path: Path, o
     else:
         assert "Python objects on glibc's heap" in err, err
         assert (True, "triscope") in seen        # the same process (PID), restarted with the compact heap, same name
+
+
+def test_agent_run_from_another_program_is_not_started_again(tmp_path: Path) -> None:
+    """main(["agent", ...]) inside another program must not execv that program's command line."""
+    env = {k: v for k, v in os.environ.items() if k not in hp.HEAP_ENV and k != hp.REEXEC_MARK}
+    code = ("import os, sys\nfrom triscope.cli import main\nprint('pid', os.getpid(), flush=True)\n"
+            f"rc = main(['agent', '--db', 'sqlite:///{tmp_path}/t.db', '--listen', 'off', '--no-ebpf', "
+            f"'--spool', '{tmp_path}/spool', '--duration', '2'])\nprint('rc', rc)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("pid ") == 1 and "rc 0" in out.stdout, out.stdout
+    assert "called from another program" in out.stderr, out.stderr

@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     from triscope.errors import UserError as _UserError  # the one class, also under "python -m triscope.cli"
 
     parser = build_parser()
+    own_command_line = argv is None   # the process can start itself again with the same arguments
     argv = list(sys.argv[1:] if argv is None else argv)
     # -v / -vv / --verbose work before or after the subcommand
     verbosity = 0
@@ -73,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             rest.append(a)
     args = parser.parse_args(rest)
     args.verbose = max(args.verbose, verbosity)
+    args.own_command_line = own_command_line
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -102,7 +102,9 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
         restarted = hugepages.after_heap_reexec()
         if not restarted:
-            why = hugepages.reexec_for_heap()   # returns only when the agent was not started again
+            # returns only when the agent was not started again (never from main(argv) inside another program)
+            why = (hugepages.reexec_for_heap() if getattr(args, "own_command_line", False)
+                   else "called from another program, not started from the command line")
             logging.getLogger("triscope.agent").info("huge pages: Python objects stay in pymalloc arenas (%s)", why)
         else:
             logging.getLogger("triscope.agent").info(
