@@ -6,7 +6,7 @@ pages, each reached through its own TLB entry, and on a VM each page is also rea
 the host's (EPT) page tables.  Where the host ages guest memory, a page left alone for a second
 is expensive to touch again: measured on this project's CI VMs, 2.5-9 µs per 4 KiB page after a
 1 s pause (growing with the pause, also when the vCPU stays busy), 0.5 µs per page inside a
-2 MiB huge page (``bench/bench_ebpf.py``, row ``agent memory``, prints both).  Two steps move the
+2 MiB huge page (``bench/bench_ebpf.py``, row ``agent memory``, prints both).  Three steps move the
 agent's working set onto 2 MiB pages:
 
 - ``advise_heap()``: ``madvise(MADV_HUGEPAGE)`` on the densely used 2 MiB ranges of the
@@ -23,6 +23,14 @@ agent's working set onto 2 MiB pages:
   pages inside the object's read-only span are moved; they become read+execute as one mapping
   (a huge page has one protection), so the ELF header and part of the read-only data in those
   pages become executable.  It runs only while the process has a single thread.
+- ``reexec_for_heap()``: CPython's own allocator (pymalloc) keeps small objects in 1 MiB arenas,
+  each its own ``mmap`` at an address no 2 MiB page covers, so they stay on 4 KiB pages (about
+  half of the pages a tick touched).  ``triscope agent`` starts itself again, once, in the same
+  process (``execve``: same PID; the name ``ps`` shows is set back) with ``PYTHONMALLOC=malloc``
+  and ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1:glibc.malloc.arena_max=1``: every object then lives
+  in glibc's one heap, which glibc grows in huge-page steps and marks ``MADV_HUGEPAGE``.  Skipped
+  when the operator set ``PYTHONMALLOC`` or a ``glibc.malloc`` tunable, before glibc 2.35, off
+  glibc, under ``python -E``/``-I``, and when ``triscope.cli.main()`` runs inside another program.
 
 Costs: the moved code (4 MiB for Debian's ``python3.11``) becomes private memory of the process
 (charged to its cgroup, kept without swap, written to core dumps) while the file's page-cache
@@ -37,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import logging
 import os
 import platform
@@ -294,8 +303,26 @@ def remap_text() -> TextResult:
     return TextResult(code.path, n, anon_huge_bytes(start, end))
 
 
-HEAP_ENV = {"PYTHONMALLOC": "malloc", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1:glibc.malloc.arena_max=1"}
+HEAP_MALLOC = "malloc"
+HEAP_TUNABLES = "glibc.malloc.hugetlb=1:glibc.malloc.arena_max=1"
+HEAP_ENV = {"PYTHONMALLOC": HEAP_MALLOC, "GLIBC_TUNABLES": HEAP_TUNABLES}
 REEXEC_MARK = "TRISCOPE_HEAP_REEXEC"   # set across the execv; removed again once the new image runs
+GLIBC_HUGETLB = (2, 35)                # the first glibc with the glibc.malloc.hugetlb tunable
+
+
+def glibc_version() -> tuple[int, int] | None:
+    """(major, minor) of the C library this process runs on when it is glibc, else None."""
+    try:
+        name, _, ver = (os.confstr("CS_GNU_LIBC_VERSION") or "").partition(" ")   # "glibc 2.36"
+    except (ValueError, OSError, AttributeError):
+        return None
+    if name != "glibc":
+        return None
+    try:
+        major, minor = (int(x) for x in ver.split(".")[:2])
+    except ValueError:
+        return None
+    return major, minor
 
 
 def heap_reexec_blocker(environ: os._Environ[str] | dict[str, str] | None = None) -> str | None:
@@ -303,14 +330,18 @@ def heap_reexec_blocker(environ: os._Environ[str] | dict[str, str] | None = None
     env = os.environ if environ is None else environ
     if env.get(REEXEC_MARK):
         return "already started with the compact heap"
+    if "PYTHONMALLOC" in env:
+        return "PYTHONMALLOC already set by the operator: left as it is"
+    if "glibc.malloc." in env.get("GLIBC_TUNABLES", ""):
+        return "GLIBC_TUNABLES already sets glibc.malloc tunables: left as it is"
     why = _supported()
     if why:
         return why
-    if platform.libc_ver()[0] != "glibc":
+    ver = glibc_version()
+    if ver is None:
         return "not glibc: its malloc tunables are what put the heap on huge pages"
-    chosen = [k for k in HEAP_ENV if k in env]
-    if chosen:
-        return f"{' and '.join(chosen)} already set by the operator: left as it is"
+    if ver < GLIBC_HUGETLB:
+        return f"glibc {ver[0]}.{ver[1]} has no glibc.malloc.hugetlb tunable (2.35 and later)"
     if sys.flags.ignore_environment:
         return "python runs with -E/-I: PYTHONMALLOC would be ignored"
     if not sys.executable or not getattr(sys, "orig_argv", None):
@@ -326,12 +357,17 @@ def reexec_for_heap() -> str:
         return why
     try:   # the name ps/pgrep show ("triscope", from the script): execve of the interpreter would say "python"
         with open("/proc/self/comm") as f:
-            comm = f.read().strip() or "1"
+            comm = f.read().strip()
     except OSError:
-        comm = "1"
-    env = dict(os.environ, **HEAP_ENV, **{REEXEC_MARK: comm})
-    sys.stdout.flush()
-    sys.stderr.flush()
+        comm = ""
+    tunables = os.environ.get("GLIBC_TUNABLES")   # the operator's own (none of glibc.malloc): kept, ours appended
+    mark = json.dumps({"comm": comm, "tunables": tunables})
+    env = dict(os.environ, PYTHONMALLOC=HEAP_MALLOC, **{REEXEC_MARK: mark},
+               GLIBC_TUNABLES=f"{tunables}:{HEAP_TUNABLES}" if tunables else HEAP_TUNABLES)
+    for stream in (sys.stdout, sys.stderr):   # None when the agent was started with the descriptor closed
+        if stream is not None:
+            with contextlib.suppress(Exception):
+                stream.flush()
     try:
         os.execve(sys.executable, sys.orig_argv, env)
     except OSError as e:
@@ -340,15 +376,24 @@ def reexec_for_heap() -> str:
 
 
 def after_heap_reexec() -> bool:
-    """In the restarted image: True when it runs with the compact heap.  The variables are taken
-    out of os.environ again, so the programs the agent starts (the probe loader, npu-smi) see the
-    operator's environment."""
-    comm = os.environ.pop(REEXEC_MARK, None)
-    if not comm:
+    """In the restarted image: True when it runs with the compact heap.  The variables are set
+    back to the operator's (PYTHONMALLOC removed, GLIBC_TUNABLES as it was), so the programs the
+    agent starts (the probe loader, npu-smi) see the operator's environment."""
+    raw = os.environ.pop(REEXEC_MARK, None)
+    if not raw:
         return False
-    for k in HEAP_ENV:
-        os.environ.pop(k, None)
-    if comm != "1":
+    try:
+        mark = json.loads(raw)
+    except ValueError:
+        mark = {}
+    os.environ.pop("PYTHONMALLOC", None)
+    tunables = mark.get("tunables") if isinstance(mark, dict) else None
+    if tunables:
+        os.environ["GLIBC_TUNABLES"] = tunables
+    else:
+        os.environ.pop("GLIBC_TUNABLES", None)
+    comm = mark.get("comm") if isinstance(mark, dict) else None
+    if comm:
         with contextlib.suppress(OSError, AttributeError):
             libc = ctypes.CDLL(None, use_errno=True)
             libc.prctl(PR_SET_NAME, ctypes.c_char_p(comm.encode()[:15]), 0, 0, 0)

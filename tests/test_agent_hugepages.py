@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -100,8 +101,20 @@ def test_dense_heap_goes_onto_huge_pages_sparse_mappings_do_not() -> None:
 def test_heap_reexec_respects_the_operator_and_runs_once() -> None:
     base = {"PATH": "/usr/bin"}
     assert "PYTHONMALLOC already set" in (hp.heap_reexec_blocker({**base, "PYTHONMALLOC": "pymalloc"}) or "")
-    assert "GLIBC_TUNABLES already set" in (hp.heap_reexec_blocker({**base, "GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}) or "")
-    assert "already started" in (hp.heap_reexec_blocker({**base, hp.REEXEC_MARK: "triscope"}) or "")
+    assert "glibc.malloc tunables" in (hp.heap_reexec_blocker({**base, "GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}) or "")
+    # an unrelated tunable of the operator's does not stop it (ours are appended to it)
+    assert "GLIBC_TUNABLES" not in (hp.heap_reexec_blocker({**base, "GLIBC_TUNABLES": "glibc.pthread.rseq=0"}) or "")
+    assert "already started" in (hp.heap_reexec_blocker({**base, hp.REEXEC_MARK: "{}"}) or "")
+
+
+def test_glibc_version_gate() -> None:
+    import platform
+
+    ver = hp.glibc_version()
+    if platform.libc_ver()[0] == "glibc":
+        assert ver is not None and ver >= (2, 17)
+    else:
+        assert ver is None
 
 
 def test_restarted_image_gives_children_the_operators_environment_and_keeps_its_name() -> None:
@@ -115,10 +128,17 @@ def test_restarted_image_gives_children_the_operators_environment_and_keeps_its_
         "print(ok, open('/proc/self/comm').read().strip(), 'PYTHONMALLOC' in child, 'GLIBC_TUNABLES' in child,\n"
         "      hp.REEXEC_MARK in child)\n"
     )
-    env = {**os.environ, **hp.HEAP_ENV, hp.REEXEC_MARK: "triscope"}
+    env = {**os.environ, **hp.HEAP_ENV, hp.REEXEC_MARK: json.dumps({"comm": "triscope", "tunables": None})}
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True", "triscope", "False", "False", "False"]
+    # the operator's own tunables come back as they were
+    code2 = ("import os\nfrom agent import hugepages as hp\nhp.after_heap_reexec()\n"
+             "print(os.environ.get('GLIBC_TUNABLES'), os.environ.get('PYTHONMALLOC'))\n")
+    env = {**os.environ, "PYTHONMALLOC": "malloc", "GLIBC_TUNABLES": f"glibc.pthread.rseq=0:{hp.HEAP_TUNABLES}",
+           hp.REEXEC_MARK: json.dumps({"comm": "", "tunables": "glibc.pthread.rseq=0"})}
+    out = subprocess.run([sys.executable, "-c", code2], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["glibc.pthread.rseq=0", "None"], out.stderr
 
 
 @pytest.mark.skipif(hp.heap_reexec_blocker({}) is not None, reason="no compact heap on this host (THP off or not glibc)")
@@ -134,15 +154,20 @@ def test_agent_starts_again_with_objects_on_the_huge_page_heap(tmp_path: Path, o
                           "--spool", str(tmp_path / "spool"), "--duration", "4"],
                          env={**env, **operator_env}, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     seen = set()
-    deadline = time.monotonic() + 30
-    while p.poll() is None and time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{p.pid}/environ", "rb") as f, open(f"/proc/{p.pid}/comm") as c:
-                seen.add((b"PYTHONMALLOC=malloc" in f.read(), c.read().strip()))
-        except OSError:
-            pass
-        time.sleep(0.05)
-    _out, err = p.communicate(timeout=30)
+    try:
+        deadline = time.monotonic() + 30
+        while p.poll() is None and time.monotonic() < deadline:
+            try:
+                with open(f"/proc/{p.pid}/environ", "rb") as f, open(f"/proc/{p.pid}/comm") as c:
+                    seen.add((b"PYTHONMALLOC=malloc" in f.read(), c.read().strip()))
+            except OSError:
+                pass
+            time.sleep(0.05)
+        _out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
     assert p.returncode == 0, err
     if operator_env:
         assert "PYTHONMALLOC already set by the operator" in err, err
@@ -162,3 +187,16 @@ def test_agent_run_from_another_program_is_not_started_again(tmp_path: Path) -> 
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("pid ") == 1 and "rc 0" in out.stdout, out.stdout
     assert "called from another program" in out.stderr, out.stderr
+
+
+@pytest.mark.skipif(hp.heap_reexec_blocker({}) is not None, reason="no compact heap on this host (THP off or not glibc)")
+def test_agent_with_stdout_closed_still_starts_again(tmp_path: Path) -> None:
+    """Some launchers start daemons with descriptor 1 closed (sys.stdout is None then)."""
+    env = {k: v for k, v in os.environ.items() if k not in hp.HEAP_ENV and k != hp.REEXEC_MARK}
+    triscope = Path(sys.executable).parent / "triscope"
+    cmd = (f"exec 1>&-; exec {triscope} agent --db sqlite:///{tmp_path}/t.db --listen off --no-ebpf "
+           f"--spool {tmp_path}/spool --duration 2")
+    out = subprocess.run(["sh", "-c", cmd], env=env, capture_output=False, stderr=subprocess.PIPE, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "Python objects on glibc's heap" in out.stderr, out.stderr

@@ -59,7 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     from triscope.errors import UserError as _UserError  # the one class, also under "python -m triscope.cli"
 
     parser = build_parser()
-    own_command_line = argv is None   # the process can start itself again with the same arguments
+    # the process may start itself again with its own command line (triscope agent): only when
+    # these arguments are that command line's, not a wrapper's that called main()
+    orig = getattr(sys, "orig_argv", [])
+    own_command_line = argv is None and len(sys.argv) >= 1 and orig[len(orig) - len(sys.argv) + 1:] == sys.argv[1:]
     argv = list(sys.argv[1:] if argv is None else argv)
     # -v / -vv / --verbose work before or after the subcommand
     verbosity = 0

@@ -36,11 +36,12 @@ def add_agent_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sys", default="/sys", help=argparse.SUPPRESS)
     p.add_argument("--no-migrate", action="store_true", help="do not upgrade the schema at start")
     p.add_argument("--no-huge-pages", action="store_true",
-                   help="do not move the interpreter's code, the heap and the Python objects onto transparent "
-                        "huge pages (on by default: a tick touches about 4x fewer pages. The agent starts itself "
-                        "again once, same PID, with PYTHONMALLOC=malloc and glibc's malloc on huge pages unless "
-                        "PYTHONMALLOC or GLIBC_TUNABLES is set; the cost is 2-4 MB of memory and that perf/gdb "
-                        "cannot name the interpreter's C functions)")
+                   help="do not put the agent's memory on transparent huge pages: the dense parts of its heap "
+                        "and, in 'triscope agent', the interpreter's code and the Python objects, for which the "
+                        "agent starts itself again once (same PID) with PYTHONMALLOC=malloc and glibc's malloc "
+                        "on huge pages unless PYTHONMALLOC or a glibc.malloc tunable is set. On by default: a "
+                        "tick touches about 4x fewer pages; the cost is 2-4 MB of memory and that perf/gdb "
+                        "cannot name the interpreter's C functions")
     p.add_argument("--no-retention", action="store_true",
                    help="do not run the hourly retention job (in a fleet, one maintenance job does it for all)")
 
