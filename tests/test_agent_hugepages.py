@@ -98,6 +98,11 @@ def test_dense_heap_goes_onto_huge_pages_sparse_mappings_do_not() -> None:
         sparse.close()
 
 
+def _operator_env() -> dict[str, str]:
+    """This environment without the heap variables: as an operator who set none of them."""
+    return {k: v for k, v in os.environ.items() if k not in hp.HEAP_ENV and k != hp.REEXEC_MARK}
+
+
 def test_heap_reexec_respects_the_operator_and_runs_once() -> None:
     base = {"PATH": "/usr/bin"}
     assert "PYTHONMALLOC already set" in (hp.heap_reexec_blocker({**base, "PYTHONMALLOC": "pymalloc"}) or "")
@@ -148,7 +153,7 @@ def test_agent_starts_again_with_objects_on_the_huge_page_heap(tmp_path: Path, o
     which heap it runs on, and an operator's own PYTHONMALLOC is left alone."""
     import time
 
-    env = {k: v for k, v in os.environ.items() if k not in hp.HEAP_ENV and k != hp.REEXEC_MARK}
+    env = _operator_env()
     triscope = Path(sys.executable).parent / "triscope"
     p = subprocess.Popen([str(triscope), "agent", "--db", f"sqlite:///{tmp_path}/t.db", "--listen", "off", "--no-ebpf",
                           "--spool", str(tmp_path / "spool"), "--duration", "4"],
@@ -179,7 +184,7 @@ def test_agent_starts_again_with_objects_on_the_huge_page_heap(tmp_path: Path, o
 
 def test_agent_run_from_another_program_is_not_started_again(tmp_path: Path) -> None:
     """main(["agent", ...]) inside another program must not execv that program's command line."""
-    env = {k: v for k, v in os.environ.items() if k not in hp.HEAP_ENV and k != hp.REEXEC_MARK}
+    env = _operator_env()
     code = ("import os, sys\nfrom triscope.cli import main\nprint('pid', os.getpid(), flush=True)\n"
             f"rc = main(['agent', '--db', 'sqlite:///{tmp_path}/t.db', '--listen', 'off', '--no-ebpf', "
             f"'--spool', '{tmp_path}/spool', '--duration', '2'])\nprint('rc', rc)\n")
@@ -192,7 +197,7 @@ def test_agent_run_from_another_program_is_not_started_again(tmp_path: Path) -> 
 @pytest.mark.skipif(hp.heap_reexec_blocker({}) is not None, reason="no compact heap on this host (THP off or not glibc)")
 def test_agent_with_stdout_closed_still_starts_again(tmp_path: Path) -> None:
     """Some launchers start daemons with descriptor 1 closed (sys.stdout is None then)."""
-    env = {k: v for k, v in os.environ.items() if k not in hp.HEAP_ENV and k != hp.REEXEC_MARK}
+    env = _operator_env()
     triscope = Path(sys.executable).parent / "triscope"
     cmd = (f"exec 1>&-; exec {triscope} agent --db sqlite:///{tmp_path}/t.db --listen off --no-ebpf "
            f"--spool {tmp_path}/spool --duration 2")

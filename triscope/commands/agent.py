@@ -87,9 +87,25 @@ def build_config(args: argparse.Namespace, listen: tuple[str, int] | None):
                        huge_pages=not args.no_huge_pages, options=opts)
 
 
+def _compact_heap(args: argparse.Namespace) -> str | None:
+    """First thing the agent does, before its heavy imports: start itself again with the Python
+    objects on glibc's huge-page heap (agent/hugepages.py), or say why not.  Returns the log line."""
+    if args.no_huge_pages:
+        return None
+    from agent import hugepages
+
+    if hugepages.after_heap_reexec():
+        return "Python objects on glibc's heap (PYTHONMALLOC=malloc, glibc.malloc.hugetlb=1)"
+    # returns only when the agent was not started again (never from main(argv) inside another program)
+    why = (hugepages.reexec_for_heap() if getattr(args, "own_command_line", False)
+           else "called from another program, not started from the command line")
+    return f"Python objects not moved onto the huge-page heap ({why})"
+
+
 def cmd_agent(args: argparse.Namespace) -> int:
     import logging
 
+    heap_note = _compact_heap(args)
     from agent.runtime import Agent
     from triscope.cli import UserError
 
@@ -101,15 +117,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     if cfg.huge_pages:   # before the agent starts any thread: the code is swapped while nothing else runs
         from agent import hugepages
 
-        restarted = hugepages.after_heap_reexec()
-        if not restarted:
-            # returns only when the agent was not started again (never from main(argv) inside another program)
-            why = (hugepages.reexec_for_heap() if getattr(args, "own_command_line", False)
-                   else "called from another program, not started from the command line")
-            logging.getLogger("triscope.agent").info("huge pages: Python objects stay in pymalloc arenas (%s)", why)
-        else:
-            logging.getLogger("triscope.agent").info(
-                "huge pages: Python objects on glibc's heap (PYTHONMALLOC=malloc, glibc.malloc.hugetlb=1)")
+        logging.getLogger("triscope.agent").info("huge pages: %s", heap_note)
         try:
             logging.getLogger("triscope.agent").info("%s", hugepages.describe(hugepages.remap_text(), None))
         except Exception as e:  # noqa: BLE001 - an optimisation never stops the agent
