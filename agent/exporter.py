@@ -4,17 +4,15 @@ Only ``triscope_*`` metrics are exported (scraped application metrics stay with 
 application).  The process's own CPU and memory are ``triscope_process_*`` (the names of
 prometheus_client's ProcessCollector, read from one ``/proc/self/stat``).
 
-The HTTP side is one thread blocked in ``accept()``: no polling, no thread per request, no
-header parsing beyond the request line (the standard library's threading server polled twice a
-second and started a thread per scrape).
+The HTTP side is the shared server (``triscope.httpd``): one thread with an event loop for every
+connection, so no client can hold it (a whole-request deadline, bounded connections, small
+header limits); it sleeps in ``epoll`` between scrapes.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import socket
 import threading
 import time
 from collections import defaultdict
@@ -25,6 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from agent.collectors.base import OpenFiles
+from triscope.httpd import HttpServer, Limits, Request, Response
 from triscope.metrics import CATALOGUE, kind_of
 from triscope.samples import Sample
 
@@ -150,11 +149,9 @@ def make_sources() -> tuple[ProcessMetrics, TickCollector]:
     return ProcessMetrics(), TickCollector()
 
 
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
-
-
 class MetricsServer:
-    """/metrics over HTTP/1.x, one request per connection, served by the thread that accepts.
+    """/metrics over HTTP/1.1 on the shared server (``triscope.httpd``): concurrent connections,
+    each request under a whole-request deadline, connections bounded, small header limits, no body.
 
     The body is rendered once per tick at most and kept for ``max_age`` seconds.  Scraped about
     as often as the agent ticks, the agent renders it right after the tick, in the sampler's own
@@ -163,7 +160,7 @@ class MetricsServer:
     """
 
     def __init__(self, addr: tuple[str, int], process: ProcessMetrics | None, tick: TickCollector | None,
-                 max_age: float = 1.0) -> None:
+                 max_age: float = 1.0, limits: Limits | None = None) -> None:
         self.process = process
         self.tick = tick
         self.max_age = max_age
@@ -171,9 +168,9 @@ class MetricsServer:
         self._lock = threading.Lock()
         self._last_scrape: float | None = None
         self.scrape_gap: float | None = None   # seconds between the last two scrapes
-        self._stopped = False
-        self.sock = socket.create_server(addr)
-        self.server_address = self.sock.getsockname()
+        self.http = HttpServer(addr, self._handle, limits=limits or EXPORTER_LIMITS, name="metrics-http",
+                               methods=("GET", "HEAD"))
+        self.server_address = self.http.server_address
 
     def render(self) -> bytes:
         """Rendered once per tick (and at most once per ``max_age`` without ticks): scrapes are cheap."""
@@ -196,72 +193,41 @@ class MetricsServer:
         self.render()
         return True
 
-    def serve_forever(self) -> None:
-        while not self._stopped:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                if self._stopped:
-                    return
-                time.sleep(0.1)   # e.g. out of file descriptors: do not spin
-                continue
-            try:
-                conn.settimeout(5.0)   # a client that stalls holds the thread at most this long
-                self._handle(conn)
-            except OSError:
-                pass
-            except Exception as e:  # noqa: BLE001 - one bad request never stops the exporter
-                log.warning("/metrics request failed: %s", e)
-            finally:
-                conn.close()
-
-    def _handle(self, conn: socket.socket) -> None:
-        data = b""
-        while b"\r\n\r\n" not in data and b"\n\n" not in data:
-            chunk = conn.recv(8192)
-            if not chunk:
-                return
-            data += chunk
-            if len(data) > 65536:
-                self._send(conn, 400, b"request header too large\n")
-                return
-        parts = data.split(b"\n", 1)[0].decode("latin-1").split()
-        if len(parts) != 3 or not parts[2].startswith("HTTP/"):
-            self._send(conn, 400, b"malformed request line\n")
-            return
-        method, target = parts[0], parts[1]
-        if method not in ("GET", "HEAD"):
-            self._send(conn, 405, b"only GET /metrics is served here\n")
-            return
-        if target.split("?", 1)[0] not in ("/metrics", "/"):
-            self._send(conn, 404, b"only /metrics is served here\n")
-            return
-        if method == "GET":   # a HEAD or a health check does not count as a scraper
+    def _handle(self, req: Request) -> Response:
+        if req.method not in ("GET", "HEAD"):
+            return Response.text(405, "only GET /metrics is served here", headers=[("Allow", "GET, HEAD")])
+        if req.path not in ("/metrics", "/"):
+            return Response.text(404, "only /metrics is served here")
+        if req.method == "GET":   # a HEAD or a health check does not count as a scraper
             now = time.monotonic()
             if self._last_scrape is not None:
                 self.scrape_gap = now - self._last_scrape
             self._last_scrape = now
-        self._send(conn, 200, self.render(), CONTENT_TYPE_LATEST, head=method == "HEAD")
+        return Response(200, self.render(), CONTENT_TYPE_LATEST, head=req.method == "HEAD")
 
-    @staticmethod
-    def _send(conn: socket.socket, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8",
-              head: bool = False) -> None:
-        header = (f"HTTP/1.1 {code} {_REASONS[code]}\r\nContent-Type: {ctype}\r\n"
-                  f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
-        conn.sendall(header if head else header + body)
+    def serve_forever(self) -> None:
+        """Serve until ``shutdown()`` (the server runs on its own thread; this waits for it)."""
+        self.http.start()
+        thread = self.http._thread
+        if thread is not None:
+            thread.join()
 
     def shutdown(self) -> None:
-        """Stop serving (wakes the blocked accept) and close the socket."""
-        self._stopped = True
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)
-        self.sock.close()
+        """Stop serving and close the socket."""
+        self.http.shutdown()
+
+
+# Prometheus scrapes with keep-alive every 15-60 s: an idle connection is closed after 20 s; a
+# request (no body) must arrive whole within 5 s of its first byte.
+EXPORTER_LIMITS = Limits(max_connections=128, idle_timeout=20.0, header_timeout=5.0, request_timeout=5.0,
+                         write_timeout=10.0, max_header_bytes=8192, max_headers=64, max_body=0)
 
 
 def serve(process: ProcessMetrics | None, host: str, port: int,
           tick: TickCollector | None = None, max_age: float = 1.0) -> tuple[MetricsServer, threading.Thread]:
-    """Start the /metrics HTTP server in a daemon thread; returns (server, thread)."""
+    """Start the /metrics HTTP server on its own thread; returns (server, thread)."""
     server = MetricsServer((host, port), process, tick, max_age)
-    thread = threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True)
-    thread.start()
+    server.http.start()
+    thread = server.http._thread
+    assert thread is not None
     return server, thread

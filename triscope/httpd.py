@@ -1,0 +1,386 @@
+"""One small HTTP/1.1 server for every listener the agent and the engine open (``/metrics``, the
+Alertmanager webhook): no client can hold it.
+
+Why not ``http.server``: it serves with a per-``recv`` timeout, so a client that sends one byte
+every few seconds holds a thread (or, single-threaded, the whole server) forever; it starts a
+thread per connection with no bound (1,200 slow connections made 1,203 threads); its listen
+backlog is 5; ``Content-Length: -1`` made it read to EOF.
+
+Here one thread runs an asyncio loop for all connections:
+
+* **a whole-request deadline**: the request head must arrive within ``header_timeout`` of its
+  first byte and the body within ``request_timeout``; a keep-alive connection may sit idle
+  ``idle_timeout``; a response must be taken within ``write_timeout``;
+* **bounded connections**: at ``max_connections`` the oldest *idle* connection (nothing received
+  yet) is closed to make room, and when none is idle a new one gets ``503`` at once;
+* **small limits**: ``max_header_bytes`` for the request line and headers together (``431``),
+  ``max_headers`` header lines, ``max_body`` for the body (``413``); a body needs a valid,
+  single ``Content-Length`` (negative, non-numeric or repeated → ``400``; missing → ``411``) or
+  ``Transfer-Encoding: chunked`` (counted against ``max_body`` as it arrives); both at once → ``400``;
+* a listen **backlog** sized for bursts (``backlog``, capped by the kernel's ``somaxconn``).
+
+The handler is a plain function ``Request -> Response``: run on the loop itself when it is quick
+and never blocks (``/metrics`` sends a body rendered at the tick), or on a bounded thread pool
+(``workers``) when it writes to a database (the webhook).  ``ssl_context`` serves TLS on the same
+listener.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+REASONS = {100: "Continue", 200: "OK", 202: "Accepted", 400: "Bad Request", 401: "Unauthorized",
+           404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout", 411: "Length Required",
+           413: "Content Too Large", 415: "Unsupported Media Type", 431: "Request Header Fields Too Large",
+           500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable",
+           505: "HTTP Version Not Supported"}
+BODY_METHODS = ("POST", "PUT", "PATCH")
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_connections: int = 256
+    idle_timeout: float = 15.0      # a connection with nothing received may wait this long
+    header_timeout: float = 5.0     # request line + headers, from their first byte
+    request_timeout: float = 10.0   # the whole request, body included, from its first byte
+    write_timeout: float = 10.0     # the client must take the response within this
+    max_header_bytes: int = 8192
+    max_headers: int = 64
+    max_body: int = 0               # 0: requests with a body are refused (413)
+    backlog: int = 1024
+
+
+@dataclass
+class Request:
+    method: str
+    target: str
+    version: str
+    headers: list[tuple[str, str]]     # (lower-case name, value) in arrival order
+    body: bytes
+    peer: tuple[str, int] | None
+
+    @property
+    def path(self) -> str:
+        return self.target.split("?", 1)[0]
+
+    def header(self, name: str, default: str | None = None) -> str | None:
+        name = name.lower()
+        for k, v in self.headers:
+            if k == name:
+                return v
+        return default
+
+    def header_all(self, name: str) -> list[str]:
+        name = name.lower()
+        return [v for k, v in self.headers if k == name]
+
+
+@dataclass
+class Response:
+    status: int
+    body: bytes = b""
+    content_type: str = "text/plain; charset=utf-8"
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    close: bool = False
+    head: bool = False    # the answer to a HEAD: headers only
+
+    @staticmethod
+    def text(status: int, message: str, **kw: object) -> Response:
+        return Response(status, (message.rstrip("\n") + "\n").encode(), **kw)  # type: ignore[arg-type]
+
+
+Handler = Callable[[Request], Response]
+
+
+class _BadRequest(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+class _Conn:
+    __slots__ = ("idle", "task", "writer")
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        self.idle = True      # nothing of a request received yet: may be closed to make room
+        self.task: asyncio.Task[None] | None = None
+
+
+class HttpServer:
+    """``HttpServer((host, port), handler, limits=Limits(...), workers=0).start()``; ``shutdown()``."""
+
+    def __init__(self, addr: tuple[str, int], handler: Handler, *, limits: Limits | None = None,
+                 workers: int = 0, name: str = "http", ssl_context: ssl.SSLContext | None = None,
+                 methods: tuple[str, ...] | None = None) -> None:
+        self.handler = handler
+        self.methods = methods     # others get 405 before any body is read
+        self.limits = limits or Limits()
+        self.name = name
+        self.ssl_context = ssl_context
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"{name}-worker") if workers else None
+        self._conns: dict[_Conn, None] = {}    # insertion order = age
+        self.refused = 0                       # connections answered 503 because every slot was busy
+        self.timed_out = 0                     # requests or idle connections closed at a deadline
+        # bind here, in the caller's thread, so an address in use is the caller's error at once
+        self.sock = socket.create_server(addr, backlog=self.limits.backlog, reuse_port=False)
+        self.sock.setblocking(False)
+        self.server_address = self.sock.getsockname()
+        self._loop = asyncio.new_event_loop()
+        self._server: asyncio.base_events.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+
+    # lifecycle ---------------------------------------------------------------------------------------
+    def start(self) -> HttpServer:
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread.start()
+        self._ready.wait(10.0)
+        return self
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._server = self._loop.run_until_complete(asyncio.start_server(
+            self._accept, sock=self.sock, backlog=self.limits.backlog, ssl=self.ssl_context,
+            limit=self.limits.max_header_bytes + 2,
+            ssl_handshake_timeout=self.limits.header_timeout if self.ssl_context else None))
+        self._ready.set()
+        try:
+            self._loop.run_forever()
+        finally:
+            with contextlib.suppress(Exception):
+                self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+            self._loop.close()
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Stop accepting, close every connection, stop the loop and its thread."""
+        if self._thread is None or not self._thread.is_alive():
+            with contextlib.suppress(OSError):
+                self.sock.close()
+            return
+
+        async def _stop() -> None:
+            if self._server is not None:
+                self._server.close()
+            for c in list(self._conns):
+                if c.task is not None:
+                    c.task.cancel()
+                with contextlib.suppress(Exception):
+                    c.writer.close()
+
+        with contextlib.suppress(RuntimeError):
+            asyncio.run_coroutine_threadsafe(_stop(), self._loop).result(timeout)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+    @property
+    def connections(self) -> int:
+        return len(self._conns)
+
+    # connections -------------------------------------------------------------------------------------
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(self._conns) >= self.limits.max_connections and not self._evict_idle():
+            self.refused += 1
+            with contextlib.suppress(Exception):
+                writer.write(_head(503, "text/plain; charset=utf-8", 0, close=True,
+                                   extra=[("Retry-After", "1")]))
+                await asyncio.wait_for(writer.drain(), 1.0)
+            writer.close()
+            return
+        conn = _Conn(writer)
+        conn.task = asyncio.current_task()
+        self._conns[conn] = None
+        sockobj = writer.get_extra_info("socket")
+        if sockobj is not None:
+            with contextlib.suppress(OSError):
+                sockobj.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            await self._serve(conn, reader, writer)
+        except (asyncio.CancelledError, ConnectionError, asyncio.IncompleteReadError, ssl.SSLError, OSError):
+            pass
+        except Exception as e:  # noqa: BLE001 - one bad connection never stops the server
+            log.warning("%s: connection failed: %s", self.name, e)
+        finally:
+            self._conns.pop(conn, None)
+            with contextlib.suppress(Exception):
+                writer.close()
+
+    def _evict_idle(self) -> bool:
+        for c in self._conns:
+            if c.idle and c.task is not None:
+                c.task.cancel()
+                self._conns.pop(c, None)
+                return True
+        return False
+
+    async def _serve(self, conn: _Conn, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        lim = self.limits
+        peer = writer.get_extra_info("peername")
+        peer = (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) and len(peer) >= 2 else None
+        while True:
+            conn.idle = True
+            try:
+                first = await asyncio.wait_for(reader.read(1), lim.idle_timeout)
+            except TimeoutError:
+                self.timed_out += 1
+                return
+            if not first:
+                return
+            conn.idle = False
+            started = time.monotonic()
+            try:
+                req = await asyncio.wait_for(self._read_request(first, reader, writer, peer),
+                                             max(0.0, lim.request_timeout))
+            except TimeoutError:
+                self.timed_out += 1
+                await self._write(writer, Response.text(408, "request not received in time", close=True))
+                return
+            except _BadRequest as e:
+                await self._write(writer, Response.text(e.status, e.message, close=True))
+                return
+            if time.monotonic() - started > lim.request_timeout:   # pragma: no cover - wait_for covers it
+                return
+            try:
+                if self._pool is None:
+                    resp = self.handler(req)
+                else:
+                    resp = await asyncio.get_running_loop().run_in_executor(self._pool, self.handler, req)
+            except Exception as e:  # noqa: BLE001 - a handler bug is a 500 and one log line
+                log.exception("%s: %s %s failed", self.name, req.method, req.path)
+                resp = Response.text(500, f"internal error: {type(e).__name__}", close=True)
+            keep = (req.version == "HTTP/1.1" and not resp.close
+                    and (req.header("connection") or "").lower() != "close")
+            resp.close = not keep
+            if not await self._write(writer, resp):
+                return
+            if not keep:
+                return
+
+    async def _read_request(self, first: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                            peer: tuple[str, int] | None) -> Request:
+        lim = self.limits
+        try:
+            head = first + await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), lim.header_timeout)
+        except asyncio.LimitOverrunError:
+            raise _BadRequest(431, f"request head larger than {lim.max_header_bytes} bytes") from None
+        except asyncio.IncompleteReadError:
+            raise ConnectionResetError from None
+        if len(head) > lim.max_header_bytes:
+            raise _BadRequest(431, f"request head larger than {lim.max_header_bytes} bytes")
+        lines = head[:-4].split(b"\r\n")
+        try:
+            method, target, version = lines[0].decode("ascii").split(" ")
+        except (UnicodeDecodeError, ValueError):
+            raise _BadRequest(400, "malformed request line") from None
+        if version not in ("HTTP/1.1", "HTTP/1.0"):
+            raise _BadRequest(505 if version.startswith("HTTP/") else 400, "only HTTP/1.0 and HTTP/1.1 are served")
+        if not target.startswith("/") or not method.isalpha():
+            raise _BadRequest(400, "malformed request line")
+        if len(lines) - 1 > lim.max_headers:
+            raise _BadRequest(431, f"more than {lim.max_headers} header lines")
+        headers: list[tuple[str, str]] = []
+        for raw in lines[1:]:
+            name, sep, value = raw.partition(b":")
+            if not sep or not name or name != name.strip() or b" " in name:
+                raise _BadRequest(400, "malformed header line")
+            headers.append((name.decode("latin-1").lower(), value.strip().decode("latin-1")))
+        req = Request(method, target, version, headers, b"", peer)
+        if self.methods is not None and method not in self.methods:
+            raise _BadRequest(405, f"method {method} is not served here (only {', '.join(self.methods)})")
+        req.body = await self._read_body(req, reader, writer)
+        return req
+
+    async def _read_body(self, req: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
+        lim = self.limits
+        te = [v.strip().lower() for v in ",".join(req.header_all("transfer-encoding")).split(",") if v.strip()]
+        cls = req.header_all("content-length")
+        if te and cls:
+            raise _BadRequest(400, "both Content-Length and Transfer-Encoding: refused")
+        if te:
+            if te != ["chunked"]:
+                raise _BadRequest(501, f"Transfer-Encoding {', '.join(te)} is not supported (only chunked)")
+            if lim.max_body <= 0:
+                raise _BadRequest(413, "this endpoint takes no request body")
+            await self._continue(req, writer)
+            return await self._read_chunked(reader)
+        if len(cls) > 1 or (cls and "," in cls[0]):
+            raise _BadRequest(400, "more than one Content-Length")
+        if not cls:
+            if req.method in BODY_METHODS:
+                raise _BadRequest(411, "Content-Length (or Transfer-Encoding: chunked) is required")
+            return b""
+        raw = cls[0]
+        if not raw.isdigit() or not raw.isascii() or len(raw) > 18:
+            raise _BadRequest(400, f"bad Content-Length {raw[:40]!r}: must be a non-negative integer")
+        length = int(raw)
+        if length == 0:
+            return b""
+        if length > lim.max_body:
+            raise _BadRequest(413, f"body too large ({length} bytes > {lim.max_body})"
+                              if lim.max_body > 0 else "this endpoint takes no request body")
+        await self._continue(req, writer)
+        return await reader.readexactly(length)
+
+    async def _continue(self, req: Request, writer: asyncio.StreamWriter) -> None:
+        if (req.header("expect") or "").lower() == "100-continue" and req.version == "HTTP/1.1":
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            await writer.drain()
+
+    async def _read_chunked(self, reader: asyncio.StreamReader) -> bytes:
+        lim = self.limits
+        body = bytearray()
+        while True:
+            line = await reader.readuntil(b"\r\n")
+            size_s = line[:-2].split(b";", 1)[0].strip()
+            if not size_s or len(size_s) > 16 or any(c not in b"0123456789abcdefABCDEF" for c in size_s):
+                raise _BadRequest(400, "malformed chunk size")
+            size = int(size_s, 16)
+            if size == 0:
+                break
+            if len(body) + size > lim.max_body:
+                raise _BadRequest(413, f"body too large (more than {lim.max_body} bytes)")
+            body += await reader.readexactly(size)
+            if await reader.readexactly(2) != b"\r\n":
+                raise _BadRequest(400, "malformed chunk")
+        trailer = 0
+        while True:   # trailer fields, discarded; bounded like the head
+            line = await reader.readuntil(b"\r\n")
+            trailer += len(line)
+            if line == b"\r\n":
+                return bytes(body)
+            if trailer > lim.max_header_bytes:
+                raise _BadRequest(431, "trailer too large")
+
+    async def _write(self, writer: asyncio.StreamWriter, resp: Response) -> bool:
+        try:
+            writer.write(_head(resp.status, resp.content_type, len(resp.body), close=resp.close,
+                               extra=resp.headers) + (b"" if resp.head else resp.body))
+            await asyncio.wait_for(writer.drain(), self.limits.write_timeout)
+            return True
+        except (TimeoutError, ConnectionError, OSError):
+            self.timed_out += 1
+            return False
+
+
+def _head(status: int, ctype: str, length: int, *, close: bool, extra: list[tuple[str, str]] | None = None) -> bytes:
+    lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'Unknown')}", f"Content-Type: {ctype}",
+             f"Content-Length: {length}"]
+    lines += [f"{k}: {v}" for k, v in (extra or [])]
+    if close:
+        lines.append("Connection: close")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
