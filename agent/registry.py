@@ -27,7 +27,19 @@ class AgentOptions:
     nvml: bool = True
     npu: bool = True
     npu_smi: str | None = None
-    scrape_timeout: float = 2.0
+    scrape_timeout: float = 2.0    # one scrape, connect to last byte
+    interval: float = 1.0          # the agent's tick: sets how long a tick waits for a scrape
+
+    @property
+    def source_budget(self) -> float:
+        """How long a tick waits for a background source's answer: a quarter of the interval, at most
+        the source's own timeout."""
+        return min(0.25 * self.interval, self.scrape_timeout)
+
+    @property
+    def stale_after(self) -> float:
+        """How long a source's last good answer stands in for a missing one."""
+        return max(3 * self.interval, self.scrape_timeout + self.interval)
 
 
 class UnavailableCollector(BaseCollector):
@@ -104,6 +116,10 @@ def build_collectors(opts: AgentOptions) -> list[Collector]:
             name = f"scrape:{url}"
         c = _make(name, "agent.collectors.scrape", "ScrapeCollector", url=url, timeout=opts.scrape_timeout)
         if c is not None:
+            if not isinstance(c, UnavailableCollector):
+                from agent.collectors.background import Background
+
+                c = Background(c, budget=opts.source_budget, stale_after=opts.stale_after)
             collectors.append(c)
     return collectors
 
@@ -114,6 +130,9 @@ def split_available(collectors: list[Collector]) -> tuple[list[Collector], list[
     keep: list[Collector] = []
     off: list[tuple[Collector, Availability]] = []
     for c in collectors:
+        if not getattr(c, "check_at_start", True):   # checked by its first read, on its own worker
+            keep.append(c)
+            continue
         try:
             av = c.check()
         except Exception as e:  # noqa: BLE001

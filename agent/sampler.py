@@ -2,7 +2,10 @@
 
 Each tick's samples and events go to the store writer as one batch and to the exporter.  A
 failing collector never stops the others: it shows as ``triscope_collector_up{collector} 0``
-and one log line says why (and one more when it recovers), not one per tick.
+and one log line says why (and one more when it recovers), not one per tick.  Sources that talk
+to another process (``agent.collectors.background``) start at the beginning of the tick on their
+own workers and are read at its end, waiting at most their budget: a slow or dead one never holds
+the tick up.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Protocol
 from agent.collectors.base import Collector
 from store.api import Tick
 from triscope.samples import EventRecord, Sample
+from triscope.textsafe import one_line
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +41,7 @@ class CollectorState:
     up: bool = True
     reason: str = ""
     duration: float = 0.0
+    staleness: float | None = None   # age of the data a background source's last tick used
 
 
 @dataclass
@@ -76,27 +81,30 @@ class Sampler:
         now = self.clock()
         samples: list[Sample] = []
         events: list[EventRecord] = []
-        for st in self.states:
+        # sources on their own workers start now and answer at the end, within their budget
+        background = [st for st in self.states if hasattr(st.collector, "begin")]
+        for st in background:
+            try:
+                st.collector.begin(now)  # type: ignore[attr-defined]
+            except Exception as e:  # noqa: BLE001
+                log.error("collector %s: begin failed: %s", st.collector.name, one_line(_one_line(e)))
+        for st in [st for st in self.states if not hasattr(st.collector, "begin")] + background:
             c0 = time.perf_counter()
+            up, reason = True, ""
             try:
                 for item in st.collector.collect(now):
                     if isinstance(item, Sample):
                         samples.append(item)
                     else:
                         events.append(item)
-                if not st.up:
-                    log.warning("collector %s is back up", st.collector.name)
-                    events.append(EventRecord("collector", f"collector {st.collector.name} is back up",
-                                              details={"collector": st.collector.name, "up": True}))
-                st.up, st.reason = True, ""
             except Exception as e:  # noqa: BLE001 - one collector never stops the others
-                reason = _one_line(e)
-                if st.up or reason != st.reason:
-                    log.error("collector %s failed: %s", st.collector.name, reason)
-                    events.append(EventRecord("collector", f"collector {st.collector.name} down: {reason}",
-                                              "warning", {"collector": st.collector.name, "up": False,
-                                                          "reason": reason}))
-                st.up, st.reason = False, reason
+                up, reason = False, _one_line(e)
+            status = getattr(st.collector, "source_status", None)
+            if up and status is not None:
+                src = status()
+                up, reason = src.up, src.reason
+                st.staleness = src.staleness
+            self._note_state(st, up, reason, events)
             st.duration = time.perf_counter() - c0
         for p in self.post:
             try:
@@ -106,10 +114,13 @@ class Sampler:
                     else:
                         events.append(item)
             except Exception as e:  # noqa: BLE001
-                log.error("post-processor %s failed: %s", type(p).__name__, _one_line(e))
+                log.error("post-processor %s failed: %s", type(p).__name__, one_line(_one_line(e)))
         for st in self.states:
-            samples.append(Sample("triscope_collector_up", 1.0 if st.up else 0.0, {"collector": st.collector.name}))
-            samples.append(Sample("triscope_collector_duration_seconds", st.duration, {"collector": st.collector.name}))
+            labels = {"collector": st.collector.name}
+            samples.append(Sample("triscope_collector_up", 1.0 if st.up else 0.0, labels))
+            samples.append(Sample("triscope_collector_duration_seconds", st.duration, labels))
+            if st.staleness is not None:
+                samples.append(Sample("triscope_collector_staleness_seconds", st.staleness, labels))
         self.stats.ticks += 1
         samples.append(Sample("triscope_ticks_total", float(self.stats.ticks), kind="counter"))
         samples.append(Sample("triscope_tick_duration_seconds", self.stats.last_tick_seconds))
@@ -122,6 +133,25 @@ class Sampler:
             self.on_tick(tick)
         self.stats.last_tick_seconds = time.perf_counter() - t0
         return tick
+
+    @staticmethod
+    def _note_state(st: CollectorState, up: bool, reason: str, events: list[EventRecord]) -> None:
+        """Log and record a collector's state once per change (up <-> down), not once per tick or per
+        new error text: a failing target's text can change every tick, and it is not ours to log
+        verbatim (control characters escaped, length bounded)."""
+        name = st.collector.name
+        if up and not st.up:
+            log.warning("collector %s is back up", name)
+            events.append(EventRecord("collector", f"collector {name} is back up",
+                                      details={"collector": name, "up": True}))
+        elif not up and st.up:
+            safe = one_line(reason)
+            log.error("collector %s is down: %s", name, safe)
+            events.append(EventRecord("collector", f"collector {name} down: {safe}", "warning",
+                                      {"collector": name, "up": False, "reason": safe}))
+        elif not up and reason != st.reason:
+            log.debug("collector %s still down: %s", name, one_line(reason))
+        st.up, st.reason = up, reason
 
     def run(self, duration: float = 0.0) -> None:
         """Tick on a fixed grid every ``interval`` seconds for ``duration`` seconds (0 = until stop())."""
@@ -140,12 +170,25 @@ class Sampler:
             if self._stop.wait(max(0.0, next_at - time.monotonic())):
                 break
 
-    def close(self) -> None:
-        for st in self.states:
+    def close(self, timeout: float = 5.0) -> None:
+        """Close every collector, all at once, waiting at most ``timeout`` in all (a collector stuck
+        in a read of its own is left to the process's exit)."""
+        def close_one(c: Collector) -> None:
             try:
-                st.collector.close()
+                c.close()
             except Exception as e:  # noqa: BLE001
-                log.warning("closing collector %s: %s", st.collector.name, _one_line(e))
+                log.warning("closing collector %s: %s", c.name, _one_line(e))
+
+        threads = [threading.Thread(target=close_one, args=(st.collector,), daemon=True,
+                                    name=f"close-{st.collector.name}"[:15]) for st in self.states]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + timeout
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        stuck = [t.name for t in threads if t.is_alive()]
+        if stuck:
+            log.warning("collectors still closing after %.1f s, left behind: %s", timeout, ", ".join(stuck))
 
 
 def _one_line(e: BaseException) -> str:

@@ -104,7 +104,8 @@ _SPECS = [
     MetricSpec("triscope_remediation_actions_in_flight", "gauge", "Remediation actions running now.", ()),
     MetricSpec("triscope_remediation_leader", "gauge", "1 while this engine holds the leader lease (or runs alone).", ()),
     # self
-    MetricSpec("triscope_collector_up", "gauge", "1 when the collector's last collect() succeeded.", ("collector",)),
+    MetricSpec("triscope_collector_up", "gauge", "1 when the collector's read for this tick succeeded (a background source: answered within its budget).", ("collector",)),
+    MetricSpec("triscope_collector_staleness_seconds", "gauge", "Age of the data a background source (a scraped target) gave the last tick: 0 when fresh, growing while it is slow or down.", ("collector",)),
     MetricSpec("triscope_probe_attached", "gauge", "1 when the eBPF probe is attached.", ("probe",)),
     MetricSpec("triscope_probe_lost_events_total", "counter", "Events the kernel could not hand to the agent (ring/perf buffer full).", ("probe",)),
     MetricSpec("triscope_tick_duration_seconds", "gauge", "Wall time of the last sampler tick (all collectors + store write).", ()),

@@ -9,17 +9,20 @@ are counters; gauges, summary quantiles, info and untyped samples are gauges (un
 ending in ``_total`` are counters); ``_created`` timestamps are dropped, and so are NaN/Inf values
 (an empty summary's quantiles), which no store or JSON can carry.
 
-Bounded: one GET with an overall deadline (``timeout``), at most ``max_bytes`` of body and
-``max_samples`` samples (a larger scrape fails as a whole, like Prometheus' ``sample_limit``).
+Bounded: one GET with an overall deadline (``timeout``: connect, head and body together, not per
+``recv``), at most ``max_bytes`` of body and ``max_samples`` samples (a larger scrape fails as a
+whole, like Prometheus' ``sample_limit``).  In the agent each target runs on its own worker
+(``agent.collectors.background``), so even that deadline never delays a tick.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import select
 import socket
+import ssl
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from urllib.parse import urlsplit
 
@@ -87,52 +90,73 @@ class ScrapeCollector(BaseCollector):
     # -- fetching ------------------------------------------------------------------------------
 
     def fetch(self) -> str:
-        """GET the body (bounded in time and size) or raise ``ScrapeError`` saying why."""
+        """GET the body or raise ``ScrapeError`` saying why.
+
+        ``timeout`` bounds the whole fetch — connect, TLS, head and body — not each ``recv``: a
+        target that sends one byte every half second fails at the deadline like one that never
+        answers.  Redirects are not followed (the error names where it points)."""
 
         deadline = time.monotonic() + self.timeout
-        req = urllib.request.Request(self.url, headers={"Accept": ACCEPT, "Accept-Encoding": "identity",
-                                                        "User-Agent": "triscope-agent"})
+        parts = urlsplit(self.url)
+        host = parts.hostname or ""
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        target = (parts.path or "/metrics") + (f"?{parts.query}" if parts.query else "")
+        host_header = self.instance if parts.port else (f"[{host}]" if ":" in host else host)
+        request = (f"GET {target} HTTP/1.1\r\nHost: {host_header}\r\nAccept: {ACCEPT}\r\n"
+                   f"Accept-Encoding: identity\r\nUser-Agent: triscope-agent\r\n"
+                   f"X-Prometheus-Scrape-Timeout-Seconds: {self.timeout:g}\r\nConnection: close\r\n\r\n").encode()
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                chunks: list[bytes] = []
-                size = 0
-                while True:
-                    if time.monotonic() > deadline:
-                        raise ScrapeError(f"scrape {self.url}: timed out after {self.timeout:g} s reading the body")
-                    chunk = resp.read(65536)
-                    if not chunk:
-                        break
-                    size += len(chunk)
-                    if size > self.max_bytes:
-                        raise ScrapeError(f"scrape {self.url}: body larger than {self.max_bytes} bytes",
-                                          "raise max_bytes or reduce the endpoint's cardinality")
-                    chunks.append(chunk)
-                charset = resp.headers.get_content_charset() or "utf-8"
-        except ScrapeError:
-            raise
-        except urllib.error.HTTPError as e:
-            raise ScrapeError(f"scrape {self.url}: HTTP {e.code} {e.reason}", "check the URL's path") from None
-        except urllib.error.URLError as e:
-            reason = e.reason
-            if isinstance(reason, ConnectionRefusedError):
-                why = "connection refused (is the service running?)"
-            elif isinstance(reason, TimeoutError):
-                why = f"timed out after {self.timeout:g} s"
-            elif isinstance(reason, socket.gaierror):
-                why = f"cannot resolve host ({reason.strerror})"
-            else:
-                why = str(getattr(reason, "strerror", None) or reason)
-            raise ScrapeError(f"scrape {self.url}: {why}", "start the service or fix --scrape URL") from None
+            sock = _connect(host, port, deadline)
         except TimeoutError:
-            raise ScrapeError(f"scrape {self.url}: timed out after {self.timeout:g} s",
-                              "the endpoint is too slow; raise the timeout") from None
-        except (OSError, ValueError) as e:  # connection reset mid-body, bad status line...
-            raise ScrapeError(f"scrape {self.url}: {e}", "") from None
-        self.last_bytes = size
+            raise ScrapeError(f"scrape {self.url}: timed out after {self.timeout:g} s connecting",
+                              "the endpoint is too slow or unreachable") from None
+        except ConnectionRefusedError:
+            raise ScrapeError(f"scrape {self.url}: connection refused (is the service running?)",
+                              "start the service or fix --scrape URL") from None
+        except socket.gaierror as e:
+            raise ScrapeError(f"scrape {self.url}: cannot resolve host ({e.strerror})",
+                              "start the service or fix --scrape URL") from None
+        except OSError as e:
+            raise ScrapeError(f"scrape {self.url}: {e.strerror or e}", "start the service or fix --scrape URL") from None
         try:
-            return b"".join(chunks).decode(charset, errors="replace")
+            if parts.scheme == "https":
+                sock = _tls(sock, host, deadline)
+            _send_all(sock, request, deadline)
+            status, reason, headers, body = _read_response(sock, deadline, self.max_bytes)
+        except _Deadline as e:
+            raise ScrapeError(f"scrape {self.url}: timed out after {self.timeout:g} s {e}",
+                              "the endpoint is too slow; raise the timeout") from None
+        except _TooLarge:
+            raise ScrapeError(f"scrape {self.url}: body larger than {self.max_bytes} bytes",
+                              "raise max_bytes or reduce the endpoint's cardinality") from None
+        except _Malformed as e:
+            raise ScrapeError(f"scrape {self.url}: malformed HTTP response: {e}",
+                              "the endpoint must speak HTTP/1.x") from None
+        except (OSError, ssl.SSLError) as e:  # reset mid-body, TLS failure, ...
+            raise ScrapeError(f"scrape {self.url}: {getattr(e, 'strerror', None) or e}", "") from None
+        finally:
+            with contextlib.suppress(OSError):
+                sock.close()
+        if 300 <= status < 400:
+            where = headers.get("location", "")
+            raise ScrapeError(f"scrape {self.url}: HTTP {status} redirect to {where[:200]!r}, not followed",
+                              "point --scrape at the final URL")
+        if status != 200:
+            raise ScrapeError(f"scrape {self.url}: HTTP {status} {reason[:100]}", "check the URL's path")
+        encoding = headers.get("content-encoding", "identity").lower()
+        if encoding not in ("identity", ""):
+            raise ScrapeError(f"scrape {self.url}: body sent with Content-Encoding {encoding[:40]!r}, "
+                              "identity was asked for", "")
+        self.last_bytes = len(body)
+        charset = "utf-8"
+        for param in headers.get("content-type", "").split(";")[1:]:
+            k, _, v = param.strip().partition("=")
+            if k.lower() == "charset" and v:
+                charset = v.strip('"')
+        try:
+            return body.decode(charset, errors="replace")
         except LookupError:
-            return b"".join(chunks).decode("utf-8", errors="replace")
+            return body.decode("utf-8", errors="replace")
 
     def parse(self, body: str) -> list[Sample]:
         """Prometheus text -> samples with ``job``/``instance``; raises ``ScrapeError`` on a malformed body."""
@@ -175,6 +199,10 @@ class ScrapeCollector(BaseCollector):
 
     # -- protocol ------------------------------------------------------------------------------
 
+    # the agent does not read the target before its first tick (that read would hold up the start
+    # by up to ``timeout`` per target); ``triscope doctor`` still calls check()
+    check_at_start = False
+
     def check(self) -> Availability:
         try:
             self.parse(self.fetch())
@@ -187,3 +215,162 @@ class ScrapeCollector(BaseCollector):
         samples = self.parse(self.fetch())
         self.last_duration = time.monotonic() - t0
         yield from samples
+
+
+# a small HTTP/1.1 client whose every wait is bounded by one deadline ----------------------------------
+MAX_HEAD = 64 << 10
+
+
+class _Deadline(Exception):
+    pass
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class _Malformed(Exception):
+    pass
+
+
+def _left(deadline: float, what: str) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise _Deadline(what)
+    return left
+
+
+def _connect(host: str, port: int, deadline: float) -> socket.socket:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError
+    sock = socket.create_connection((host, port), timeout=left)
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def _tls(sock: socket.socket, host: str, deadline: float) -> ssl.SSLSocket:
+    ctx = ssl.create_default_context()
+    tls = ctx.wrap_socket(sock, server_hostname=host, do_handshake_on_connect=False)
+    tls.setblocking(False)
+    try:
+        while True:
+            try:
+                tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                select.select([tls], [], [], _left(deadline, "in the TLS handshake"))
+            except ssl.SSLWantWriteError:
+                select.select([], [tls], [], _left(deadline, "in the TLS handshake"))
+    finally:
+        tls.setblocking(True)
+    return tls
+
+
+def _send_all(sock: socket.socket, data: bytes, deadline: float) -> None:
+    view = memoryview(data)
+    while view:
+        sock.settimeout(_left(deadline, "sending the request"))
+        try:
+            n = sock.send(view)
+        except TimeoutError:
+            raise _Deadline("sending the request") from None
+        view = view[n:]
+
+
+def _recv(sock: socket.socket, deadline: float, what: str) -> bytes:
+    sock.settimeout(_left(deadline, what))
+    try:
+        return sock.recv(65536)
+    except TimeoutError:
+        raise _Deadline(what) from None
+
+
+def _read_response(sock: socket.socket, deadline: float, max_bytes: int) -> tuple[int, str, dict[str, str], bytes]:
+    """(status, reason, headers with lower-case names, body); every recv waits at most until ``deadline``."""
+    buf = bytearray()
+    while b"\r\n\r\n" not in buf:
+        chunk = _recv(sock, deadline, "waiting for the response head")
+        if not chunk:
+            raise _Malformed("connection closed before the response head")
+        buf += chunk
+        if len(buf) > MAX_HEAD and b"\r\n\r\n" not in buf[:MAX_HEAD + 4]:
+            raise _Malformed(f"response head larger than {MAX_HEAD} bytes")
+    head, _, rest = bytes(buf).partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    status_line = lines[0].decode("latin-1")
+    version, _, rest_line = status_line.partition(" ")
+    code_s, _, reason = rest_line.partition(" ")
+    if not version.startswith("HTTP/1.") or not (code_s.isdigit() and len(code_s) == 3):
+        raise _Malformed(f"bad status line {status_line[:80]!r}")
+    headers: dict[str, str] = {}
+    for raw in lines[1:]:
+        k, sep, v = raw.decode("latin-1").partition(":")
+        if sep:
+            key = k.strip().lower()
+            headers[key] = f"{headers[key]},{v.strip()}" if key in headers else v.strip()
+    status = int(code_s)
+    body: bytes | bytearray
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        body = _read_chunked(sock, deadline, bytearray(rest), max_bytes)
+    elif "content-length" in headers:
+        cl = headers["content-length"].split(",")[0].strip()
+        if not cl.isdigit():
+            raise _Malformed(f"bad Content-Length {cl[:40]!r}")
+        length = int(cl)
+        if length > max_bytes:
+            raise _TooLarge
+        body = bytearray(rest)
+        while len(body) < length:
+            chunk = _recv(sock, deadline, "reading the body")
+            if not chunk:
+                raise _Malformed(f"connection closed after {len(body)} of {length} body bytes")
+            body += chunk
+        del body[length:]
+    else:   # the body ends when the connection does
+        body = bytearray(rest)
+        while True:
+            if len(body) > max_bytes:
+                raise _TooLarge
+            chunk = _recv(sock, deadline, "reading the body")
+            if not chunk:
+                break
+            body += chunk
+    if len(body) > max_bytes:
+        raise _TooLarge
+    return status, reason.strip(), headers, bytes(body)
+
+
+def _read_chunked(sock: socket.socket, deadline: float, buf: bytearray, max_bytes: int) -> bytes:
+    body = bytearray()
+    pos = 0
+    while True:
+        while b"\r\n" not in buf[pos:pos + 1024]:
+            if len(buf) - pos > 1024:
+                raise _Malformed("chunk size line too long")
+            chunk = _recv(sock, deadline, "reading the body")
+            if not chunk:
+                raise _Malformed("connection closed inside a chunked body")
+            buf += chunk
+        end = buf.index(b"\r\n", pos)
+        size_s = bytes(buf[pos:end]).split(b";", 1)[0].strip()
+        try:
+            size = int(size_s, 16)
+        except ValueError:
+            raise _Malformed(f"bad chunk size {size_s[:20]!r}") from None
+        pos = end + 2
+        if size == 0:
+            return bytes(body)
+        if len(body) + size > max_bytes:
+            raise _TooLarge
+        while len(buf) < pos + size + 2:
+            chunk = _recv(sock, deadline, "reading the body")
+            if not chunk:
+                raise _Malformed("connection closed inside a chunk")
+            buf += chunk
+        body += buf[pos:pos + size]
+        pos += size + 2
+        if pos > 1 << 20:   # keep the buffer short
+            del buf[:pos]
+            pos = 0

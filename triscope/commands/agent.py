@@ -23,6 +23,11 @@ def add_agent_options(p: argparse.ArgumentParser) -> None:
                    help="also read an application's Prometheus endpoint each tick (repeatable), e.g. "
                         "http://127.0.0.1:8000/metrics — its request/error counters and latency histograms "
                         "are the SLIs the SLO pages use")
+    p.add_argument("--scrape-timeout", type=float, default=2.0, metavar="SECONDS",
+                   help="deadline for one read of a --scrape target, connect to last byte (default 2). Each "
+                        "target is read on its own worker: a tick waits for it at most a quarter of --interval, "
+                        "then uses its last good answer (for up to max(3 intervals, timeout + interval)) and "
+                        "reports triscope_collector_up 0 and triscope_collector_staleness_seconds")
     p.add_argument("--spool", default=None, metavar="DIR",
                    help="where ticks wait while the database is unreachable (default ./triscope-spool or "
                         "$TRISCOPE_SPOOL_DIR)")
@@ -73,13 +78,16 @@ def build_config(args: argparse.Namespace, listen: tuple[str, int] | None):
         raise UserError(f"--interval must be > 0 (got {args.interval})")
     if args.write_every < 0:
         raise UserError(f"--write-every must be >= 0 seconds (got {args.write_every})")
+    if not args.scrape_timeout > 0 or args.scrape_timeout > 60:
+        raise UserError(f"--scrape-timeout must be between 0 and 60 seconds (got {args.scrape_timeout})")
     for url in args.scrape:
         try:
             parse_scrape_url(url)
         except ValueError as e:
             raise UserError(f"--scrape {url!r}: {e}") from None
     opts = AgentOptions(proc=args.proc, sys=args.sys, scrape=list(args.scrape), ebpf=not args.no_ebpf,
-                        nvml=not args.no_nvml, npu=not args.no_npu, npu_smi=args.npu_smi)
+                        nvml=not args.no_nvml, npu=not args.no_npu, npu_smi=args.npu_smi,
+                        scrape_timeout=args.scrape_timeout, interval=args.interval)
     return AgentConfig(db_url=db_url(args), node=args.node, interval=args.interval, write_every=args.write_every,
                        listen=listen,
                        spool_dir=args.spool or default_spool_dir(), spool_max_bytes=int(args.spool_max_mb * (1 << 20)),
