@@ -7,6 +7,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from agent.spool import Spool
 from agent.writer import StoreWriter
 from store import Store
 from store.api import Tick
-from store.db import StoreError
+from store.db import StoreError, check_sqlite_file, sqlite_path
 from triscope.samples import Sample
 
 log = logging.getLogger("triscope.agent")
@@ -42,6 +43,7 @@ class AgentConfig:
 class Agent:
     def __init__(self, cfg: AgentConfig) -> None:
         self.cfg = cfg
+        check_sqlite_file(cfg.db_url)   # a directory, an unwritable place, not a database: refused now
         if cfg.migrate:
             migrate_in_child(cfg.db_url)
         # the store may be down at start: the spool takes the ticks until it returns
@@ -49,7 +51,8 @@ class Agent:
         self.spool = Spool(Path(cfg.spool_dir) / _safe(cfg.node), cfg.spool_max_bytes)
         self.writer = StoreWriter(self.store, cfg.node, self.spool,
                                   retention_every=3600.0 if cfg.retention else float("inf"),
-                                  batch_ticks=batch_ticks(cfg.write_every, cfg.interval))
+                                  batch_ticks=batch_ticks(cfg.write_every, cfg.interval),
+                                  sqlite_file=sqlite_path(cfg.db_url), reopen=self._reopen_store)
         collectors = build_collectors(cfg.options)
         self.collectors, self.off = split_available(collectors)
         self.process_metrics, self.tick_collector = make_sources()
@@ -58,6 +61,15 @@ class Agent:
                                on_tick=self._on_tick)
         self.server: Any = None
         self.last_tick: Tick | None = None
+
+    def _reopen_store(self, old: Store) -> Store:
+        """The SQLite file was deleted or replaced: a new one, with the schema, and a store on it."""
+        with contextlib.suppress(Exception):
+            old.close()
+        check_sqlite_file(self.cfg.db_url)
+        migrate_in_child(self.cfg.db_url)
+        self.store = Store.open(self.cfg.db_url, check=True)
+        return self.store
 
     def _self_metrics(self) -> list[Sample]:
         return [
@@ -116,9 +128,13 @@ class Agent:
     def stop(self) -> None:
         self.sampler.stop()
 
-    def shutdown(self) -> None:
-        self.sampler.close()
-        self.writer.close()
+    def shutdown(self, timeout: float = 4.0) -> None:
+        """Every tick taken is written (or, if the store does not answer within ``timeout``, kept in
+        the spool); then the collectors and the exporter stop.  Bounded: SIGTERM ends the agent in
+        a few seconds whatever the store or a source is doing."""
+        deadline = time.monotonic() + timeout
+        self.writer.close(timeout=max(0.5, timeout - 1.0))
+        self.sampler.close(timeout=max(0.2, deadline - time.monotonic()))
         if self.server is not None:
             with contextlib.suppress(Exception):
                 self.server[0].shutdown()

@@ -12,10 +12,14 @@ store sees ticks in order and nothing is lost short of the spool's size bound.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import queue
 import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 from agent.spool import Spool
 from store.api import RetentionPolicy, Store, Tick
@@ -23,10 +27,41 @@ from store.api import RetentionPolicy, Store, Tick
 log = logging.getLogger(__name__)
 
 
+class StoreFileChanged(Exception):
+    """The SQLite file the store writes was deleted or replaced under the running agent."""
+
+
+class FileIdentity:
+    """Which file a path names, by (device, inode): tells when a SQLite file was deleted or replaced
+    while connections still write into the old one (the writes would vanish with its inode)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.ident = self._stat()
+
+    def _stat(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        return st.st_dev, st.st_ino
+
+    def changed(self) -> str | None:
+        """None while the path still names the file first seen; else 'deleted' or 'replaced'."""
+        now = self._stat()
+        if now == self.ident:
+            return None
+        return "deleted" if now is None else "replaced"
+
+    def reset(self) -> None:
+        self.ident = self._stat()
+
+
 class StoreWriter:
     def __init__(self, store: Store, node: str, spool: Spool, *, retry_interval: float = 2.0,
                  retention: RetentionPolicy | None = None, retention_every: float = 3600.0,
-                 batch_ticks: int = 1) -> None:
+                 batch_ticks: int = 1, sqlite_file: Path | None = None,
+                 reopen: Callable[[Store], Store] | None = None) -> None:
         if batch_ticks < 1:
             raise ValueError("batch_ticks must be >= 1")
         self.store = store
@@ -44,8 +79,13 @@ class StoreWriter:
         self.written_samples = 0
         self.outage = not spool.empty()
         self._last_retry = 0.0
+        self._last_still_logged = 0.0
         self._last_retention = time.monotonic()
         self._idle = threading.Event()
+        self._current: list[Tick] | None = None   # the batch being written now
+        # a SQLite store's file, watched before and after every write; ``reopen`` recreates it
+        self.file = FileIdentity(sqlite_file) if sqlite_file is not None and reopen is not None else None
+        self.reopen = reopen
 
     def start(self) -> None:
         self._thread.start()
@@ -76,10 +116,36 @@ class StoreWriter:
             self._hand_over(batch)
 
     def close(self, timeout: float = 30.0) -> None:
-        """Write the partial batch and what is queued (and try the spool once more), then stop."""
+        """Write the partial batch and what is queued (and try the spool once more), then stop.
+
+        Bounded by ``timeout``: when the store does not answer in time (a hung server, a connect
+        timeout), what is still queued — and the batch being written, whose outcome is unknown —
+        goes to the on-disk spool instead, to be written at the next start (writes are idempotent,
+        so a batch that did land is not doubled)."""
+        deadline = time.monotonic() + timeout
         self._send_partial()
-        self._q.put(None)
-        self._thread.join(timeout)
+        with contextlib.suppress(queue.Full):
+            self._q.put(None, timeout=max(0.0, deadline - time.monotonic()))
+        self._thread.join(max(0.0, deadline - time.monotonic()))
+        if self._thread.is_alive():
+            self._spool_leftovers()
+
+    def _spool_leftovers(self) -> None:
+        left: list[Tick] = []
+        while True:
+            try:
+                item = self._q.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                left.extend(item)
+        current = self._current
+        if current:
+            left = list(current) + left
+        if left:
+            self.spool.append(left)
+            log.warning("store did not answer in time at shutdown: %d ticks kept in the spool %s",
+                        len(left), self.spool.dir)
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Hand over the partial batch, then wait until the queue is empty and the spool drained (or timeout)."""
@@ -115,7 +181,9 @@ class StoreWriter:
                     if self.outage:
                         self._try_drain(force=True)
                     return
+                self._current = item
                 self._handle(item)
+                self._current = None
                 self._maybe_retention()
             finally:
                 self._q.task_done()
@@ -126,14 +194,40 @@ class StoreWriter:
             self._try_drain()
             return
         try:
-            self.written_samples += self.store.write_ticks(self.node, ticks)
+            self.written_samples += self._write(ticks)
         except Exception as e:  # noqa: BLE001 - any store failure means: keep it on disk
             self.write_errors += 1
             self.spool.append(ticks)
             self.outage = True
-            self._last_retry = time.monotonic()
+            self._last_retry = self._last_still_logged = time.monotonic()
             log.error("store write failed, spooling ticks to %s until it returns: %s", self.spool.dir,
                       _one_line(e))
+
+    def _write(self, ticks: list[Tick]) -> int:
+        self._check_file()
+        n = self.store.write_ticks(self.node, ticks)
+        if self.file is not None and self.file.changed():
+            # gone while this batch was written: it went into the old file; into the spool with it
+            raise StoreFileChanged(f"SQLite file {self.file.path} changed during a write")
+        return n
+
+    def _check_file(self) -> None:
+        """Before a write: the SQLite file is still the one the store has open, or it is recreated
+        now (schema included) and the store reopened on it; if that fails, the caller spools."""
+        if self.file is None or self.reopen is None:
+            return
+        what = self.file.changed()
+        if what is None:
+            return
+        old = self.store
+        try:
+            self.store = self.reopen(old)
+        except Exception as e:
+            raise StoreFileChanged(f"SQLite file {self.file.path} was {what} under the running agent and "
+                                   f"cannot be recreated yet: {_one_line(e)}") from None
+        self.file.reset()
+        log.error("SQLite file %s was %s under the running agent: recreated it with the schema; writing "
+                  "continues there (what the old file held is gone with it)", self.file.path, what)
 
     def _try_drain(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -143,12 +237,15 @@ class StoreWriter:
         drained = 0
         try:
             for path, ticks in self.spool.segments():
-                self.written_samples += self.store.write_ticks(self.node, ticks)
+                self.written_samples += self._write(ticks)
                 self.spool.commit(path, ticks)
                 drained += sum(len(t.samples) for t in ticks)
         except Exception as e:  # noqa: BLE001
             self.write_errors += 1
-            log.warning("store still unreachable (%d samples spooled): %s", self.spool.pending_samples, _one_line(e))
+            if now - self._last_still_logged >= 60.0:   # once a minute, not at every retry
+                self._last_still_logged = now
+                log.warning("store still unreachable (%d samples spooled): %s", self.spool.pending_samples,
+                            _one_line(e))
             return
         if self.spool.empty():
             if self.outage:

@@ -40,6 +40,58 @@ def normalise_url(url: str) -> str:
     return u.render_as_string(hide_password=False)
 
 
+def sqlite_path(url: str) -> Path | None:
+    """The file a ``sqlite:///FILE`` URL names (None for other databases and in-memory SQLite)."""
+    u = make_url(normalise_url(url))
+    if not u.drivername.startswith("sqlite") or not u.database or u.database == ":memory:" \
+            or u.database.startswith("file:"):
+        return None
+    return Path(u.database)
+
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def check_sqlite_file(url: str) -> None:
+    """Refuse, with the reason, a SQLite path that cannot work: a directory, a missing or read-only
+    directory (SQLite writes its -wal and -shm files beside the database), a file this process
+    cannot read and write, a file that is not a SQLite database.  A missing file is fine: it is
+    created.  Nothing to check for PostgreSQL."""
+    path = sqlite_path(url)
+    if path is None:
+        return
+    parent = path.parent
+    if path.is_dir():
+        raise StoreError(f"database path {path} is a directory, not a SQLite file")
+    if not parent.is_dir():
+        raise StoreError(f"database path {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise StoreError(f"database path {path}: directory {parent} is not writable (SQLite keeps its "
+                         "-wal and -shm files beside the database)")
+    if not path.exists():
+        return
+    if not path.is_file():
+        raise StoreError(f"database path {path} is not a regular file")
+    try:
+        with path.open("r+b") as f:
+            head = f.read(len(SQLITE_MAGIC))
+    except OSError as e:
+        raise StoreError(f"database file {path} cannot be opened for reading and writing: "
+                         f"{e.strerror or e}") from None
+    if head and head != SQLITE_MAGIC:
+        raise StoreError(f"database file {path} is not a SQLite database (it starts with {head[:16]!r})")
+
+
+def error_line(e: BaseException) -> str:
+    """The cause of a database error in one line: the driver's own message (``file is not a
+    database``, ``connection refused``), not SQLAlchemy's wrapper with its SQL and help link."""
+    orig = getattr(e, "orig", None)
+    text_ = str(orig if orig is not None else e).strip()
+    lines = [ln for ln in text_.splitlines() if ln.strip() and not ln.startswith(("(Background on", "[SQL:",
+                                                                                   "[parameters:"))]
+    return lines[0].strip() if lines else type(e).__name__
+
+
 def sqlite_on_connect(dbapi_conn, _record) -> None:
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
@@ -73,9 +125,9 @@ def check_reachable(engine: Engine) -> None:
             c.execute(text("SELECT 1"))
     except OperationalError as e:
         raise StoreError(f"database {engine.url.render_as_string(hide_password=True)} is unreachable: "
-                         f"{str(e.orig).strip().splitlines()[0] if e.orig else e}") from None
+                         f"{error_line(e)}") from None
     except SQLAlchemyError as e:
-        raise StoreError(f"database {engine.url.render_as_string(hide_password=True)}: {e}") from None
+        raise StoreError(f"database {engine.url.render_as_string(hide_password=True)}: {error_line(e)}") from None
 
 
 def alembic_config(url: str):
@@ -93,7 +145,12 @@ def upgrade(url: str, revision: str = "head") -> None:
     """Bring the schema to ``revision`` (Alembic)."""
     from alembic import command
 
+    check_sqlite_file(url)
     engine = make_engine(url)
     check_reachable(engine)
     engine.dispose()
-    command.upgrade(alembic_config(url), revision)
+    try:
+        command.upgrade(alembic_config(url), revision)
+    except SQLAlchemyError as e:
+        raise StoreError(f"schema upgrade of {make_url(normalise_url(url)).render_as_string(hide_password=True)} "
+                         f"failed: {error_line(e)}") from None
