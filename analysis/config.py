@@ -3,11 +3,13 @@
 Override them from a YAML file (``load_thresholds(path)``, keys are the field names, optionally
 under a top-level ``mismatch:`` key) and/or from the environment: ``TRISCOPE_MISMATCH_<FIELD>``
 (upper case), e.g. ``TRISCOPE_MISMATCH_IO_SATURATED_LINK=0.7``.  Environment wins over the file.
-Unknown keys and values that are not numbers are errors (one clear line), not silently ignored.
+Unknown keys and values that are not numbers are errors (one clear line, ``FILE:LINE: ...``), not
+silently ignored; the file is read with ``triscope.yamlsafe`` (size, depth and alias bounds).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
@@ -77,8 +79,8 @@ class MismatchThresholds:
                 val = float(raw)
             except (TypeError, ValueError):
                 raise ConfigError(f"{source}: {key} must be a number, got {raw!r}") from None
-            if val < 0 or val != val:
-                raise ConfigError(f"{source}: {key} must be >= 0, got {raw!r}")
+            if not math.isfinite(val) or val < 0:
+                raise ConfigError(f"{source}: {key} must be a finite number >= 0, got {raw!r}")
             changes[key] = val
         return replace(self, **changes)
 
@@ -102,22 +104,22 @@ def load_thresholds(path: str | Path | None = None, environ: Mapping[str, str] |
     """Defaults, then the YAML file (if given), then ``TRISCOPE_MISMATCH_*`` environment variables."""
     th = MismatchThresholds()
     if path is not None:
-        import yaml
+        from triscope import yamlsafe
 
-        p = Path(path)
         try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except OSError as e:
-            raise ConfigError(f"{p}: cannot read: {e.strerror}") from None
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
-            raise ConfigError(f"{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
+            doc = yamlsafe.load(path)
+        except yamlsafe.YAMLFileError as e:
+            raise ConfigError(str(e)) from None
+        data: Any = doc.root
+        base: tuple[str, ...] = ()
         if isinstance(data, dict) and "mismatch" in data:
-            data = data["mismatch"] or {}
+            data, base = data["mismatch"], ("mismatch",)
+        if data is None:
+            data = {}
         if not isinstance(data, dict):
-            raise ConfigError(f"{p}: expected a mapping of threshold names to numbers")
-        th = th.with_overrides(data, str(p))
+            raise ConfigError(f"{doc.where(base)}: expected a mapping of threshold names to numbers")
+        for key, value in data.items():   # one at a time: an error names the key's line
+            th = th.with_overrides({key: value}, doc.where(base + (key,)))
     return thresholds_from_env(th, environ)
 
 

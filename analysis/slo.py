@@ -47,6 +47,7 @@ from typing import Any
 
 import yaml
 
+from triscope import yamlsafe
 from triscope.labels import Matcher, escape_value
 
 WINDOWS: tuple[tuple[str, float], ...] = (
@@ -63,50 +64,6 @@ ALERT_RULES: tuple[tuple[str, str, str, float], ...] = (
 
 class SLOSpecError(ValueError):
     """A malformed SLO file: the message is ``FILE:LINE: what is wrong``."""
-
-
-# ---------------------------------------------------------------------------------------------- YAML with lines
-class _LineDict(dict[Any, Any]):
-    line: int = 0
-    key_lines: dict[Any, int]
-    value_lines: dict[Any, int]
-
-
-class _LineList(list[Any]):
-    line: int = 0
-    item_lines: list[int]
-
-
-class _LineLoader(yaml.SafeLoader):
-    pass
-
-
-def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> _LineDict:
-    loader.flatten_mapping(node)
-    d = _LineDict()
-    d.line = node.start_mark.line + 1
-    d.key_lines, d.value_lines = {}, {}
-    for knode, vnode in node.value:
-        key = loader.construct_object(knode, deep=True)
-        if not isinstance(key, str | int | float | bool) and key is not None:
-            raise yaml.constructor.ConstructorError(None, None, "mapping keys must be plain scalars", knode.start_mark)
-        if key in d:
-            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", knode.start_mark)
-        d[key] = loader.construct_object(vnode, deep=True)
-        d.key_lines[key] = knode.start_mark.line + 1
-        d.value_lines[key] = vnode.start_mark.line + 1
-    return d
-
-
-def _construct_seq(loader: _LineLoader, node: yaml.SequenceNode) -> _LineList:
-    lst = _LineList(loader.construct_object(n, deep=True) for n in node.value)
-    lst.line = node.start_mark.line + 1
-    lst.item_lines = [n.start_mark.line + 1 for n in node.value]
-    return lst
-
-
-_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_seq)
 
 
 # ---------------------------------------------------------------------------------------------- queries
@@ -286,12 +243,9 @@ def _str_map(v: Any, where: str) -> dict[str, str]:
 def parse_slo_text(text: str, source: str = "<slo>") -> list[SLOSpec]:
     """Parse a Sloth ``prometheus/v1`` document (one or several, ``---`` separated)."""
     try:
-        docs = [d for d in yaml.load_all(text, Loader=_LineLoader) if d is not None]  # noqa: S506 (safe loader subclass)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e)
-        raise SLOSpecError(f"{source}{line}: not valid YAML: {problem}") from None
+        docs = [d for d in yamlsafe.parse_all(text, source) if d.root is not None]
+    except yamlsafe.YAMLFileError as e:
+        raise SLOSpecError(str(e)) from None
     if not docs:
         raise SLOSpecError(f"{source}:1: the file holds no SLO spec")
     out: list[SLOSpec] = []
@@ -306,132 +260,148 @@ def parse_slo_text(text: str, source: str = "<slo>") -> list[SLOSpec]:
     return out
 
 
-def _parse_doc(doc: Any, source: str) -> list[SLOSpec]:
-    def at(obj: Any, key: str | None = None) -> str:
-        if key is not None and isinstance(obj, _LineDict) and key in obj.value_lines:
-            return f"{source}:{obj.value_lines[key]}"
-        return f"{source}:{getattr(obj, 'line', 1)}"
+class _At:
+    """``FILE:LINE`` of paths in one document: ``key(path)`` the line of a key (or list item),
+    ``value(path)`` the line where the value at ``path`` starts."""
 
-    if not isinstance(doc, _LineDict):
-        raise SLOSpecError(f"{at(doc)}: expected a mapping with version, service and slos")
+    def __init__(self, doc: yamlsafe.Document, source: str) -> None:
+        self.doc, self.source = doc, source
+
+    def key(self, path: tuple[Any, ...]) -> str:
+        return f"{self.source}:{self.doc.line(path) or 1}"
+
+    def value(self, path: tuple[Any, ...], key: str | None = None, obj: Any = None) -> str:
+        """The value at ``path + (key,)`` when the mapping ``obj`` has ``key``, else at ``path``."""
+        if key is not None and (obj is None or (isinstance(obj, dict) and key in obj)):
+            path = path + (key,)
+        return f"{self.source}:{self.doc.value_line(path) or 1}"
+
+
+def _parse_doc(d: yamlsafe.Document, source: str) -> list[SLOSpec]:
+    at = _At(d, source)
+    doc = d.root
+    if not isinstance(doc, dict):
+        raise SLOSpecError(f"{at.value(())}: expected a mapping with version, service and slos")
     known_top = {"version", "service", "labels", "slos", "period"}
     for k in doc:
         if k not in known_top:
-            raise SLOSpecError(f"{source}:{doc.key_lines[k]}: unknown key {k!r} (expected one of "
+            raise SLOSpecError(f"{at.key((k,))}: unknown key {k!r} (expected one of "
                                f"{', '.join(sorted(known_top))})")
     if doc.get("version") != "prometheus/v1":
-        raise SLOSpecError(f"{at(doc, 'version')}: version must be \"prometheus/v1\" (Sloth's spec), "
+        raise SLOSpecError(f"{at.value((), 'version', doc)}: version must be \"prometheus/v1\" (Sloth's spec), "
                            f"got {doc.get('version')!r}")
     service = doc.get("service")
     if not isinstance(service, str) or not service.strip():
-        raise SLOSpecError(f"{at(doc, 'service')}: service must be a non-empty string")
-    labels = _str_map(doc.get("labels"), at(doc, "labels"))
+        raise SLOSpecError(f"{at.value((), 'service', doc)}: service must be a non-empty string")
+    labels = _str_map(doc.get("labels"), at.value((), "labels", doc))
     period_s = 30 * 86400.0
     if "period" in doc:
         try:
             period_s = parse_duration(doc["period"])
         except ValueError as e:
-            raise SLOSpecError(f"{at(doc, 'period')}: {e}") from None
+            raise SLOSpecError(f"{at.value(('period',))}: {e}") from None
         if period_s < 3 * 86400:
-            raise SLOSpecError(f"{at(doc, 'period')}: period must be at least 3d (the ticket alert's long window)")
+            raise SLOSpecError(f"{at.value(('period',))}: period must be at least 3d (the ticket alert's long window)")
     slos = doc.get("slos")
-    if not isinstance(slos, _LineList) or not slos:
-        raise SLOSpecError(f"{at(doc, 'slos')}: slos must be a non-empty list")
+    if not isinstance(slos, list) or not slos:
+        raise SLOSpecError(f"{at.value((), 'slos', doc)}: slos must be a non-empty list")
     out = []
     known = {"name", "objective", "description", "labels", "sli", "alerting"}
     for i, s in enumerate(slos):
-        where = f"{source}:{slos.item_lines[i]}"
-        if not isinstance(s, _LineDict):
+        p: tuple[Any, ...] = ("slos", i)
+        where = at.key(p)
+        if not isinstance(s, dict):
             raise SLOSpecError(f"{where}: each SLO must be a mapping")
         for k in s:
             if k not in known:
-                raise SLOSpecError(f"{source}:{s.key_lines[k]}: unknown key {k!r} in SLO (expected one of "
+                raise SLOSpecError(f"{at.key(p + (k,))}: unknown key {k!r} in SLO (expected one of "
                                    f"{', '.join(sorted(known))})")
         name = s.get("name")
         if not isinstance(name, str) or not re.fullmatch(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*", name or ""):
-            raise SLOSpecError(f"{at(s, 'name') if 'name' in s else where}: name must be a non-empty string of "
+            raise SLOSpecError(f"{at.value(p, 'name', s)}: name must be a non-empty string of "
                                "letters, digits, '-', '_' or '.'")
         obj = s.get("objective")
         if isinstance(obj, bool) or not isinstance(obj, int | float) or not 0 < float(obj) < 100:
-            raise SLOSpecError(f"{at(s, 'objective') if 'objective' in s else where}: objective must be a "
+            raise SLOSpecError(f"{at.value(p, 'objective', s)}: objective must be a "
                                f"percentage between 0 and 100 (exclusive), got {obj!r}")
         sli = s.get("sli")
-        if not isinstance(sli, _LineDict):
-            raise SLOSpecError(f"{at(s, 'sli') if 'sli' in s else where}: sli must be a mapping with 'events'")
+        sp = p + ("sli",)
+        if not isinstance(sli, dict):
+            raise SLOSpecError(f"{at.value(p, 'sli', s)}: sli must be a mapping with 'events'")
         for k in sli:
             if k in ("raw", "plugin"):
-                raise SLOSpecError(f"{source}:{sli.key_lines[k]}: sli.{k} is not supported by triscope "
+                raise SLOSpecError(f"{at.key(sp + (k,))}: sli.{k} is not supported by triscope "
                                    "(it evaluates SLIs itself): use sli.events with error_query and total_query")
             if k != "events":
-                raise SLOSpecError(f"{source}:{sli.key_lines[k]}: unknown key {k!r} in sli (expected 'events')")
+                raise SLOSpecError(f"{at.key(sp + (k,))}: unknown key {k!r} in sli (expected 'events')")
         ev = sli.get("events")
-        if not isinstance(ev, _LineDict):
-            raise SLOSpecError(f"{at(sli, 'events') if 'events' in sli else at(sli)}: sli.events must be a "
+        ep = sp + ("events",)
+        if not isinstance(ev, dict):
+            raise SLOSpecError(f"{at.value(sp, 'events', sli)}: sli.events must be a "
                                "mapping with error_query and total_query")
         queries: dict[str, Query] = {}
         for k in ev:
             if k not in ("error_query", "total_query"):
-                raise SLOSpecError(f"{source}:{ev.key_lines[k]}: unknown key {k!r} in sli.events")
+                raise SLOSpecError(f"{at.key(ep + (k,))}: unknown key {k!r} in sli.events")
         for qk in ("error_query", "total_query"):
             if qk not in ev:
-                raise SLOSpecError(f"{at(ev)}: sli.events.{qk} is missing")
+                raise SLOSpecError(f"{at.value(ep)}: sli.events.{qk} is missing")
             try:
                 queries[qk] = parse_query(ev[qk])
             except ValueError as e:
-                raise SLOSpecError(f"{at(ev, qk)}: {qk}: {e}") from None
+                raise SLOSpecError(f"{at.value(ep + (qk,))}: {qk}: {e}") from None
         alerting = None
         if "alerting" in s:
-            alerting = _parse_alerting(s["alerting"], at(s, "alerting"), source, f"{service}-{name}")
+            alerting = _parse_alerting(s["alerting"], at, p + ("alerting",), f"{service}-{name}")
         desc = s.get("description") or ""
         out.append(SLOSpec(service=service, name=name, objective=float(obj), error_query=queries["error_query"],
                            total_query=queries["total_query"], period_s=period_s, description=str(desc),
-                           labels={**labels, **_str_map(s.get("labels"), at(s, "labels"))},
+                           labels={**labels, **_str_map(s.get("labels"), at.value(p, "labels", s))},
                            alerting=alerting, source=where))
     return out
 
 
-def _parse_alerting(a: Any, where: str, source: str, slo_id: str) -> AlertSpec:
-    if not isinstance(a, _LineDict):
-        raise SLOSpecError(f"{where}: alerting must be a mapping")
+def _parse_alerting(a: Any, at: _At, p: tuple[Any, ...], slo_id: str) -> AlertSpec:
+    if not isinstance(a, dict):
+        raise SLOSpecError(f"{at.value(p)}: alerting must be a mapping")
     known = {"name", "labels", "annotations", "page_alert", "ticket_alert"}
     for k in a:
         if k not in known:
-            raise SLOSpecError(f"{source}:{a.key_lines[k]}: unknown key {k!r} in alerting")
+            raise SLOSpecError(f"{at.key(p + (k,))}: unknown key {k!r} in alerting")
     name = a.get("name") or re.sub(r"[^a-zA-Z0-9]+", " ", slo_id).title().replace(" ", "") + "ErrorBudgetBurn"
     if not isinstance(name, str) or not re.fullmatch(_NAME, name):
-        raise SLOSpecError(f"{source}:{a.value_lines.get('name', a.line)}: alerting.name {name!r} is not a valid "
-                           "alert name")
+        raise SLOSpecError(f"{at.value(p, 'name', a)}: alerting.name {name!r} is not a valid alert name")
 
     def sub(key: str) -> tuple[dict[str, str] | None, dict[str, str]]:
         v = a.get(key)
         if v is None:
             return {}, {}
-        if not isinstance(v, _LineDict):
-            raise SLOSpecError(f"{source}:{a.value_lines[key]}: alerting.{key} must be a mapping")
+        kp = p + (key,)
+        if not isinstance(v, dict):
+            raise SLOSpecError(f"{at.value(kp)}: alerting.{key} must be a mapping")
         for k in v:
             if k not in ("disable", "labels", "annotations"):
-                raise SLOSpecError(f"{source}:{v.key_lines[k]}: unknown key {k!r} in alerting.{key}")
+                raise SLOSpecError(f"{at.key(kp + (k,))}: unknown key {k!r} in alerting.{key}")
         if v.get("disable") is True:
             return None, {}
-        return (_str_map(v.get("labels"), f"{source}:{v.value_lines.get('labels', v.line)}"),
-                _str_map(v.get("annotations"), f"{source}:{v.value_lines.get('annotations', v.line)}"))
+        return (_str_map(v.get("labels"), at.value(kp, "labels", v)),
+                _str_map(v.get("annotations"), at.value(kp, "annotations", v)))
 
     pl, pa = sub("page_alert")
     tl, ta = sub("ticket_alert")
-    return AlertSpec(name=name, labels=_str_map(a.get("labels"), f"{source}:{a.value_lines.get('labels', a.line)}"),
-                     annotations=_str_map(a.get("annotations"),
-                                          f"{source}:{a.value_lines.get('annotations', a.line)}"),
+    return AlertSpec(name=name, labels=_str_map(a.get("labels"), at.value(p, "labels", a)),
+                     annotations=_str_map(a.get("annotations"), at.value(p, "annotations", a)),
                      page_labels=pl, ticket_labels=tl, page_annotations=pa, ticket_annotations=ta)
 
 
 def load_slo_file(path: str | Path) -> list[SLOSpec]:
-    """Read and validate an SLO file; raises ``SLOSpecError("FILE:LINE: reason")``."""
-    p = Path(path)
+    """Read and validate an SLO file; raises ``SLOSpecError("FILE:LINE: reason")`` (also for a file
+    that is missing, too large, binary, or a YAML bomb: see ``triscope.yamlsafe``)."""
     try:
-        text = p.read_text()
-    except OSError as e:
-        raise SLOSpecError(f"{p}: cannot read: {e.strerror or e}") from None
-    return parse_slo_text(text, str(p))
+        text = yamlsafe.read_text(path)
+    except yamlsafe.YAMLFileError as e:
+        raise SLOSpecError(str(e)) from None
+    return parse_slo_text(text, str(path))
 
 
 # ---------------------------------------------------------------------------------------------- evaluation
