@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import threading
 import time
@@ -27,7 +28,13 @@ from sqlalchemy.exc import IntegrityError
 
 from store.db import PG_OPTIONS, StoreError, check_reachable, make_engine, normalise_url, sqlite_on_connect
 from store.minute_acc import MinuteAccumulator
+from triscope import names as _names
 from triscope.samples import EventRecord, Sample, label_key, parse_label_key
+
+_log = logging.getLogger("triscope.store")
+MAX_EVENT_KIND = 64          # the events.kind column
+MAX_EVENT_MESSAGE = 4096     # characters of an event's message kept
+MAX_EVENT_DETAILS = 65536    # bytes of an event's details (JSON) kept
 
 TIERS = (("raw", 0.0), ("1m", 60.0), ("1h", 3600.0))
 
@@ -112,6 +119,10 @@ class Store:
         self._nslots: dict[int, int] = {}         # node id -> slots in use (the length of a full sample row)
         # node id -> (metric, label pairs as given) -> series id: the steady-state tick's lookup
         self._raw_sids: dict[int, dict[tuple[str, tuple[tuple[str, str], ...]], int]] = {}
+        # ingest bounds (triscope/names.py): label values cut to MAX_LABEL_VALUE, samples whose metric
+        # name is longer than the column dropped; each counted, and logged once per label set / metric
+        self.truncated_label_values = 0
+        self.dropped_samples = 0
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
@@ -152,6 +163,9 @@ class Store:
             return nid
         row = conn.execute(text("SELECT id FROM nodes WHERE name = :n"), {"n": node}).first()
         if row is None:
+            problem = _names.node_name_problem(node)
+            if problem:
+                raise StoreError(problem)
             conn.execute(text(self._insert_ignore("nodes", "(name, labels, first_seen, last_seen)",
                                                   "(:n, :l, :t, :t)", "(name)")),
                          {"n": node, "l": "{}", "t": ts})
@@ -282,16 +296,37 @@ class Store:
         keys: dict[tuple[str, str], str] = {}
         for t in ticks:
             for s in t.samples:
+                if len(s.name) > _names.MAX_METRIC_NAME:
+                    self._drop_sample(s)
+                    continue
                 tk = tuple(sorted(s.labels.items())) if s.labels else ()
                 lk = lk_cache.get(tk)
                 if lk is None:
-                    lk = label_key(s.labels)
+                    lk = self._label_key(s)
                     if len(lk_cache) < 200_000:
                         lk_cache[tk] = lk
                 if (s.name, lk) not in keys:
                     keys[(s.name, lk)] = s.kind
                 pending.append((t.ts, s, lk))
         return pending, keys
+
+    def _label_key(self, s: Sample) -> str:
+        """The series' label key, over-long label values (and names) bounded: counted and logged
+        rather than failing the tick (triscope/names.py says how they are cut)."""
+        if not s.labels or all(len(str(v)) <= _names.MAX_LABEL_VALUE and len(str(k)) <= _names.MAX_LABEL_NAME
+                               for k, v in s.labels.items()):
+            return label_key(s.labels)
+        labels, cut = _names.bound_labels(s.labels)
+        self.truncated_label_values += cut
+        _log.warning("%s: %d label value(s) longer than %d characters cut (%s)", s.name, cut, _names.MAX_LABEL_VALUE,
+                     ", ".join(k for k, v in s.labels.items() if len(str(v)) > _names.MAX_LABEL_VALUE)[:200])
+        return label_key(labels)
+
+    def _drop_sample(self, s: Sample) -> None:
+        self.dropped_samples += 1
+        if self.dropped_samples in (1, 10, 100, 1000) or self.dropped_samples % 10000 == 0:
+            _log.warning("dropped %d sample(s) whose metric name is longer than %d characters (%s)",
+                         self.dropped_samples, _names.MAX_METRIC_NAME, _names.shorten(s.name, 80))
 
     def _direct_points(self, node: str, ticks: Sequence[Tick], rollup: bool
                        ) -> tuple[int, float, dict[int, float] | None, list[tuple[int, float, float]] | None] | None:
@@ -593,8 +628,8 @@ class Store:
     def _insert_events(self, conn: Connection, node_id: int, events: list[tuple[float, EventRecord]]) -> None:
         conn.execute(
             text("INSERT INTO events (node_id, ts, kind, severity, message, details) VALUES (:n, :t, :k, :s, :m, :d)"),
-            [{"n": node_id, "t": e.ts or ts, "k": e.kind, "s": e.severity, "m": e.message,
-              "d": json.dumps(e.details, default=str)} for ts, e in events],
+            [{"n": node_id, "t": e.ts or ts, "k": str(e.kind)[:MAX_EVENT_KIND], "s": str(e.severity)[:16],
+              "m": _names.shorten(e.message, MAX_EVENT_MESSAGE), "d": _details_json(e.details)} for ts, e in events],
         )
 
     def add_events(self, node: str, events: Sequence[EventRecord], ts: float | None = None) -> None:
@@ -1179,6 +1214,16 @@ def _is_unique_violation(e: BaseException) -> bool:
     if isinstance(e, IntegrityError):
         return True
     return getattr(e, "sqlstate", None) == "23505"
+
+
+def _details_json(details: Any) -> str:
+    """An event's details as JSON, at most MAX_EVENT_DETAILS bytes (else a note of what was cut)."""
+    d = json.dumps(details, default=str)
+    if len(d) <= MAX_EVENT_DETAILS:
+        return d
+    _log.warning("event details of %d bytes cut (limit %d)", len(d), MAX_EVENT_DETAILS)
+    return json.dumps({"truncated": True, "bytes": len(d), "keys": [_names.shorten(str(k), 64) for k in details][:50]}
+                      if isinstance(details, dict) else {"truncated": True, "bytes": len(d)})
 
 
 def _json(v: Any) -> dict[str, Any]:

@@ -19,15 +19,19 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import time
+import zlib
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from triscope import names
 from triscope.errors import UserError
 from triscope.samples import EventRecord, Sample
+from triscope.timeparse import MAX_TS
 
 FORMAT = "triscope-trace"
 VERSION = 1
@@ -53,13 +57,19 @@ class TraceInfo:
 def phase_events_from_log(path: Path | str) -> list[EventRecord]:
     """The workload's phase log as ``phase`` events (one per start and per end edge)."""
     out: list[EventRecord] = []
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise TraceError(f"cannot read phase log {path}: {e}") from None
+    for n, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line:
             continue
         try:
-            rec = json.loads(line)
-            ts, phase, edge = float(rec["ts"]), str(rec["phase"]), str(rec.get("edge", "start"))
+            rec = _json_line(line)
+            if not isinstance(rec, dict):
+                raise ValueError("not a JSON object")
+            ts, phase, edge = _finite(rec["ts"], "ts"), str(rec["phase"]), str(rec.get("edge", "start"))
         except (ValueError, KeyError, TypeError) as e:
             raise TraceError(f"{path}:{n}: not a phase record ({e})") from None
         details = {k: v for k, v in rec.items() if k != "ts"}
@@ -139,6 +149,11 @@ def export_trace(store: Any, node: str, path: Path | str, *, start: float | None
 
 
 # ---------------------------------------------------------------------- import
+MAX_LINE_CHARS = 64 * 1024 * 1024
+"""Longest line of a trace (the header lists every series: ~35 KB for the H200 recording)."""
+SEVERITIES = ("info", "warning", "error", "critical")
+
+
 @dataclass
 class Trace:
     header: dict[str, Any]
@@ -154,46 +169,157 @@ def _open(path: Path) -> IO[str]:
     return open(path, encoding="utf-8")
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not allowed (JSON has no NaN or Infinity)")
+
+
+def _json_line(line: str) -> Any:
+    """One line of strict JSON (no NaN / Infinity); nesting too deep is a ValueError."""
+    try:
+        return json.loads(line, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def _finite(v: Any, what: str) -> float:
+    """A timestamp: a finite number of epoch seconds between 1970 and 9999."""
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or not 0 <= v <= MAX_TS:
+        raise ValueError(f"{what} must be epoch seconds (a finite number from 1970 to 9999), not {_short(v)}")
+    return float(v)
+
+
+def _short(v: Any) -> str:
+    return names.shorten(repr(v), 60)
+
+
+def _check_header(header: Any, path: Path) -> None:
+    """The header's fields, each checked (one line naming the field when one is wrong)."""
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise TraceError(f"{path} is not a triscope trace (no '{FORMAT}' header)")
+
+    def bad(reason: str) -> TraceError:
+        return TraceError(f"{path}:1: bad trace header: {reason}")
+
+    version = header.get("version", VERSION)
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise bad(f"version must be an integer, not {_short(version)}")
+    if version > VERSION:
+        raise TraceError(f"{path}: trace version {version} is newer than this triscope understands ({VERSION})")
+    node = header.get("node")
+    if node is not None:
+        problem = names.node_name_problem(node)
+        if problem:
+            raise bad(problem)
+    try:
+        for k in ("start", "end"):
+            if header.get(k) is not None:
+                _finite(header[k], k)
+    except ValueError as e:
+        raise bad(str(e)) from None
+    labels = header.get("labels") or {}
+    if not isinstance(labels, dict) or not all(isinstance(v, str | int | float | bool) or v is None
+                                               for v in labels.values()):
+        raise bad("labels must be a mapping of names to plain values")
+    header["labels"] = {str(k): v if not isinstance(v, str) else names.bound_label_value(v) for k, v in labels.items()}
+    series = header.get("series", [])
+    if not isinstance(series, list):
+        raise bad("series must be a list of [ID, METRIC, LABELS, KIND]")
+    seen: set[int] = set()
+    for i, row in enumerate(series):
+        if not (isinstance(row, list) and len(row) == 4 and isinstance(row[0], int) and not isinstance(row[0], bool)):
+            raise bad(f"series[{i}] is not [ID, METRIC, LABELS, KIND]: {_short(row)}")
+        sid, metric, lab, kind = row
+        if sid in seen:
+            raise bad(f"series[{i}]: id {sid} is used twice")
+        seen.add(sid)
+        problem = names.metric_name_problem(metric)
+        if problem:
+            raise bad(f"series[{i}]: {problem}")
+        if not isinstance(lab, dict) or not all(isinstance(v, str) for v in lab.values()):
+            raise bad(f"series[{i}] ({metric}): labels must be a mapping of names to strings")
+        for k in lab:
+            problem = names.label_name_problem(k)
+            if problem:
+                raise bad(f"series[{i}] ({metric}): {problem}")
+        if kind not in ("gauge", "counter"):
+            raise bad(f"series[{i}] ({metric}): kind must be gauge or counter, not {_short(kind)}")
+
+
+def _parse_line(rec: Any, known: set[int]) -> tuple[str, Any]:
+    """('t', tick) or ('e', event) of one line after the header; ValueError says what is wrong."""
+    if not isinstance(rec, dict):
+        raise ValueError("not a JSON object")
+    if "t" in rec:
+        t = _finite(rec["t"], "t")
+        raw = rec.get("v")
+        if not isinstance(raw, list):
+            raise ValueError("v must be a list of [SERIES_ID, VALUE]")
+        vals = []
+        for pair in raw:
+            if not (isinstance(pair, list) and len(pair) == 2):
+                raise ValueError(f"v holds {_short(pair)}, not [SERIES_ID, VALUE]")
+            sid, v = pair
+            if isinstance(sid, bool) or not isinstance(sid, int) or isinstance(v, bool) or not isinstance(v, int | float):
+                raise ValueError(f"v holds {_short(pair)}, not [SERIES_ID, VALUE]")
+            if sid not in known:
+                raise ValueError(f"unknown series id {sid}")
+            vals.append((sid, float(v)))
+        return "t", (t, vals)
+    if "e" in rec:
+        e = rec["e"]
+        if not isinstance(e, dict):
+            raise ValueError("e must be an object")
+        _finite(e.get("ts"), "ts")
+        kind = e.get("kind")
+        if not isinstance(kind, str) or not kind or len(kind) > 64:
+            raise ValueError(f"kind must be a name of 1 to 64 characters, not {_short(kind)}")
+        if e.get("severity", "info") not in SEVERITIES:
+            raise ValueError(f"severity must be one of {', '.join(SEVERITIES)}, not {_short(e.get('severity'))}")
+        if not isinstance(e.get("message", ""), str):
+            raise ValueError("message must be a string")
+        if not isinstance(e.get("details") or {}, dict):
+            raise ValueError("details must be an object")
+        return "e", e
+    raise ValueError("neither a tick nor an event")
+
+
 def read_trace(path: Path | str) -> Trace:
+    """Read and check a trace file; anything wrong is one ``TraceError`` line (``FILE:LINE: ...``)."""
     path = Path(path)
     if not path.is_file():
-        raise TraceError(f"trace file {path} does not exist")
+        raise TraceError(f"trace file {path} does not exist" if not path.exists() else f"{path} is not a file")
     ticks: list[tuple[float, list[tuple[int, float]]]] = []
     events: list[dict[str, Any]] = []
+    n = 1
     try:
         with _open(path) as f:
-            first = f.readline()
+            first = f.readline(MAX_LINE_CHARS + 1)
+            if len(first) > MAX_LINE_CHARS:
+                raise TraceError(f"{path} is not a triscope trace (its first line is longer than "
+                                 f"{MAX_LINE_CHARS:,} characters)")
             try:
-                header = json.loads(first)
+                header = _json_line(first)
             except ValueError:
                 raise TraceError(f"{path} is not a triscope trace (first line is not JSON)") from None
-            if not isinstance(header, dict) or header.get("format") != FORMAT:
-                raise TraceError(f"{path} is not a triscope trace (no '{FORMAT}' header)")
-            if int(header.get("version", 0)) > VERSION:
-                raise TraceError(f"{path}: trace version {header.get('version')} is newer than this triscope "
-                                 f"understands ({VERSION})")
+            _check_header(header, path)
             known = {int(s[0]) for s in header.get("series", [])}
-            for n, line in enumerate(f, 2):
+            while True:
+                line = f.readline(MAX_LINE_CHARS + 1)
+                if not line:
+                    break
+                n += 1
+                if len(line) > MAX_LINE_CHARS:
+                    raise TraceError(f"{path}:{n}: bad trace line (longer than {MAX_LINE_CHARS:,} characters)")
                 if not line.strip():
                     continue
                 try:
-                    rec = json.loads(line)
-                    if "t" in rec:
-                        vals = [(int(sid), float(v)) for sid, v in rec["v"]]
-                        bad = [sid for sid, _ in vals if sid not in known]
-                        if bad:
-                            raise ValueError(f"unknown series id {bad[0]}")
-                        ticks.append((float(rec["t"]), vals))
-                    elif "e" in rec:
-                        e = rec["e"]
-                        float(e["ts"])
-                        str(e["kind"])
-                        events.append(e)
-                    else:
-                        raise ValueError("neither a tick nor an event")
-                except (ValueError, KeyError, TypeError) as err:
+                    what, item = _parse_line(_json_line(line), known)
+                except ValueError as err:
                     raise TraceError(f"{path}:{n}: bad trace line ({err})") from None
-    except (OSError, EOFError, gzip.BadGzipFile) as e:
+                (ticks if what == "t" else events).append(item)
+    except UnicodeDecodeError:
+        raise TraceError(f"{path}:{n}: not a triscope trace (not UTF-8 text: a binary file?)") from None
+    except (OSError, EOFError, zlib.error) as e:
         raise TraceError(f"cannot read trace {path}: {e}") from None
     return Trace(header, ticks, events)
 
@@ -221,14 +347,19 @@ def iter_ticks(trace: Trace, offset: float = 0.0) -> Iterator[Any]:
 
 
 def import_trace(store: Any, path: Path | str, *, node: str | None = None, shift_to_now: bool = False,
-                 now: float | None = None) -> TraceInfo:
+                 now: float | None = None, trace: Trace | None = None) -> TraceInfo:
     """Load a trace into ``store`` under ``node`` (default: the node it was recorded on).
 
     ``shift_to_now`` moves every timestamp by the same offset so the trace ends now.  Loading the
     same trace twice (without shifting) adds nothing: samples are idempotent per (series, ts) and
-    events already present (same ts, kind, message) are skipped.
+    events already present (same ts, kind, message) are skipped.  ``trace``: the file already read
+    by ``read_trace``.
     """
-    trace = read_trace(path)
+    if node is not None:
+        problem = names.node_name_problem(node)
+        if problem:
+            raise TraceError(problem)
+    trace = read_trace(path) if trace is None else trace
     node = node or str(trace.header.get("node") or "trace")
     start = float(trace.header.get("start") or (trace.ticks[0][0] if trace.ticks else 0.0))
     end = float(trace.header.get("end") or (trace.ticks[-1][0] if trace.ticks else start))

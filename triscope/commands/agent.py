@@ -78,6 +78,11 @@ def build_config(args: argparse.Namespace, listen: tuple[str, int] | None):
         raise UserError(f"--interval must be > 0 (got {args.interval})")
     if args.write_every < 0:
         raise UserError(f"--write-every must be >= 0 seconds (got {args.write_every})")
+    from triscope.names import node_name_problem
+
+    problem = node_name_problem(args.node)
+    if problem:
+        raise UserError(f"--node: {problem}")
     if not args.scrape_timeout > 0 or args.scrape_timeout > 60:
         raise UserError(f"--scrape-timeout must be between 0 and 60 seconds (got {args.scrape_timeout})")
     for url in args.scrape:

@@ -1,16 +1,21 @@
-"""Helpers shared by the subcommands: the --db option, host:port parsing, time parsing."""
+"""Helpers shared by the subcommands: the --db option, host:port parsing, time arguments."""
 
 from __future__ import annotations
 
 import argparse
-import re
-import time
 from datetime import UTC, datetime
+from typing import Any
 
 from store.db import ENV_DB_URL, default_url
+from triscope import timeparse
+
+TIME_HELP = timeparse.HELP
 
 
 def add_db_option(p: argparse.ArgumentParser) -> None:
+    """``--db URL``; every command that reads a store also takes relative times written without
+    ``=`` (``--since -2h``: see ``timeparse.allow_relative_times``)."""
+    timeparse.allow_relative_times(p)
     p.add_argument("--db", metavar="URL", default=None,
                    help=f"database URL (sqlite:///FILE or postgresql://USER@HOST/DB); default ${ENV_DB_URL} "
                         "or ./triscope.db")
@@ -36,32 +41,24 @@ def parse_hostport(value: str, default_host: str = "127.0.0.1") -> tuple[str, in
     return host, p
 
 
-_REL = re.compile(r"^-(\d+(?:\.\d+)?)([smhdw])$")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+def parse_time(value: str, now: float | None = None, option: str | None = None) -> float:
+    """A time argument (``triscope.timeparse``: ``now``, ``2h`` / ``-2h`` ago, ISO 8601 with naive =
+    UTC, epoch seconds) as epoch seconds; a bad one is a ``UserError`` naming ``option``."""
+    from triscope.errors import UserError
 
-
-def parse_time(value: str, now: float | None = None) -> float:
-    """``now``, relative (``-2h``, ``-30m``, ``-90s``, ``-7d``), epoch seconds, or ISO 8601."""
-    from triscope.cli import UserError
-
-    now = time.time() if now is None else now
-    v = value.strip()
-    if v == "now":
-        return now
-    m = _REL.match(v)
-    if m:
-        return now - float(m.group(1)) * _UNITS[m.group(2)]
     try:
-        return float(v)
-    except ValueError:
-        pass
-    try:
-        dt = datetime.fromisoformat(v.replace("Z", "+00:00"))
-    except ValueError:
-        raise UserError(f"cannot read time {value!r}: use ISO 8601 (2026-11-29T17:00:00Z), -2h, -30m or now") from None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return dt.timestamp()
+        return timeparse.parse_time(value, now)
+    except timeparse.TimeParseError as e:
+        raise UserError(f"{option}: {e}" if option else str(e)) from None
+
+
+def known_nodes(store: Any, most: int = 10) -> str:
+    """The stored node names for an error message: a few, each cut short, and how many in all."""
+    from triscope.names import shorten
+
+    names = sorted(n.name for n in store.nodes())
+    text = ", ".join(shorten(n, 60) for n in names[:most]) or "none"
+    return text + (f", ... ({len(names)} in all)" if len(names) > most else "")
 
 
 def fmt_ts(ts: float) -> str:

@@ -6,22 +6,26 @@ import argparse
 import json
 import time
 
-from triscope.commands.common import add_db_option, db_url, fmt_ts, parse_time
+from triscope.commands.common import TIME_HELP, add_db_option, db_url, fmt_ts, known_nodes, parse_time
+from triscope.names import shorten
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "query", help="print stored points of a metric (or events) for a node and time range",
         description="Print stored points. Counters are printed as they are stored (cumulative) unless "
-        "--rate is given. Without --metric, lists the metrics stored for the node.",
+        "--rate is given. Without --metric, lists the metrics stored for the node. "
+        f"Times: {TIME_HELP}; --since -2h and --since=-2h both work.",
     )
     add_db_option(p)
     p.add_argument("--metric", help="metric name, e.g. triscope_tcp_retransmits_total")
     p.add_argument("--node", help="node name (default: all nodes)")
     p.add_argument("--label", action="append", default=[], metavar="K=V", help="only series with this label (repeatable)")
-    p.add_argument("--since", type=float, default=3600.0, metavar="SECONDS", help="how far back (default 3600)")
-    p.add_argument("--start", help="range start (ISO 8601, -2h, epoch); overrides --since")
-    p.add_argument("--end", help="range end (default now)")
+    p.add_argument("--since", default="1h", metavar="TIME",
+                   help=f"range start (default 1h, one hour ago): {TIME_HELP}; a plain number below 1000000000 "
+                        "is that many seconds ago")
+    p.add_argument("--start", metavar="TIME", help="range start, same forms as --since (overrides it)")
+    p.add_argument("--until", "--end", dest="end", metavar="TIME", help="range end, same forms (default now)")
     p.add_argument("--rate", action="store_true", help="counters as per-second rates")
     p.add_argument("--max-points", type=int, default=0, help="downsample each series to at most N points "
                    "(min/max preserving; default: every raw point)")
@@ -34,15 +38,17 @@ def cmd_query(args: argparse.Namespace) -> int:
     from store import Store
     from triscope.cli import UserError
 
+    now = time.time()
+    end = parse_time(args.end, now, "--until") if args.end is not None else now
+    start = parse_time(args.start, now, "--start") if args.start is not None else parse_time(args.since, now, "--since")
+    if args.max_points < 0:
+        raise UserError("--max-points must be 0 (every point) or more")
     st = Store.open(db_url(args))
     st.require_schema()
-    end = parse_time(args.end) if args.end else time.time()
-    start = parse_time(args.start) if args.start else end - args.since
     if start > end:
         raise UserError("the range starts after it ends")
     if args.node and args.node not in {n.name for n in st.nodes()}:
-        known = ", ".join(n.name for n in st.nodes()) or "none"
-        raise UserError(f"unknown node {args.node!r} (stored nodes: {known})")
+        raise UserError(f"unknown node {shorten(args.node)!r} (stored nodes: {known_nodes(st)})")
     if args.events:
         for e in st.events(node=args.node, start=start, end=end):
             if args.json:
@@ -62,7 +68,7 @@ def cmd_query(args: argparse.Namespace) -> int:
             raise UserError(f"--label {kv!r} is not K=V")
         labels[k] = v
     if args.metric not in st.metric_names(args.node):
-        raise UserError(f"unknown metric {args.metric!r}" + (f" on node {args.node!r}" if args.node else "")
+        raise UserError(f"unknown metric {shorten(args.metric)!r}" + (f" on node {args.node!r}" if args.node else "")
                         + " — 'triscope query' without --metric lists the stored ones")
     results = st.query(args.metric, node=args.node, labels=labels or None, start=start, end=end,
                        max_points=args.max_points or None, rate=bool(args.rate))

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import time
 from typing import Any
 
-from triscope.commands.common import add_db_option, db_url, fmt_ts, parse_time
+from triscope.commands.common import TIME_HELP, add_db_option, db_url, fmt_ts, known_nodes, parse_time
+from triscope.names import shorten
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -18,14 +18,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "preceding window of the same length), rank the changes by how far and how early they moved, merge "
         "the window's events (XID, AER, IOMMU faults, retransmit bursts with their peers, mismatch state "
         "changes, remediation actions) and print the likely causes with their evidence. "
-        "Times: ISO 8601 (2026-11-29T17:00:00Z), relative (-2h, -30m, -90s), epoch seconds, or now.",
+        f"Times: {TIME_HELP}.",
     )
-    # let relative times like -2h / -30m through as option values (argparse would take them for options)
-    p._negative_number_matcher = re.compile(r"^-\d+(?:\.\d+)?[smhdw]?$|^-\d*\.\d+$")
-    add_db_option(p)
+    add_db_option(p)   # also lets relative times like -2h through as option values
     p.add_argument("--node", required=True, help="node name as stored (see 'triscope query')")
-    p.add_argument("--start", required=True, help="window start (ISO 8601, -2h, -30m, epoch, now)")
-    p.add_argument("--end", default="now", help="window end (default now)")
+    p.add_argument("--start", required=True, metavar="TIME", help="window start (e.g. -2h, 2026-11-29T17:00:00Z)")
+    p.add_argument("--end", default="now", metavar="TIME", help="window end (default now)")
     p.add_argument("--baseline-start", help="baseline start (default: the preceding window of the same length)")
     p.add_argument("--baseline-end", help="baseline end (default: the window's start)")
     p.add_argument("--top", type=int, default=8, help="how many causes to print (default 8)")
@@ -40,14 +38,15 @@ def cmd_rca(args: argparse.Namespace) -> int:
     from triscope.cli import UserError
 
     now = time.time()
-    start = parse_time(args.start, now)
-    end = parse_time(args.end, now)
+    start = parse_time(args.start, now, "--start")
+    end = parse_time(args.end, now, "--end")
     if end <= start:
         raise UserError(f"the window is empty: --start {args.start} is not before --end {args.end}")
     baseline = None
-    if args.baseline_start or args.baseline_end:
-        b0 = parse_time(args.baseline_start, now) if args.baseline_start else start - (end - start)
-        b1 = parse_time(args.baseline_end, now) if args.baseline_end else start
+    if args.baseline_start is not None or args.baseline_end is not None:
+        b0 = (parse_time(args.baseline_start, now, "--baseline-start") if args.baseline_start is not None
+              else start - (end - start))
+        b1 = parse_time(args.baseline_end, now, "--baseline-end") if args.baseline_end is not None else start
         if b1 <= b0:
             raise UserError("the baseline is empty: --baseline-start must be before --baseline-end")
         baseline = (b0, b1)
@@ -55,9 +54,8 @@ def cmd_rca(args: argparse.Namespace) -> int:
         raise UserError("--top must be at least 1")
     st = Store.open(db_url(args))
     st.require_schema()
-    nodes = [n.name for n in st.nodes()]
-    if args.node not in nodes:
-        raise UserError(f"unknown node {args.node!r} (stored nodes: {', '.join(nodes) or 'none'})")
+    if args.node not in {n.name for n in st.nodes()}:
+        raise UserError(f"unknown node {shorten(args.node)!r} (stored nodes: {known_nodes(st)})")
     res = rank_causes(st, args.node, start, end, baseline=baseline, top=args.top)
     st.close()
     if args.json:

@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from triscope.commands.common import add_db_option, db_url, fmt_ts, parse_time
+from triscope.commands.common import TIME_HELP, add_db_option, db_url, fmt_ts, parse_time
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -41,11 +40,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Evaluate SLOs over stored series: SLI and error budget remaining over the SLO period, "
         "burn rates over 5m..3d, data coverage, and page/ticket status (multi-window multi-burn-rate).",
     )
-    add_db_option(s)
+    add_db_option(s)   # also lets --at -2h through
     s.add_argument("--slo", type=Path, default=None, metavar="FILE",
                    help="SLO file (default $TRISCOPE_SLO_FILE or deploy/slo.example.yaml)")
     s.add_argument("--node", help="only series of this node (default: all nodes)")
-    s.add_argument("--at", default="now", help="evaluate at this time (ISO 8601, -2h, epoch; default now)")
+    s.add_argument("--at", default="now", metavar="TIME", help=f"evaluate at this time (default now): {TIME_HELP}")
     s.add_argument("--json", action="store_true", help="one JSON object per SLO")
     s.set_defaults(func=cmd_status)
 
@@ -75,11 +74,15 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_rules(args: argparse.Namespace) -> int:
     from analysis.slo import rules_yaml
+    from triscope.errors import UserError
 
     path, slos = _load(args.file)
     text = rules_yaml(slos, path.name)
     if args.output:
-        args.output.write_text(text)
+        try:
+            args.output.write_text(text)
+        except OSError as e:
+            raise UserError(f"cannot write {args.output}: {e.strerror or e}") from None
         print(f"wrote {args.output} ({sum(1 for line in text.splitlines() if line.lstrip().startswith(('- record:', '- alert:')))} rules)",
               file=sys.stderr)
     else:
@@ -100,9 +103,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     from store import Store
 
     path, slos = _load(args.slo)
+    now = parse_time(args.at, None, "--at")
     st = Store.open(db_url(args))
     st.require_schema()
-    now = parse_time(args.at) if args.at else time.time()
     for slo in slos:
         status = evaluate(st, slo, now, node=args.node)
         if args.json:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import time
 
-from triscope.commands.common import add_db_option, db_url, parse_time
+from triscope.commands.common import TIME_HELP, add_db_option, db_url, parse_time
+from triscope.errors import UserError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -15,7 +17,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("file", metavar="FILE", help="trace file (.jsonl.gz as written by 'triscope export-trace')")
     add_db_option(p)
-    p.add_argument("--node", default=None, help="node name to store it under (default: the node it was recorded on)")
+    p.add_argument("--node", default=None,
+                   help="node name to store it under (default: the node it was recorded on); at most 253 letters, "
+                        "digits, '.', '-', '_'")
     p.add_argument("--shift-to-now", action="store_true",
                    help="move every timestamp by the same offset so the trace ends now")
     p.set_defaults(func=cmd_import)
@@ -28,8 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_db_option(e)
     e.add_argument("--node", required=True, help="node to export")
     e.add_argument("-o", "--output", required=True, metavar="FILE", help="trace file to write (.jsonl.gz)")
-    e.add_argument("--start", default=None, help="range start: ISO 8601, epoch seconds, -2h, now (default: first sample)")
-    e.add_argument("--end", default=None, help="range end (default: last sample)")
+    e.add_argument("--start", default=None, metavar="TIME", help=f"range start (default: first sample): {TIME_HELP}")
+    e.add_argument("--end", default=None, metavar="TIME", help="range end, same forms (default: last sample)")
     e.add_argument("--exclude", action="append", default=[], metavar="PREFIX",
                    help="leave out metrics starting with PREFIX (repeatable)")
     e.set_defaults(func=cmd_export)
@@ -37,12 +41,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_import(args: argparse.Namespace) -> int:
     from store import Store
-    from triscope.trace import import_trace
+    from triscope.names import node_name_problem
+    from triscope.trace import import_trace, read_trace
 
+    if args.node is not None and node_name_problem(args.node):
+        raise UserError(f"--node: {node_name_problem(args.node)}")
+    trace = read_trace(args.file)   # a bad file is one line before the store is touched
     st = Store.open(db_url(args))
     try:
         st.upgrade()
-        info = import_trace(st, args.file, node=args.node, shift_to_now=args.shift_to_now)
+        info = import_trace(st, args.file, node=args.node, shift_to_now=args.shift_to_now, trace=trace)
     finally:
         st.close()
     print(f"imported {info.ticks} ticks ({info.samples} samples, {info.series} series) and {info.events} new events "
@@ -57,8 +65,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     st = Store.open(db_url(args))
     try:
         st.require_schema()
-        start = parse_time(args.start) if args.start else None
-        end = parse_time(args.end) if args.end else None
+        now = time.time()
+        start = parse_time(args.start, now, "--start") if args.start is not None else None
+        end = parse_time(args.end, now, "--end") if args.end is not None else None
         info = export_trace(st, args.node, args.output, start=start, end=end, exclude_prefixes=args.exclude)
     finally:
         st.close()

@@ -1,0 +1,104 @@
+"""One parser for every time argument of the command line (``--since``, ``--until``, ``--start``,
+``--end``, ``--at``...).
+
+Accepted forms (``HELP`` says the same in one line for ``--help``):
+
+* ``now``;
+* a time ago: ``2h`` or ``-2h`` (both two hours ago), units ``s``, ``m``, ``h``, ``d``, ``w``,
+  decimals and compounds allowed (``1.5h``, ``1h30m``);
+* ISO 8601: ``2026-11-29T17:00:00Z``, ``2026-11-29T18:00:00+01:00``, ``2026-11-29 17:00``,
+  ``2026-11-29``; without a zone the time is **UTC**;
+* a plain number: epoch seconds when it is at least 1,000,000,000 (2001-09-09), otherwise a count
+  of seconds ago (``--since 600`` is ten minutes ago, as it always was for ``triscope query``;
+  no stored data is older than 2001, so the two readings cannot be confused).
+
+Anything else (``nan``, ``inf``, ``yesterday``, a time before 1970 or after 9999) is refused with
+a ``TimeParseError`` that says what was given and which forms work.
+
+``allow_relative_times(parser)`` lets argparse take ``-2h`` as the value of an option written
+without ``=`` (``--since -2h``; otherwise argparse reads ``-2h`` as an unknown option).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import time
+from datetime import UTC, datetime
+
+UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+EPOCH_MIN = 1_000_000_000.0
+"""Plain numbers at or above this are epoch seconds; below, seconds ago."""
+MAX_TS = 253402300799.0   # 9999-12-31T23:59:59Z
+HELP = ("ISO 8601 (2026-11-29T17:00:00Z; no zone = UTC), a time ago (2h or -2h; s, m, h, d, w), "
+        "epoch seconds, or now")
+
+_AGO = re.compile(r"^-?((?:\d+(?:\.\d+)?[smhdw])+)$")
+_PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+_NUMBER = re.compile(r"^(-?)(\d+(?:\.\d+)?)$")
+# what argparse must take for an option's value, not for an option: -2h, -1h30m, -90, -.5 (and -inf,
+# -nan: refused by parse_time with its own message, not argparse's usage text)
+_NEGATIVE_VALUE = re.compile(r"^-\.?\d|^-(?:inf|infinity|nan)$", re.IGNORECASE)
+
+
+class TimeParseError(ValueError):
+    """A time argument that is not one of the accepted forms (the message says which are)."""
+
+
+def parse_duration(value: str) -> float:
+    """``2h``, ``-2h``, ``1h30m``, ``90s`` as seconds (the sign is ignored: a duration ago)."""
+    m = _AGO.match(value.strip())
+    if not m:
+        raise TimeParseError(f"{value!r} is not a duration (e.g. 90s, 30m, 2h, 1h30m, 7d, 1w)")
+    seconds = sum(float(n) * UNITS[u] for n, u in _PART.findall(m.group(1)))
+    if not math.isfinite(seconds):
+        raise TimeParseError(f"{value!r} is too long a duration")
+    return seconds
+
+
+def parse_time(value: str, now: float | None = None) -> float:
+    """Epoch seconds of a time argument (see the module docstring for the forms)."""
+    if not isinstance(value, str):
+        raise TimeParseError(f"{value!r} is not a time: use {HELP}")
+    now = time.time() if now is None else now
+    v = value.strip()
+    if not v:
+        raise TimeParseError(f"an empty time: use {HELP}")
+    if v.lower() == "now":
+        return now
+    if _AGO.match(v):
+        return _check(value, now - parse_duration(v))
+    m = _NUMBER.match(v)
+    if m:
+        x = float(m.group(2))
+        if m.group(1) or x < EPOCH_MIN:   # -600 and 600: ten minutes ago
+            return _check(value, now - x)
+        return _check(value, x)
+    low = v.lower().lstrip("+-")
+    if low in ("nan", "inf", "infinity"):
+        raise TimeParseError(f"{value!r} is not a time (not a finite number): use {HELP}")
+    try:
+        dt = datetime.fromisoformat(v[:-1] + "+00:00" if v[-1:] in ("Z", "z") else v)
+    except ValueError:
+        raise TimeParseError(f"cannot read time {value!r}: use {HELP}") from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    try:
+        return _check(value, dt.timestamp())
+    except (OverflowError, ValueError, OSError):
+        raise TimeParseError(f"{value!r} is out of range (1970 to 9999)") from None
+
+
+def _check(value: str, ts: float) -> float:
+    if not math.isfinite(ts) or ts < 0 or ts > MAX_TS:
+        raise TimeParseError(f"{value!r} is out of range: times run from 1970 to 9999")
+    return ts
+
+
+def allow_relative_times(parser: argparse.ArgumentParser) -> None:
+    """Let ``--since -2h`` through: argparse would otherwise take ``-2h`` for an unknown option.
+
+    argparse decides whether a word that starts with ``-`` is an option or a value with the
+    parser's negative-number pattern; this widens it to relative times (``-2h``, ``-1h30m``)."""
+    parser._negative_number_matcher = _NEGATIVE_VALUE
