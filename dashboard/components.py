@@ -2,12 +2,66 @@
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
 from dash import dcc, html
 
 from dashboard.data import PRESETS
+from dashboard.figures import NAME_CHARS, TITLE_CHARS
+from triscope.names import shorten
+
+# Node names and label values come from outside (an agent's --node, an application's labels): on
+# the page they are cut to NAME_CHARS characters with an ellipsis, the whole text in a tooltip.
+# A 10 KB node name in a dropdown or a table cell otherwise stalls the browser for minutes.
+
+
+def short(text: Any, limit: int = NAME_CHARS) -> str:
+    """``text`` cut to ``limit`` characters with an ellipsis."""
+    return shorten(str(text), limit)
+
+
+def full(text: Any) -> str:
+    """The text for a tooltip: whole, up to TITLE_CHARS characters."""
+    return shorten(str(text), TITLE_CHARS)
+
+
+def name_span(text: Any, limit: int = NAME_CHARS, **kw: Any) -> html.Span:
+    """A name shown short, the whole of it in the element's title (tooltip) when it was cut."""
+    t = str(text)
+    if len(t) > limit:
+        kw.setdefault("title", full(t))
+    return html.Span(short(t, limit), **kw)
+
+
+VALUE_CHARS = 64
+"""Node names up to this long are their own dropdown value; longer ones go by a digest."""
+
+
+def node_value(name: str) -> str:
+    """The dropdown value of a node.  dcc.Dropdown indexes every substring of each option's value
+    and label for its search box (js-search's AllSubstringsIndexStrategy): a 10 KB value is 50
+    million index entries, minutes of a frozen tab.  A long name goes by ``~`` and a digest."""
+    if len(name) <= VALUE_CHARS:
+        return name
+    return "~" + hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
+
+
+def node_from_value(value: str | None, names: Iterable[str]) -> str | None:
+    """The node a dropdown value stands for (None: none of ``names``)."""
+    if value is None:
+        return None
+    if not value.startswith("~") or len(value) <= 1:
+        return value
+    return next((n for n in names if node_value(n) == value), None)
+
+
+def node_options(nodes: Iterable[str]) -> list[dict[str, Any]]:
+    """Dropdown options for node names: the label short, the value short (``node_value``), the
+    whole name (up to TITLE_CHARS) as the option's tooltip."""
+    return [{"label": short(n), "value": node_value(n), "title": full(n)} for n in nodes]
 
 
 def fmt_ts(ts: float | None) -> str:

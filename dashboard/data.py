@@ -147,7 +147,9 @@ def _fmt(title: str, labels: Mapping[str, str]) -> str:
         def __missing__(self, k: str) -> str:
             return "?"
 
-    return " ".join(title.format_map(_D(labels)).replace("?", "").split())
+    from triscope.names import shorten
+
+    return " ".join(title.format_map(_D({k: shorten(str(v), 48) for k, v in labels.items()})).replace("?", "").split())
 
 
 def _key(metric: str, labels: Mapping[str, str]) -> str:
@@ -460,7 +462,9 @@ def _accelerator_text(gpu_keys: Iterable[tuple[str, str]], npu_keys: Iterable[tu
     npus = {(_labels(lk).get("npu"), _labels(lk).get("chip")) for _, lk in npu_keys if _labels(lk).get("npu") is not None}
     parts = []
     if gpus:
-        models = sorted(set(names.values())) or ["GPU"]
+        from triscope.names import shorten
+
+        models = sorted({shorten(m, 40) for m in names.values()}) or ["GPU"]
         parts.append(f"{len(gpus)} x {'/'.join(models)}")
     if npus:
         parts.append(f"{len(npus)} x Ascend NPU")

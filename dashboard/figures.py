@@ -15,6 +15,11 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from triscope.names import shorten
+
+NAME_CHARS = 48      # characters of a node name or label value shown; longer ones end in an ellipsis
+TITLE_CHARS = 1024   # characters of one shown in full (a tooltip, a hover label)
+
 STATE_COLORS: dict[str, str] = {
     "idle": "#9e9e9e",
     "compute-bound": "#2e7d32",
@@ -35,6 +40,21 @@ def to_dt(ts: Sequence[float]) -> list[str]:
     live mode appends strings of the same form."""
     arr = (np.asarray(ts, dtype=float) * 1000.0).astype("datetime64[ms]")
     return [str(x) for x in np.datetime_as_string(arr, unit="ms")]
+
+
+def display_names(names: Sequence[str], limit: int = NAME_CHARS) -> list[str]:
+    """Names cut to ``limit`` characters, kept distinct (two long names with one prefix stay two
+    bars): a repeat gets `` #2``, `` #3``..."""
+    out: list[str] = []
+    seen: set[str] = set()
+    for n in names:
+        d, k = shorten(n, limit), 2
+        while d in seen:
+            d = shorten(n, limit - len(f" #{k}")) + f" #{k}"
+            k += 1
+        seen.add(d)
+        out.append(d)
+    return out
 
 
 def _base_layout(fig: go.Figure, height: int, uirevision: Any = None) -> go.Figure:
@@ -115,7 +135,7 @@ def node_lanes_figure(lanes: Any, uirevision: Any = "node", height: int = 860) -
              "name": f"event: {kind}", "legendgroup": "events",
              "marker": {"symbol": EVENT_SYMBOLS.get(kind, "circle"), "size": 11, "line": {"width": 2},
                         "color": [SEVERITY_COLORS.get(e.severity, "#546e7a") for e in evs]},
-             "text": [f"{e.kind} ({e.severity}): {e.message}" for e in evs],
+             "text": [shorten(f"{e.kind} ({e.severity}): {e.message}", 300) for e in evs],
              "hovertemplate": "%{text}<extra></extra>"}, 1, f"events|{kind}")
     # lanes (a lane with only secondary-axis series draws them on its primary axis)
     has_primary = {LANE_ROWS[t.lane] for t in lanes.traces if not t.secondary}
@@ -195,7 +215,7 @@ def mismatch_scatter(points: Sequence[Any], height: int = 440) -> go.Figure:
         fig.add_trace(go.Scatter(
             x=[p.link_util * 100 for p in pts], y=[p.busy * 100 for p in pts], mode="markers", name=state,
             marker=dict(color=STATE_COLORS.get(state, "#bdbdbd"), size=7, opacity=0.75),
-            text=[f"{p.node} score {p.score:.2f}" for p in pts],
+            text=[f"{shorten(p.node, NAME_CHARS)} score {p.score:.2f}" for p in pts],
             hovertemplate="link %{x:.0f}% / busy %{y:.0f}%<br>%{text}<extra>" + state + "</extra>"))
     fig.update_xaxes(title_text="link load (% of the link's effective ceiling)", range=[-3, 110])
     fig.update_yaxes(title_text="accelerator busy (SM active / AICore %)", range=[-3, 105])
@@ -212,10 +232,12 @@ def state_share_figure(shares: Mapping[str, Mapping[str, float]], height: int | 
     fig = go.Figure()
     states = [s for s in STATE_COLORS if any(s in shares[n] for n in nodes)]
     states += sorted({s for n in nodes for s in shares[n]} - set(states))
+    shown = display_names(nodes)
+    hover = [shorten(n, 253) for n in nodes]
     for s in states:
-        fig.add_trace(go.Bar(y=nodes, x=[shares[n].get(s, 0.0) * 100 for n in nodes], name=s, orientation="h",
-                             marker_color=STATE_COLORS.get(s, "#bdbdbd"),
-                             hovertemplate="%{y}: %{x:.1f}%<extra>" + s + "</extra>"))
+        fig.add_trace(go.Bar(y=shown, x=[shares[n].get(s, 0.0) * 100 for n in nodes], name=s, orientation="h",
+                             marker_color=STATE_COLORS.get(s, "#bdbdbd"), customdata=hover,
+                             hovertemplate="%{customdata}: %{x:.1f}%<extra>" + s + "</extra>"))
     fig.update_layout(barmode="stack")
     fig.update_xaxes(title_text="share of time (%)", range=[0, 100])
     _base_layout(fig, height or max(200, 90 + 40 * len(nodes)))

@@ -10,7 +10,7 @@ import dash
 from dash import Input, Output, State, dash_table, dcc, html, no_update
 
 from dashboard import data, slo_view
-from dashboard.components import error_note, fmt_ts, note
+from dashboard.components import NAME_CHARS, error_note, fmt_ts, full, note, short
 from dashboard.context import ctx
 from dashboard.figures import STATE_COLORS
 from dashboard.registry import page_callback
@@ -38,11 +38,15 @@ def layout(**_: Any) -> html.Div:
         return html.Div([html.H2("Fleet"), note(
             "no nodes stored yet: start the agent ('triscope agent --db URL' or 'triscope run') or import a "
             "recorded trace ('triscope import-trace'); nodes appear here with their first tick.", "warn", id="fleet-empty")])
+    # long node names are shown cut (the whole name in a tooltip); "node_full" (not a column) opens the page
     records = [{
-        "node": r.node, "state": r.state, "score": None if r.score is None else round(r.score, 3),
-        "accelerators": r.accelerators, "slo": r.slo, "last_remediation": r.last_remediation,
+        "node": short(r.node), "node_full": r.node, "state": r.state,
+        "score": None if r.score is None else round(r.score, 3),
+        "accelerators": short(r.accelerators, 80), "slo": short(r.slo, 80),
+        "last_remediation": short(r.last_remediation, 80),
         "last_seen": fmt_ts(r.last_seen) + ("" if r.live else " (not live)"),
     } for r in rows]
+    tooltips = [{"node": full(r.node)} if len(r.node) > NAME_CHARS else {} for r in rows]
     style = [{"if": {"filter_query": f'{{state}} = "{s}"', "column_id": "state"},
               "backgroundColor": col, "color": "white", "fontWeight": "600"} for s, col in STATE_COLORS.items()]
     return html.Div([
@@ -52,6 +56,7 @@ def layout(**_: Any) -> html.Div:
         dash_table.DataTable(  # type: ignore[attr-defined]
             id="fleet-table", columns=COLUMNS, data=records, sort_action="native", filter_action="native",
             page_size=50, style_data_conditional=style, row_selectable=False, cell_selectable=True,
+            tooltip_data=tooltips, tooltip_duration=None,
             style_cell={"fontFamily": "inherit", "fontSize": "13px", "padding": "6px 10px", "textAlign": "left",
                         "cursor": "pointer"},
             style_header={"fontWeight": "600", "backgroundColor": "#eceff1"},
@@ -72,4 +77,4 @@ def open_node(cell: dict[str, Any] | None, viewport: list[dict[str, Any]] | None
     row = cell.get("row")
     if row is None or row >= len(viewport):
         return no_update
-    return f"/node/{quote(str(viewport[row]['node']))}"
+    return f"/node/{quote(str(viewport[row].get('node_full') or viewport[row]['node']))}"

@@ -9,7 +9,16 @@ import dash
 from dash import Input, Output, dcc, html
 
 from dashboard import data, figures
-from dashboard.components import error_note, fmt_ts, note, range_picker
+from dashboard.components import (
+    error_note,
+    fmt_ts,
+    node_from_value,
+    node_options,
+    node_value,
+    note,
+    range_picker,
+    short,
+)
 from dashboard.context import ctx
 from dashboard.registry import page_callback
 
@@ -28,7 +37,7 @@ def layout(node: str = ALL, range: str = "1h", **_: Any) -> html.Div:  # noqa: A
                  className="page-head"),
         html.Div([
             dcc.Dropdown(id="mismatch-node", options=[{"label": "whole fleet", "value": ALL}]
-                         + [{"label": n, "value": n} for n in nodes], value=node if node in nodes else ALL,
+                         + node_options(nodes), value=node_value(node) if node in nodes else ALL,
                          clearable=False, className="node-select"),
             range_picker("mismatch", range, custom=False),
         ], className="toolbar"),
@@ -46,10 +55,11 @@ def layout(node: str = ALL, range: str = "1h", **_: Any) -> html.Div:  # noqa: A
     Output("mismatch-scatter", "figure"), Output("mismatch-share", "figure"), Output("mismatch-note", "children"),
     Input("mismatch-node", "value"), Input("mismatch-range", "value"),
 )
-def render(node: str, preset: str) -> tuple[Any, Any, Any]:
+def render(value: str, preset: str) -> tuple[Any, Any, Any]:
     c = ctx()
     try:
         all_nodes = sorted(c.store.nodes(), key=lambda n: -n.last_seen)
+        node = ALL if value == ALL else node_from_value(value, (n.name for n in all_nodes)) or ALL
         nodes = [n.name for n in all_nodes[:MAX_FLEET_NODES]] if node == ALL else [node]
         w = data.resolve_window(c.store, None if node == ALL else node, preset, c.now())
         per_node = max(60, 300 // max(1, len(nodes)))
@@ -59,7 +69,7 @@ def render(node: str, preset: str) -> tuple[Any, Any, Any]:
             head += f"; the {MAX_FLEET_NODES} most recently seen of {len(all_nodes)} nodes (pick one for the others)"
         missing = [n for n in nodes if n not in shares]
         if missing:
-            head += f"; no accelerator data: {', '.join(missing[:8])}" + (" ..." if len(missing) > 8 else "")
+            head += f"; no accelerator data: {', '.join(short(n) for n in missing[:8])}" + (" ..." if len(missing) > 8 else "")
         return figures.mismatch_scatter(pts), figures.state_share_figure(shares), head
     except Exception as e:  # noqa: BLE001
         msg = figures.empty_figure("the detector could not run over this range (see the note)")

@@ -11,7 +11,7 @@ import dash
 from dash import Input, Output, Patch, State, dcc, html, no_update
 
 from dashboard import data, figures
-from dashboard.components import error_note, fmt_ts, note, parse_ts, range_picker
+from dashboard.components import error_note, fmt_ts, name_span, note, parse_ts, range_picker, short
 from dashboard.context import ctx
 from dashboard.registry import page_callback
 
@@ -27,15 +27,15 @@ def layout(node: str | None = None, range: str = "", start: str = "", end: str =
         range = "15m" if infos[node].last_seen - infos[node].first_seen <= 900 else "1h"  # noqa: A001
     if not node or node not in known:
         msg = ("no nodes stored yet: start the agent ('triscope agent --db URL') or import a trace"
-               if not known else f"unknown node {node!r}" if node else "pick a node")
+               if not known else f"unknown node {short(node)!r}" if node else "pick a node")
         return html.Div([html.H2("Node"), note(msg, "warn"),
-                         html.Ul([html.Li(dcc.Link(n, href=f"/node/{quote(n)}")) for n in known])])
+                         html.Ul([html.Li(dcc.Link(name_span(n), href=f"/node/{quote(n)}")) for n in known])])
     preset = "custom" if (start and end and range in ("", "custom", "1h", "15m")) and parse_ts(start) and parse_ts(end) \
         else (range or "1h")
     return html.Div([
         dcc.Store(id="node-name", data=node),
         dcc.Store(id="node-meta"),
-        html.Div([html.H2(node, className="node-title"),
+        html.Div([html.H2(name_span(node), className="node-title"),
                   html.Span(id="node-window-note", className="window-note")], className="page-head"),
         html.Div([
             range_picker("node", preset, start, end),

@@ -9,7 +9,7 @@ import dash
 from dash import Input, Output, dash_table, dcc, html
 
 from dashboard import data
-from dashboard.components import empty_state, error_note, fmt_ts, range_picker
+from dashboard.components import empty_state, error_note, fmt_ts, full, range_picker, short
 from dashboard.context import ctx
 from dashboard.registry import page_callback
 
@@ -50,14 +50,17 @@ def render(preset: str) -> tuple[Any, Any]:
     head = f"{fmt_ts(w.start)} to {fmt_ts(w.end)} UTC" + (f" ({w.note})" if w.note else "")
     if not ar.rows:
         return empty_state("No remediation decisions in this range", ar.note, id="remediation-empty"), head
-    records = [{"time": fmt_ts(r.get("ts")), "rule": r.get("rule", ""), "action": r.get("action", ""),
-                "target": r.get("target", ""), "node": r.get("node") or "", "mode": r.get("mode", ""),
-                "outcome": str(r.get("outcome", "")), "reason": str(r.get("reason", ""))[:300]} for r in ar.rows]
+    records = [{"time": fmt_ts(r.get("ts")), "rule": short(r.get("rule", "")), "action": short(r.get("action", "")),
+                "target": short(r.get("target", ""), 80), "node": short(r.get("node") or ""),
+                "mode": short(r.get("mode", "")), "outcome": short(r.get("outcome", "")),
+                "reason": short(r.get("reason", ""), 300)} for r in ar.rows]
+    tooltips = [{k: full(r.get(k) or "") for k in ("target", "node") if len(str(r.get(k) or "")) > 48}
+                for r in ar.rows]
     style = [{"if": {"filter_query": f'{{outcome}} contains "{o}"', "column_id": "outcome"}, "color": col,
               "fontWeight": "600"} for o, col in OUTCOME_COLORS.items()]
     table = dash_table.DataTable(  # type: ignore[attr-defined]
         id="remediation-table", columns=COLUMNS, data=records, sort_action="native", filter_action="native",
-        page_size=50, style_data_conditional=style,
+        page_size=50, style_data_conditional=style, tooltip_data=tooltips, tooltip_duration=None,
         style_cell={"fontFamily": "inherit", "fontSize": "13px", "padding": "6px 10px", "textAlign": "left",
                     "whiteSpace": "normal", "maxWidth": "420px"},
         style_header={"fontWeight": "600", "backgroundColor": "#eceff1"})

@@ -5,12 +5,23 @@ from __future__ import annotations
 
 import time
 from typing import Any
+from urllib.parse import quote
 
 import dash
 from dash import Input, Output, State, dcc, html
 
 from dashboard import data, figures, rca_view
-from dashboard.components import empty_state, error_note, fmt_ts, note, parse_ts
+from dashboard.components import (
+    empty_state,
+    error_note,
+    fmt_ts,
+    node_from_value,
+    node_options,
+    node_value,
+    note,
+    parse_ts,
+    short,
+)
 from dashboard.context import ctx
 from dashboard.figures import STATE_COLORS
 from dashboard.registry import page_callback
@@ -37,12 +48,12 @@ def layout(node: str = "", start: str = "", end: str = "", **_: Any) -> html.Div
                                                     "preceding window of the same length", className="window-note")],
                  className="page-head"),
         html.Div([
-            dcc.Dropdown(id="rootcause-node", options=[{"label": n, "value": n} for n in nodes], value=node,
+            dcc.Dropdown(id="rootcause-node", options=node_options(nodes), value=node_value(node),
                          clearable=False, className="node-select"),
             dcc.Input(id="rootcause-start", type="text", value=fmt_ts(a), debounce=True, className="ts-input"),
             dcc.Input(id="rootcause-end", type="text", value=fmt_ts(b), debounce=True, className="ts-input"),
             html.Button("Explain", id="rootcause-go", n_clicks=0, className="btn btn-primary"),
-            dcc.Link("open on the node page", href=f"/node/{node}", id="rootcause-nodelink", className="btn"),
+            dcc.Link("open on the node page", href=f"/node/{quote(node)}", id="rootcause-nodelink", className="btn"),
         ], className="toolbar"),
         dcc.Loading(html.Div(id="rootcause-body"), delay_show=300, type="dot"),
     ])
@@ -53,13 +64,16 @@ def layout(node: str = "", start: str = "", end: str = "", **_: Any) -> html.Div
     Input("rootcause-go", "n_clicks"), Input("rootcause-node", "value"),
     State("rootcause-start", "value"), State("rootcause-end", "value"),
 )
-def explain(_n: int, node: str, start: str | None, end: str | None) -> tuple[Any, Any]:
+def explain(_n: int, value: str, start: str | None, end: str | None) -> tuple[Any, Any]:
     c = ctx()
-    link = f"/node/{node}"
+    node = node_from_value(value, (n.name for n in c.store.nodes()))
+    if node is None:
+        return note("that node is no longer in the store: pick another", "warn"), "/node"
+    link = f"/node/{quote(node)}"
     a, b = parse_ts(start), parse_ts(end)
     if a is None or b is None or b <= a:
         return note("give the window as UTC times (2026-11-29 17:00:00) or epoch seconds, start before end", "warn"), link
-    link = f"/node/{node}?range=custom&start={a:.0f}&end={b:.0f}"
+    link = f"/node/{quote(node)}?range=custom&start={a:.0f}&end={b:.0f}"
     t0 = time.perf_counter()
     parts: list[Any] = []
     try:
@@ -86,13 +100,13 @@ def explain(_n: int, node: str, start: str | None, end: str | None) -> tuple[Any
 
 def _cause(c: Any, node: str, i: int, cz: rca_view.Cause, a: float, b: float,
            baseline: tuple[float, float] | None) -> html.Li:
-    kids: list[Any] = [html.Div([html.Span(cz.title, className="cause-title"),
+    kids: list[Any] = [html.Div([html.Span(short(cz.title, 200), className="cause-title"),
                                  html.Span(f"score {cz.score:.2f}" if cz.score is not None else "", className="badge"),
                                  html.Span(f"onset {fmt_ts(cz.onset)}" if cz.onset else "", className="muted")],
                                 className="card-head"),
-                       html.Div(cz.summary, className="muted")]
+                       html.Div(short(cz.summary, 600), className="muted")]
     if cz.peers:
-        kids.append(html.Div("peers: " + ", ".join(cz.peers[:5]), className="muted"))
+        kids.append(html.Div("peers: " + ", ".join(short(p) for p in cz.peers[:5]), className="muted"))
     if cz.series and i < 5:  # evidence chart of the series that moved most, baseline and window shaded
         ev = cz.series[0]
         lo = baseline[0] if baseline else a - (b - a)
@@ -100,13 +114,13 @@ def _cause(c: Any, node: str, i: int, cz: rca_view.Cause, a: float, b: float,
         sds = [sd for sd in sds if sd.info.labels == ev.labels] or sds
         if sds:
             sd = sds[0]
-            lab = ",".join(f"{k}={v}" for k, v in sorted(ev.labels.items()))
+            lab = ",".join(f"{k}={short(v)}" for k, v in sorted(ev.labels.items()))
             title = (f"{ev.metric}{{{lab}}}" if lab else ev.metric) + (" (per second)" if sd.info.kind == "counter" else "")
             kids.append(dcc.Graph(figure=figures.evidence_figure(title, sd.ts, sd.values, (a, b), baseline or (lo, a),
                                                                  ev.onset), config={"displaylogo": False},
                                   className="evidence"))
     elif cz.events:
-        kids.append(html.Ul([html.Li(f"{fmt_ts(e.get('ts'))} {e.get('kind')}: {e.get('message', '')}")
+        kids.append(html.Ul([html.Li(short(f"{fmt_ts(e.get('ts'))} {e.get('kind')}: {e.get('message', '')}", 300))
                              for e in cz.events[:5]], className="events"))
     return html.Li(kids, className="card cause")
 
@@ -144,6 +158,7 @@ def _detector(c: Any, node: str, a: float, b: float, mismatch: dict[str, Any] | 
     evs = c.store.events(node=node, start=a, end=b, limit=51)
     if evs:
         out.append(html.H3(f"Events in the window ({len(evs) if len(evs) <= 50 else '50+'})"))
-        out.append(html.Ul([html.Li(f"{fmt_ts(e.ts)} {e.kind} ({e.severity}): {e.message}") for e in evs[:50]],
+        out.append(html.Ul([html.Li(short(f"{fmt_ts(e.ts)} {e.kind} ({e.severity}): {e.message}", 300))
+                            for e in evs[:50]],
                            className="events"))
     return out

@@ -9,7 +9,7 @@ import dash
 from dash import Input, Output, dcc, html
 
 from dashboard import data, figures, slo_view
-from dashboard.components import empty_state, error_note, fmt_ts, note, range_picker
+from dashboard.components import empty_state, error_note, fmt_ts, note, range_picker, short
 from dashboard.context import ctx
 from dashboard.registry import page_callback
 
@@ -39,7 +39,8 @@ def render(preset: str) -> Any:
     ss = slo_view.load(c)
     try:
         w = data.resolve_window(c.store, None, preset, c.now())
-        actions = [(float(r.get("ts") or 0), f"{r.get('action', '')} {r.get('target', '')} ({r.get('outcome', '')})")
+        actions = [(float(r.get("ts") or 0),
+                    short(f"{r.get('action', '')} {short(r.get('target', ''))} ({r.get('outcome', '')})", 200))
                    for r in data.audit_rows(c.store, w.start, w.end).rows]
         cards: list[Any] = []
         if w.note:
