@@ -4,10 +4,18 @@ Each action re-checks the live state it depends on right before acting (a paused
 Deployment, a ConfigMap already in fallback, no schedulable node to move to) and, in dry-run,
 does every read and none of the writes, so a dry-run decision says what would have happened.
 Kubernetes is reached only through :class:`remediation.kube.KubeAdapter`.
+
+An engine killed while an action runs re-runs it when it starts again (the decision is left
+``in_progress``), so every Kubernetes action is idempotent per decision: the restart writes the
+``restartedAt`` value fixed when the decision was taken (already there: nothing is written), the
+fallback recognises its own write by the decision id it annotates the ConfigMap with (and the
+previous value it recorded there), cordon and eviction are idempotent by nature.  The ``command``
+action is not re-run (see ``remediation.engine``).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 import threading
@@ -18,6 +26,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from remediation import kube as k
+from remediation import metrics
 from store import audit
 
 log = logging.getLogger(__name__)
@@ -25,6 +34,8 @@ log = logging.getLogger(__name__)
 FALLBACK_UNTIL = "triscope.io/fallback-expires-at"
 FALLBACK_RULE = "triscope.io/fallback-rule"
 FALLBACK_SINCE = "triscope.io/fallback-since"
+FALLBACK_DECISION = "triscope.io/fallback-decision"   # the audit id of the decision that switched it
+FALLBACK_PREVIOUS = "triscope.io/fallback-previous"   # JSON of the key's value before the switch (null: absent)
 CORDON_OWNER = "triscope"  # value of the triscope.io/cordoned-by annotation (any triscope replica may undo it)
 
 
@@ -52,6 +63,10 @@ class ActionContext:
     episode: str = ""
     on_issued: Callable[[float], None] = lambda ts: None
     stop: threading.Event = field(default_factory=threading.Event)
+    decision_id: int | None = None    # the audit row of the decision this action carries out
+    decided_ts: float | None = None   # when it was decided: the restart stamp and fallback times derive from it
+    resumed: bool = False             # re-run after the engine stopped while it was in progress
+    settings: Any = None              # the policy's Settings (node allow-list)
 
     def need_kube(self) -> k.KubeAdapter:
         if self.kube is None:
@@ -61,6 +76,15 @@ class ActionContext:
 
 def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def restart_stamp(decided_ts: float) -> str:
+    """The ``restartedAt`` value of a decision (RFC 3339, microseconds): fixed when it is decided."""
+    return datetime.fromtimestamp(decided_ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _decided(ctx: ActionContext) -> float:
+    return ctx.decided_ts if ctx.decided_ts is not None else time.time()
 
 
 # rolling restart ---------------------------------------------------------------------------------
@@ -79,8 +103,9 @@ def rolling_restart(ctx: ActionContext) -> ActionResult:
             return ActionResult("suppressed", f"deployment {ns}/{name} already degraded "
                                 f"({h['available']}/{h['desired']} available)", {"health": h}, rail="live_state")
         return ActionResult("dry_run", f"would restart deployment {ns}/{name}", {"would": "rollout restart", "health": h})
+    stamp = str(ctx.params.get("restartedAt") or restart_stamp(_decided(ctx)))
     try:
-        out = kube.restart_deployment(ns, name)
+        out = kube.restart_deployment(ns, name, stamp=stamp)
     except (k.PausedDeployment, k.DegradedDeployment) as e:
         return ActionResult("suppressed", str(e), e.answer(), rail="live_state")
     issued = time.time()
@@ -102,32 +127,53 @@ def dependency_fallback(ctx: ActionContext) -> ActionResult:
     ns = ctx.target["namespace"]
     p = ctx.params
     cm, key, value = p["configmap"], p["key"], p["value"]
-    now = time.time()
+    now = _decided(ctx)
     expires = now + float(p["ttl"])
     existing = audit.active_fallbacks(ctx.store, ctx.target_key)
     if existing:
-        return ActionResult("suppressed", f"fallback {ns}/{cm}:{key} already active since {_iso(existing[0].switched_at)}",
-                            {"fallback_id": existing[0].id}, rail="live_state")
+        fb = existing[0]
+        if ctx.resumed and fb.rule == ctx.rule_name and abs(fb.switched_at - now) < 1e-3:
+            return ActionResult("acted", f"{ns}/{cm}:{key}={value!r} was set by this decision before the engine "
+                                "restarted", {"fallback_id": fb.id, "resumed": True}, issued_ts=time.time())
+        return ActionResult("suppressed", f"fallback {ns}/{cm}:{key} already active since {_iso(fb.switched_at)}",
+                            {"fallback_id": fb.id}, rail="live_state")
     previous: str | None = None
+    ours = False
     resp: dict[str, Any] = {"configmap": f"{ns}/{cm}", "key": key, "value": value, "expires_at": _iso(expires)}
     if ctx.kube is not None:
+        ann: dict[str, str] = {}
         try:
             cur = ctx.kube.get_configmap(ns, cm)
             previous = (cur.get("data") or {}).get(key)
+            ann = (cur.get("metadata") or {}).get("annotations") or {}
         except k.NotFound:
             previous = None
         if previous == value:
-            return ActionResult("suppressed", f"{ns}/{cm}:{key} is already {value!r} (set by someone else)",
-                                resp, rail="live_state")
+            if ctx.decision_id is not None and ann.get(FALLBACK_DECISION) == str(ctx.decision_id):
+                # this decision's own write, from before the engine restarted: what it replaced is annotated
+                ours = True
+                try:
+                    previous = json.loads(ann.get(FALLBACK_PREVIOUS) or "{}").get(key)
+                except (ValueError, AttributeError):
+                    previous = None
+            else:
+                return ActionResult("suppressed", f"{ns}/{cm}:{key} is already {value!r} (set by someone else)",
+                                    resp, rail="live_state")
     elif not ctx.dry_run:
         ctx.need_kube()
     if ctx.dry_run:
         outcome, reason = "dry_run", f"would set {ns}/{cm}:{key}={value!r} for {p['ttl']:g}s"
+    elif ours:
+        ctx.on_issued(time.time())
+        resp["resumed"] = True
+        outcome, reason = "acted", f"set {ns}/{cm}:{key}={value!r} until {_iso(expires)} (before the engine restarted)"
     else:
         assert ctx.kube is not None
-        out = ctx.kube.set_configmap_keys(ns, cm, {key: value}, {FALLBACK_UNTIL: _iso(expires),
-                                                                 FALLBACK_RULE: ctx.rule_name,
-                                                                 FALLBACK_SINCE: _iso(now)})
+        annotations: dict[str, str | None] = {FALLBACK_UNTIL: _iso(expires), FALLBACK_RULE: ctx.rule_name,
+                                              FALLBACK_SINCE: _iso(now)}
+        if ctx.decision_id is not None:
+            annotations[FALLBACK_DECISION] = str(ctx.decision_id)
+        out = ctx.kube.set_configmap_keys(ns, cm, {key: value}, annotations, previous_annotation=FALLBACK_PREVIOUS)
         previous = out["previous"].get(key)
         ctx.on_issued(time.time())
         resp["resourceVersion"] = out["resourceVersion"]
@@ -158,10 +204,77 @@ def revert_fallback(fb: audit.FallbackRow, kube: k.KubeAdapter | None, reason: s
         return ActionResult("acted", f"{fb.namespace}/{fb.configmap}:{fb.key} was changed by someone else: left as is",
                             resp)
     out = kube.set_configmap_keys(fb.namespace, fb.configmap, {fb.key: fb.previous_value},
-                                  {FALLBACK_UNTIL: None, FALLBACK_RULE: None, FALLBACK_SINCE: None}, create=False)
+                                  {FALLBACK_UNTIL: None, FALLBACK_RULE: None, FALLBACK_SINCE: None,
+                                   FALLBACK_DECISION: None, FALLBACK_PREVIOUS: None}, create=False)
     resp["resourceVersion"] = out["resourceVersion"]
     return ActionResult("acted", f"reverted {fb.namespace}/{fb.configmap}:{fb.key} ({reason})", resp,
                         issued_ts=time.time())
+
+
+def revert_due_fallbacks(store: Any, kube: k.KubeAdapter | None, now: float, engine_id: str,
+                         event_rules: set[str]) -> int:
+    """Revert each active fallback whose trigger has been clear for its hold period, or whose TTL ran out.
+
+    Every revert is audited; a Kubernetes Event on the ConfigMap is posted for fallbacks of
+    ``event_rules``.  Returns how many were reverted.
+    """
+    done = 0
+    for fb in audit.active_fallbacks(store):
+        if now >= fb.expires_at:
+            why = f"time-to-live ran out ({fb.expires_at - fb.switched_at:g}s)"
+        elif fb.clear_since is not None and now - fb.clear_since >= fb.hold_s:
+            why = f"trigger clear for {now - fb.clear_since:.0f}s (hold {fb.hold_s:g}s)"
+        else:
+            continue
+        try:
+            res = revert_fallback(fb, kube, why)
+        except k.KubeError as e:
+            res = ActionResult("failed", f"revert of {fb.namespace}/{fb.configmap}:{fb.key} failed: {e}",
+                               {"error": e.answer(), "fallback_id": fb.id})
+        if res.outcome in ("acted", "dry_run"):
+            audit.update_fallback(store, fb.id, state="reverted", reverted_at=now, revert_reason=why)
+            done += 1
+        audit_id = audit.record_decision(
+            store, ts=time.time(), engine_id=engine_id, rule=fb.rule, trigger_kind="revert",
+            trigger=f"revert: {why}", trigger_key=f"revert:{fb.id}", action="dependency_fallback",
+            target=f"configmap {fb.namespace}/{fb.configmap} key {fb.key}", target_key=fb.target_key, node=None,
+            namespace=fb.namespace, outcome=res.outcome, reason=res.reason, dry_run=fb.dry_run,
+            params={"revert": True, "restore": fb.previous_value}, response=res.response, issued_ts=res.issued_ts,
+            finished_ts=time.time())
+        metrics.ACTIONS_TOTAL.labels("dependency_fallback", res.outcome).inc()
+        log.info("remediation revert %s: %s", res.outcome, res.reason)
+        if fb.rule in event_rules and kube is not None:
+            try:
+                kube.post_event(fb.namespace, {"kind": "ConfigMap", "apiVersion": "v1", "namespace": fb.namespace,
+                                               "name": fb.configmap},
+                                reason="RemediationReverted" if res.outcome != "failed" else "RemediationFailed",
+                                message=f"{fb.rule}: {res.reason} (audit {audit_id})")
+            except k.KubeError as e:
+                log.info("remediation: cannot post the Kubernetes Event: %s", e)
+    return done
+
+
+def post_decision_event(kube: k.KubeAdapter, events_namespace: str, action: str, params: dict[str, Any],
+                        fields: dict[str, str], outcome: str, message: str) -> None:
+    """A Kubernetes Event about a decision, on the Deployment, the Node or the ConfigMap it concerns."""
+    if "deployment" in fields:
+        ns = fields["namespace"]
+        involved = {"kind": "Deployment", "apiVersion": "apps/v1", "namespace": ns, "name": fields["deployment"]}
+    elif "node" in fields:
+        ns = events_namespace
+        involved = {"kind": "Node", "apiVersion": "v1", "name": fields["node"]}
+    elif "namespace" in fields and action == "dependency_fallback":
+        ns = fields["namespace"]
+        involved = {"kind": "ConfigMap", "apiVersion": "v1", "namespace": ns, "name": params["configmap"]}
+    else:
+        return
+    reason = {"acted": "RemediationActed", "dry_run": "RemediationDryRun", "suppressed": "RemediationSuppressed",
+              "failed": "RemediationFailed"}.get(outcome, "Remediation")
+    try:
+        kube.post_event(ns, involved, reason=reason, message=message,
+                        type_="Warning" if outcome in ("failed", "acted") else "Normal")
+    except k.KubeError as e:
+        log.info("remediation: cannot post the Kubernetes Event: %s", e)
 
 
 # rescheduling ------------------------------------------------------------------------------------
@@ -220,30 +333,83 @@ def _node_ready(node: dict[str, Any]) -> bool:
     return True
 
 
+def _node_refusal(ctx: ActionContext, node: dict[str, Any]) -> str:
+    """Why ``node`` may not be cordoned or drained by this engine ('' when it may)."""
+    name = node.get("metadata", {}).get("name", "?")
+    s = ctx.settings
+    if k.is_control_plane(node):
+        return f"node {name} is a control-plane node: triscope never cordons or drains it"
+    if s is not None and not s.node_name_allowed(name):
+        return f"node {name} is not in the node allow-list ({s.describe_nodes()})"
+    if s is not None and not s.node_labels_allowed(k.node_labels(node)):
+        return f"node {name} does not carry the labels of settings.node_selector ({s.describe_nodes()})"
+    return ""
+
+
+def _candidate_refusal(ctx: ActionContext, node: dict[str, Any], pod_spec: dict[str, Any]) -> str:
+    """Why ``node`` cannot take the workload's pods ('' when it can)."""
+    if node.get("spec", {}).get("unschedulable"):
+        return "cordoned"
+    if not _node_ready(node):
+        return "not Ready"
+    if k.is_control_plane(node):
+        return "control plane"
+    untolerated = k.untolerated_taints(node, list(pod_spec.get("tolerations") or []))
+    if untolerated:
+        return "taints not tolerated: " + ", ".join(untolerated)
+    labels = k.node_labels(node)
+    if any(labels.get(a) != b for a, b in (pod_spec.get("nodeSelector") or {}).items()):
+        return "does not match the pod template's nodeSelector"
+    s = ctx.settings
+    if s is not None and not (s.node_name_allowed(node["metadata"]["name"]) and s.node_labels_allowed(labels)):
+        return "outside the node allow-list"
+    return ""
+
+
 def reschedule(ctx: ActionContext) -> ActionResult:
     bad, ns, dep_name = ctx.target["node"], ctx.target["namespace"], ctx.target["deployment"]
     p = ctx.params
+    if ctx.settings is not None and not ctx.settings.node_name_allowed(bad):
+        return ActionResult("suppressed", f"node {bad} is not in the node allow-list ({ctx.settings.describe_nodes()})",
+                            {"node": bad}, rail="node")
     if ctx.dry_run and ctx.kube is None:
         return ActionResult("dry_run", f"would move {ns}/{dep_name} off {bad} (live state not checked: no Kubernetes "
                             "API configured)", {"checked": False})
     kube = ctx.need_kube()
-    node = kube.get_node(bad)
+    try:
+        node = kube.get_node(bad)
+    except k.NotFound:
+        return ActionResult("suppressed", f"there is no node {bad}", {"node": bad}, rail="node")
+    refusal = _node_refusal(ctx, node)
+    if refusal:
+        return ActionResult("suppressed", refusal, {"node": bad}, rail="node")
     dep = kube.get_deployment(ns, dep_name)
+    pod_spec = dep.get("spec", {}).get("template", {}).get("spec", {}) or {}
     sel = dep.get("spec", {}).get("selector", {}).get("matchLabels", {}) or {}
     selector = ",".join(f"{a}={b}" for a, b in sorted(sel.items()))
-    pods = [pp["metadata"]["name"] for pp in kube.list_pods(ns, label_selector=selector, node=bad)]
+    pods = [pp["metadata"]["name"] for pp in kube.list_pods(ns, label_selector=selector, node=bad)] if sel else []
     ann = node.get("metadata", {}).get("annotations") or {}
-    if not pods and (node.get("spec", {}).get("unschedulable")):
-        return ActionResult("suppressed", f"no pods of {ns}/{dep_name} on {bad} and it is already cordoned",
-                            {"node": bad}, rail="live_state")
+    if not pods:
+        if ctx.resumed and node.get("spec", {}).get("unschedulable") and ann.get(k.CORDONED_BY) == CORDON_OWNER:
+            return ActionResult("acted", f"{bad} is cordoned by triscope and no pods of {ns}/{dep_name} are left on it: "
+                                "done before the engine restarted", {"node": bad, "resumed": True},
+                                issued_ts=time.time())
+        return ActionResult("suppressed", f"no pods of {ns}/{dep_name} run on node {bad}: not cordoning or draining a "
+                            "node the workload does not run on", {"node": bad, "selector": selector}, rail="node")
     candidates = []
+    excluded: dict[str, str] = {}
     for n in kube.list_nodes():
         name = n["metadata"]["name"]
-        if name == bad or n.get("spec", {}).get("unschedulable") or not _node_ready(n):
+        if name == bad:
+            continue
+        why = _candidate_refusal(ctx, n, pod_spec)
+        if why:
+            if len(excluded) < 50:
+                excluded[name] = why
             continue
         candidates.append(node_cost(ctx.store, name, p["weights"]))
     candidates.sort(key=lambda c: (c["cost"], c["node"]))
-    resp: dict[str, Any] = {"node": bad, "pods": pods, "candidates": candidates,
+    resp: dict[str, Any] = {"node": bad, "pods": pods, "candidates": candidates, "excluded": excluded,
                             "chosen": candidates[0]["node"] if candidates else None}
     if not candidates:
         return ActionResult("failed", f"no schedulable candidate node to move {ns}/{dep_name} to", resp)

@@ -9,23 +9,31 @@ Pipeline for one trigger (an Alertmanager alert matched to a rule, or a stored-d
 5. ``stale``       — the trigger started before the last circuit-breaker reset: not replayed
 6. ``breaker``     — the circuit breaker is open (or this action would open it)
 7. ``namespace``   — the target namespace is not on the allow-list
-8. ``cooldown``    — the target was acted on less than ``cooldown`` ago (kept in the store)
-9. ``rate_limit``  — the rule already took ``max_actions`` in ``per`` (counted in the audit log)
-10. ``hourly_cap`` — the global cap on actions per hour
-11. ``in_flight``  — the global cap on actions running at once
-12. ``recheck``    — the stored-data condition no longer holds / the alert has resolved since
-13. ``live_state`` — the action's own re-check of the live object (paused, degraded, already set)
+8. ``node``        — a node target outside the node allow-list (names / labels), a control-plane node,
+                     or a node the workload has no pods on (the last two checked by the action)
+9. ``cooldown``    — the target was acted on less than ``cooldown`` ago (kept in the store)
+10. ``rate_limit`` — the rule already took ``max_actions`` in ``per`` (counted in the audit log)
+11. ``hourly_cap`` — the global cap on actions per hour
+12. ``in_flight``  — the global cap on actions running at once
+13. ``recheck``    — the stored-data condition no longer holds / the alert has resolved since
+14. ``live_state`` — the action's own re-check of the live object (paused, degraded, already set)
 
 Decisions run one at a time (a lock), actions run concurrently on a worker pool.  Each decision
 goes to the audit table, to a ``remediation`` event on the node's timeline, to a Kubernetes Event
 (when an API is configured) and to ``triscope_remediation_actions_total{action,outcome}``.
+
+Exactly once, also across ``kill -9``: an accepted trigger is committed to the store's inbox
+before ``submit_alerts`` returns (so before the webhook's 202); its decision claims the delivery
+key, writes the audit row (``in_progress`` for an action) and removes the inbox entry in one
+transaction.  On start, and on becoming the leader, :meth:`Engine.resume` decides what is left in
+the inbox and re-runs the actions left ``in_progress``; the actions are idempotent per decision
+(``remediation.actions``), and a ``command`` is not re-run but recorded ``failed``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -37,16 +45,25 @@ from remediation import actions as act
 from remediation import kube as k
 from remediation import metrics
 from remediation.leader import LeaderElector
-from remediation.policy import Policy, Rule, load_policy
-from remediation.triggers import TriggerEvent, alert_events, recheck, stored_data_events
+from remediation.policy import NODE_ACTIONS, Policy, Rule, load_policy
+from remediation.triggers import (
+    TriggerEvent,
+    alert_events,
+    event_from_dict,
+    event_to_dict,
+    recheck,
+    resolve_target,
+    stored_data_events,
+    target_key,
+)
 from store import audit
+from store.audit import DecisionWindow
 from triscope.samples import EventRecord
 
 log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_POLICY = REPO_ROOT / "deploy" / "policy.example.yaml"
-_K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 QUIET_RAILS = ("duplicate", "leader", "not_firing")  # audited only: a timeline / Kubernetes Event each would flood
 
 
@@ -58,92 +75,11 @@ class Decision:
     audit_id: int | None = None
 
 
-def resolve_target(rule: Rule, labels: dict[str, str]) -> tuple[dict[str, str], str]:
-    """Target names from the rule's literals and the trigger's labels; an error message when invalid."""
-    out: dict[str, str] = {}
-    for fld, spec in rule.target.items():
-        if spec.literal is not None:
-            v: str | None = spec.literal
-        else:
-            v = labels.get(spec.label or "") or spec.default
-            if not v:
-                return out, f"target {fld}: label {spec.label!r} is missing and there is no default"
-        if v is None or len(v) > 253 or not _K8S_NAME.match(v):
-            return out, f"target {fld}: {v!r} is not a valid Kubernetes name"
-        out[fld] = v
-    return out, ""
+class IntakeError(RuntimeError):
+    """Accepted triggers could not be stored (the store is unreachable or failing): nothing was queued.
 
-
-def target_key(rule: Rule, target: dict[str, str]) -> tuple[str, str]:
-    """(key for cooldowns and the breaker, human description)."""
-    a = rule.action
-    if a == "rolling_restart":
-        return f"deployment/{target['namespace']}/{target['deployment']}", f"deployment {target['namespace']}/{target['deployment']}"
-    if a == "dependency_fallback":
-        p = rule.params
-        return (f"configmap/{target['namespace']}/{p['configmap']}/{p['key']}",
-                f"configmap {target['namespace']}/{p['configmap']} key {p['key']}")
-    if a == "reschedule":
-        return (f"node/{target['node']}/deployment/{target['namespace']}/{target['deployment']}",
-                f"deployment {target['namespace']}/{target['deployment']} off node {target['node']}")
-    where = target.get("node", "local")
-    return f"command/{where}/{rule.name}", f"command {rule.params['argv'][0]} for {where}"
-
-
-class DecisionWindow:
-    """Recent counted decisions (acted, dry-run, failed, in progress), rebuilt from the audit log.
-
-    The audit log in the store is the durable record that rate limits, the hourly cap and the
-    breaker window are counted from; this keeps the same counts in memory so a decision does not
-    re-scan the log (the scans grew with the log: O(n) per decision).  It is rebuilt from the store
-    when the engine starts and whenever this replica becomes the leader.
+    The webhook answers 503 with ``Retry-After`` so that Alertmanager sends the notification again.
     """
-
-    def __init__(self, horizon_s: float) -> None:
-        self.horizon_s = horizon_s
-        self.all: list[float] = []
-        self.by_rule: dict[str, list[float]] = {}
-        self.targets: dict[str, float] = {}
-        self.nodes: dict[str, float] = {}
-
-    def load(self, store: Any, now: float) -> None:
-        self.__init__(self.horizon_s)  # type: ignore[misc]
-        rows = audit.audit_log(store, since=now - self.horizon_s, outcome=audit.COUNTED, limit=10_000_000,
-                               newest_first=False)
-        for r in rows:
-            self.add(r.rule, r.target_key, r.node, r.ts)
-
-    def add(self, rule: str, target_key: str, node: str | None, ts: float) -> None:
-        self.all.append(ts)
-        self.by_rule.setdefault(rule, []).append(ts)
-        if target_key:
-            self.targets[target_key] = max(ts, self.targets.get(target_key, 0.0))
-        if node:
-            self.nodes[node] = max(ts, self.nodes.get(node, 0.0))
-
-    @staticmethod
-    def _count(xs: list[float], since: float) -> int:
-        import bisect
-
-        return len(xs) - bisect.bisect_left(xs, since)
-
-    def count(self, since: float, rule: str | None = None) -> int:
-        return self._count(self.all if rule is None else self.by_rule.get(rule, []), since)
-
-    def hit(self, since: float) -> tuple[set[str], set[str]]:
-        return ({t for t, ts in self.targets.items() if ts >= since}, {n for n, ts in self.nodes.items() if ts >= since})
-
-    def trim(self, now: float) -> None:
-        import bisect
-
-        cut = now - self.horizon_s
-        for xs in [self.all, *self.by_rule.values()]:
-            i = bisect.bisect_left(xs, cut)
-            if i:
-                del xs[:i]
-        for d in (self.targets, self.nodes):
-            for key in [kk for kk, ts in d.items() if ts < cut]:
-                del d[key]
 
 
 class Engine:
@@ -162,6 +98,8 @@ class Engine:
         self._state = threading.Lock()
         self._in_flight = 0
         self._pending = 0
+        self._queued: dict[str, int] = {}          # inbox keys queued or being decided in this process
+        self._running: set[int] = set()            # audit ids whose action runs in this process
         self._idle = threading.Condition(self._state)
         self._pool = ThreadPoolExecutor(max_workers=policy.settings.workers, thread_name_prefix="remediation")
         self._side = ThreadPoolExecutor(max_workers=2, thread_name_prefix="remediation-events")
@@ -172,6 +110,7 @@ class Engine:
         self.stale_s = max(60.0, 4 * policy.settings.evaluate_interval_s)
         self.alert_rules = tuple(r for r in policy.rules if r.trigger.kind == "alert")
         self.data_rules = tuple(r for r in policy.rules if r.trigger.kind != "alert")
+        self.resumed: tuple[int, int] = (0, 0)     # (actions re-run, inbox triggers decided) by the last resume
         metrics.LEADER.set(1 if leader is None else 0)
         self.window = DecisionWindow(max([3600.0, policy.settings.breaker.window_s] + [r.per_s for r in policy.rules]))
         self.window.load(store, time.time())
@@ -180,37 +119,82 @@ class Engine:
         self._nodes_cache: tuple[float, int] = (0.0, 0)
 
     # intake ------------------------------------------------------------------------------------------
-    def submit(self, ev: TriggerEvent) -> Future[Decision]:
+    def _mark(self, events: list[TriggerEvent], delta: int) -> None:
         with self._state:
-            self._pending += 1
-        fut = self._pool.submit(self._handle_counted, ev)
-        return fut
+            for ev in events:
+                n = self._queued.get(ev.key, 0) + delta
+                if n > 0:
+                    self._queued[ev.key] = n
+                else:
+                    self._queued.pop(ev.key, None)
+            self._pending += delta * len(events)
+            if delta < 0:
+                self._idle.notify_all()
+
+    def _accept(self, events: list[TriggerEvent]) -> None:
+        """Make ``events`` durable in the inbox (one transaction) and count them as pending here."""
+        self._mark(events, +1)  # before the commit: a concurrent resume must not queue them a second time
+        try:
+            audit.accept_triggers(self.store, [{"key": ev.key, "ts": ev.received_ts, "rule": ev.rule.name,
+                                                "kind": ev.kind, "event": event_to_dict(ev)} for ev in events])
+        except Exception as e:
+            self._mark(events, -1)
+            first = (str(e).strip().splitlines() or [""])[0]
+            raise IntakeError(f"cannot store the accepted triggers: {type(e).__name__}: {first}") from None
+
+    def submit(self, ev: TriggerEvent) -> Future[Decision] | None:
+        """Accept one trigger: durable in the store's inbox when this returns (``IntakeError`` if not), then queued."""
+        self._accept([ev])
+        return self._queue(ev)
+
+    def _queue(self, ev: TriggerEvent) -> Future[Decision] | None:
+        """Hand an accepted (already counted) trigger to the workers; after ``close`` it waits in the inbox."""
+        try:
+            return self._pool.submit(self._handle_counted, ev)
+        except RuntimeError:  # the pool is shut down: the next start decides it
+            self._mark([ev], -1)
+            return None
 
     def _handle_counted(self, ev: TriggerEvent) -> Decision:
         try:
             return self.handle(ev)
-        except Exception as e:  # never lose a worker; the failure is audited
+        except Exception as e:  # never lose a worker; the failure is audited when the store takes it
             log.exception("remediation: rule %s failed", ev.rule.name)
-            return self._record(ev, None, "failed", None, f"internal error: {type(e).__name__}: {e}", {})
+            reason = f"internal error: {type(e).__name__}: {e}"
+            try:
+                if audit.is_claimed(self.store, ev.key):
+                    return Decision("failed", None, reason)  # decided: an in_progress action is re-run on restart
+                return self._conclude(ev, None, "failed", None, reason, {})
+            except Exception:
+                log.warning("remediation: %s stays in the inbox (the store failed): %s", ev.key, reason)
+                return Decision("failed", None, reason)
         finally:
-            with self._state:
-                self._pending -= 1
-                self._idle.notify_all()
+            self._mark([ev], -1)
 
     def submit_alerts(self, payload: dict[str, Any], received_ts: float | None = None) -> tuple[int, int]:
-        """Queue every (alert, matching rule) of a validated Alertmanager v4 payload; (alerts, matched)."""
+        """Accept every (alert, matching rule) of a validated Alertmanager v4 payload; (alerts, matched).
+
+        When this returns, the matched triggers are committed to the store's inbox, so an engine killed
+        right after the webhook's 202 decides them when it starts again.  Raises ``IntakeError`` when
+        the store cannot take them (nothing is queued; the webhook should answer 503 so Alertmanager
+        retries).
+        """
         received = time.time() if received_ts is None else received_ts
         common = {str(a): str(b) for a, b in (payload.get("commonLabels") or {}).items()}
-        matched = 0
-        for alert in payload["alerts"]:
-            for ev in alert_events(self.alert_rules, alert, common, received):
-                matched += 1
+        events = [ev for alert in payload["alerts"] for ev in alert_events(self.alert_rules, alert, common, received)]
+        if events:
+            self._accept(events)
+        for ev in events:
+            try:
                 if ev.firing:
                     self._note_firing(ev)
                 else:
                     self._note_resolved(ev)  # in arrival order, before any later firing of the same alert
-                self.submit(ev)
-        return len(payload["alerts"]), matched
+            except Exception as e:  # fallback bookkeeping; the trigger itself is safe in the inbox
+                log.warning("remediation: cannot note the %s alert %s: %s", "firing" if ev.firing else "resolved",
+                            ev.episode, e)
+            self._queue(ev)
+        return len(payload["alerts"]), len(events)
 
     def drain(self, timeout: float = 30.0) -> bool:
         """Wait until every submitted trigger is decided and its action finished (tests, shutdown)."""
@@ -227,40 +211,51 @@ class Engine:
     def handle(self, ev: TriggerEvent) -> Decision:
         rule = ev.rule
         if not ev.firing:
-            return self._record(ev, None, "suppressed", "not_firing", "alert resolved: only firing alerts act", {})
+            return self._conclude(ev, None, "suppressed", "not_firing", "alert resolved: only firing alerts act", {})
         if self.leader is not None and not self.leader.is_leader:
+            # not claimed: the trigger stays in the inbox, and the leader decides it
             return self._record(ev, None, "suppressed", "leader", f"not the leader (lease "
                                 f"{self.leader.namespace}/{self.leader.name})", {})
         target, err = resolve_target(rule, ev.labels)
+        tinfo: dict[str, Any] = {}
+        if not err:
+            tkey, tdesc = target_key(rule, target)
+            tinfo = {"target": tdesc, "target_key": tkey, "namespace": target.get("namespace"),
+                     "node": target.get("node") or ev.node, "target_fields": target}
+        if audit.is_claimed(self.store, ev.key):
+            return self._duplicate(ev, tinfo)
         if err:
-            if not audit.claim_delivery(self.store, ev.key, ev.received_ts):
-                return self._record(ev, None, "suppressed", "duplicate", "delivery already handled", {})
-            return self._record(ev, None, "suppressed", "target", err, {})
-        tkey, tdesc = target_key(rule, target)
-        tinfo: dict[str, Any] = {"target": tdesc, "target_key": tkey, "namespace": target.get("namespace"),
-                 "node": target.get("node") or ev.node, "target_fields": target}
-        if not audit.claim_delivery(self.store, ev.key, ev.received_ts):
-            return self._record(ev, tinfo, "suppressed", "duplicate", "delivery already handled", {})
+            return self._conclude(ev, None, "suppressed", "target", err, {})
         dry = self.dry_run or rule.dry_run
         with self._decide:
             now = time.time()
-            rail, reason = self._rails(ev, rule, tinfo, now)
+            rail, reason, trip = self._rails(ev, rule, tinfo, now)
             if rail:
-                return self._record(ev, tinfo, "suppressed", rail, reason, {})
-            audit_id = audit.reserve_action(
-                self.store, tkey, ts=now, engine_id=self.engine_id, rule=rule.name, trigger_kind=ev.kind,
-                trigger=ev.description, trigger_key=ev.key, action=rule.action, target=tdesc,
-                node=tinfo["node"], namespace=tinfo["namespace"], outcome=audit.IN_PROGRESS, dry_run=dry,
-                params={**rule.params, "target": target}, received_ts=ev.received_ts)
+                return self._conclude(ev, tinfo, "suppressed", rail, reason, {}, open_breaker=trip)
+            params: dict[str, Any] = {**rule.params, "target": target, "episode": ev.episode}
+            if rule.action == "rolling_restart":
+                params["restartedAt"] = act.restart_stamp(now)  # the same value however often it is re-run
+            audit_id = audit.decide(self.store, ev.key, self._values(
+                ev, tinfo, audit.IN_PROGRESS, None, "", {}, dry, ts=now, params=params), stamp_cooldown=True)
+            if audit_id is None:
+                return self._duplicate(ev, tinfo)
             self.window.add(rule.name, tkey, tinfo.get("node") or None, now)
             with self._state:
                 self._in_flight += 1
+                self._running.add(audit_id)
                 metrics.IN_FLIGHT.set(self._in_flight)
+        return self._run_action(ev, tinfo, dry, audit_id, now, params)
+
+    def _run_action(self, ev: TriggerEvent, tinfo: dict[str, Any], dry: bool, audit_id: int, decided_ts: float,
+                    params: dict[str, Any], resumed: bool = False) -> Decision:
+        """Carry out a decision that went ahead (``in_progress`` in the audit log); in-flight counted by the caller."""
+        rule = ev.rule
         issued: list[float] = []
-        ctx = act.ActionContext(rule_name=rule.name, action=rule.action, params=rule.params, target=target,
-                                target_key=tkey, dry_run=dry, kube=self.kube, store=self.store,
-                                engine_id=self.engine_id, trigger_key=ev.key, episode=ev.episode,
-                                on_issued=issued.append, stop=self._stop)
+        ctx = act.ActionContext(rule_name=rule.name, action=rule.action, params=params,
+                                target=dict(tinfo["target_fields"]), target_key=tinfo["target_key"], dry_run=dry,
+                                kube=self.kube, store=self.store, engine_id=self.engine_id, trigger_key=ev.key,
+                                episode=ev.episode, on_issued=issued.append, stop=self._stop, decision_id=audit_id,
+                                decided_ts=decided_ts, resumed=resumed, settings=self.settings)
         try:
             result = act.RUNNERS[rule.action](ctx)
         except k.KubeError as e:
@@ -271,59 +266,67 @@ class Engine:
         finally:
             with self._state:
                 self._in_flight -= 1
+                self._running.discard(audit_id)
                 metrics.IN_FLIGHT.set(self._in_flight)
         issued_ts = issued[0] if issued else result.issued_ts
         if result.outcome == "dry_run" and issued_ts is None:
             issued_ts = time.time()
-        return self._record(ev, tinfo, result.outcome, result.rail, result.reason, result.response,
+        reason = f"{result.reason} (re-run after the engine restarted)" if resumed else result.reason
+        return self._record(ev, tinfo, result.outcome, result.rail, reason, result.response,
                             audit_id=audit_id, issued_ts=issued_ts, dry=dry)
 
-    def _rails(self, ev: TriggerEvent, rule: Rule, tinfo: dict[str, Any], now: float) -> tuple[str | None, str]:
+    def _rails(self, ev: TriggerEvent, rule: Rule, tinfo: dict[str, Any],
+               now: float) -> tuple[str | None, str, str | None]:
+        """(rail, reason, breaker trip reason): the first rail that stops the trigger, or (None, '', None)."""
         s = self.settings
         br = audit.breaker_state(self.store)
         if br.is_open:
             metrics.BREAKER_OPEN.set(1)
             return "breaker", f"circuit breaker open since {time.strftime('%H:%M:%S', time.gmtime(br.opened_at or now))}Z: " \
-                              f"{br.reason} (reset with 'triscope remediate reset-breaker')"
+                              f"{br.reason} (reset with 'triscope remediate reset-breaker')", None
         metrics.BREAKER_OPEN.set(0)
         if br.reset_at is not None and ev.started_at < br.reset_at:
-            return "stale", "trigger started before the last circuit-breaker reset: not replayed"
+            return "stale", "trigger started before the last circuit-breaker reset: not replayed", None
         ns = tinfo.get("namespace")
         if rule.action != "command" and ns not in s.namespaces:
-            return "namespace", f"namespace {ns!r} is not in the allow-list {list(s.namespaces)}"
+            return "namespace", f"namespace {ns!r} is not in the allow-list {list(s.namespaces)}", None
         if rule.action == "command" and ns and s.namespaces and ns not in s.namespaces:
-            return "namespace", f"namespace {ns!r} is not in the allow-list {list(s.namespaces)}"
+            return "namespace", f"namespace {ns!r} is not in the allow-list {list(s.namespaces)}", None
+        if rule.action in NODE_ACTIONS:
+            node = tinfo["target_fields"].get("node") or ""
+            if not s.nodes_bounded or not s.node_name_allowed(node):
+                return "node", f"node {node!r} is not in the node allow-list ({s.describe_nodes()})", None
         last = audit.last_action(self.store, tinfo["target_key"])
         if last is not None and now - last < rule.cooldown_s:
-            return "cooldown", f"{tinfo['target']} was acted on {now - last:.0f}s ago (cooldown {rule.cooldown_s:g}s)"
+            return "cooldown", f"{tinfo['target']} was acted on {now - last:.0f}s ago (cooldown {rule.cooldown_s:g}s)", None
         n = self.window.count(now - rule.per_s, rule.name)
         if n >= rule.max_actions:
-            return "rate_limit", f"rule {rule.name} took {n} actions in the last {rule.per_s:g}s (max {rule.max_actions})"
+            return "rate_limit", f"rule {rule.name} took {n} actions in the last {rule.per_s:g}s (max {rule.max_actions})", None
         n = self.window.count(now - 3600.0)
         if n >= s.max_actions_per_hour:
-            return "hourly_cap", f"{n} actions in the last hour (cap {s.max_actions_per_hour})"
+            return "hourly_cap", f"{n} actions in the last hour (cap {s.max_actions_per_hour})", None
         with self._state:
             if self._in_flight >= s.max_in_flight:
-                return "in_flight", f"{self._in_flight} actions in flight (cap {s.max_in_flight})"
-        trip = self._breaker_trips(tinfo, now)
+                return "in_flight", f"{self._in_flight} actions in flight (cap {s.max_in_flight})", None
+        trip = self._breaker_trips(tinfo, now, br.reset_at)
         if trip:
-            audit.open_breaker(self.store, trip, now)
-            metrics.BREAKER_OPEN.set(1)
-            log.warning("remediation circuit breaker opened: %s", trip)
-            return "breaker", f"circuit breaker opened: {trip}"
+            return "breaker", f"circuit breaker opened: {trip}", trip
         if ev.kind == "alert":
             resolved = self._resolved.get(ev.episode)
             if resolved is not None and resolved >= ev.received_ts:
-                return "recheck", "the alert resolved before the action could start"
+                return "recheck", "the alert resolved before the action could start", None
         else:
             ok, detail = recheck(self.store, ev, now, self.stale_s)
             if not ok:
-                return "recheck", f"condition no longer holds: {detail}"
-        return None, ""
+                return "recheck", f"condition no longer holds: {detail}", None
+        return None, "", None
 
-    def _breaker_trips(self, tinfo: dict[str, Any], now: float) -> str:
+    def _breaker_trips(self, tinfo: dict[str, Any], now: float, reset_at: float | None = None) -> str:
+        """Would this action open the breaker?  Counts the window back to its start or the last reset,
+        whichever is later: a reset starts a fresh window (in every engine sharing the store)."""
         b = self.settings.breaker
-        targets, nodes = self.window.hit(now - b.window_s)
+        since = now - b.window_s if reset_at is None else max(now - b.window_s, reset_at)
+        targets, nodes = self.window.hit(since)
         targets = targets | {tinfo["target_key"]}
         if tinfo.get("node"):
             nodes = nodes | {tinfo["node"]}
@@ -340,24 +343,58 @@ class Engine:
         return ""
 
     # recording ---------------------------------------------------------------------------------------
+    def _values(self, ev: TriggerEvent, tinfo: dict[str, Any], outcome: str, rail: str | None, reason: str,
+                response: dict[str, Any], dry: bool, *, ts: float | None = None, params: dict[str, Any] | None = None,
+                issued_ts: float | None = None) -> dict[str, Any]:
+        """The audit row of a decision."""
+        rule = ev.rule
+        now = time.time() if ts is None else ts
+        return dict(ts=now, engine_id=self.engine_id, rule=rule.name, trigger_kind=ev.kind, trigger=ev.description,
+                    trigger_key=ev.key, action=rule.action, target=tinfo.get("target", ""),
+                    target_key=tinfo.get("target_key", ""), node=tinfo.get("node") or ev.node,
+                    namespace=tinfo.get("namespace"), outcome=outcome, rail=rail, reason=reason, dry_run=dry,
+                    params=_jsonable(rule.params if params is None else params), response=_jsonable(response),
+                    received_ts=ev.received_ts, issued_ts=issued_ts,
+                    finished_ts=None if outcome == audit.IN_PROGRESS else now)
+
+    def _conclude(self, ev: TriggerEvent, tinfo: dict[str, Any] | None, outcome: str, rail: str | None, reason: str,
+                  response: dict[str, Any], *, open_breaker: str | None = None) -> Decision:
+        """A final decision that acts on nothing: claim + audit row (+ breaker) + inbox entry gone, one transaction."""
+        tinfo = tinfo or {}
+        dry = self.dry_run or ev.rule.dry_run
+        audit_id = audit.decide(self.store, ev.key, self._values(ev, tinfo, outcome, rail, reason, response, dry),
+                                open_breaker_reason=open_breaker)
+        if audit_id is None:
+            return self._duplicate(ev, tinfo)
+        if open_breaker:
+            metrics.BREAKER_OPEN.set(1)
+            log.warning("remediation circuit breaker opened: %s", open_breaker)
+        return self._after(ev, tinfo, outcome, rail, reason, audit_id, dry)
+
+    def _duplicate(self, ev: TriggerEvent, tinfo: dict[str, Any]) -> Decision:
+        dry = self.dry_run or ev.rule.dry_run
+        reason = "delivery already handled"
+        audit_id = audit.record_duplicate(self.store, ev.key, self._values(ev, tinfo, "suppressed", "duplicate",
+                                                                           reason, {}, dry))
+        return self._after(ev, tinfo, "suppressed", "duplicate", reason, audit_id, dry)
+
     def _record(self, ev: TriggerEvent, tinfo: dict[str, Any] | None, outcome: str, rail: str | None, reason: str,
                 response: dict[str, Any], *, audit_id: int | None = None, issued_ts: float | None = None,
                 dry: bool | None = None) -> Decision:
-        rule = ev.rule
+        """A new audit row that claims nothing (``leader``), or the final state of an ``in_progress`` one."""
         tinfo = tinfo or {}
-        dry = (self.dry_run or rule.dry_run) if dry is None else dry
-        now = time.time()
+        dry = (self.dry_run or ev.rule.dry_run) if dry is None else dry
         if audit_id is None:
-            audit_id = audit.record_decision(
-                self.store, ts=now, engine_id=self.engine_id, rule=rule.name, trigger_kind=ev.kind,
-                trigger=ev.description, trigger_key=ev.key, action=rule.action, target=tinfo.get("target", ""),
-                target_key=tinfo.get("target_key", ""), node=tinfo.get("node") or ev.node,
-                namespace=tinfo.get("namespace"), outcome=outcome, rail=rail, reason=reason, dry_run=dry,
-                params=rule.params, response=response, received_ts=ev.received_ts, issued_ts=issued_ts,
-                finished_ts=now)
+            audit_id = audit.record_decision(self.store, **self._values(ev, tinfo, outcome, rail, reason, response, dry,
+                                                                        issued_ts=issued_ts))
         else:
             audit.update_decision(self.store, audit_id, outcome=outcome, rail=rail, reason=reason,
-                                  response=_jsonable(response), issued_ts=issued_ts, finished_ts=now)
+                                  response=_jsonable(response), issued_ts=issued_ts, finished_ts=time.time())
+        return self._after(ev, tinfo, outcome, rail, reason, audit_id, dry)
+
+    def _after(self, ev: TriggerEvent, tinfo: dict[str, Any], outcome: str, rail: str | None, reason: str,
+               audit_id: int, dry: bool) -> Decision:
+        rule = ev.rule
         metrics.ACTIONS_TOTAL.labels(rule.action, outcome).inc()
         level = logging.INFO if outcome in ("acted", "dry_run") else logging.DEBUG if rail in QUIET_RAILS else logging.INFO
         log.log(level, "remediation %s: rule=%s action=%s target=%s%s %s", outcome, rule.name, rule.action,
@@ -365,6 +402,97 @@ class Engine:
         if rail not in QUIET_RAILS:
             self._side.submit(self._emit_events, ev, tinfo, outcome, rail, reason, audit_id, dry)
         return Decision(outcome, rail, reason, audit_id)
+
+    # after a crash, or on becoming the leader ---------------------------------------------------------
+    def resume(self, *, actions: bool = True, older_than: float | None = None) -> tuple[int, int]:
+        """Re-run the actions left ``in_progress`` (``actions``) and decide the triggers left in the inbox.
+
+        Called when the engine starts and when it becomes the leader; the scheduler also picks up inbox
+        entries older than ``older_than`` seconds (a decision whose store write failed).  Returns
+        (actions re-run, inbox triggers queued).
+        """
+        if self.leader is not None and not self.leader.is_leader:
+            return 0, 0
+        rerun = 0
+        if actions:
+            with self._decide:  # a decision between its in_progress row and _running is not taken for a crashed one
+                rows = audit.in_progress(self.store)
+                with self._state:
+                    rows = [r for r in rows if r.id not in self._running]
+                    self._running.update(r.id for r in rows)
+                    self._pending += len(rows)
+            for row in rows:
+                self._pool.submit(self._resume_counted, row)
+            rerun = len(rows)
+        queued = 0
+        before = None if older_than is None else time.time() - older_than
+        for entry in audit.inbox(self.store, before=before):
+            try:
+                rule = self.policy.rule(entry.rule)
+            except KeyError:
+                rule = None
+            if rule is None or rule.trigger.kind != entry.kind:
+                audit.decide(self.store, entry.key, dict(
+                    ts=time.time(), engine_id=self.engine_id, rule=entry.rule, trigger_kind=entry.kind,
+                    trigger=str(entry.event.get("description") or ""), trigger_key=entry.key,
+                    action=rule.action if rule else "", outcome="suppressed", rail="recheck",
+                    reason=f"rule {entry.rule!r} is no longer in the policy (changed while the trigger waited)",
+                    received_ts=entry.ts, finished_ts=time.time()))
+                continue
+            ev = event_from_dict(rule, entry.key, entry.kind, entry.event)
+            with self._state:
+                if self._queued.get(ev.key):
+                    continue
+            self._mark([ev], +1)
+            queued += self._queue(ev) is not None
+        if rerun or queued:
+            log.info("remediation: resumed %d action(s) left in progress and %d undecided trigger(s)", rerun, queued)
+        self.resumed = (rerun, queued)
+        return rerun, queued
+
+    def _resume_counted(self, row: audit.AuditRow) -> None:
+        try:
+            self._resume_action(row)
+        except Exception:
+            log.exception("remediation: re-running decision %d failed", row.id)
+            with self._state:
+                self._running.discard(row.id)
+        finally:
+            with self._state:
+                self._pending -= 1
+                self._idle.notify_all()
+
+    def _resume_action(self, row: audit.AuditRow) -> None:
+        try:
+            rule: Rule | None = self.policy.rule(row.rule)
+        except KeyError:
+            rule = None
+        why = ""
+        if rule is None or rule.action != row.action:
+            why = f"the engine stopped while this action ran, and rule {row.rule!r} with action {row.action} is no " \
+                  "longer in the policy: not re-run"
+        elif row.action == "command" and not row.dry_run:
+            why = "the engine stopped while the command ran: commands are not re-run (they are not known to be " \
+                  "idempotent); check the host"
+        if why or rule is None:
+            with self._state:
+                self._running.discard(row.id)
+            audit.update_decision(self.store, row.id, outcome=audit.FAILED, reason=why, finished_ts=time.time())
+            metrics.ACTIONS_TOTAL.labels(row.action, audit.FAILED).inc()
+            log.warning("remediation decision %d: %s", row.id, why)
+            return
+        params = dict(row.params)
+        target = {str(a): str(b) for a, b in (params.get("target") or {}).items()}
+        ev = TriggerEvent(rule, row.trigger_kind, row.trigger_key, row.trigger, labels={}, node=row.node,
+                          started_at=row.ts, received_ts=row.received_ts or row.ts,
+                          episode=str(params.get("episode") or ""))
+        tinfo = {"target": row.target, "target_key": row.target_key, "namespace": row.namespace, "node": row.node,
+                 "target_fields": target}
+        with self._state:
+            self._in_flight += 1
+            metrics.IN_FLIGHT.set(self._in_flight)
+        log.info("remediation: re-running decision %d (%s %s), left in progress", row.id, row.action, row.target)
+        self._run_action(ev, tinfo, row.dry_run, row.id, row.ts, params, resumed=True)
 
     def _emit_events(self, ev: TriggerEvent, tinfo: dict[str, Any], outcome: str, rail: str | None, reason: str,
                      audit_id: int, dry: bool) -> None:
@@ -381,28 +509,9 @@ class Engine:
                              "trigger_kind": ev.kind})])
             except Exception as e:
                 log.warning("remediation: cannot record the timeline event: %s", e)
-        ks = self.settings.kubernetes
-        if self.kube is None or not ks.events:
-            return
-        fields = tinfo.get("target_fields") or {}
-        if "deployment" in fields:
-            ns = fields["namespace"]
-            involved = {"kind": "Deployment", "apiVersion": "apps/v1", "namespace": ns, "name": fields["deployment"]}
-        elif "node" in fields:
-            ns = ks.events_namespace
-            involved = {"kind": "Node", "apiVersion": "v1", "name": fields["node"]}
-        elif "namespace" in fields and rule.action == "dependency_fallback":
-            ns = fields["namespace"]
-            involved = {"kind": "ConfigMap", "apiVersion": "v1", "namespace": ns, "name": rule.params["configmap"]}
-        else:
-            return
-        reason_word = {"acted": "RemediationActed", "dry_run": "RemediationDryRun", "suppressed": "RemediationSuppressed",
-                       "failed": "RemediationFailed"}.get(outcome, "Remediation")
-        try:
-            self.kube.post_event(ns, involved, reason=reason_word, message=msg,
-                                 type_="Warning" if outcome in ("failed", "acted") else "Normal")
-        except k.KubeError as e:
-            log.info("remediation: cannot post the Kubernetes Event: %s", e)
+        if self.kube is not None and self.settings.kubernetes.events:
+            act.post_decision_event(self.kube, self.settings.kubernetes.events_namespace, rule.action, rule.params,
+                                    tinfo.get("target_fields") or {}, outcome, msg)
 
     # alert episodes ----------------------------------------------------------------------------------
     def _note_firing(self, ev: TriggerEvent) -> None:
@@ -446,8 +555,12 @@ class Engine:
             for ev in events:
                 if ev.key in self._seen:
                     continue
+                try:
+                    self.submit(ev)
+                except IntakeError as e:
+                    log.warning("remediation: rule %s: %s (evaluated again next time)", rule.name, e)
+                    continue
                 self._seen[ev.key] = now
-                self.submit(ev)
                 submitted += 1
         cutoff = now - self.settings.dedupe_retention_s
         for key in [kk for kk, ts in self._seen.items() if ts < cutoff]:
@@ -456,46 +569,10 @@ class Engine:
 
     def revert_fallbacks(self, now: float | None = None) -> int:
         """Revert each active fallback whose trigger has been clear for its hold period, or whose TTL ran out."""
-        now = time.time() if now is None else now
         if self.leader is not None and not self.leader.is_leader:
             return 0
-        done = 0
-        for fb in audit.active_fallbacks(self.store):
-            if now >= fb.expires_at:
-                why = f"time-to-live ran out ({fb.expires_at - fb.switched_at:g}s)"
-            elif fb.clear_since is not None and now - fb.clear_since >= fb.hold_s:
-                why = f"trigger clear for {now - fb.clear_since:.0f}s (hold {fb.hold_s:g}s)"
-            else:
-                continue
-            try:
-                res = act.revert_fallback(fb, self.kube, why)
-            except k.KubeError as e:
-                res = act.ActionResult("failed", f"revert of {fb.namespace}/{fb.configmap}:{fb.key} failed: {e}",
-                                       {"error": e.answer(), "fallback_id": fb.id})
-            if res.outcome in ("acted", "dry_run"):
-                audit.update_fallback(self.store, fb.id, state="reverted", reverted_at=now, revert_reason=why)
-                done += 1
-            try:
-                rule = self.policy.rule(fb.rule)
-            except KeyError:
-                rule = None
-            node = None
-            audit_id = audit.record_decision(
-                self.store, ts=time.time(), engine_id=self.engine_id, rule=fb.rule, trigger_kind="revert",
-                trigger=f"revert: {why}", trigger_key=f"revert:{fb.id}", action="dependency_fallback",
-                target=f"configmap {fb.namespace}/{fb.configmap} key {fb.key}", target_key=fb.target_key, node=node,
-                namespace=fb.namespace, outcome=res.outcome, reason=res.reason, dry_run=fb.dry_run,
-                params={"revert": True, "restore": fb.previous_value}, response=res.response, issued_ts=res.issued_ts,
-                finished_ts=time.time())
-            metrics.ACTIONS_TOTAL.labels("dependency_fallback", res.outcome).inc()
-            log.info("remediation revert %s: %s", res.outcome, res.reason)
-            if rule is not None and self.kube is not None and self.settings.kubernetes.events:
-                with contextlib.suppress(k.KubeError):
-                    self.kube.post_event(fb.namespace, {"kind": "ConfigMap", "apiVersion": "v1", "namespace": fb.namespace,
-                                                        "name": fb.configmap},
-                                         reason="RemediationReverted" if res.outcome != "failed" else "RemediationFailed",
-                                         message=f"{fb.rule}: {res.reason} (audit {audit_id})")
-        return done
+        return act.revert_due_fallbacks(self.store, self.kube, time.time() if now is None else now, self.engine_id,
+                                        {r.name for r in self.policy.rules} if self.settings.kubernetes.events else set())
 
     def prune(self) -> int:
         with self._decide:
@@ -509,10 +586,15 @@ class Engine:
         if self.leader is not None:
             was = self.leader.is_leader
             now_leader = self.leader.step()
+            metrics.LEADER.set(1 if now_leader else 0)
             if now_leader and not was:  # another replica may have acted meanwhile: recount from the store
                 with self._decide:
                     self.window.load(self.store, time.time())
-            metrics.LEADER.set(1 if now_leader else 0)
+                self.resume()  # and may have left actions in progress or triggers undecided
+
+    def resume_inbox(self) -> int:
+        """Scheduler job: decide inbox entries nobody here is deciding (their first attempt's store write failed)."""
+        return self.resume(actions=False, older_than=max(30.0, 2 * self.settings.evaluate_interval_s))[1]
 
     # lifecycle ---------------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -560,23 +642,14 @@ def build_scheduler(engine: Engine) -> Any:
                       name="evaluate stored-data triggers", next_run_time=now)
     sched.add_job(engine.revert_fallbacks, "interval", seconds=s.evaluate_interval_s, id="fallback-reverts",
                   name="revert dependency fallbacks", next_run_time=now)
+    sched.add_job(engine.resume_inbox, "interval", seconds=max(5.0, s.evaluate_interval_s), id="resume-inbox",
+                  name="decide triggers left undecided in the inbox")
     sched.add_job(engine.prune, "interval", seconds=3600, id="prune-deliveries", name="forget old deliveries")
     return sched
 
 
 def kube_from_settings(policy: Policy) -> k.KubeAdapter | None:
-    ks = policy.settings.kubernetes
-    if ks.mode == "none":
-        return None
-    token = None
-    if ks.token_file:
-        try:
-            token = Path(ks.token_file).read_text().strip()
-        except OSError as e:
-            raise k.NotConfigured(f"cannot read the Kubernetes token file {ks.token_file}: {e}") from None
-    return k.KubeAdapter.connect(url=ks.url if ks.mode == "url" else None, token=token,
-                                 kubeconfig=ks.kubeconfig if ks.mode == "kubeconfig" else None, context=ks.context,
-                                 in_cluster=ks.mode == "in-cluster", verify_ssl=ks.verify_ssl, ca_file=ks.ca_file)
+    return k.KubeAdapter.from_settings(policy.settings.kubernetes)
 
 
 class EngineHandle:
@@ -622,7 +695,9 @@ def start(store: Any, policy: Policy, *, listen: tuple[str, int] | None = None, 
         leader = LeaderElector(kube, le.namespace, le.lease, policy.settings.engine_id, le.lease_duration_s)
     engine = Engine(store, policy, kube=kube, dry_run=dry_run, leader=leader)
     if leader is not None:
-        engine.leader_step()
+        engine.leader_step()  # resumes when it becomes the leader
+    else:
+        engine.resume()  # actions a crash left in progress, triggers accepted but not decided
     sched = build_scheduler(engine)
     sched.start()
     server = serve(engine, listen[0], listen[1], token=token, max_body=max_body) if listen else None

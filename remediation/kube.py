@@ -24,6 +24,8 @@ RESTARTED_AT = "kubectl.kubernetes.io/restartedAt"  # what `kubectl rollout rest
 CORDONED_BY = "triscope.io/cordoned-by"
 CORDONED_AT = "triscope.io/cordoned-at"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
+CONTROL_PLANE_KEYS = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
+BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
 SMP = "application/strategic-merge-patch+json"
 MERGE = "application/merge-patch+json"
 
@@ -95,6 +97,45 @@ def _micro_now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+# nodes, taints, tolerations: what the scheduler would do ------------------------------------------
+def node_labels(node: dict[str, Any]) -> dict[str, str]:
+    return dict((node.get("metadata") or {}).get("labels") or {})
+
+
+def node_taints(node: dict[str, Any]) -> list[dict[str, Any]]:
+    return list((node.get("spec") or {}).get("taints") or [])
+
+
+def is_control_plane(node: dict[str, Any]) -> bool:
+    """A control-plane node: the ``node-role.kubernetes.io/control-plane`` (or ``master``) label or taint."""
+    labels = node_labels(node)
+    return any(k in labels for k in CONTROL_PLANE_KEYS) or any(
+        t.get("key") in CONTROL_PLANE_KEYS for t in node_taints(node))
+
+
+def tolerates(tolerations: list[dict[str, Any]], taint: dict[str, Any]) -> bool:
+    """Does one of ``tolerations`` tolerate ``taint`` (the rules of the Kubernetes scheduler)?"""
+    for t in tolerations or []:
+        if t.get("effect") and t.get("effect") != taint.get("effect"):
+            continue
+        op = t.get("operator") or "Equal"
+        if not t.get("key"):
+            if op == "Exists":
+                return True
+            continue
+        if t.get("key") != taint.get("key"):
+            continue
+        if op == "Exists" or (t.get("value") or "") == (taint.get("value") or ""):
+            return True
+    return False
+
+
+def untolerated_taints(node: dict[str, Any], tolerations: list[dict[str, Any]]) -> list[str]:
+    """The node's NoSchedule / NoExecute taints that ``tolerations`` do not tolerate, as ``key=value:Effect``."""
+    return [f"{t.get('key')}{'=' + t['value'] if t.get('value') else ''}:{t.get('effect')}"
+            for t in node_taints(node) if t.get("effect") in BLOCKING_EFFECTS and not tolerates(tolerations, t)]
+
+
 class KubeAdapter:
     """Verbs over one API server.  Build it with :meth:`connect`."""
 
@@ -138,6 +179,22 @@ class KubeAdapter:
             raise NotConfigured(f"cannot load Kubernetes configuration: {e}") from None
         cfg.retries = 1
         return cls(client.ApiClient(cfg), describe=describe)
+
+    @classmethod
+    def from_settings(cls, ks: Any) -> KubeAdapter | None:
+        """The adapter a policy's ``settings.kubernetes`` asks for (None for mode ``none``)."""
+        if ks.mode == "none":
+            return None
+        token = None
+        if ks.token_file:
+            try:
+                with open(ks.token_file) as f:
+                    token = f.read().strip()
+            except OSError as e:
+                raise NotConfigured(f"cannot read the Kubernetes token file {ks.token_file}: {e}") from None
+        return cls.connect(url=ks.url if ks.mode == "url" else None, token=token,
+                           kubeconfig=ks.kubeconfig if ks.mode == "kubeconfig" else None, context=ks.context,
+                           in_cluster=ks.mode == "in-cluster", verify_ssl=ks.verify_ssl, ca_file=ks.ca_file)
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -188,15 +245,24 @@ class KubeAdapter:
                 "generation": int(dep.get("metadata", {}).get("generation") or 0),
                 "observed_generation": int(st.get("observedGeneration") or 0)}
 
-    def restart_deployment(self, namespace: str, name: str, *, allow_degraded: bool = False) -> dict[str, Any]:
+    def restart_deployment(self, namespace: str, name: str, *, stamp: str | None = None,
+                           allow_degraded: bool = False) -> dict[str, Any]:
         """``kubectl rollout restart``: stamp the pod template's ``restartedAt`` annotation.
 
         Re-reads the live object first and refuses a paused Deployment or one already below its
         desired available replicas.  The patch carries the ``resourceVersion`` that was checked, so
-        a change in between answers 409 and the check runs again.
+        a change in between answers 409 and the check runs again.  ``stamp`` (default: now) is the
+        value written; a template that already carries it was restarted by this same decision (an
+        engine that crashed after the patch and re-runs it): nothing is written again
+        (``"already": True``), so the same decision never starts a second rollout.
         """
         for _ in range(3):
             dep = self.get_deployment(namespace, name)
+            tmpl_ann = ((dep.get("spec", {}).get("template") or {}).get("metadata") or {}).get("annotations") or {}
+            if stamp is not None and tmpl_ann.get(RESTARTED_AT) == stamp:
+                return {"restartedAt": stamp, "already": True,
+                        "generation": dep.get("metadata", {}).get("generation"),
+                        "resourceVersion": dep.get("metadata", {}).get("resourceVersion")}
             h = self.deployment_health(dep)
             if h["paused"]:
                 raise PausedDeployment(f"deployment {namespace}/{name} is paused: not restarting it")
@@ -204,14 +270,14 @@ class KubeAdapter:
                 raise DegradedDeployment(
                     f"deployment {namespace}/{name} has {h['available']}/{h['desired']} available replicas: "
                     "not restarting a workload that is already degraded")
-            stamp = _now_rfc3339()
+            value = stamp or _now_rfc3339()
             patch = {"metadata": {"resourceVersion": dep["metadata"]["resourceVersion"]},
-                     "spec": {"template": {"metadata": {"annotations": {RESTARTED_AT: stamp}}}}}
+                     "spec": {"template": {"metadata": {"annotations": {RESTARTED_AT: value}}}}}
             try:
                 out = self._call(self.apps.patch_namespaced_deployment, name, namespace, patch, _content_type=SMP)
             except Conflict:
                 continue
-            return {"restartedAt": stamp, "generation": out.get("metadata", {}).get("generation"),
+            return {"restartedAt": value, "generation": out.get("metadata", {}).get("generation"),
                     "resourceVersion": out.get("metadata", {}).get("resourceVersion")}
         raise Conflict(f"deployment {namespace}/{name} kept changing while restarting it", status=409)
 
@@ -341,10 +407,13 @@ class KubeAdapter:
         return self._call(self.core.read_namespaced_config_map, name, namespace)
 
     def set_configmap_keys(self, namespace: str, name: str, data: dict[str, str | None],
-                           annotations: dict[str, str | None] | None = None, *, create: bool = True) -> dict[str, Any]:
+                           annotations: dict[str, str | None] | None = None, *, create: bool = True,
+                           previous_annotation: str | None = None) -> dict[str, Any]:
         """Set (or with ``None`` remove) keys of a ConfigMap; read-modify-replace with resourceVersion, retried on 409.
 
-        Returns ``previous`` (the old values of those keys) and the new ``resourceVersion``.
+        Returns ``previous`` (the old values of those keys) and the new ``resourceVersion``.  With
+        ``previous_annotation``, the old values (JSON) are also written to that annotation, from the
+        same read as the write, so whoever finds the change later knows what to restore.
         """
         for _ in range(8):
             try:
@@ -352,9 +421,11 @@ class KubeAdapter:
             except NotFound:
                 if not create:
                     raise
+                ann0 = {k: v for k, v in (annotations or {}).items() if v is not None}
+                if previous_annotation:
+                    ann0[previous_annotation] = json.dumps({k: None for k in data}, sort_keys=True)
                 body = {"apiVersion": "v1", "kind": "ConfigMap",
-                        "metadata": {"name": name, "namespace": namespace,
-                                     "annotations": {k: v for k, v in (annotations or {}).items() if v is not None}},
+                        "metadata": {"name": name, "namespace": namespace, "annotations": ann0},
                         "data": {k: v for k, v in data.items() if v is not None}}
                 try:
                     out = self._call(self.core.create_namespaced_config_map, namespace, body)
@@ -375,6 +446,8 @@ class KubeAdapter:
                     ann.pop(k, None)
                 else:
                     ann[k] = v
+            if previous_annotation:
+                ann[previous_annotation] = json.dumps(previous, sort_keys=True)
             cm["data"] = cur
             cm["metadata"]["annotations"] = ann
             try:

@@ -4,7 +4,9 @@ Every engine replica tries to acquire or renew the Lease every ``renew_every``; 
 leader while its renewals succeed.  A replica takes over only once ``renewTime +
 leaseDurationSeconds`` has passed.  Every write carries the ``resourceVersion`` it read, so two
 replicas racing for an expired lease cannot both win (the loser gets 409).  Only the leader acts;
-the others answer the webhook (202) and record ``suppressed`` with rail ``leader``.
+the others answer the webhook with 503 and record ``suppressed`` with rail ``leader`` for what
+reached them while losing the lease, leaving it in the store's inbox for the leader, which
+resumes the inbox and the actions left in progress when it takes over.
 """
 
 from __future__ import annotations

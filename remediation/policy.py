@@ -7,6 +7,7 @@ silently mean "no cooldown").  See ``deploy/policy.example.yaml`` and ``docs/rem
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 import socket
@@ -14,8 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from triscope import yamlsafe
 from triscope.labels import Matcher
 
 ACTIONS = ("rolling_restart", "dependency_fallback", "reschedule", "command")
@@ -28,9 +28,13 @@ ACTION_TARGETS: dict[str, tuple[str, ...]] = {
     "command": (),
 }
 TARGET_FIELDS = ("namespace", "deployment", "node")
+NODE_ACTIONS = ("reschedule",)   # actions that cordon or drain a Kubernetes node: bounded by the node allow-list
 _DUR = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _DUR_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9_.-]{0,126}[a-z0-9])?$")
+_NODE_PATTERN = re.compile(r"^[a-z0-9.*?\[\]!-]{1,253}$")
+_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 _MATCHER = re.compile(r"^\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*\"?(.*?)\"?\s*$")
 OPS = {">": lambda a, b: a > b, ">=": lambda a, b: a >= b, "<": lambda a, b: a < b, "<=": lambda a, b: a <= b,
        "==": lambda a, b: a == b, "!=": lambda a, b: a != b}
@@ -142,6 +146,28 @@ class Settings:
     leader_election: LeaderSettings = field(default_factory=LeaderSettings)
     workers: int = 8
     slo_file: str = ""
+    node_names: tuple[str, ...] = ()                       # glob patterns of node names actions may touch
+    node_selector: tuple[tuple[str, str], ...] = ()        # labels (key, value) such a node must carry
+
+    @property
+    def nodes_bounded(self) -> bool:
+        return bool(self.node_names or self.node_selector)
+
+    def node_name_allowed(self, name: str) -> bool:
+        """Does ``name`` match the node allow-list's name patterns (no patterns: any name)?"""
+        return not self.node_names or any(fnmatch.fnmatchcase(name, p) for p in self.node_names)
+
+    def node_labels_allowed(self, labels: dict[str, str]) -> bool:
+        """Does a node with ``labels`` carry every label of the node selector (no selector: yes)?"""
+        return all(labels.get(k) == v for k, v in self.node_selector)
+
+    def describe_nodes(self) -> str:
+        parts = []
+        if self.node_names:
+            parts.append(f"names {list(self.node_names)}")
+        if self.node_selector:
+            parts.append("labels " + ",".join(f"{k}={v}" for k, v in self.node_selector))
+        return " and ".join(parts) or "any node"
 
 
 @dataclass(frozen=True)
@@ -159,37 +185,16 @@ class Policy:
 
 # parsing -----------------------------------------------------------------------------------------
 class _Doc:
-    """Plain Python values plus the line of every path, from PyYAML's composed node tree."""
+    """Plain Python values plus the line of every path, from the safe YAML loader (``triscope.yamlsafe``)."""
 
     def __init__(self, text: str, file: str) -> None:
         self.file = file
-        self.lines: dict[tuple[Any, ...], int] = {}
         try:
-            node = yaml.compose(text, Loader=yaml.SafeLoader)
-        except yaml.MarkedYAMLError as e:
-            mark = e.problem_mark or e.context_mark
-            raise PolicyError(file, mark.line + 1 if mark else None,
-                              f"YAML syntax error: {e.problem or e.context}") from None
-        except yaml.YAMLError as e:
-            raise PolicyError(file, None, f"YAML error: {e}") from None
-        self.root = self._plain(node, ()) if node is not None else None
-
-    def _plain(self, node: yaml.Node, path: tuple[Any, ...]) -> Any:
-        self.lines[path] = node.start_mark.line + 1
-        if isinstance(node, yaml.MappingNode):
-            out: dict[str, Any] = {}
-            for knode, vnode in node.value:
-                key = knode.value if isinstance(knode, yaml.ScalarNode) else str(knode.value)
-                if key in out:
-                    raise PolicyError(self.file, knode.start_mark.line + 1, f"duplicate key {key!r}")
-                self.lines[path + (key,)] = knode.start_mark.line + 1
-                out[key] = self._plain(vnode, path + (key,))
-                self.lines[path + (key,)] = knode.start_mark.line + 1
-            return out
-        if isinstance(node, yaml.SequenceNode):
-            return [self._plain(v, path + (i,)) for i, v in enumerate(node.value)]
-        # scalars: resolve with the safe constructor (ints, floats, bools, null, strings)
-        return yaml.SafeLoader(" ").construct_object(node, deep=True)
+            doc = yamlsafe.parse(text, file)
+        except yamlsafe.YAMLFileError as e:
+            raise PolicyError(file, e.line, e.reason) from None
+        self.lines = doc.lines
+        self.root = doc.root
 
     def line(self, path: tuple[Any, ...]) -> int | None:
         while path not in self.lines and path:
@@ -283,7 +288,7 @@ class _Parser:
         p: tuple[Any, ...] = ("settings",)
         m = self.mapping(v, p, ("dry_run", "namespaces", "max_actions_per_hour", "max_in_flight", "breaker",
                                 "evaluate_interval", "dedupe_retention", "engine_id", "kubernetes",
-                                "leader_election", "workers", "slo_file"), "settings")
+                                "leader_election", "workers", "slo_file", "node_names", "node_selector"), "settings")
         ns = m.get("namespaces", [])
         if not isinstance(ns, list) or not all(isinstance(x, str) and _NAME.match(x) for x in ns):
             raise self.d.err(p + ("namespaces",), "namespaces must be a list of namespace names")
@@ -328,7 +333,42 @@ class _Parser:
             evaluate_interval_s=max(0.2, self.duration(m, "evaluate_interval", p, 15.0)),
             dedupe_retention_s=self.duration(m, "dedupe_retention", p, 7 * 86400.0),
             engine_id=engine_id, kubernetes=kube, leader_election=leader,
-            workers=self.integer(m, "workers", p, 8, 1, 64), slo_file=self.slo_file(m, p))
+            workers=self.integer(m, "workers", p, 8, 1, 64), slo_file=self.slo_file(m, p),
+            node_names=self.node_names(m, p), node_selector=self.node_selector(m, p))
+
+    def node_names(self, m: dict[str, Any], p: tuple[Any, ...]) -> tuple[str, ...]:
+        if "node_names" not in m:
+            return ()
+        v, path = m["node_names"], p + ("node_names",)
+        if not isinstance(v, list) or not v:
+            raise self.d.err(path, "node_names must be a non-empty list of node names or glob patterns (gpu-*)")
+        out = []
+        for i, pat in enumerate(v):
+            if not isinstance(pat, str) or not _NODE_PATTERN.match(pat):
+                raise self.d.err(path + (i,), f"node_names: {pat!r} is not a node name or glob pattern "
+                                 "(lower-case letters, digits, '-', '.', and * ? [...])")
+            if not re.sub(r"\[[^\]]*\]|[*?]", "", pat):
+                raise self.d.err(path + (i,), f"node_names: {pat!r} matches any node name: name the nodes or a "
+                                 "prefix such as gpu-*")
+            out.append(pat)
+        return tuple(out)
+
+    def node_selector(self, m: dict[str, Any], p: tuple[Any, ...]) -> tuple[tuple[str, str], ...]:
+        if "node_selector" not in m:
+            return ()
+        v, path = m["node_selector"], p + ("node_selector",)
+        if not isinstance(v, dict) or not v:
+            raise self.d.err(path, "node_selector must be a non-empty mapping of node label: value "
+                             "(e.g. {triscope.io/remediation: allowed})")
+        out = []
+        for key, val in v.items():
+            val = "true" if val is True else "false" if val is False else val
+            if not isinstance(key, str) or not _LABEL_KEY.match(key):
+                raise self.d.err(path + (key,), f"node_selector: {key!r} is not a label key")
+            if not isinstance(val, str | int) or not _LABEL_VALUE.match(str(val)):
+                raise self.d.err(path + (key,), f"node_selector: {key}: {val!r} is not a label value")
+            out.append((key, str(val)))
+        return tuple(sorted(out))
 
     def slo_file(self, m: dict[str, Any], p: tuple[Any, ...]) -> str:
         v = self.string(m, "slo_file", p, "") or ""
@@ -536,6 +576,18 @@ def parse_policy(text: str, file: str = "<policy>") -> Policy:
         if needs_ns and settings.namespaces and ns and ns.literal and ns.literal not in settings.namespaces:
             raise doc.err(("rules", i, "target", "namespace"),
                           f"namespace {ns.literal!r} is not in settings.namespaces {list(settings.namespaces)}")
+        if r.action in NODE_ACTIONS:
+            if not settings.nodes_bounded:
+                raise doc.err(("rules", i, "action"),
+                              f"rule {r.name}: {r.action} cordons and drains nodes: settings.node_names or "
+                              "settings.node_selector (the node allow-list) is required")
+            node = r.target.get("node")
+            if node and node.literal and not settings.node_name_allowed(node.literal):
+                raise doc.err(("rules", i, "target", "node"),
+                              f"node {node.literal!r} is not in settings.node_names {list(settings.node_names)}")
+            if node and node.default and not settings.node_name_allowed(node.default):
+                raise doc.err(("rules", i, "target", "node", "default"),
+                              f"node {node.default!r} is not in settings.node_names {list(settings.node_names)}")
         rules.append(r)
     if any(r.action != "command" for r in rules) and not settings.namespaces:
         raise doc.err(("settings",), "settings.namespaces (the namespace allow-list) is required when a rule "
@@ -544,11 +596,8 @@ def parse_policy(text: str, file: str = "<policy>") -> Policy:
 
 
 def load_policy(path: str | os.PathLike[str]) -> Policy:
-    p = Path(path)
     try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise PolicyError(str(path), None, "no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise PolicyError(str(path), None, f"cannot read: {e}") from None
+        text = yamlsafe.read_text(path)
+    except yamlsafe.YAMLFileError as e:
+        raise PolicyError(str(path), e.line, e.reason) from None
     return parse_policy(text, str(path))

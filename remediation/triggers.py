@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -28,6 +29,7 @@ from remediation.policy import OPS, Matcher, Rule, Trigger
 log = logging.getLogger(__name__)
 
 MISMATCH_METRIC = "triscope_mismatch_state"
+_K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
 
 @dataclass
@@ -45,6 +47,55 @@ class TriggerEvent:
     firing: bool = True
     details: dict[str, Any] = field(default_factory=dict)
     episode: str = ""              # rule+alert fingerprint / rule+node: what a fallback revert watches
+
+
+def event_to_dict(ev: TriggerEvent) -> dict[str, Any]:
+    """What the inbox keeps of a trigger event (the rule, key and kind are columns of their own)."""
+    return {"description": ev.description, "labels": dict(ev.labels), "node": ev.node, "started_at": ev.started_at,
+            "received_ts": ev.received_ts, "firing": ev.firing, "details": json.loads(json.dumps(ev.details, default=str)),
+            "episode": ev.episode}
+
+
+def event_from_dict(rule: Rule, key: str, kind: str, d: dict[str, Any]) -> TriggerEvent:
+    """The trigger event an inbox entry holds, for ``rule`` of the current policy."""
+    received = float(d.get("received_ts") or time.time())
+    return TriggerEvent(rule=rule, kind=kind, key=key, description=str(d.get("description") or ""),
+                        labels={str(a): str(b) for a, b in (d.get("labels") or {}).items()}, node=d.get("node"),
+                        started_at=float(d.get("started_at") or received), received_ts=received,
+                        firing=bool(d.get("firing", True)), details=dict(d.get("details") or {}),
+                        episode=str(d.get("episode") or ""))
+
+
+def resolve_target(rule: Rule, labels: dict[str, str]) -> tuple[dict[str, str], str]:
+    """Target names from the rule's literals and the trigger's labels; an error message when invalid."""
+    out: dict[str, str] = {}
+    for fld, spec in rule.target.items():
+        if spec.literal is not None:
+            v: str | None = spec.literal
+        else:
+            v = labels.get(spec.label or "") or spec.default
+            if not v:
+                return out, f"target {fld}: label {spec.label!r} is missing and there is no default"
+        if v is None or len(v) > 253 or not _K8S_NAME.match(v):
+            return out, f"target {fld}: {v!r} is not a valid Kubernetes name"
+        out[fld] = v
+    return out, ""
+
+
+def target_key(rule: Rule, target: dict[str, str]) -> tuple[str, str]:
+    """(key for cooldowns and the breaker, human description)."""
+    a = rule.action
+    if a == "rolling_restart":
+        return f"deployment/{target['namespace']}/{target['deployment']}", f"deployment {target['namespace']}/{target['deployment']}"
+    if a == "dependency_fallback":
+        p = rule.params
+        return (f"configmap/{target['namespace']}/{p['configmap']}/{p['key']}",
+                f"configmap {target['namespace']}/{p['configmap']} key {p['key']}")
+    if a == "reschedule":
+        return (f"node/{target['node']}/deployment/{target['namespace']}/{target['deployment']}",
+                f"deployment {target['namespace']}/{target['deployment']} off node {target['node']}")
+    where = target.get("node", "local")
+    return f"command/{where}/{rule.name}", f"command {rule.params['argv'][0]} for {where}"
 
 
 def parse_rfc3339(value: str) -> float | None:
@@ -269,5 +320,6 @@ def recheck(store: Any, ev: TriggerEvent, now: float, stale_s: float) -> tuple[b
     return True, ""
 
 
-__all__ = ["Condition", "Matcher", "TriggerEvent", "alert_events", "evaluate_condition", "match_alert",
-           "parse_rfc3339", "recheck", "stored_data_events", "time"]
+__all__ = ["Condition", "Matcher", "TriggerEvent", "alert_events", "evaluate_condition", "event_from_dict",
+           "event_to_dict", "match_alert", "parse_rfc3339", "recheck", "resolve_target", "stored_data_events",
+           "target_key", "time"]

@@ -1,16 +1,24 @@
-"""Remediation tables and their query functions: audit log, cooldowns, delivery dedupe, circuit
-breaker, dependency fallbacks.
+"""Remediation tables and their query functions: audit log, cooldowns, delivery dedupe, the trigger
+inbox, circuit breaker, dependency fallbacks.
 
-Everything the engine must not forget across a restart lives here: which alert deliveries were
+Everything the engine must not forget across a restart lives here: which triggers were accepted
+but not decided yet (the inbox: written before the webhook answers 202), which deliveries were
 already handled (Alertmanager delivers at least once), when each target was last acted on
 (cooldowns), how many actions each rule took (rate limits and the hourly cap are counted from the
 audit log), whether the circuit breaker is open, and which dependency fallbacks are active and
-must be reverted.  The dashboard reads the audit log through :func:`audit_log` and
+must be reverted.
+
+Exactly once across a crash: :func:`decide` claims the delivery key, writes the decision's audit
+row (``in_progress`` for an action about to run) and its cooldown stamp, and removes the inbox
+entry, all in one transaction.  A crash leaves either nothing (the inbox entry is decided again,
+a re-delivery acts) or a decision (a re-delivery is a duplicate; an ``in_progress`` action is
+re-run on restart).  The dashboard reads the audit log through :func:`audit_log` and
 :func:`action_counts`.
 """
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -102,6 +110,19 @@ class RemediationDelivery(Base):
     ts: Mapped[float] = mapped_column(Float)
 
 
+class RemediationInbox(Base):
+    """Triggers accepted (the webhook answered 202, or a stored-data episode was queued) but not decided yet."""
+
+    __tablename__ = "remediation_inbox"
+    __table_args__ = (Index("ix_remediation_inbox_ts", "ts"),)
+
+    key: Mapped[str] = mapped_column(String(512), primary_key=True)
+    ts: Mapped[float] = mapped_column(Float)
+    rule: Mapped[str] = mapped_column(String(128))
+    kind: Mapped[str] = mapped_column(String(32))
+    event: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
 class RemediationBreaker(Base):
     """The circuit breaker: one row (id 1)."""
 
@@ -144,6 +165,7 @@ _AUDIT = cast(Table, RemediationAudit.__table__)
 _COOL = cast(Table, RemediationCooldown.__table__)
 _DELIV = cast(Table, RemediationDelivery.__table__)
 _BREAKER = cast(Table, RemediationBreaker.__table__)
+_INBOX = cast(Table, RemediationInbox.__table__)
 _FALLBACK = cast(Table, RemediationFallback.__table__)
 
 
@@ -176,31 +198,66 @@ class AuditRow:
         return {f: getattr(self, f) for f in self.__slots__}
 
 
-def record_decision(store: Store, **values: Any) -> int:
-    """Insert one audit row (``ts`` defaults to now); returns its id."""
+def _row_defaults(values: dict[str, Any]) -> dict[str, Any]:
     values.setdefault("ts", time.time())
     for k, default in (("params", {}), ("response", {}), ("reason", ""), ("trigger", ""), ("trigger_key", ""),
                        ("target", ""), ("target_key", ""), ("engine_id", ""), ("dry_run", False)):
         if values.get(k) is None:
             values[k] = default
+    return values
+
+
+def _insert_audit(conn: Any, values: dict[str, Any]) -> int:
+    return int(conn.execute(insert(_AUDIT).values(**values)).inserted_primary_key[0])
+
+
+def _stamp_cooldown(conn: Any, target_key: str, rule: str, ts: float) -> None:
+    n = conn.execute(update(_COOL).where(_COOL.c.target_key == target_key).values(rule=rule, last_ts=ts)).rowcount
+    if not n:
+        conn.execute(insert(_COOL).values(target_key=target_key, rule=rule, last_ts=ts))
+
+
+def record_decision(store: Store, **values: Any) -> int:
+    """Insert one audit row (``ts`` defaults to now); returns its id."""
+    values = _row_defaults(values)
     with store.engine.begin() as conn:
-        res = conn.execute(insert(_AUDIT).values(**values))
-        return int(res.inserted_primary_key[0])  # type: ignore[index]
+        return _insert_audit(conn, values)
+
+
+def decide(store: Store, key: str, values: dict[str, Any], *, stamp_cooldown: bool = False,
+           open_breaker_reason: str | None = None) -> int | None:
+    """One transaction: claim the delivery ``key``, insert the decision's audit row, stamp the target's
+    cooldown (a decision that goes ahead), open the breaker (a decision that trips it), and remove the
+    key's inbox entry.  Returns the audit id, or None when the key was already claimed (nothing written).
+    """
+    values = _row_defaults(dict(values))
+    with store.engine.begin() as conn:
+        if not _claim(conn, key, values.get("received_ts") or values["ts"]):
+            return None
+        audit_id = _insert_audit(conn, values)
+        if stamp_cooldown and values.get("target_key"):
+            _stamp_cooldown(conn, values["target_key"], values["rule"], values["ts"])
+        if open_breaker_reason is not None:
+            _open_breaker(conn, open_breaker_reason, values["ts"])
+        conn.execute(delete(_INBOX).where(_INBOX.c.key == key[:512]))
+    return audit_id
+
+
+def record_duplicate(store: Store, key: str, values: dict[str, Any]) -> int:
+    """The audit row of a delivery already handled, and its inbox entry (a re-delivery's) removed."""
+    values = _row_defaults(dict(values))
+    with store.engine.begin() as conn:
+        audit_id = _insert_audit(conn, values)
+        conn.execute(delete(_INBOX).where(_INBOX.c.key == key[:512]))
+    return audit_id
 
 
 def reserve_action(store: Store, target_key: str, **values: Any) -> int:
     """One transaction: the audit row of a decision that goes ahead, and the target's cooldown stamp."""
-    values.setdefault("ts", time.time())
-    for k, default in (("params", {}), ("response", {}), ("reason", ""), ("trigger", ""), ("trigger_key", ""),
-                       ("target", ""), ("engine_id", ""), ("dry_run", False)):
-        if values.get(k) is None:
-            values[k] = default
+    values = _row_defaults({**values, "target_key": target_key})
     with store.engine.begin() as conn:
-        audit_id = int(conn.execute(insert(_AUDIT).values(target_key=target_key, **values)).inserted_primary_key[0])  # type: ignore[index]
-        n = conn.execute(update(_COOL).where(_COOL.c.target_key == target_key)
-                         .values(rule=values["rule"], last_ts=values["ts"])).rowcount
-        if not n:
-            conn.execute(insert(_COOL).values(target_key=target_key, rule=values["rule"], last_ts=values["ts"]))
+        audit_id = _insert_audit(conn, values)
+        _stamp_cooldown(conn, target_key, values["rule"], values["ts"])
     return audit_id
 
 
@@ -279,33 +336,38 @@ def last_action(store: Store, target_key: str) -> float | None:
 
 def set_last_action(store: Store, target_key: str, rule: str, ts: float) -> None:
     with store.engine.begin() as conn:
-        n = conn.execute(update(_COOL).where(_COOL.c.target_key == target_key).values(rule=rule, last_ts=ts)).rowcount
-        if not n:
-            conn.execute(insert(_COOL).values(target_key=target_key, rule=rule, last_ts=ts))
+        _stamp_cooldown(conn, target_key, rule, ts)
 
 
 # delivery dedupe ---------------------------------------------------------------------------------
-def _insert_ignore(store: Store, table: Any, values: dict[str, Any], key_cols: list[str]) -> bool:
-    """Insert unless the key exists; True when this call inserted the row."""
-    if store.engine.dialect.name == "postgresql":
+def _insert_ignore_stmt(dialect: str, table: Any, key_cols: list[str]) -> Any:
+    if dialect == "postgresql":
         from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-        # psycopg reports rowcount -1 here: ask for the inserted key back instead
-        stmt: Any = (pg_insert(table).values(**values).on_conflict_do_nothing(index_elements=key_cols)
-                     .returning(*[table.c[k] for k in key_cols]))
-        with store.engine.begin() as conn:
-            return conn.execute(stmt).first() is not None
-    else:
-        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+        return pg_insert(table).on_conflict_do_nothing(index_elements=key_cols)
+    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-        stmt = sqlite_insert(table).values(**values).on_conflict_do_nothing(index_elements=key_cols)
-    with store.engine.begin() as conn:
-        return bool(conn.execute(stmt).rowcount)
+    return sqlite_insert(table).on_conflict_do_nothing(index_elements=key_cols)
+
+
+def _claim(conn: Any, key: str, ts: float) -> bool:
+    """Insert the delivery key unless it exists, inside the caller's transaction; True when this call inserted it."""
+    stmt = _insert_ignore_stmt(conn.dialect.name, _DELIV, ["key"]).values(key=key[:512], ts=ts)
+    if conn.dialect.name == "postgresql":
+        # psycopg reports rowcount -1 here: ask for the inserted key back instead
+        return conn.execute(stmt.returning(_DELIV.c.key)).first() is not None
+    return bool(conn.execute(stmt).rowcount)
 
 
 def claim_delivery(store: Store, key: str, ts: float | None = None) -> bool:
     """Record a trigger delivery; False when it was already handled (durable dedupe)."""
-    return _insert_ignore(store, _DELIV, {"key": key[:512], "ts": time.time() if ts is None else ts}, ["key"])
+    with store.engine.begin() as conn:
+        return _claim(conn, key, time.time() if ts is None else ts)
+
+
+def is_claimed(store: Store, key: str) -> bool:
+    with store.engine.connect() as conn:
+        return conn.execute(select(_DELIV.c.key).where(_DELIV.c.key == key[:512])).first() is not None
 
 
 def release_delivery(store: Store, key: str) -> None:
@@ -315,8 +377,48 @@ def release_delivery(store: Store, key: str) -> None:
 
 
 def prune(store: Store, deliveries_before: float) -> int:
+    """Forget deliveries (and undecided inbox entries) older than ``deliveries_before``."""
     with store.engine.begin() as conn:
-        return int(conn.execute(delete(_DELIV).where(_DELIV.c.ts < deliveries_before)).rowcount or 0)
+        n = int(conn.execute(delete(_DELIV).where(_DELIV.c.ts < deliveries_before)).rowcount or 0)
+        conn.execute(delete(_INBOX).where(_INBOX.c.ts < deliveries_before))
+    return n
+
+
+# the inbox: triggers accepted, not decided yet ---------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class InboxRow:
+    key: str
+    ts: float
+    rule: str
+    kind: str
+    event: dict[str, Any]
+
+
+def accept_triggers(store: Store, entries: Sequence[dict[str, Any]]) -> int:
+    """Store accepted triggers (``key``, ``ts``, ``rule``, ``kind``, ``event``) in one transaction, each
+    unless its key is already waiting.  When this returns, they survive a crash of the engine."""
+    if not entries:
+        return 0
+    rows = [{**e, "key": str(e["key"])[:512]} for e in entries]
+    with store.engine.begin() as conn:
+        # executemany's rowcount is not reliable (psycopg): count the keys the INSERT returns
+        res = conn.execute(_insert_ignore_stmt(conn.dialect.name, _INBOX, ["key"]).returning(_INBOX.c.key), rows)
+        return len(res.all())
+
+
+def inbox(store: Store, before: float | None = None, limit: int = 10_000) -> list[InboxRow]:
+    """Undecided triggers, oldest first (optionally only those accepted before ``before``)."""
+    q = select(_INBOX).order_by(_INBOX.c.ts, _INBOX.c.key).limit(limit)
+    if before is not None:
+        q = q.where(_INBOX.c.ts < before)
+    with store.engine.connect() as conn:
+        return [InboxRow(r["key"], r["ts"], r["rule"], r["kind"], dict(r["event"] or {}))
+                for r in conn.execute(q).mappings().all()]
+
+
+def in_progress(store: Store, limit: int = 10_000) -> list[AuditRow]:
+    """Decisions whose action was started and not finished (left so by a crash, or running now), oldest first."""
+    return audit_log(store, outcome=IN_PROGRESS, limit=limit, newest_first=False)
 
 
 # circuit breaker ---------------------------------------------------------------------------------
@@ -341,13 +443,16 @@ def breaker_state(store: Store) -> BreakerState:
     return BreakerState(r["state"], r["opened_at"], r["reason"] or "", r["reset_at"], r["reset_by"])
 
 
+def _open_breaker(conn: Any, reason: str, ts: float) -> None:
+    n = conn.execute(update(_BREAKER).where(_BREAKER.c.id == 1, _BREAKER.c.state != "open")
+                     .values(state="open", opened_at=ts, reason=reason)).rowcount
+    if not n and conn.execute(select(_BREAKER.c.id).where(_BREAKER.c.id == 1)).first() is None:
+        conn.execute(insert(_BREAKER).values(id=1, state="open", opened_at=ts, reason=reason))
+
+
 def open_breaker(store: Store, reason: str, ts: float | None = None) -> None:
-    ts = time.time() if ts is None else ts
     with store.engine.begin() as conn:
-        n = conn.execute(update(_BREAKER).where(_BREAKER.c.id == 1, _BREAKER.c.state != "open")
-                         .values(state="open", opened_at=ts, reason=reason)).rowcount
-        if not n and conn.execute(select(_BREAKER.c.id).where(_BREAKER.c.id == 1)).first() is None:
-            conn.execute(insert(_BREAKER).values(id=1, state="open", opened_at=ts, reason=reason))
+        _open_breaker(conn, reason, time.time() if ts is None else ts)
 
 
 def reset_breaker(store: Store, by: str = "operator", ts: float | None = None) -> BreakerState:
@@ -405,3 +510,55 @@ def fallbacks(store: Store, limit: int = 200) -> list[FallbackRow]:
 def update_fallback(store: Store, fallback_id: int, **values: Any) -> None:
     with store.engine.begin() as conn:
         conn.execute(update(_FALLBACK).where(_FALLBACK.c.id == fallback_id).values(**values))
+
+
+# the counted decisions of the recent past, in memory ---------------------------------------------
+class DecisionWindow:
+    """Recent counted decisions (acted, dry-run, failed, in progress), rebuilt from the audit log.
+
+    The audit log in the store is the durable record that rate limits, the hourly cap and the
+    breaker window are counted from; this keeps the same counts in memory so a decision does not
+    re-scan the log (the scans grew with the log: O(n) per decision).  It is rebuilt from the store
+    when the engine starts and whenever this replica becomes the leader.
+    """
+
+    def __init__(self, horizon_s: float) -> None:
+        self.horizon_s = horizon_s
+        self.all: list[float] = []
+        self.by_rule: dict[str, list[float]] = {}
+        self.targets: dict[str, float] = {}
+        self.nodes: dict[str, float] = {}
+
+    def load(self, store: Any, now: float) -> None:
+        self.__init__(self.horizon_s)  # type: ignore[misc]
+        rows = audit_log(store, since=now - self.horizon_s, outcome=COUNTED, limit=10_000_000, newest_first=False)
+        for r in rows:
+            self.add(r.rule, r.target_key, r.node, r.ts)
+
+    def add(self, rule: str, target_key: str, node: str | None, ts: float) -> None:
+        self.all.append(ts)
+        self.by_rule.setdefault(rule, []).append(ts)
+        if target_key:
+            self.targets[target_key] = max(ts, self.targets.get(target_key, 0.0))
+        if node:
+            self.nodes[node] = max(ts, self.nodes.get(node, 0.0))
+
+    @staticmethod
+    def _count(xs: list[float], since: float) -> int:
+        return len(xs) - bisect.bisect_left(xs, since)
+
+    def count(self, since: float, rule: str | None = None) -> int:
+        return self._count(self.all if rule is None else self.by_rule.get(rule, []), since)
+
+    def hit(self, since: float) -> tuple[set[str], set[str]]:
+        return ({t for t, ts in self.targets.items() if ts >= since}, {n for n, ts in self.nodes.items() if ts >= since})
+
+    def trim(self, now: float) -> None:
+        cut = now - self.horizon_s
+        for xs in [self.all, *self.by_rule.values()]:
+            i = bisect.bisect_left(xs, cut)
+            if i:
+                del xs[:i]
+        for d in (self.targets, self.nodes):
+            for key in [kk for kk, ts in d.items() if ts < cut]:
+                del d[key]

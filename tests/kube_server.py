@@ -16,7 +16,10 @@ cluster).  This server speaks the same URLs, verbs, content types, ``Status`` er
   create / delete, and the ``pods/eviction`` subresource (``policy/v1`` Eviction): a
   PodDisruptionBudget whose ``status.disruptionsAllowed`` is 0 answers 429 ``TooManyRequests``.
 * ``policy/v1`` poddisruptionbudgets: get / list / create / replace.
-* ``v1`` nodes: get / list / create / replace / patch (cordon = ``spec.unschedulable``).
+* ``v1`` nodes: get / list / create / replace / patch (cordon = ``spec.unschedulable``), with
+  labels and taints (``add_node(control_plane=True)``: kubeadm's control-plane label and taint); the
+  controller places new pods only on uncordoned nodes whose NoSchedule / NoExecute taints the pod
+  template tolerates.
 * ``v1`` configmaps, ``coordination.k8s.io/v1`` leases, ``v1`` events: get / list / create (409
   AlreadyExists) / replace (409 Conflict) / patch / delete.
 * Bearer-token authentication (401 ``Unauthorized``) when a token is set.
@@ -198,6 +201,21 @@ def _match_fields(selector: str, obj: dict[str, Any]) -> bool:
     return True
 
 
+def _tolerated(tolerations: list[dict[str, Any]], taint: dict[str, Any]) -> bool:
+    """The scheduler's toleration rule (key / operator Equal|Exists / value / effect)."""
+    for t in tolerations:
+        if t.get("effect") and t["effect"] != taint.get("effect"):
+            continue
+        op = t.get("operator") or "Equal"
+        if not t.get("key"):
+            if op == "Exists":
+                return True
+            continue
+        if t["key"] == taint.get("key") and (op == "Exists" or (t.get("value") or "") == (taint.get("value") or "")):
+            return True
+    return False
+
+
 class _Objects(dict):  # type: ignore[type-arg]
     """Objects keyed (resource, namespace, name), also indexed per resource (``of``) so that
     controllers and list calls do not scan every object of every kind."""
@@ -225,6 +243,7 @@ class Request:
     query: dict[str, list[str]]
     content_type: str
     body: Any
+    code: int = 0     # the HTTP status the server answered (0 while it is being handled)
 
 
 class KubeTestServer:
@@ -266,7 +285,14 @@ class KubeTestServer:
 
             do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _handle
 
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        class Server(ThreadingHTTPServer):
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                import sys
+
+                if not isinstance(sys.exc_info()[1], ConnectionError):  # a client killed mid-request: not news
+                    super().handle_error(request, client_address)
+
+        self.httpd = Server((host, port), Handler)
         self.httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
 
@@ -319,21 +345,32 @@ class KubeTestServer:
             return copy.deepcopy(obj)
 
     def add_node(self, name: str, labels: dict[str, str] | None = None, unschedulable: bool = False,
-                 annotations: dict[str, str] | None = None) -> dict[str, Any]:
+                 annotations: dict[str, str] | None = None, taints: list[dict[str, str]] | None = None,
+                 control_plane: bool = False) -> dict[str, Any]:
+        """A Ready node; ``control_plane`` gives it kubeadm's control-plane role label and NoSchedule taint."""
         lab = {"kubernetes.io/hostname": name, **(labels or {})}
+        taint_list = list(taints or [])
+        if control_plane:
+            lab["node-role.kubernetes.io/control-plane"] = ""
+            taint_list.append({"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"})
+        spec: dict[str, Any] = {"unschedulable": True} if unschedulable else {}
+        if taint_list:
+            spec["taints"] = taint_list
         return self.put("nodes", {"metadata": {"name": name, "labels": lab, "annotations": annotations or {}},
-                                  "spec": {"unschedulable": True} if unschedulable else {},
-                                  "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+                                  "spec": spec, "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
 
     def add_deployment(self, namespace: str, name: str, replicas: int = 2, paused: bool = False,
-                       nodes: list[str] | None = None, available: int | None = None) -> dict[str, Any]:
+                       nodes: list[str] | None = None, available: int | None = None,
+                       tolerations: list[dict[str, str]] | None = None) -> dict[str, Any]:
         """A Deployment with its pods (placed round-robin on ``nodes`` or the schedulable nodes)."""
         labels = {"app": name}
+        pod_spec: dict[str, Any] = {"containers": [{"name": "app", "image": "registry.local/app:1"}]}
+        if tolerations:
+            pod_spec["tolerations"] = tolerations
         dep = {
             "metadata": {"name": name, "namespace": namespace, "labels": labels, "annotations": {}},
             "spec": {"replicas": replicas, "paused": paused, "selector": {"matchLabels": labels},
-                     "template": {"metadata": {"labels": labels, "annotations": {}},
-                                  "spec": {"containers": [{"name": "app", "image": "registry.local/app:1"}]}}},
+                     "template": {"metadata": {"labels": labels, "annotations": {}}, "spec": pod_spec}},
         }
         with self.lock:
             dep = self.put("deployments", dep)
@@ -362,9 +399,13 @@ class KubeTestServer:
             return [r for r in self.requests if (method is None or r.method == method) and path_contains in r.path]
 
     # deployment controller -----------------------------------------------------------------------
-    def _schedulable_nodes(self) -> list[str]:
+    def _schedulable_nodes(self, template_spec: dict[str, Any] | None = None) -> list[str]:
+        """Uncordoned nodes whose NoSchedule / NoExecute taints the pod template tolerates (the scheduler's filter)."""
+        tolerations = (template_spec or {}).get("tolerations") or []
         return [o["metadata"]["name"] for _, o in self.objects.of("nodes")
-                if not o.get("spec", {}).get("unschedulable")]
+                if not o.get("spec", {}).get("unschedulable")
+                and all(_tolerated(tolerations, t) for t in o.get("spec", {}).get("taints") or []
+                        if t.get("effect") in ("NoSchedule", "NoExecute"))]
 
     def _pick_node(self, template_spec: dict[str, Any], candidates: list[str]) -> str | None:
         if not candidates:
@@ -405,7 +446,7 @@ class KubeTestServer:
             if nodes:
                 node: str | None = nodes[i % len(nodes)]
             else:
-                node = self._pick_node(tmpl.get("spec", {}), self._schedulable_nodes())
+                node = self._pick_node(tmpl.get("spec", {}), self._schedulable_nodes(tmpl.get("spec", {})))
             suffix = "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
             self.put("pods", {
                 "metadata": {"name": f"{name}-{h}-{suffix}", "namespace": ns,
@@ -481,17 +522,21 @@ class KubeTestServer:
             body = None
             if method in ("POST", "PUT", "PATCH"):
                 return 400, ApiError(400, "BadRequest", "the request body is not valid JSON").status()
+        req = Request(method, parts.path, query, ctype, body)
         with self.lock:
-            self.requests.append(Request(method, parts.path, query, ctype, body))
+            self.requests.append(req)
         if self.token is not None:
             auth = next((v for k, v in headers.items() if k.lower() == "authorization"), "")
             if auth != f"Bearer {self.token}":
+                req.code = 401
                 return 401, ApiError(401, "Unauthorized", "Unauthorized").status()
         try:
             with self.lock:
-                return self._route(method, parts.path, query, ctype, body)
+                code, payload = self._route(method, parts.path, query, ctype, body)
         except ApiError as e:
-            return e.code, e.status()
+            code, payload = e.code, e.status()
+        req.code = code
+        return code, payload
 
     def _route(self, method: str, path: str, query: dict[str, list[str]], ctype: str, body: Any) -> tuple[int, Any]:
         if path in ("/api", "/api/"):
@@ -675,11 +720,13 @@ def open_store(url: str):  # type: ignore[no-untyped-def]
     return st
 
 
+BASE_SETTINGS = ("  namespaces: [inference, default]\n  evaluate_interval: 1s\n  max_in_flight: 4\n"
+                 "  breaker: {window: 15m, max_targets: 50, max_percent: 100, min_population: 1000}\n")
+
+
 def policy_text(rules: str, settings: str = "") -> str:
     """A policy document: ``settings`` and ``rules`` are YAML blocks indented by two spaces."""
-    base = ("  namespaces: [inference, default]\n  evaluate_interval: 1s\n  max_in_flight: 4\n"
-            "  breaker: {window: 15m, max_targets: 50, max_percent: 100, min_population: 1000}\n")
-    return f"version: 1\nsettings:\n{settings or base}rules:\n{rules}"
+    return f"version: 1\nsettings:\n{settings or BASE_SETTINGS}rules:\n{rules}"
 
 
 def alert_payload(alerts: list[dict[str, Any]], status: str = "firing") -> dict[str, Any]:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_server import KubeTestServer, alert_payload, open_store, policy_text
+from kube_server import BASE_SETTINGS, KubeTestServer, alert_payload, open_store, policy_text
 
 from remediation import kube as k
 from remediation import metrics
@@ -35,8 +35,11 @@ def store(db_url: str) -> Iterator[Any]:
     st.close()
 
 
-def engine(store: Any, srv: KubeTestServer, rules: str, dry_run: bool = False) -> Engine:
-    return Engine(store, parse_policy(policy_text(rules), "t.yaml"), kube=k.KubeAdapter.connect(url=srv.url),
+NODES = BASE_SETTINGS + "  node_names: [node-*]\n"   # the node allow-list reschedule rules need
+
+
+def engine(store: Any, srv: KubeTestServer, rules: str, dry_run: bool = False, settings: str = "") -> Engine:
+    return Engine(store, parse_policy(policy_text(rules, settings), "t.yaml"), kube=k.KubeAdapter.connect(url=srv.url),
                   dry_run=dry_run)
 
 
@@ -166,7 +169,7 @@ def test_reschedule_cordons_prefers_cheapest_node_and_evicts_through_pdb(store: 
     action: reschedule
     target: {node: {label: node}, namespace: inference, deployment: llm}
     params: {eviction_timeout: 20s, weights: {compute: 1, link: 1, storage: 1}}
-""")
+""", settings=NODES)
     t = __import__("threading").Timer(1.5, lambda: srv.set_pdb_allowed("inference", "llm-pdb", 5))
     t.start()
     assert eng.evaluate_triggers() == 1
@@ -199,7 +202,7 @@ def test_reschedule_blocked_by_pdb_times_out(store: Any, srv: KubeTestServer) ->
     action: reschedule
     target: {node: {label: node}, namespace: inference, deployment: llm}
     params: {eviction_timeout: 1s, cordon: false}
-""")
+""", settings=NODES)
     eng.evaluate_triggers()
     assert eng.drain(30)
     eng.close()

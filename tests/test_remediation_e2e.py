@@ -59,7 +59,7 @@ def test_retransmit_storm_alert_drives_dry_run_and_live_restart(tmp_path: Path) 
     t_start = time.monotonic()
     procs: list[subprocess.Popen[bytes]] = []
     token = tmp_path / "webhook-token"
-    token.write_text("e2e-token-123\n")
+    token.write_text("e2e-token-123-456789\n")
     kube = KubeTestServer(rollout_delay=0.2).start()
     kube.add_node("e2e-node")
     kube.add_node("spare")
@@ -88,7 +88,7 @@ def test_retransmit_storm_alert_drives_dry_run_and_live_restart(tmp_path: Path) 
         live_store = open_store(f"sqlite:///{tmp_path / 'live.db'}")
         live_port = free_port()
         live_handle = start(live_store, parse_policy(live_text, str(EXAMPLE)), listen=("127.0.0.1", live_port),
-                            token="e2e-token-123")
+                            token="e2e-token-123-456789")
 
         # Alertmanager: route Triscope* alerts to both engines with the bearer token from a file
         am_port = free_port()

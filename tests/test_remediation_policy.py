@@ -19,6 +19,11 @@ RULE = """  - name: r1
     action: rolling_restart
     target: {namespace: inference, deployment: {label: deployment}}
 """
+RESCHEDULE = """  - name: mv
+    trigger: {alert: A}
+    action: reschedule
+    target: {node: {label: node}, namespace: inference, deployment: web}
+"""
 
 
 def test_example_policy_is_valid_and_complete() -> None:
@@ -33,10 +38,12 @@ def test_example_policy_is_valid_and_complete() -> None:
     assert not r.trigger.matchers[0].matches({"severity": "info"})
     assert pol.rule("fallback-when-network-bound").params["ttl"] == 1800
     assert "inference" in pol.settings.namespaces
+    # the rules that reschedule are bounded by a node allow-list
+    assert pol.settings.nodes_bounded and pol.settings.node_selector == (("triscope.io/remediation", "allowed"),)
 
 
 @pytest.mark.parametrize("text,line,needle", [
-    ("version: 1\nrules: [\n", 3, "YAML syntax error"),
+    ("version: 1\nrules: [\n", 3, "not valid YAML"),
     ("version: 2\nrules: []\n", 1, "unsupported policy version"),
     (policy_text(RULE.replace("action: rolling_restart", "action: reboot")), 10, "unknown action 'reboot'"),
     (policy_text(RULE.replace("{alert: A}", "{alert: A, metric: m}")), 9, "exactly one of"),
@@ -66,6 +73,16 @@ def test_example_policy_is_valid_and_complete() -> None:
     (policy_text(RULE, settings="  max_in_flight: 0\n  namespaces: [inference]\n"), 3, "max_in_flight must be"),
     (policy_text(RULE.replace("trigger: {alert: A}", "trigger: {alert: A, matchers: ['sev=~(']}")), 9,
      "bad regular expression"),
+    # node targets are bounded like namespaces: a reschedule rule needs the node allow-list ...
+    (policy_text(RESCHEDULE), 10, "settings.node_names or settings.node_selector (the node allow-list) is required"),
+    # ... which cannot be "every node" ...
+    (policy_text(RESCHEDULE, settings="  namespaces: [inference]\n  node_names: [gpu-*, '*']\n"), 4,
+     "'*' matches any node name"),
+    (policy_text(RESCHEDULE, settings="  namespaces: [inference]\n  node_selector: {}\n"), 4,
+     "node_selector must be a non-empty mapping"),
+    # ... and a node named in the rule must be in it
+    (policy_text(RESCHEDULE.replace("{label: node}", "cpu-1"), settings="  namespaces: [inference]\n"
+                 "  node_names: [gpu-*]\n"), 9, "node 'cpu-1' is not in settings.node_names"),
 ])
 def test_malformed_policy_reports_file_line_reason(text: str, line: int, needle: str) -> None:
     with pytest.raises(PolicyError) as ei:

@@ -283,3 +283,29 @@ def test_concurrent_duplicates_act_once(env: Env) -> None:
     rows = audit.audit_log(env.store)
     assert sorted(r.outcome for r in rows) == ["acted"] + ["suppressed"] * 7
     assert env.patches() == 1
+
+
+def test_breaker_reset_starts_a_fresh_window(env: Env) -> None:
+    """After reset-breaker, decisions from before the reset no longer count towards the breaker: in the
+    engine that keeps running (the reset came from another process, the CLI) and after a restart."""
+    for d in ("queue", "batch", "extra"):
+        env.srv.add_deployment("inference", d, replicas=2)
+    settings = "  namespaces: [inference]\n  breaker: {window: 10m, max_targets: 2, max_percent: 100}\n"
+    eng = env.engine(settings=settings)
+    rows = fire(eng, storm("web"), storm("api"), storm("db"))
+    assert [r.outcome for r in rows].count("acted") == 2 and audit.breaker_state(env.store).is_open
+    res = subprocess.run([sys.executable, "-m", "triscope", "remediate", "reset-breaker", "--db", env.url, "--by", "sre"],
+                         capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert res.returncode == 0 and "no longer count" in res.stdout, res.stdout + res.stderr
+    # the running engine still holds web and api in its window: a new target acts all the same
+    rows = fire(eng, storm("cache"))
+    assert [(r.outcome, r.rail) for r in rows] == [("acted", None)], rows[0].reason
+    # a restarted engine rebuilds its window from the audit log, pre-reset decisions included: still fresh
+    eng2 = env.engine(settings=settings)
+    rows = fire(eng2, storm("queue"))
+    assert [(r.outcome, r.rail) for r in rows] == [("acted", None)], rows[0].reason
+    # the breaker still counts what came after the reset: a third target in the window trips it
+    rows = fire(eng2, storm("batch"))
+    assert [(r.outcome, r.rail) for r in rows] == [("suppressed", "breaker")]
+    assert "3 targets" in rows[0].reason and audit.breaker_state(env.store).is_open
+    assert env.patches() == 4

@@ -1,5 +1,5 @@
-"""The remediation tables: migration 0002 matches the models (alembic check) on SQLite and PostgreSQL,
-and the store functions behave the same on both (durable dedupe, breaker, cooldowns)."""
+"""The remediation tables: migrations 0002 and 0005 match the models (alembic check) on SQLite and
+PostgreSQL, and the store functions behave the same on both (durable dedupe, inbox, breaker, cooldowns)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from store import audit
 from store.db import alembic_config
 
 TABLES = {"remediation_audit", "remediation_cooldowns", "remediation_deliveries", "remediation_breaker",
-          "remediation_fallbacks"}
+          "remediation_fallbacks", "remediation_inbox"}
 
 
 def test_migration_matches_models_and_store_functions(db_url: str) -> None:
@@ -40,5 +40,14 @@ def test_migration_matches_models_and_store_functions(db_url: str) -> None:
         assert audit.last_action(st, "deployment/a/c") == 30.0
         assert audit.prune(st, deliveries_before=1.5) == 1
         assert audit.claim_delivery(st, "alert:r:fp:t:firing", 3.0)
+        # the inbox: insert-if-absent, oldest first, pruned with the deliveries
+        entry = {"key": "alert:r:fp2:t:firing", "ts": 1.0, "rule": "r", "kind": "alert", "event": {"labels": {"a": "b"}}}
+        assert audit.accept_triggers(st, [entry, {**entry, "key": "alert:r:fp3:t:firing", "ts": 5.0}]) == 2
+        assert audit.accept_triggers(st, [{**entry, "ts": 9.0}]) == 0
+        assert [(e.key, e.ts, e.event) for e in audit.inbox(st)] == [
+            ("alert:r:fp2:t:firing", 1.0, {"labels": {"a": "b"}}), ("alert:r:fp3:t:firing", 5.0, {"labels": {"a": "b"}})]
+        assert [e.key for e in audit.inbox(st, before=2.0)] == ["alert:r:fp2:t:firing"]
+        audit.prune(st, deliveries_before=2.0)
+        assert [e.key for e in audit.inbox(st)] == ["alert:r:fp3:t:firing"]
     finally:
         st.close()
