@@ -1,9 +1,12 @@
 """The Alertmanager webhook: ``POST /api/v1/alerts`` (webhook payload version 4).
 
 ``Authorization: Bearer <token>`` is required (compared in constant time): missing or wrong →
-401.  A body that is not JSON, does not follow the v4 schema, or is larger than ``max_body``
-→ 400 with a message.  Accepted → 202 with the number of alerts and rule matches; the decisions
-run on the engine's workers, so Alertmanager never waits for an action.  A replica that is not the
+401.  A body that is not JSON (or nested too deeply), does not follow the v4 schema → 400 with a
+message; larger than ``max_body`` → 413; a missing, negative or repeated ``Content-Length`` →
+411/400 before any body is read.  Accepted → 202 with the number of alerts and rule matches, once
+the engine has recorded them in the store (so a crash after the 202 loses nothing); the decisions
+run on the engine's workers, so Alertmanager never waits for an action.  When the alerts cannot be
+recorded → 503, and Alertmanager retries.  A replica that is not the
 leader answers 503 (Alertmanager retries; its ``GET /readyz`` is 503 too, so a Service with that
 readiness probe sends deliveries to the leader only).  Also ``GET /healthz`` (engine status,
 always 200) and ``GET /metrics`` (the engine's Prometheus metrics).
@@ -14,14 +17,13 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-import socket
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from remediation import metrics
 from remediation.triggers import parse_rfc3339
+from triscope.httpd import HttpServer, Limits, Request, Response
+from triscope.textsafe import one_line
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +39,11 @@ def validate_payload(obj: Any) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise PayloadError("the body must be a JSON object (Alertmanager webhook payload)")
     if str(obj.get("version", "")) != "4":
-        raise PayloadError(f"unsupported webhook payload version {obj.get('version')!r} (expected \"4\")")
+        raise PayloadError(f"unsupported webhook payload version {_short(obj.get('version'))} (expected \"4\")")
     for key in ("groupLabels", "commonLabels", "commonAnnotations"):
         v = obj.get(key, {})
-        if v is not None and not isinstance(v, dict):
-            raise PayloadError(f"{key} must be an object")
+        if v is not None and not _strings(v):
+            raise PayloadError(f"{key} must be an object of strings")
     alerts = obj.get("alerts")
     if not isinstance(alerts, list) or not alerts:
         raise PayloadError("alerts must be a non-empty list")
@@ -51,123 +53,145 @@ def validate_payload(obj: Any) -> dict[str, Any]:
         if not isinstance(a, dict):
             raise PayloadError(f"alerts[{i}] must be an object")
         if a.get("status") not in ("firing", "resolved"):
-            raise PayloadError(f"alerts[{i}].status must be 'firing' or 'resolved', not {a.get('status')!r}")
+            raise PayloadError(f"alerts[{i}].status must be 'firing' or 'resolved', not {_short(a.get('status'))}")
         labels = a.get("labels")
-        if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
+        if not isinstance(labels, dict) or not _strings(labels):
             raise PayloadError(f"alerts[{i}].labels must be an object of strings")
         if not labels.get("alertname"):
             raise PayloadError(f"alerts[{i}].labels has no alertname")
-        if a.get("annotations") is not None and not isinstance(a.get("annotations"), dict):
-            raise PayloadError(f"alerts[{i}].annotations must be an object")
-        if parse_rfc3339(a.get("startsAt", "")) is None:
-            raise PayloadError(f"alerts[{i}].startsAt must be an RFC 3339 time, not {a.get('startsAt')!r}")
+        annotations = a.get("annotations")
+        if annotations is not None and not _strings(annotations):
+            raise PayloadError(f"alerts[{i}].annotations must be an object of strings")
+        starts = a.get("startsAt", "")
+        if not isinstance(starts, str) or len(starts) > 64 or parse_rfc3339(starts) is None:
+            raise PayloadError(f"alerts[{i}].startsAt must be an RFC 3339 time, not {_short(starts)}")
         fp = a.get("fingerprint")
         if fp is not None and (not isinstance(fp, str) or len(fp) > 64):
             raise PayloadError(f"alerts[{i}].fingerprint must be a short string")
     return obj
 
 
-class WebhookServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def __init__(self, addr: tuple[str, int], engine: Any, token: str | None, max_body: int) -> None:
-        self.engine, self.token, self.max_body = engine, token, max_body
-        super().__init__(addr, _Handler)
+def _strings(v: Any) -> bool:
+    return isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, str) for k, x in v.items())
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: WebhookServer
-    protocol_version = "HTTP/1.1"
-    server_version = "triscope-remediation"
+def _short(v: Any) -> str:
+    return one_line(repr(v), 80)
 
-    def setup(self) -> None:
-        super().setup()
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def log_message(self, fmt: str, *args: Any) -> None:
-        log.debug("webhook %s - %s", self.address_string(), fmt % args)
+MIN_TOKEN_LEN = 16
+# Alertmanager posts one group per request and keeps connections alive; a request must arrive whole
+# within 10 s of its first byte; 1,024 pending connections ride out a burst of notifications.
+WEBHOOK_LIMITS = Limits(max_connections=512, idle_timeout=60.0, header_timeout=5.0, request_timeout=10.0,
+                        write_timeout=10.0, max_header_bytes=16384, max_headers=64, max_body=1 << 20, backlog=1024)
 
-    def _send(self, code: int, payload: dict[str, Any] | bytes, ctype: str = "application/json",
-              extra: dict[str, str] | None = None, close: bool = False) -> None:
-        data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(data)))
-        for k, v in (extra or {}).items():
-            self.send_header(k, v)
-        if close:
-            self.send_header("Connection", "close")
-            self.close_connection = True
-        self.end_headers()
-        self.wfile.write(data)
 
-    def do_GET(self) -> None:
-        if self.path == "/healthz":
-            self._send(200, self.server.engine.status())
-        elif self.path == "/readyz":
-            st = self.server.engine.status()
-            self._send(200 if st["leader"] else 503, st)
-        elif self.path == "/metrics":
-            from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+def normalise_token(raw: str | None, where: str = "the webhook token") -> str | None:
+    """The bearer token as it will be compared: surrounding whitespace (a file's trailing newline)
+    removed; refused when empty, shorter than ``MIN_TOKEN_LEN`` or holding whitespace or control
+    characters inside (a header value could never carry it, so no client could ever match)."""
+    if raw is None:
+        return None
+    token = raw.strip()
+    if not token:
+        raise ValueError(f"{where} is empty")
+    if any(ch.isspace() or not ch.isprintable() for ch in token):
+        raise ValueError(f"{where} contains whitespace or control characters inside it: no "
+                         "Authorization header can carry it")
+    if len(token) < MIN_TOKEN_LEN:
+        raise ValueError(f"{where} is {len(token)} characters: use at least {MIN_TOKEN_LEN} "
+                         "(e.g. 'openssl rand -hex 24')")
+    return token
 
-            self._send(200, generate_latest(metrics.REGISTRY), CONTENT_TYPE_LATEST)
-        else:
-            self._send(404, {"error": f"no such path {self.path}; POST /api/v1/alerts"})
 
-    def do_POST(self) -> None:
+class WebhookServer:
+    """The webhook on the shared HTTP server (``triscope.httpd``): concurrent connections, a
+    whole-request deadline, a bounded body counted as it arrives (chunked too), a listen backlog
+    for bursts.  Decisions run on the engine's workers; the request handler only validates and
+    records the alerts, on a small pool of its own."""
+
+    def __init__(self, addr: tuple[str, int], engine: Any, token: str | None, max_body: int,
+                 limits: Limits | None = None) -> None:
+        self.engine = engine
+        self.token = normalise_token(token)
+        self.max_body = max_body
+        lim = limits or WEBHOOK_LIMITS
+        lim = Limits(**{**lim.__dict__, "max_body": max_body})
+        self.http = HttpServer(addr, self.handle, limits=lim, workers=8, name="remediation-webhook",
+                               methods=("GET", "HEAD", "POST"), error=lambda code, msg: _json(code, {"error": msg}))
+        self.server_address = self.http.server_address
+
+    def serve_forever(self) -> None:   # the server runs on its own thread once started
+        self.http.start()
+
+    def shutdown(self) -> None:
+        self.http.shutdown()
+
+    def server_close(self) -> None:
+        self.http.shutdown()
+
+    # requests ---------------------------------------------------------------------------------------
+    def handle(self, req: Request) -> Response:
+        if req.method in ("GET", "HEAD"):
+            return self._get(req)
         received = time.time()
-        if self.path.split("?")[0] != "/api/v1/alerts":
-            self._send(404, {"error": f"no such path {self.path}; POST /api/v1/alerts"}, close=True)
-            return
-        token = self.server.token
-        if token is not None:
-            auth = self.headers.get("Authorization", "")
+        if req.path != "/api/v1/alerts":
+            return _json(404, {"error": f"no such path {one_line(req.path, 200)}; POST /api/v1/alerts"}, close=True)
+        if self.token is not None:
+            auth = req.header("authorization") or ""
             scheme, _, given = auth.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
-                self._send(401, {"error": "missing or wrong bearer token"},
-                           extra={"WWW-Authenticate": 'Bearer realm="triscope-remediation"'}, close=True)
-                return
-        length_h = self.headers.get("Content-Length")
-        if length_h is None:
-            self._send(400, {"error": "Content-Length is required"}, close=True)
-            return
+            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self.token.encode()):
+                return _json(401, {"error": "missing or wrong bearer token"}, close=True,
+                             headers=[("WWW-Authenticate", 'Bearer realm="triscope-remediation"')])
+        ctype = (req.header("content-type") or "application/json").split(";")[0].strip().lower()
+        if ctype not in ("application/json", "text/json", ""):
+            return _json(415, {"error": f"Content-Type {one_line(ctype, 80)} is not JSON"})
         try:
-            length = int(length_h)
-        except ValueError:
-            self._send(400, {"error": "bad Content-Length"}, close=True)
-            return
-        if length > self.server.max_body:
-            self._send(400, {"error": f"body too large ({length} bytes > {self.server.max_body})"}, close=True)
-            return
-        raw = self.rfile.read(length)
-        try:
-            obj = json.loads(raw)
+            obj = json.loads(req.body)
+        except RecursionError:
+            return _json(400, {"error": "body is not valid JSON: nested too deeply"})
         except (ValueError, UnicodeDecodeError) as e:
-            self._send(400, {"error": f"body is not valid JSON: {e}"})
-            return
+            return _json(400, {"error": f"body is not valid JSON: {one_line(e, 200)}"})
         try:
             payload = validate_payload(obj)
         except PayloadError as e:
-            self._send(400, {"error": str(e)})
-            return
-        leader = getattr(self.server.engine, "leader", None)
+            return _json(400, {"error": str(e)})
+        except RecursionError:
+            return _json(400, {"error": "payload nested too deeply"})
+        leader = getattr(self.engine, "leader", None)
         if leader is not None and not leader.is_leader:
             # a follower must not swallow the delivery: Alertmanager retries, and /readyz keeps the
             # Service pointing at the leader
-            self._send(503, {"error": "this engine replica is not the leader; retry"}, extra={"Retry-After": "1"})
-            return
-        n, matched = self.server.engine.submit_alerts(payload, received)
-        self._send(202, {"status": "accepted", "alerts": n, "matched": matched})
+            return _json(503, {"error": "this engine replica is not the leader; retry"}, headers=[("Retry-After", "1")])
+        try:
+            n, matched = self.engine.submit_alerts(payload, received)
+        except Exception as e:  # noqa: BLE001 - not recorded, so not accepted: Alertmanager retries a 5xx
+            log.error("webhook: could not record the alerts, answering 503 so Alertmanager retries: %s", one_line(e))
+            return _json(503, {"error": "the alerts could not be recorded; retry"}, headers=[("Retry-After", "5")])
+        return _json(202, {"status": "accepted", "alerts": n, "matched": matched})
 
-    def do_PUT(self) -> None:
-        self._send(405, {"error": "use POST /api/v1/alerts"}, close=True)
+    def _get(self, req: Request) -> Response:
+        head = req.method == "HEAD"
+        if req.path == "/healthz":
+            return _json(200, self.engine.status(), head=head)
+        if req.path == "/readyz":
+            st = self.engine.status()
+            return _json(200 if st["leader"] else 503, st, head=head)
+        if req.path == "/metrics":
+            from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-    do_DELETE = do_PATCH = do_PUT
+            return Response(200, generate_latest(metrics.REGISTRY), CONTENT_TYPE_LATEST, head=head)
+        return _json(404, {"error": f"no such path {one_line(req.path, 200)}; POST /api/v1/alerts"}, head=head)
+
+
+def _json(status: int, payload: dict[str, Any], *, close: bool = False, head: bool = False,
+          headers: list[tuple[str, str]] | None = None) -> Response:
+    return Response(status, json.dumps(payload).encode(), "application/json", headers=headers or [], close=close,
+                    head=head)
 
 
 def serve(engine: Any, host: str, port: int, *, token: str | None, max_body: int = 1 << 20) -> WebhookServer:
-    """Start the webhook in a background thread; ``shutdown()`` + ``server_close()`` to stop."""
+    """Start the webhook on its own thread; ``shutdown()`` to stop."""
     srv = WebhookServer((host, port), engine, token, max_body)
-    threading.Thread(target=srv.serve_forever, name="remediation-webhook", daemon=True).start()
+    srv.http.start()
     return srv

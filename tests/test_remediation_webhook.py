@@ -34,14 +34,14 @@ RULES = """  - name: cmd
 def hook(tmp_path: Path) -> Iterator[tuple[str, int, Any]]:
     st = open_store(f"sqlite:///{tmp_path / 't.db'}")
     port = free_port()
-    h = start(st, parse_policy(policy_text(RULES)), listen=("127.0.0.1", port), token="s3cret", dry_run=True,
+    h = start(st, parse_policy(policy_text(RULES)), listen=("127.0.0.1", port), token="s3cret-webhook-token", dry_run=True,
               max_body=4096)
     yield "127.0.0.1", port, h
     h.stop()
     st.close()
 
 
-def post(host: str, port: int, body: bytes, token: str | None = "s3cret", path: str = "/api/v1/alerts") -> tuple[int, dict[str, Any]]:
+def post(host: str, port: int, body: bytes, token: str | None = "s3cret-webhook-token", path: str = "/api/v1/alerts") -> tuple[int, dict[str, Any]]:
     c = http.client.HTTPConnection(host, port, timeout=10)
     headers = {"Content-Type": "application/json"}
     if token is not None:
@@ -69,7 +69,7 @@ def test_webhook_auth_validation_and_accept(hook: tuple[str, int, Any]) -> None:
     bad = alert_payload([{"labels": {"alertname": "Storm", "n": 1}}])  # type: ignore[dict-item]
     assert post(host, port, json.dumps(bad).encode())[0] == 400
     code, body = post(host, port, b"x" * 5000)
-    assert code == 400 and "too large" in body["error"]
+    assert code == 413 and "too large" in body["error"]
     assert audit.audit_log(h.engine.store) == []  # nothing rejected reached the engine
     code, body = post(host, port, good)
     assert code == 202 and body == {"status": "accepted", "alerts": 1, "matched": 1}
@@ -106,7 +106,7 @@ def test_cli_serves_webhook_with_token_file(tmp_path: Path) -> None:
     pol = tmp_path / "p.yaml"
     pol.write_text(policy_text(RULES))
     tok = tmp_path / "token"
-    tok.write_text("file-token\n")
+    tok.write_text("file-token-0123456789\n")
     db = f"sqlite:///{tmp_path / 't.db'}"
     open_store(db).close()
     port = free_port()
@@ -116,8 +116,8 @@ def test_cli_serves_webhook_with_token_file(tmp_path: Path) -> None:
     try:
         wait_for_port(port, timeout=30)
         body = json.dumps(alert_payload([{"labels": {"alertname": "Storm", "node": "n1"}}])).encode()
-        assert post("127.0.0.1", port, body, token="s3cret")[0] == 401
-        assert post("127.0.0.1", port, body, token="file-token")[0] == 202
+        assert post("127.0.0.1", port, body, token="s3cret-webhook-token")[0] == 401
+        assert post("127.0.0.1", port, body, token="file-token-0123456789")[0] == 202
         st = open_store(db)
         deadline = time.time() + 10
         while time.time() < deadline and not [r for r in audit.audit_log(st) if r.outcome != "in_progress"]:
@@ -174,7 +174,8 @@ def test_start_embedded_dry_run_with_example_policy(tmp_path: Path) -> None:
     h = start_embedded(url, None, ("127.0.0.1", port))
     try:
         assert h.engine.dry_run and len(h.engine.policy.rules) == 6
-        assert {j.id for j in h.scheduler.get_jobs()} == {"evaluate-triggers", "fallback-reverts", "prune-deliveries"}
+        assert {j.id for j in h.scheduler.get_jobs()} == {"evaluate-triggers", "fallback-reverts", "prune-deliveries",
+                                                          "resume-inbox"}
         assert all(j.max_instances == 1 and j.coalesce for j in h.scheduler.get_jobs())
         body = json.dumps(alert_payload([{"labels": {"alertname": "TriscopeTcpRetransmitStorm", "severity": "warning",
                                                      "namespace": "inference", "deployment": "web",
@@ -201,7 +202,7 @@ def test_follower_answers_503_and_is_not_ready(tmp_path: Path) -> None:
     text = policy_text(RULES, settings=f"  kubernetes: {{mode: url, url: '{srv.url}'}}\n"
                                        "  leader_election: {enabled: true, lease_duration: 30s, renew_every: 1s}\n")
     port = free_port()
-    h = start(st, parse_policy(text), listen=("127.0.0.1", port), token="s3cret")
+    h = start(st, parse_policy(text), listen=("127.0.0.1", port), token="s3cret-webhook-token")
     try:
         body = json.dumps(alert_payload([{"labels": {"alertname": "Storm", "node": "n1"}}])).encode()
         assert post("127.0.0.1", port, body)[0] == 503

@@ -123,9 +123,11 @@ class HttpServer:
 
     def __init__(self, addr: tuple[str, int], handler: Handler, *, limits: Limits | None = None,
                  workers: int = 0, name: str = "http", ssl_context: ssl.SSLContext | None = None,
-                 methods: tuple[str, ...] | None = None) -> None:
+                 methods: tuple[str, ...] | None = None,
+                 error: Callable[[int, str], Response] | None = None) -> None:
         self.handler = handler
         self.methods = methods     # others get 405 before any body is read
+        self.error = error or (lambda status, message: Response.text(status, message))  # framing errors
         self.limits = limits or Limits()
         self.name = name
         self.ssl_context = ssl_context
@@ -220,6 +222,24 @@ class HttpServer:
             with contextlib.suppress(Exception):
                 writer.close()
 
+    async def _linger(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """After an early answer (413, 400...) the client may still be sending its body: closing now
+        would reset the connection and the client might never read the answer.  Half-close, then
+        read and drop what still arrives for a moment (bounded in time and bytes), as web servers do."""
+        with contextlib.suppress(Exception):
+            if writer.can_write_eof():
+                writer.write_eof()
+            deadline = time.monotonic() + 1.0
+            dropped = 0
+            while dropped < (4 << 20):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                chunk = await asyncio.wait_for(reader.read(65536), left)
+                if not chunk:
+                    break
+                dropped += len(chunk)
+
     def _evict_idle(self) -> bool:
         for c in self._conns:
             if c.idle and c.task is not None:
@@ -248,10 +268,11 @@ class HttpServer:
                                              max(0.0, lim.request_timeout))
             except TimeoutError:
                 self.timed_out += 1
-                await self._write(writer, Response.text(408, "request not received in time", close=True))
+                await self._write(writer, self._error(408, "request not received in time"))
                 return
             except _BadRequest as e:
-                await self._write(writer, Response.text(e.status, e.message, close=True))
+                if await self._write(writer, self._error(e.status, e.message)):
+                    await self._linger(reader, writer)
                 return
             if time.monotonic() - started > lim.request_timeout:   # pragma: no cover - wait_for covers it
                 return
@@ -270,6 +291,13 @@ class HttpServer:
                 return
             if not keep:
                 return
+
+    def _error(self, status: int, message: str) -> Response:
+        resp = self.error(status, message)
+        resp.close = True
+        if status == 405 and self.methods:
+            resp.headers.append(("Allow", ", ".join(self.methods)))
+        return resp
 
     async def _read_request(self, first: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                             peer: tuple[str, int] | None) -> Request:

@@ -48,8 +48,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.set_defaults(func=cmd_check)
 
     r = rsub.add_parser("reset-breaker", help="close the circuit breaker (stale triggers are not replayed)",
-                        description="Close the remediation circuit breaker. Triggers that started before the reset "
-                        "are suppressed as stale, so nothing queued up while it was open is replayed.")
+                        description="Close the remediation circuit breaker and start a fresh breaker window: "
+                        "decisions taken before the reset no longer count towards it (in running engines too). "
+                        "Triggers that started before the reset are suppressed as stale, so nothing queued up "
+                        "while it was open is replayed.")
     add_db_option(r)
     r.add_argument("--by", default=os.environ.get("USER", "operator"), help="who resets it (recorded)")
     r.set_defaults(func=cmd_reset_breaker)
@@ -75,9 +77,11 @@ def _open_store(url: str):
 
     st = Store.open(url)
     st.require_schema()
-    if not inspect(st.engine).has_table("remediation_audit"):
+    missing = [t for t in ("remediation_audit", "remediation_inbox") if not inspect(st.engine).has_table(t)]
+    if missing:
         st.close()
-        raise UserError(f"database {url} has no remediation tables: run 'triscope db upgrade --db {url}'")
+        raise UserError(f"database {url} has no table {missing[0]} (its schema is older than this triscope): "
+                        f"run 'triscope db upgrade --db {url}'")
     return st
 
 
@@ -100,6 +104,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         return 1
     s = pol.settings
     print(f"{args.file}: OK, {len(pol.rules)} rule(s); namespaces {list(s.namespaces)}; "
+          f"{'nodes ' + s.describe_nodes() + '; ' if s.nodes_bounded else ''}"
           f"kubernetes {s.kubernetes.mode}; dry_run {s.dry_run}; leader election {s.leader_election.enabled}")
     for r in pol.rules:
         tgt = ", ".join(f"{k}={v.literal or 'label:' + str(v.label)}" for k, v in r.target.items())
@@ -119,7 +124,7 @@ def cmd_reset_breaker(args: argparse.Namespace) -> int:
         st.close()
     was = f"was open since {fmt_ts(before.opened_at)} ({before.reason})" if before.is_open and before.opened_at else "was closed"
     print(f"circuit breaker closed by {after.reset_by} at {fmt_ts(after.reset_at or 0)}; it {was}. "
-          "Triggers that started before now will not be replayed.")
+          "Decisions before now no longer count towards it; triggers that started before now will not be replayed.")
     return 0
 
 
@@ -144,18 +149,27 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 
 def _read_token(args: argparse.Namespace) -> str | None:
+    """The webhook token from --token-file or the environment, normalised (surrounding whitespace
+    dropped) and checked: empty, short or with whitespace inside → one line, before anything starts."""
+    from remediation.webhook import normalise_token
     from triscope.cli import UserError
 
     if args.token_file:
         try:
             with open(args.token_file) as f:
-                tok = f.read().strip()
+                raw: str | None = f.read(4096)
         except OSError as e:
             raise UserError(f"cannot read --token-file {args.token_file}: {e.strerror}") from None
-        if not tok:
-            raise UserError(f"--token-file {args.token_file} is empty")
-        return tok
-    return os.environ.get(TOKEN_ENV) or None
+        where = f"--token-file {args.token_file}"
+    else:
+        raw = os.environ.get(TOKEN_ENV)
+        if raw is not None and not raw.strip():
+            raw = None
+        where = f"${TOKEN_ENV}"
+    try:
+        return normalise_token(raw, where)
+    except ValueError as e:
+        raise UserError(str(e)) from None
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -193,6 +207,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     eng = handle.engine
     print(f"remediation engine {eng.engine_id}: {len(policy.rules)} rule(s) from {args.policy}"
           f"{' (dry-run)' if eng.dry_run else ''}; kubernetes: {eng.kube.describe if eng.kube else 'none'}", flush=True)
+    rerun, undecided = eng.resumed
+    if rerun or undecided:
+        print(f"resumed after a stop: {rerun} action(s) left in progress re-run, {undecided} accepted trigger(s) "
+              "decided", flush=True)
     if handle.url:
         print(f"webhook: POST {handle.url}/api/v1/alerts{' (no auth)' if token is None else ' (bearer token)'}",
               flush=True)
