@@ -34,7 +34,7 @@ from bench.common import Row
 REPO = Path(__file__).resolve().parent.parent
 RATE = 50.0
 DEPLOYMENTS = 50
-TOKEN = "bench-token"
+TOKEN = "bench-webhook-token-0123456789"
 
 KUBE_SCRIPT = """
 import sys

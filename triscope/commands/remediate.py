@@ -100,7 +100,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     try:
         pol = load_policy(args.file)
     except PolicyError as e:
-        print(f"{e}")
+        print(f"{e}")   # a linter: its verdict is its output
         return 1
     s = pol.settings
     print(f"{args.file}: OK, {len(pol.rules)} rule(s); namespaces {list(s.namespaces)}; "
