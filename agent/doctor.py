@@ -11,12 +11,12 @@ import contextlib
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
-from agent.collectors.aer import AerCollector
-from agent.collectors.base import Availability, Collector
-from agent.collectors.cpu import CpuCollector
-from agent.collectors.pcie import PcieLinkCollector
-from agent.collectors.pressure import PressureCollector
-from agent.collectors.tcp import TcpCollector
+from triscope.agent.collectors.aer import AerCollector
+from triscope.agent.collectors.base import Availability, Collector
+from triscope.agent.collectors.cpu import CpuCollector
+from triscope.agent.collectors.pcie import PcieLinkCollector
+from triscope.agent.collectors.pressure import PressureCollector
+from triscope.agent.collectors.tcp import TcpCollector
 
 
 class DoctorRow(NamedTuple):
@@ -43,7 +43,7 @@ def _row(name: str, make: Callable[[], Collector]) -> DoctorRow:
 
 def host_doctor(proc: str = "/proc", sys: str = "/sys", scrape: Iterable[str] = (),
                 scrape_timeout: float = 2.0) -> list[DoctorRow]:
-    from agent.collectors.scrape import ScrapeCollector
+    from triscope.agent.collectors.scrape import ScrapeCollector
 
     rows = [
         _row("tcp", lambda: TcpCollector(proc=proc)),

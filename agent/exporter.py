@@ -22,7 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from agent.collectors.base import OpenFiles
+from triscope.agent.collectors.base import OpenFiles
 from triscope.httpd import HttpServer, Limits, Request, Response
 from triscope.metrics import CATALOGUE, kind_of
 from triscope.samples import Sample

@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.collectors.base import Availability, BaseCollector, Collector
+from triscope.agent.collectors.base import Availability, BaseCollector, Collector
 from triscope.samples import EventRecord, Sample
 
 log = logging.getLogger(__name__)
@@ -86,38 +86,38 @@ def build_collectors(opts: AgentOptions) -> list[Collector]:
     collectors: list[Collector] = []
     ebpf = None
     if opts.ebpf:
-        ebpf = _make("ebpf", "agent.collectors.ebpf", "EbpfCollector")
+        ebpf = _make("ebpf", "triscope.agent.collectors.ebpf", "EbpfCollector")
     tcp_probe = bool(ebpf is not None and getattr(ebpf, "attached", {}).get("tcp_retransmit", False))
     for c in (
-        _make("tcp", "agent.collectors.tcp", "TcpCollector", proc=opts.proc, emit_retransmits=not tcp_probe),
-        _make("cpu", "agent.collectors.cpu", "CpuCollector", proc=opts.proc),
-        _make("pressure", "agent.collectors.pressure", "PressureCollector", proc=opts.proc),
-        _make("pcie", "agent.collectors.pcie", "PcieLinkCollector", sys=opts.sys),
-        _make("aer", "agent.collectors.aer", "AerCollector", sys=opts.sys),
+        _make("tcp", "triscope.agent.collectors.tcp", "TcpCollector", proc=opts.proc, emit_retransmits=not tcp_probe),
+        _make("cpu", "triscope.agent.collectors.cpu", "CpuCollector", proc=opts.proc),
+        _make("pressure", "triscope.agent.collectors.pressure", "PressureCollector", proc=opts.proc),
+        _make("pcie", "triscope.agent.collectors.pcie", "PcieLinkCollector", sys=opts.sys),
+        _make("aer", "triscope.agent.collectors.aer", "AerCollector", sys=opts.sys),
         ebpf,
     ):
         if c is not None:
             collectors.append(c)
     if opts.nvml:
-        c = _make("nvml", "agent.collectors.nvml", "NvmlCollector")
+        c = _make("nvml", "triscope.agent.collectors.nvml", "NvmlCollector")
         if c is not None:
             collectors.append(c)
     if opts.npu:
         kw = {"npu_smi": opts.npu_smi} if opts.npu_smi else {}
-        c = _make("npu", "agent.collectors.npu", "NpuSmiCollector", **kw)
+        c = _make("npu", "triscope.agent.collectors.npu", "NpuSmiCollector", **kw)
         if c is not None:
             collectors.append(c)
     for url in opts.scrape:
         try:
-            from agent.collectors.scrape import parse_scrape_url
+            from triscope.agent.collectors.scrape import parse_scrape_url
 
             name = "scrape:" + parse_scrape_url(url)[1]
         except (ImportError, ValueError):
             name = f"scrape:{url}"
-        c = _make(name, "agent.collectors.scrape", "ScrapeCollector", url=url, timeout=opts.scrape_timeout)
+        c = _make(name, "triscope.agent.collectors.scrape", "ScrapeCollector", url=url, timeout=opts.scrape_timeout)
         if c is not None:
             if not isinstance(c, UnavailableCollector):
-                from agent.collectors.background import Background
+                from triscope.agent.collectors.background import Background
 
                 c = Background(c, budget=opts.source_budget, stale_after=opts.stale_after)
             collectors.append(c)
@@ -152,7 +152,7 @@ def split_available(collectors: list[Collector]) -> tuple[list[Collector], list[
 
 
 def build_post_processors() -> list[Any]:
-    tracker = _load("analysis.online", "MismatchTracker")
+    tracker = _load("triscope.analysis.online", "MismatchTracker")
     if tracker is None:
         return []
     try:

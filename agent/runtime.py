@@ -12,15 +12,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.exporter import make_sources, serve
-from agent.registry import AgentOptions, build_collectors, build_post_processors, split_available
-from agent.sampler import Sampler
-from agent.spool import Spool
-from agent.writer import StoreWriter
-from store import Store
-from store.api import Tick
-from store.db import StoreError, check_sqlite_file, sqlite_path
+from triscope.agent.exporter import make_sources, serve
+from triscope.agent.registry import AgentOptions, build_collectors, build_post_processors, split_available
+from triscope.agent.sampler import Sampler
+from triscope.agent.spool import Spool
+from triscope.agent.writer import StoreWriter
 from triscope.samples import Sample
+from triscope.store import Store
+from triscope.store.api import Tick
+from triscope.store.db import StoreError, check_sqlite_file, sqlite_path
 
 log = logging.getLogger("triscope.agent")
 
@@ -93,7 +93,7 @@ class Agent:
     def _advise_heap(self) -> None:
         """After the first ticks (and again later, for what the heap grew since), the dense parts
         of the heap go onto huge pages: a tick touches fewer pages (agent/hugepages.py)."""
-        from agent import hugepages
+        from triscope.agent import hugepages
 
         try:
             res = hugepages.advise_heap()

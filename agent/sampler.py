@@ -3,7 +3,7 @@
 Each tick's samples and events go to the store writer as one batch and to the exporter.  A
 failing collector never stops the others: it shows as ``triscope_collector_up{collector} 0``
 and one log line says why (and one more when it recovers), not one per tick.  Sources that talk
-to another process (``agent.collectors.background``) start at the beginning of the tick on their
+to another process (``triscope.agent.collectors.background``) start at the beginning of the tick on their
 own workers and are read at its end, waiting at most their budget: a slow or dead one never holds
 the tick up.
 """
@@ -17,9 +17,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from agent.collectors.base import Collector
-from store.api import Tick
+from triscope.agent.collectors.base import Collector
 from triscope.samples import EventRecord, Sample
+from triscope.store.api import Tick
 from triscope.textsafe import one_line
 
 log = logging.getLogger(__name__)

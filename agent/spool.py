@@ -14,8 +14,8 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from store.api import Tick
 from triscope.samples import EventRecord, Sample
+from triscope.store.api import Tick
 
 log = logging.getLogger(__name__)
 

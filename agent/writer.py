@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from agent.spool import Spool
-from store.api import RetentionPolicy, Store, Tick
+from triscope.agent.spool import Spool
+from triscope.store.api import RetentionPolicy, Store, Tick
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Pure functions.  ``classify_window(features, thresholds)`` decides one window from its features;
 ``node_states(store, node, start, end)`` cuts a stored range into windows, builds the features
-from the stored series and classifies each one.  ``analysis.online.MismatchTracker`` does the
+from the stored series and classifies each one.  ``triscope.analysis.online.MismatchTracker`` does the
 same per agent tick.
 
 Inputs (metric names from ``triscope.metrics``):
@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from analysis.config import MismatchThresholds, default_thresholds
+from triscope.analysis.config import MismatchThresholds, default_thresholds
 from triscope.pcie import link_capacity_bytes_per_second
 
 STATES: tuple[str, ...] = ("idle", "compute-bound", "balanced", "io-saturated", "staging-bound", "network-bound")

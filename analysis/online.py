@@ -1,7 +1,7 @@
 """The mismatch detector per agent tick: a sampler post-processor.
 
 ``MismatchTracker.process(now, samples)`` takes one tick's samples (all collectors), keeps a
-sliding window (``thresholds.window_s``) of the inputs ``analysis.mismatch`` reads, classifies the
+sliding window (``thresholds.window_s``) of the inputs ``triscope.analysis.mismatch`` reads, classifies the
 window with the same ``classify_window`` the stored-series path uses, and returns
 
 * ``triscope_mismatch_score`` (gauge, 0..1),
@@ -25,8 +25,8 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from analysis.config import MismatchThresholds, default_thresholds
-from analysis.mismatch import (
+from triscope.analysis.config import MismatchThresholds, default_thresholds
+from triscope.analysis.mismatch import (
     CPU_BUSY,
     DMA_MAPS,
     GPU_BUSY,

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from analysis.config import MismatchThresholds
+from triscope.analysis.config import MismatchThresholds
 
 # ---------------------------------------------------------------------------------------------- categories
 ROLE_WEIGHT = {"cause": 1.0, "load": 0.8, "symptom": 0.6, "self": 0.3, "context": 0.2}
@@ -280,7 +280,7 @@ def rank_causes(store: Any, node: str, start: float, end: float, baseline: tuple
     # ranges over an hour are read from the rollups (counter rates per bucket are exact means), whole
     import numpy as np
 
-    from analysis.mismatch import GPU_INFO, INPUT_METRICS
+    from triscope.analysis.mismatch import GPU_INFO, INPUT_METRICS
 
     tier = None if hi - lo <= 3600 else "1m" if hi - lo <= 12 * 3600 else "1h"
     keep = set(INPUT_METRICS) | {GPU_INFO}
@@ -402,7 +402,7 @@ def rank_causes(store: Any, node: str, start: float, end: float, baseline: tuple
 def _stage_view(store: Any, node: str, start: float, end: float, b0: float, b1: float,
                 infos: Sequence[Any]) -> dict[str, Any]:
     """Stage skew / pipeline bubbles in the window and the baseline, where the app exports them."""
-    from analysis.stages import stage_skew_from_store
+    from triscope.analysis.stages import stage_skew_from_store
 
     bases = sorted({i.metric[:-4] for i in infos if i.metric.endswith("_sum") and "stage" in i.labels})
     out: dict[str, Any] = {}
@@ -500,7 +500,7 @@ def _fmt(x: float | None) -> str:
 
 def _mismatch_prior(store: Any, node: str, start: float, end: float, b0: float, b1: float,
                     th: MismatchThresholds | None, tier: str | None = None) -> tuple[dict[str, Any], dict[str, float]]:
-    from analysis.mismatch import node_states
+    from triscope.analysis.mismatch import node_states
 
     th = th or MismatchThresholds()
     span = end - start

@@ -659,11 +659,12 @@ ENV_SLO_FILE = "TRISCOPE_SLO_FILE"
 
 
 def default_slo_file() -> Path | None:
-    """``$TRISCOPE_SLO_FILE``, else the shipped ``deploy/slo.example.yaml`` (when present)."""
+    """``$TRISCOPE_SLO_FILE``, else the shipped example (``deploy/slo.example.yaml``, package data)."""
     import os
+
+    from triscope import defaults
 
     env = os.environ.get(ENV_SLO_FILE)
     if env:
         return Path(env)
-    p = Path(__file__).resolve().parent.parent / "deploy" / "slo.example.yaml"
-    return p if p.exists() else None
+    return defaults.SLO if defaults.SLO.exists() else None

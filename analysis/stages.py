@@ -72,7 +72,7 @@ def stage_metrics(store: Any, node: str | None = None, stage_label: str = "stage
 def stage_skew_from_store(store: Any, node: str | None, start: float, end: float,
                           metric: str = DEFAULT_STAGE_METRIC, stage_label: str = "stage") -> StageSkew | None:
     """Mean duration per stage over [start, end] from ``METRIC_sum`` / ``METRIC_count``."""
-    from analysis.slo import counter_increase
+    from triscope.analysis.slo import counter_increase
 
     sums: dict[str, float] = {}
     counts: dict[str, float] = {}

@@ -17,14 +17,14 @@ import time
 from collections import deque
 from pathlib import Path
 
-from analysis.mismatch import node_states
-from analysis.online import MismatchTracker
-from analysis.rca import rank_causes
-from analysis.slo import evaluate, parse_slo_text
-from analysis.synthetic import h200_phase_ticks, phase_intervals
 from bench.common import Row
-from store import Store, Tick
+from triscope.analysis.mismatch import node_states
+from triscope.analysis.online import MismatchTracker
+from triscope.analysis.rca import rank_causes
+from triscope.analysis.slo import evaluate, parse_slo_text
+from triscope.analysis.synthetic import h200_phase_ticks, phase_intervals
 from triscope.samples import MetricKind, Sample
+from triscope.store import Store, Tick
 
 SERIES = 200
 

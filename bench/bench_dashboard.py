@@ -58,8 +58,8 @@ def _timed(fn: Any, runs: int) -> tuple[float, float]:
 def _callbacks(app: Any, end: float, runs: int) -> tuple[dict[str, tuple[float, float]], float, int, int]:
     from dash._utils import to_json
 
-    from dashboard.context import CONFIG_KEY
-    from dashboard.pages import node
+    from triscope.dashboard.context import CONFIG_KEY
+    from triscope.dashboard.pages import node
 
     c = app.server.config[CONFIG_KEY]
     out: dict[str, tuple[float, float]] = {}
@@ -82,7 +82,7 @@ def _callbacks(app: Any, end: float, runs: int) -> tuple[dict[str, tuple[float, 
         out["explain link"] = _timed(lambda: to_json(node.explain_link(relayout, None, dict(meta))), runs)
         out["live toggle"] = _timed(lambda: node.toggle_live(["live"]), runs)
         # the other pages' callbacks over the same data
-        from dashboard.pages import fleet, mismatch, remediation, rootcause
+        from triscope.dashboard.pages import fleet, mismatch, remediation, rootcause
 
         out["fleet page layout"] = _timed(lambda: to_json(fleet.layout()), runs)
         out["mismatch render 24h"] = _timed(lambda: to_json(mismatch.render(NODE, "24h")), max(3, runs // 4))
@@ -102,7 +102,7 @@ def _callbacks(app: Any, end: float, runs: int) -> tuple[dict[str, tuple[float, 
 
 
 def _browser(app: Any, loads: int) -> float | None:
-    from dashboard.app import serve_in_thread
+    from triscope.dashboard.app import serve_in_thread
 
     if not Path(CHROMIUM).exists():
         return None
@@ -133,9 +133,9 @@ def _browser(app: Any, loads: int) -> float | None:
 
 
 def run(quick: bool = False) -> list[Row]:
-    from dashboard.app import create_app
-    from dashboard.seed import seed_bench
-    from store import Store
+    from triscope.dashboard.app import create_app
+    from triscope.dashboard.seed import seed_bench
+    from triscope.store import Store
 
     hours = 3.0 if quick else 24.0
     runs = 5 if quick else 20

@@ -115,8 +115,8 @@ def _ns_per_call(exe: Path, n: int, reps: int) -> float:
 def _events_counted(res, fn: str) -> int:
     import struct
 
-    from agent.ebpf import layout as L
-    from agent.ebpf.bpfsys import BpfMap, Counters, sum_u64_percpu
+    from triscope.agent.ebpf import layout as L
+    from triscope.agent.ebpf.bpfsys import BpfMap, Counters, sum_u64_percpu
 
     if fn == "bench_raw_array":
         c = Counters(os.dup(res.maps["counters"]), L.N_COUNTERS)
@@ -135,7 +135,7 @@ def _events_counted(res, fn: str) -> int:
 
 
 def kernel_cost(quick: bool) -> list[Row]:
-    from agent.ebpf.loader import SOURCE, run_loader
+    from triscope.agent.ebpf.loader import SOURCE, run_loader
 
     n = 300_000 if quick else 2_000_000
     reps = 3 if quick else 7
@@ -172,7 +172,7 @@ def kernel_cost(quick: bool) -> list[Row]:
 
 
 def attach_time(quick: bool) -> list[Row]:
-    from agent.collectors.ebpf import EbpfCollector
+    from triscope.agent.collectors.ebpf import EbpfCollector
 
     times = []
     attached = 0
@@ -301,8 +301,8 @@ def tick_wakeup_cost(quick: bool) -> list[Row]:
     on a VM whose vCPU idles between ticks, the first is what the agent's CPU figure is made of."""
     import logging
 
-    from agent.registry import AgentOptions, build_collectors, build_post_processors, split_available
-    from agent.sampler import Sampler
+    from triscope.agent.registry import AgentOptions, build_collectors, build_post_processors, split_available
+    from triscope.agent.sampler import Sampler
 
     logging.disable(logging.WARNING)
     try:
@@ -338,7 +338,7 @@ def page_touch_cost(quick: bool) -> list[Row]:
     (agent/hugepages.py)."""
     import mmap
 
-    from agent.hugepages import thp_mode
+    from triscope.agent.hugepages import thp_mode
 
     n_pages, reps = 2048, (4 if quick else 9)
     out: dict[str, float] = {}
@@ -397,7 +397,7 @@ def pages_touched(quick: bool) -> list[Row]:
     collectors, 1 s interval, /metrics scraped 1/s), each second their accessed bits cleared
     (``/proc/PID/clear_refs``) and counted one second later (``/proc/PID/smaps``).  The same on
     any host, unlike the CPU figure."""
-    from agent.hugepages import REEXEC_MARK, heap_reexec_blocker
+    from triscope.agent.hugepages import REEXEC_MARK, heap_reexec_blocker
 
     triscope = ROOT / ".venv" / "bin" / "triscope"
     if not triscope.exists():

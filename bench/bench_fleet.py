@@ -36,7 +36,7 @@ def fleet_sql_seconds(url: str) -> tuple[float, int]:
     """Seconds for the one-query fleet summary (the latest 5 minutes of data), nodes it returned."""
     from sqlalchemy import text
 
-    from store import Store
+    from triscope.store import Store
 
     st = Store.open(url)
     try:
@@ -54,8 +54,8 @@ def retention_compare(url: str, rows_per_day: int) -> tuple[float, float]:
     ``rows_per_day`` samples."""
     from sqlalchemy import text
 
-    from store import Store
-    from store import partitions as P
+    from triscope.store import Store
+    from triscope.store import partitions as P
 
     st = Store.open(url)
     try:
@@ -89,7 +89,7 @@ def storage_bytes_per_row(url: str) -> tuple[float, float]:
     """On-disk bytes per row (heap + indexes + TOAST) of the raw samples and of the 1-minute rollups."""
     from sqlalchemy import text
 
-    from store import Store
+    from triscope.store import Store
 
     st = Store.open(url)
     try:

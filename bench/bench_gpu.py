@@ -21,7 +21,7 @@ TRACE = REPO / "examples" / "traces" / "h200-phases.jsonl.gz"
 
 
 def _npu_rows(quick: bool) -> list[Row]:
-    from agent.collectors.npu import NpuSmiCollector, parse_info, run_smi
+    from triscope.agent.collectors.npu import NpuSmiCollector, parse_info, run_smi
 
     text = (FIX / "info-910a-24.1.RC2.txt").read_text()
     n = 200 if quick else 2000
@@ -59,7 +59,7 @@ def _npu_rows(quick: bool) -> list[Row]:
 
 
 def _nvml_row() -> Row:
-    from agent.collectors.nvml import NvmlCollector
+    from triscope.agent.collectors.nvml import NvmlCollector
 
     c = NvmlCollector(xid_events=False)
     try:
@@ -85,7 +85,7 @@ def _nvml_row() -> Row:
 
 
 def _trace_row(quick: bool) -> Row:
-    from store import Store
+    from triscope.store import Store
     from triscope.trace import import_trace
 
     with tempfile.TemporaryDirectory() as d:

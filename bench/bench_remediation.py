@@ -161,7 +161,7 @@ def _load(port: int, n: int, rate: float) -> tuple[int, list[float], int, float]
 
 def _baseline(kube_url: str, n: int, rate: float) -> list[float]:
     """The bare verb at the same rate: KubeAdapter.restart_deployment, one thread per in-flight call."""
-    from remediation.kube import KubeAdapter
+    from triscope.remediation.kube import KubeAdapter
 
     ka = KubeAdapter.connect(url=kube_url)
     lat: list[float] = []
@@ -196,7 +196,7 @@ def _baseline(kube_url: str, n: int, rate: float) -> list[float]:
 
 
 def run(quick: bool = False) -> list[Row]:
-    from store import Store, audit
+    from triscope.store import Store, audit
 
     duration = 10.0 if quick else 60.0
     n = int(RATE * duration)

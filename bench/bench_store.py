@@ -18,9 +18,9 @@ from sqlalchemy import Float, Integer
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from bench.common import Row
-from store import Store, Tick
-from store.db import upgrade
 from triscope.samples import Sample
+from triscope.store import Store, Tick
+from triscope.store.db import upgrade
 
 SERIES = 200
 

@@ -83,8 +83,8 @@ def node_series(series: int = 200, gpus: int = 8) -> list[tuple[str, dict[str, s
 
 def make_tick(ts: float, node_idx: int, series: list[tuple[str, dict[str, str], str]]) -> Any:
     """One tick of one simulated node: fresh Sample objects, as an agent's collectors make them."""
-    from store import Tick
     from triscope.samples import Sample
+    from triscope.store import Tick
 
     k = int(ts)
     state = STATES[(node_idx + k // 60) % len(STATES)]     # each node changes state once a minute
@@ -112,7 +112,7 @@ def make_tick(ts: float, node_idx: int, series: list[tuple[str, dict[str, str], 
 
 def _worker(url: str, nodes: list[int], series_n: int, t_warm: float, ready: Any, go: Any, start_at: Any,
             duration: float, out: Any, prefix: str) -> None:
-    from store import Store
+    from triscope.store import Store
 
     st = Store.open(url)
     series = node_series(series_n)
@@ -174,13 +174,13 @@ def time_fleet_page(url: str) -> tuple[float, int]:
     """Seconds to build the fleet page's content (store queries + Dash components + JSON), rows shown."""
     import plotly
 
-    from dashboard.app import create_app
-    from store import Store
+    from triscope.dashboard.app import create_app
+    from triscope.store import Store
 
     st = Store.open(url)
     try:
         app = create_app(store=st)
-        from dashboard.pages import fleet  # importable only once an app exists (dash.register_page)
+        from triscope.dashboard.pages import fleet  # importable only once an app exists (dash.register_page)
 
         with app.server.test_request_context("/"):
             t = time.perf_counter()
@@ -271,9 +271,9 @@ def run_load(url: str, nodes: int = 1000, series: int = 200, duration: float = 3
              fleet_every: float = 30.0, prefix: str = "gpu-node-") -> LoadResult:
     from sqlalchemy import text
 
-    from store import Store
-    from store.db import upgrade
-    from store.partitions import ensure_partitions
+    from triscope.store import Store
+    from triscope.store.db import upgrade
+    from triscope.store.partitions import ensure_partitions
 
     upgrade(url)
     st = Store.open(url)

@@ -3,7 +3,7 @@
 ``create_app(store_url, slo_file=None, ...)`` returns the Dash app (pages: Fleet, Node, Mismatch,
 SLOs, Remediation, Root cause).  ``serve_in_thread(app, host, port)`` serves it from a background
 thread (``triscope run`` uses it) and returns a handle with ``url`` and ``stop()``.
-``dashboard.wsgi:server`` is the WSGI entry for gunicorn.
+``triscope.dashboard.wsgi:server`` is the WSGI entry for gunicorn.
 
 The dashboard is read-only: it reads through ``store.Store``'s query functions and
 ``analysis``, and never writes.  Bound to anything but loopback it refuses to start without
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dashboard.context import CONFIG_KEY, DashboardContext
 from triscope.cli import UserError
+from triscope.dashboard.context import CONFIG_KEY, DashboardContext
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ def _import_pages() -> None:
     import dash
 
     for name in PAGE_MODULES:
-        mod = importlib.import_module(f"dashboard.pages.{name}")
+        mod = importlib.import_module(f"triscope.dashboard.pages.{name}")
         # what Dash does for modules it finds in a pages folder: the registry entry gets the layout
         entry = dash.page_registry.get(mod.__name__)
         if entry is not None and not getattr(entry.get("layout"), "_triscope_guarded", False):
@@ -77,7 +77,7 @@ def _guarded(layout: Any, page: str) -> Any:
     def wrapper(**kwargs: Any) -> Any:
         from dash import html
 
-        from dashboard.components import error_note
+        from triscope.dashboard.components import error_note
 
         try:
             return layout(**kwargs)
@@ -99,10 +99,10 @@ def create_app(store_url: str | None = None, slo_file: str | Path | None = None,
     import dash
     from dash import dcc, html
 
-    from dashboard import auth, registry
+    from triscope.dashboard import auth, registry
 
     if store is None:
-        from store import Store
+        from triscope.store import Store
 
         store = Store.open(store_url)
         store.require_schema()
@@ -119,7 +119,7 @@ def create_app(store_url: str | None = None, slo_file: str | Path | None = None,
     app.server.config[CONFIG_KEY] = DashboardContext(
         store=store, slo_file=slo_path, live_interval_s=live_interval_s, max_points=max_points,
         clock=clock or time.time)
-    pages = [p for p in dash.page_registry.values() if p["module"].startswith("dashboard.pages.")]
+    pages = [p for p in dash.page_registry.values() if p["module"].startswith("triscope.dashboard.pages.")]
     pages.sort(key=lambda p: p.get("order") or 0)
     nav = html.Nav([html.Span("triscope", className="brand")]
                    + [dcc.Link(p["name"], href=p["relative_path"], className="nav-link", id=f"nav-{p['module'].split('.')[-1]}")

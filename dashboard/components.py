@@ -9,8 +9,8 @@ from typing import Any
 
 from dash import dcc, html
 
-from dashboard.data import PRESETS
-from dashboard.figures import NAME_CHARS, TITLE_CHARS
+from triscope.dashboard.data import PRESETS
+from triscope.dashboard.figures import NAME_CHARS, TITLE_CHARS
 from triscope.names import shorten
 
 # Node names and label values come from outside (an agent's --node, an application's labels): on

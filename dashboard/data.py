@@ -3,7 +3,7 @@
 No SQL here: ``store.Store`` (``nodes``, ``series``, ``query``, ``latest``, ``events``,
 ``time_bounds``, ``fleet_latest``, ``series_keys``) and ``analysis.*``.  Every series is downsampled by the store
 (``max_points``) before it reaches a figure.  Functions return plain dataclasses; the figure
-builders in ``dashboard.figures`` turn them into Plotly figures.
+builders in ``triscope.dashboard.figures`` turn them into Plotly figures.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC
 from typing import Any
 
-from analysis.mismatch import STATES, link_capacity_bytes_per_second
+from triscope.analysis.mismatch import STATES, link_capacity_bytes_per_second
 
 PRESETS: dict[str, float] = {"15m": 900.0, "1h": 3600.0, "24h": 86400.0, "7d": 7 * 86400.0}
 LIVE_SLACK_S = 120.0   # a node whose last sample is this close to now counts as live
@@ -248,7 +248,7 @@ def _query(store: Any, info: Any, start: float, end: float, max_points: int | No
 
 
 def _query_small(store: Any, info: Any, start: float, end: float, max_points: int | None, rate: bool | None) -> Any:
-    from store.api import minmax_downsample
+    from triscope.store.api import minmax_downsample
 
     d = store.query_series(info, start, end, max_points=None, rate=rate)
     if max_points is not None and len(d.ts) > max_points:
@@ -314,7 +314,7 @@ def segments_from_points(points: Iterable[tuple[float, str]], end: float, max_ga
 def mismatch_segments(store: Any, node: str, window: Window, max_points: int,
                       present: set[str] | None = None) -> tuple[list[Segment], str]:
     """The ribbon: the state the agent stored (``triscope_mismatch_state``), else the detector
-    run over the stored series (``analysis.mismatch.node_states``)."""
+    run over the stored series (``triscope.analysis.mismatch.node_states``)."""
     present = present if present is not None else {s.metric for s in store.series(node=node, prefix="triscope_")}
     if "triscope_mismatch_state" in present:
         pts: list[tuple[float, str]] = []
@@ -337,14 +337,14 @@ CEILING_LOOKBACK_S = 3600.0
 
 
 def computed_states(store: Any, node: str, window: Window, max_windows: int = 400) -> list[Any]:
-    """``analysis.mismatch.node_states`` with a window size that keeps at most ``max_windows``.
+    """``triscope.analysis.mismatch.node_states`` with a window size that keeps at most ``max_windows``.
 
     The link ceiling's observed part looks back ``CEILING_LOOKBACK_S`` (1 h) before the range
     instead of the detector's default 24 h: that look-back reads per-second rates from raw
     points, ~1.5 s a series on SQLite for 24 h, too slow for a page (the negotiated gen x width
     capacity still sets the ceiling; only links faster than that estimate are affected)."""
-    from analysis.config import MismatchThresholds
-    from analysis.mismatch import node_states
+    from triscope.analysis.config import MismatchThresholds
+    from triscope.analysis.mismatch import node_states
 
     th = MismatchThresholds()
     w = max(th.window_s, math.ceil(window.span / max_windows))
@@ -552,9 +552,9 @@ class AuditRows:
 
 
 def audit_rows(store: Any, start: float | None = None, end: float | None = None, limit: int = 1000) -> AuditRows:
-    """The remediation audit log: ``store.audit`` when the engine's table exists, else the
+    """The remediation audit log: ``triscope.store.audit`` when the engine's table exists, else the
     ``remediation`` events; an explained empty state otherwise."""
-    fn, why = optional("store.audit", "audit_log")
+    fn, why = optional("triscope.store.audit", "audit_log")
     if fn is not None:
         try:
             recs = fn(store, since=start, until=end, limit=limit)

@@ -1,4 +1,4 @@
-"""Figure builders: plain functions from the data classes of ``dashboard.data`` to Plotly figures.
+"""Figure builders: plain functions from the data classes of ``triscope.dashboard.data`` to Plotly figures.
 
 No Dash, no store, no request: unit-tested without a browser.  Times arrive as epoch seconds
 and leave as ``datetime64[ms]`` arrays (UTC) so Plotly serialises them compactly.

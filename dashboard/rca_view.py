@@ -1,8 +1,8 @@
-"""Root-cause results for the dashboard, through ``analysis.rca.rank_causes``.
+"""Root-cause results for the dashboard, through ``triscope.analysis.rca.rank_causes``.
 
 ``explain(store, node, start, end)`` returns ranked ``Cause`` rows, each with the series that
 moved most in its category (for the evidence chart), the baseline window and the detector's
-comparison; an explained empty result when ``analysis.rca`` is not in this build.
+comparison; an explained empty result when ``triscope.analysis.rca`` is not in this build.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dashboard.data import optional
+from triscope.dashboard.data import optional
 
 
 @dataclass
@@ -56,7 +56,7 @@ CATEGORY_SERIES = {
 
 
 def explain(store: Any, node: str, start: float, end: float, top: int = 8) -> RcaResult:
-    fn, why = optional("analysis.rca", "rank_causes")
+    fn, why = optional("triscope.analysis.rca", "rank_causes")
     if fn is None:
         return RcaResult([], None, f"ranked causes come from the historical root-cause analysis, which is not "
                                    f"available in this build ({why}); the detector's verdict and the events are below")

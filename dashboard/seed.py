@@ -2,9 +2,9 @@
 
 ``seed_demo(store, end)`` writes two nodes through ``store.write_ticks`` (the agent's path):
 
-* ``h200-node``: an H200-shaped trace (``analysis.synthetic.h200_phase_ticks``: idle, pinned and
+* ``h200-node``: an H200-shaped trace (``triscope.analysis.synthetic.h200_phase_ticks``: idle, pinned and
   pageable copies, matmul, pin churn, D2H), run through the agent's own
-  ``analysis.online.MismatchTracker`` so the mismatch state/score series and state-change events
+  ``triscope.analysis.online.MismatchTracker`` so the mismatch state/score series and state-change events
   are stored the way the agent stores them; plus an XID error and a remediation event;
 * ``cpu-node``: a host without accelerators (TCP retransmits, TIME_WAIT, DMA maps, CPU).
 
@@ -37,9 +37,9 @@ def _batches(ticks: Iterator[object], n: int = 600) -> Iterator[list[object]]:
 
 def seed_demo(store: Any, end: float, phase_s: int = 120, cycles: int = 2, with_mismatch: bool = True) -> dict[str, tuple[float, float]]:
     """Write the demo nodes so that their data ends at ``end``; returns node -> (start, end)."""
-    from analysis.online import MismatchTracker
-    from analysis.synthetic import H200_PHASES, h200_phase_ticks
-    from store import Tick
+    from triscope.analysis.online import MismatchTracker
+    from triscope.analysis.synthetic import H200_PHASES, h200_phase_ticks
+    from triscope.store import Tick
 
     phases = tuple(H200_PHASES) * cycles
     span = phase_s * len(phases)
@@ -89,7 +89,7 @@ def seed_demo(store: Any, end: float, phase_s: int = 120, cycles: int = 2, with_
         store.write_ticks(H200, batch)
     out[H200] = (start, end)
     try:  # the remediation engine's audit log, when its tables exist
-        from store.audit import record_decision
+        from triscope.store.audit import record_decision
 
         for k, (outcome, rail) in enumerate((("dry_run", None), ("suppressed", "cooldown"))):
             record_decision(store, ts=start + span * 0.6 + 30 * k, rule="gpu-xid-restart", trigger_kind="xid",
@@ -128,7 +128,7 @@ def seed_demo(store: Any, end: float, phase_s: int = 120, cycles: int = 2, with_
 def seed_bench(store: Any, end: float, hours: float = 24.0, node: str = "bench-node", batch: int = 3600) -> int:
     """One node, 10 plotted series at 1 Hz (2 GPUs: SM active x2, PCIe RX/TX x2, tensor; DMA maps,
     retransmits, TIME_WAIT) plus the 4 mismatch-state series of the ribbon, over ``hours`` ending at ``end``.  Returns samples written."""
-    from store import Tick
+    from triscope.store import Tick
 
     n = int(hours * 3600)
     start = end - n

@@ -1,4 +1,4 @@
-"""SLOs for the dashboard, through ``analysis.slo`` (Sloth ``prometheus/v1`` files).
+"""SLOs for the dashboard, through ``triscope.analysis.slo`` (Sloth ``prometheus/v1`` files).
 
 ``load(c)`` reads the configured SLO file once (errors are shown, not raised);
 ``fleet_status(c)`` gives each node its worst SLO status; ``burn_down`` evaluates the period's
@@ -11,8 +11,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from dashboard.context import DashboardContext
-from dashboard.data import optional
+from triscope.dashboard.context import DashboardContext
+from triscope.dashboard.data import optional
 
 _RANK = {"page": 3, "ticket": 2, "ok": 1, "no data": 0}
 
@@ -31,7 +31,7 @@ def load(c: DashboardContext) -> SloSet:
     mtime = c.slo_file.stat().st_mtime if c.slo_file.exists() else None
     if cached and cached[0] == mtime:
         return cached[1]
-    fn, why = optional("analysis.slo", "load_slo_file")
+    fn, why = optional("triscope.analysis.slo", "load_slo_file")
     if fn is None:
         out = SloSet([], f"SLO analysis is not available in this build ({why})")
     else:
@@ -46,7 +46,7 @@ def load(c: DashboardContext) -> SloSet:
 
 
 def evaluate(c: DashboardContext, slo: Any, now: float, node: str | None = None) -> Any:
-    from analysis.slo import evaluate as ev
+    from triscope.analysis.slo import evaluate as ev
 
     return ev(c.store, slo, now, node=node)
 
@@ -78,8 +78,8 @@ def fleet_status(c: DashboardContext, ttl: float = 30.0) -> dict[str, str] | Non
 
 def burn_down(c: DashboardContext, slo: Any, start: float, end: float, points: int = 16) -> tuple[list[float], list[float | None]]:
     """Budget remaining (1 = untouched) of the SLO's period window ending at each of ``points``
-    instants across [start, end], from ``analysis.slo.counter_increase`` (ratio of sums)."""
-    from analysis.slo import counter_increase
+    instants across [start, end], from ``triscope.analysis.slo.counter_increase`` (ratio of sums)."""
+    from triscope.analysis.slo import counter_increase
 
     infos_cache: dict[str, list[Any]] = {}
 

@@ -4,25 +4,25 @@ from __future__ import annotations
 
 from alembic import context
 
-from store.db import make_engine
-from store.schema import metadata as target_metadata_all
+from triscope.store.db import make_engine
+from triscope.store.schema import metadata as target_metadata_all
 
 config = context.config
 target_metadata = target_metadata_all
 
 
-def _include_name(name, type_, parent_names):  # type: ignore[no-untyped-def]
+def _include_name(name, type_, parent_names):
     # the daily partitions of the raw samples (PostgreSQL) are not models: see store/partitions.py
-    from store.partitions import is_partition_name
+    from triscope.store.partitions import is_partition_name
 
     return not (type_ == "table" and is_partition_name(name))
 
 
-def _include_object(dialect: str):  # type: ignore[no-untyped-def]
+def _include_object(dialect: str):
     # samples is a view on PostgreSQL and sample_rows exists only there (store/models.py)
-    from store.models import NOT_ON
+    from triscope.store.models import NOT_ON
 
-    def include(obj, name, type_, reflected, compare_to):  # type: ignore[no-untyped-def]
+    def include(obj, name, type_, reflected, compare_to):
         return not (type_ == "table" and name == NOT_ON.get(dialect))
     return include
 

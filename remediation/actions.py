@@ -3,14 +3,14 @@
 Each action re-checks the live state it depends on right before acting (a paused or degraded
 Deployment, a ConfigMap already in fallback, no schedulable node to move to) and, in dry-run,
 does every read and none of the writes, so a dry-run decision says what would have happened.
-Kubernetes is reached only through :class:`remediation.kube.KubeAdapter`.
+Kubernetes is reached only through :class:`triscope.remediation.kube.KubeAdapter`.
 
 An engine killed while an action runs re-runs it when it starts again (the decision is left
 ``in_progress``), so every Kubernetes action is idempotent per decision: the restart writes the
 ``restartedAt`` value fixed when the decision was taken (already there: nothing is written), the
 fallback recognises its own write by the decision id it annotates the ConfigMap with (and the
 previous value it recorded there), cordon and eviction are idempotent by nature.  The ``command``
-action is not re-run (see ``remediation.engine``).
+action is not re-run (see ``triscope.remediation.engine``).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from remediation import kube as k
-from remediation import metrics
-from store import audit
+from triscope.remediation import kube as k
+from triscope.remediation import metrics
+from triscope.store import audit
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ before ``submit_alerts`` returns (so before the webhook's 202); its decision cla
 key, writes the audit row (``in_progress`` for an action) and removes the inbox entry in one
 transaction.  On start, and on becoming the leader, :meth:`Engine.resume` decides what is left in
 the inbox and re-runs the actions left ``in_progress``; the actions are idempotent per decision
-(``remediation.actions``), and a ``command`` is not re-run but recorded ``failed``.
+(``triscope.remediation.actions``), and a ``command`` is not re-run but recorded ``failed``.
 """
 
 from __future__ import annotations
@@ -41,12 +41,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from remediation import actions as act
-from remediation import kube as k
-from remediation import metrics
-from remediation.leader import LeaderElector
-from remediation.policy import NODE_ACTIONS, Policy, Rule, load_policy
-from remediation.triggers import (
+from triscope import defaults
+from triscope.remediation import actions as act
+from triscope.remediation import kube as k
+from triscope.remediation import metrics
+from triscope.remediation.leader import LeaderElector
+from triscope.remediation.policy import NODE_ACTIONS, Policy, Rule, load_policy
+from triscope.remediation.triggers import (
     TriggerEvent,
     alert_events,
     event_from_dict,
@@ -56,14 +57,13 @@ from remediation.triggers import (
     stored_data_events,
     target_key,
 )
-from store import audit
-from store.audit import DecisionWindow
 from triscope.samples import EventRecord
+from triscope.store import audit
+from triscope.store.audit import DecisionWindow
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_POLICY = REPO_ROOT / "deploy" / "policy.example.yaml"
+DEFAULT_POLICY = defaults.POLICY   # deploy/policy.example.yaml, shipped as package data
 QUIET_RAILS = ("duplicate", "leader", "not_firing")  # audited only: a timeline / Kubernetes Event each would flood
 
 
@@ -683,7 +683,7 @@ def start(store: Any, policy: Policy, *, listen: tuple[str, int] | None = None, 
           token: str | None = None, kube: k.KubeAdapter | None = None, owns_store: bool = False,
           max_body: int = 1 << 20) -> EngineHandle:
     """Build and start an engine: leader election, scheduler jobs and (with ``listen``) the webhook."""
-    from remediation.webhook import serve
+    from triscope.remediation.webhook import serve
 
     if kube is None:
         kube = kube_from_settings(policy)
@@ -715,7 +715,7 @@ def start_embedded(store_url: str, policy_path: str | Path | None = None,
     """
     import os
 
-    from store import Store
+    from triscope.store import Store
 
     policy = load_policy(policy_path or DEFAULT_POLICY)
     st = Store.open(store_url)

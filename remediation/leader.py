@@ -17,7 +17,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from remediation import kube as k
+from triscope.remediation import kube as k
 
 log = logging.getLogger(__name__)
 

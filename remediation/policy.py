@@ -381,7 +381,7 @@ class _Parser:
         if not path.is_file():
             raise self.d.err(p + ("slo_file",), f"slo_file {v!r}: no such file ({path})")
         try:
-            from analysis.slo import load_slo_file
+            from triscope.analysis.slo import load_slo_file
         except ImportError:
             return str(path)
         try:

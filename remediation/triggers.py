@@ -5,7 +5,7 @@ Stored-data conditions read through the store API only (``store.query``, ``store
 * ``metric``: every point of a series of the metric (counters as per-second rates) satisfies
   ``op threshold`` for at least ``for``; the newest point must be fresh.
 * ``mismatch``: ``triscope_mismatch_state{state=S}`` is 1 for at least ``for``.
-* ``slo``: the SLO's burn-rate status (from ``analysis.slo`` when it is installed) is ``page``
+* ``slo``: the SLO's burn-rate status (from ``triscope.analysis.slo`` when it is installed) is ``page``
   (or ``ticket``, which ``page`` also satisfies).
 * ``xid``: an ``xid`` event with one of the codes in the last ``within`` seconds; each event fires once.
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from remediation.policy import OPS, Matcher, Rule, Trigger
+from triscope.remediation.policy import OPS, Matcher, Rule, Trigger
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +221,7 @@ _SLO_CACHE: dict[str, tuple[float, dict[str, Any]]] = {}
 def _slo_specs(path: str) -> dict[str, Any]:
     import os
 
-    from analysis.slo import load_slo_file
+    from triscope.analysis.slo import load_slo_file
 
     mtime = os.stat(path).st_mtime
     hit = _SLO_CACHE.get(path)
@@ -234,11 +234,11 @@ def _slo_specs(path: str) -> dict[str, Any]:
 
 
 def _slo_status(store: Any, trigger: Trigger, node: str, now: float) -> tuple[str | None, str]:
-    """The SLO's multi-window burn-rate status on ``node`` from ``analysis.slo`` (page / ticket / ok / no data)."""
+    """The SLO's multi-window burn-rate status on ``node`` from ``triscope.analysis.slo`` (page / ticket / ok / no data)."""
     try:
-        from analysis import slo as slo_mod
+        from triscope.analysis import slo as slo_mod
     except ImportError:
-        return None, "analysis.slo is not installed: SLO triggers cannot be evaluated"
+        return None, "triscope.analysis.slo is not installed: SLO triggers cannot be evaluated"
     try:
         spec = _slo_specs(trigger.slo_file).get(trigger.slo)
         if spec is None:

@@ -20,9 +20,9 @@ import logging
 import time
 from typing import Any
 
-from remediation import metrics
-from remediation.triggers import parse_rfc3339
 from triscope.httpd import HttpServer, Limits, Request, Response
+from triscope.remediation import metrics
+from triscope.remediation.triggers import parse_rfc3339
 from triscope.textsafe import one_line
 
 log = logging.getLogger(__name__)

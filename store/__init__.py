@@ -1,7 +1,7 @@
 """The SQL store: schema, writes, rollups, retention and the query functions other parts use."""
 
-from store.api import EventRow, LatestValue, NodeInfo, SeriesData, SeriesInfo, Store, Tick
-from store.db import StoreError, default_url
+from triscope.store.api import EventRow, LatestValue, NodeInfo, SeriesData, SeriesInfo, Store, Tick
+from triscope.store.db import StoreError, default_url
 
 __all__ = [
     "EventRow", "LatestValue", "NodeInfo", "SeriesData", "SeriesInfo", "Store", "StoreError", "Tick", "default_url",

@@ -26,10 +26,17 @@ from sqlalchemy import bindparam, text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
-from store.db import PG_OPTIONS, StoreError, check_reachable, make_engine, normalise_url, sqlite_on_connect
-from store.minute_acc import MinuteAccumulator
 from triscope import names as _names
 from triscope.samples import EventRecord, Sample, label_key, parse_label_key
+from triscope.store.db import (
+    PG_OPTIONS,
+    StoreError,
+    check_reachable,
+    make_engine,
+    normalise_url,
+    sqlite_on_connect,
+)
+from triscope.store.minute_acc import MinuteAccumulator
 
 _log = logging.getLogger("triscope.store")
 MAX_EVENT_KIND = 64          # the events.kind column
@@ -137,7 +144,7 @@ class Store:
         return self.engine.url.render_as_string(hide_password=False)
 
     def upgrade(self) -> None:
-        from store.db import upgrade
+        from triscope.store.db import upgrade
 
         upgrade(self.url)
 
@@ -764,7 +771,7 @@ class Store:
         (never a bulk DELETE) and the partitions for the next days are created ahead; raw data is
         then kept up to one day longer than configured, never shorter.
         """
-        from store import partitions
+        from triscope.store import partitions
 
         policy = policy or RetentionPolicy()
         now = now if now is not None else time.time()

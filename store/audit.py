@@ -41,10 +41,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from store.models import Base
+from triscope.store.models import Base
 
 if TYPE_CHECKING:
-    from store.api import Store
+    from triscope.store.api import Store
 
 # outcomes ----------------------------------------------------------------------------------------
 ACTED = "acted"

@@ -133,7 +133,7 @@ def check_reachable(engine: Engine) -> None:
 def alembic_config(url: str):
     from alembic.config import Config
 
-    import migrations
+    from triscope import migrations
 
     cfg = Config()
     cfg.set_main_option("script_location", str(Path(migrations.__file__).parent))

@@ -713,7 +713,7 @@ if __name__ == "__main__":  # manual use: python tests/kube_server.py
 # helpers shared by the remediation tests ---------------------------------------------------------
 def open_store(url: str):  # type: ignore[no-untyped-def]
     """A migrated store at ``url``."""
-    from store import Store
+    from triscope.store import Store
 
     st = Store.open(url)
     st.upgrade()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agent import hugepages as hp
+from triscope.agent import hugepages as hp
 
 REPO = Path(__file__).resolve().parent.parent
 MB = 1 << 20

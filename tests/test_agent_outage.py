@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from store import Store
-from store.db import upgrade
+from triscope.store import Store
+from triscope.store.db import upgrade
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 

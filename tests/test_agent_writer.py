@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from agent.runtime import batch_ticks
-from agent.spool import Spool
-from agent.writer import StoreWriter
-from store import Store, Tick
-from store.db import upgrade
+from triscope.agent.runtime import batch_ticks
+from triscope.agent.spool import Spool
+from triscope.agent.writer import StoreWriter
 from triscope.samples import Sample
+from triscope.store import Store, Tick
+from triscope.store.db import upgrade
 
 T0 = 1_700_000_000.0
 

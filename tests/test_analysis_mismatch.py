@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from analysis.config import ConfigError, MismatchThresholds, load_thresholds
-from analysis.mismatch import (
+from triscope.analysis.config import ConfigError, MismatchThresholds, load_thresholds
+from triscope.analysis.mismatch import (
     STATES,
     AcceleratorFeatures,
     WindowFeatures,
@@ -20,11 +20,11 @@ from analysis.mismatch import (
     node_states,
     state_fractions,
 )
-from analysis.online import MismatchTracker
-from analysis.stages import stage_skew, stage_skew_from_store
-from analysis.synthetic import GB, H200_PHASES, PhaseShape, h200_phase_ticks, phase_intervals
-from store import Store, Tick
+from triscope.analysis.online import MismatchTracker
+from triscope.analysis.stages import stage_skew, stage_skew_from_store
+from triscope.analysis.synthetic import GB, H200_PHASES, PhaseShape, h200_phase_ticks, phase_intervals
 from triscope.samples import EventRecord, Sample
+from triscope.store import Store, Tick
 
 GEN5_X16 = link_capacity_bytes_per_second(32.0, 16)
 

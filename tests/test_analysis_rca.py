@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from agent.collectors.cpu import CpuCollector
-from agent.collectors.tcp import TcpCollector
-from analysis.rca import categorize, rank_causes, score_series
-from analysis.synthetic import h200_phase_ticks, phase_intervals
-from store import Store, Tick
+from triscope.agent.collectors.cpu import CpuCollector
+from triscope.agent.collectors.tcp import TcpCollector
+from triscope.analysis.rca import categorize, rank_causes, score_series
+from triscope.analysis.synthetic import h200_phase_ticks, phase_intervals
 from triscope.loopback import syn_retransmits
 from triscope.samples import EventRecord, Sample
+from triscope.store import Store, Tick
 
 REPO = Path(__file__).resolve().parent.parent
 NETWORK = ("network", "network_traffic")
@@ -171,7 +171,7 @@ def test_loopback_retransmits_rank_first_and_name_the_peer(sqlite_url: str) -> N
 @pytest.mark.ebpf
 @pytest.mark.slow
 def test_loopback_retransmits_with_the_ebpf_probe(sqlite_url: str) -> None:
-    from agent.collectors.ebpf import EbpfCollector
+    from triscope.agent.collectors.ebpf import EbpfCollector
 
     st = Store.open(sqlite_url)
     st.upgrade()

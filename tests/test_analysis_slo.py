@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from analysis.slo import (
+from triscope.analysis.slo import (
     SLOSpecError,
     evaluate,
     load_slo_file,
@@ -21,8 +21,8 @@ from analysis.slo import (
     prometheus_rules,
     rules_yaml,
 )
-from store import Store, Tick
 from triscope.samples import Sample
+from triscope.store import Store, Tick
 
 REPO = Path(__file__).resolve().parent.parent
 

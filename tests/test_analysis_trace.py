@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from analysis.mismatch import sliding_states, state_fractions
-from analysis.online import MismatchTracker
-from analysis.rca import rank_causes
-from store import Store
+from triscope.analysis.mismatch import sliding_states, state_fractions
+from triscope.analysis.online import MismatchTracker
+from triscope.analysis.rca import rank_causes
+from triscope.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
 TRACES = sorted((REPO / "examples" / "traces").glob("h200-phases.*"))

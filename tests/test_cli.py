@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from store import Store, Tick
-from store.db import upgrade
 from triscope.cli import build_parser
 from triscope.samples import Sample
+from triscope.store import Store, Tick
+from triscope.store.db import upgrade
 
 
 def triscope(*args: str, cwd: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:

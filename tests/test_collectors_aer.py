@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES
 
-from agent.collectors.aer import AerCollector, kernel_has_pcieaer, parse_aer_file
-from agent.collectors.base import CollectorUnavailable
+from triscope.agent.collectors.aer import AerCollector, kernel_has_pcieaer, parse_aer_file
+from triscope.agent.collectors.base import CollectorUnavailable
 from triscope.metrics import CATALOGUE
 from triscope.samples import EventRecord, Sample
 

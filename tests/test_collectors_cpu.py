@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES
 
-from agent.collectors.base import CollectorUnavailable
-from agent.collectors.cpu import CpuCollector, parse_meminfo, parse_stat_cpu
+from triscope.agent.collectors.base import CollectorUnavailable
+from triscope.agent.collectors.cpu import CpuCollector, parse_meminfo, parse_stat_cpu
 
 
 def values(samples):

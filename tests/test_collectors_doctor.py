@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from conftest import FIXTURES, free_port
 
-from agent.doctor import format_rows, host_doctor
+from triscope.agent.doctor import format_rows, host_doctor
 
 
 def test_fixture_host_everything_ok() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES
 
-from agent.collectors.pcie import PcieLinkCollector, parse_speed
+from triscope.agent.collectors.pcie import PcieLinkCollector, parse_speed
 from triscope.metrics import CATALOGUE
 from triscope.pcie import encoding_efficiency, link_capacity_bytes_per_second
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES
 
-from agent.collectors.base import CollectorUnavailable
-from agent.collectors.pressure import PressureCollector, parse_pressure
+from triscope.agent.collectors.base import CollectorUnavailable
+from triscope.agent.collectors.pressure import PressureCollector, parse_pressure
 from triscope.metrics import CATALOGUE
 
 

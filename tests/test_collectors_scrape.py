@@ -11,8 +11,8 @@ import pytest
 from conftest import free_port
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary, start_http_server
 
-from agent.collectors.base import CollectorUnavailable
-from agent.collectors.scrape import ScrapeCollector, ScrapeError
+from triscope.agent.collectors.base import CollectorUnavailable
+from triscope.agent.collectors.scrape import ScrapeCollector, ScrapeError
 
 
 @pytest.fixture
@@ -201,7 +201,7 @@ def test_unreachable_http_error_timeout_and_limits() -> None:
 
 def test_a_target_down_at_start_stays_in_the_agent(unused_port: int) -> None:
     """The agent keeps retrying a scraped service that is not up yet instead of switching it off."""
-    from agent.registry import UnavailableCollector, split_available
+    from triscope.agent.registry import UnavailableCollector, split_available
 
     c = ScrapeCollector(f"http://127.0.0.1:{unused_port}/metrics", timeout=0.5)
     av = c.check()

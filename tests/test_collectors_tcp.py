@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES
 
-from agent.collectors.base import CollectorUnavailable
-from agent.collectors.tcp import TcpCollector, parse_snmp, parse_sockstat
+from triscope.agent.collectors.base import CollectorUnavailable
+from triscope.agent.collectors.tcp import TcpCollector, parse_snmp, parse_sockstat
 from triscope.loopback import syn_retransmits
 from triscope.metrics import CATALOGUE
 

@@ -37,8 +37,8 @@ class Server:
 
 @pytest.fixture(scope="module")
 def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, dict[str, tuple[float, float]]]]:
-    from dashboard.seed import seed_demo
-    from store import Store
+    from triscope.dashboard.seed import seed_demo
+    from triscope.store import Store
 
     d = tmp_path_factory.mktemp("dash")
     url = f"sqlite:///{d / 'triscope.db'}"
@@ -210,7 +210,7 @@ def test_fleet_row_opens_its_node(page: Page) -> None:
 
 
 def _phase_window(spans: dict[str, tuple[float, float]], phase: str) -> tuple[float, float]:
-    from analysis.synthetic import H200_PHASES
+    from triscope.analysis.synthetic import H200_PHASES
 
     start = spans["h200-node"][0]
     names = [p.name for p in H200_PHASES]
@@ -251,8 +251,8 @@ def test_root_cause_for_a_window(page: Page, seeded: tuple[Any, Any], phase: str
 
 
 def test_live_mode_appends_points_and_keeps_zoom(page: Page, seeded: tuple[Any, Any]) -> None:
-    from store import Tick
     from triscope.samples import Sample
+    from triscope.store import Tick
 
     st, _ = seeded
     pg = page.goto("/node/cpu-node?range=15m")
@@ -314,7 +314,7 @@ def h200_source(seeded: tuple[Any, Any], server: Server, tmp_path_factory: pytes
     if not H200_TRACES:
         yield server.base, "h200-node", seeded[0]
         return
-    from store import Store
+    from triscope.store import Store
 
     url = f"sqlite:///{tmp_path_factory.mktemp('trace') / 'trace.db'}"
     subprocess.run([TRISCOPE, "db", "upgrade", "--db", url], cwd=REPO, check=True, capture_output=True, timeout=120)
@@ -356,8 +356,8 @@ def test_root_cause_on_the_h200_trace(browser: Any, h200_source: tuple[str, str,
 
 
 def test_live_mode_moves_the_time_axis_without_a_zoom(page: Page, seeded: tuple[Any, Any]) -> None:
-    from store import Tick
     from triscope.samples import Sample
+    from triscope.store import Tick
 
     st, _ = seeded
     pg = page.goto("/node/cpu-node?range=15m")

@@ -9,8 +9,8 @@ from typing import Any
 import plotly.graph_objects as go
 import pytest
 
-from dashboard import data, figures
-from dashboard.data import EventMark, LaneTrace, NodeLanes, Segment, Window
+from triscope.dashboard import data, figures
+from triscope.dashboard.data import EventMark, LaneTrace, NodeLanes, Segment, Window
 
 
 def _lanes(traces: list[LaneTrace] | None = None, missing: dict[str, str] | None = None,
@@ -129,8 +129,8 @@ def test_slo_and_evidence_figures() -> None:
 @pytest.fixture
 def demo_store(db_url: str) -> Any:
     """The demo nodes on SQLite and on the real PostgreSQL server."""
-    from dashboard.seed import seed_demo
-    from store import Store
+    from triscope.dashboard.seed import seed_demo
+    from triscope.store import Store
 
     st = Store.open(db_url)
     st.upgrade()
@@ -183,7 +183,7 @@ def test_fleet_rows_and_audit(demo_store: Any) -> None:
 
 
 def test_audit_empty_state_is_explained(sqlite_url: str) -> None:
-    from store import Store
+    from triscope.store import Store
 
     st = Store.open(sqlite_url)
     st.upgrade()
@@ -203,8 +203,8 @@ def test_mismatch_points_and_shares(demo_store: Any) -> None:
 
 
 def test_live_delta_returns_only_new_points(demo_store: Any) -> None:
-    from store import Tick
     from triscope.samples import Sample
+    from triscope.store import Tick
 
     st, spans = demo_store
     end = spans["cpu-node"][1]
@@ -217,8 +217,8 @@ def test_live_delta_returns_only_new_points(demo_store: Any) -> None:
 
 def test_npu_node_lanes_and_fleet(sqlite_url: str) -> None:
     """An Ascend node (npu-smi series, no GPU): AICore in the accelerator lane, no PCIe lane."""
-    from store import Store, Tick
     from triscope.samples import Sample
+    from triscope.store import Store, Tick
 
     st = Store.open(sqlite_url)
     st.upgrade()

@@ -30,7 +30,7 @@ PROMPT_S = 10.0   # "renders promptly": the unfixed Mismatch page took minutes
 
 # ---------------------------------------------------------------------------------------------- no browser
 def test_node_dropdown_values_stay_short_and_resolve() -> None:
-    from dashboard.components import VALUE_CHARS, node_from_value, node_options, node_value
+    from triscope.dashboard.components import VALUE_CHARS, node_from_value, node_options, node_value
 
     names = ["h200-node", LONG, LONG[:-1] + "f"]
     opts = node_options(names)
@@ -43,7 +43,7 @@ def test_node_dropdown_values_stay_short_and_resolve() -> None:
 
 
 def test_state_share_bars_keep_long_names_apart() -> None:
-    from dashboard import figures
+    from triscope.dashboard import figures
 
     a, b = LONG, LONG[:-1] + "f"
     fig = figures.state_share_figure({a: {"idle": 1.0}, b: {"compute-bound": 1.0}})
@@ -53,7 +53,7 @@ def test_state_share_bars_keep_long_names_apart() -> None:
 
 
 def test_long_label_values_are_cut_in_trace_names_and_accelerator_text() -> None:
-    from dashboard import data
+    from triscope.dashboard import data
 
     name = data._fmt("GPU {gpu} SM active", {"gpu": "g" * 5000})
     assert name.startswith("GPU ggg") and name.endswith("SM active") and len(name) < 80, name
@@ -73,8 +73,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     node, so the row is renamed in SQL, as an old store would hold it), served by 'triscope dashboard'."""
     from sqlalchemy import text
 
-    from dashboard.seed import seed_demo
-    from store import Store
+    from triscope.dashboard.seed import seed_demo
+    from triscope.store import Store
 
     url = f"sqlite:///{tmp_path_factory.mktemp('longnames') / 'triscope.db'}"
     st = Store.open(url)

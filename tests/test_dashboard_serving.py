@@ -38,8 +38,8 @@ def _get(url: str, auth: tuple[str, str] | None = None, timeout: float = 20) -> 
 
 @pytest.fixture
 def seeded_url(sqlite_url: str) -> str:
-    from dashboard.seed import seed_demo
-    from store import Store
+    from triscope.dashboard.seed import seed_demo
+    from triscope.store import Store
 
     st = Store.open(sqlite_url)
     st.upgrade()
@@ -49,7 +49,7 @@ def seeded_url(sqlite_url: str) -> str:
 
 
 def test_check_bind() -> None:
-    from dashboard.app import DashboardConfigError, check_bind, is_loopback
+    from triscope.dashboard.app import DashboardConfigError, check_bind, is_loopback
 
     for host in ("127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"):
         assert is_loopback(host)
@@ -96,7 +96,7 @@ def test_cli_serves_on_loopback(seeded_url: str) -> None:
 
 
 def test_basic_auth_on_a_public_bind(seeded_url: str) -> None:
-    from dashboard.app import create_app, serve_in_thread
+    from triscope.dashboard.app import create_app, serve_in_thread
 
     app = create_app(seeded_url, password="s3cret", username="sre")
     h = serve_in_thread(app, "0.0.0.0", 0)
@@ -114,7 +114,7 @@ def test_basic_auth_on_a_public_bind(seeded_url: str) -> None:
 
 
 def test_serve_in_thread_refuses_public_bind_without_auth(seeded_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dashboard.app import DashboardConfigError, create_app, serve_in_thread
+    from triscope.dashboard.app import DashboardConfigError, create_app, serve_in_thread
 
     monkeypatch.delenv("TRISCOPE_DASHBOARD_PASSWORD", raising=False)
     monkeypatch.delenv("TRISCOPE_DASHBOARD_TRUST_PROXY_AUTH", raising=False)
@@ -129,7 +129,7 @@ def test_serve_in_thread_refuses_public_bind_without_auth(seeded_url: str, monke
 
 
 def test_two_apps_in_one_process_both_have_their_callbacks(seeded_url: str) -> None:
-    from dashboard.app import create_app
+    from triscope.dashboard.app import create_app
 
     a, b = create_app(seeded_url), create_app(seeded_url)
     ca, cb = a.server.test_client(), b.server.test_client()
@@ -140,9 +140,9 @@ def test_two_apps_in_one_process_both_have_their_callbacks(seeded_url: str) -> N
 
 def test_dashboard_is_read_only(seeded_url: str) -> None:
     """Render every page and run the node callbacks: nothing in the store changes."""
-    from dashboard.app import create_app
-    from dashboard.pages import node
-    from store import Store
+    from triscope.dashboard.app import create_app
+    from triscope.dashboard.pages import node
+    from triscope.store import Store
 
     st = Store.open(seeded_url)
 
@@ -157,7 +157,7 @@ def test_dashboard_is_read_only(seeded_url: str) -> None:
         assert c.get(path).status_code == 200
     with app.server.test_request_context("/"):
         for page in ("fleet", "node", "mismatch", "slos", "remediation", "rootcause"):
-            __import__(f"dashboard.pages.{page}", fromlist=["layout"]).layout(node="h200-node")
+            __import__(f"triscope.dashboard.pages.{page}", fromlist=["layout"]).layout(node="h200-node")
         fig, meta, _, _ = node.render("1h", 0, "h200-node", None, None)
         assert meta and fig["data"]
         node.live_append(1, meta, None)
@@ -171,7 +171,7 @@ def test_wsgi_entry_under_gunicorn(seeded_url: str, tmp_path: Any) -> None:
     assert r.returncode != 0 and "TRISCOPE_DASHBOARD_PASSWORD" in r.stderr
     port = free_port()
     gunicorn = os.path.join(os.path.dirname(sys.executable), "gunicorn")
-    p = subprocess.Popen([gunicorn, "-w", "2", "-b", f"127.0.0.1:{port}", "dashboard.wsgi:server"], cwd=REPO,
+    p = subprocess.Popen([gunicorn, "-w", "2", "-b", f"127.0.0.1:{port}", "triscope.dashboard.wsgi:server"], cwd=REPO,
                          env=_env(TRISCOPE_DB_URL=seeded_url, TRISCOPE_DASHBOARD_PASSWORD="pw",
                                   TRISCOPE_SLO_FILE=str(REPO / "deploy" / "slo.example.yaml")),
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -195,16 +195,16 @@ def test_wsgi_entry_under_gunicorn(seeded_url: str, tmp_path: Any) -> None:
 def test_database_outage_is_said_in_the_page(pg_server: Any, pg_url: str) -> None:
     """PostgreSQL goes away under a running dashboard: pages say so in one line, /healthz is 503,
     and everything comes back with the database."""
-    from dashboard.app import create_app
-    from dashboard.seed import seed_demo
-    from store import Store
+    from triscope.dashboard.app import create_app
+    from triscope.dashboard.seed import seed_demo
+    from triscope.store import Store
 
     st = Store.open(pg_url)
     st.upgrade()
     seed_demo(st, time.time(), phase_s=20, cycles=1)
     app = create_app(pg_url, store=st)
     c = app.server.test_client()
-    layout_of = {p: __import__("dash").page_registry[f"dashboard.pages.{p}"]["layout"] for p in ("fleet", "node")}
+    layout_of = {p: __import__("dash").page_registry[f"triscope.dashboard.pages.{p}"]["layout"] for p in ("fleet", "node")}
     pg_server.stop()
     try:
         r = c.get("/healthz")

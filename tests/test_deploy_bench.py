@@ -13,7 +13,7 @@ from sqlalchemy import text
 from bench import run_all
 from bench.common import Row
 from bench.loadgen import node_series, run_load
-from store import Store
+from triscope.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
 

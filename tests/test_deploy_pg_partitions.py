@@ -13,10 +13,10 @@ import pytest
 from alembic import command
 from sqlalchemy import text
 
-from store import Store, Tick
-from store import partitions as P
-from store.db import alembic_config, upgrade
 from triscope.samples import Sample
+from triscope.store import Store, Tick
+from triscope.store import partitions as P
+from triscope.store.db import alembic_config, upgrade
 
 DAY = 86400.0
 
@@ -235,7 +235,7 @@ def test_sqlite_is_untouched(sqlite_url: str) -> None:
         with st.engine.connect() as c:
             from alembic.script import ScriptDirectory
 
-            from store.db import alembic_config
+            from triscope.store.db import alembic_config
 
             head = ScriptDirectory.from_config(alembic_config(sqlite_url)).get_current_head()
             assert c.execute(text("SELECT version_num FROM alembic_version")).scalar() == head

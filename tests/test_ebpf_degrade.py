@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from agent.collectors.ebpf import EbpfCollector, ebpf_doctor
-from agent.ebpf.bpfsys import BpfMap, sum_u64_percpu
-from agent.ebpf.decode import decode_aer, decode_peer, decode_rare
-from agent.ebpf.layout import PEER_KEY, PROBES, RARE_EVENT
-from agent.ebpf.loader import run_loader
+from triscope.agent.collectors.ebpf import EbpfCollector, ebpf_doctor
+from triscope.agent.ebpf.bpfsys import BpfMap, sum_u64_percpu
+from triscope.agent.ebpf.decode import decode_aer, decode_peer, decode_rare
+from triscope.agent.ebpf.layout import PEER_KEY, PROBES, RARE_EVENT
+from triscope.agent.ebpf.loader import run_loader
 from triscope.samples import Sample
 
 pytestmark = pytest.mark.ebpf
@@ -171,9 +171,9 @@ def test_unprivileged_agent_says_no_permission(tmp_path):
 def test_counters_mapped_into_memory_equal_the_syscall_read():
     """The rows layout read as memory (no syscall) gives what BPF_MAP_LOOKUP_BATCH reads from the
     same map, and both count every event the kernel side saw."""
-    from agent.collectors.ebpf import _getppid_nr
-    from agent.ebpf import layout as L
-    from agent.ebpf.bpfsys import Counters, possible_cpus
+    from triscope.agent.collectors.ebpf import _getppid_nr
+    from triscope.agent.ebpf import layout as L
+    from triscope.agent.ebpf.bpfsys import Counters, possible_cpus
 
     res = run_loader(["WANT_SELFTEST", f"SELFTEST_PID={os.getpid()}", f"SELFTEST_NR={_getppid_nr()}"],
                      [{"probe": "selftest", "tp": "raw_syscalls:sys_enter", "kind": "raw", "fn": "on_selftest"}],
@@ -204,9 +204,9 @@ def test_counters_mapped_into_memory_equal_the_syscall_read():
 def test_counters_rows_read_with_a_syscall_where_the_mapping_is_refused():
     """This kernel never refuses the mapping, so a second reader of the same map drops its mapped
     view: its syscall read of the rows gives the same totals."""
-    from agent.collectors.ebpf import _getppid_nr
-    from agent.ebpf import layout as L
-    from agent.ebpf.bpfsys import Counters
+    from triscope.agent.collectors.ebpf import _getppid_nr
+    from triscope.agent.ebpf import layout as L
+    from triscope.agent.ebpf.bpfsys import Counters
 
     res = run_loader(["WANT_SELFTEST", f"SELFTEST_PID={os.getpid()}", f"SELFTEST_NR={_getppid_nr()}"],
                      [{"probe": "selftest", "tp": "raw_syscalls:sys_enter", "kind": "raw", "fn": "on_selftest"}])

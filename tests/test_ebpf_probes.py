@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.collectors.ebpf import MAX_EVENTS_PER_TICK, EbpfCollector
-from agent.ebpf.discover import find_tracefs, tracepoint_fields
-from agent.ebpf.layout import PROBES
+from triscope.agent.collectors.ebpf import MAX_EVENTS_PER_TICK, EbpfCollector
+from triscope.agent.ebpf.discover import find_tracefs, tracepoint_fields
+from triscope.agent.ebpf.layout import PROBES
 from triscope.loopback import read_retranssegs, syn_retransmits
 from triscope.samples import EventRecord, Sample
 

@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from agent.exporter import ProcessMetrics, make_sources, render_text, serve
+from triscope.agent.exporter import ProcessMetrics, make_sources, render_text, serve
 from triscope.metrics import CATALOGUE
 from triscope.samples import Sample
 

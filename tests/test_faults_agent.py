@@ -25,7 +25,7 @@ import pytest
 from conftest import free_port
 from hostile import HostileTarget, Slowloris
 
-from store import Store
+from triscope.store import Store
 
 pytestmark = [pytest.mark.slow]
 

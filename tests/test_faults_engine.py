@@ -41,7 +41,7 @@ import pytest
 from conftest import free_port
 from kube_server import KubeTestServer, alert_payload, open_store
 
-from store import audit
+from triscope.store import audit
 
 REPO = Path(__file__).resolve().parent.parent
 TOKEN = "fault-token-7f3a"

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from store import Store, Tick
-from store.db import StoreError
 from triscope import names, timeparse, yamlsafe
 from triscope.samples import EventRecord, Sample
+from triscope.store import Store, Tick
+from triscope.store.db import StoreError
 
 REPO = Path(__file__).resolve().parent.parent
 SLO_EXAMPLE = REPO / "deploy" / "slo.example.yaml"
@@ -166,8 +166,8 @@ def test_yamlsafe_keeps_lines_merges_and_refuses_tricks() -> None:
 
 
 def test_slo_and_threshold_files_still_name_their_lines(tmp_path: Path) -> None:
-    from analysis.config import ConfigError, load_thresholds
-    from analysis.slo import SLOSpecError, load_slo_file
+    from triscope.analysis.config import ConfigError, load_thresholds
+    from triscope.analysis.slo import SLOSpecError, load_slo_file
 
     assert load_slo_file(SLO_EXAMPLE)
     p = tmp_path / "th.yaml"

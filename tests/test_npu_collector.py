@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.collectors.npu import NpuSmiCollector, SmiError, run_smi
 from tests.conftest import FIXTURES
+from triscope.agent.collectors.npu import NpuSmiCollector, SmiError, run_smi
 from triscope.samples import EventRecord, Sample
 
 NPU = FIXTURES / "npu-smi"

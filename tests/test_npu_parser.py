@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.collectors.npu import health_value, info_samples, parse_info, parse_kv, parse_usages
 from tests.conftest import FIXTURES
+from triscope.agent.collectors.npu import health_value, info_samples, parse_info, parse_kv, parse_usages
 
 NPU = FIXTURES / "npu-smi"
 MIB = 1024 * 1024

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from agent.collectors.nvml import NvmlCollector
+from triscope.agent.collectors.nvml import NvmlCollector
 from triscope.samples import EventRecord, Sample
 
 pytestmark = pytest.mark.gpu

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from agent.collectors.base import CollectorUnavailable
-from agent.collectors.nvml import (
+from triscope.agent.collectors.base import CollectorUnavailable
+from triscope.agent.collectors.nvml import (
     NvmlCollector,
     RateIntegrator,
     XidCounter,

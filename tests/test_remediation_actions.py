@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from kube_server import BASE_SETTINGS, KubeTestServer, alert_payload, open_store, policy_text
 
-from remediation import kube as k
-from remediation import metrics
-from remediation.engine import Engine
-from remediation.policy import parse_policy
-from store import Tick, audit
+from triscope.remediation import kube as k
+from triscope.remediation import metrics
+from triscope.remediation.engine import Engine
+from triscope.remediation.policy import parse_policy
 from triscope.samples import EventRecord, Sample
+from triscope.store import Tick, audit
 
 
 @pytest.fixture
@@ -316,7 +316,7 @@ def test_slo_page_trigger_switches_fallback(store: Any, srv: KubeTestServer, tmp
     params: {configmap: deps, key: mode}
 """, settings="  namespaces: [inference]\n  slo_file: slo.yaml\n")
     (tmp_path / "policy.yaml").write_text(text)
-    from remediation.policy import load_policy
+    from triscope.remediation.policy import load_policy
 
     eng = Engine(store, load_policy(tmp_path / "policy.yaml"), kube=k.KubeAdapter.connect(url=srv.url))
     assert eng.evaluate_triggers(now) == 1
@@ -328,7 +328,7 @@ def test_slo_page_trigger_switches_fallback(store: Any, srv: KubeTestServer, tmp
 
 
 def test_slo_trigger_names_an_existing_slo(tmp_path: Path) -> None:
-    from remediation.policy import PolicyError, load_policy
+    from triscope.remediation.policy import PolicyError, load_policy
 
     (tmp_path / "slo.yaml").write_text(SLO_FILE)
     (tmp_path / "policy.yaml").write_text(policy_text("""  - name: s

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from kube_server import BASE_SETTINGS, KubeTestServer, alert_payload, open_store, policy_text
 
-from remediation import kube as k
-from remediation.engine import Engine
-from remediation.policy import parse_policy
-from store import Tick, audit
+from triscope.remediation import kube as k
+from triscope.remediation.engine import Engine
+from triscope.remediation.policy import parse_policy
 from triscope.samples import Sample
+from triscope.store import Tick, audit
 
 MOVE = """  - name: move
     trigger: {alert: GpuBroken}

@@ -22,10 +22,10 @@ import yaml
 from conftest import free_port, wait_for_port
 from kube_server import KubeTestServer, open_store
 
-from remediation.engine import start
-from remediation.policy import parse_policy
-from store import audit
 from triscope.loopback import syn_retransmits
+from triscope.remediation.engine import start
+from triscope.remediation.policy import parse_policy
+from triscope.store import audit
 
 REPO = Path(__file__).resolve().parent.parent
 RULES = REPO / "deploy" / "prometheus" / "triscope-rules.yaml"

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from kube_server import KubeTestServer, alert_payload, open_store, policy_text
 
-from remediation import kube as k
-from remediation.engine import Engine
-from remediation.policy import parse_policy
-from store import audit
+from triscope.remediation import kube as k
+from triscope.remediation.engine import Engine
+from triscope.remediation.policy import parse_policy
+from triscope.store import audit
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from kube_server import policy_text
 
-from remediation.policy import PolicyError, load_policy, parse_policy
+from triscope.remediation.policy import PolicyError, load_policy, parse_policy
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "deploy" / "policy.example.yaml"

@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 from kube_server import KubeTestServer, alert_payload, open_store, policy_text
 
-from remediation.engine import Engine
-from remediation.kube import KubeAdapter
-from remediation.leader import LeaderElector
-from remediation.policy import parse_policy
-from remediation.triggers import TriggerEvent
-from store import Tick, audit
+from triscope.remediation.engine import Engine
+from triscope.remediation.kube import KubeAdapter
+from triscope.remediation.leader import LeaderElector
+from triscope.remediation.policy import parse_policy
+from triscope.remediation.triggers import TriggerEvent
 from triscope.samples import Sample
+from triscope.store import Tick, audit
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -20,12 +20,12 @@ import pytest
 from kube_server import BASE_SETTINGS, KubeTestServer, alert_payload, open_store, policy_text
 from sqlalchemy import text
 
-from remediation import actions as act
-from remediation import kube as k
-from remediation.engine import Engine, IntakeError
-from remediation.leader import LeaderElector
-from remediation.triggers import TriggerEvent
-from store import audit
+from triscope.remediation import actions as act
+from triscope.remediation import kube as k
+from triscope.remediation.engine import Engine, IntakeError
+from triscope.remediation.leader import LeaderElector
+from triscope.remediation.triggers import TriggerEvent
+from triscope.store import audit
 
 RESTART = """  - name: restart
     trigger: {alert: Storm}
@@ -59,7 +59,7 @@ class Env:
     engines: list[Engine]
 
     def engine(self, rules: str = RESTART, settings: str = "", leader: LeaderElector | None = None) -> Engine:
-        from remediation.policy import parse_policy
+        from triscope.remediation.policy import parse_policy
 
         e = Engine(self.store, parse_policy(policy_text(rules, settings), "t.yaml"),
                    kube=k.KubeAdapter.connect(url=self.srv.url), leader=leader)

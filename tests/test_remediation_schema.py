@@ -7,8 +7,8 @@ from alembic import command
 from kube_server import open_store
 from sqlalchemy import inspect
 
-from store import audit
-from store.db import alembic_config
+from triscope.store import audit
+from triscope.store.db import alembic_config
 
 TABLES = {"remediation_audit", "remediation_cooldowns", "remediation_deliveries", "remediation_breaker",
           "remediation_fallbacks", "remediation_inbox"}

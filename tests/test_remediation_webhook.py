@@ -17,9 +17,9 @@ import pytest
 from conftest import free_port, wait_for_port
 from kube_server import alert_payload, open_store, policy_text
 
-from remediation.engine import Engine, start
-from remediation.policy import parse_policy
-from store import audit
+from triscope.remediation.engine import Engine, start
+from triscope.remediation.policy import parse_policy
+from triscope.store import audit
 
 REPO = Path(__file__).resolve().parent.parent
 RULES = """  - name: cmd
@@ -134,8 +134,8 @@ def test_cli_serves_webhook_with_token_file(tmp_path: Path) -> None:
 def test_leader_election_one_acts_and_takeover(tmp_path: Path) -> None:
     from kube_server import KubeTestServer
 
-    from remediation.kube import KubeAdapter
-    from remediation.leader import LeaderElector
+    from triscope.remediation.kube import KubeAdapter
+    from triscope.remediation.leader import LeaderElector
 
     srv = KubeTestServer().start()
     try:
@@ -166,7 +166,7 @@ def test_leader_election_one_acts_and_takeover(tmp_path: Path) -> None:
 
 
 def test_start_embedded_dry_run_with_example_policy(tmp_path: Path) -> None:
-    from remediation.engine import start_embedded
+    from triscope.remediation.engine import start_embedded
 
     url = f"sqlite:///{tmp_path / 't.db'}"
     open_store(url).close()
@@ -192,8 +192,8 @@ def test_start_embedded_dry_run_with_example_policy(tmp_path: Path) -> None:
 def test_follower_answers_503_and_is_not_ready(tmp_path: Path) -> None:
     from kube_server import KubeTestServer
 
-    from remediation.kube import KubeAdapter
-    from remediation.leader import LeaderElector
+    from triscope.remediation.kube import KubeAdapter
+    from triscope.remediation.leader import LeaderElector
 
     srv = KubeTestServer().start()
     st = open_store(f"sqlite:///{tmp_path / 't.db'}")

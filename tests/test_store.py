@@ -7,10 +7,10 @@ import math
 import pytest
 from sqlalchemy import text
 
-from store import Store, Tick
-from store.api import RetentionPolicy, minmax_downsample
-from store.db import StoreError, alembic_config, upgrade
 from triscope.samples import EventRecord, Sample
+from triscope.store import Store, Tick
+from triscope.store.api import RetentionPolicy, minmax_downsample
+from triscope.store.db import StoreError, alembic_config, upgrade
 
 HOUR = 3600.0
 

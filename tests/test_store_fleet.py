@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from store import Store, Tick
-from store.api import LAST_SEEN_STEP_S, ROLLUP_SPREAD_S, rollup_delay
-from store.db import upgrade
 from triscope.samples import EventRecord, Sample, label_key
+from triscope.store import Store, Tick
+from triscope.store.api import LAST_SEEN_STEP_S, ROLLUP_SPREAD_S, rollup_delay
+from triscope.store.db import upgrade
 
 STATES = ("idle", "compute-bound", "io-saturated")
 

@@ -10,11 +10,11 @@ import time
 
 import pytest
 
-from store import Store
-from store.api import Tick
 from tests.conftest import REPO
 from triscope.cli import main
 from triscope.samples import EventRecord, Sample
+from triscope.store import Store
+from triscope.store.api import Tick
 from triscope.trace import TraceError, export_trace, import_trace, phase_spans, read_trace
 
 TRACE = REPO / "examples" / "traces" / "h200-phases.jsonl.gz"

@@ -2,7 +2,7 @@
 
 Each subcommand lives in its own module under ``triscope.commands`` and exposes
 ``register(subparsers)``; the handler it sets with ``set_defaults(func=...)`` returns an exit code.
-Errors meant for the user are raised as ``UserError`` (or ``store.db.StoreError``) and printed as
+Errors meant for the user are raised as ``UserError`` (or ``triscope.store.db.StoreError``) and printed as
 one line, never a traceback.
 """
 
@@ -55,8 +55,8 @@ def setup_logging(verbosity: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from store.db import StoreError
     from triscope.errors import UserError as _UserError  # the one class, also under "python -m triscope.cli"
+    from triscope.store.db import StoreError
 
     parser = build_parser()
     # the process may start itself again with its own command line (triscope agent): only when

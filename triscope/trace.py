@@ -335,7 +335,7 @@ def _shift_details(details: dict[str, Any], offset: float, lo: float, hi: float)
 
 
 def iter_ticks(trace: Trace, offset: float = 0.0) -> Iterator[Any]:
-    from store.api import Tick
+    from triscope.store.api import Tick
 
     series = {int(s[0]): (str(s[1]), dict(s[2]), str(s[3])) for s in trace.header["series"]}
     for t, vals in trace.ticks:
@@ -399,7 +399,7 @@ def import_trace(store: Any, path: Path | str, *, node: str | None = None, shift
 def import_for_demo(url: str, path: Path | str, node: str | None = None, now: float | None = None) -> str:
     """``make run``'s second node: load the trace shifted to end now, unless a copy loaded earlier is
     still within the last trace-length of time (then nothing is added).  Returns the node name."""
-    from store import Store
+    from triscope.store import Store
 
     trace_node = node or str(read_trace(path).header.get("node") or "trace")
     st = Store.open(url)

@@ -25,8 +25,8 @@ import gzip
 import os
 from collections.abc import Iterator
 
-from agent.collectors.base import Availability, BaseCollector, CollectorUnavailable
-from agent.collectors.pcie import list_pci_devices, pci_bus_missing
+from triscope.agent.collectors.base import Availability, BaseCollector, CollectorUnavailable
+from triscope.agent.collectors.pcie import list_pci_devices, pci_bus_missing
 from triscope.samples import EventRecord, Sample
 
 # file suffix -> (severity label, TOTAL_ line name)

@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from agent.collectors.base import Availability, BaseCollector, Collector
+from triscope.agent.collectors.base import Availability, BaseCollector, Collector
 from triscope.samples import EventRecord, Sample
 
 

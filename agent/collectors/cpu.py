@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
-from agent.collectors.base import Availability, BaseCollector, CollectorUnavailable, OpenFiles
+from triscope.agent.collectors.base import Availability, BaseCollector, CollectorUnavailable, OpenFiles
 from triscope.samples import Sample
 
 # /proc/stat "cpu" columns, in order (man 5 proc); guest and guest_nice follow but are not summed.

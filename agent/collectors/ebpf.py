@@ -1,6 +1,6 @@
 """Kernel probes (eBPF): TCP retransmits, DMA mappings, IOMMU, PCIe AER.
 
-Construction compiles and attaches the probes in a short-lived child process (``agent.ebpf.loader``)
+Construction compiles and attaches the probes in a short-lived child process (``triscope.agent.ebpf.loader``)
 and keeps only the file descriptors: this process never imports bcc or LLVM.  ``collect()`` reads
 the in-kernel counters with a few ``bpf()`` syscalls and drains the rare-event ring buffer.
 
@@ -18,11 +18,11 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from agent.collectors.base import Availability, BaseCollector
-from agent.ebpf import layout as L
-from agent.ebpf.bpfsys import BpfError, BpfMap, Counters, RingBuffer, possible_cpus, sum_u64_percpu
-from agent.ebpf.decode import cstr, decode_peer, decode_rare
-from agent.ebpf.discover import (
+from triscope.agent.collectors.base import Availability, BaseCollector
+from triscope.agent.ebpf import layout as L
+from triscope.agent.ebpf.bpfsys import BpfError, BpfMap, Counters, RingBuffer, possible_cpus, sum_u64_percpu
+from triscope.agent.ebpf.decode import cstr, decode_peer, decode_rare
+from triscope.agent.ebpf.discover import (
     DEFAULT_BCC_PATH,
     HINT_BCC,
     HINT_PERM,
@@ -33,7 +33,7 @@ from agent.ebpf.discover import (
     ensure_tracefs,
     plan_probes,
 )
-from agent.ebpf.loader import LoadResult, run_loader
+from triscope.agent.ebpf.loader import LoadResult, run_loader
 from triscope.samples import EventRecord, Sample
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ DMA_REREAD_TICKS = 60   # the DMA hashes are read at least this often, moved or 
 class EbpfCollector(BaseCollector):
     """Counts in the kernel, reads once per tick.
 
-    Parameters: ``probes`` (names from ``agent.ebpf.layout.PROBES``; default all), ``bcc_path``
+    Parameters: ``probes`` (names from ``triscope.agent.ebpf.layout.PROBES``; default all), ``bcc_path``
     (where Debian's python3-bpfcc lives; only the loader child puts it on ``sys.path``),
     ``python`` (interpreter for the child), ``tracefs`` (default: found, mounted when missing and
     ``mount_tracefs``), ``burst_threshold`` (retransmits in one tick that make a
@@ -410,8 +410,8 @@ def _getppid_nr() -> int:
 
 
 def ebpf_doctor(attach: bool = True, **kwargs: Any) -> list[tuple[str, bool, str, str]]:
-    """(probe, ok, reason, hint) per probe.  Re-exported from ``agent.ebpf.doctor``."""
+    """(probe, ok, reason, hint) per probe.  Re-exported from ``triscope.agent.ebpf.doctor``."""
 
-    from agent.ebpf.doctor import ebpf_doctor as _doctor
+    from triscope.agent.ebpf.doctor import ebpf_doctor as _doctor
 
     return _doctor(attach=attach, **kwargs)

@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from agent.collectors.base import Availability, BaseCollector, CollectorUnavailable
+from triscope.agent.collectors.base import Availability, BaseCollector, CollectorUnavailable
 from triscope.samples import EventRecord, Sample
 
 log = logging.getLogger(__name__)

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from agent.collectors.base import Availability, BaseCollector, CollectorUnavailable
+from triscope.agent.collectors.base import Availability, BaseCollector, CollectorUnavailable
 from triscope.pcie import link_capacity_bytes_per_second
 from triscope.samples import EventRecord, Sample
 

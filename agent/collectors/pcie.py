@@ -27,7 +27,7 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from agent.collectors.base import Availability, BaseCollector, CollectorUnavailable
+from triscope.agent.collectors.base import Availability, BaseCollector, CollectorUnavailable
 from triscope.pcie import link_capacity_bytes_per_second
 from triscope.samples import Sample
 

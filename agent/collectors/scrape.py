@@ -12,7 +12,7 @@ ending in ``_total`` are counters); ``_created`` timestamps are dropped, and so 
 Bounded: one GET with an overall deadline (``timeout``: connect, head and body together, not per
 ``recv``), at most ``max_bytes`` of body and ``max_samples`` samples (a larger scrape fails as a
 whole, like Prometheus' ``sample_limit``).  In the agent each target runs on its own worker
-(``agent.collectors.background``), so even that deadline never delays a tick.
+(``triscope.agent.collectors.background``), so even that deadline never delays a tick.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.collectors.base import Availability, BaseCollector, CollectorUnavailable
+from triscope.agent.collectors.base import Availability, BaseCollector, CollectorUnavailable
 from triscope.samples import Sample
 
 ACCEPT = "text/plain;version=0.0.4;q=1.0,*/*;q=0.1"

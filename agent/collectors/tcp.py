@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
-from agent.collectors.base import Availability, BaseCollector, CollectorUnavailable, OpenFiles
+from triscope.agent.collectors.base import Availability, BaseCollector, CollectorUnavailable, OpenFiles
 from triscope.samples import Sample
 
 

@@ -6,7 +6,7 @@ import ipaddress
 import time
 from typing import Any
 
-from agent.ebpf.layout import PEER_KEY, RARE_AER, RARE_EVENT, RARE_IOMMU_FAULT
+from triscope.agent.ebpf.layout import PEER_KEY, RARE_AER, RARE_EVENT, RARE_IOMMU_FAULT
 
 # PCIe AER status bits (include/uapi/linux/pci_regs.h, as printed by the kernel's ras:aer_event)
 AER_CORRECTABLE_BITS = {

@@ -11,7 +11,7 @@ import platform
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.ebpf.layout import PROBES, ProbeSpec
+from triscope.agent.ebpf.layout import PROBES, ProbeSpec
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.ebpf.discover import (
+from triscope.agent.ebpf.discover import (
     DEFAULT_BCC_PATH,
     HINT_BCC,
     HINT_HEADERS,
@@ -51,7 +51,7 @@ def ebpf_doctor(attach: bool = True, bcc_path: str = DEFAULT_BCC_PATH, **kwargs:
             if p.ok:
                 rows[p.spec.name] = (p.spec.name, False, reason, hint)
     elif attach and (any(p.ok for p in plans) or tracefs is None):
-        from agent.collectors.ebpf import EbpfCollector
+        from triscope.agent.collectors.ebpf import EbpfCollector
 
         c = EbpfCollector(bcc_path=bcc_path, **kwargs)
         try:

@@ -20,12 +20,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.ebpf.bpfsys import possible_cpus
-from agent.ebpf.discover import DEFAULT_BCC_PATH
-from agent.ebpf.layout import DMA_KEYS_MAX, MAPS, PEERS_MAX
+from triscope.agent.ebpf.bpfsys import possible_cpus
+from triscope.agent.ebpf.discover import DEFAULT_BCC_PATH
+from triscope.agent.ebpf.layout import DMA_KEYS_MAX, MAPS, PEERS_MAX
 
 SOURCE = Path(__file__).with_name("probes.bpf.c")
-_ROOT = Path(__file__).resolve().parents[2]
+# the directory the ``triscope`` package was imported from: the child imports the same code
+_ROOT = Path(sys.modules["triscope"].__file__ or ".").parent.parent
 
 
 @dataclass
@@ -67,7 +68,7 @@ def run_loader(defines: list[str], attach: list[dict[str, str]], *, python: str 
     ``attach``: ``[{"probe", "tp", "kind" ("tracepoint"|"raw"), "fn"}]``.
     ``load_only``: functions to load as tracepoint programs without attaching (verifier check).
     ``counters_rows``: the counters as one mmapable row per possible CPU (Linux 5.5+), else the
-    per-CPU array of older kernels (``agent.ebpf.bpfsys.Counters`` reads either).
+    per-CPU array of older kernels (``triscope.agent.ebpf.bpfsys.Counters`` reads either).
     """
 
     t0 = time.monotonic()
@@ -87,7 +88,7 @@ def run_loader(defines: list[str], attach: list[dict[str, str]], *, python: str 
     with tempfile.TemporaryFile() as errf, parent:
         try:
             proc = subprocess.Popen(
-                [python or sys.executable, "-m", "agent.ebpf.loader", json.dumps(cfg), str(child.fileno())],
+                [python or sys.executable, "-m", "triscope.agent.ebpf.loader", json.dumps(cfg), str(child.fileno())],
                 pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, stdout=errf, stderr=errf,
                 env=child_env, close_fds=True,
             )

@@ -9,11 +9,11 @@ from urllib.parse import quote
 import dash
 from dash import Input, Output, State, dash_table, dcc, html, no_update
 
-from dashboard import data, slo_view
-from dashboard.components import NAME_CHARS, error_note, fmt_ts, full, note, short
-from dashboard.context import ctx
-from dashboard.figures import STATE_COLORS
-from dashboard.registry import page_callback
+from triscope.dashboard import data, slo_view
+from triscope.dashboard.components import NAME_CHARS, error_note, fmt_ts, full, note, short
+from triscope.dashboard.context import ctx
+from triscope.dashboard.figures import STATE_COLORS
+from triscope.dashboard.registry import page_callback
 
 dash.register_page(__name__, path="/", name="Fleet", order=0, title="triscope - fleet")
 

@@ -1,5 +1,5 @@
 """Mismatch: link load against accelerator busy, coloured by state, for a node or the fleet; the
-share of time in each state per node (``analysis.mismatch.node_states`` over stored series)."""
+share of time in each state per node (``triscope.analysis.mismatch.node_states`` over stored series)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 import dash
 from dash import Input, Output, dcc, html
 
-from dashboard import data, figures
-from dashboard.components import (
+from triscope.dashboard import data, figures
+from triscope.dashboard.components import (
     error_note,
     fmt_ts,
     node_from_value,
@@ -19,8 +19,8 @@ from dashboard.components import (
     range_picker,
     short,
 )
-from dashboard.context import ctx
-from dashboard.registry import page_callback
+from triscope.dashboard.context import ctx
+from triscope.dashboard.registry import page_callback
 
 dash.register_page(__name__, path="/mismatch", name="Mismatch", order=2, title="triscope - mismatch")
 ALL = "__fleet__"

@@ -10,10 +10,10 @@ from urllib.parse import quote, urlencode
 import dash
 from dash import Input, Output, Patch, State, dcc, html, no_update
 
-from dashboard import data, figures
-from dashboard.components import error_note, fmt_ts, name_span, note, parse_ts, range_picker, short
-from dashboard.context import ctx
-from dashboard.registry import page_callback
+from triscope.dashboard import data, figures
+from triscope.dashboard.components import error_note, fmt_ts, name_span, note, parse_ts, range_picker, short
+from triscope.dashboard.context import ctx
+from triscope.dashboard.registry import page_callback
 
 dash.register_page(__name__, path="/node", path_template="/node/<node>", name="Node", order=1, title="triscope - node",
                    nav_hidden=True)

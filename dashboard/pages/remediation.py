@@ -8,10 +8,10 @@ from typing import Any
 import dash
 from dash import Input, Output, dash_table, dcc, html
 
-from dashboard import data
-from dashboard.components import empty_state, error_note, fmt_ts, full, range_picker, short
-from dashboard.context import ctx
-from dashboard.registry import page_callback
+from triscope.dashboard import data
+from triscope.dashboard.components import empty_state, error_note, fmt_ts, full, range_picker, short
+from triscope.dashboard.context import ctx
+from triscope.dashboard.registry import page_callback
 
 dash.register_page(__name__, path="/remediation", name="Remediation", order=4, title="triscope - remediation")
 

@@ -1,5 +1,5 @@
 """Root cause: node and window in, ranked causes with their evidence charts out
-(``analysis.rca``), next to what the mismatch detector and the events say about the window."""
+(``triscope.analysis.rca``), next to what the mismatch detector and the events say about the window."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from urllib.parse import quote
 import dash
 from dash import Input, Output, State, dcc, html
 
-from dashboard import data, figures, rca_view
-from dashboard.components import (
+from triscope.dashboard import data, figures, rca_view
+from triscope.dashboard.components import (
     empty_state,
     error_note,
     fmt_ts,
@@ -22,9 +22,9 @@ from dashboard.components import (
     parse_ts,
     short,
 )
-from dashboard.context import ctx
-from dashboard.figures import STATE_COLORS
-from dashboard.registry import page_callback
+from triscope.dashboard.context import ctx
+from triscope.dashboard.figures import STATE_COLORS
+from triscope.dashboard.registry import page_callback
 
 dash.register_page(__name__, path="/rootcause", name="Root cause", order=5, title="triscope - root cause")
 
@@ -147,7 +147,7 @@ def _detector(c: Any, node: str, a: float, b: float, mismatch: dict[str, Any] | 
         if not states:
             out.append(note("no accelerator data in this window: the detector has nothing to classify", "info"))
         else:
-            from analysis.mismatch import state_fractions
+            from triscope.analysis.mismatch import state_fractions
 
             out.append(html.Div(_chips(state_fractions(states)), className="legend-line", id="rootcause-states"))
             worst = max(states, key=lambda s: s.score)

@@ -8,10 +8,10 @@ from typing import Any
 import dash
 from dash import Input, Output, dcc, html
 
-from dashboard import data, figures, slo_view
-from dashboard.components import empty_state, error_note, fmt_ts, note, range_picker, short
-from dashboard.context import ctx
-from dashboard.registry import page_callback
+from triscope.dashboard import data, figures, slo_view
+from triscope.dashboard.components import empty_state, error_note, fmt_ts, note, range_picker, short
+from triscope.dashboard.context import ctx
+from triscope.dashboard.registry import page_callback
 
 dash.register_page(__name__, path="/slos", name="SLOs", order=3, title="triscope - SLOs")
 

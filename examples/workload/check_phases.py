@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from store import Store  # noqa: E402
+from triscope.store import Store  # noqa: E402
 from triscope.trace import phase_events_from_log, phase_spans  # noqa: E402
 
 

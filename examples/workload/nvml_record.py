@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from agent.collectors.nvml import NvmlCollector  # noqa: E402
+from triscope.agent.collectors.nvml import NvmlCollector  # noqa: E402
 from triscope.samples import EventRecord  # noqa: E402
 
 

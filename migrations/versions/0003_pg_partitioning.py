@@ -17,7 +17,7 @@ import time
 from alembic import op
 from sqlalchemy import text
 
-from store import partitions
+from triscope.store import partitions
 
 revision = '0003'
 down_revision = '0002'

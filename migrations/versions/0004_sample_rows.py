@@ -30,7 +30,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy import text
 
-from store import partitions
+from triscope.store import partitions
 
 revision = '0004'
 down_revision = '0003'

@@ -69,9 +69,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def build_config(args: argparse.Namespace, listen: tuple[str, int] | None):
-    from agent.collectors.scrape import parse_scrape_url
-    from agent.registry import AgentOptions
-    from agent.runtime import AgentConfig, default_spool_dir
+    from triscope.agent.collectors.scrape import parse_scrape_url
+    from triscope.agent.registry import AgentOptions
+    from triscope.agent.runtime import AgentConfig, default_spool_dir
     from triscope.cli import UserError
 
     if args.interval <= 0:
@@ -105,7 +105,7 @@ def _compact_heap(args: argparse.Namespace) -> str | None:
     objects on glibc's huge-page heap (agent/hugepages.py), or say why not.  Returns the log line."""
     if args.no_huge_pages:
         return None
-    from agent import hugepages
+    from triscope.agent import hugepages
 
     if hugepages.after_heap_reexec():
         return "Python objects on glibc's heap (PYTHONMALLOC=malloc, glibc.malloc.hugetlb=1)"
@@ -119,7 +119,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     import logging
 
     heap_note = _compact_heap(args)
-    from agent.runtime import Agent
+    from triscope.agent.runtime import Agent
     from triscope.cli import UserError
 
     listen = None if args.listen == "off" else parse_hostport(args.listen)
@@ -128,7 +128,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     cfg = build_config(args, listen)
     logging.getLogger("triscope.agent").setLevel(logging.INFO)
     if cfg.huge_pages:   # before the agent starts any thread: the code is swapped while nothing else runs
-        from agent import hugepages
+        from triscope.agent import hugepages
 
         logging.getLogger("triscope.agent").info("huge pages: %s", heap_note)
         try:

@@ -6,8 +6,8 @@ import argparse
 from datetime import UTC, datetime
 from typing import Any
 
-from store.db import ENV_DB_URL, default_url
 from triscope import timeparse
+from triscope.store.db import ENV_DB_URL, default_url
 
 TIME_HELP = timeparse.HELP
 

@@ -17,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Serve the read-only Dash dashboard over a store. Bound to anything but loopback it refuses to "
         "start without authentication: set TRISCOPE_DASHBOARD_PASSWORD (HTTP basic auth, user 'triscope' or "
         "TRISCOPE_DASHBOARD_USER), or put an authenticating proxy such as oauth2-proxy in front and pass "
-        "--trust-proxy-auth. For production, serve 'dashboard.wsgi:server' with gunicorn (docs/dashboard.md).",
+        "--trust-proxy-auth. For production, serve 'triscope.dashboard.wsgi:server' with gunicorn (docs/dashboard.md).",
     )
     add_db_option(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
@@ -32,8 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
-    from dashboard.app import PASSWORD_ENV, check_bind, create_app, serve_in_thread
     from triscope.cli import UserError
+    from triscope.dashboard.app import PASSWORD_ENV, check_bind, create_app, serve_in_thread
 
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port {args.port} is out of range")

@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_upgrade(args: argparse.Namespace) -> int:
-    from store.db import upgrade
+    from triscope.store.db import upgrade
 
     url = db_url(args)
     upgrade(url)
@@ -34,8 +34,8 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
 
 
 def cmd_retention(args: argparse.Namespace) -> int:
-    from store import Store
-    from store.api import RetentionPolicy
+    from triscope.store import Store
+    from triscope.store.api import RetentionPolicy
 
     st = Store.open(db_url(args))
     st.require_schema()

@@ -18,11 +18,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def gather(proc: str = "/proc", sys_: str = "/sys") -> list[dict[str, Any]]:
-    from agent.registry import AgentOptions, build_collectors
+    from triscope.agent.registry import AgentOptions, build_collectors
 
     rows: list[dict[str, Any]] = []
     try:
-        from agent.doctor import host_doctor
+        from triscope.agent.doctor import host_doctor
         for name, ok, reason, hint in host_doctor(proc, sys_):
             rows.append({"kind": "collector", "name": name, "ok": ok, "reason": reason, "hint": hint})
     except ImportError:
@@ -38,7 +38,7 @@ def gather(proc: str = "/proc", sys_: str = "/sys") -> list[dict[str, Any]]:
         finally:
             c.close()
     try:
-        from agent.collectors.ebpf import ebpf_doctor
+        from triscope.agent.collectors.ebpf import ebpf_doctor
         for probe, ok, reason, hint in ebpf_doctor():
             rows.append({"kind": "probe", "name": probe, "ok": ok, "reason": reason, "hint": hint})
     except ImportError:

@@ -35,8 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_query(args: argparse.Namespace) -> int:
-    from store import Store
     from triscope.cli import UserError
+    from triscope.store import Store
 
     now = time.time()
     end = parse_time(args.end, now, "--until") if args.end is not None else now

@@ -33,9 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_rca(args: argparse.Namespace) -> int:
-    from analysis.rca import rank_causes
-    from store import Store
+    from triscope.analysis.rca import rank_causes
     from triscope.cli import UserError
+    from triscope.store import Store
 
     now = time.time()
     start = parse_time(args.start, now, "--start")
@@ -91,7 +91,7 @@ def cmd_rca(args: argparse.Namespace) -> int:
 
 
 def _evidence_line(e: dict[str, Any]) -> str:
-    from analysis.rca import _fmt
+    from triscope.analysis.rca import _fmt
 
     if e.get("type") == "series":
         if e["direction"] in ("appeared", "vanished"):

@@ -72,8 +72,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _open_store(url: str):
     from sqlalchemy import inspect
 
-    from store import Store
     from triscope.cli import UserError
+    from triscope.store import Store
 
     st = Store.open(url)
     st.require_schema()
@@ -95,7 +95,7 @@ def _is_loopback(host: str) -> bool:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from remediation.policy import PolicyError, load_policy
+    from triscope.remediation.policy import PolicyError, load_policy
 
     try:
         pol = load_policy(args.file)
@@ -114,7 +114,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_reset_breaker(args: argparse.Namespace) -> int:
-    from store import audit
+    from triscope.store import audit
 
     st = _open_store(db_url(args))
     try:
@@ -129,7 +129,7 @@ def cmd_reset_breaker(args: argparse.Namespace) -> int:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from store import audit
+    from triscope.store import audit
 
     st = _open_store(db_url(args))
     try:
@@ -151,8 +151,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
 def _read_token(args: argparse.Namespace) -> str | None:
     """The webhook token from --token-file or the environment, normalised (surrounding whitespace
     dropped) and checked: empty, short or with whitespace inside → one line, before anything starts."""
-    from remediation.webhook import normalise_token
     from triscope.cli import UserError
+    from triscope.remediation.webhook import normalise_token
 
     if args.token_file:
         try:
@@ -173,10 +173,10 @@ def _read_token(args: argparse.Namespace) -> str | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from remediation import kube as k
-    from remediation.engine import start
-    from remediation.policy import PolicyError, load_policy
     from triscope.cli import UserError
+    from triscope.remediation import kube as k
+    from triscope.remediation.engine import start
+    from triscope.remediation.policy import PolicyError, load_policy
 
     if not args.policy:
         raise UserError("--policy FILE is required (see deploy/policy.example.yaml)")

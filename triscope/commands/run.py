@@ -15,13 +15,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from triscope import defaults
 from triscope.commands.agent import add_agent_options, build_config
 from triscope.commands.common import add_db_option, parse_hostport
 
-REPO = Path(__file__).resolve().parents[2]
-DEFAULT_TRACE = REPO / "examples" / "traces"
-DEFAULT_POLICY = REPO / "deploy" / "policy.example.yaml"
-DEFAULT_SLO = REPO / "deploy" / "slo.example.yaml"
+# package data (triscope/defaults): found without the repository
+DEFAULT_TRACE = defaults.TRACES
+DEFAULT_POLICY = defaults.POLICY
+DEFAULT_SLO = defaults.SLO
 
 log = logging.getLogger("triscope.run")
 
@@ -70,7 +71,7 @@ def _import_trace(url: str, path: Path) -> str | None:
 
 def _start_engine(url: str, policy: str, listen: tuple[str, int]) -> Any:
     try:
-        from remediation.engine import start_embedded
+        from triscope.remediation.engine import start_embedded
     except ImportError:
         return None
     try:
@@ -82,7 +83,7 @@ def _start_engine(url: str, policy: str, listen: tuple[str, int]) -> Any:
 
 def _start_dashboard(url: str, slo: str, listen: tuple[str, int]) -> Any:
     try:
-        from dashboard.app import create_app, serve_in_thread
+        from triscope.dashboard.app import create_app, serve_in_thread
     except ImportError:
         return None
     slo_file = slo if Path(slo).exists() else None
@@ -91,9 +92,9 @@ def _start_dashboard(url: str, slo: str, listen: tuple[str, int]) -> Any:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from agent.runtime import Agent
-    from store.db import upgrade
+    from triscope.agent.runtime import Agent
     from triscope.cli import UserError
+    from triscope.store.db import upgrade
 
     metrics = parse_hostport(args.metrics_listen)
     dash_addr = parse_hostport(args.dashboard)

@@ -50,7 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _load(path: Path | None) -> tuple[Path, list[Any]]:
-    from analysis.slo import SLOSpecError, default_slo_file, load_slo_file
+    from triscope.analysis.slo import SLOSpecError, default_slo_file, load_slo_file
     from triscope.cli import UserError
 
     path = path or default_slo_file()
@@ -73,7 +73,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_rules(args: argparse.Namespace) -> int:
-    from analysis.slo import rules_yaml
+    from triscope.analysis.slo import rules_yaml
     from triscope.errors import UserError
 
     path, slos = _load(args.file)
@@ -99,8 +99,8 @@ def _burn(x: float | None) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from analysis.slo import WINDOWS, evaluate
-    from store import Store
+    from triscope.analysis.slo import WINDOWS, evaluate
+    from triscope.store import Store
 
     path, slos = _load(args.slo)
     now = parse_time(args.at, None, "--at")

@@ -40,8 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from store import Store
     from triscope.names import node_name_problem
+    from triscope.store import Store
     from triscope.trace import import_trace, read_trace
 
     if args.node is not None and node_name_problem(args.node):
@@ -59,7 +59,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from store import Store
+    from triscope.store import Store
     from triscope.trace import export_trace
 
     st = Store.open(db_url(args))
