@@ -166,7 +166,7 @@ def test_dashboard_is_read_only(seeded_url: str) -> None:
 
 def test_wsgi_entry_under_gunicorn(seeded_url: str, tmp_path: Any) -> None:
     # without an auth setting the module refuses to load
-    r = subprocess.run([sys.executable, "-c", "import dashboard.wsgi"], cwd=REPO,
+    r = subprocess.run([sys.executable, "-c", "import triscope.dashboard.wsgi"], cwd=REPO,
                        env=_env(TRISCOPE_DB_URL=seeded_url), capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "TRISCOPE_DASHBOARD_PASSWORD" in r.stderr
     port = free_port()

@@ -145,7 +145,7 @@ def test_unprivileged_agent_says_no_permission(tmp_path):
 
     code = (
         "import json\n"
-        "from agent.collectors.ebpf import EbpfCollector\n"
+        "from triscope.agent.collectors.ebpf import EbpfCollector\n"
         "c = EbpfCollector()\n"
         "items = c.collect(0)\n"
         "print(json.dumps({'attached': c.attached, 'reasons': c.reasons, 'hints': c.hints, 'ok': c.check().ok,\n"

@@ -148,7 +148,7 @@ def test_parent_rss_stays_small():
 
     code = (
         "import sys\n"
-        "from agent.collectors.ebpf import EbpfCollector\n"
+        "from triscope.agent.collectors.ebpf import EbpfCollector\n"
         "c = EbpfCollector()\n"
         "assert any(c.attached.values()), c.reasons\n"
         "list(c.collect(0.0)); list(c.collect(1.0))\n"

@@ -91,9 +91,9 @@ HOSTILE = {
 
 # each loader in a fresh process: its own time and memory, and a stuck loader cannot take the suite down
 LOADERS = {
-    "slo": "from analysis.slo import load_slo_file as load",
-    "thresholds": "from analysis.config import load_thresholds as load",
-    "policy": "from remediation.policy import load_policy as load",
+    "slo": "from triscope.analysis.slo import load_slo_file as load",
+    "thresholds": "from triscope.analysis.config import load_thresholds as load",
+    "policy": "from triscope.remediation.policy import load_policy as load",
 }
 CHILD = """
 import json, resource, sys, time

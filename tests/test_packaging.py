@@ -89,7 +89,10 @@ def test_installed_outside_the_repo_only_triscope_imports_and_defaults_are_found
 def test_no_code_imports_the_parts_by_their_folder_names() -> None:
     """Everything imports ``triscope.<part>``: with the repository on sys.path the folders are also
     plain packages, and importing one under both names would load it twice."""
-    pat = re.compile(rf"^\s*(from ({'|'.join(PARTS)})[. ]|import ({'|'.join(PARTS)})\b)", re.M)
+    parts = "|".join(PARTS)
+    # in code, and in code handed to a child interpreter as a string
+    pat = re.compile(rf"(?:^\s*|[\"']|\\n)(from (?:{parts})(?:\.\w+)* import |import (?:{parts})(?:\.\w+)*(?=\s|$|\\n|[\"']))",
+                     re.M)
     offenders = []
     for folder in (*PARTS, "triscope", "tests", "bench", "examples"):
         for p in (REPO / folder).rglob("*.py"):
