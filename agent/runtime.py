@@ -36,7 +36,7 @@ class AgentConfig:
     spool_max_bytes: int = 256 << 20
     migrate: bool = True
     retention: bool = True  # run the store's retention job hourly from this agent
-    huge_pages: bool = True  # keep the heap on transparent huge pages (agent/hugepages.py)
+    huge_pages: bool = False  # --huge-pages: the heap on transparent huge pages (agent/hugepages.py)
     options: AgentOptions = field(default_factory=AgentOptions)
 
 

@@ -35,7 +35,7 @@ def test_interpreter_code_moves_onto_huge_pages_and_keeps_running() -> None:
     """In a fresh single-threaded interpreter: the code is moved, lands on huge pages, and the
     interpreter goes on running (imports, C extensions, threads) on the moved code."""
     code = (
-        "from agent import hugepages as hp\n"
+        "from triscope.agent import hugepages as hp\n"
         "r = hp.remap_text()\n"
         "import json, sqlite3, threading, hashlib\n"
         "t = threading.Thread(target=lambda: sum(range(10**5))); t.start(); t.join()\n"
@@ -127,7 +127,7 @@ def test_restarted_image_gives_children_the_operators_environment_and_keeps_its_
     loader and npu-smi it starts run as the operator started the agent) and take back its name."""
     code = (
         "import os, subprocess\n"
-        "from agent import hugepages as hp\n"
+        "from triscope.agent import hugepages as hp\n"
         "ok = hp.after_heap_reexec()\n"
         "child = subprocess.run(['env'], capture_output=True, text=True).stdout\n"
         "print(ok, open('/proc/self/comm').read().strip(), 'PYTHONMALLOC' in child, 'GLIBC_TUNABLES' in child,\n"
@@ -138,7 +138,7 @@ def test_restarted_image_gives_children_the_operators_environment_and_keeps_its_
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True", "triscope", "False", "False", "False"]
     # the operator's own tunables come back as they were
-    code2 = ("import os\nfrom agent import hugepages as hp\nhp.after_heap_reexec()\n"
+    code2 = ("import os\nfrom triscope.agent import hugepages as hp\nhp.after_heap_reexec()\n"
              "print(os.environ.get('GLIBC_TUNABLES'), os.environ.get('PYTHONMALLOC'))\n")
     env = {**os.environ, "PYTHONMALLOC": "malloc", "GLIBC_TUNABLES": f"glibc.pthread.rseq=0:{hp.HEAP_TUNABLES}",
            hp.REEXEC_MARK: json.dumps({"comm": "", "tunables": "glibc.pthread.rseq=0"})}
@@ -156,7 +156,7 @@ def test_agent_starts_again_with_objects_on_the_huge_page_heap(tmp_path: Path, o
     env = _operator_env()
     triscope = Path(sys.executable).parent / "triscope"
     p = subprocess.Popen([str(triscope), "agent", "--db", f"sqlite:///{tmp_path}/t.db", "--listen", "off", "--no-ebpf",
-                          "--spool", str(tmp_path / "spool"), "--duration", "4"],
+                          "--spool", str(tmp_path / "spool"), "--duration", "4", "--huge-pages"],
                          env={**env, **operator_env}, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     seen = set()
     try:
@@ -182,12 +182,42 @@ def test_agent_starts_again_with_objects_on_the_huge_page_heap(tmp_path: Path, o
         assert (True, "triscope") in seen        # the same process (PID), restarted with the compact heap, same name
 
 
+def test_by_default_the_agent_leaves_its_process_alone(tmp_path: Path) -> None:
+    """Without --huge-pages: no restart with another allocator (its environment never changes), and
+    nothing about huge pages in its log, even at -v (the code remap and heap advice log there)."""
+    import time
+
+    env = _operator_env()
+    triscope = Path(sys.executable).parent / "triscope"
+    p = subprocess.Popen([str(triscope), "agent", "--db", f"sqlite:///{tmp_path}/t.db", "--listen", "off", "--no-ebpf",
+                          "--spool", str(tmp_path / "spool"), "--duration", "3", "-v"],
+                         env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    environs = []
+    try:
+        deadline = time.monotonic() + 30
+        while p.poll() is None and time.monotonic() < deadline:
+            try:
+                with open(f"/proc/{p.pid}/environ", "rb") as f:
+                    environs.append(f.read())
+            except OSError:
+                pass
+            time.sleep(0.1)
+        _out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0, err
+    assert environs and not any(b"PYTHONMALLOC=malloc" in e or hp.REEXEC_MARK.encode() in e for e in environs)
+    assert "huge pages" not in err.lower(), err
+
+
 def test_agent_run_from_another_program_is_not_started_again(tmp_path: Path) -> None:
     """main(["agent", ...]) inside another program must not execv that program's command line."""
     env = _operator_env()
     code = ("import os, sys\nfrom triscope.cli import main\nprint('pid', os.getpid(), flush=True)\n"
             f"rc = main(['agent', '--db', 'sqlite:///{tmp_path}/t.db', '--listen', 'off', '--no-ebpf', "
-            f"'--spool', '{tmp_path}/spool', '--duration', '2'])\nprint('rc', rc)\n")
+            f"'--spool', '{tmp_path}/spool', '--duration', '2', '--huge-pages'])\nprint('rc', rc)\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("pid ") == 1 and "rc 0" in out.stdout, out.stdout
@@ -200,7 +230,7 @@ def test_agent_with_stdout_closed_still_starts_again(tmp_path: Path) -> None:
     env = _operator_env()
     triscope = Path(sys.executable).parent / "triscope"
     cmd = (f"exec 1>&-; exec {triscope} agent --db sqlite:///{tmp_path}/t.db --listen off --no-ebpf "
-           f"--spool {tmp_path}/spool --duration 2")
+           f"--spool {tmp_path}/spool --duration 2 --huge-pages")
     out = subprocess.run(["sh", "-c", cmd], env=env, capture_output=False, stderr=subprocess.PIPE, text=True,
                          timeout=60)
     assert out.returncode == 0, out.stderr

@@ -40,13 +40,14 @@ def add_agent_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--proc", default="/proc", help=argparse.SUPPRESS)
     p.add_argument("--sys", default="/sys", help=argparse.SUPPRESS)
     p.add_argument("--no-migrate", action="store_true", help="do not upgrade the schema at start")
-    p.add_argument("--no-huge-pages", action="store_true",
-                   help="do not put the agent's memory on transparent huge pages: the dense parts of its heap "
-                        "and, in 'triscope agent', the interpreter's code and the Python objects, for which the "
-                        "agent starts itself again once (same PID) with PYTHONMALLOC=malloc and glibc's malloc "
-                        "on huge pages unless PYTHONMALLOC or a glibc.malloc tunable is set. On by default: a "
-                        "tick touches about 4x fewer pages; the cost is 2-4 MB of memory and that perf/gdb "
-                        "cannot name the interpreter's C functions")
+    p.add_argument("--huge-pages", action="store_true",
+                   help="put the agent's memory on transparent huge pages: the dense parts of its heap and, in "
+                        "'triscope agent', the interpreter's code and the Python objects, for which the agent starts "
+                        "itself again once (same PID) with PYTHONMALLOC=malloc and glibc's malloc on huge pages. "
+                        "Off by default: it changes the process (perf/gdb cannot name the interpreter's C "
+                        "functions, 2-4 MB more memory) for fewer pages touched per tick, which matters only "
+                        "where the host ages guest memory (docs/ebpf.md)")
+    p.add_argument("--no-huge-pages", action="store_true", help=argparse.SUPPRESS)   # the default now
     p.add_argument("--no-retention", action="store_true",
                    help="do not run the hourly retention job (in a fleet, one maintenance job does it for all)")
 
@@ -97,13 +98,13 @@ def build_config(args: argparse.Namespace, listen: tuple[str, int] | None):
                        listen=listen,
                        spool_dir=args.spool or default_spool_dir(), spool_max_bytes=int(args.spool_max_mb * (1 << 20)),
                        migrate=not args.no_migrate, retention=not args.no_retention,
-                       huge_pages=not args.no_huge_pages, options=opts)
+                       huge_pages=bool(args.huge_pages), options=opts)
 
 
 def _compact_heap(args: argparse.Namespace) -> str | None:
     """First thing the agent does, before its heavy imports: start itself again with the Python
     objects on glibc's huge-page heap (agent/hugepages.py), or say why not.  Returns the log line."""
-    if args.no_huge_pages:
+    if not getattr(args, "huge_pages", False):
         return None
     from triscope.agent import hugepages
 
