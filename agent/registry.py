@@ -7,8 +7,8 @@ logged once); the eBPF retransmit probe replaces the procfs retransmit counter o
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,66 +61,96 @@ class UnavailableCollector(BaseCollector):
         raise RuntimeError(self.down_reason)
 
 
-def _load(module: str, cls: str) -> Any | None:
+def _make(name: str, factory: Callable[[], Collector]) -> Collector:
+    """Build one collector; one that cannot even start degrades to a stand-in, never crashes the agent.
+    The factories below import their module inside (plain ``import`` statements, so the import
+    checker sees the edges): a host without NVML never loads the NVML bindings."""
     try:
-        mod = importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        if e.name == module:
-            return None
-        raise
-    return getattr(mod, cls, None)
-
-
-def _make(name: str, module: str, cls: str, **kwargs: Any) -> Collector | None:
-    factory = _load(module, cls)
-    if factory is None:
-        return None
-    try:
-        return factory(**kwargs)
+        return factory()
     except Exception as e:  # noqa: BLE001 - a collector that cannot even start degrades, never crashes
         log.error("collector %s cannot start: %s", name, e)
         return UnavailableCollector(name, f"cannot start: {e}")
 
 
+def _ebpf() -> Collector:
+    from triscope.agent.collectors.ebpf import EbpfCollector
+
+    return EbpfCollector()
+
+
+def _tcp(opts: AgentOptions, emit_retransmits: bool) -> Collector:
+    from triscope.agent.collectors.tcp import TcpCollector
+
+    return TcpCollector(proc=opts.proc, emit_retransmits=emit_retransmits)
+
+
+def _cpu(opts: AgentOptions) -> Collector:
+    from triscope.agent.collectors.cpu import CpuCollector
+
+    return CpuCollector(proc=opts.proc)
+
+
+def _pressure(opts: AgentOptions) -> Collector:
+    from triscope.agent.collectors.pressure import PressureCollector
+
+    return PressureCollector(proc=opts.proc)
+
+
+def _pcie(opts: AgentOptions) -> Collector:
+    from triscope.agent.collectors.pcie import PcieLinkCollector
+
+    return PcieLinkCollector(sys=opts.sys)
+
+
+def _aer(opts: AgentOptions) -> Collector:
+    from triscope.agent.collectors.aer import AerCollector
+
+    return AerCollector(sys=opts.sys)
+
+
+def _nvml() -> Collector:
+    from triscope.agent.collectors.nvml import NvmlCollector
+
+    return NvmlCollector()
+
+
+def _npu(opts: AgentOptions) -> Collector:
+    from triscope.agent.collectors.npu import NpuSmiCollector
+
+    return NpuSmiCollector(npu_smi=opts.npu_smi) if opts.npu_smi else NpuSmiCollector()
+
+
+def _scrape(opts: AgentOptions, url: str) -> Collector:
+    from triscope.agent.collectors.background import Background
+    from triscope.agent.collectors.scrape import ScrapeCollector
+
+    return Background(ScrapeCollector(url=url, timeout=opts.scrape_timeout), budget=opts.source_budget,
+                      stale_after=opts.stale_after)
+
+
 def build_collectors(opts: AgentOptions) -> list[Collector]:
+    from triscope.agent.collectors.scrape import parse_scrape_url
+
     collectors: list[Collector] = []
-    ebpf = None
-    if opts.ebpf:
-        ebpf = _make("ebpf", "triscope.agent.collectors.ebpf", "EbpfCollector")
+    ebpf = _make("ebpf", _ebpf) if opts.ebpf else None
     tcp_probe = bool(ebpf is not None and getattr(ebpf, "attached", {}).get("tcp_retransmit", False))
-    for c in (
-        _make("tcp", "triscope.agent.collectors.tcp", "TcpCollector", proc=opts.proc, emit_retransmits=not tcp_probe),
-        _make("cpu", "triscope.agent.collectors.cpu", "CpuCollector", proc=opts.proc),
-        _make("pressure", "triscope.agent.collectors.pressure", "PressureCollector", proc=opts.proc),
-        _make("pcie", "triscope.agent.collectors.pcie", "PcieLinkCollector", sys=opts.sys),
-        _make("aer", "triscope.agent.collectors.aer", "AerCollector", sys=opts.sys),
-        ebpf,
-    ):
-        if c is not None:
-            collectors.append(c)
+    collectors.append(_make("tcp", lambda: _tcp(opts, emit_retransmits=not tcp_probe)))
+    collectors.append(_make("cpu", lambda: _cpu(opts)))
+    collectors.append(_make("pressure", lambda: _pressure(opts)))
+    collectors.append(_make("pcie", lambda: _pcie(opts)))
+    collectors.append(_make("aer", lambda: _aer(opts)))
+    if ebpf is not None:
+        collectors.append(ebpf)
     if opts.nvml:
-        c = _make("nvml", "triscope.agent.collectors.nvml", "NvmlCollector")
-        if c is not None:
-            collectors.append(c)
+        collectors.append(_make("nvml", _nvml))
     if opts.npu:
-        kw = {"npu_smi": opts.npu_smi} if opts.npu_smi else {}
-        c = _make("npu", "triscope.agent.collectors.npu", "NpuSmiCollector", **kw)
-        if c is not None:
-            collectors.append(c)
+        collectors.append(_make("npu", lambda: _npu(opts)))
     for url in opts.scrape:
         try:
-            from triscope.agent.collectors.scrape import parse_scrape_url
-
             name = "scrape:" + parse_scrape_url(url)[1]
-        except (ImportError, ValueError):
+        except ValueError:
             name = f"scrape:{url}"
-        c = _make(name, "triscope.agent.collectors.scrape", "ScrapeCollector", url=url, timeout=opts.scrape_timeout)
-        if c is not None:
-            if not isinstance(c, UnavailableCollector):
-                from triscope.agent.collectors.background import Background
-
-                c = Background(c, budget=opts.source_budget, stale_after=opts.stale_after)
-            collectors.append(c)
+        collectors.append(_make(name, lambda url=url: _scrape(opts, url)))  # type: ignore[misc]
     return collectors
 
 
@@ -152,11 +182,11 @@ def split_available(collectors: list[Collector]) -> tuple[list[Collector], list[
 
 
 def build_post_processors() -> list[Any]:
-    tracker = _load("triscope.analysis.online", "MismatchTracker")
-    if tracker is None:
-        return []
+    """What sees each tick's samples after the collectors: the online mismatch tracker."""
     try:
-        return [tracker()]
-    except Exception as e:  # noqa: BLE001
+        from triscope.analysis.online import MismatchTracker
+
+        return [MismatchTracker()]
+    except Exception as e:  # noqa: BLE001 - the agent measures on without its verdict
         log.error("mismatch detector cannot start: %s", e)
         return []

@@ -9,24 +9,10 @@ one line, never a traceback.
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import sys
 
 from triscope.errors import UserError
-
-COMMAND_MODULES = [
-    "triscope.commands.run",
-    "triscope.commands.agent",
-    "triscope.commands.dashboard",
-    "triscope.commands.remediate",
-    "triscope.commands.db",
-    "triscope.commands.query",
-    "triscope.commands.rca",
-    "triscope.commands.slo",
-    "triscope.commands.doctor",
-    "triscope.commands.trace",
-]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,13 +24,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        try:
-            mod = importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name == name:
-                continue  # that part is not built yet
-            raise
+    # each command module imports its part only inside its handler: `triscope --help` stays light
+    from triscope.commands import agent, dashboard, db, doctor, query, rca, remediate, run, slo, trace
+
+    for mod in (run, agent, dashboard, remediate, db, query, rca, slo, doctor, trace):
         mod.register(sub)
     return parser
 
