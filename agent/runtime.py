@@ -17,9 +17,8 @@ from triscope.agent.registry import AgentOptions, build_collectors, build_post_p
 from triscope.agent.sampler import Sampler
 from triscope.agent.spool import Spool
 from triscope.agent.writer import StoreWriter
-from triscope.samples import Sample
+from triscope.samples import Sample, Tick
 from triscope.store import Store
-from triscope.store.api import Tick
 from triscope.store.db import StoreError, check_sqlite_file, sqlite_path
 
 log = logging.getLogger("triscope.agent")

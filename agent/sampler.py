@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from triscope.agent.collectors.base import Collector
-from triscope.samples import EventRecord, Sample
-from triscope.store.api import Tick
+from triscope.samples import EventRecord, Sample, Tick
 from triscope.textsafe import one_line
 
 log = logging.getLogger(__name__)

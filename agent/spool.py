@@ -14,8 +14,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from triscope.samples import EventRecord, Sample
-from triscope.store.api import Tick
+from triscope.samples import EventRecord, Sample, Tick
 
 log = logging.getLogger(__name__)
 

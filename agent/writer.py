@@ -22,7 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from triscope.agent.spool import Spool
-from triscope.store.api import RetentionPolicy, Store, Tick
+from triscope.samples import Tick
+from triscope.store.api import RetentionPolicy, Store
 
 log = logging.getLogger(__name__)
 

@@ -39,7 +39,7 @@ def seed_demo(store: Any, end: float, phase_s: int = 120, cycles: int = 2, with_
     """Write the demo nodes so that their data ends at ``end``; returns node -> (start, end)."""
     from triscope.analysis.online import MismatchTracker
     from triscope.analysis.synthetic import H200_PHASES, h200_phase_ticks
-    from triscope.store import Tick
+    from triscope.samples import Tick
 
     phases = tuple(H200_PHASES) * cycles
     span = phase_s * len(phases)
@@ -128,7 +128,7 @@ def seed_demo(store: Any, end: float, phase_s: int = 120, cycles: int = 2, with_
 def seed_bench(store: Any, end: float, hours: float = 24.0, node: str = "bench-node", batch: int = 3600) -> int:
     """One node, 10 plotted series at 1 Hz (2 GPUs: SM active x2, PCIe RX/TX x2, tensor; DMA maps,
     retransmits, TIME_WAIT) plus the 4 mismatch-state series of the ribbon, over ``hours`` ending at ``end``.  Returns samples written."""
-    from triscope.store import Tick
+    from triscope.samples import Tick
 
     n = int(hours * 3600)
     start = end - n

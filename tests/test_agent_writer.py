@@ -12,8 +12,8 @@ import pytest
 from triscope.agent.runtime import batch_ticks
 from triscope.agent.spool import Spool
 from triscope.agent.writer import StoreWriter
-from triscope.samples import Sample
-from triscope.store import Store, Tick
+from triscope.samples import Sample, Tick
+from triscope.store import Store
 from triscope.store.db import upgrade
 
 T0 = 1_700_000_000.0

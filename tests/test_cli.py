@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from triscope.cli import build_parser
-from triscope.samples import Sample
-from triscope.store import Store, Tick
+from triscope.samples import Sample, Tick
+from triscope.store import Store
 from triscope.store.db import upgrade
 
 

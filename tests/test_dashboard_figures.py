@@ -203,8 +203,7 @@ def test_mismatch_points_and_shares(demo_store: Any) -> None:
 
 
 def test_live_delta_returns_only_new_points(demo_store: Any) -> None:
-    from triscope.samples import Sample
-    from triscope.store import Tick
+    from triscope.samples import Sample, Tick
 
     st, spans = demo_store
     end = spans["cpu-node"][1]
@@ -217,8 +216,8 @@ def test_live_delta_returns_only_new_points(demo_store: Any) -> None:
 
 def test_npu_node_lanes_and_fleet(sqlite_url: str) -> None:
     """An Ascend node (npu-smi series, no GPU): AICore in the accelerator lane, no PCIe lane."""
-    from triscope.samples import Sample
-    from triscope.store import Store, Tick
+    from triscope.samples import Sample, Tick
+    from triscope.store import Store
 
     st = Store.open(sqlite_url)
     st.upgrade()

@@ -15,8 +15,8 @@ from triscope.remediation import kube as k
 from triscope.remediation import metrics
 from triscope.remediation.engine import Engine
 from triscope.remediation.policy import parse_policy
-from triscope.samples import EventRecord, Sample
-from triscope.store import Tick, audit
+from triscope.samples import EventRecord, Sample, Tick
+from triscope.store import audit
 
 
 @pytest.fixture

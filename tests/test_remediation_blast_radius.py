@@ -17,8 +17,8 @@ from kube_server import BASE_SETTINGS, KubeTestServer, alert_payload, open_store
 from triscope.remediation import kube as k
 from triscope.remediation.engine import Engine
 from triscope.remediation.policy import parse_policy
-from triscope.samples import Sample
-from triscope.store import Tick, audit
+from triscope.samples import Sample, Tick
+from triscope.store import audit
 
 MOVE = """  - name: move
     trigger: {alert: GpuBroken}

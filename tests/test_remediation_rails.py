@@ -19,8 +19,8 @@ from triscope.remediation.kube import KubeAdapter
 from triscope.remediation.leader import LeaderElector
 from triscope.remediation.policy import parse_policy
 from triscope.remediation.triggers import TriggerEvent
-from triscope.samples import Sample
-from triscope.store import Tick, audit
+from triscope.samples import Sample, Tick
+from triscope.store import audit
 
 REPO = Path(__file__).resolve().parent.parent
 

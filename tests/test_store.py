@@ -7,8 +7,8 @@ import math
 import pytest
 from sqlalchemy import text
 
-from triscope.samples import EventRecord, Sample
-from triscope.store import Store, Tick
+from triscope.samples import EventRecord, Sample, Tick
+from triscope.store import Store
 from triscope.store.api import RetentionPolicy, minmax_downsample
 from triscope.store.db import StoreError, alembic_config, upgrade
 
@@ -142,20 +142,20 @@ def test_minute_rollups_from_memory_equal_the_sql_rollup(db_url: str) -> None:
             tk.samples = [Sample(s.name, float("nan"), s.labels, s.kind) if s.labels.get("gpu") == "1" else s
                           for s in tk.samples]
     sql_rolls: list[tuple[float, float]] = []
-    real_roll = st._roll
+    real_roll = st.rollups.roll
 
     def watch(conn, nid, tier, width, source, lo, hi):  # type: ignore[no-untyped-def]
         if tier == "1m":
             sql_rolls.append((lo, hi))
         real_roll(conn, nid, tier, width, source, lo, hi)
 
-    st._roll = watch  # type: ignore[method-assign]
+    st.rollups.roll = watch  # type: ignore[method-assign]
     for tk in ticks[:2000]:
         st.write_ticks("n", [tk])
     st.write_ticks("n", ticks[1500:1510])   # a replay: the accumulator stands down
     for tk in ticks[2000:]:
         st.write_ticks("n", [tk])
-    st._roll = real_roll  # type: ignore[method-assign]
+    st.rollups.roll = real_roll  # type: ignore[method-assign]
     # the first minute and everything from the replay on came from SQL, the rest from memory
     assert sql_rolls[0][0] == math.floor(t0 / 60) * 60 and sql_rolls[0][1] <= t0 + 60
     assert all(lo > t0 + 1400 for lo, _ in sql_rolls[1:])
@@ -166,7 +166,7 @@ def test_minute_rollups_from_memory_equal_the_sql_rollup(db_url: str) -> None:
         c.execute(text("DELETE FROM rollup_1m"))
         nid = c.execute(text("SELECT id FROM nodes WHERE name = 'n'")).scalar_one()
         for b in sorted({k[2] for k in got}):
-            st._roll(c, nid, "1m", 60.0, "samples", b, b + 60)
+            st.rollups.roll(c, nid, "1m", 60.0, "samples", b, b + 60)
     want = _rollup_rows(st)
     assert set(got) == set(want)
     for k, w in want.items():

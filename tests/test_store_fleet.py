@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from triscope.samples import EventRecord, Sample, label_key
-from triscope.store import Store, Tick
+from triscope.samples import EventRecord, Sample, Tick, label_key
+from triscope.store import Store
 from triscope.store.api import LAST_SEEN_STEP_S, ROLLUP_SPREAD_S, rollup_delay
 from triscope.store.db import upgrade
 
@@ -178,7 +178,7 @@ def test_steady_ticks_replays_new_series_and_events(db_url: str) -> None:
     node = "gpu-node-0003"
     for k in range(30):
         st.write_ticks(node, [_tick(t0 + k, 0, k)])
-    assert st._direct is not None   # the steady state took the ORM-free path (both dialects)
+    assert st.writer.direct is not None   # the steady state took the ORM-free path (both dialects)
     # there last_seen moves in steps of LAST_SEEN_STEP_S (a hot row otherwise)
     assert t0 + 29 - LAST_SEEN_STEP_S <= st.nodes()[0].last_seen <= t0 + 29
     # a replay of stored ticks (a spool drained twice): no error, nothing doubled
@@ -217,12 +217,12 @@ def test_steady_writes_survive_a_server_restart(pg_server: Any, pg_url: str) -> 
     node = "gpu-node-0004"
     for k in range(10):
         st.write_ticks(node, [_tick(t0 + k, 0, k)])
-    assert st._direct is not None
+    assert st.writer.direct is not None
     pg_server.stop()
     pg_server.start()
     for k in range(10, 15):
         st.write_ticks(node, [_tick(t0 + k, 0, k)])
-    assert st._direct is not None and not st._direct.closed
+    assert st.writer.direct is not None and not st.writer.direct.closed
     with st.engine.connect() as c:
         assert c.execute(text("SELECT count(DISTINCT ts) FROM samples")).scalar() == 15
     assert t0 + 14 - LAST_SEEN_STEP_S <= st.nodes()[0].last_seen <= t0 + 14

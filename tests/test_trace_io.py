@@ -12,9 +12,8 @@ import pytest
 
 from tests.conftest import REPO
 from triscope.cli import main
-from triscope.samples import EventRecord, Sample
+from triscope.samples import EventRecord, Sample, Tick
 from triscope.store import Store
-from triscope.store.api import Tick
 from triscope.trace import TraceError, export_trace, import_trace, phase_spans, read_trace
 
 TRACE = REPO / "examples" / "traces" / "h200-phases.jsonl.gz"

@@ -1,13 +1,15 @@
-"""The data types every part passes around: samples (one value of one series) and events.
+"""The data types every part passes around: samples (one value of one series), events and
+ticks (what one sampling interval produced).
 
-Collectors yield these, the sampler batches them per tick, the store persists them and the
-exporter renders them.  They carry no behaviour and import nothing of the project.
+Collectors yield samples and events, the sampler batches them into a ``Tick`` per interval, the
+store persists ticks and the exporter renders them.  They carry no behaviour and import nothing
+of the project.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -41,6 +43,17 @@ class EventRecord:
     severity: Literal["info", "warning", "error", "critical"] = "info"
     details: dict[str, Any] = field(default_factory=dict)
     ts: float = 0.0
+
+
+@dataclass(slots=True)
+class Tick:
+    """Everything one sampling interval produced on one node: its samples and events, stamped
+    with the tick's time ``ts`` (float epoch seconds).  The unit the agent spools and the store
+    writes (``Store.write_ticks(node, ticks)``)."""
+
+    ts: float
+    samples: Sequence[Sample] = ()
+    events: Sequence[EventRecord] = ()
 
 
 # Event kinds used across the project (free-form strings are allowed, these are the known ones).

@@ -335,7 +335,7 @@ def _shift_details(details: dict[str, Any], offset: float, lo: float, hi: float)
 
 
 def iter_ticks(trace: Trace, offset: float = 0.0) -> Iterator[Any]:
-    from triscope.store.api import Tick
+    from triscope.samples import Tick
 
     series = {int(s[0]): (str(s[1]), dict(s[2]), str(s[3])) for s in trace.header["series"]}
     for t, vals in trace.ticks:

@@ -1,0 +1,274 @@
+"""The write path both back-ends share: ids, the general tick transaction, events, node labels.
+
+``TickWriter.write_general`` writes ticks in one transaction: the node's id (created on its
+first write), its series' ids and slots (created as new series appear), the points (the
+back-end's ``insert_samples``: idempotent per (series, ts), a replay never doubles a point),
+the tick's events, ``last_seen``, and the rollups of buckets that closed.  The back-ends
+(``store/write_sqlite.py``, ``store/write_pg.py``) add a steady-state path that writes a tick
+whose ids are all cached in one statement, without SQLAlchemy.
+
+Every transaction runs in ``WriteCache.begin``: if it fails, everything the writer cached is
+forgotten at once (``store/cache.py`` says why).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import IntegrityError
+
+from triscope import names as _names
+from triscope.samples import EventRecord, Sample, Tick, label_key
+from triscope.store.cache import MAX_LABEL_KEYS, Point, WriteCache
+from triscope.store.db import StoreError
+from triscope.store.rollups import Rollups, rollup_delay
+
+_log = logging.getLogger("triscope.store")
+MAX_EVENT_KIND = 64          # the events.kind column
+MAX_EVENT_MESSAGE = 4096     # characters of an event's message kept
+MAX_EVENT_DETAILS = 65536    # bytes of an event's details (JSON) kept
+LAST_SEEN_STEP_S = 10.0      # the steady-state path moves nodes.last_seen in steps of this
+SLOT_ATTEMPTS = 6            # tries to create a node's new series when another writer takes their slots
+
+# (ts, sample, label key) of every sample of a write
+Pending = list[tuple[float, Sample, str]]
+# what the steady state writes: (node id, newest ts, {series id: value} of a single tick or None,
+# points of several ticks or None)
+SteadyWrite = tuple[int, float, dict[int, float] | None, list[Point] | None]
+
+
+class TickWriter:
+    """One store's writer (one dialect's subclass of it).  The store holds its lock around every
+    call."""
+
+    direct: Any = None   # the steady-state path's own connection, once it has been taken
+
+    def __init__(self, engine: Engine, cache: WriteCache, rollups: Rollups) -> None:
+        self.engine = engine
+        self.cache = cache
+        self.rollups = rollups
+        # ingest bounds (triscope/names.py): label values cut to MAX_LABEL_VALUE, samples whose metric
+        # name is longer than the column dropped; each counted, and logged once per label set / metric
+        self.truncated_label_values = 0
+        self.dropped_samples = 0
+
+    # ------------------------------------------------------------------ the back-end's part
+    def write_ticks(self, node: str, ticks: Sequence[Tick], rollup: bool) -> int:
+        """Write ticks of one node (at least one); returns the number of points written."""
+        return self.write_general(node, ticks, rollup)
+
+    def insert_samples(self, conn: Connection, node_id: int, rows: list[Point], fast: bool = False) -> int:
+        """Insert the points of node ``node_id`` not stored yet (a stored point keeps its value);
+        returns how many were new."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Close any connection of the writer's own."""
+
+    # ------------------------------------------------------------------ ids
+    def node_id(self, conn: Connection, node: str, ts: float) -> int:
+        """The node's id, the node created (first and last seen ``ts``) if it is new."""
+        cache = self.cache.node_ids
+        nid = cache.get(node)
+        if nid is not None:
+            return nid
+        row = conn.execute(text("SELECT id FROM nodes WHERE name = :n"), {"n": node}).first()
+        if row is None:
+            problem = _names.node_name_problem(node)
+            if problem:
+                raise StoreError(problem)
+            conn.execute(text("INSERT INTO nodes (name, labels, first_seen, last_seen) VALUES (:n, :l, :t, :t) "
+                              "ON CONFLICT (name) DO NOTHING"), {"n": node, "l": "{}", "t": ts})
+            row = conn.execute(text("SELECT id FROM nodes WHERE name = :n"), {"n": node}).first()
+        assert row is not None
+        cache[node] = int(row[0])
+        return int(row[0])
+
+    def series_id_map(self, conn: Connection, node_id: int,
+                      keys: Iterable[tuple[str, str, str]]) -> dict[tuple[str, str], int]:
+        """(metric, label key) -> series id for one node's (metric, label key, kind), creating the
+        missing series at the node's next free slots."""
+        ids = self.cache.series_ids
+        keys = list(keys)
+        missing = [(m, lk, k) for m, lk, k in keys if (node_id, m, lk) not in ids]
+        if missing:
+            self.load_series(conn, node_id)
+        for attempt in range(SLOT_ATTEMPTS):
+            missing = [(m, lk, k) for m, lk, k in missing if (node_id, m, lk) not in ids]
+            if not missing:
+                break
+            if attempt == SLOT_ATTEMPTS - 1:
+                raise StoreError(f"could not create {len(missing)} series of node id {node_id}: their slots "
+                                 "kept being taken by another writer")
+            # new series take the next free slots of the node; a slot or identity another writer took
+            # in the meantime is skipped (DO NOTHING) and the series tries again with the next ones
+            first = int(conn.execute(text("SELECT coalesce(max(slot), -1) + 1 FROM series WHERE node_id = :n"),
+                                     {"n": node_id}).scalar_one())
+            conn.execute(
+                text("INSERT INTO series (node_id, metric, labels, kind, slot) VALUES (:n, :m, :l, :k, :s) "
+                     "ON CONFLICT DO NOTHING"),
+                [{"n": node_id, "m": m, "l": lk, "k": k, "s": first + i} for i, (m, lk, k) in enumerate(missing)],
+            )
+            self.load_series(conn, node_id)
+        return {(m, lk): ids[(node_id, m, lk)] for m, lk, _ in keys}
+
+    def load_series(self, conn: Connection, node_id: int) -> None:
+        self.cache.add_series(node_id, conn.execute(
+            text("SELECT id, metric, labels, kind, slot FROM series WHERE node_id = :n"), {"n": node_id}).all())
+
+    # ------------------------------------------------------------------ the general path
+    def write_general(self, node: str, ticks: Sequence[Tick], rollup: bool, fast: bool = False) -> int:
+        """Ticks of one node in one transaction, every id looked up or created as needed.
+        ``fast``: the back-end may assume no point is stored yet (and fail if one is)."""
+        t_min = min(t.ts for t in ticks)
+        t_max = max(t.ts for t in ticks)
+        cache = self.cache
+        with cache.begin(self.engine) as conn:
+            nid = self.node_id(conn, node, t_min)
+            pending, keys = self.prepare(ticks)
+            sids = self.series_id_map(conn, nid, ((m, lk, k) for (m, lk), k in keys.items()))
+            cache.remember_raw(nid, sids, pending)
+            # one point per (series, ts): two sources reporting the same series in a tick, last wins
+            dedup = {
+                (sids[(s.name, lk)], ts): float(s.value)
+                for ts, s, lk in pending
+                if s.value == s.value and not math.isinf(s.value)
+            }
+            rows = [(sid, ts, v) for (sid, ts), v in dedup.items()]
+            inserted = self.insert_samples(conn, nid, rows, fast) if rows else 0
+            if inserted == len(rows):
+                cache.feed(nid, rows)
+            else:   # some points were stored already (a replay): the accumulator cannot tell which
+                cache.drop_acc(nid, t_max)
+            events = [(t.ts, e) for t in ticks for e in t.events]
+            if events:
+                self.insert_events(conn, nid, events)
+            conn.execute(text("UPDATE nodes SET last_seen = :t WHERE id = :n AND last_seen < :t"), {"t": t_max, "n": nid})
+            cache.last_seen[nid] = max(t_max, cache.last_seen.get(nid, -math.inf))
+            if rollup:
+                self.rollups.rollup_node(conn, nid, t_min, t_max, delay=rollup_delay(node))
+        return len(rows)
+
+    def prepare(self, ticks: Sequence[Tick]) -> tuple[Pending, dict[tuple[str, str], str]]:
+        """(ts, sample, label key) of every sample, and (metric, label key) -> kind of each series."""
+        # label sets repeat every tick: canonicalise each distinct one once
+        lk_cache = self.cache.label_keys
+        pending: Pending = []
+        keys: dict[tuple[str, str], str] = {}
+        for t in ticks:
+            for s in t.samples:
+                if len(s.name) > _names.MAX_METRIC_NAME:
+                    self._drop_sample(s)
+                    continue
+                tk = tuple(sorted(s.labels.items())) if s.labels else ()
+                lk = lk_cache.get(tk)
+                if lk is None:
+                    lk = self._label_key(s)
+                    if len(lk_cache) < MAX_LABEL_KEYS:
+                        lk_cache[tk] = lk
+                if (s.name, lk) not in keys:
+                    keys[(s.name, lk)] = s.kind
+                pending.append((t.ts, s, lk))
+        return pending, keys
+
+    def _label_key(self, s: Sample) -> str:
+        """The series' label key, over-long label values (and names) bounded: counted and logged
+        rather than failing the tick (triscope/names.py says how they are cut)."""
+        if not s.labels or all(len(str(v)) <= _names.MAX_LABEL_VALUE and len(str(k)) <= _names.MAX_LABEL_NAME
+                               for k, v in s.labels.items()):
+            return label_key(s.labels)
+        labels, cut = _names.bound_labels(s.labels)
+        self.truncated_label_values += cut
+        _log.warning("%s: %d label value(s) longer than %d characters cut (%s)", s.name, cut, _names.MAX_LABEL_VALUE,
+                     ", ".join(k for k, v in s.labels.items() if len(str(v)) > _names.MAX_LABEL_VALUE)[:200])
+        return label_key(labels)
+
+    def _drop_sample(self, s: Sample) -> None:
+        self.dropped_samples += 1
+        if self.dropped_samples in (1, 10, 100, 1000) or self.dropped_samples % 10000 == 0:
+            _log.warning("dropped %d sample(s) whose metric name is longer than %d characters (%s)",
+                         self.dropped_samples, _names.MAX_METRIC_NAME, _names.shorten(s.name, 80))
+
+    # ------------------------------------------------------------------ the steady state
+    def steady_points(self, node: str, ticks: Sequence[Tick], rollup: bool) -> SteadyWrite | None:
+        """The steady state, where a write needs no ORM: every id is cached, no events, no bucket
+        to roll.  None when the write needs the general path."""
+        cache = self.cache
+        nid = cache.node_ids.get(node)
+        if nid is None or any(t.events for t in ticks):
+            return None
+        t_min = min(t.ts for t in ticks)
+        t_max = max(t.ts for t in ticks)
+        if rollup:
+            wm1 = cache.watermarks.get((nid, "1m"))
+            wmh = cache.watermarks.get((nid, "1h"))
+            if wm1 is None or wmh is None or t_min < wm1 or t_min < wmh:
+                return None
+            if math.floor((t_max - rollup_delay(node)) / 60.0) * 60.0 > wm1:
+                return None
+            if min(math.floor(t_max / 3600.0), math.floor(wm1 / 3600.0)) * 3600.0 > wmh:
+                return None
+        if len(ticks) == 1:
+            points = cache.tick_points(nid, ticks[0])
+            return (nid, t_max, points, None) if points else None
+        rows = cache.cached_points(nid, ticks)
+        return (nid, t_max, None, rows) if rows else None
+
+    def moves_last_seen(self, node_id: int, t_max: float) -> bool:
+        """The steady state moves last_seen in steps of LAST_SEEN_STEP_S: one node row updated
+        1,000 times a second across a fleet is a hot row that bloats between vacuums."""
+        return t_max >= self.cache.last_seen.get(node_id, -math.inf) + LAST_SEEN_STEP_S
+
+    def steady_written(self, node_id: int, t_max: float, moved: bool, points: dict[int, float] | None,
+                       rows: list[Point] | None) -> None:
+        """Account for a steady-state write that committed, every point of it new."""
+        if moved:
+            self.cache.last_seen[node_id] = t_max
+        if points is not None:
+            self.cache.feed_tick(node_id, t_max, points)
+        elif rows is not None:
+            self.cache.feed(node_id, rows)
+
+    # ------------------------------------------------------------------ events and labels
+    def insert_events(self, conn: Connection, node_id: int, events: list[tuple[float, EventRecord]]) -> None:
+        conn.execute(
+            text("INSERT INTO events (node_id, ts, kind, severity, message, details) VALUES (:n, :t, :k, :s, :m, :d)"),
+            [{"n": node_id, "t": e.ts or ts, "k": str(e.kind)[:MAX_EVENT_KIND], "s": str(e.severity)[:16],
+              "m": _names.shorten(e.message, MAX_EVENT_MESSAGE), "d": details_json(e.details)} for ts, e in events],
+        )
+
+    def add_events(self, node: str, events: Sequence[EventRecord], ts: float | None = None) -> None:
+        if not events:
+            return
+        now = ts if ts is not None else time.time()
+        with self.cache.begin(self.engine) as conn:
+            nid = self.node_id(conn, node, now)
+            self.insert_events(conn, nid, [(now, e) for e in events])
+
+    def set_node_labels(self, node: str, labels: Mapping[str, Any]) -> None:
+        with self.cache.begin(self.engine) as conn:
+            nid = self.node_id(conn, node, time.time())
+            conn.execute(text("UPDATE nodes SET labels = :l WHERE id = :n"), {"l": json.dumps(dict(labels)), "n": nid})
+
+
+def is_unique_violation(e: BaseException) -> bool:
+    if isinstance(e, IntegrityError):
+        return True
+    return getattr(e, "sqlstate", None) == "23505"
+
+
+def details_json(details: Any) -> str:
+    """An event's details as JSON, at most MAX_EVENT_DETAILS bytes (else a note of what was cut)."""
+    d = json.dumps(details, default=str)
+    if len(d) <= MAX_EVENT_DETAILS:
+        return d
+    _log.warning("event details of %d bytes cut (limit %d)", len(d), MAX_EVENT_DETAILS)
+    return json.dumps({"truncated": True, "bytes": len(d), "keys": [_names.shorten(str(k), 64) for k in details][:50]}
+                      if isinstance(details, dict) else {"truncated": True, "bytes": len(d)})
