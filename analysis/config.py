@@ -3,8 +3,11 @@
 Override them from a YAML file (``load_thresholds(path)``, keys are the field names, optionally
 under a top-level ``mismatch:`` key) and/or from the environment: ``TRISCOPE_MISMATCH_<FIELD>``
 (upper case), e.g. ``TRISCOPE_MISMATCH_IO_SATURATED_LINK=0.7``.  Environment wins over the file.
-Unknown keys and values that are not numbers are errors (one clear line, ``FILE:LINE: ...``), not
-silently ignored; the file is read with ``triscope.yamlsafe`` (size, depth and alias bounds).
+The file is read with ``triscope.yamlsafe`` (size, depth and alias bounds) and validated by a
+pydantic model built from the dataclass (``ThresholdsFile``): every value a finite number >= 0
+(numbers written as text, ``"0.7"``, are read too), fields ending in ``_s`` durations in the
+grammar of ``triscope.durations`` (``10``, ``10s``, ``500ms``).  Unknown keys and bad values are
+errors, one line: ``FILE:LINE: field: what is wrong`` (``environment VAR: what is wrong``).
 """
 
 from __future__ import annotations
@@ -14,13 +17,22 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, ValidationError, create_model
+
+from triscope import yamlsafe
+from triscope.configfile import ConfigFileError, ConfigModel, describe, show
+from triscope.configfile import validate as validate_config
+from triscope.durations import Duration
 
 ENV_PREFIX = "TRISCOPE_MISMATCH_"
+ENV_FILE = "TRISCOPE_MISMATCH_FILE"
 
 
-class ConfigError(ValueError):
-    """A bad threshold file or environment value."""
+class ConfigError(ConfigFileError):
+    """A bad threshold file or environment value: ``FILE:LINE: field: what is wrong``
+    (``environment TRISCOPE_MISMATCH_X: what is wrong``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,60 +82,78 @@ class MismatchThresholds:
     """A window needs accelerator data for at least this share of its ticks to be classified."""
 
     def with_overrides(self, values: Mapping[str, Any], source: str = "overrides") -> MismatchThresholds:
-        known = {f.name for f in fields(self)}
-        changes: dict[str, float] = {}
-        for key, raw in values.items():
-            if key not in known:
-                raise ConfigError(f"{source}: unknown mismatch threshold {key!r} (known: {', '.join(sorted(known))})")
-            try:
-                val = float(raw)
-            except (TypeError, ValueError):
-                raise ConfigError(f"{source}: {key} must be a number, got {raw!r}") from None
-            if not math.isfinite(val) or val < 0:
-                raise ConfigError(f"{source}: {key} must be a finite number >= 0, got {raw!r}")
-            changes[key] = val
-        return replace(self, **changes)
+        """These thresholds with ``values`` (field name: value) applied; ``ConfigError`` naming
+        ``source`` for an unknown name or a bad value."""
+        try:
+            model = ThresholdsFile.model_validate(dict(values))
+        except ValidationError as e:
+            _, where, what = describe(e.errors(include_url=False)[0])
+            raise ConfigError(source, None, f"{where}: {what}" if where else what, field=where) from None
+        return replace(self, **{k: getattr(model, k) for k in model.model_fields_set})
+
+
+# ---------------------------------------------------------------------------------------------- the file
+def _threshold(value: Any) -> float:
+    """A threshold: a finite number >= 0 (a number written as text, ``"0.7"``, is read)."""
+    x = value
+    if isinstance(x, str):
+        try:
+            x = float(x.strip())
+        except ValueError:
+            raise ValueError(f"must be a number, not {show(value)}") from None
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        raise ValueError(f"must be a number, not {show(value)}")
+    try:
+        x = float(x)
+    except OverflowError:
+        x = math.inf
+    if not math.isfinite(x) or x < 0:
+        raise ValueError(f"must be a finite number >= 0, not {show(value)}")
+    return x
+
+
+Threshold = Annotated[float, BeforeValidator(_threshold)]
+
+
+class _ThresholdsBase(ConfigModel):
+    unknown_key_noun = "mismatch threshold"
+
+
+_FIELDS: dict[str, Any] = {   # one field per threshold, so a new threshold is readable at once
+    f.name: (Duration if f.name.endswith("_s") else Threshold, f.default) for f in fields(MismatchThresholds)}
+ThresholdsFile = create_model("ThresholdsFile", __base__=_ThresholdsBase, **_FIELDS)
+"""The thresholds file (or its ``mismatch:`` section) as a pydantic model: a subset of the fields."""
 
 
 def thresholds_from_env(base: MismatchThresholds | None = None,
                         environ: Mapping[str, str] | None = None) -> MismatchThresholds:
     env = os.environ if environ is None else environ
-    base = base or MismatchThresholds()
-    known = {f.name for f in fields(base)}
-    values = {}
+    th = base or MismatchThresholds()
+    known = {f.name for f in fields(th)}
     for k, v in env.items():
-        if k.startswith(ENV_PREFIX) and k != "TRISCOPE_MISMATCH_FILE":
+        if k.startswith(ENV_PREFIX) and k != ENV_FILE:
             name = k[len(ENV_PREFIX):].lower()
             if name not in known:
-                raise ConfigError(f"environment {k}: unknown mismatch threshold {name!r}")
-            values[name] = v
-    return base.with_overrides(values, "environment") if values else base
+                raise ConfigError(f"environment {k}", None, f"unknown mismatch threshold {name!r}")
+            try:
+                th = th.with_overrides({name: v}, f"environment {k}")
+            except ConfigError as e:   # the variable names the field: say only what is wrong
+                raise ConfigError(e.file, None, e.reason.removeprefix(f"{name}: ")) from None
+    return th
 
 
 def load_thresholds(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> MismatchThresholds:
     """Defaults, then the YAML file (if given), then ``TRISCOPE_MISMATCH_*`` environment variables."""
     th = MismatchThresholds()
     if path is not None:
-        from triscope import yamlsafe
-
         try:
             doc = yamlsafe.load(path)
         except yamlsafe.YAMLFileError as e:
-            raise ConfigError(str(e)) from None
-        data: Any = doc.root
-        base: tuple[str, ...] = ()
-        if isinstance(data, dict) and "mismatch" in data:
-            data, base = data["mismatch"], ("mismatch",)
-        if data is None:
-            data = {}
-        if not isinstance(data, dict):
-            raise ConfigError(f"{doc.where(base)}: expected a mapping of threshold names to numbers")
-        for key, value in data.items():   # one at a time: an error names the key's line
-            th = th.with_overrides({key: value}, doc.where(base + (key,)))
+            raise ConfigError(e.file, e.line, e.reason) from None
+        at: tuple[str, ...] = ("mismatch",) if isinstance(doc.root, dict) and "mismatch" in doc.root else ()
+        model = validate_config(ThresholdsFile, doc, at=at, error=ConfigError)
+        th = replace(th, **{k: getattr(model, k) for k in model.model_fields_set})
     return thresholds_from_env(th, environ)
-
-
-ENV_FILE = "TRISCOPE_MISMATCH_FILE"
 
 
 def default_thresholds() -> MismatchThresholds:

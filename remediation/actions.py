@@ -17,19 +17,123 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import subprocess
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
+from pydantic import AfterValidator, BeforeValidator, Field, model_validator
+
+from triscope.configfile import ConfigModel, problem, show
+from triscope.durations import Duration
 from triscope.remediation import kube as k
 from triscope.remediation import metrics
 from triscope.store import audit
 
 log = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------------------------------- parameters
+# Each action's ``params`` as the policy writes them (``triscope.remediation.policy`` validates a
+# rule's params with its action's model; the engine hands the actions ``model_dump()``, a dict).
+_KUBE_NAME = re.compile(r"^[a-z0-9]([a-z0-9_.-]{0,126}[a-z0-9])?$")
+_CONFIGMAP_KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
+
+
+def _kube_name(value: str) -> str:
+    if not _KUBE_NAME.match(value):
+        raise ValueError(f"{show(value)} is not a valid Kubernetes name")
+    return value
+
+
+KubeName = Annotated[str, AfterValidator(_kube_name)]
+"""A Kubernetes object name as a policy writes it (namespace, Deployment, ConfigMap, node)."""
+
+
+def _configmap_key(value: str) -> str:
+    if not _CONFIGMAP_KEY.match(value):
+        raise ValueError(f"{show(value)} is not a valid ConfigMap key")
+    return value
+
+
+def _text(value: Any) -> Any:
+    """A number written where text belongs (``value: 1``) as text; anything else as it is."""
+    return str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+
+
+def _positive(seconds: float) -> float:
+    if seconds <= 0:
+        raise ValueError("must be longer than 0s")
+    return seconds
+
+
+def _argv(value: Any) -> list[str]:
+    if not isinstance(value, list) or not value or not all(
+            isinstance(a, str | int | float) and not isinstance(a, bool) for a in value):
+        raise ValueError("must be a non-empty list of arguments (fixed in the policy, no shell), "
+                         f"not {show(value)}")
+    return [str(a) for a in value]
+
+
+class RollingRestartParams(ConfigModel):
+    """``rolling_restart``: follow the rollout (``follow``) for at most ``timeout``."""
+
+    timeout: Duration = 300.0
+    follow: bool = True
+
+
+class DependencyFallbackParams(ConfigModel):
+    """``dependency_fallback``: set ``key`` of ConfigMap ``configmap`` to ``value``; revert after
+    ``hold`` clear, or ``ttl`` at the latest."""
+
+    configmap: KubeName
+    key: Annotated[str, AfterValidator(_configmap_key)]
+    value: Annotated[str, BeforeValidator(_text)] = "fallback"
+    ttl: Annotated[Duration, AfterValidator(_positive)] = 1800.0
+    hold: Duration = 300.0
+
+
+class RescheduleWeights(ConfigModel):
+    """Weights of the node cost's parts (``node_cost``)."""
+
+    compute: Annotated[float, Field(ge=0.0, le=1000.0)] = 1.0
+    link: Annotated[float, Field(ge=0.0, le=1000.0)] = 1.0
+    storage: Annotated[float, Field(ge=0.0, le=1000.0)] = 1.0
+
+    @model_validator(mode="after")
+    def _one_positive(self) -> RescheduleWeights:
+        if not (self.compute or self.link or self.storage):
+            raise problem("at least one weight must be positive")
+        return self
+
+
+class RescheduleParams(ConfigModel):
+    """``reschedule``: candidate choice (``weights``, ``affinity_weight``), eviction, cordon."""
+
+    weights: RescheduleWeights = RescheduleWeights()
+    eviction_timeout: Duration = 120.0
+    affinity_weight: Annotated[int, Field(ge=1, le=100)] = 100
+    cordon: bool = True
+
+
+class CommandParams(ConfigModel):
+    """``command``: the argv fixed in the policy (no shell), killed after ``timeout``."""
+
+    argv: Annotated[list[str], BeforeValidator(_argv)]
+    timeout: Duration = 30.0
+
+
+ACTION_PARAMS: dict[str, type[ConfigModel]] = {
+    "rolling_restart": RollingRestartParams,
+    "dependency_fallback": DependencyFallbackParams,
+    "reschedule": RescheduleParams,
+    "command": CommandParams,
+}
+"""Each action's params model."""
 
 FALLBACK_UNTIL = "triscope.io/fallback-expires-at"
 FALLBACK_RULE = "triscope.io/fallback-rule"

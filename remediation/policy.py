@@ -1,8 +1,13 @@
 """Remediation policies: a YAML file of rules (trigger, action, target, limits) and global settings.
 
-The file is composed with PyYAML's node API so every value keeps its line: a malformed policy is
-refused with ``FILE:LINE: reason``.  Unknown keys are errors (a typo in ``cooldown`` must not
-silently mean "no cooldown").  See ``deploy/policy.example.yaml`` and ``docs/remediation.md``.
+The file is read by ``triscope.yamlsafe`` (every value keeps its line) and validated by the
+pydantic models below (``PolicyFile``; each action's ``params`` model lives next to the action in
+``triscope.remediation.actions``).  A malformed policy is refused with one line,
+``FILE:LINE: field: what is wrong`` (the first problem in the file).  Unknown keys are errors (a
+typo in ``cooldown`` must not silently mean "no cooldown").  Durations take every form of
+``triscope.durations`` (``30s``, ``5m``, ``1h30m``, ``7d``, ``1w``, ``500ms``, seconds).  What the
+engine uses are the frozen dataclasses ``Policy``, ``Rule``, ``Trigger``, ``Settings``..., built
+from the validated models.  See ``deploy/policy.example.yaml`` and ``docs/remediation.md``.
 """
 
 from __future__ import annotations
@@ -13,10 +18,31 @@ import re
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, Discriminator, Field, PlainValidator, ValidationInfo, model_validator
 
 from triscope import yamlsafe
+from triscope.configfile import (
+    ConfigFileError,
+    ConfigModel,
+    fail,
+    problem,
+    show,
+    str_map,
+    unknown_key,
+    variant,
+)
+from triscope.configfile import validate as validate_config
+from triscope.durations import Duration
 from triscope.labels import Matcher
+from triscope.remediation.actions import (
+    CommandParams,
+    DependencyFallbackParams,
+    KubeName,
+    RescheduleParams,
+    RollingRestartParams,
+)
 
 ACTIONS = ("rolling_restart", "dependency_fallback", "reschedule", "command")
 TRIGGER_KINDS = ("alert", "metric", "mismatch", "slo", "xid")
@@ -29,26 +55,21 @@ ACTION_TARGETS: dict[str, tuple[str, ...]] = {
 }
 TARGET_FIELDS = ("namespace", "deployment", "node")
 NODE_ACTIONS = ("reschedule",)   # actions that cordon or drain a Kubernetes node: bounded by the node allow-list
-_DUR = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
-_DUR_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9_.-]{0,126}[a-z0-9])?$")
 _NODE_PATTERN = re.compile(r"^[a-z0-9.*?\[\]!-]{1,253}$")
 _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 _MATCHER = re.compile(r"^\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*\"?(.*?)\"?\s*$")
+_METRIC = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 OPS = {">": lambda a, b: a > b, ">=": lambda a, b: a >= b, "<": lambda a, b: a < b, "<=": lambda a, b: a <= b,
        "==": lambda a, b: a == b, "!=": lambda a, b: a != b}
 
 
-class PolicyError(Exception):
-    """A policy problem: ``file:line: reason``."""
-
-    def __init__(self, file: str, line: int | None, reason: str) -> None:
-        self.file, self.line, self.reason = file, line, reason
-        super().__init__(f"{file}:{line}: {reason}" if line else f"{file}: {reason}")
+class PolicyError(ConfigFileError):
+    """A policy problem: ``file:line: field: what is wrong`` (``.file``, ``.line``, ``.reason``)."""
 
 
-# model -------------------------------------------------------------------------------------------
+# runtime objects ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Trigger:
     kind: str                                   # alert | metric | mismatch | slo | xid
@@ -183,416 +204,444 @@ class Policy:
         raise KeyError(name)
 
 
-# parsing -----------------------------------------------------------------------------------------
-class _Doc:
-    """Plain Python values plus the line of every path, from the safe YAML loader (``triscope.yamlsafe``)."""
-
-    def __init__(self, text: str, file: str) -> None:
-        self.file = file
-        try:
-            doc = yamlsafe.parse(text, file)
-        except yamlsafe.YAMLFileError as e:
-            raise PolicyError(file, e.line, e.reason) from None
-        self.lines = doc.lines
-        self.root = doc.root
-
-    def line(self, path: tuple[Any, ...]) -> int | None:
-        while path not in self.lines and path:
-            path = path[:-1]
-        return self.lines.get(path)
-
-    def err(self, path: tuple[Any, ...], reason: str) -> PolicyError:
-        return PolicyError(self.file, self.line(path), reason)
+# value types -------------------------------------------------------------------------------------
+def _non_empty(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must be a non-empty string")
+    return value
 
 
-def parse_duration(v: Any) -> float | None:
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, int | float):
-        return float(v) if v >= 0 else None
-    if isinstance(v, str):
-        m = _DUR.match(v)
-        if m:
-            return float(m.group(1)) * _DUR_UNITS[m.group(2)]
-    return None
+Text = Annotated[str, AfterValidator(_non_empty)]
 
 
-class _Parser:
-    def __init__(self, doc: _Doc) -> None:
-        self.d = doc
-        self.slos: dict[str, Any] | None = None
-        self.slo_path = ""
+def _rule_name(value: str) -> str:
+    if not _NAME.match(value):
+        raise ValueError(f"{show(value)} is not a rule name: use lower-case letters, digits, '-', '_', '.'")
+    return value
 
-    # typed getters ----------------------------------------------------------------------------
-    def mapping(self, v: Any, path: tuple[Any, ...], allowed: tuple[str, ...], what: str) -> dict[str, Any]:
-        if v is None:
-            return {}
-        if not isinstance(v, dict):
-            raise self.d.err(path, f"{what} must be a mapping, not {type(v).__name__}")
-        for k in v:
-            if k not in allowed:
-                raise self.d.err(path + (k,), f"unknown key {k!r} in {what} (allowed: {', '.join(allowed)})")
-        return v
 
-    def duration(self, m: dict[str, Any], key: str, path: tuple[Any, ...], default: float) -> float:
-        if key not in m:
-            return default
-        d = parse_duration(m[key])
-        if d is None:
-            raise self.d.err(path + (key,), f"{key}: {m[key]!r} is not a duration (e.g. 30s, 5m, 1h)")
-        return d
+def _metric_name(value: str) -> str:
+    if not _METRIC.fullmatch(value):
+        raise ValueError(f"{show(value)} is not a metric name")
+    return value
 
-    def integer(self, m: dict[str, Any], key: str, path: tuple[Any, ...], default: int, lo: int = 0,
-                hi: int | None = None) -> int:
-        if key not in m:
-            return default
-        v = m[key]
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
-            rng = f">= {lo}" + (f" and <= {hi}" if hi is not None else "")
-            raise self.d.err(path + (key,), f"{key} must be an integer {rng}, not {v!r}")
-        return v
 
-    def number(self, m: dict[str, Any], key: str, path: tuple[Any, ...], default: float | None,
-               lo: float | None = None, hi: float | None = None) -> float:
-        if key not in m:
-            if default is None:
-                raise self.d.err(path, f"missing required key {key!r}")
-            return default
-        v = m[key]
-        if isinstance(v, bool) or not isinstance(v, int | float) or (lo is not None and v < lo) or (
-                hi is not None and v > hi):
-            raise self.d.err(path + (key,), f"{key} must be a number"
-                             + (f" in [{lo:g}, {hi:g}]" if lo is not None and hi is not None else "") + f", not {v!r}")
-        return float(v)
+def _matchers(value: Any) -> tuple[Matcher, ...]:
+    """``['severity=page', 'namespace=~inf.*']`` or ``{severity: page}``."""
+    if value is None:
+        return ()
+    if isinstance(value, dict):
+        items: list[tuple[Any, str | int]] = [(f"{k}={v}", k) for k, v in value.items()]
+    elif isinstance(value, list):
+        items = [(x, i) for i, x in enumerate(value)]
+    else:
+        raise problem("must be a list like ['severity=page', 'namespace=~inf.*'] or a mapping")
+    out = []
+    for text, at in items:
+        m = _MATCHER.match(text) if isinstance(text, str) else None
+        if not m:
+            raise problem(f"matcher {show(text)} is not LABEL=VALUE, LABEL!=VALUE, LABEL=~REGEX or LABEL!~REGEX", at)
+        if m.group(2) in ("=~", "!~"):
+            try:
+                re.compile(m.group(3))
+            except re.error as e:
+                raise problem(f"matcher {show(text)}: bad regular expression: {e}", at) from None
+        out.append(Matcher(m.group(1), m.group(2), m.group(3)))
+    return tuple(out)
 
-    def boolean(self, m: dict[str, Any], key: str, path: tuple[Any, ...], default: bool) -> bool:
-        if key not in m:
-            return default
-        if not isinstance(m[key], bool):
-            raise self.d.err(path + (key,), f"{key} must be true or false, not {m[key]!r}")
-        return bool(m[key])
 
-    def string(self, m: dict[str, Any], key: str, path: tuple[Any, ...], default: str | None = None,
-               required: bool = False) -> str | None:
-        if key not in m:
-            if required:
-                raise self.d.err(path, f"missing required key {key!r}")
-            return default
-        v = m[key]
-        if not isinstance(v, str) or not v.strip():
-            raise self.d.err(path + (key,), f"{key} must be a non-empty string, not {v!r}")
-        return v
+Matchers = Annotated[tuple[Matcher, ...], PlainValidator(_matchers)]
 
-    # sections ---------------------------------------------------------------------------------
-    def settings(self, v: Any) -> Settings:
-        p: tuple[Any, ...] = ("settings",)
-        m = self.mapping(v, p, ("dry_run", "namespaces", "max_actions_per_hour", "max_in_flight", "breaker",
-                                "evaluate_interval", "dedupe_retention", "engine_id", "kubernetes",
-                                "leader_election", "workers", "slo_file", "node_names", "node_selector"), "settings")
-        ns = m.get("namespaces", [])
-        if not isinstance(ns, list) or not all(isinstance(x, str) and _NAME.match(x) for x in ns):
-            raise self.d.err(p + ("namespaces",), "namespaces must be a list of namespace names")
-        bm = self.mapping(m.get("breaker"), p + ("breaker",),
-                          ("window", "max_targets", "max_percent", "min_population"), "breaker")
-        bp = p + ("breaker",)
-        breaker = BreakerSettings(
-            window_s=self.duration(bm, "window", bp, 900.0), max_targets=self.integer(bm, "max_targets", bp, 5, 1),
-            max_percent=self.number(bm, "max_percent", bp, 50.0, 1.0, 100.0),
-            min_population=self.integer(bm, "min_population", bp, 4, 1))
-        km = self.mapping(m.get("kubernetes"), p + ("kubernetes",),
-                          ("mode", "kubeconfig", "context", "url", "token_file", "ca_file", "verify_ssl", "events",
-                           "events_namespace"), "kubernetes")
-        kp = p + ("kubernetes",)
-        mode = self.string(km, "mode", kp, "none") or "none"
-        if mode not in ("none", "kubeconfig", "in-cluster", "url"):
-            raise self.d.err(kp + ("mode",), f"mode must be none, kubeconfig, in-cluster or url, not {mode!r}")
-        if mode == "url" and not km.get("url"):
-            raise self.d.err(kp, "mode url needs url: https://HOST:PORT")
-        kube = KubeSettings(mode=mode, kubeconfig=self.string(km, "kubeconfig", kp), context=self.string(km, "context", kp),
-                            url=self.string(km, "url", kp), token_file=self.string(km, "token_file", kp),
-                            ca_file=self.string(km, "ca_file", kp), verify_ssl=self.boolean(km, "verify_ssl", kp, True),
-                            events=self.boolean(km, "events", kp, True),
-                            events_namespace=self.string(km, "events_namespace", kp, "default") or "default")
-        lm = self.mapping(m.get("leader_election"), p + ("leader_election",),
-                          ("enabled", "namespace", "lease", "lease_duration", "renew_every"), "leader_election")
-        lp = p + ("leader_election",)
-        leader = LeaderSettings(enabled=self.boolean(lm, "enabled", lp, False),
-                                namespace=self.string(lm, "namespace", lp, "default") or "default",
-                                lease=self.string(lm, "lease", lp, "triscope-remediation") or "triscope-remediation",
-                                lease_duration_s=self.duration(lm, "lease_duration", lp, 15.0),
-                                renew_every_s=self.duration(lm, "renew_every", lp, 5.0))
-        if leader.renew_every_s >= leader.lease_duration_s:
-            raise self.d.err(lp, "renew_every must be shorter than lease_duration")
-        if leader.enabled and kube.mode == "none":
-            raise self.d.err(lp + ("enabled",), "leader election needs a Kubernetes API (settings.kubernetes.mode)")
-        engine_id = self.string(m, "engine_id", p, "") or f"{socket.gethostname()}-{os.getpid()}"
+
+def _xid_codes(value: Any) -> tuple[int, ...]:
+    codes = value if isinstance(value, list) else [value]
+    if not codes or not all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in codes):
+        raise ValueError(f"must be an XID code or a list of codes (positive integers), not {show(value)}")
+    return tuple(codes)
+
+
+def _labels(value: Any) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(str_map(value, what="label").items()))
+
+
+def _node_pattern(value: str) -> str:
+    if not _NODE_PATTERN.match(value):
+        raise ValueError(f"{show(value)} is not a node name or glob pattern "
+                         "(lower-case letters, digits, '-', '.', and * ? [...])")
+    if not re.sub(r"\[[^\]]*\]|[*?]", "", value):
+        raise ValueError(f"{show(value)} matches any node name: name the nodes or a prefix such as gpu-*")
+    return value
+
+
+def _label_value(value: Any) -> str:
+    text = "true" if value is True else "false" if value is False else value
+    if not isinstance(text, str | int) or not _LABEL_VALUE.match(str(text)):
+        raise ValueError(f"{show(value)} is not a label value")
+    return str(text)
+
+
+def _node_selector(value: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, dict) or not value:
+        raise problem("must be a non-empty mapping of node label: value (e.g. {triscope.io/remediation: allowed})")
+    return tuple(sorted(str_map(value, _LABEL_KEY, "label key", _label_value).items()))
+
+
+def _target_form(value: Any) -> str:
+    return "<name>" if isinstance(value, str) else "<reference>" if isinstance(value, dict) else "<other>"
+
+
+def _not_a_target(value: Any) -> Any:
+    raise ValueError(f"must be a name or {{label: LABEL, default: NAME}}, not {show(value)}")
+
+
+# the file: settings ------------------------------------------------------------------------------
+class BreakerModel(ConfigModel):
+    window: Duration = 900.0
+    max_targets: Annotated[int, Field(ge=1)] = 5
+    max_percent: Annotated[float, Field(ge=1.0, le=100.0)] = 50.0
+    min_population: Annotated[int, Field(ge=1)] = 4
+
+
+class KubernetesModel(ConfigModel):
+    mode: Literal["none", "kubeconfig", "in-cluster", "url"] = "none"
+    kubeconfig: Text | None = None
+    context: Text | None = None
+    url: Text | None = None
+    token_file: Text | None = None
+    ca_file: Text | None = None
+    verify_ssl: bool = True
+    events: bool = True
+    events_namespace: Text = "default"
+
+    @model_validator(mode="after")
+    def _url_given(self) -> KubernetesModel:
+        if self.mode == "url" and not self.url:
+            raise problem("mode url needs url: https://HOST:PORT")
+        return self
+
+
+class LeaderElectionModel(ConfigModel):
+    enabled: bool = False
+    namespace: Text = "default"
+    lease: Text = "triscope-remediation"
+    lease_duration: Duration = 15.0
+    renew_every: Duration = 5.0
+
+    @model_validator(mode="after")
+    def _renew_first(self) -> LeaderElectionModel:
+        if self.renew_every >= self.lease_duration:
+            raise problem("renew_every must be shorter than lease_duration")
+        return self
+
+
+class SettingsModel(ConfigModel):
+    dry_run: bool = False
+    namespaces: list[KubeName] = Field(default_factory=list)
+    max_actions_per_hour: Annotated[int, Field(ge=1)] = 30
+    max_in_flight: Annotated[int, Field(ge=1)] = 4
+    breaker: BreakerModel = BreakerModel()
+    evaluate_interval: Duration = 15.0
+    dedupe_retention: Duration = 7 * 86400.0
+    engine_id: Text | None = None
+    kubernetes: KubernetesModel = KubernetesModel()
+    leader_election: LeaderElectionModel = LeaderElectionModel()
+    workers: Annotated[int, Field(ge=1, le=64)] = 8
+    slo_file: Text | None = None
+    node_names: Annotated[list[Annotated[str, AfterValidator(_node_pattern)]], Field(min_length=1)] | None = None
+    node_selector: Annotated[tuple[tuple[str, str], ...], PlainValidator(_node_selector)] = ()
+
+    @model_validator(mode="after")
+    def _leader_needs_api(self) -> SettingsModel:
+        if self.leader_election.enabled and self.kubernetes.mode == "none":
+            raise problem("leader election needs a Kubernetes API (settings.kubernetes.mode)", "leader_election",
+                          "enabled")
+        return self
+
+    def to_settings(self, slo_file: str) -> Settings:
+        b, k, le = self.breaker, self.kubernetes, self.leader_election
         return Settings(
-            dry_run=self.boolean(m, "dry_run", p, False), namespaces=tuple(ns),
-            max_actions_per_hour=self.integer(m, "max_actions_per_hour", p, 30, 1),
-            max_in_flight=self.integer(m, "max_in_flight", p, 4, 1), breaker=breaker,
-            evaluate_interval_s=max(0.2, self.duration(m, "evaluate_interval", p, 15.0)),
-            dedupe_retention_s=self.duration(m, "dedupe_retention", p, 7 * 86400.0),
-            engine_id=engine_id, kubernetes=kube, leader_election=leader,
-            workers=self.integer(m, "workers", p, 8, 1, 64), slo_file=self.slo_file(m, p),
-            node_names=self.node_names(m, p), node_selector=self.node_selector(m, p))
+            dry_run=self.dry_run, namespaces=tuple(self.namespaces), max_actions_per_hour=self.max_actions_per_hour,
+            max_in_flight=self.max_in_flight,
+            breaker=BreakerSettings(b.window, b.max_targets, b.max_percent, b.min_population),
+            evaluate_interval_s=max(0.2, self.evaluate_interval), dedupe_retention_s=self.dedupe_retention,
+            engine_id=self.engine_id or f"{socket.gethostname()}-{os.getpid()}",
+            kubernetes=KubeSettings(k.mode, k.kubeconfig, k.context, k.url, k.token_file, k.ca_file, k.verify_ssl,
+                                    k.events, k.events_namespace),
+            leader_election=LeaderSettings(le.enabled, le.namespace, le.lease, le.lease_duration, le.renew_every),
+            workers=self.workers, slo_file=slo_file, node_names=tuple(self.node_names or ()),
+            node_selector=self.node_selector)
 
-    def node_names(self, m: dict[str, Any], p: tuple[Any, ...]) -> tuple[str, ...]:
-        if "node_names" not in m:
-            return ()
-        v, path = m["node_names"], p + ("node_names",)
-        if not isinstance(v, list) or not v:
-            raise self.d.err(path, "node_names must be a non-empty list of node names or glob patterns (gpu-*)")
-        out = []
-        for i, pat in enumerate(v):
-            if not isinstance(pat, str) or not _NODE_PATTERN.match(pat):
-                raise self.d.err(path + (i,), f"node_names: {pat!r} is not a node name or glob pattern "
-                                 "(lower-case letters, digits, '-', '.', and * ? [...])")
-            if not re.sub(r"\[[^\]]*\]|[*?]", "", pat):
-                raise self.d.err(path + (i,), f"node_names: {pat!r} matches any node name: name the nodes or a "
-                                 "prefix such as gpu-*")
-            out.append(pat)
-        return tuple(out)
 
-    def node_selector(self, m: dict[str, Any], p: tuple[Any, ...]) -> tuple[tuple[str, str], ...]:
-        if "node_selector" not in m:
-            return ()
-        v, path = m["node_selector"], p + ("node_selector",)
-        if not isinstance(v, dict) or not v:
-            raise self.d.err(path, "node_selector must be a non-empty mapping of node label: value "
-                             "(e.g. {triscope.io/remediation: allowed})")
-        out = []
-        for key, val in v.items():
-            val = "true" if val is True else "false" if val is False else val
-            if not isinstance(key, str) or not _LABEL_KEY.match(key):
-                raise self.d.err(path + (key,), f"node_selector: {key!r} is not a label key")
-            if not isinstance(val, str | int) or not _LABEL_VALUE.match(str(val)):
-                raise self.d.err(path + (key,), f"node_selector: {key}: {val!r} is not a label value")
-            out.append((key, str(val)))
-        return tuple(sorted(out))
+# the file: triggers ------------------------------------------------------------------------------
+class AlertTrigger(ConfigModel):
+    alert: Text
+    matchers: Matchers = ()
 
-    def slo_file(self, m: dict[str, Any], p: tuple[Any, ...]) -> str:
-        v = self.string(m, "slo_file", p, "") or ""
-        if not v:
-            return ""
-        path = Path(v).expanduser()
-        if not path.is_absolute():
-            path = (Path(self.d.file).resolve().parent / path) if self.d.file and not self.d.file.startswith("<") \
-                else path.resolve()
-        if not path.is_file():
-            raise self.d.err(p + ("slo_file",), f"slo_file {v!r}: no such file ({path})")
-        try:
-            from triscope.analysis.slo import load_slo_file
-        except ImportError:
-            return str(path)
-        try:
-            self.slos = {s.id: s for s in load_slo_file(path)}
-            self.slos.update({s.name: s for s in self.slos.values()})
-        except Exception as e:
-            raise self.d.err(p + ("slo_file",), f"slo_file {v!r}: {e}") from None
-        return str(path)
+    def to_trigger(self, slo_file: str) -> Trigger:
+        return Trigger("alert", alert=self.alert, matchers=self.matchers)
 
-    def matchers(self, v: Any, path: tuple[Any, ...]) -> tuple[Matcher, ...]:
-        if v is None:
-            return ()
-        items: list[tuple[Any, tuple[Any, ...]]] = []
-        if isinstance(v, dict):
-            items = [(f"{k}={val}", path + (k,)) for k, val in v.items()]
-        elif isinstance(v, list):
-            items = [(x, path + (i,)) for i, x in enumerate(v)]
-        else:
-            raise self.d.err(path, "matchers must be a list like ['severity=page', 'namespace=~inf.*'] or a mapping")
-        out = []
-        for text, p in items:
-            m = _MATCHER.match(str(text)) if isinstance(text, str) else None
-            if not m:
-                raise self.d.err(p, f"matcher {text!r} is not LABEL=VALUE, LABEL!=VALUE, LABEL=~REGEX or LABEL!~REGEX")
-            if m.group(2) in ("=~", "!~"):
-                try:
-                    re.compile(m.group(3))
-                except re.error as e:
-                    raise self.d.err(p, f"matcher {text!r}: bad regular expression: {e}") from None
-            out.append(Matcher(m.group(1), m.group(2), m.group(3)))
-        return tuple(out)
 
-    def trigger(self, v: Any, path: tuple[Any, ...]) -> Trigger:
-        m = self.mapping(v, path, ("alert", "matchers", "metric", "labels", "op", "threshold", "for", "mismatch",
-                                   "slo", "status", "xid", "within", "nodes"), "trigger")
-        kinds = [k for k in TRIGGER_KINDS if k in m]
-        if len(kinds) != 1:
-            raise self.d.err(path, "a trigger needs exactly one of: alert, metric, mismatch, slo, xid"
-                             + (f" (found {', '.join(kinds)})" if kinds else ""))
-        kind = kinds[0]
-        extra = {"alert": ("matchers",), "metric": ("labels", "op", "threshold", "for", "nodes"),
-                 "mismatch": ("for", "nodes"), "slo": ("status", "for", "nodes"), "xid": ("within", "nodes")}[kind]
-        for k in m:
-            if k != kind and k not in extra:
-                raise self.d.err(path + (k,), f"key {k!r} does not apply to a {kind} trigger")
-        nodes = self.matchers(m.get("nodes"), path + ("nodes",))
-        if kind == "alert":
-            return Trigger("alert", alert=self.string(m, "alert", path, required=True) or "",
-                           matchers=self.matchers(m.get("matchers"), path + ("matchers",)))
-        if kind == "metric":
-            metric = self.string(m, "metric", path, required=True) or ""
-            if not re.fullmatch(r"[a-zA-Z_:][a-zA-Z0-9_:]*", metric):
-                raise self.d.err(path + ("metric",), f"{metric!r} is not a metric name")
-            labels = m.get("labels") or {}
-            if not isinstance(labels, dict):
-                raise self.d.err(path + ("labels",), "labels must be a mapping of label: value")
-            op = str(m.get("op", ">"))
-            if op not in OPS:
-                raise self.d.err(path + ("op",), f"op must be one of {', '.join(OPS)}, not {op!r}")
-            return Trigger("metric", metric=metric, labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
-                           op=op, threshold=self.number(m, "threshold", path, None),
-                           for_s=self.duration(m, "for", path, 0.0), nodes=nodes)
-        if kind == "mismatch":
-            return Trigger("mismatch", state=self.string(m, "mismatch", path, required=True) or "",
-                           for_s=self.duration(m, "for", path, 0.0), nodes=nodes)
-        if kind == "slo":
-            status = self.string(m, "status", path, "page") or "page"
-            if status not in ("page", "ticket"):
-                raise self.d.err(path + ("status",), f"status must be page or ticket, not {status!r}")
-            name = self.string(m, "slo", path, required=True) or ""
-            if self.slos is None and not self.slo_path:
-                raise self.d.err(path + ("slo",), "slo triggers need settings.slo_file (the SLO spec file)")
-            if self.slos is not None and name not in self.slos:
-                raise self.d.err(path + ("slo",), f"no SLO {name!r} in {self.slo_path} "
-                                 f"(there are: {', '.join(sorted({s.id for s in self.slos.values()}))})")
-            return Trigger("slo", slo=name, slo_status=status, for_s=self.duration(m, "for", path, 0.0), nodes=nodes,
-                           slo_file=self.slo_path)
-        codes = m["xid"] if isinstance(m["xid"], list) else [m["xid"]]
-        if not codes or not all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in codes):
-            raise self.d.err(path + ("xid",), "xid must be an XID code or a list of codes (positive integers)")
-        return Trigger("xid", xid_codes=tuple(codes), within_s=self.duration(m, "within", path, 300.0), nodes=nodes)
+class MetricTrigger(ConfigModel):
+    metric: Annotated[str, AfterValidator(_metric_name)]
+    labels: Annotated[tuple[tuple[str, str], ...], PlainValidator(_labels)] = ()
+    op: Literal[">", ">=", "<", "<=", "==", "!="] = ">"
+    threshold: float
+    for_: Duration = Field(default=0.0, alias="for")
+    nodes: Matchers = ()
 
-    def target(self, v: Any, path: tuple[Any, ...], action: str) -> dict[str, TargetField]:
-        m = self.mapping(v, path, TARGET_FIELDS, "target")
-        out: dict[str, TargetField] = {}
-        for k, spec in m.items():
-            p = path + (k,)
-            if isinstance(spec, str):
-                if not _NAME.match(spec):
-                    raise self.d.err(p, f"{k}: {spec!r} is not a valid Kubernetes name")
-                out[k] = TargetField(literal=spec)
-            elif isinstance(spec, dict):
-                sm = self.mapping(spec, p, ("label", "default"), f"target.{k}")
-                label = self.string(sm, "label", p, required=True)
-                default = self.string(sm, "default", p)
-                if default is not None and not _NAME.match(default):
-                    raise self.d.err(p + ("default",), f"default {default!r} is not a valid Kubernetes name")
-                out[k] = TargetField(label=label, default=default)
-            else:
-                raise self.d.err(p, f"{k} must be a name or {{label: LABEL, default: NAME}}")
-        for need in ACTION_TARGETS[action]:
-            if need not in out:
-                raise self.d.err(path, f"action {action} needs target.{need} (a name or {{label: LABEL}})")
+    def to_trigger(self, slo_file: str) -> Trigger:
+        return Trigger("metric", metric=self.metric, labels=self.labels, op=self.op, threshold=self.threshold,
+                       for_s=self.for_, nodes=self.nodes)
+
+
+class MismatchTrigger(ConfigModel):
+    mismatch: Text
+    for_: Duration = Field(default=0.0, alias="for")
+    nodes: Matchers = ()
+
+    def to_trigger(self, slo_file: str) -> Trigger:
+        return Trigger("mismatch", state=self.mismatch, for_s=self.for_, nodes=self.nodes)
+
+
+class SLOTrigger(ConfigModel):
+    slo: Text
+    status: Literal["page", "ticket"] = "page"
+    for_: Duration = Field(default=0.0, alias="for")
+    nodes: Matchers = ()
+
+    def to_trigger(self, slo_file: str) -> Trigger:
+        return Trigger("slo", slo=self.slo, slo_status=self.status, for_s=self.for_, nodes=self.nodes,
+                       slo_file=slo_file)
+
+
+class XidTrigger(ConfigModel):
+    xid: Annotated[tuple[int, ...], PlainValidator(_xid_codes)]
+    within: Duration = 300.0
+    nodes: Matchers = ()
+
+    def to_trigger(self, slo_file: str) -> Trigger:
+        return Trigger("xid", xid_codes=self.xid, within_s=self.within, nodes=self.nodes)
+
+
+_TRIGGER_MODELS: dict[str, type[ConfigModel]] = {
+    "alert": AlertTrigger, "metric": MetricTrigger, "mismatch": MismatchTrigger, "slo": SLOTrigger, "xid": XidTrigger}
+
+
+def _trigger_kind(value: Any) -> str:
+    if not isinstance(value, dict):
+        return "<alert>" if value is not None else "<no kind>"   # not a mapping: the alert model says so
+    kinds = [k for k in TRIGGER_KINDS if k in value]
+    return f"<{kinds[0]}>" if len(kinds) == 1 else "<no kind>"
+
+
+def _no_kind(value: Any) -> Any:
+    """A trigger with none or several of the kinds: an unknown key first, then what is missing."""
+    keys = list(dict.fromkeys(k for m in _TRIGGER_MODELS.values() for k in m.allowed_keys()))
+    for key in value or {}:
+        if key not in keys:
+            raise unknown_key(key, keys)
+    kinds = [k for k in TRIGGER_KINDS if k in (value or {})]
+    raise problem("a trigger needs exactly one of: alert, metric, mismatch, slo, xid"
+                  + (f" (found {', '.join(kinds)})" if kinds else ""))
+
+
+TriggerModel = Annotated[
+    Annotated[AlertTrigger, variant("alert")] | Annotated[MetricTrigger, variant("metric")]
+    | Annotated[MismatchTrigger, variant("mismatch")] | Annotated[SLOTrigger, variant("slo")]
+    | Annotated[XidTrigger, variant("xid")] | Annotated[Any, AfterValidator(_no_kind), variant("no kind")],
+    Discriminator(_trigger_kind)]
+
+
+# the file: rules ---------------------------------------------------------------------------------
+class TargetReference(ConfigModel):
+    label: Text
+    default: KubeName | None = None
+
+
+TargetValue = Annotated[
+    Annotated[KubeName, variant("name")] | Annotated[TargetReference, variant("reference")]
+    | Annotated[Any, AfterValidator(_not_a_target), variant("other")],
+    Discriminator(_target_form)]
+
+
+class TargetModel(ConfigModel):
+    namespace: TargetValue | None = None
+    deployment: TargetValue | None = None
+    node: TargetValue | None = None
+
+    def fields(self) -> dict[str, TargetField]:
+        out = {}
+        for name in TARGET_FIELDS:
+            v = getattr(self, name)
+            if isinstance(v, str):
+                out[name] = TargetField(literal=v)
+            elif isinstance(v, TargetReference):
+                out[name] = TargetField(label=v.label, default=v.default)
         return out
 
-    def params(self, v: Any, path: tuple[Any, ...], action: str) -> dict[str, Any]:
-        if action == "rolling_restart":
-            m = self.mapping(v, path, ("timeout", "follow"), "params")
-            return {"timeout": self.duration(m, "timeout", path, 300.0), "follow": self.boolean(m, "follow", path, True)}
-        if action == "dependency_fallback":
-            m = self.mapping(v, path, ("configmap", "key", "value", "ttl", "hold"), "params")
-            for k in ("configmap", "key"):
-                if k not in m:
-                    raise self.d.err(path, f"dependency_fallback needs params.{k}")
-            cm = self.string(m, "configmap", path, required=True) or ""
-            if not _NAME.match(cm):
-                raise self.d.err(path + ("configmap",), f"{cm!r} is not a valid ConfigMap name")
-            key = self.string(m, "key", path, required=True) or ""
-            if not re.fullmatch(r"[-._a-zA-Z0-9]{1,253}", key):
-                raise self.d.err(path + ("key",), f"{key!r} is not a valid ConfigMap key")
-            value = m.get("value", "fallback")
-            if not isinstance(value, str | int | float) or isinstance(value, bool):
-                raise self.d.err(path + ("value",), "value must be a string")
-            ttl = self.duration(m, "ttl", path, 1800.0)
-            hold = self.duration(m, "hold", path, 300.0)
-            if ttl <= 0:
-                raise self.d.err(path + ("ttl",), "ttl must be positive")
-            return {"configmap": cm, "key": key, "value": str(value), "ttl": ttl, "hold": hold}
-        if action == "reschedule":
-            m = self.mapping(v, path, ("weights", "eviction_timeout", "affinity_weight", "cordon"), "params")
-            wm = self.mapping(m.get("weights"), path + ("weights",), ("compute", "link", "storage"), "weights")
-            wp = path + ("weights",)
-            weights = {k: self.number(wm, k, wp, 1.0, 0.0, 1000.0) for k in ("compute", "link", "storage")}
-            if not any(weights.values()):
-                raise self.d.err(wp, "at least one weight must be positive")
-            return {"weights": weights, "eviction_timeout": self.duration(m, "eviction_timeout", path, 120.0),
-                    "affinity_weight": self.integer(m, "affinity_weight", path, 100, 1, 100),
-                    "cordon": self.boolean(m, "cordon", path, True)}
-        m = self.mapping(v, path, ("argv", "timeout"), "params")
-        argv = m.get("argv")
-        if not isinstance(argv, list) or not argv or not all(isinstance(a, str | int | float) and not isinstance(a, bool)
-                                                             for a in argv):
-            raise self.d.err(path + ("argv",), "command needs params.argv: a non-empty list of arguments "
-                             "(fixed in the policy, no shell)")
-        return {"argv": [str(a) for a in argv], "timeout": self.duration(m, "timeout", path, 30.0)}
 
-    def rule(self, v: Any, i: int) -> Rule:
-        path: tuple[Any, ...] = ("rules", i)
-        m = self.mapping(v, path, ("name", "trigger", "action", "target", "params", "limits", "dry_run"), "a rule")
-        name = self.string(m, "name", path, required=True) or ""
-        if not _NAME.match(name):
-            raise self.d.err(path + ("name",), f"rule name {name!r}: use lower-case letters, digits, '-', '_', '.'")
-        if "trigger" not in m:
-            raise self.d.err(path, f"rule {name}: missing trigger")
-        trigger = self.trigger(m["trigger"], path + ("trigger",))
-        action = self.string(m, "action", path, required=True) or ""
-        if action not in ACTIONS:
-            raise self.d.err(path + ("action",), f"unknown action {action!r} (one of: {', '.join(ACTIONS)})")
-        target = self.target(m.get("target"), path + ("target",), action)
-        params = self.params(m.get("params"), path + ("params",), action)
-        lp = path + ("limits",)
-        lm = self.mapping(m.get("limits"), lp, ("cooldown", "max_actions", "per"), "limits")
-        return Rule(name=name, trigger=trigger, action=action, target=target, params=params,
-                    cooldown_s=self.duration(lm, "cooldown", lp, 600.0), max_actions=self.integer(lm, "max_actions", lp, 6, 1),
-                    per_s=max(1.0, self.duration(lm, "per", lp, 3600.0)), dry_run=self.boolean(m, "dry_run", path, False),
-                    line=self.d.line(path) or 0)
+class LimitsModel(ConfigModel):
+    cooldown: Duration = 600.0
+    max_actions: Annotated[int, Field(ge=1)] = 6
+    per: Duration = 3600.0
 
 
+class _RuleModel(ConfigModel):
+    name: Annotated[str, AfterValidator(_rule_name)]
+    trigger: TriggerModel
+    action: str
+    target: TargetModel = TargetModel()
+    params: Any = None
+    limits: LimitsModel = LimitsModel()
+    dry_run: bool = False
+
+    @model_validator(mode="after")
+    def _targets_given(self) -> _RuleModel:
+        for need in ACTION_TARGETS.get(self.action, ()):
+            if getattr(self.target, need) is None:
+                raise problem(f"action {self.action} needs target.{need} (a name or {{label: LABEL}})", "target")
+        return self
+
+    def to_rule(self, slo_file: str, line: int) -> Rule:
+        params = self.params.model_dump() if isinstance(self.params, ConfigModel) else {}
+        return Rule(name=self.name, trigger=self.trigger.to_trigger(slo_file), action=self.action,
+                    target=self.target.fields(), params=params, cooldown_s=self.limits.cooldown,
+                    max_actions=self.limits.max_actions, per_s=max(1.0, self.limits.per), dry_run=self.dry_run,
+                    line=line)
+
+
+class RollingRestartRule(_RuleModel):
+    action: Literal["rolling_restart"]
+    params: RollingRestartParams = RollingRestartParams()
+
+
+class DependencyFallbackRule(_RuleModel):
+    action: Literal["dependency_fallback"]
+    params: DependencyFallbackParams
+
+
+class RescheduleRule(_RuleModel):
+    action: Literal["reschedule"]
+    params: RescheduleParams = RescheduleParams()
+
+
+class CommandRule(_RuleModel):
+    action: Literal["command"]
+    params: CommandParams
+
+
+def _unknown_action(value: Any) -> Any:
+    raise ValueError(f"unknown action {show(value)} (one of: {', '.join(ACTIONS)})")
+
+
+class _UnknownActionRule(_RuleModel):
+    """A rule whose action is missing or unknown: says so, with every other problem of the rule."""
+
+    action: Annotated[Any, AfterValidator(_unknown_action)]
+
+
+def _rule_action(value: Any) -> str:
+    action = value.get("action") if isinstance(value, dict) else None
+    return f"<{action}>" if isinstance(action, str) and action in ACTIONS else "<unknown action>"
+
+
+RuleModel = Annotated[
+    Annotated[RollingRestartRule, variant("rolling_restart")]
+    | Annotated[DependencyFallbackRule, variant("dependency_fallback")]
+    | Annotated[RescheduleRule, variant("reschedule")] | Annotated[CommandRule, variant("command")]
+    | Annotated[_UnknownActionRule, variant("unknown action")],
+    Discriminator(_rule_action)]
+
+
+def _version(value: Any) -> int:
+    if value != 1 or isinstance(value, bool):
+        raise ValueError(f"unsupported policy version {show(value)} (this triscope reads version 1)")
+    return 1
+
+
+# the file ----------------------------------------------------------------------------------------
+class PolicyFile(ConfigModel):
+    """A policy file, ``version: 1``: settings and a non-empty list of rules."""
+
+    version: Annotated[Any, AfterValidator(_version)] = 1
+    settings: SettingsModel = SettingsModel()
+    rules: Annotated[list[RuleModel], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _rules_within_settings(self, info: ValidationInfo) -> PolicyFile:
+        doc = (info.context or {}).get("doc")
+        s = self.settings
+        seen: dict[str, int] = {}
+        for i, r in enumerate(self.rules):
+            if r.name in seen:
+                first = seen[r.name]
+                where = f"line {doc.line(('rules', first, 'name'))}" if doc else f"rules[{first}]"
+                raise problem(f"duplicate rule name {r.name!r} (first on {where})", "rules", i, "name")
+            seen[r.name] = i
+            ns = r.target.namespace
+            if r.action != "command" and s.namespaces and isinstance(ns, str) and ns not in s.namespaces:
+                raise problem(f"namespace {ns!r} is not in settings.namespaces {s.namespaces}",
+                              "rules", i, "target", "namespace")
+            if r.action in NODE_ACTIONS:
+                self._check_node_target(r, i)
+            if isinstance(r.trigger, SLOTrigger) and not s.slo_file:
+                raise problem("slo triggers need settings.slo_file (the SLO spec file)", "rules", i, "trigger", "slo")
+        if any(r.action != "command" for r in self.rules) and not s.namespaces:
+            raise problem("required when a rule acts on Kubernetes (the namespace allow-list)", "settings", "namespaces")
+        return self
+
+    def _check_node_target(self, r: _RuleModel, i: int) -> None:
+        s = self.settings
+        if not (s.node_names or s.node_selector):
+            raise problem(f"{r.action} cordons and drains nodes: settings.node_names or settings.node_selector "
+                          "(the node allow-list) is required", "rules", i, "action")
+        patterns = s.node_names or []
+        node = r.target.node
+        for name, at in ((node, ()), (getattr(node, "default", None), ("default",))):
+            if isinstance(name, str) and patterns and not any(fnmatch.fnmatchcase(name, p) for p in patterns):
+                raise problem(f"node {name!r} is not in settings.node_names {patterns}",
+                              "rules", i, "target", "node", *at)
+
+
+# loading -----------------------------------------------------------------------------------------
 def parse_policy(text: str, file: str = "<policy>") -> Policy:
-    doc = _Doc(text, file)
-    root = doc.root
-    if not isinstance(root, dict):
-        raise PolicyError(file, doc.line(()) or 1, "the policy must be a mapping with 'rules' (and optional 'settings')")
-    p = _Parser(doc)
-    p.mapping(root, (), ("version", "settings", "rules"), "the policy")
-    if root.get("version", 1) != 1:
-        raise doc.err(("version",), f"unsupported policy version {root.get('version')!r} (this triscope reads version 1)")
-    settings = p.settings(root.get("settings"))
-    p.slo_path = settings.slo_file
-    rules_v = root.get("rules")
-    if not isinstance(rules_v, list) or not rules_v:
-        raise doc.err(("rules",), "rules must be a non-empty list")
+    """A policy from its text; raises ``PolicyError`` (``FILE:LINE: field: what is wrong``)."""
+    try:
+        doc = yamlsafe.parse(text, file)
+    except yamlsafe.YAMLFileError as e:
+        raise PolicyError(file, e.line, e.reason) from None
+    model = validate_config(PolicyFile, doc, error=PolicyError)
+    slo_file, slo_ids = _slo_file(model.settings.slo_file, doc)
     rules = []
-    seen: dict[str, int] = {}
-    for i, rv in enumerate(rules_v):
-        r = p.rule(rv, i)
-        if r.name in seen:
-            raise doc.err(("rules", i, "name"), f"duplicate rule name {r.name!r} (first on line {seen[r.name]})")
-        seen[r.name] = doc.line(("rules", i, "name")) or 0
-        needs_ns = r.action in ("rolling_restart", "dependency_fallback", "reschedule")
-        ns = r.target.get("namespace")
-        if needs_ns and settings.namespaces and ns and ns.literal and ns.literal not in settings.namespaces:
-            raise doc.err(("rules", i, "target", "namespace"),
-                          f"namespace {ns.literal!r} is not in settings.namespaces {list(settings.namespaces)}")
-        if r.action in NODE_ACTIONS:
-            if not settings.nodes_bounded:
-                raise doc.err(("rules", i, "action"),
-                              f"rule {r.name}: {r.action} cordons and drains nodes: settings.node_names or "
-                              "settings.node_selector (the node allow-list) is required")
-            node = r.target.get("node")
-            if node and node.literal and not settings.node_name_allowed(node.literal):
-                raise doc.err(("rules", i, "target", "node"),
-                              f"node {node.literal!r} is not in settings.node_names {list(settings.node_names)}")
-            if node and node.default and not settings.node_name_allowed(node.default):
-                raise doc.err(("rules", i, "target", "node", "default"),
-                              f"node {node.default!r} is not in settings.node_names {list(settings.node_names)}")
-        rules.append(r)
-    if any(r.action != "command" for r in rules) and not settings.namespaces:
-        raise doc.err(("settings",), "settings.namespaces (the namespace allow-list) is required when a rule "
-                      "acts on Kubernetes")
-    return Policy(file, settings, tuple(rules))
+    for i, r in enumerate(model.rules):
+        if isinstance(r.trigger, SLOTrigger) and slo_ids is not None and r.trigger.slo not in slo_ids:
+            raise fail(doc, ("rules", i, "trigger", "slo"), f"no SLO {r.trigger.slo!r} in {slo_file} "
+                       f"(there are: {', '.join(sorted(set(slo_ids.values())))})", PolicyError)
+        rules.append(r.to_rule(slo_file, doc.line(("rules", i)) or 0))
+    return Policy(file, model.settings.to_settings(slo_file), tuple(rules))
+
+
+def _slo_file(value: str | None, doc: yamlsafe.Document) -> tuple[str, dict[str, str] | None]:
+    """The SLO file's absolute path (relative paths: to the policy's folder) and its SLOs
+    (name and service-name, each to its id); no file: ``("", None)``."""
+    if not value:
+        return "", None
+    at = ("settings", "slo_file")
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        path = (Path(doc.file).resolve().parent / path) if doc.file and not doc.file.startswith("<") \
+            else path.resolve()
+    if not path.is_file():
+        raise fail(doc, at, f"{value!r}: no such file ({path})", PolicyError)
+    try:
+        from triscope.analysis.slo import load_slo_file
+    except ImportError:
+        return str(path), None
+    try:
+        specs = load_slo_file(path)
+    except Exception as e:  # noqa: BLE001 - the SLO file's own one-line error, under the policy's line
+        raise fail(doc, at, f"{value!r}: {e}", PolicyError) from None
+    return str(path), {**{s.id: s.id for s in specs}, **{s.name: s.id for s in specs}}
 
 
 def load_policy(path: str | os.PathLike[str]) -> Policy:

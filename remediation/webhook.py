@@ -18,8 +18,11 @@ import hmac
 import json
 import logging
 import time
-from typing import Any
+from typing import Annotated, Any, Literal
 
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from triscope.configfile import describe, show
 from triscope.httpd import HttpServer, Limits, Request, Response
 from triscope.remediation import metrics
 from triscope.remediation.triggers import parse_rfc3339
@@ -34,49 +37,72 @@ class PayloadError(ValueError):
     pass
 
 
+def _version(value: Any) -> str:
+    if str(value) != "4":
+        raise ValueError(f"unsupported webhook payload version {show(value, 'an object')} (expected \"4\")")
+    return "4"
+
+
+def _alert_list(value: Any) -> Any:
+    if not isinstance(value, list) or not value:
+        raise ValueError("must be a non-empty list")
+    if len(value) > MAX_ALERTS:   # before any alert is looked at
+        raise ValueError(f"too many alerts in one payload ({len(value)} > {MAX_ALERTS})")
+    return value
+
+
+def _rfc3339(value: str) -> str:
+    if len(value) > 64 or parse_rfc3339(value) is None:
+        raise ValueError(f"must be an RFC 3339 time, not {show(value)}")
+    return value
+
+
+def _has_alertname(labels: dict[str, str]) -> dict[str, str]:
+    if not labels.get("alertname"):
+        raise ValueError("has no alertname")
+    return labels
+
+
+Strings = dict[str, str]
+
+
+class _Model(BaseModel):
+    # Alertmanager's other fields (receiver, groupKey, endsAt, generatorURL, ...) are not checked
+    # here and pass through untouched: a newer Alertmanager may add more.
+    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
+
+
+class WebhookAlert(_Model):
+    """One alert of the payload: what the engine reads."""
+
+    status: Literal["firing", "resolved"]
+    labels: Annotated[Strings, AfterValidator(_has_alertname)]
+    annotations: Strings | None = None
+    startsAt: Annotated[str, AfterValidator(_rfc3339)]
+    fingerprint: Annotated[str, Field(max_length=64)] | None = None
+
+
+class WebhookPayload(_Model):
+    """The Alertmanager webhook payload, version 4 (at most ``MAX_ALERTS`` alerts)."""
+
+    version: Annotated[Any, AfterValidator(_version)]
+    groupLabels: Strings | None = None
+    commonLabels: Strings | None = None
+    commonAnnotations: Strings | None = None
+    alerts: Annotated[list[WebhookAlert], BeforeValidator(_alert_list)]
+
+
 def validate_payload(obj: Any) -> dict[str, Any]:
-    """Check an Alertmanager webhook v4 payload; raise ``PayloadError`` with the first problem."""
+    """Check an Alertmanager webhook v4 payload (``WebhookPayload``); return it as it came, or raise
+    ``PayloadError`` with the first problem, one short line (``alerts[0].status: must be ...``)."""
     if not isinstance(obj, dict):
         raise PayloadError("the body must be a JSON object (Alertmanager webhook payload)")
-    if str(obj.get("version", "")) != "4":
-        raise PayloadError(f"unsupported webhook payload version {_short(obj.get('version'))} (expected \"4\")")
-    for key in ("groupLabels", "commonLabels", "commonAnnotations"):
-        v = obj.get(key, {})
-        if v is not None and not _strings(v):
-            raise PayloadError(f"{key} must be an object of strings")
-    alerts = obj.get("alerts")
-    if not isinstance(alerts, list) or not alerts:
-        raise PayloadError("alerts must be a non-empty list")
-    if len(alerts) > MAX_ALERTS:
-        raise PayloadError(f"too many alerts in one payload ({len(alerts)} > {MAX_ALERTS})")
-    for i, a in enumerate(alerts):
-        if not isinstance(a, dict):
-            raise PayloadError(f"alerts[{i}] must be an object")
-        if a.get("status") not in ("firing", "resolved"):
-            raise PayloadError(f"alerts[{i}].status must be 'firing' or 'resolved', not {_short(a.get('status'))}")
-        labels = a.get("labels")
-        if not isinstance(labels, dict) or not _strings(labels):
-            raise PayloadError(f"alerts[{i}].labels must be an object of strings")
-        if not labels.get("alertname"):
-            raise PayloadError(f"alerts[{i}].labels has no alertname")
-        annotations = a.get("annotations")
-        if annotations is not None and not _strings(annotations):
-            raise PayloadError(f"alerts[{i}].annotations must be an object of strings")
-        starts = a.get("startsAt", "")
-        if not isinstance(starts, str) or len(starts) > 64 or parse_rfc3339(starts) is None:
-            raise PayloadError(f"alerts[{i}].startsAt must be an RFC 3339 time, not {_short(starts)}")
-        fp = a.get("fingerprint")
-        if fp is not None and (not isinstance(fp, str) or len(fp) > 64):
-            raise PayloadError(f"alerts[{i}].fingerprint must be a short string")
+    try:
+        WebhookPayload.model_validate(obj)
+    except ValidationError as e:
+        _, where, what = describe(e.errors(include_url=False)[0], mapping="an object")
+        raise PayloadError(one_line(f"{where}: {what}" if where else what, 300)) from None
     return obj
-
-
-def _strings(v: Any) -> bool:
-    return isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, str) for k, x in v.items())
-
-
-def _short(v: Any) -> str:
-    return one_line(repr(v), 80)
 
 
 MIN_TOKEN_LEN = 16

@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 
 from triscope import names, timeparse, yamlsafe
-from triscope.samples import EventRecord, Sample
-from triscope.store import Store, Tick
+from triscope.samples import EventRecord, Sample, Tick
+from triscope.store import Store
 from triscope.store.db import StoreError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -172,7 +172,7 @@ def test_slo_and_threshold_files_still_name_their_lines(tmp_path: Path) -> None:
     assert load_slo_file(SLO_EXAMPLE)
     p = tmp_path / "th.yaml"
     p.write_text("mismatch:\n  io_saturated_link: 0.6\n  window_s: .inf\n")
-    with pytest.raises(ConfigError, match=rf"^{p}:3: window_s must be a finite number"):
+    with pytest.raises(ConfigError, match=rf"^{p}:3: mismatch.window_s: must be a finite duration"):
         load_thresholds(p, environ={})
     with pytest.raises(SLOSpecError, match=rf"^{tmp_path / 'none.yaml'}: no such file$"):
         load_slo_file(tmp_path / "none.yaml")

@@ -56,7 +56,7 @@ def test_example_policy_is_valid_and_complete() -> None:
     trigger: {xid: [79, "x"]}
     action: command
     params: {argv: []}
-"""), 9, "xid must be"),
+"""), 9, "trigger.xid: must be an XID code"),
     (policy_text("""  - name: c
     trigger: {metric: m, threshold: 1}
     action: command
@@ -67,10 +67,10 @@ def test_example_policy_is_valid_and_complete() -> None:
     action: dependency_fallback
     target: {namespace: inference}
     params: {key: mode}
-"""), 12, "needs params.configmap"),
+"""), 12, "params.configmap: missing"),
     (policy_text(RULE, settings="  leader_election: {enabled: true}\n  namespaces: [inference]\n"), 3,
      "needs a Kubernetes API"),
-    (policy_text(RULE, settings="  max_in_flight: 0\n  namespaces: [inference]\n"), 3, "max_in_flight must be"),
+    (policy_text(RULE, settings="  max_in_flight: 0\n  namespaces: [inference]\n"), 3, "settings.max_in_flight: must be >= 1"),
     (policy_text(RULE.replace("trigger: {alert: A}", "trigger: {alert: A, matchers: ['sev=~(']}")), 9,
      "bad regular expression"),
     # node targets are bounded like namespaces: a reschedule rule needs the node allow-list ...
@@ -79,7 +79,7 @@ def test_example_policy_is_valid_and_complete() -> None:
     (policy_text(RESCHEDULE, settings="  namespaces: [inference]\n  node_names: [gpu-*, '*']\n"), 4,
      "'*' matches any node name"),
     (policy_text(RESCHEDULE, settings="  namespaces: [inference]\n  node_selector: {}\n"), 4,
-     "node_selector must be a non-empty mapping"),
+     "node_selector: must be a non-empty mapping"),
     # ... and a node named in the rule must be in it
     (policy_text(RESCHEDULE.replace("{label: node}", "cpu-1"), settings="  namespaces: [inference]\n"
                  "  node_names: [gpu-*]\n"), 9, "node 'cpu-1' is not in settings.node_names"),
@@ -102,7 +102,7 @@ def test_cli_check_ok_and_refusal(tmp_path: Path) -> None:
     res = subprocess.run([sys.executable, "-m", "triscope", "remediate", "check", str(bad)],
                          capture_output=True, text=True, cwd=REPO)
     assert res.returncode == 1
-    assert f"{bad}:10: unknown action 'nuke'" in res.stdout
+    assert f"{bad}:10: rules[0].action: unknown action 'nuke'" in res.stdout
     assert "Traceback" not in res.stdout + res.stderr
 
 
@@ -113,4 +113,4 @@ def test_engine_refuses_malformed_policy_at_start(tmp_path: Path) -> None:
                           "--policy", str(bad), "--insecure-no-auth"], capture_output=True, text=True, cwd=REPO,
                          timeout=60)
     assert res.returncode == 2
-    assert f"policy refused: {bad}:12: dry_run must be true or false" in res.stderr
+    assert f"policy refused: {bad}:12: rules[0].dry_run: must be true or false" in res.stderr

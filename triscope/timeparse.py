@@ -4,8 +4,9 @@
 Accepted forms (``HELP`` says the same in one line for ``--help``):
 
 * ``now``;
-* a time ago: ``2h`` or ``-2h`` (both two hours ago), units ``s``, ``m``, ``h``, ``d``, ``w``,
-  decimals and compounds allowed (``1.5h``, ``1h30m``);
+* a time ago: ``2h`` or ``-2h`` (both two hours ago), in the duration grammar of every
+  configuration file (``triscope.durations``: units ``ms``, ``s``, ``m``, ``h``, ``d``, ``w``,
+  decimals and compounds allowed: ``1.5h``, ``1h30m``) but always with a unit;
 * ISO 8601: ``2026-11-29T17:00:00Z``, ``2026-11-29T18:00:00+01:00``, ``2026-11-29 17:00``,
   ``2026-11-29``; without a zone the time is **UTC**;
 * a plain number: epoch seconds when it is at least 1,000,000,000 (2001-09-09), otherwise a count
@@ -27,15 +28,14 @@ import re
 import time
 from datetime import UTC, datetime
 
-UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+from triscope.durations import unit_seconds
+
 EPOCH_MIN = 1_000_000_000.0
 """Plain numbers at or above this are epoch seconds; below, seconds ago."""
 MAX_TS = 253402300799.0   # 9999-12-31T23:59:59Z
 HELP = ("ISO 8601 (2026-11-29T17:00:00Z; no zone = UTC), a time ago (2h or -2h; s, m, h, d, w), "
         "epoch seconds, or now")
 
-_AGO = re.compile(r"^-?((?:\d+(?:\.\d+)?[smhdw])+)$")
-_PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 _NUMBER = re.compile(r"^(-?)(\d+(?:\.\d+)?)$")
 # what argparse must take for an option's value, not for an option: -2h, -1h30m, -90, -.5 (and -inf,
 # -nan: refused by parse_time with its own message, not argparse's usage text)
@@ -46,12 +46,18 @@ class TimeParseError(ValueError):
     """A time argument that is not one of the accepted forms (the message says which are)."""
 
 
+def _ago(value: str) -> float | None:
+    """Seconds of a time ago with a unit (``2h``, ``-2h``, ``1h30m``), None when not that form."""
+    v = value.strip()
+    v = v[1:] if v.startswith("-") else v
+    return None if not v[:1].isdigit() else unit_seconds(v)
+
+
 def parse_duration(value: str) -> float:
     """``2h``, ``-2h``, ``1h30m``, ``90s`` as seconds (the sign is ignored: a duration ago)."""
-    m = _AGO.match(value.strip())
-    if not m:
+    seconds = _ago(value)
+    if seconds is None:
         raise TimeParseError(f"{value!r} is not a duration (e.g. 90s, 30m, 2h, 1h30m, 7d, 1w)")
-    seconds = sum(float(n) * UNITS[u] for n, u in _PART.findall(m.group(1)))
     if not math.isfinite(seconds):
         raise TimeParseError(f"{value!r} is too long a duration")
     return seconds
@@ -67,7 +73,7 @@ def parse_time(value: str, now: float | None = None) -> float:
         raise TimeParseError(f"an empty time: use {HELP}")
     if v.lower() == "now":
         return now
-    if _AGO.match(v):
+    if _ago(v) is not None:
         return _check(value, now - parse_duration(v))
     m = _NUMBER.match(v)
     if m:
