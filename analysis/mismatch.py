@@ -1,9 +1,12 @@
 """The three-way coordination-mismatch detector: accelerator vs link vs host (and network).
 
-Pure functions.  ``classify_window(features, thresholds)`` decides one window from its features;
-``node_states(store, node, start, end)`` cuts a stored range into windows, builds the features
-from the stored series and classifies each one.  ``triscope.analysis.online.MismatchTracker`` does the
-same per agent tick.
+Pure functions over inputs fetched first.  ``classify_window(features, thresholds)`` decides one
+window from its features; ``window_states(inputs, start, end, window)`` cuts the node's
+``MismatchInputs`` (``triscope.analysis.mismatch_inputs.fetch_mismatch_inputs``) into windows,
+builds each window's features with ``triscope.analysis.features.window_features`` (the same
+function the per-tick ``triscope.analysis.online.MismatchTracker`` uses) and classifies them.
+``node_states(store, node, start, end)`` and ``sliding_states`` are the fetch and the pure part in one
+call, for callers that hold a store.
 
 Inputs (metric names from ``triscope.metrics``):
 
@@ -17,7 +20,7 @@ Inputs (metric names from ``triscope.metrics``):
   (``kind="current"``, i.e. as trained now) of the GPU's PCI address (``device`` label, matched
   through ``triscope_gpu_info{gpu,bus_id}``), else ``triscope_pcie_link_capacity_bytes_per_second``;
 * host staging: ``triscope_cpu_busy_ratio``, ``triscope_pressure_ratio{resource=cpu|memory,kind=some}``;
-* pin churn: ``triscope_dma_map_total`` (all devices/directions) as maps/s;
+* pin churn: ``triscope_dma_map_total`` (the accelerators' own PCI devices when known) as maps/s;
 * network: ``triscope_tcp_retransmits_total`` as retransmits/s.
 
 States: ``idle``, ``compute-bound``, ``balanced``, ``io-saturated``, ``staging-bound``,
@@ -27,86 +30,43 @@ States: ``idle``, ``compute-bound``, ``balanced``, ``io-saturated``, ``staging-b
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from triscope.analysis.config import MismatchThresholds, default_thresholds
-from triscope.pcie import link_capacity_bytes_per_second
+from triscope.analysis.features import (  # noqa: F401 - the detector's names, re-exported
+    CPU_BUSY,
+    DMA_MAPS,
+    GPU_BUSY,
+    GPU_INFO,
+    INPUT_METRICS,
+    LINK_CAPACITY,
+    LINK_SPEED,
+    LINK_WIDTH,
+    NPU_BUSY,
+    PCIE_RX,
+    PCIE_TX,
+    PRESSURE,
+    RETRANSMITS,
+    AcceleratorFeatures,
+    AcceleratorWindow,
+    WindowFeatures,
+    WindowValues,
+    buses_of_gpus,
+    effective_ceiling,
+    is_pressure_input,
+    link_ids,
+    negotiated_capacity,
+    own_dma_series,
+    window_features,
+)
+from triscope.analysis.mismatch_inputs import MismatchInputs, fetch_mismatch_inputs
+from triscope.analysis.reader import SeriesPoints, StoreReader, label_name
+from triscope.pcie import link_capacity_bytes_per_second  # noqa: F401 - re-exported
 
 STATES: tuple[str, ...] = ("idle", "compute-bound", "balanced", "io-saturated", "staging-bound", "network-bound")
 IO_STATES = frozenset({"io-saturated", "staging-bound", "network-bound"})
-
-# metric names the detector reads
-GPU_BUSY = "triscope_gpu_sm_active_ratio"
-NPU_BUSY = "triscope_npu_aicore_utilization_ratio"
-PCIE_RX = "triscope_gpu_pcie_rx_bytes_total"
-PCIE_TX = "triscope_gpu_pcie_tx_bytes_total"
-LINK_CAPACITY = ("triscope_gpu_pcie_link_capacity_bytes_per_second", "triscope_pcie_link_capacity_bytes_per_second")
-LINK_SPEED = ("triscope_gpu_pcie_link_speed_gts", "triscope_pcie_link_speed_gts")
-LINK_WIDTH = ("triscope_gpu_pcie_link_width", "triscope_pcie_link_width")
-GPU_INFO = "triscope_gpu_info"
-CPU_BUSY = "triscope_cpu_busy_ratio"
-PRESSURE = "triscope_pressure_ratio"
-DMA_MAPS = "triscope_dma_map_total"
-RETRANSMITS = "triscope_tcp_retransmits_total"
-INPUT_METRICS = (GPU_BUSY, NPU_BUSY, PCIE_RX, PCIE_TX, CPU_BUSY, PRESSURE, DMA_MAPS, RETRANSMITS,
-                 *LINK_CAPACITY, *LINK_SPEED, *LINK_WIDTH)
-
-
-# ---------------------------------------------------------------------------------------------- links
-def effective_ceiling(negotiated: float | None, observed_max: float | None, th: MismatchThresholds) -> float:
-    """The rate a link can really carry: the negotiated capacity x efficiency, raised to the
-    highest rate actually seen on it (links that beat the efficiency estimate), or, with no
-    negotiated capacity, the observed maximum (floored) or the configured fallback."""
-    obs = observed_max or 0.0
-    if negotiated and negotiated > 0:
-        return max(negotiated * th.link_efficiency, obs)
-    if th.fallback_link_bytes_per_second > 0:
-        return max(th.fallback_link_bytes_per_second, obs)
-    return max(obs, th.min_ceiling_bytes_per_second)
-
-
-# ---------------------------------------------------------------------------------------------- features
-@dataclass(slots=True)
-class AcceleratorFeatures:
-    """One accelerator over one window.  ``None``: no data."""
-
-    name: str                               # "gpu=0", "npu=1,chip=0"
-    busy: float | None                      # mean SM activity / AICore utilisation, 0..1
-    link_bytes_per_second: float | None = None  # mean of the busier PCIe direction
-    link_ceiling: float | None = None       # effective one-way ceiling, bytes/s
-    coverage: float = 1.0                   # share of the window's ticks with busy data
-    # the window's typical (median) tick: what the state is decided on, so a window that straddles
-    # a change (half idle, half pinned copies) takes one side instead of a made-up middle; the
-    # means above give the score (share of time lost).  None: use the means.
-    busy_typical: float | None = None
-    link_typical_bytes_per_second: float | None = None
-
-    @property
-    def link_util(self) -> float | None:
-        if self.link_bytes_per_second is None or not self.link_ceiling:
-            return None
-        return min(1.5, self.link_bytes_per_second / self.link_ceiling)
-
-    @property
-    def link_util_typical(self) -> float | None:
-        if self.link_typical_bytes_per_second is None:
-            return self.link_util
-        if not self.link_ceiling:
-            return None
-        return min(1.5, self.link_typical_bytes_per_second / self.link_ceiling)
-
-
-@dataclass(slots=True)
-class WindowFeatures:
-    """Everything the classifier looks at for one window of one node."""
-
-    accelerators: list[AcceleratorFeatures]
-    cpu_busy: float | None = None           # 0..1, all CPUs
-    pressure: float | None = None           # max of PSI cpu/memory "some" avg10, 0..1
-    dma_map_rate: float | None = None       # DMA maps/s, all devices
-    retransmit_rate: float | None = None    # TCP retransmits/s
 
 
 @dataclass(slots=True)
@@ -234,227 +194,142 @@ def classify_window(features: WindowFeatures, thresholds: MismatchThresholds | N
     return Verdict(state, round(score, 4), pin_churn, evidence)
 
 
-# ---------------------------------------------------------------------------------------------- store side
-def _acc_name(labels: Mapping[str, str]) -> str:
-    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+# ---------------------------------------------------------------------------------------------- stored windows
+_NONE: tuple[float, ...] = ()
 
 
-def _window_means(ts: Sequence[float], vals: Sequence[float], start: float, window: float, n: int) -> tuple[Any, Any]:
+def _cut(sp: SeriesPoints, start: float, w: float, n: int) -> list[Sequence[float]]:
+    """The finite values of a series in each of ``n`` windows of ``w`` seconds from ``start``
+    (window i holds start + i w <= t < start + (i + 1) w), in time order."""
     import numpy as np
 
-    sums = np.zeros(n)
-    counts = np.zeros(n)
-    if len(ts):
-        t = np.asarray(ts, dtype=float)
-        v = np.asarray(vals, dtype=float)
-        idx = np.floor((t - start) / window).astype(np.int64)
-        ok = (idx >= 0) & (idx < n) & np.isfinite(v)
-        np.add.at(sums, idx[ok], v[ok])
-        np.add.at(counts, idx[ok], 1)
-    return sums, counts
-
-
-def _window_medians(ts: Sequence[float], vals: Sequence[float], start: float, window: float, n: int) -> Any:
-    """Upper median of the points in each window (NaN where none): always one of the window's own
-    points, so a window split half and half takes one side rather than the average of both."""
-    import numpy as np
-
-    out = np.full(n, np.nan)
-    if not len(ts):
-        return out
-    t = np.asarray(ts, dtype=float)
-    v = np.asarray(vals, dtype=float)
-    idx = np.floor((t - start) / window).astype(np.int64)
+    if not len(sp.ts):
+        return [_NONE] * n
+    t = np.asarray(sp.ts, dtype=float)
+    v = np.asarray(sp.values, dtype=float)
+    idx = np.floor((t - start) / w).astype(np.int64)
     ok = (idx >= 0) & (idx < n) & np.isfinite(v)
     idx, v = idx[ok], v[ok]
-    if not len(v):
-        return out
-    order = np.lexsort((v, idx))
-    idx, v = idx[order], v[order]
-    counts = np.bincount(idx, minlength=n)
-    offsets = np.concatenate(([0], np.cumsum(counts)[:-1]))
-    has = counts > 0
-    out[has] = v[offsets[has] + counts[has] // 2]
-    return out
+    if not len(idx):
+        return [_NONE] * n
+    order = np.argsort(idx, kind="stable")
+    idx, vals = idx[order], v[order].tolist()
+    b = np.searchsorted(idx, np.arange(n + 1), side="left").tolist()
+    return [vals[b[i]:b[i + 1]] for i in range(n)]
 
 
-def _bus_ids(store: Any, node: str) -> set[str]:
-    return {i.labels["bus_id"] for i in store.series(node=node, metric=GPU_INFO) if i.labels.get("bus_id")}
+def busier_direction(rx: SeriesPoints | None, tx: SeriesPoints | None) -> SeriesPoints | None:
+    """The busier PCIe direction at each timestamp of either series (bytes/s)."""
+    pts: dict[float, float] = {}
+    for d in (rx, tx):
+        if d is None:
+            continue
+        for t, v in zip(d.ts, d.values, strict=False):
+            if v > pts.get(t, -1.0):
+                pts[t] = v
+    if rx is None and tx is None:
+        return None
+    base = rx if rx is not None else tx
+    assert base is not None
+    tt = sorted(pts)
+    return SeriesPoints("pcie_busier_direction", base.labels, tt, [pts[t] for t in tt], "gauge", base.node)
 
 
-def accelerator_dma_series(series: Sequence[Any], bus_ids: set[str]) -> list[Any]:
-    """The DMA-map series of the accelerators' own PCI devices when they can be told apart (a NIC
-    maps per packet, which is not pin churn); all of them otherwise."""
-    mine = [sd for sd in series if sd.info.labels.get("device") in bus_ids]
-    return mine if mine else list(series)
+def window_states(inputs: MismatchInputs, start: float | None = None, end: float | None = None,
+                  window: float | None = None, thresholds: MismatchThresholds | None = None) -> list[WindowState]:
+    """Cut [start, end) (default: the inputs' range) into windows of ``window`` seconds (default
+    ``thresholds.window_s``) and classify each one.  Windows without accelerator data are left
+    out.  Pure: no store, no clock.
 
-
-def _link_labels(store: Any, node: str, labels: Mapping[str, str], start: float, end: float) -> list[dict[str, str]]:
-    """Label sets that identify the accelerator's PCIe link in the link metrics: its PCI address
-    (``device``, from ``triscope_gpu_info{gpu,bus_id}``) and, as a fallback, its ``gpu`` label."""
-    gpu = labels.get("gpu")
-    if gpu is None:
-        return []
-    out: list[dict[str, str]] = []
-    for info in store.series(node=node, metric=GPU_INFO, labels={"gpu": gpu}):
-        bus = info.labels.get("bus_id")
-        if bus and {"device": bus} not in out:
-            out.append({"device": bus})
-    out.append({"gpu": gpu})
-    return out
-
-
-def _negotiated_capacity(store: Any, node: str, labels: Mapping[str, str], start: float, end: float) -> float | None:
-    """gen x width capacity of the accelerator's link as currently trained (``kind="current"``)."""
-    for key in _link_labels(store, node, labels, start, end):
-
-        def latest(metrics: Iterable[str], key: dict[str, str] = key) -> float | None:
-            for m in metrics:
-                best: float | None = None
-                for sd in store.query(m, node=node, labels=key, start=start - 3600, end=end, max_points=50,
-                                      rate=False):
-                    if sd.info.labels.get("kind", "current") != "current" or not sd.values:
-                        continue
-                    best = sd.values[-1]
-                if best is not None:
-                    return best
-            return None
-
-        speed, width = latest(LINK_SPEED), latest(LINK_WIDTH)
-        if speed and width:
-            return link_capacity_bytes_per_second(speed, width)
-        cap = latest(LINK_CAPACITY)
-        if cap:
-            return cap
-    return None
-
-
-def node_states(store: Any, node: str, start: float, end: float, window: float | None = None,
-                thresholds: MismatchThresholds | None = None, ceiling_lookback_s: float = 86400.0,
-                tier: str | None = None) -> list[WindowState]:
-    """Cut [start, end) into windows of ``window`` seconds (default ``thresholds.window_s``) and
-    classify each one from the node's stored series.  Windows without accelerator data are left
-    out.  The link ceiling's observed part is the highest per-tick rate seen in
-    [start - ceiling_lookback_s, end].  ``tier`` (``raw``, ``1m``, ``1h``) forces the store tier read;
-    by default windows of 2 min or more over more than an hour read the 1-minute rollups (2 h
-    windows over more than 2 days the hourly ones), which hold exact mean rates for counters.
-    """
-    import numpy as np
-
+    Each window's values go through ``window_features``: the same features the per-tick tracker
+    builds over its sliding window.  A window's coverage is its accelerator points against the
+    points a window normally holds (the median over the range's windows).  The link ceiling's
+    observed part is the highest rate in the inputs' look-back and in [inputs.start, end]."""
     th = thresholds or default_thresholds()
     w = float(window or th.window_s)
+    start = inputs.start if start is None else start
+    end = inputs.end if end is None else end
     if end <= start or w <= 0:
         return []
+    import numpy as np
+
     n = int(math.ceil((end - start) / w))
-    span = end - start
-    if tier is None:  # coarse windows over long ranges: rollups (counter rates per bucket are exact means)
-        tier = "1h" if w >= 7200 and span > 2 * 86400 else "1m" if w >= 120 and span > 3600 else None
-    mp = None if span <= 6 * 3600 and tier in (None, "raw") else max(2000, int(span / w) * 2)
-
-    def q(metric: str) -> list[Any]:
-        return store.query(metric, node=node, start=start, end=end, max_points=mp, tier=tier)
-
-    def host_mean(series_list: list[Any]) -> tuple[Any, Any]:
-        tot_s = np.zeros(n)
-        tot_c = np.zeros(n)
-        for sd in series_list:
-            s, c = _window_means(sd.ts, sd.values, start, w, n)
-            tot_s += s
-            tot_c += c
-        return tot_s, tot_c
-
-    def summed_rate(series_list: list[Any]) -> Any:
-        """Sum over series of each series' window-mean rate (NaN where none has data)."""
-        out = np.full(n, np.nan)
-        for sd in series_list:
-            s, c = _window_means(sd.ts, sd.values, start, w, n)
-            m = np.where(c > 0, s / np.maximum(c, 1), np.nan)
-            out = np.where(np.isnan(out), m, np.where(np.isnan(m), out, out + m))
-        return out
-
-    cpu_s, cpu_c = host_mean(q(CPU_BUSY))
-    cpu = np.where(cpu_c > 0, cpu_s / np.maximum(cpu_c, 1), np.nan)
-    pressure = np.full(n, np.nan)
-    for sd in q(PRESSURE):
-        if sd.info.labels.get("resource") in ("cpu", "memory") and sd.info.labels.get("kind", "some") == "some":
-            s, c = _window_means(sd.ts, sd.values, start, w, n)
-            m = np.where(c > 0, s / np.maximum(c, 1), np.nan)
-            pressure = np.fmax(pressure, m)
-    dma = summed_rate(accelerator_dma_series(q(DMA_MAPS), _bus_ids(store, node)))
-    rtx = summed_rate(q(RETRANSMITS))
-
-    # accelerators
-    accs: list[tuple[str, Any, Any, Any, float, Any, Any]] = []  # name, busy, coverage, link, ceiling, medians
-    busy_series = q(GPU_BUSY) + q(NPU_BUSY)
-    rx = {_acc_name(sd.info.labels): sd for sd in q(PCIE_RX)}
-    tx = {_acc_name(sd.info.labels): sd for sd in q(PCIE_TX)}
-    for sd in busy_series:
-        name = _acc_name(sd.info.labels)
-        s, c = _window_means(sd.ts, sd.values, start, w, n)
-        busy = np.where(c > 0, s / np.maximum(c, 1), np.nan)
-        busy_med = _window_medians(sd.ts, sd.values, start, w, n)
-        # points a window normally holds (the median, so a finer-grained tail does not set it)
-        nz = c[c > 0]
-        expected = max(float(np.median(nz)) if len(nz) else 1.0, 1.0)
-        coverage = np.minimum(1.0, c / expected)
-        link = None
-        link_med = None
-        ceiling = 0.0
-        if name in rx or name in tx:
-            link = np.full(n, np.nan)
-            # busier direction per point: align rx and tx on timestamps
-            pts: dict[float, float] = {}
-            for d in (rx.get(name), tx.get(name)):
-                if d is None:
-                    continue
-                for t, v in zip(d.ts, d.values, strict=False):
-                    if v > pts.get(t, -1.0):
-                        pts[t] = v
-            if pts:
-                tt = sorted(pts)
-                vv = [pts[t] for t in tt]
-                ls, lc = _window_means(tt, vv, start, w, n)
-                link = np.where(lc > 0, ls / np.maximum(lc, 1), np.nan)
-                link_med = _window_medians(tt, vv, start, w, n)
-                observed = max(vv)
-                if ceiling_lookback_s > 0:
-                    for direction in (PCIE_RX, PCIE_TX):
-                        for hist in store.query(direction, node=node, labels=dict(sd.info.labels),
-                                                start=start - ceiling_lookback_s, end=start, max_points=2000,
-                                                tier=tier):
-                            if hist.values:
-                                observed = max(observed, max(hist.values))
-                negotiated = _negotiated_capacity(store, node, sd.info.labels, start, end)
-                ceiling = effective_ceiling(negotiated, observed, th)
-        accs.append((name, busy, coverage, link, ceiling, busy_med, link_med))
+    obs_lo = min(inputs.start, start)
+    buses = buses_of_gpus(inputs.gpu_info)
+    rx = {label_name(sp.labels): sp for sp in inputs.pcie_rx}
+    tx = {label_name(sp.labels): sp for sp in inputs.pcie_tx}
+    accs: list[tuple[str, list[Sequence[float]], list[Sequence[float]] | None, float | None, float]] = []
+    for sp in inputs.busy:
+        name = label_name(sp.labels)
+        busy = _cut(sp, start, w, n)
+        counts = [len(b) for b in busy if b]
+        expected = max(float(np.median(counts)) if counts else 1.0, 1.0)
+        link: list[Sequence[float]] | None = None
+        ceiling = None
+        merged = busier_direction(rx.get(name), tx.get(name))
+        if merged is not None:
+            link = _cut(merged, start, w, n)
+            seen = [v for t, v in zip(merged.ts, merged.values, strict=True) if obs_lo <= t <= end]
+            if seen:
+                observed = max(max(seen), inputs.link_history_max.get(name, 0.0))
+                ceiling = effective_ceiling(negotiated_capacity(link_ids(sp.labels, buses), inputs.link_facts),
+                                            observed, th)
+        accs.append((name, busy, link, ceiling, expected))
+    cpu = [_cut(sp, start, w, n) for sp in inputs.cpu_busy]
+    psi = [_cut(sp, start, w, n) for sp in inputs.pressure if is_pressure_input(sp.labels)]
+    own = own_dma_series([sp.labels.get("device") for sp in inputs.dma_maps], (b for bs in buses.values() for b in bs))
+    dma = [_cut(inputs.dma_maps[i], start, w, n) for i in own]
+    rtx = [_cut(sp, start, w, n) for sp in inputs.retransmits]
 
     out: list[WindowState] = []
     for i in range(n):
-        a_list = []
-        for name, busy, cov, link, ceiling, busy_med, link_med in accs:
-            b = float(busy[i])
-            if math.isnan(b):
-                continue
-            lb = None if link is None or math.isnan(float(link[i])) else float(link[i])
-            lm = None if link_med is None or math.isnan(float(link_med[i])) else float(link_med[i])
-            bmed = float(busy_med[i])
-            a_list.append(AcceleratorFeatures(name, b, lb, ceiling or None, float(cov[i]),
-                                              None if math.isnan(bmed) else bmed, lm))
-        if not a_list:
+        if not any(a[1][i] for a in accs):
             continue
-        f = WindowFeatures(
-            a_list,
-            cpu_busy=None if math.isnan(cpu[i]) else float(cpu[i]),
-            pressure=None if math.isnan(pressure[i]) else float(pressure[i]),
-            dma_map_rate=None if math.isnan(dma[i]) else float(dma[i]),
-            retransmit_rate=None if math.isnan(rtx[i]) else float(rtx[i]),
-        )
-        v = classify_window(f, th)
+        values = WindowValues(
+            [AcceleratorWindow(name, busy[i], None if link is None else link[i], ceiling, expected)
+             for name, busy, link, ceiling, expected in accs],
+            cpu_busy=cpu[0][i] if len(cpu) == 1 else [v for c in cpu for v in c[i]],
+            pressure=[c[i] for c in psi], dma_map_rates=[c[i] for c in dma],
+            retransmit_rates=[c[i] for c in rtx])
+        v = classify_window(window_features(values), th)
         if v is None:
             continue
         ws = start + i * w
         out.append(WindowState(ws, min(end, ws + w), v.state, v.score, v.evidence))
     return out
+
+
+def sliding_window_states(inputs: MismatchInputs, window: float | None = None, step: float = 1.0,
+                          thresholds: MismatchThresholds | None = None) -> list[WindowState]:
+    """Windows of ``window`` seconds every ``step`` seconds that lie fully inside the inputs'
+    range (the view the per-tick tracker has), sorted by start.  Pure."""
+    th = thresholds or default_thresholds()
+    w = float(window or th.window_s)
+    out: list[WindowState] = []
+    k = 0
+    while k * step < w and inputs.start + k * step + w <= inputs.end:
+        s0 = inputs.start + k * step
+        n_full = int((inputs.end - s0) // w)
+        out += window_states(inputs, s0, s0 + n_full * w, w, th)
+        k += 1
+    return sorted(out, key=lambda x: x.start)
+
+
+def node_states(store: StoreReader, node: str, start: float, end: float, window: float | None = None,
+                thresholds: MismatchThresholds | None = None, ceiling_lookback_s: float = 86400.0,
+                tier: str | None = None) -> list[WindowState]:
+    """Fetch the node's inputs over [start, end] and classify windows of ``window`` seconds
+    (``fetch_mismatch_inputs`` then ``window_states``).  The link ceiling's observed part is the
+    highest per-tick rate seen in [start - ceiling_lookback_s, end].  ``tier`` (``raw``, ``1m``,
+    ``1h``) forces the store tier read; by default windows of 2 min or more over more than an hour
+    read the 1-minute rollups (2 h windows over more than 2 days the hourly ones), which hold
+    exact mean rates for counters."""
+    th = thresholds or default_thresholds()
+    w = float(window or th.window_s)
+    if end <= start or w <= 0:
+        return []
+    inputs = fetch_mismatch_inputs(store, node, start, end, w, ceiling_lookback_s, tier)
+    return window_states(inputs, start, end, w, th)
 
 
 def state_fractions(states: Sequence[WindowState]) -> dict[str, float]:
@@ -467,17 +342,13 @@ def state_fractions(states: Sequence[WindowState]) -> dict[str, float]:
     return {k: v / len(states) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
 
 
-def sliding_states(store: Any, node: str, start: float, end: float, window: float | None = None,
+def sliding_states(store: StoreReader, node: str, start: float, end: float, window: float | None = None,
                    step: float = 1.0, thresholds: MismatchThresholds | None = None) -> list[WindowState]:
     """Windows of ``window`` seconds every ``step`` seconds that lie fully inside [start, end]
-    (the view the per-tick tracker has), sorted by start."""
+    (the view the per-tick tracker has), sorted by start: one fetch, then
+    ``sliding_window_states``."""
     th = thresholds or default_thresholds()
     w = float(window or th.window_s)
-    out: list[WindowState] = []
-    k = 0
-    while k * step < w and start + k * step + w <= end:
-        s0 = start + k * step
-        n_full = int((end - s0) // w)
-        out += node_states(store, node, s0, s0 + n_full * w, window=w, thresholds=th)
-        k += 1
-    return sorted(out, key=lambda x: x.start)
+    if end - start < w:
+        return []
+    return sliding_window_states(fetch_mismatch_inputs(store, node, start, end, w), w, step, th)

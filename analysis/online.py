@@ -1,8 +1,11 @@
 """The mismatch detector per agent tick: a sampler post-processor.
 
 ``MismatchTracker.process(now, samples)`` takes one tick's samples (all collectors), keeps a
-sliding window (``thresholds.window_s``) of the inputs ``triscope.analysis.mismatch`` reads, classifies the
-window with the same ``classify_window`` the stored-series path uses, and returns
+sliding window (``thresholds.window_s``) of the detector's inputs, one point per series and tick
+(counters as rates), builds the window's features with ``triscope.analysis.features.window_features``
+and classifies them with ``classify_window``: the same two functions the stored-window classifier
+(``triscope.analysis.mismatch.window_states``) runs over windows cut from stored series, so the
+two agree (``tests/test_analysis_agreement.py`` runs both over the recorded H200 trace).  It returns
 
 * ``triscope_mismatch_score`` (gauge, 0..1),
 * ``triscope_mismatch_state{state=...}`` (1 for the current state, 0 for the other five),
@@ -15,78 +18,83 @@ The state is decided on the window's typical tick (medians of accelerator busy a
 and reported once it has held for ``state_dwell_s`` (2 s): a tick that straddles a phase change
 makes no state of its own.  Counters are turned into rates from consecutive ticks (reset-aware).  Nothing is returned while
 no accelerator input has been seen (a host without GPU/NPU has no mismatch state).  Cost is a few
-dictionary look-ups per input sample plus running sums: well under 1 ms per tick (see
-``bench/bench_analysis.py``).
+dictionary look-ups per input sample plus means and medians over the window's points: well under
+1 ms per tick (see ``bench/bench_analysis.py``).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from triscope.analysis.config import MismatchThresholds, default_thresholds
-from triscope.analysis.mismatch import (
+from triscope.analysis.features import (
     CPU_BUSY,
     DMA_MAPS,
     GPU_BUSY,
     GPU_INFO,
-    LINK_CAPACITY,
-    LINK_SPEED,
-    LINK_WIDTH,
+    LINK_FACT_METRICS,
     NPU_BUSY,
     PCIE_RX,
     PCIE_TX,
     PRESSURE,
     RETRANSMITS,
-    STATES,
-    AcceleratorFeatures,
-    Verdict,
-    WindowFeatures,
-    classify_window,
+    AcceleratorWindow,
+    LinkFacts,
+    WindowValues,
     effective_ceiling,
-    link_capacity_bytes_per_second,
+    is_current,
+    is_pressure_input,
+    link_id,
+    link_ids,
+    negotiated_capacity,
+    own_dma_series,
+    window_features,
 )
+from triscope.analysis.mismatch import STATES, Verdict, classify_window
+from triscope.analysis.reader import label_name
 from triscope.samples import EventRecord, Sample
 
 _KIND = {GPU_INFO: "info", GPU_BUSY: "busy", NPU_BUSY: "busy", PCIE_RX: "rx", PCIE_TX: "tx", CPU_BUSY: "cpu", PRESSURE: "psi",
          DMA_MAPS: "dma", RETRANSMITS: "rtx"}
-for _m in LINK_CAPACITY:
-    _KIND[_m] = "cap"
-for _m in LINK_SPEED:
-    _KIND[_m] = "speed"
-for _m in LINK_WIDTH:
-    _KIND[_m] = "width"
+_FACT: dict[str, tuple[str, int]] = {}   # link-fact metric -> (fact, preference: lower wins)
+for _fact, _metrics in LINK_FACT_METRICS:
+    for _rank, _m in enumerate(_metrics):
+        _KIND[_m] = "fact"
+        _FACT[_m] = (_fact, _rank)
 
 
 @dataclass(slots=True)
 class _Rolling:
-    """Time-bounded window of (ts, value) with a running sum."""
+    """The (ts, value) points of one series inside the sliding window."""
 
-    items: deque[tuple[float, float]] = field(default_factory=deque)
-    total: float = 0.0
+    ts: deque[float] = field(default_factory=deque)
+    vals: deque[float] = field(default_factory=deque)
 
     def add(self, ts: float, v: float) -> None:
-        self.items.append((ts, v))
-        self.total += v
+        self.ts.append(ts)
+        self.vals.append(v)
 
     def expire(self, cutoff: float) -> None:
-        it = self.items
-        while it and it[0][0] <= cutoff:
-            self.total -= it.popleft()[1]
+        ts, vals = self.ts, self.vals
+        while ts and ts[0] <= cutoff:
+            ts.popleft()
+            vals.popleft()
 
-    def mean(self) -> float | None:
-        return self.total / len(self.items) if self.items else None
-
-    def median(self) -> float | None:
-        if not self.items:
-            return None
-        vals = sorted(v for _, v in self.items)
-        return vals[len(vals) // 2]  # the upper median: a real tick, never the average of two sides
+    def values(self) -> list[float]:
+        return list(self.vals)
 
 
-def _label_name(labels: Mapping[str, str]) -> str:
-    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+def _expire_all(series: dict[str, _Rolling], cutoff: float) -> None:
+    """Expire every series; forget those left empty (a series that stopped reporting)."""
+    gone = []
+    for key, r in series.items():
+        r.expire(cutoff)
+        if not r.ts:
+            gone.append(key)
+    for key in gone:
+        del series[key]
 
 
 class MismatchTracker:
@@ -96,18 +104,19 @@ class MismatchTracker:
         self.th = thresholds or default_thresholds()
         self._counters: dict[tuple[str, str], tuple[float, float]] = {}  # (metric, labels) -> (ts, value)
         self._busy: dict[str, _Rolling] = {}
-        self._link: dict[str, _Rolling] = {}
+        self._busy_labels: dict[str, dict[str, str]] = {}
+        self._link: dict[str, _Rolling] = {}       # accelerator -> busier PCIe direction per tick, bytes/s
         self._link_max: dict[str, float] = {}
-        # link facts keyed by link id ("device=<bdf>" or "gpu=<n>"); accelerator -> its link ids
-        self._cap: dict[str, float] = {}
-        self._speed: dict[str, float] = {}
-        self._width: dict[str, float] = {}
-        self._links_of: dict[str, tuple[str, ...]] = {}
+        # link facts: link id -> fact -> (preference, value); gpu -> its PCI addresses
+        self._facts: dict[str, dict[str, tuple[int, float]]] = {}
+        self._buses: dict[str, list[str]] = {}
         self._bus_ids: set[str] = set()
+        self._negotiated: dict[str, float | None] = {}   # accelerator -> capacity; cleared when a fact changes
         self._cpu = _Rolling()
-        self._psi = _Rolling()
-        self._dma = _Rolling()
-        self._rtx = _Rolling()
+        self._psi: dict[str, _Rolling] = {}        # per PSI series (cpu / memory "some")
+        self._dma: dict[str, _Rolling] = {}        # per DMA-map series, maps/s
+        self._dma_device: dict[str, str | None] = {}
+        self._rtx: dict[str, _Rolling] = {}        # per retransmit series, retransmits/s
         self._ticks = _Rolling()
         self.state: str | None = None
         self._candidate: tuple[str, float] | None = None
@@ -124,19 +133,24 @@ class MismatchTracker:
         inc = value - prev[1] if value >= prev[1] else value  # counter reset
         return inc / (now - prev[0])
 
-    def _negotiated(self, acc: str) -> float | None:
-        for lid in self._links_of.get(acc, (acc,)):
-            if lid in self._speed and lid in self._width:
-                return link_capacity_bytes_per_second(self._speed[lid], self._width[lid])
-            if lid in self._cap:
-                return self._cap[lid]
-        return None
+    @staticmethod
+    def _add(series: dict[str, _Rolling], key: str, now: float, v: float) -> None:
+        r = series.get(key)
+        if r is None:
+            r = series[key] = _Rolling()
+        r.add(now, v)
 
-    def process(self, now: float, samples: Iterable[Sample | EventRecord]) -> list[Sample | EventRecord]:
-        """Feed one tick; return the mismatch samples (and an event on a state change)."""
-        dma_by_dev: dict[str, float] | None = None
-        rtx_sum: float | None = None
-        psi_max: float | None = None
+    def _link_facts(self) -> LinkFacts:
+        return {lid: {k: v for k, (_rank, v) in f.items()} for lid, f in self._facts.items()}
+
+    def _capacity(self, name: str) -> float | None:
+        """The accelerator's negotiated link capacity (cached until a link fact or address changes)."""
+        if name not in self._negotiated:
+            self._negotiated[name] = negotiated_capacity(link_ids(self._busy_labels[name], self._buses),
+                                                         self._link_facts())
+        return self._negotiated[name]
+
+    def _ingest(self, now: float, samples: Iterable[Sample | EventRecord]) -> None:
         link_now: dict[str, float] = {}
         kinds = _KIND
         for s in samples:
@@ -149,94 +163,83 @@ class MismatchTracker:
             if v != v:
                 continue
             if k == "busy":
-                name = _label_name(s.labels)
-                r = self._busy.get(name)
-                if r is None:
-                    r = self._busy[name] = _Rolling()
-                r.add(now, v)
+                name = label_name(s.labels)
+                if name not in self._busy_labels:
+                    self._busy_labels[name] = dict(s.labels)
+                self._add(self._busy, name, now, v)
             elif k == "rx" or k == "tx":
-                name = _label_name(s.labels)
+                name = label_name(s.labels)
                 rate = self._rate(s.name, name, now, v)
                 if rate is not None and rate > link_now.get(name, -1.0):
                     link_now[name] = rate
             elif k == "cpu":
                 self._cpu.add(now, v)
             elif k == "psi":
-                lab = s.labels
-                if lab.get("resource") in ("cpu", "memory") and lab.get("kind", "some") == "some":
-                    psi_max = v if psi_max is None else max(psi_max, v)
+                if is_pressure_input(s.labels):
+                    self._add(self._psi, label_name(s.labels), now, v)
             elif k == "dma" or k == "rtx":
-                rate = self._rate(s.name, _label_name(s.labels), now, v)
+                key = label_name(s.labels)
+                rate = self._rate(s.name, key, now, v)
                 if rate is not None:
                     if k == "dma":
-                        if dma_by_dev is None:
-                            dma_by_dev = {}
-                        dev = s.labels.get("device", "")
-                        dma_by_dev[dev] = dma_by_dev.get(dev, 0.0) + rate
+                        self._dma_device[key] = s.labels.get("device")
+                        self._add(self._dma, key, now, rate)
                     else:
-                        rtx_sum = (rtx_sum or 0.0) + rate
+                        self._add(self._rtx, key, now, rate)
             elif k == "info":
                 gpu, bus = s.labels.get("gpu"), s.labels.get("bus_id")
                 if bus:
                     self._bus_ids.add(bus)
-                if gpu is not None:
-                    name = f"gpu={gpu}"
-                    links = (f"device={bus}", name) if bus else (name,)
-                    if self._links_of.get(name) != links:
-                        self._links_of[name] = links
-            else:  # link capacity / speed / width
-                if s.labels.get("kind", "current") != "current":
+                    if gpu is not None and bus not in self._buses.setdefault(gpu, []):
+                        self._buses[gpu].append(bus)
+                        self._negotiated.clear()
+            else:  # link speed / width / capacity, as trained now
+                lid = link_id(s.labels)
+                if lid is None or not is_current(s.labels):
                     continue
-                lid = f"device={s.labels['device']}" if "device" in s.labels else (
-                    f"gpu={s.labels['gpu']}" if "gpu" in s.labels else None)
-                if lid is None:
-                    continue
-                if k == "cap":
-                    self._cap[lid] = v
-                elif k == "speed":
-                    self._speed[lid] = v
-                else:
-                    self._width[lid] = v
+                fact, rank = _FACT[s.name]
+                have = self._facts.setdefault(lid, {})
+                old = have.get(fact)
+                if old is None or (rank <= old[0] and old != (rank, v)):
+                    have[fact] = (rank, v)
+                    self._negotiated.clear()
         for name, rate in link_now.items():
-            r = self._link.get(name)
-            if r is None:
-                r = self._link[name] = _Rolling()
-            r.add(now, rate)
+            self._add(self._link, name, now, rate)
             if rate > self._link_max.get(name, 0.0):
                 self._link_max[name] = rate
-        if psi_max is not None:
-            self._psi.add(now, psi_max)
-        if dma_by_dev is not None:
-            # the accelerators' own devices when known (a NIC maps per packet: not pin churn)
-            mine = [r for d, r in dma_by_dev.items() if d in self._bus_ids]
-            self._dma.add(now, sum(mine) if mine else sum(dma_by_dev.values()))
-        if rtx_sum is not None:
-            self._rtx.add(now, rtx_sum)
         self._ticks.add(now, 1.0)
 
-        cutoff = now - self.th.window_s
-        for r in (self._cpu, self._psi, self._dma, self._rtx, self._ticks, *self._busy.values(), *self._link.values()):
-            r.expire(cutoff)
-        if not self._busy:
-            return []
-        ticks = max(1, len(self._ticks.items))
+    def window_values(self, copy: bool = True) -> WindowValues:
+        """The sliding window's values, in the shape ``window_features`` takes (the stored-window
+        classifier builds the same shape from stored series).  ``copy=False`` hands out the live
+        window (valid until the next ``process``)."""
+        def vals(r: _Rolling) -> Sequence[float]:
+            return list(r.vals) if copy else r.vals
+
+        ticks = float(max(1, len(self._ticks.ts)))
         accs = []
         for name, r in self._busy.items():
-            if not r.items:
-                continue
-            ceiling = None
-            lb = None
-            lmed = None
             lr = self._link.get(name)
-            if lr is not None and lr.items:
-                lb = lr.mean()
-                lmed = lr.median()
-                negotiated = self._negotiated(name)
-                ceiling = effective_ceiling(negotiated, self._link_max.get(name), self.th)
-            accs.append(AcceleratorFeatures(name, r.mean(), lb, ceiling, min(1.0, len(r.items) / ticks),
-                                            r.median(), lmed))
-        f = WindowFeatures(accs, self._cpu.mean(), self._psi.mean(), self._dma.mean(), self._rtx.mean())
-        verdict = classify_window(f, self.th)
+            ceiling = None
+            if lr is not None:
+                ceiling = effective_ceiling(self._capacity(name), self._link_max.get(name), self.th)
+            accs.append(AcceleratorWindow(name, vals(r), None if lr is None else vals(lr), ceiling, ticks))
+        dma_keys = list(self._dma)
+        own = own_dma_series([self._dma_device.get(k) for k in dma_keys], self._bus_ids)
+        return WindowValues(accs, vals(self._cpu), [vals(r) for r in self._psi.values()],
+                            [vals(self._dma[dma_keys[i]]) for i in own], [vals(r) for r in self._rtx.values()])
+
+    def process(self, now: float, samples: Iterable[Sample | EventRecord]) -> list[Sample | EventRecord]:
+        """Feed one tick; return the mismatch samples (and an event on a state change)."""
+        self._ingest(now, samples)
+        cutoff = now - self.th.window_s
+        self._cpu.expire(cutoff)
+        self._ticks.expire(cutoff)
+        for series in (self._busy, self._link, self._psi, self._dma, self._rtx):
+            _expire_all(series, cutoff)
+        if not self._busy:
+            return []
+        verdict = classify_window(window_features(self.window_values(copy=False)), self.th)
         if verdict is None:
             return []
         state = self._debounce(now, verdict.state)

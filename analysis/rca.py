@@ -20,6 +20,11 @@ direction (DMA maps falling, memory available rising) counts half.  A cause's sc
 weight), plus 0.8 x the increase (window over baseline) in the share of mismatch-detector windows
 that point at it (staging-bound -> host staging, pin churn -> DMA mapping, io-saturated -> PCIe
 load, network-bound -> network).
+
+Fetch first, then compute: ``fetch_rca_inputs`` (``triscope.analysis.rca_inputs``) reads the
+node's series in one ``query`` per metric, the events and the stage counters; ``rank_causes_from``
+ranks from that without the store (the mismatch detector runs over the same points, through
+``mismatch_inputs_from_series`` and ``window_states``).  ``rank_causes`` does both.
 """
 
 from __future__ import annotations
@@ -30,6 +35,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from triscope.analysis.config import MismatchThresholds
+from triscope.analysis.features import GPU_INFO, INPUT_METRICS
+from triscope.analysis.mismatch import window_states
+from triscope.analysis.mismatch_inputs import mismatch_inputs_from_series
+from triscope.analysis.rca_inputs import (
+    DERIVED_PREFIX,
+    RCAInputs,
+    fetch_onset_points,
+    fetch_rca_inputs,
+)
+from triscope.analysis.reader import SeriesPoints, StoreReader
+
+DETECTOR_METRICS = frozenset(INPUT_METRICS) | {GPU_INFO}
 
 # ---------------------------------------------------------------------------------------------- categories
 ROLE_WEIGHT = {"cause": 1.0, "load": 0.8, "symptom": 0.6, "self": 0.3, "context": 0.2}
@@ -48,7 +65,7 @@ def _res(labels: Mapping[str, str], *names: str) -> bool:
 
 
 CATEGORIES: tuple[Category, ...] = (
-    Category("derived", "triscope's own analysis", "self", lambda m, lab: m.startswith("triscope_mismatch_")),
+    Category("derived", "triscope's own analysis", "self", lambda m, lab: m.startswith(DERIVED_PREFIX)),
     Category("network", "Network retransmits", "cause",
              lambda m, lab: m.startswith(("triscope_tcp_retransmits", "triscope_tcp_synack_retransmits"))),
     Category("network_traffic", "Network traffic", "load", lambda m, lab: m.startswith("triscope_tcp_")),
@@ -121,6 +138,8 @@ class SeriesChange:
     onset: float | None
     direction: str               # up | down | appeared | vanished
     score: float
+    series_id: int = 0           # the stored series (refining onsets reads it again)
+    magnitude: float = 0.0       # 0..1, before earliness and role weight
 
     @property
     def series(self) -> str:
@@ -259,74 +278,74 @@ def _earliness(onset: float | None, start: float, end: float) -> float:
     return max(0.0, min(1.0, 1.0 - (onset - start) / (end - start)))
 
 
-# ---------------------------------------------------------------------------------------------- main entry
-def rank_causes(store: Any, node: str, start: float, end: float, baseline: tuple[float, float] | None = None,
-                max_points: int = 600, thresholds: MismatchThresholds | None = None, top: int | None = None,
-                use_mismatch: bool = True) -> RCAResult:
-    """Rank the likely causes of what changed on ``node`` in [start, end].
+# ---------------------------------------------------------------------------------------------- ranking
+def _series_score(mag: float, onset: float | None, cat: Category, direction: str, metric: str,
+                  start: float, end: float) -> float:
+    score = mag * (0.6 + 0.4 * _earliness(onset, start, end)) * ROLE_WEIGHT[cat.role]
+    if cat.role in ("cause", "load") and direction != _bad_direction(metric):
+        score *= BENIGN_FACTOR
+    return score
 
-    ``baseline`` (start, end) defaults to the preceding window of the same length.  Each series is
-    read once over [baseline start, end]: raw points downsampled to at most ``2 * max_points``
-    (min/max preserving) up to an hour, 1-minute rollups up to 12 hours, hourly rollups beyond
-    (the onsets of the leading changes are then refined from the window's 1-minute rollups).
-    """
-    if end <= start:
-        raise ValueError("the window must end after it starts")
-    b0, b1 = baseline if baseline is not None else (start - (end - start), start)
-    infos = store.series(node=node)
-    changes: list[SeriesChange] = []
-    lo = min(b0, start)
-    hi = max(b1, end)
-    # ranges over an hour are read from the rollups (counter rates per bucket are exact means), whole
+
+def score_changes(inputs: RCAInputs) -> list[SeriesChange]:
+    """Every series that moved in the window against the baseline, best score first.  Pure."""
     import numpy as np
 
-    from triscope.analysis.mismatch import GPU_INFO, INPUT_METRICS
-
-    tier = None if hi - lo <= 3600 else "1m" if hi - lo <= 12 * 3600 else "1h"
-    keep = set(INPUT_METRICS) | {GPU_INFO}
-    cached: list[tuple[Any, Any, Any]] = []
-    infos_of: dict[int, Any] = {}
-    for info in infos:
-        cat = categorize(info.metric, info.labels)
+    start, end, b0, b1 = inputs.start, inputs.end, inputs.baseline_start, inputs.baseline_end
+    changes: list[SeriesChange] = []
+    for sp in inputs.series:
+        cat = categorize(sp.metric, sp.labels)
         if cat.key == "derived":
             continue
-        counter = info.kind == "counter"
-        sd = store.query_series(info, lo, hi, max_points=None if tier else 2 * max_points, tier=tier)
-        ts = np.asarray(sd.ts, dtype=float)
-        vals = np.asarray(sd.values, dtype=float)
-        if info.metric in keep:
-            cached.append((info, ts, vals))
+        ts = np.asarray(sp.ts, dtype=float)
+        vals = np.asarray(sp.values, dtype=float)
         bm = (ts >= b0) & (ts < b1)
         wm = (ts >= start) & (ts < end)
-        mag, z, onset, direction, mb, mw, peak = score_series(ts[bm], vals[bm], ts[wm], vals[wm], start, end, counter)
+        mag, z, onset, direction, mb, mw, peak = score_series(ts[bm], vals[bm], ts[wm], vals[wm], start, end,
+                                                              sp.kind == "counter")
         if mag <= 0:
             continue
-        score = mag * (0.6 + 0.4 * _earliness(onset, start, end)) * ROLE_WEIGHT[cat.role]
-        if cat.role in ("cause", "load") and direction != _bad_direction(info.metric):
-            score *= BENIGN_FACTOR
-        changes.append(SeriesChange(info.metric, dict(info.labels), cat.key, mb, mw, peak, z, onset, direction, score))
-        infos_of[id(changes[-1])] = (info, cat, mag)
-    if tier == "1h":
-        # hourly buckets rank the changes; the onsets of the leading ones are refined from minutes
-        changes.sort(key=lambda c: -c.score)
-        for ch in changes[:REFINE_TOP]:
-            if ch.direction not in ("up", "down") or ch.baseline is None or ch.window is None:
-                continue
-            info, cat, mag = infos_of[id(ch)]
-            sd = store.query_series(info, start, end, max_points=None, tier="1m")
-            onset = refine_onset(sd.ts, sd.values, ch.baseline, ch.window, ch.peak)
-            if onset is not None:
-                ch.onset = onset
-                ch.score = mag * (0.6 + 0.4 * _earliness(onset, start, end)) * ROLE_WEIGHT[cat.role]
-                if cat.role in ("cause", "load") and ch.direction != _bad_direction(info.metric):
-                    ch.score *= BENIGN_FACTOR
+        changes.append(SeriesChange(sp.metric, dict(sp.labels), cat.key, mb, mw, peak, z, onset, direction,
+                                    _series_score(mag, onset, cat, direction, sp.metric, start, end), sp.id, mag))
+    changes.sort(key=lambda c: -c.score)
+    return changes
+
+
+def onset_candidates(changes: Sequence[SeriesChange]) -> list[SeriesChange]:
+    """The leading changes whose onsets are refined from finer points (hourly reads)."""
+    return [ch for ch in changes[:REFINE_TOP]
+            if ch.direction in ("up", "down") and ch.baseline is not None and ch.window is not None]
+
+
+def refine_onsets(changes: list[SeriesChange], points: Mapping[int, SeriesPoints], start: float, end: float) -> None:
+    """Move the onsets of ``onset_candidates`` to where their finer ``points`` left the baseline
+    (and rescore them), then re-sort.  Pure (changes the list in place)."""
+    for ch in onset_candidates(changes):
+        sp = points.get(ch.series_id)
+        if sp is None or ch.baseline is None or ch.window is None:
+            continue
+        onset = refine_onset(sp.ts, sp.values, ch.baseline, ch.window, ch.peak)
+        if onset is not None:
+            ch.onset = onset
+            ch.score = _series_score(ch.magnitude, onset, CATEGORY_BY_KEY[ch.category], ch.direction, ch.metric,
+                                     start, end)
     changes.sort(key=lambda c: -c.score)
 
+
+def rank_causes_from(inputs: RCAInputs, thresholds: MismatchThresholds | None = None, top: int | None = None,
+                     use_mismatch: bool = True, onset_points: Mapping[int, SeriesPoints] | None = None) -> RCAResult:
+    """Rank the likely causes of what changed in ``inputs`` (``fetch_rca_inputs``); ``onset_points``
+    (``fetch_onset_points`` of ``onset_candidates``) refine the onsets read from hourly rollups.
+    Pure: no store, no clock."""
+    start, end, b0, b1 = inputs.start, inputs.end, inputs.baseline_start, inputs.baseline_end
+    changes = score_changes(inputs)
+    if onset_points:
+        refine_onsets(changes, onset_points, start, end)
+
     # events
-    events = store.events(node=node, start=start, end=end, limit=5000)
     ev_dicts: list[dict[str, Any]] = []
     by_cat_events: dict[str, list[Any]] = {}
-    for e in events:
+    for e in inputs.events:
         d = {"type": "event", "ts": e.ts, "kind": e.kind, "severity": e.severity, "message": e.message,
              "details": e.details}
         ev_dicts.append(d)
@@ -340,12 +359,11 @@ def rank_causes(store: Any, node: str, start: float, end: float, baseline: tuple
         if cat_key:
             by_cat_events.setdefault(cat_key, []).append(e)
 
-    # the mismatch detector's view: window vs baseline
+    # the mismatch detector's view: window vs baseline, from the points already read
     mismatch: dict[str, Any] = {}
     prior: dict[str, float] = {}
     if use_mismatch:
-        # from the points just read: no second trip to the database
-        mismatch, prior = _mismatch_prior(_CachedStore(cached), node, start, end, b0, b1, thresholds, tier)
+        mismatch, prior = _mismatch_prior(inputs, thresholds)
 
     causes: dict[str, Cause] = {}
 
@@ -395,57 +413,44 @@ def rank_causes(store: Any, node: str, start: float, end: float, baseline: tuple
         c.summary = _summary(c)
     if top is not None:
         out = out[:top]
-    return RCAResult(node, start, end, b0, b1, out, changes, ev_dicts, mismatch, len(infos),
-                     _stage_view(store, node, start, end, b0, b1, infos))
+    return RCAResult(inputs.node, start, end, b0, b1, out, changes, ev_dicts, mismatch, inputs.series_examined,
+                     stage_view(inputs))
 
 
-def _stage_view(store: Any, node: str, start: float, end: float, b0: float, b1: float,
-                infos: Sequence[Any]) -> dict[str, Any]:
-    """Stage skew / pipeline bubbles in the window and the baseline, where the app exports them."""
-    from triscope.analysis.stages import stage_skew_from_store
+def rank_causes(store: StoreReader, node: str, start: float, end: float,
+                baseline: tuple[float, float] | None = None, max_points: int = 600,
+                thresholds: MismatchThresholds | None = None, top: int | None = None,
+                use_mismatch: bool = True) -> RCAResult:
+    """Rank the likely causes of what changed on ``node`` in [start, end].
 
-    bases = sorted({i.metric[:-4] for i in infos if i.metric.endswith("_sum") and "stage" in i.labels})
+    ``baseline`` (start, end) defaults to the preceding window of the same length.  The fetch
+    (``fetch_rca_inputs``) reads every series once over [baseline start, end], in one ``query``
+    per metric: raw points downsampled to at most ``2 * max_points`` (min/max preserving) up to an
+    hour, 1-minute rollups up to 12 hours, hourly rollups beyond (the onsets of the leading
+    changes are then refined from the window's 1-minute rollups, ``fetch_onset_points``); the
+    ranking is ``rank_causes_from`` over what was read.
+    """
+    inputs = fetch_rca_inputs(store, node, start, end, baseline, max_points)
+    onset_points = None
+    if inputs.tier == "1h":
+        onset_points = fetch_onset_points(store, node, onset_candidates(score_changes(inputs)), start, end)
+    return rank_causes_from(inputs, thresholds, top, use_mismatch, onset_points)
+
+
+def stage_view(inputs: RCAInputs) -> dict[str, Any]:
+    """Stage skew / pipeline bubbles in the window and the baseline, where the app exports them.  Pure."""
+    from triscope.analysis.stages import stage_skew_from_counters
+
+    win = (inputs.start, inputs.end)
+    base = (inputs.baseline_start, inputs.baseline_end)
     out: dict[str, Any] = {}
-    for base in bases[:3]:
-        w = stage_skew_from_store(store, node, start, end, metric=base)
+    for metric in inputs.stage_metrics:
+        w = stage_skew_from_counters(inputs.stage_counters.get(win, []), win[1] - win[0], metric)
         if w is None:
             continue
-        b = stage_skew_from_store(store, node, b0, b1, metric=base)
-        out[base] = {"window": w.as_dict(), "baseline": b.as_dict() if b else None}
+        b = stage_skew_from_counters(inputs.stage_counters.get(base, []), base[1] - base[0], metric)
+        out[metric] = {"window": w.as_dict(), "baseline": b.as_dict() if b else None}
     return out
-
-
-@dataclass(slots=True)
-class _Points:
-    info: Any
-    ts: Any
-    values: Any
-    tier: str = "cached"
-
-
-class _CachedStore:
-    """The two read functions ``node_states`` uses, served from series already in memory."""
-
-    def __init__(self, cached: Sequence[tuple[Any, Any, Any]]) -> None:
-        self._by_metric: dict[str, list[tuple[Any, Any, Any]]] = {}
-        for c in cached:
-            self._by_metric.setdefault(c[0].metric, []).append(c)
-
-    def series(self, node: str | None = None, metric: str | None = None, prefix: str | None = None,
-               labels: Mapping[str, str] | None = None) -> list[Any]:
-        rows = self._by_metric.get(metric, []) if metric is not None else [c for v in self._by_metric.values() for c in v]
-        return [c[0] for c in rows if not labels or all(c[0].labels.get(k) == v for k, v in labels.items())]
-
-    def query(self, metric: str, node: str | None = None, labels: Mapping[str, str] | None = None,
-              start: float | None = None, end: float | None = None, max_points: int | None = None,
-              rate: bool | None = None, tier: str | None = None) -> list[_Points]:
-        out = []
-        for info, ts, vals in self._by_metric.get(metric, []):
-            if labels and not all(info.labels.get(k) == v for k, v in labels.items()):
-                continue
-            m = (ts >= (start if start is not None else -math.inf)) & (ts <= (end if end is not None else math.inf))
-            out.append(_Points(info, ts[m].tolist(), vals[m].tolist()))
-        return out
 
 
 def _peers(evs: Sequence[Any]) -> list[str]:
@@ -498,18 +503,20 @@ def _fmt(x: float | None) -> str:
     return f"{x:.3g}"
 
 
-def _mismatch_prior(store: Any, node: str, start: float, end: float, b0: float, b1: float,
-                    th: MismatchThresholds | None, tier: str | None = None) -> tuple[dict[str, Any], dict[str, float]]:
-    from triscope.analysis.mismatch import node_states
-
+def _mismatch_prior(inputs: RCAInputs, th: MismatchThresholds | None) -> tuple[dict[str, Any], dict[str, float]]:
+    """The detector over window and baseline, from the series already read: the share of windows
+    in each state, and the growth of the share pointing at each cause."""
     th = th or MismatchThresholds()
+    start, end, b0, b1 = inputs.start, inputs.end, inputs.baseline_start, inputs.baseline_end
     span = end - start
+    tier = inputs.tier
     window = max(th.window_s, span / 200.0, 120.0 if tier == "1m" else 0.0, 7200.0 if tier == "1h" else 0.0)
+    detector_series = [sp for sp in inputs.series if sp.metric in DETECTOR_METRICS]
 
     def shares(a: float, b: float) -> tuple[dict[str, float], int]:
         # the window looks back over the baseline for the link's observed ceiling
-        ws = node_states(store, node, a, b, window=window, thresholds=th, tier=tier,
-                         ceiling_lookback_s=max(0.0, a - min(b0, start)))
+        mi = mismatch_inputs_from_series(detector_series, a, b, ceiling_lookback_s=max(0.0, a - min(b0, start)))
+        ws = window_states(mi, a, b, window, th)
         if not ws:
             return {}, 0
         out: dict[str, float] = {}

@@ -47,7 +47,16 @@ from typing import Any
 
 import yaml
 
-from triscope import yamlsafe
+from triscope.analysis.counters import (  # noqa: F401 - counter_increase: callers import it from here
+    counter_increase,
+    fetch_counters,
+    increase,
+    tier_for,
+)
+from triscope.analysis.reader import SeriesPoints, StoreReader
+
+# the file format and its loader live in slo_spec; callers import them from here too
+from triscope.analysis.slo_spec import SLOSpecError, load_slo_file, parse_duration, parse_slo_text  # noqa: F401
 from triscope.labels import Matcher, escape_value
 
 WINDOWS: tuple[tuple[str, float], ...] = (
@@ -60,10 +69,6 @@ ALERT_RULES: tuple[tuple[str, str, str, float], ...] = (
     ("page", "6h", "30m", 0.05),
     ("ticket", "3d", "6h", 0.10),
 )
-
-
-class SLOSpecError(ValueError):
-    """A malformed SLO file: the message is ``FILE:LINE: what is wrong``."""
 
 
 # ---------------------------------------------------------------------------------------------- queries
@@ -211,197 +216,11 @@ class SLOSpec:
         return round(budget_share * self.period_s / WINDOW_SECONDS[long_window], 6)
 
 
-_DUR_RE = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d|w)$")
-_DUR_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
-def parse_duration(s: str) -> float:
-    m = _DUR_RE.match(str(s).strip())
-    if not m:
-        raise ValueError(f"bad duration {s!r} (expected e.g. 30d, 6h, 5m)")
-    return float(m.group(1)) * _DUR_UNIT[m.group(2)]
-
-
 def _fmt_duration(sec: float) -> str:
     for unit, n in (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60)):
         if sec % n == 0 and sec >= n and unit != "w":
             return f"{int(sec // n)}{unit}"
     return f"{int(sec)}s"
-
-
-def _str_map(v: Any, where: str) -> dict[str, str]:
-    if v is None:
-        return {}
-    if not isinstance(v, dict):
-        raise SLOSpecError(f"{where}: expected a mapping of names to strings")
-    for k in v:
-        if not isinstance(k, str) or not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", k):
-            raise SLOSpecError(f"{where}: {k!r} is not a valid label name")
-    return {str(k): "" if x is None else str(x) for k, x in v.items()}
-
-
-def parse_slo_text(text: str, source: str = "<slo>") -> list[SLOSpec]:
-    """Parse a Sloth ``prometheus/v1`` document (one or several, ``---`` separated)."""
-    try:
-        docs = [d for d in yamlsafe.parse_all(text, source) if d.root is not None]
-    except yamlsafe.YAMLFileError as e:
-        raise SLOSpecError(str(e)) from None
-    if not docs:
-        raise SLOSpecError(f"{source}:1: the file holds no SLO spec")
-    out: list[SLOSpec] = []
-    ids: dict[str, int] = {}
-    for doc in docs:
-        for spec in _parse_doc(doc, source):
-            if spec.id in ids:
-                raise SLOSpecError(f"{spec.source}: duplicate SLO {spec.name!r} of service {spec.service!r} "
-                                   f"(first at line {ids[spec.id]})")
-            ids[spec.id] = int(spec.source.rsplit(":", 1)[1])
-            out.append(spec)
-    return out
-
-
-class _At:
-    """``FILE:LINE`` of paths in one document: ``key(path)`` the line of a key (or list item),
-    ``value(path)`` the line where the value at ``path`` starts."""
-
-    def __init__(self, doc: yamlsafe.Document, source: str) -> None:
-        self.doc, self.source = doc, source
-
-    def key(self, path: tuple[Any, ...]) -> str:
-        return f"{self.source}:{self.doc.line(path) or 1}"
-
-    def value(self, path: tuple[Any, ...], key: str | None = None, obj: Any = None) -> str:
-        """The value at ``path + (key,)`` when the mapping ``obj`` has ``key``, else at ``path``."""
-        if key is not None and (obj is None or (isinstance(obj, dict) and key in obj)):
-            path = path + (key,)
-        return f"{self.source}:{self.doc.value_line(path) or 1}"
-
-
-def _parse_doc(d: yamlsafe.Document, source: str) -> list[SLOSpec]:
-    at = _At(d, source)
-    doc = d.root
-    if not isinstance(doc, dict):
-        raise SLOSpecError(f"{at.value(())}: expected a mapping with version, service and slos")
-    known_top = {"version", "service", "labels", "slos", "period"}
-    for k in doc:
-        if k not in known_top:
-            raise SLOSpecError(f"{at.key((k,))}: unknown key {k!r} (expected one of "
-                               f"{', '.join(sorted(known_top))})")
-    if doc.get("version") != "prometheus/v1":
-        raise SLOSpecError(f"{at.value((), 'version', doc)}: version must be \"prometheus/v1\" (Sloth's spec), "
-                           f"got {doc.get('version')!r}")
-    service = doc.get("service")
-    if not isinstance(service, str) or not service.strip():
-        raise SLOSpecError(f"{at.value((), 'service', doc)}: service must be a non-empty string")
-    labels = _str_map(doc.get("labels"), at.value((), "labels", doc))
-    period_s = 30 * 86400.0
-    if "period" in doc:
-        try:
-            period_s = parse_duration(doc["period"])
-        except ValueError as e:
-            raise SLOSpecError(f"{at.value(('period',))}: {e}") from None
-        if period_s < 3 * 86400:
-            raise SLOSpecError(f"{at.value(('period',))}: period must be at least 3d (the ticket alert's long window)")
-    slos = doc.get("slos")
-    if not isinstance(slos, list) or not slos:
-        raise SLOSpecError(f"{at.value((), 'slos', doc)}: slos must be a non-empty list")
-    out = []
-    known = {"name", "objective", "description", "labels", "sli", "alerting"}
-    for i, s in enumerate(slos):
-        p: tuple[Any, ...] = ("slos", i)
-        where = at.key(p)
-        if not isinstance(s, dict):
-            raise SLOSpecError(f"{where}: each SLO must be a mapping")
-        for k in s:
-            if k not in known:
-                raise SLOSpecError(f"{at.key(p + (k,))}: unknown key {k!r} in SLO (expected one of "
-                                   f"{', '.join(sorted(known))})")
-        name = s.get("name")
-        if not isinstance(name, str) or not re.fullmatch(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*", name or ""):
-            raise SLOSpecError(f"{at.value(p, 'name', s)}: name must be a non-empty string of "
-                               "letters, digits, '-', '_' or '.'")
-        obj = s.get("objective")
-        if isinstance(obj, bool) or not isinstance(obj, int | float) or not 0 < float(obj) < 100:
-            raise SLOSpecError(f"{at.value(p, 'objective', s)}: objective must be a "
-                               f"percentage between 0 and 100 (exclusive), got {obj!r}")
-        sli = s.get("sli")
-        sp = p + ("sli",)
-        if not isinstance(sli, dict):
-            raise SLOSpecError(f"{at.value(p, 'sli', s)}: sli must be a mapping with 'events'")
-        for k in sli:
-            if k in ("raw", "plugin"):
-                raise SLOSpecError(f"{at.key(sp + (k,))}: sli.{k} is not supported by triscope "
-                                   "(it evaluates SLIs itself): use sli.events with error_query and total_query")
-            if k != "events":
-                raise SLOSpecError(f"{at.key(sp + (k,))}: unknown key {k!r} in sli (expected 'events')")
-        ev = sli.get("events")
-        ep = sp + ("events",)
-        if not isinstance(ev, dict):
-            raise SLOSpecError(f"{at.value(sp, 'events', sli)}: sli.events must be a "
-                               "mapping with error_query and total_query")
-        queries: dict[str, Query] = {}
-        for k in ev:
-            if k not in ("error_query", "total_query"):
-                raise SLOSpecError(f"{at.key(ep + (k,))}: unknown key {k!r} in sli.events")
-        for qk in ("error_query", "total_query"):
-            if qk not in ev:
-                raise SLOSpecError(f"{at.value(ep)}: sli.events.{qk} is missing")
-            try:
-                queries[qk] = parse_query(ev[qk])
-            except ValueError as e:
-                raise SLOSpecError(f"{at.value(ep + (qk,))}: {qk}: {e}") from None
-        alerting = None
-        if "alerting" in s:
-            alerting = _parse_alerting(s["alerting"], at, p + ("alerting",), f"{service}-{name}")
-        desc = s.get("description") or ""
-        out.append(SLOSpec(service=service, name=name, objective=float(obj), error_query=queries["error_query"],
-                           total_query=queries["total_query"], period_s=period_s, description=str(desc),
-                           labels={**labels, **_str_map(s.get("labels"), at.value(p, "labels", s))},
-                           alerting=alerting, source=where))
-    return out
-
-
-def _parse_alerting(a: Any, at: _At, p: tuple[Any, ...], slo_id: str) -> AlertSpec:
-    if not isinstance(a, dict):
-        raise SLOSpecError(f"{at.value(p)}: alerting must be a mapping")
-    known = {"name", "labels", "annotations", "page_alert", "ticket_alert"}
-    for k in a:
-        if k not in known:
-            raise SLOSpecError(f"{at.key(p + (k,))}: unknown key {k!r} in alerting")
-    name = a.get("name") or re.sub(r"[^a-zA-Z0-9]+", " ", slo_id).title().replace(" ", "") + "ErrorBudgetBurn"
-    if not isinstance(name, str) or not re.fullmatch(_NAME, name):
-        raise SLOSpecError(f"{at.value(p, 'name', a)}: alerting.name {name!r} is not a valid alert name")
-
-    def sub(key: str) -> tuple[dict[str, str] | None, dict[str, str]]:
-        v = a.get(key)
-        if v is None:
-            return {}, {}
-        kp = p + (key,)
-        if not isinstance(v, dict):
-            raise SLOSpecError(f"{at.value(kp)}: alerting.{key} must be a mapping")
-        for k in v:
-            if k not in ("disable", "labels", "annotations"):
-                raise SLOSpecError(f"{at.key(kp + (k,))}: unknown key {k!r} in alerting.{key}")
-        if v.get("disable") is True:
-            return None, {}
-        return (_str_map(v.get("labels"), at.value(kp, "labels", v)),
-                _str_map(v.get("annotations"), at.value(kp, "annotations", v)))
-
-    pl, pa = sub("page_alert")
-    tl, ta = sub("ticket_alert")
-    return AlertSpec(name=name, labels=_str_map(a.get("labels"), at.value(p, "labels", a)),
-                     annotations=_str_map(a.get("annotations"), at.value(p, "annotations", a)),
-                     page_labels=pl, ticket_labels=tl, page_annotations=pa, ticket_annotations=ta)
-
-
-def load_slo_file(path: str | Path) -> list[SLOSpec]:
-    """Read and validate an SLO file; raises ``SLOSpecError("FILE:LINE: reason")`` (also for a file
-    that is missing, too large, binary, or a YAML bomb: see ``triscope.yamlsafe``)."""
-    try:
-        text = yamlsafe.read_text(path)
-    except yamlsafe.YAMLFileError as e:
-        raise SLOSpecError(str(e)) from None
-    return parse_slo_text(text, str(path))
 
 
 # ---------------------------------------------------------------------------------------------- evaluation
@@ -468,68 +287,68 @@ class SLOStatus:
         }
 
 
-def _tier_for(span: float) -> str:
-    return "raw" if span <= 6 * 3600 else "1m" if span <= 7 * 86400 else "1h"
+@dataclass(slots=True)
+class SLOInputs:
+    """What an SLO's evaluation reads, fetched first: the cumulative values of every series of its
+    queries' metrics over each window ending at ``now`` (window seconds -> series)."""
+
+    now: float
+    windows: dict[float, list[SeriesPoints]]
+
+    def for_node(self, node: str) -> SLOInputs:
+        """The same inputs restricted to one node's series (one fleet-wide read, evaluated per node)."""
+        return SLOInputs(self.now, {sec: [sp for sp in series if sp.node == node]
+                                    for sec, series in self.windows.items()})
 
 
-def counter_increase(store: Any, info: Any, start: float, end: float) -> tuple[float, float]:
-    """Reset-aware increase of one counter series over [start, end] and the share of the range
-    its points cover (gaps longer than 3 sampling intervals are not covered).
-
-    Reads the cumulative values: raw points up to 6 h, else the 1-minute (up to 7 d) or hourly
-    rollups, whose first and last value per bucket (min and max of a counter) keep the increase
-    exact unless the counter reset inside a bucket (then it is approximate)."""
-    span = end - start
-    tier = _tier_for(span)
-    sd = store.query_series(info, start, end, max_points=None, rate=False, tier=tier)
-    ts, vals = sd.ts, sd.values
-    if len(ts) < 2 or span <= 0:
-        return 0.0, 0.0
-    gaps = [b - a for a, b in zip(ts, ts[1:], strict=False)]
-    med = sorted(gaps)[len(gaps) // 2]
-    cap = max(3 * med, 60.0 if tier == "1m" else 3600.0 if tier == "1h" else 0.0, 1e-9)
-    inc = 0.0
-    covered = min(med, cap)  # the first point stands for one interval
-    for i in range(1, len(ts)):
-        d = vals[i] - vals[i - 1]
-        inc += d if d >= 0 else vals[i]
-        covered += min(gaps[i - 1], cap)
-    return inc, min(1.0, covered / span)
+def query_metrics(slo: SLOSpec) -> list[str]:
+    """The metrics an SLO's error and total queries read."""
+    return list(dict.fromkeys(t.metric for q in (slo.error_query, slo.total_query) for t in q.terms))
 
 
-def _query_sum(store: Any, q: Query, start: float, end: float, node: str | None,
-               cache: dict[tuple[Any, ...], list[Any]]) -> tuple[float | None, float]:
+def fetch_slo_inputs(store: StoreReader, slo: SLOSpec, now: float, node: str | None = None) -> SLOInputs:
+    """Read the SLO's counters (on ``node``, all nodes if None) over every window ending at ``now``
+    (``triscope.analysis.counters.fetch_counters``: one read per metric and window; the windows
+    served from raw points share one read of the longest)."""
+    secs = [sec for _label, sec in WINDOWS] + [slo.period_s]
+    reads = fetch_counters(store, query_metrics(slo), [(now - sec, now) for sec in secs], node)
+    return SLOInputs(now, {sec: reads[(now - sec, now)] for sec in secs})
+
+
+def _query_sum(q: Query, series: Sequence[SeriesPoints], span: float) -> tuple[float | None, float]:
+    tier = tier_for(span)
     total = 0.0
     found = False
     coverage = 0.0
     for term in q.terms:
-        key = (term.metric, node)
-        infos = cache.get(key)
-        if infos is None:
-            infos = cache[key] = store.series(node=node, metric=term.metric)
-        for info in infos:
-            if not term.matches(info.labels):
+        for sp in series:
+            if sp.metric != term.metric or not term.matches(sp.labels):
                 continue
             found = True
-            inc, cov = counter_increase(store, info, start, end)
+            inc, cov = increase(sp.ts, sp.values, span, tier)
             total += term.sign * inc
             coverage = max(coverage, cov)
     return (total if found else None), coverage
 
 
-def evaluate(store: Any, slo: SLOSpec, now: float, node: str | None = None) -> SLOStatus:
-    """The SLO's state at ``now`` from stored series (all nodes, or ``node``)."""
-    cache: dict[tuple[Any, ...], list[Any]] = {}
-    eb = slo.error_budget
+def window_figure(slo: SLOSpec, label: str, sec: float, series: Sequence[SeriesPoints]) -> WindowFigure:
+    """Errors, total, error ratio (a ratio of sums; None without requests), burn rate and coverage
+    of one window of ``sec`` seconds from the cumulative values of the series in it.  Pure."""
+    errors, _ = _query_sum(slo.error_query, series, sec)
+    total, cov = _query_sum(slo.total_query, series, sec)
+    ratio = None
+    if total is not None and total > 0 and errors is not None:
+        ratio = min(1.0, max(0.0, errors / total))
+    burn = None if ratio is None else ratio / slo.error_budget
+    return WindowFigure(label, sec, errors, total, ratio, burn, cov)
+
+
+def evaluate_inputs(slo: SLOSpec, inputs: SLOInputs) -> SLOStatus:
+    """The SLO's state at ``inputs.now``: burn rate per window, budget over the period, the
+    multi-window multi-burn-rate alerts.  Pure: no store, no clock."""
 
     def window(label: str, sec: float) -> WindowFigure:
-        errors, _ = _query_sum(store, slo.error_query, now - sec, now, node, cache)
-        total, cov = _query_sum(store, slo.total_query, now - sec, now, node, cache)
-        ratio = None
-        if total is not None and total > 0 and errors is not None:
-            ratio = min(1.0, max(0.0, errors / total))
-        burn = None if ratio is None else ratio / eb
-        return WindowFigure(label, sec, errors, total, ratio, burn, cov)
+        return window_figure(slo, label, sec, inputs.windows.get(sec, []))
 
     windows = {label: window(label, sec) for label, sec in WINDOWS}
     period = window(slo.period, slo.period_s)
@@ -545,14 +364,20 @@ def evaluate(store: Any, slo: SLOSpec, now: float, node: str | None = None) -> S
         alerts.append(AlertState(sev, lw, sw, f, firing, lb, sb))
     ratio = period.error_ratio
     return SLOStatus(
-        slo=slo, now=now,
+        slo=slo, now=inputs.now,
         sli=None if ratio is None else 1.0 - ratio,
         error_ratio=ratio,
-        budget_remaining=None if ratio is None else 1.0 - ratio / eb,
+        budget_remaining=None if ratio is None else 1.0 - ratio / slo.error_budget,
         coverage=period.coverage,
         windows=windows,
         alerts=alerts,
     )
+
+
+def evaluate(store: StoreReader, slo: SLOSpec, now: float, node: str | None = None) -> SLOStatus:
+    """The SLO's state at ``now`` from stored series (all nodes, or ``node``): ``fetch_slo_inputs``
+    then ``evaluate_inputs``."""
+    return evaluate_inputs(slo, fetch_slo_inputs(store, slo, now, node))
 
 
 # ---------------------------------------------------------------------------------------------- rules

@@ -13,14 +13,18 @@ pipeline's bubbles.  With mean stage durations d_1..d_n:
 
 Durations come from a histogram with a stage label (the H200 workload exports
 ``inference_stage_duration_seconds{stage}``): mean = increase(_sum) / increase(_count) over the
-window, a ratio of sums.
+window, a ratio of sums.  ``stage_skew_from_counters`` computes it from counters fetched first;
+``stage_skew_from_store`` reads them and calls it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from triscope.analysis.counters import fetch_counters, increase, tier_for
+from triscope.analysis.reader import SeriesPoints, StoreReader
 
 DEFAULT_STAGE_METRIC = "inference_stage_duration_seconds"
 STAGE_ORDER = ("preprocess", "h2d", "compute", "d2h")
@@ -58,8 +62,8 @@ def stage_skew(durations: Mapping[str, float]) -> StageSkew | None:
     )
 
 
-def stage_metrics(store: Any, node: str | None = None, stage_label: str = "stage") -> list[str]:
-    """Histogram/summary base names with a ``stage`` label that the node stores."""
+def stage_metrics(store: StoreReader, node: str | None = None, stage_label: str = "stage") -> list[str]:
+    """Histogram/summary base names with a ``stage`` label that the node stores (an inventory read)."""
     out = set()
     for name in store.metric_names(node):
         if name.endswith("_sum"):
@@ -69,22 +73,36 @@ def stage_metrics(store: Any, node: str | None = None, stage_label: str = "stage
     return sorted(out)
 
 
-def stage_skew_from_store(store: Any, node: str | None, start: float, end: float,
-                          metric: str = DEFAULT_STAGE_METRIC, stage_label: str = "stage") -> StageSkew | None:
-    """Mean duration per stage over [start, end] from ``METRIC_sum`` / ``METRIC_count``."""
-    from triscope.analysis.slo import counter_increase
+def stage_counter_metrics(metric: str = DEFAULT_STAGE_METRIC) -> tuple[str, str]:
+    """The two counters per-stage mean durations are computed from."""
+    return metric + "_sum", metric + "_count"
 
+
+def stage_skew_from_counters(series: Iterable[SeriesPoints], span: float, metric: str = DEFAULT_STAGE_METRIC,
+                             stage_label: str = "stage") -> StageSkew | None:
+    """Mean duration per stage over a range of ``span`` seconds from the cumulative values of
+    ``METRIC_sum`` / ``METRIC_count`` in it (``fetch_counters``), then ``stage_skew``.  Pure."""
+    tier = tier_for(span)
+    s_name, c_name = stage_counter_metrics(metric)
     sums: dict[str, float] = {}
     counts: dict[str, float] = {}
-    for suffix, acc in (("_sum", sums), ("_count", counts)):
-        for info in store.series(node=node, metric=metric + suffix):
-            st = info.labels.get(stage_label)
-            if st is None:
-                continue
-            inc, _ = counter_increase(store, info, start, end)
-            acc[st] = acc.get(st, 0.0) + inc
+    for sp in series:
+        acc = sums if sp.metric == s_name else counts if sp.metric == c_name else None
+        st = sp.labels.get(stage_label)
+        if acc is None or st is None:
+            continue
+        inc, _ = increase(sp.ts, sp.values, span, tier)
+        acc[st] = acc.get(st, 0.0) + inc
     means = {k: sums[k] / counts[k] for k in sums if counts.get(k, 0) > 0}
     res = stage_skew(means)
     if res is not None:
         res.requests = counts.get(res.bottleneck)
     return res
+
+
+def stage_skew_from_store(store: StoreReader, node: str | None, start: float, end: float,
+                          metric: str = DEFAULT_STAGE_METRIC, stage_label: str = "stage") -> StageSkew | None:
+    """Mean duration per stage over [start, end] from ``METRIC_sum`` / ``METRIC_count``: one read
+    per counter (``fetch_counters``), then ``stage_skew_from_counters``."""
+    reads = fetch_counters(store, stage_counter_metrics(metric), [(start, end)], node)
+    return stage_skew_from_counters(reads[(start, end)], end - start, metric, stage_label)

@@ -23,8 +23,8 @@ from triscope.analysis.online import MismatchTracker
 from triscope.analysis.rca import rank_causes
 from triscope.analysis.slo import evaluate, parse_slo_text
 from triscope.analysis.synthetic import h200_phase_ticks, phase_intervals
-from triscope.samples import MetricKind, Sample
-from triscope.store import Store, Tick
+from triscope.samples import MetricKind, Sample, Tick
+from triscope.store import Store
 
 SERIES = 200
 

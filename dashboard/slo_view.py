@@ -2,7 +2,8 @@
 
 ``load(c)`` reads the configured SLO file once (errors are shown, not raised);
 ``fleet_status(c)`` gives each node its worst SLO status; ``burn_down`` evaluates the period's
-budget remaining at a few points of the shown window for the burn-down chart.
+budget remaining at a few points of the shown window for the burn-down chart.  Both read the
+counters first, in bulk, and compute with ``triscope.analysis.slo``'s pure functions.
 """
 
 from __future__ import annotations
@@ -52,58 +53,53 @@ def evaluate(c: DashboardContext, slo: Any, now: float, node: str | None = None)
 
 
 def fleet_status(c: DashboardContext, ttl: float = 30.0) -> dict[str, str] | None:
-    """node -> worst status over the SLOs ("page", "ticket", "ok", "no data"); None without SLOs."""
+    """node -> worst status over the SLOs ("page", "ticket", "ok", "no data"); None without SLOs.
+
+    Nodes evaluated at the same instant (every live node: now) share one fleet-wide read per SLO
+    (``fetch_slo_inputs`` with no node), evaluated per node (``SLOInputs.for_node``); a stale
+    node is evaluated at its last sample, from its own read."""
+    from triscope.analysis.slo import evaluate_inputs, fetch_slo_inputs
+
     ss = load(c)
     if not ss.slos:
         return None
     hit = c.cache.get("fleet_slo")
     if hit and time.monotonic() - hit[0] < ttl:
         return hit[1]
-    out: dict[str, str] = {}
     now = c.now()
+    by_at: dict[float, list[str]] = {}
     for n in c.store.nodes():
-        at = now if abs(now - n.last_seen) <= 120 else n.last_seen + 1
-        worst = "no data"
+        by_at.setdefault(now if abs(now - n.last_seen) <= 120 else n.last_seen + 1, []).append(n.name)
+    out: dict[str, str] = {name: "no data" for names in by_at.values() for name in names}
+    for at, names in by_at.items():
         for slo in ss.slos:
             try:
-                st = evaluate(c, slo, at, node=n.name).status
-            except Exception:  # noqa: BLE001
-                st = "no data"
-            if _RANK.get(st, 0) > _RANK.get(worst, 0):
-                worst = st
-        out[n.name] = worst
+                inputs = fetch_slo_inputs(c.store, slo, at, node=names[0] if len(names) == 1 else None)
+            except Exception:  # noqa: BLE001 - a broken store read: no data for these nodes
+                continue
+            for name in names:
+                try:
+                    st = evaluate_inputs(slo, inputs.for_node(name)).status
+                except Exception:  # noqa: BLE001
+                    st = "no data"
+                if _RANK.get(st, 0) > _RANK.get(out[name], 0):
+                    out[name] = st
     c.cache["fleet_slo"] = (time.monotonic(), out)
     return out
 
 
 def burn_down(c: DashboardContext, slo: Any, start: float, end: float, points: int = 16) -> tuple[list[float], list[float | None]]:
     """Budget remaining (1 = untouched) of the SLO's period window ending at each of ``points``
-    instants across [start, end], from ``triscope.analysis.slo.counter_increase`` (ratio of sums)."""
-    from triscope.analysis.slo import counter_increase
+    instants across [start, end]: the counters of every instant read first
+    (``triscope.analysis.counters.fetch_counters``, one read per metric and instant), then
+    ``triscope.analysis.slo.window_figure`` (a ratio of sums)."""
+    from triscope.analysis.counters import fetch_counters
+    from triscope.analysis.slo import query_metrics, window_figure
 
-    infos_cache: dict[str, list[Any]] = {}
-
-    def qsum(q: Any, a: float, b: float) -> float | None:
-        total, found = 0.0, False
-        for term in q.terms:
-            infos = infos_cache.get(term.metric)
-            if infos is None:
-                infos = infos_cache[term.metric] = c.store.series(metric=term.metric)
-            for info in infos:
-                if term.matches(info.labels):
-                    found = True
-                    total += term.sign * counter_increase(c.store, info, a, b)[0]
-        return total if found else None
-
-    ts: list[float] = []
+    ts = [start + (end - start) * (i + 1) / points for i in range(points)]
+    reads = fetch_counters(c.store, query_metrics(slo), [(t - slo.period_s, t) for t in ts])
     out: list[float | None] = []
-    for i in range(points):
-        t = start + (end - start) * (i + 1) / points
-        errors = qsum(slo.error_query, t - slo.period_s, t)
-        total = qsum(slo.total_query, t - slo.period_s, t)
-        ts.append(t)
-        if not total or errors is None:
-            out.append(None)
-        else:
-            out.append(1.0 - min(1.0, max(0.0, errors / total)) / slo.error_budget)
+    for t in ts:
+        burn = window_figure(slo, slo.period, slo.period_s, reads[(t - slo.period_s, t)]).burn_rate
+        out.append(None if burn is None else 1.0 - burn)
     return ts, out

@@ -21,8 +21,8 @@ from triscope.analysis.slo import (
     prometheus_rules,
     rules_yaml,
 )
-from triscope.samples import Sample
-from triscope.store import Store, Tick
+from triscope.samples import Sample, Tick
+from triscope.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -93,7 +93,7 @@ def test_parse_spec_and_burn_factors(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("mutate, line, words", [
-    (lambda s: s.replace("objective: 99.9", "objective: 120"), 7, "objective must be a percentage"),
+    (lambda s: s.replace("objective: 99.9", "objective: 120"), 7, "slos[0].objective: must be a percentage"),
     (lambda s: s.replace('sum(rate(app_requests_total[{{.window}}]))',
                          'avg(app_requests_total)'), 11, "unsupported query"),
     (lambda s: s.replace("    alerting:\n      name: AppAvailability",
@@ -123,7 +123,7 @@ def test_cli_check_reports_file_line(tmp_path: Path) -> None:
     p = _write(tmp_path, SPEC.replace("objective: 99.0", "objective: \"high\""))
     r = subprocess.run([str(REPO / ".venv/bin/triscope"), "slo", "check", str(p)], capture_output=True, text=True)
     assert r.returncode == 2
-    assert f"{p}:25: objective must be a percentage" in r.stderr
+    assert f"{p}:25: slos[1].objective: must be a percentage" in r.stderr
     assert "Traceback" not in r.stderr
 
 

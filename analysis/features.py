@@ -1,0 +1,235 @@
+"""The mismatch detector's features, built by one function from one input shape.
+
+``window_features(WindowValues)`` turns one window of per-metric values (each accelerator's busy
+and busier-direction PCIe rate per tick, host CPU busy, PSI, DMA-map and retransmit rates per
+series) into the ``WindowFeatures`` the classifier decides on: means (the score; host, DMA and
+network evidence), upper medians (the state: always one of the window's own ticks), coverage
+(share of the window's ticks with accelerator data), the link ceiling.  Both the per-tick tracker
+(``triscope.analysis.online.MismatchTracker``, over its sliding window of ticks) and the
+stored-window classifier (``triscope.analysis.mismatch.window_states``, over windows cut from
+stored series) build their features here, so they cannot drift apart.
+
+Also here, shared by both: which series are detector inputs (metric names), the link ceiling
+(``effective_ceiling``), the negotiated capacity from link facts (``negotiated_capacity``), and
+which DMA-map series belong to the accelerators (``own_dma_series``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from triscope.analysis.config import MismatchThresholds
+from triscope.pcie import link_capacity_bytes_per_second
+
+# metric names the detector reads
+GPU_BUSY = "triscope_gpu_sm_active_ratio"
+NPU_BUSY = "triscope_npu_aicore_utilization_ratio"
+PCIE_RX = "triscope_gpu_pcie_rx_bytes_total"
+PCIE_TX = "triscope_gpu_pcie_tx_bytes_total"
+LINK_CAPACITY = ("triscope_gpu_pcie_link_capacity_bytes_per_second", "triscope_pcie_link_capacity_bytes_per_second")
+LINK_SPEED = ("triscope_gpu_pcie_link_speed_gts", "triscope_pcie_link_speed_gts")
+LINK_WIDTH = ("triscope_gpu_pcie_link_width", "triscope_pcie_link_width")
+GPU_INFO = "triscope_gpu_info"
+CPU_BUSY = "triscope_cpu_busy_ratio"
+PRESSURE = "triscope_pressure_ratio"
+DMA_MAPS = "triscope_dma_map_total"
+RETRANSMITS = "triscope_tcp_retransmits_total"
+INPUT_METRICS = (GPU_BUSY, NPU_BUSY, PCIE_RX, PCIE_TX, CPU_BUSY, PRESSURE, DMA_MAPS, RETRANSMITS,
+                 *LINK_CAPACITY, *LINK_SPEED, *LINK_WIDTH)
+# link fact metrics by kind, each tuple in order of preference
+LINK_FACT_METRICS: tuple[tuple[str, tuple[str, ...]], ...] = (("speed", LINK_SPEED), ("width", LINK_WIDTH),
+                                                              ("cap", LINK_CAPACITY))
+
+
+# ---------------------------------------------------------------------------------------------- features
+@dataclass(slots=True)
+class AcceleratorFeatures:
+    """One accelerator over one window.  ``None``: no data."""
+
+    name: str                               # "gpu=0", "npu=1,chip=0"
+    busy: float | None                      # mean SM activity / AICore utilisation, 0..1
+    link_bytes_per_second: float | None = None  # mean of the busier PCIe direction
+    link_ceiling: float | None = None       # effective one-way ceiling, bytes/s
+    coverage: float = 1.0                   # share of the window's ticks with busy data
+    # the window's typical (median) tick: what the state is decided on, so a window that straddles
+    # a change (half idle, half pinned copies) takes one side instead of a made-up middle; the
+    # means above give the score (share of time lost).  None: use the means.
+    busy_typical: float | None = None
+    link_typical_bytes_per_second: float | None = None
+
+    @property
+    def link_util(self) -> float | None:
+        if self.link_bytes_per_second is None or not self.link_ceiling:
+            return None
+        return min(1.5, self.link_bytes_per_second / self.link_ceiling)
+
+    @property
+    def link_util_typical(self) -> float | None:
+        if self.link_typical_bytes_per_second is None:
+            return self.link_util
+        if not self.link_ceiling:
+            return None
+        return min(1.5, self.link_typical_bytes_per_second / self.link_ceiling)
+
+
+@dataclass(slots=True)
+class WindowFeatures:
+    """Everything the classifier looks at for one window of one node."""
+
+    accelerators: list[AcceleratorFeatures]
+    cpu_busy: float | None = None           # 0..1, all CPUs
+    pressure: float | None = None           # max of PSI cpu/memory "some" avg10, 0..1
+    dma_map_rate: float | None = None       # DMA maps/s, the accelerators' devices
+    retransmit_rate: float | None = None    # TCP retransmits/s
+
+
+# ---------------------------------------------------------------------------------------------- input shape
+@dataclass(slots=True)
+class AcceleratorWindow:
+    """One accelerator's values over one window, one per tick (finite, in time order)."""
+
+    name: str
+    busy: Sequence[float]                   # GPM SM activity / AICore utilisation, 0..1
+    link: Sequence[float] | None = None     # busier PCIe direction, bytes/s; None: no PCIe series
+    ceiling: float | None = None            # effective one-way ceiling (``effective_ceiling``)
+    expected: float = 1.0                   # ticks a full window holds: coverage = len(busy) / expected
+
+
+@dataclass(slots=True)
+class WindowValues:
+    """One window of one node's detector inputs: per-metric values, one per tick.
+
+    Host series come one list per series: CPU busy values are pooled, PSI takes the highest
+    series mean (``resource`` cpu or memory, ``kind=some``), DMA-map and retransmit rates sum
+    the series means (maps/s of the accelerators' own devices, retransmits/s)."""
+
+    accelerators: list[AcceleratorWindow]
+    cpu_busy: Sequence[float] = ()
+    pressure: Sequence[Sequence[float]] = ()
+    dma_map_rates: Sequence[Sequence[float]] = ()
+    retransmit_rates: Sequence[Sequence[float]] = ()
+
+
+def mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def upper_median(values: Sequence[float]) -> float | None:
+    """The upper median: always one of the values, so a window split half and half takes one
+    side rather than the average of both."""
+    if not values:
+        return None
+    return sorted(values)[len(values) // 2]
+
+
+def _summed_means(per_series: Iterable[Sequence[float]]) -> float | None:
+    out: float | None = None
+    for vals in per_series:
+        m = mean(vals)
+        if m is not None:
+            out = m if out is None else out + m
+    return out
+
+
+def _highest_mean(per_series: Iterable[Sequence[float]]) -> float | None:
+    out: float | None = None
+    for vals in per_series:
+        m = mean(vals)
+        if m is not None and (out is None or m > out):
+            out = m
+    return out
+
+
+def window_features(values: WindowValues) -> WindowFeatures:
+    """The features of one window.  Accelerators without busy values in the window are left out
+    (no verdict from them); the classifier drops those below ``min_coverage``."""
+    accs: list[AcceleratorFeatures] = []
+    for a in values.accelerators:
+        if not a.busy:
+            continue
+        link = a.link or None
+        accs.append(AcceleratorFeatures(
+            a.name, mean(a.busy), mean(link) if link else None, a.ceiling or None,
+            min(1.0, len(a.busy) / max(a.expected, 1.0)), upper_median(a.busy),
+            upper_median(link) if link else None))
+    return WindowFeatures(accs, cpu_busy=mean(values.cpu_busy), pressure=_highest_mean(values.pressure),
+                          dma_map_rate=_summed_means(values.dma_map_rates),
+                          retransmit_rate=_summed_means(values.retransmit_rates))
+
+
+# ---------------------------------------------------------------------------------------------- links
+def effective_ceiling(negotiated: float | None, observed_max: float | None, th: MismatchThresholds) -> float:
+    """The rate a link can really carry: the negotiated capacity x efficiency, raised to the
+    highest rate actually seen on it (links that beat the efficiency estimate), or, with no
+    negotiated capacity, the observed maximum (floored) or the configured fallback."""
+    obs = observed_max or 0.0
+    if negotiated and negotiated > 0:
+        return max(negotiated * th.link_efficiency, obs)
+    if th.fallback_link_bytes_per_second > 0:
+        return max(th.fallback_link_bytes_per_second, obs)
+    return max(obs, th.min_ceiling_bytes_per_second)
+
+
+LinkFacts = dict[str, dict[str, float]]
+"""link id (``device=<PCI address>`` or ``gpu=<n>``) -> {"speed": GT/s, "width": lanes, "cap": bytes/s}."""
+
+
+def link_id(labels: Mapping[str, str]) -> str | None:
+    """The link a link-fact series describes: its PCI address, else its GPU."""
+    if "device" in labels:
+        return f"device={labels['device']}"
+    if "gpu" in labels:
+        return f"gpu={labels['gpu']}"
+    return None
+
+
+def is_current(labels: Mapping[str, str]) -> bool:
+    """Link facts as trained now (``kind="current"``), not the maximum the link could train to."""
+    return labels.get("kind", "current") == "current"
+
+
+def link_ids(acc_labels: Mapping[str, str], buses_of_gpu: Mapping[str, Sequence[str]]) -> tuple[str, ...]:
+    """The link ids that identify an accelerator's PCIe link, best first: its PCI addresses (from
+    ``triscope_gpu_info{gpu,bus_id}``), then its ``gpu`` label.  None for an accelerator that is no GPU."""
+    gpu = acc_labels.get("gpu")
+    if gpu is None:
+        return ()
+    return (*(f"device={b}" for b in buses_of_gpu.get(gpu, ())), f"gpu={gpu}")
+
+
+def buses_of_gpus(gpu_info: Iterable[Mapping[str, str]]) -> dict[str, list[str]]:
+    """gpu -> its PCI addresses, from the labels of ``triscope_gpu_info`` series (first seen first)."""
+    out: dict[str, list[str]] = {}
+    for lab in gpu_info:
+        gpu, bus = lab.get("gpu"), lab.get("bus_id")
+        if gpu is not None and bus and bus not in out.setdefault(gpu, []):
+            out[gpu].append(bus)
+    return out
+
+
+def negotiated_capacity(ids: Sequence[str], facts: LinkFacts) -> float | None:
+    """gen x width capacity of the first of ``ids`` that has link facts (or its capacity metric)."""
+    for lid in ids:
+        f = facts.get(lid)
+        if not f:
+            continue
+        speed, width = f.get("speed"), f.get("width")
+        if speed and width:
+            return link_capacity_bytes_per_second(speed, width)
+        if f.get("cap"):
+            return f["cap"]
+    return None
+
+
+def own_dma_series(devices: Sequence[str | None], bus_ids: Iterable[str]) -> list[int]:
+    """Indices of the DMA-map series of the accelerators' own PCI devices when they can be told
+    apart (a NIC maps per packet, which is not pin churn); all of them otherwise."""
+    bus = set(bus_ids)
+    mine = [i for i, d in enumerate(devices) if d in bus]
+    return mine if mine else list(range(len(devices)))
+
+
+def is_pressure_input(labels: Mapping[str, str]) -> bool:
+    """PSI series the detector reads: cpu or memory, ``some``."""
+    return labels.get("resource") in ("cpu", "memory") and labels.get("kind", "some") == "some"
