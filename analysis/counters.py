@@ -18,7 +18,7 @@ import bisect
 from collections.abc import Iterable, Sequence
 
 from triscope.analysis.reader import SeriesPoints, StoreReader, points_of
-from triscope.store import SeriesInfo
+from triscope.store.reader import SeriesInfo
 
 Range = tuple[float, float]
 CounterReads = dict[Range, list[SeriesPoints]]

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from triscope.analysis.counters import CounterReads, fetch_counters
 from triscope.analysis.reader import SeriesPoints, StoreReader, points_of
-from triscope.store import EventRow
+from triscope.store.reader import EventRow
 
 DERIVED_PREFIX = "triscope_mismatch_"   # the detector's own output: not evidence of a cause
 STAGE_LABEL = "stage"

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from triscope.store import SeriesData, StoreReader
+from triscope.store.reader import SeriesData, StoreReader
 
 __all__ = ["SeriesPoints", "StoreReader", "label_name", "points_of"]
 

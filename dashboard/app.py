@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from triscope.cli import UserError
 from triscope.dashboard.context import CONFIG_KEY, DashboardContext
+from triscope.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -57,12 +57,14 @@ def check_bind(host: str, password: str | None, trust_proxy_auth: bool = False) 
 
 
 def _import_pages() -> None:
-    import importlib
-
     import dash
 
+    from triscope.dashboard.pages import fleet, mismatch, node, remediation, rootcause, slos
+
+    modules = {"fleet": fleet, "node": node, "mismatch": mismatch, "slos": slos, "remediation": remediation,
+               "rootcause": rootcause}
     for name in PAGE_MODULES:
-        mod = importlib.import_module(f"triscope.dashboard.pages.{name}")
+        mod = modules[name]
         # what Dash does for modules it finds in a pages folder: the registry entry gets the layout
         entry = dash.page_registry.get(mod.__name__)
         if entry is not None and not getattr(entry.get("layout"), "_triscope_guarded", False):

@@ -8,7 +8,6 @@ builders in ``triscope.dashboard.figures`` turn them into Plotly figures.
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -528,22 +527,6 @@ def mismatch_points(store: Any, nodes: Sequence[str], window: Window, max_window
     return pts, shares
 
 
-# ---------------------------------------------------------------------------------------------- optional analysis parts
-def optional(module: str, *names: str) -> tuple[Any, str]:
-    """(the first of ``names`` found in ``module``, "") or (None, why it is missing)."""
-    try:
-        mod = importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        if e.name and module.startswith(e.name):
-            return None, f"{module} is not installed in this build yet"
-        raise
-    for n in names:
-        f = getattr(mod, n, None)
-        if f is not None:
-            return f, ""
-    return None, f"{module} has no {' / '.join(names)} yet"
-
-
 @dataclass
 class AuditRows:
     rows: list[dict[str, Any]]
@@ -554,21 +537,22 @@ class AuditRows:
 def audit_rows(store: Any, start: float | None = None, end: float | None = None, limit: int = 1000) -> AuditRows:
     """The remediation audit log: ``triscope.store.audit`` when the engine's table exists, else the
     ``remediation`` events; an explained empty state otherwise."""
-    fn, why = optional("triscope.store.audit", "audit_log")
-    if fn is not None:
-        try:
-            recs = fn(store, since=start, until=end, limit=limit)
-        except Exception as e:  # noqa: BLE001 - the table may not be migrated yet
-            recs, why = [], f"audit table unavailable: {str(e).splitlines()[0][:160]}"
-        rows = []
-        for r in recs:
-            d = _as_dict(r)
-            d["mode"] = "dry-run" if d.get("dry_run") else "live"
-            if d.get("rail"):
-                d["outcome"] = f"{d.get('outcome')} ({d['rail']})"
-            rows.append(d)
-        if rows:
-            return AuditRows(rows, "audit", "")
+    from triscope.store.audit import audit_log
+
+    why = ""
+    try:
+        recs = audit_log(store, since=start, until=end, limit=limit)
+    except Exception as e:  # noqa: BLE001 - the table may not be migrated yet
+        recs, why = [], f"audit table unavailable: {str(e).splitlines()[0][:160]}"
+    rows = []
+    for r in recs:
+        d = _as_dict(r)
+        d["mode"] = "dry-run" if d.get("dry_run") else "live"
+        if d.get("rail"):
+            d["outcome"] = f"{d.get('outcome')} ({d['rail']})"
+        rows.append(d)
+    if rows:
+        return AuditRows(rows, "audit", "")
     evs = store.events(kinds=["remediation"], start=start, end=end, limit=limit)
     if evs:
         return AuditRows([{"ts": e.ts, "node": e.node, "rule": e.details.get("rule", ""),

@@ -10,8 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from triscope.dashboard.data import optional
-
 
 @dataclass
 class Evidence:
@@ -56,11 +54,9 @@ CATEGORY_SERIES = {
 
 
 def explain(store: Any, node: str, start: float, end: float, top: int = 8) -> RcaResult:
-    fn, why = optional("triscope.analysis.rca", "rank_causes")
-    if fn is None:
-        return RcaResult([], None, f"ranked causes come from the historical root-cause analysis, which is not "
-                                   f"available in this build ({why}); the detector's verdict and the events are below")
-    res = fn(store, node, start, end)
+    from triscope.analysis.rca import rank_causes
+
+    res = rank_causes(store, node, start, end)
     by_cat: dict[str, list[Any]] = {}
     for ch in sorted(res.changes, key=lambda c: -c.score):
         by_cat.setdefault(ch.category, []).append(ch)

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from triscope.dashboard.context import DashboardContext
-from triscope.dashboard.data import optional
 
 _RANK = {"page": 3, "ticket": 2, "ok": 1, "no data": 0}
 
@@ -32,16 +31,14 @@ def load(c: DashboardContext) -> SloSet:
     mtime = c.slo_file.stat().st_mtime if c.slo_file.exists() else None
     if cached and cached[0] == mtime:
         return cached[1]
-    fn, why = optional("triscope.analysis.slo", "load_slo_file")
-    if fn is None:
-        out = SloSet([], f"SLO analysis is not available in this build ({why})")
-    else:
-        try:
-            out = SloSet(list(fn(c.slo_file)), "")
-            if not out.slos:
-                out.problem = f"{c.slo_file} declares no SLOs"
-        except Exception as e:  # noqa: BLE001 - the file's error, in one line
-            out = SloSet([], f"SLO file problem: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+    from triscope.analysis.slo import load_slo_file
+
+    try:
+        out = SloSet(list(load_slo_file(c.slo_file)), "")
+        if not out.slos:
+            out.problem = f"{c.slo_file} declares no SLOs"
+    except Exception as e:  # noqa: BLE001 - the file's error, in one line
+        out = SloSet([], f"SLO file problem: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
     c.cache["slos"] = (mtime, out)
     return out
 

@@ -148,7 +148,7 @@ def test_cli_import_trace(tmp_path, capsys, sqlite_url):
 
 
 def test_import_for_demo_loads_once_per_trace_length(sqlite_url):
-    from triscope.trace import import_for_demo
+    from triscope.commands.run import import_for_demo
 
     now = 1_900_000_000.0
     assert import_for_demo(sqlite_url, TRACE, now=now) == "h200"

@@ -394,24 +394,3 @@ def import_trace(store: Any, path: Path | str, *, node: str | None = None, shift
         store.add_events(node, new)
     return TraceInfo(node, start + offset, end + offset, len(trace.header["series"]), len(trace.ticks),
                      len(new), nsamples)
-
-
-def import_for_demo(url: str, path: Path | str, node: str | None = None, now: float | None = None) -> str:
-    """``make run``'s second node: load the trace shifted to end now, unless a copy loaded earlier is
-    still within the last trace-length of time (then nothing is added).  Returns the node name."""
-    from triscope.store import Store
-
-    trace_node = node or str(read_trace(path).header.get("node") or "trace")
-    st = Store.open(url)
-    try:
-        st.upgrade()
-        now = time.time() if now is None else now
-        tr = read_trace(path)
-        span = float(tr.header.get("end", 0) or 0) - float(tr.header.get("start", 0) or 0)
-        bounds = st.time_bounds(trace_node)
-        if bounds is not None and bounds[1] >= now - max(span, 60.0):
-            return trace_node
-        import_trace(st, path, node=trace_node, shift_to_now=True, now=now)
-        return trace_node
-    finally:
-        st.close()

@@ -73,7 +73,7 @@ def build_config(args: argparse.Namespace, listen: tuple[str, int] | None):
     from triscope.agent.collectors.scrape import parse_scrape_url
     from triscope.agent.registry import AgentOptions
     from triscope.agent.runtime import AgentConfig, default_spool_dir
-    from triscope.cli import UserError
+    from triscope.errors import UserError
 
     if args.interval <= 0:
         raise UserError(f"--interval must be > 0 (got {args.interval})")
@@ -121,7 +121,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
     heap_note = _compact_heap(args)
     from triscope.agent.runtime import Agent
-    from triscope.cli import UserError
+    from triscope.errors import UserError
 
     listen = None if args.listen == "off" else parse_hostport(args.listen)
     if args.duration < 0:

@@ -26,7 +26,7 @@ def db_url(args: argparse.Namespace) -> str:
 
 
 def parse_hostport(value: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
-    from triscope.cli import UserError
+    from triscope.errors import UserError
 
     host, sep, port = value.rpartition(":")
     if not sep:

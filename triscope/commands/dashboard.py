@@ -32,8 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
-    from triscope.cli import UserError
     from triscope.dashboard.app import PASSWORD_ENV, check_bind, create_app, serve_in_thread
+    from triscope.errors import UserError
 
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port {args.port} is out of range")

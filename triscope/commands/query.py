@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_query(args: argparse.Namespace) -> int:
-    from triscope.cli import UserError
+    from triscope.errors import UserError
     from triscope.store import Store
 
     now = time.time()

@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_rca(args: argparse.Namespace) -> int:
     from triscope.analysis.rca import rank_causes
-    from triscope.cli import UserError
+    from triscope.errors import UserError
     from triscope.store import Store
 
     now = time.time()

@@ -72,7 +72,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _open_store(url: str):
     from sqlalchemy import inspect
 
-    from triscope.cli import UserError
+    from triscope.errors import UserError
     from triscope.store import Store
 
     st = Store.open(url)
@@ -151,7 +151,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
 def _read_token(args: argparse.Namespace) -> str | None:
     """The webhook token from --token-file or the environment, normalised (surrounding whitespace
     dropped) and checked: empty, short or with whitespace inside → one line, before anything starts."""
-    from triscope.cli import UserError
+    from triscope.errors import UserError
     from triscope.remediation.webhook import normalise_token
 
     if args.token_file:
@@ -173,7 +173,7 @@ def _read_token(args: argparse.Namespace) -> str | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from triscope.cli import UserError
+    from triscope.errors import UserError
     from triscope.remediation import kube as k
     from triscope.remediation.engine import start
     from triscope.remediation.policy import PolicyError, load_policy

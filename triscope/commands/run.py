@@ -59,11 +59,7 @@ def _find_trace(arg: str | None) -> Path | None:
 
 def _import_trace(url: str, path: Path) -> str | None:
     try:
-        from triscope import trace as trace_mod
-    except ImportError:
-        return None
-    try:
-        return str(trace_mod.import_for_demo(url, path))
+        return str(import_for_demo(url, path))
     except Exception as e:  # noqa: BLE001 - the demo goes on without the trace
         log.error("could not import the trace %s: %s", path, e)
         return None
@@ -93,7 +89,7 @@ def _start_dashboard(url: str, slo: str, listen: tuple[str, int]) -> Any:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from triscope.agent.runtime import Agent
-    from triscope.cli import UserError
+    from triscope.errors import UserError
     from triscope.store.db import upgrade
 
     metrics = parse_hostport(args.metrics_listen)
@@ -147,3 +143,25 @@ def cmd_run(args: argparse.Namespace) -> int:
                 with contextlib.suppress(Exception):
                     h.stop()
     return 0
+
+
+def import_for_demo(url: str, path: Path | str, node: str | None = None, now: float | None = None) -> str:
+    """``make run``'s second node: load the trace shifted to end now, unless a copy loaded earlier is
+    still within the last trace-length of time (then nothing is added).  Returns the node name."""
+    from triscope.store import Store
+    from triscope.trace import import_trace, read_trace
+
+    trace_node = node or str(read_trace(path).header.get("node") or "trace")
+    st = Store.open(url)
+    try:
+        st.upgrade()
+        now = time.time() if now is None else now
+        tr = read_trace(path)
+        span = float(tr.header.get("end", 0) or 0) - float(tr.header.get("start", 0) or 0)
+        bounds = st.time_bounds(trace_node)
+        if bounds is not None and bounds[1] >= now - max(span, 60.0):
+            return trace_node
+        import_trace(st, path, node=trace_node, shift_to_now=True, now=now)
+        return trace_node
+    finally:
+        st.close()

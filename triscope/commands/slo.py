@@ -51,7 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _load(path: Path | None) -> tuple[Path, list[Any]]:
     from triscope.analysis.slo import SLOSpecError, default_slo_file, load_slo_file
-    from triscope.cli import UserError
+    from triscope.errors import UserError
 
     path = path or default_slo_file()
     if path is None:
