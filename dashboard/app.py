@@ -23,6 +23,7 @@ from typing import Any
 
 from triscope.dashboard.context import CONFIG_KEY, DashboardContext
 from triscope.errors import UserError
+from triscope.store.api import Store
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ def _guarded(layout: Any, page: str) -> Any:
     return wrapper
 
 
-def create_app(store_url: str | None = None, slo_file: str | Path | None = None, *, store: Any = None,
+def create_app(store_url: str | None = None, slo_file: str | Path | None = None, *, store: Store | None = None,
                password: str | None = None, username: str | None = None, live_interval_s: float = 5.0,
                max_points: int = 1000, clock: Any = None, title: str = "triscope") -> Any:
     """The Dash app over the store at ``store_url`` (or an open ``store``).

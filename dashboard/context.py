@@ -9,14 +9,17 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from triscope.store.api import Store
 
 CONFIG_KEY = "TRISCOPE_DASHBOARD"
 
 
 @dataclass
 class DashboardContext:
-    store: Any                              # store.Store
+    store: Store                                    # reads series through StoreReader, audit rows with the store
     slo_file: Path | None = None
     live_interval_s: float = 5.0
     max_points: int = 1000                  # per series, before Plotly (the chart is ~1,100 px wide)

@@ -12,9 +12,13 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from triscope.analysis.mismatch import STATES, link_capacity_bytes_per_second
+from triscope.store.reader import StoreReader
+
+if TYPE_CHECKING:   # the audit tables are read with the store's engine: the whole store, not the read interface
+    from triscope.store.api import Store
 
 PRESETS: dict[str, float] = {"15m": 900.0, "1h": 3600.0, "24h": 86400.0, "7d": 7 * 86400.0}
 LIVE_SLACK_S = 120.0   # a node whose last sample is this close to now counts as live
@@ -35,7 +39,7 @@ class Window:
         return self.end - self.start
 
 
-def resolve_window(store: Any, node: str | None, preset: str, now: float,
+def resolve_window(store: StoreReader, node: str | None, preset: str, now: float,
                    custom: tuple[float, float] | None = None) -> Window:
     """The range a page shows.  Presets end at now for a live node, else at the node's last
     sample (a recorded trace or a node that stopped reporting), and say so."""
@@ -155,7 +159,7 @@ def _key(metric: str, labels: Mapping[str, str]) -> str:
     return metric + "|" + ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
 
 
-def node_lanes(store: Any, node: str, window: Window, max_points: int = 1500,
+def node_lanes(store: Store, node: str, window: Window, max_points: int = 1500,
                specs: Sequence[TraceSpec] = NODE_TRACES, max_events: int = 300) -> NodeLanes:
     """The three lanes of one node over ``window``, each series downsampled by the store."""
     out = NodeLanes(node, window)
@@ -221,7 +225,7 @@ def node_lanes(store: Any, node: str, window: Window, max_points: int = 1500,
 _POOL: Any = None
 
 
-def fetch_all(store: Any, infos: Sequence[Any], start: float, end: float, max_points: int | None,
+def fetch_all(store: StoreReader, infos: Sequence[Any], start: float, end: float, max_points: int | None,
               rate: bool | None = None) -> list[Any]:
     """``store.query_series`` for each series, a few at a time on a small thread pool (the
     database works while Python waits: ~2x on a page of 10-15 series, more on PostgreSQL)."""
@@ -242,11 +246,11 @@ def fetch_all(store: Any, infos: Sequence[Any], start: float, end: float, max_po
 SMALL_RANGE_FACTOR = 4
 
 
-def _query(store: Any, info: Any, start: float, end: float, max_points: int | None, rate: bool | None) -> Any:
+def _query(store: StoreReader, info: Any, start: float, end: float, max_points: int | None, rate: bool | None) -> Any:
     return store.query_series(info, start, end, max_points=max_points, rate=rate)
 
 
-def _query_small(store: Any, info: Any, start: float, end: float, max_points: int | None, rate: bool | None) -> Any:
+def _query_small(store: StoreReader, info: Any, start: float, end: float, max_points: int | None, rate: bool | None) -> Any:
     from triscope.store.api import minmax_downsample
 
     d = store.query_series(info, start, end, max_points=None, rate=rate)
@@ -255,7 +259,7 @@ def _query_small(store: Any, info: Any, start: float, end: float, max_points: in
     return d
 
 
-def link_capacity_traces(store: Any, node: str, window: Window, present: set[str]) -> list[LaneTrace]:
+def link_capacity_traces(store: StoreReader, node: str, window: Window, present: set[str]) -> list[LaneTrace]:
     """A step line per GPU link at its negotiated one-way capacity (gen x width, as trained now)."""
     out: list[LaneTrace] = []
     if "triscope_gpu_pcie_rx_bytes_total" not in present and "triscope_gpu_pcie_tx_bytes_total" not in present:
@@ -285,7 +289,7 @@ def link_capacity_traces(store: Any, node: str, window: Window, present: set[str
     return out
 
 
-def _last(store: Any, node: str, metric: str, labels: Mapping[str, str], window: Window) -> float | None:
+def _last(store: StoreReader, node: str, metric: str, labels: Mapping[str, str], window: Window) -> float | None:
     best: tuple[float, float] | None = None
     for d in store.query(metric, node=node, labels=dict(labels), start=window.start - 86400, end=window.end,
                          max_points=20, rate=False):
@@ -310,7 +314,7 @@ def segments_from_points(points: Iterable[tuple[float, str]], end: float, max_ga
     return out
 
 
-def mismatch_segments(store: Any, node: str, window: Window, max_points: int,
+def mismatch_segments(store: StoreReader, node: str, window: Window, max_points: int,
                       present: set[str] | None = None) -> tuple[list[Segment], str]:
     """The ribbon: the state the agent stored (``triscope_mismatch_state``), else the detector
     run over the stored series (``triscope.analysis.mismatch.node_states``)."""
@@ -335,7 +339,7 @@ def mismatch_segments(store: Any, node: str, window: Window, max_points: int,
 CEILING_LOOKBACK_S = 3600.0
 
 
-def computed_states(store: Any, node: str, window: Window, max_windows: int = 400) -> list[Any]:
+def computed_states(store: StoreReader, node: str, window: Window, max_windows: int = 400) -> list[Any]:
     """``triscope.analysis.mismatch.node_states`` with a window size that keeps at most ``max_windows``.
 
     The link ceiling's observed part looks back ``CEILING_LOOKBACK_S`` (1 h) before the range
@@ -351,7 +355,7 @@ def computed_states(store: Any, node: str, window: Window, max_windows: int = 40
                             ceiling_lookback_s=CEILING_LOOKBACK_S))
 
 
-def live_delta(store: Any, node: str, keys: Sequence[str], since: float, until: float) -> dict[str, tuple[list[float], list[float]]]:
+def live_delta(store: StoreReader, node: str, keys: Sequence[str], since: float, until: float) -> dict[str, tuple[list[float], list[float]]]:
     """New raw points per trace key after ``since`` (live mode appends these)."""
     out: dict[str, tuple[list[float], list[float]]] = {}
     by_metric: dict[str, set[str]] = {}
@@ -387,7 +391,7 @@ FLEET_RECENT_S = 3600.0      # nodes seen within this of the newest node: one pa
 FLEET_LOOKBACK_S = 900.0     # their latest mismatch points are looked for this far before their last tick
 
 
-def fleet_rows(store: Any, now: float, slo_status: Mapping[str, str] | None = None) -> list[FleetRow]:
+def fleet_rows(store: Store, now: float, slo_status: Mapping[str, str] | None = None) -> list[FleetRow]:
     """One row per node from a handful of fleet-wide store reads (``Store.fleet_latest``,
     ``Store.series_keys``), not a few queries per node: ~0.1 s of SQL at 1,000 nodes."""
     last_actions = last_remediation_by_node(store)
@@ -414,7 +418,7 @@ def fleet_rows(store: Any, now: float, slo_status: Mapping[str, str] | None = No
     return rows
 
 
-def fleet_mismatch_latest(store: Any, nodes: Sequence[Any]) -> dict[str, dict[tuple[str, str], tuple[float, float]]]:
+def fleet_mismatch_latest(store: StoreReader, nodes: Sequence[Any]) -> dict[str, dict[tuple[str, str], tuple[float, float]]]:
     """Every node's newest mismatch state and score points.  Nodes that reported within the last
     hour are read in one statement bounded in time (only the newest day partitions are probed);
     the rest, and any recent node whose mismatch series have nothing that recent, in a second
@@ -470,7 +474,7 @@ def _accelerator_text(gpu_keys: Iterable[tuple[str, str]], npu_keys: Iterable[tu
     return ", ".join(parts) or "none"
 
 
-def accelerator_summary(store: Any, node: str) -> str:
+def accelerator_summary(store: StoreReader, node: str) -> str:
     """'8 x NVIDIA H200', '2 x Ascend NPU', 'none' for one node."""
     gk = {(s.metric, _label_key_of(s.labels)) for s in store.series(node=node, prefix="triscope_gpu_")}
     nk = {(s.metric, _label_key_of(s.labels)) for s in store.series(node=node, prefix="triscope_npu_")}
@@ -483,7 +487,7 @@ def _label_key_of(labels: Mapping[str, str]) -> str:
     return label_key(labels)
 
 
-def last_remediation_by_node(store: Any) -> dict[str, str]:
+def last_remediation_by_node(store: Store) -> dict[str, str]:
     out: dict[str, str] = {}
     rows = audit_rows(store, limit=500)
     if rows.rows:
@@ -508,7 +512,7 @@ class MismatchPoint:
     score: float
 
 
-def mismatch_points(store: Any, nodes: Sequence[str], window: Window, max_windows: int = 400) -> tuple[list[MismatchPoint], dict[str, dict[str, float]]]:
+def mismatch_points(store: StoreReader, nodes: Sequence[str], window: Window, max_windows: int = 400) -> tuple[list[MismatchPoint], dict[str, dict[str, float]]]:
     pts: list[MismatchPoint] = []
     shares: dict[str, dict[str, float]] = {}
     for node in nodes:
@@ -534,7 +538,7 @@ class AuditRows:
     note: str
 
 
-def audit_rows(store: Any, start: float | None = None, end: float | None = None, limit: int = 1000) -> AuditRows:
+def audit_rows(store: Store, start: float | None = None, end: float | None = None, limit: int = 1000) -> AuditRows:
     """The remediation audit log: ``triscope.store.audit`` when the engine's table exists, else the
     ``remediation`` events; an explained empty state otherwise."""
     from triscope.store.audit import audit_log

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from triscope.store.reader import StoreReader
+
 
 @dataclass
 class Evidence:
@@ -53,7 +55,7 @@ CATEGORY_SERIES = {
 }
 
 
-def explain(store: Any, node: str, start: float, end: float, top: int = 8) -> RcaResult:
+def explain(store: StoreReader, node: str, start: float, end: float, top: int = 8) -> RcaResult:
     from triscope.analysis.rca import rank_causes
 
     res = rank_causes(store, node, start, end)

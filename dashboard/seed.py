@@ -16,16 +16,19 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
-from triscope.samples import EventRecord, Sample
+from triscope.samples import EventRecord, Sample, Tick
+
+if TYPE_CHECKING:
+    from triscope.store.api import Store
 
 H200 = "h200-node"
 CPU = "cpu-node"
 
 
-def _batches(ticks: Iterator[object], n: int = 600) -> Iterator[list[object]]:
-    buf: list[object] = []
+def _batches(ticks: Iterator[Tick], n: int = 600) -> Iterator[list[Tick]]:
+    buf: list[Tick] = []
     for t in ticks:
         buf.append(t)
         if len(buf) >= n:
@@ -35,11 +38,10 @@ def _batches(ticks: Iterator[object], n: int = 600) -> Iterator[list[object]]:
         yield buf
 
 
-def seed_demo(store: Any, end: float, phase_s: int = 120, cycles: int = 2, with_mismatch: bool = True) -> dict[str, tuple[float, float]]:
+def seed_demo(store: Store, end: float, phase_s: int = 120, cycles: int = 2, with_mismatch: bool = True) -> dict[str, tuple[float, float]]:
     """Write the demo nodes so that their data ends at ``end``; returns node -> (start, end)."""
     from triscope.analysis.online import MismatchTracker
     from triscope.analysis.synthetic import H200_PHASES, h200_phase_ticks
-    from triscope.samples import Tick
 
     phases = tuple(H200_PHASES) * cycles
     span = phase_s * len(phases)
@@ -125,10 +127,9 @@ def seed_demo(store: Any, end: float, phase_s: int = 120, cycles: int = 2, with_
     return out
 
 
-def seed_bench(store: Any, end: float, hours: float = 24.0, node: str = "bench-node", batch: int = 3600) -> int:
+def seed_bench(store: Store, end: float, hours: float = 24.0, node: str = "bench-node", batch: int = 3600) -> int:
     """One node, 10 plotted series at 1 Hz (2 GPUs: SM active x2, PCIe RX/TX x2, tensor; DMA maps,
     retransmits, TIME_WAIT) plus the 4 mismatch-state series of the ribbon, over ``hours`` ending at ``end``.  Returns samples written."""
-    from triscope.samples import Tick
 
     n = int(hours * 3600)
     start = end - n

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
@@ -33,6 +33,10 @@ from triscope.durations import Duration
 from triscope.remediation import kube as k
 from triscope.remediation import metrics
 from triscope.store import audit
+
+if TYPE_CHECKING:
+    from triscope.store.api import Store
+    from triscope.store.reader import StoreReader
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +165,7 @@ class ActionContext:
     target_key: str
     dry_run: bool
     kube: k.KubeAdapter | None
-    store: Any
+    store: Store
     engine_id: str
     trigger_key: str = ""
     episode: str = ""
@@ -315,7 +319,7 @@ def revert_fallback(fb: audit.FallbackRow, kube: k.KubeAdapter | None, reason: s
                         issued_ts=time.time())
 
 
-def revert_due_fallbacks(store: Any, kube: k.KubeAdapter | None, now: float, engine_id: str,
+def revert_due_fallbacks(store: Store, kube: k.KubeAdapter | None, now: float, engine_id: str,
                          event_rules: set[str]) -> int:
     """Revert each active fallback whose trigger has been clear for its hold period, or whose TTL ran out.
 
@@ -387,7 +391,7 @@ def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
-def node_cost(store: Any, node: str, weights: dict[str, float], now: float | None = None) -> dict[str, Any]:
+def node_cost(store: StoreReader, node: str, weights: dict[str, float], now: float | None = None) -> dict[str, Any]:
     """Joint cost of a candidate node: compute load, link load and storage I/O (0..1 each, weighted).
 
     compute: mean accelerator utilisation (GPM SM activity, else NVML, else NPU AICore, else CPU busy);

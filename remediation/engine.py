@@ -39,7 +39,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from triscope import defaults
 from triscope.remediation import actions as act
@@ -60,6 +60,9 @@ from triscope.remediation.triggers import (
 from triscope.samples import EventRecord
 from triscope.store import audit
 from triscope.store.audit import DecisionWindow
+
+if TYPE_CHECKING:
+    from triscope.store.api import Store
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +88,7 @@ class IntakeError(RuntimeError):
 class Engine:
     """Policies + store + (optional) Kubernetes adapter.  ``submit`` / ``submit_alerts`` feed it."""
 
-    def __init__(self, store: Any, policy: Policy, *, kube: k.KubeAdapter | None = None, dry_run: bool = False,
+    def __init__(self, store: Store, policy: Policy, *, kube: k.KubeAdapter | None = None, dry_run: bool = False,
                  leader: LeaderElector | None = None) -> None:
         self.store = store
         self.policy = policy
@@ -679,7 +682,7 @@ class EngineHandle:
             self.engine.store.close()
 
 
-def start(store: Any, policy: Policy, *, listen: tuple[str, int] | None = None, dry_run: bool = False,
+def start(store: Store, policy: Policy, *, listen: tuple[str, int] | None = None, dry_run: bool = False,
           token: str | None = None, kube: k.KubeAdapter | None = None, owns_store: bool = False,
           max_body: int = 1 << 20) -> EngineHandle:
     """Build and start an engine: leader election, scheduler jobs and (with ``listen``) the webhook."""

@@ -25,6 +25,7 @@ from datetime import datetime
 from typing import Any
 
 from triscope.remediation.policy import OPS, Matcher, Rule, Trigger
+from triscope.store.reader import StoreReader
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +176,7 @@ def _run_start(ts: list[float], vals: list[float], op: str, thr: float) -> tuple
     return start, (vals[-1] if vals else None)
 
 
-def eval_series_condition(store: Any, metric: str, node: str, labels: dict[str, str], op: str, thr: float,
+def eval_series_condition(store: StoreReader, metric: str, node: str, labels: dict[str, str], op: str, thr: float,
                           for_s: float, now: float, stale_s: float) -> Condition:
     """Does any series of ``metric`` on ``node`` satisfy ``op thr`` for at least ``for_s`` up to now?"""
     lookback = max(2.0 * for_s, for_s + 120.0, stale_s * 2)
@@ -233,7 +234,7 @@ def _slo_specs(path: str) -> dict[str, Any]:
     return hit[1]
 
 
-def _slo_status(store: Any, trigger: Trigger, node: str, now: float) -> tuple[str | None, str]:
+def _slo_status(store: StoreReader, trigger: Trigger, node: str, now: float) -> tuple[str | None, str]:
     """The SLO's multi-window burn-rate status on ``node`` from ``triscope.analysis.slo`` (page / ticket / ok / no data)."""
     try:
         from triscope.analysis import slo as slo_mod
@@ -250,7 +251,7 @@ def _slo_status(store: Any, trigger: Trigger, node: str, now: float) -> tuple[st
     return st.status, f"SLO {spec.id} on {node}: {st.status} (burn rates {burns})"
 
 
-def evaluate_condition(store: Any, trigger: Trigger, node: str, now: float, stale_s: float) -> Condition:
+def evaluate_condition(store: StoreReader, trigger: Trigger, node: str, now: float, stale_s: float) -> Condition:
     if trigger.kind == "metric":
         return eval_series_condition(store, trigger.metric, node, dict(trigger.labels), trigger.op, trigger.threshold,
                                      trigger.for_s, now, stale_s)
@@ -264,7 +265,7 @@ def evaluate_condition(store: Any, trigger: Trigger, node: str, now: float, stal
     raise ValueError(f"not a stored-data condition: {trigger.kind}")
 
 
-def stored_data_events(store: Any, rule: Rule, now: float, stale_s: float,
+def stored_data_events(store: StoreReader, rule: Rule, now: float, stale_s: float,
                        episodes: dict[tuple[str, str], float]) -> tuple[list[TriggerEvent], set[str]]:
     """Trigger events for one stored-data rule over every matching node; also the nodes where it is clear."""
     t = rule.trigger
@@ -312,7 +313,7 @@ def stored_data_events(store: Any, rule: Rule, now: float, stale_s: float,
     return out, clear
 
 
-def recheck(store: Any, ev: TriggerEvent, now: float, stale_s: float) -> tuple[bool, str]:
+def recheck(store: StoreReader, ev: TriggerEvent, now: float, stale_s: float) -> tuple[bool, str]:
     """Re-check a stored-data trigger right before acting: is the condition still true?"""
     if ev.kind in ("metric", "mismatch", "slo") and ev.node:
         cond = evaluate_condition(store, ev.rule.trigger, ev.node, now, stale_s)

@@ -529,7 +529,7 @@ class DecisionWindow:
         self.targets: dict[str, float] = {}
         self.nodes: dict[str, float] = {}
 
-    def load(self, store: Any, now: float) -> None:
+    def load(self, store: Store, now: float) -> None:
         self.__init__(self.horizon_s)  # type: ignore[misc]
         rows = audit_log(store, since=now - self.horizon_s, outcome=COUNTED, limit=10_000_000, newest_first=False)
         for r in rows:

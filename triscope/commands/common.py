@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING
 
 from triscope import timeparse
 from triscope.store.db import ENV_DB_URL, default_url
+
+if TYPE_CHECKING:
+    from triscope.store.reader import StoreReader
 
 TIME_HELP = timeparse.HELP
 
@@ -52,7 +55,7 @@ def parse_time(value: str, now: float | None = None, option: str | None = None) 
         raise UserError(f"{option}: {e}" if option else str(e)) from None
 
 
-def known_nodes(store: Any, most: int = 10) -> str:
+def known_nodes(store: StoreReader, most: int = 10) -> str:
     """The stored node names for an error message: a few, each cut short, and how many in all."""
     from triscope.names import shorten
 
