@@ -4,7 +4,7 @@ Override them from a YAML file (``load_thresholds(path)``, keys are the field na
 under a top-level ``mismatch:`` key) and/or from the environment: ``TRISCOPE_MISMATCH_<FIELD>``
 (upper case), e.g. ``TRISCOPE_MISMATCH_IO_SATURATED_LINK=0.7``.  Environment wins over the file.
 The file is read with ``triscope.yamlsafe`` (size, depth and alias bounds) and validated by a
-pydantic model built from the dataclass (``ThresholdsFile``): every value a finite number >= 0
+pydantic model built from the dataclass (``thresholds_file_model()``, built on first use: the agent running on the defaults never loads pydantic): every value a finite number >= 0
 (numbers written as text, ``"0.7"``, are read too), fields ending in ``_s`` durations in the
 grammar of ``triscope.durations`` (``10``, ``10s``, ``500ms``).  Unknown keys and bad values are
 errors, one line: ``FILE:LINE: field: what is wrong`` (``environment VAR: what is wrong``).
@@ -16,15 +16,12 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
+from functools import cache
 from pathlib import Path
-from typing import Annotated, Any
-
-from pydantic import BeforeValidator, ValidationError, create_model
+from typing import Any
 
 from triscope import yamlsafe
-from triscope.configfile import ConfigFileError, ConfigModel, describe, show
-from triscope.configfile import validate as validate_config
-from triscope.durations import Duration
+from triscope.configerror import ConfigFileError
 
 ENV_PREFIX = "TRISCOPE_MISMATCH_"
 ENV_FILE = "TRISCOPE_MISMATCH_FILE"
@@ -84,8 +81,12 @@ class MismatchThresholds:
     def with_overrides(self, values: Mapping[str, Any], source: str = "overrides") -> MismatchThresholds:
         """These thresholds with ``values`` (field name: value) applied; ``ConfigError`` naming
         ``source`` for an unknown name or a bad value."""
+        from pydantic import ValidationError
+
+        from triscope.configfile import describe
+
         try:
-            model = ThresholdsFile.model_validate(dict(values))
+            model = thresholds_file_model().model_validate(dict(values))
         except ValidationError as e:
             _, where, what = describe(e.errors(include_url=False)[0])
             raise ConfigError(source, None, f"{where}: {what}" if where else what, field=where) from None
@@ -93,8 +94,11 @@ class MismatchThresholds:
 
 
 # ---------------------------------------------------------------------------------------------- the file
+# pydantic is loaded only when a file or a value is read: the agent's detector runs on the defaults
 def _threshold(value: Any) -> float:
     """A threshold: a finite number >= 0 (a number written as text, ``"0.7"``, is read)."""
+    from triscope.configfile import show
+
     x = value
     if isinstance(x, str):
         try:
@@ -112,17 +116,24 @@ def _threshold(value: Any) -> float:
     return x
 
 
-Threshold = Annotated[float, BeforeValidator(_threshold)]
+@cache
+def thresholds_file_model() -> Any:
+    """The thresholds file (or its ``mismatch:`` section) as a pydantic model: one field per
+    threshold, so a new threshold is readable at once; any subset of them may be given."""
+    from typing import Annotated
 
+    from pydantic import BeforeValidator, create_model
 
-class _ThresholdsBase(ConfigModel):
-    unknown_key_noun = "mismatch threshold"
+    from triscope.configfile import ConfigModel
+    from triscope.durations import Duration
 
+    class _ThresholdsBase(ConfigModel):
+        unknown_key_noun = "mismatch threshold"
 
-_FIELDS: dict[str, Any] = {   # one field per threshold, so a new threshold is readable at once
-    f.name: (Duration if f.name.endswith("_s") else Threshold, f.default) for f in fields(MismatchThresholds)}
-ThresholdsFile = create_model("ThresholdsFile", __base__=_ThresholdsBase, **_FIELDS)
-"""The thresholds file (or its ``mismatch:`` section) as a pydantic model: a subset of the fields."""
+    threshold = Annotated[float, BeforeValidator(_threshold)]
+    fields_: dict[str, Any] = {f.name: (Duration if f.name.endswith("_s") else threshold, f.default)
+                               for f in fields(MismatchThresholds)}
+    return create_model("ThresholdsFile", __base__=_ThresholdsBase, **fields_)
 
 
 def thresholds_from_env(base: MismatchThresholds | None = None,
@@ -151,7 +162,9 @@ def load_thresholds(path: str | Path | None = None, environ: Mapping[str, str] |
         except yamlsafe.YAMLFileError as e:
             raise ConfigError(e.file, e.line, e.reason) from None
         at: tuple[str, ...] = ("mismatch",) if isinstance(doc.root, dict) and "mismatch" in doc.root else ()
-        model = validate_config(ThresholdsFile, doc, at=at, error=ConfigError)
+        from triscope.configfile import validate as validate_config
+
+        model = validate_config(thresholds_file_model(), doc, at=at, error=ConfigError)
         th = replace(th, **{k: getattr(model, k) for k in model.model_fields_set})
     return thresholds_from_env(th, environ)
 

@@ -32,13 +32,13 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Tag, ValidationError, model_validator
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from triscope import yamlsafe
+from triscope.configerror import ConfigFileError, Problem
 from triscope.textsafe import one_line
 
 M = TypeVar("M", bound=BaseModel)
@@ -48,37 +48,6 @@ UNKNOWN_KEY = "config_unknown_key"
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-class ConfigFileError(yamlsafe.YAMLFileError):
-    """A configuration file (or value) that cannot be used: ``FILE:LINE: field: what is wrong``
-    (``FILE: ...`` where there is no line).  ``reason`` is everything after ``FILE:LINE: ``,
-    ``field`` the field alone; ``problems`` every problem found, the reported one first."""
-
-    def __init__(self, file: str, line: int | None, reason: str, *, field: str = "",
-                 problems: Sequence[Problem] = ()) -> None:
-        super().__init__(file, line, reason)
-        self.field = field
-        self.problems: tuple[Problem, ...] = tuple(problems)
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One problem: where (``file``, ``line``, the path in the document) and what."""
-
-    file: str
-    line: int | None
-    path: tuple[str | int, ...]
-    field: str
-    what: str
-
-    @property
-    def reason(self) -> str:
-        return f"{self.field}: {self.what}" if self.field else self.what
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line}: {self.reason}" if self.line else f"{self.file}: {self.reason}"
-
-
-# ---------------------------------------------------------------------------------------------- models
 class ConfigModel(BaseModel):
     """Base of every configuration model: unknown keys refused, an empty value read as an empty
     mapping, strict types, frozen."""
