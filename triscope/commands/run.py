@@ -122,7 +122,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UserError(f"cannot listen on {args.dashboard} for the dashboard: {e.strerror or e}") from None
     if dash is not None:
         lines.append(f"dashboard:   http://{dash_addr[0]}:{dash_addr[1]}/")
-    lines.append(f"look at it:  triscope query --db {cfg.db_url} --metric triscope_tcp_retransmits_total --since 300")
+    lines.append(f"look at it:  triscope query --db {cfg.db_url} --metric triscope_tcp_retransmits_total --since 5m")
     print("triscope is running (Ctrl-C to stop)\n  " + "\n  ".join(lines), flush=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
