@@ -1,0 +1,253 @@
+"""Which pod and container hold each device: the kubelet's pod-resources API, read as dcgm-exporter does.
+
+The kubelet serves ``v1.PodResourcesLister`` (gRPC) on the unix socket
+``/var/lib/kubelet/pod-resources/kubelet.sock``; ``List`` answers, for every pod on the node, its
+containers and the device IDs each was given per resource name (``nvidia.com/gpu`` → GPU UUIDs
+such as ``GPU-5b1c…`` — with time-slicing ``GPU-5b1c…::3`` — or ``MIG-…``; ``huawei.com/Ascend910``
+→ ``Ascend910-0``; dynamic resources (DRA) → driver, pool and device name).  The agent needs no
+Kubernetes API access for that, only the socket (mounted read-only into the DaemonSet).
+
+The call is small and rare (once per ``refresh`` seconds, off the tick), so it is made here
+without the gRPC runtime: one HTTP/2 request over the socket (the ``h2`` protocol library) and
+the answer's protobuf decoded by hand for the few fields read — the wire format of the kubelet's
+``api.proto`` (field numbers in ``_decode_*``).  ``tests/podresources_server.py`` serves the same
+``.proto`` with the real gRPC runtime, so this client is tested against the protocol, not
+against itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import struct
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+MAX_MESSAGE = 16 << 20
+
+
+class PodResourcesError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class DeviceOwner:
+    """One device given to one container."""
+
+    namespace: str
+    pod: str
+    container: str
+    resource: str            # e.g. nvidia.com/gpu, or the DRA driver name
+    device_id: str           # as the plugin named it (a GPU UUID, with any ::N sharing suffix removed)
+
+
+@dataclass
+class PodResources:
+    owners: list[DeviceOwner] = field(default_factory=list)
+
+    def by_device(self) -> dict[str, list[DeviceOwner]]:
+        out: dict[str, list[DeviceOwner]] = {}
+        for o in self.owners:
+            out.setdefault(o.device_id, []).append(o)
+        return out
+
+
+# protobuf wire format ---------------------------------------------------------------------------------
+def _varint(buf: bytes, i: int) -> tuple[int, int]:
+    shift = result = 0
+    while True:
+        if i >= len(buf):
+            raise PodResourcesError("truncated varint in the pod-resources answer")
+        b = buf[i]
+        i += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return result, i
+        shift += 7
+        if shift > 63:
+            raise PodResourcesError("varint too long in the pod-resources answer")
+
+
+def _fields(buf: bytes) -> Iterator[tuple[int, int, int | bytes]]:
+    """(field number, wire type, value) of one message; unknown fields are skipped by the caller."""
+    i = 0
+    while i < len(buf):
+        key, i = _varint(buf, i)
+        num, wt = key >> 3, key & 7
+        if wt == 0:
+            v, i = _varint(buf, i)
+            yield num, wt, v
+        elif wt == 1:
+            yield num, wt, buf[i:i + 8]
+            i += 8
+        elif wt == 2:
+            n, i = _varint(buf, i)
+            if i + n > len(buf):
+                raise PodResourcesError("truncated field in the pod-resources answer")
+            yield num, wt, buf[i:i + n]
+            i += n
+        elif wt == 5:
+            yield num, wt, buf[i:i + 4]
+            i += 4
+        else:
+            raise PodResourcesError(f"unsupported protobuf wire type {wt} in the pod-resources answer")
+
+
+def _text(v: int | bytes) -> str:
+    return v.decode("utf-8", "replace") if isinstance(v, bytes) else ""
+
+
+def _decode_devices(buf: bytes) -> tuple[str, list[str]]:
+    resource, ids = "", []
+    for num, wt, v in _fields(buf):          # ContainerDevices
+        if num == 1 and wt == 2:
+            resource = _text(v)
+        elif num == 2 and wt == 2:
+            ids.append(_text(v))
+    return resource, ids
+
+
+def _decode_dynamic(buf: bytes) -> list[tuple[str, str]]:
+    out = []
+    for num, wt, v in _fields(buf):          # DynamicResource
+        if num == 4 and wt == 2 and isinstance(v, bytes):
+            driver = device = ""
+            for n2, w2, v2 in _fields(v):    # ClaimResource
+                if n2 == 2 and w2 == 2:
+                    driver = _text(v2)
+                elif n2 == 4 and w2 == 2:
+                    device = _text(v2)
+            if device:
+                out.append((driver, device))
+    return out
+
+
+def _decode_container(buf: bytes) -> tuple[str, list[tuple[str, str]]]:
+    name, devices = "", []
+    for num, wt, v in _fields(buf):          # ContainerResources
+        if num == 1 and wt == 2:
+            name = _text(v)
+        elif num == 2 and wt == 2 and isinstance(v, bytes):
+            resource, ids = _decode_devices(v)
+            devices += [(resource, i) for i in ids]
+        elif num == 5 and wt == 2 and isinstance(v, bytes):
+            devices += _decode_dynamic(v)
+    return name, devices
+
+
+def decode_list_response(buf: bytes) -> PodResources:
+    out = PodResources()
+    for num, wt, v in _fields(buf):          # ListPodResourcesResponse
+        if num != 1 or wt != 2 or not isinstance(v, bytes):
+            continue
+        pod = ns = ""
+        containers = []
+        for n2, w2, v2 in _fields(v):        # PodResources
+            if n2 == 1 and w2 == 2:
+                pod = _text(v2)
+            elif n2 == 2 and w2 == 2:
+                ns = _text(v2)
+            elif n2 == 3 and w2 == 2 and isinstance(v2, bytes):
+                containers.append(_decode_container(v2))
+        for cname, devices in containers:
+            for resource, dev in devices:
+                out.owners.append(DeviceOwner(ns, pod, cname, resource, normalise_device_id(dev)))
+    return out
+
+
+def normalise_device_id(dev: str) -> str:
+    """The device a plugin's ID names: a shared GPU's replica suffix (``GPU-…::3``, time-slicing and
+    MPS in NVIDIA's plugin) is dropped, as dcgm-exporter does."""
+    return dev.split("::", 1)[0]
+
+
+# gRPC over HTTP/2 on a unix socket ------------------------------------------------------------------------
+def list_pod_resources(path: str = DEFAULT_SOCKET, timeout: float = 2.0) -> PodResources:
+    """``v1.PodResourcesLister/List`` on the kubelet's socket, within ``timeout`` seconds in all."""
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    deadline = time.monotonic() + timeout
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        sock.connect(path)
+    except FileNotFoundError:
+        raise PodResourcesError(f"no kubelet pod-resources socket at {path}") from None
+    except OSError as e:
+        raise PodResourcesError(f"kubelet pod-resources socket {path}: {e.strerror or e}") from None
+    conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+    try:
+        conn.initiate_connection()
+        sid = conn.get_next_available_stream_id()
+        conn.send_headers(sid, [(":method", "POST"), (":scheme", "http"), (":path", "/v1.PodResourcesLister/List"),
+                                (":authority", "localhost"), ("content-type", "application/grpc"), ("te", "trailers"),
+                                ("grpc-timeout", f"{max(1, int(timeout * 1000))}m"),
+                                ("user-agent", "triscope-agent")])
+        conn.send_data(sid, b"\x00\x00\x00\x00\x00", end_stream=True)   # an empty ListPodResourcesRequest
+        sock.sendall(conn.data_to_send())
+        body = bytearray()
+        status: str | None = None
+        message = ""
+        http_status = ""
+        done = False
+        while not done:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise PodResourcesError(f"kubelet pod-resources socket {path}: no answer within {timeout:g} s")
+            sock.settimeout(left)
+            try:
+                data = sock.recv(65536)
+            except TimeoutError:
+                raise PodResourcesError(f"kubelet pod-resources socket {path}: no answer within {timeout:g} s") from None
+            if not data:
+                raise PodResourcesError(f"kubelet pod-resources socket {path}: closed before the answer ended")
+            for ev in conn.receive_data(data):
+                if isinstance(ev, h2.events.ResponseReceived):
+                    hdrs = _headers(ev.headers)
+                    http_status = str(hdrs.get(":status", ""))
+                    if "grpc-status" in hdrs:     # trailers-only answer (an error)
+                        status, message = str(hdrs["grpc-status"]), str(hdrs.get("grpc-message", ""))
+                elif isinstance(ev, h2.events.DataReceived):
+                    body += ev.data
+                    conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+                    if len(body) > MAX_MESSAGE + 5:
+                        raise PodResourcesError("pod-resources answer larger than 16 MiB")
+                elif isinstance(ev, h2.events.TrailersReceived):
+                    hdrs = _headers(ev.headers)
+                    status, message = str(hdrs.get("grpc-status", "")), str(hdrs.get("grpc-message", ""))
+                elif isinstance(ev, h2.events.StreamEnded | h2.events.StreamReset | h2.events.ConnectionTerminated):
+                    done = True
+            out = conn.data_to_send()
+            if out:
+                sock.sendall(out)
+    except PodResourcesError:
+        raise
+    except Exception as e:  # noqa: BLE001 - h2 protocol errors, resets
+        raise PodResourcesError(f"kubelet pod-resources socket {path}: {type(e).__name__}: {e}") from None
+    finally:
+        with contextlib.suppress(OSError):
+            sock.close()
+    if http_status and http_status != "200":
+        raise PodResourcesError(f"kubelet pod-resources: HTTP {http_status}")
+    if status not in (None, "0"):
+        raise PodResourcesError(f"kubelet pod-resources: gRPC status {status} {message}".strip())
+    if len(body) < 5:
+        raise PodResourcesError("kubelet pod-resources: empty answer")
+    compressed, length = body[0], struct.unpack(">I", bytes(body[1:5]))[0]
+    if compressed:
+        raise PodResourcesError("kubelet pod-resources: compressed answer (not asked for)")
+    if length != len(body) - 5:
+        raise PodResourcesError(f"kubelet pod-resources: message of {length} bytes in {len(body) - 5}")
+    return decode_list_response(bytes(body[5:]))
+
+
+def _headers(raw: object) -> dict[str, str]:
+    """h2 hands headers as (name, value) pairs, str with ``header_encoding`` set, bytes without."""
+    out: dict[str, str] = {}
+    for k, v in raw or ():  # type: ignore[attr-defined]
+        out[k.decode() if isinstance(k, bytes) else str(k)] = v.decode() if isinstance(v, bytes) else str(v)
+    return out
