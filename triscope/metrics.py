@@ -32,6 +32,8 @@ _SPECS = [
     # DMA / IOMMU / PCIe
     MetricSpec("triscope_dma_map_total", "counter", "DMA mappings created (eBPF dma:dma_map_*).", ("device", "direction")),
     MetricSpec("triscope_dma_map_bytes_total", "counter", "Bytes DMA-mapped (eBPF dma:dma_map_*).", ("device", "direction")),
+    MetricSpec("triscope_dma_map_sg_truncated_total", "counter", "dma_map_sg events of more mapped entries than the event carries (128): their bytes past those are estimated.", ()),
+    MetricSpec("triscope_dma_map_sg_estimated_bytes_total", "counter", "Bytes counted in triscope_dma_map_bytes_total by estimate: the mean entry length of a truncated dma_map_sg event times its entries past 128 (full_ents).", ()),
     MetricSpec("triscope_dma_unmap_total", "counter", "DMA mappings released (eBPF dma:dma_unmap_*).", ("device", "direction")),
     MetricSpec("triscope_dma_unmap_bytes_total", "counter", "Bytes DMA-unmapped (eBPF dma:dma_unmap_phys/_page; sg unmaps carry no size).", ("device", "direction")),
     MetricSpec("triscope_dma_map_errors_total", "counter", "DMA mapping failures (eBPF dma:*_err).", ("device",)),

@@ -250,6 +250,12 @@ class EbpfCollector(BaseCollector):
         c = self._counters.read()
         self._collect_tcp(now, c, out)
         self._collect_dma(c, out)
+        if self.attached.get("dma_map_sg"):
+            # maps of more entries than one event carries (128): how many, and the bytes estimated
+            # past them from full_ents (already inside triscope_dma_map_bytes_total)
+            out.append(Sample("triscope_dma_map_sg_truncated_total", float(c[L.C_DMA_SG_TRUNCATED]), {}, "counter"))
+            out.append(Sample("triscope_dma_map_sg_estimated_bytes_total", float(c[L.C_DMA_SG_ESTIMATED_BYTES]), {},
+                              "counter"))
         self._collect_iommu_aer(c, out)
         return out
 

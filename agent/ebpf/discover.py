@@ -191,6 +191,8 @@ def defines_for(plans: list[ProbePlan]) -> list[str]:
                 out.append("TCP_SKB_HAS_ERR")
             if "state" in fields:
                 out.append("TCP_SKB_HAS_STATE")
+        if p.spec.name == "dma_map_sg" and "full_ents" in fields:
+            out.append("DMA_SG_HAS_FULL_ENTS")
         if p.spec.name == "aer" and {"tlp_header_valid", "tlp_header"} <= fields:
             out.append("AER_HAS_TLP")
     return out

@@ -27,7 +27,8 @@ C_LOST_AER = 12
 C_DMA_SG_TRUNCATED = 13
 C_TCP_PEERS_INSERT_FAIL = 14
 C_DMA_EVENTS = 15
-C_TCP_STATE = 16
+C_TCP_STATE = 16           # + TCP state (1..13): slots 17..29
+C_DMA_SG_ESTIMATED_BYTES = 30   # dma_map_sg bytes past the 128 entries an event carries, estimated from full_ents
 N_COUNTERS = 32
 
 PEERS_MAX = 1024
@@ -82,7 +83,8 @@ PROBES: tuple[ProbeSpec, ...] = (
               ("device", "size", "dir"), "DMA unmappings"),
     ProbeSpec("dma_map_sg", "WANT_DMA_MAP_SG", "on_dma_map_sg", "tracepoint",
               ("dma:dma_map_sg",), ("device", "lengths", "truncated", "dir"),
-              "scatter-gather DMA mappings (bytes summed over up to 128 entries)"),
+              "scatter-gather DMA mappings (bytes: the entries an event carries, up to 128, and past them "
+              "an estimate from full_ents)"),
     ProbeSpec("dma_unmap_sg", "WANT_DMA_UNMAP_SG", "on_dma_unmap_sg", "raw",
               ("dma:dma_unmap_sg",), ("device", "dir"), "scatter-gather DMA unmappings"),
     ProbeSpec("dma_map_err", "WANT_DMA_MAP_SG_ERR", "on_dma_map_sg_err", "tracepoint",

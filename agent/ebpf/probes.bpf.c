@@ -34,7 +34,8 @@
 #define C_DMA_SG_TRUNCATED 13
 #define C_TCP_PEERS_INSERT_FAIL 14
 #define C_DMA_EVENTS 15 /* any DMA map/unmap/error seen: the agent reads the DMA hashes only when it moved */
-#define C_TCP_STATE 16 /* 16 slots: 16 + tcp state */
+#define C_TCP_STATE 16 /* 16 + tcp state: TCP states are 1..13, so slots 17..29 */
+#define C_DMA_SG_ESTIMATED_BYTES 30 /* bytes past the entries a dma_map_sg event carries, estimated */
 #define N_COUNTERS 32
 
 #ifdef COUNTERS_ROWS
@@ -273,6 +274,16 @@ int on_dma_map_sg(struct tracepoint__dma__dma_map_sg *args) {
 #pragma unroll
             for (int i = 0; i < SG_MAX; i++)
                 bytes += (i < n) ? buf[i] : 0;
+#ifdef DMA_SG_HAS_FULL_ENTS
+            // the event carries the lengths of the first SG_MAX mapped entries only; a map of more
+            // (a large pinned buffer: thousands) is estimated from the mean of those it carries
+            int full = args->full_ents;
+            if (args->truncated && n > 0 && full > (int)n) {
+                u64 est = bytes * (u64)full / n;
+                count(C_DMA_SG_ESTIMATED_BYTES, est - bytes);
+                bytes = est;
+            }
+#endif
         }
     }
     if (args->truncated)
