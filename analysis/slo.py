@@ -34,6 +34,13 @@ rules: page when 2 % of the period's budget burns in 1 h (14.4x over 1 h and 5 m
 in 6 h (6x over 6 h and 30 m); ticket when 10 % burns in 3 d (1x over 3 d and 6 h).  The factors
 scale with the period.  Error ratios are ratios of sums (all errors / all requests over the
 window), a window without requests is "no data", never 0.
+
+Coverage: a burn rate or a budget is a verdict over a whole window, so it needs data over enough
+of that window (``BURN_MIN_COVERAGE``, ``PERIOD_MIN_COVERAGE``, with their reasons).  Below it the
+window's state is "not enough data yet" (``WindowFigure.state``): no burn rate, no budget, and an
+alert whose long window is short of data does not fire (nor does the ``slo`` remediation trigger,
+which reads the status).  The generated Prometheus rules record the same coverage
+(``slo:sli_data_coverage:ratio``) and every alert requires it of its long window.
 """
 
 from __future__ import annotations
@@ -70,6 +77,30 @@ ALERT_RULES: tuple[tuple[str, str, str, float], ...] = (
     ("ticket", "3d", "6h", 0.10),
 )
 
+# ---------------------------------------------------------------------------------------------- coverage
+# How much of a window data must cover before a verdict over it is made.  Coverage is the share of
+# the window with points of the SLO's total series (gaps over three sampling intervals are holes,
+# ``triscope.analysis.counters.increase``); in Prometheus, the seconds between consecutive rule
+# evaluations that both found such a series, summed over the window (``slo:sli_data_coverage:ratio``).
+BURN_MIN_COVERAGE = 0.90
+"""A burn rate over a window (5m .. 3d) is compared with a factor computed for the *whole* window
+(14.4x over 1h is 2 % of a 30-day budget burnt in that hour; 1x over 3d is 10 % of it): three
+minutes of errors in an otherwise empty 3-day window are three minutes of errors, not a 3-day
+burn.  90 % leaves room for an agent restart or a scrape gap (6 minutes of the hour, 7 hours of the
+3 days) without silencing an alert."""
+PERIOD_MIN_COVERAGE = 0.10
+"""The period's SLI and error budget remaining need data over a tenth of the period (3 days of 30:
+the ticket alert's window).  Below that the "budget left" is the first hours' error ratio scaled
+up to the period, which the burn rates already say honestly; asking 90 % of the period would hide
+the budget for four weeks after an install."""
+NOT_ENOUGH_DATA = "not enough data yet"
+
+
+def coverage_pct(coverage: float) -> str:
+    """``0.07 %``, ``4.2 %``, ``93 %``: enough digits that a little data does not read as none."""
+    p = coverage * 100
+    return f"{p:.0f} %" if p >= 10 or p == 0 else f"{p:.1f} %" if p >= 1 else f"{p:.2f} %"
+
 
 # ---------------------------------------------------------------------------------------------- queries
 @dataclass(frozen=True, slots=True)
@@ -81,6 +112,9 @@ class Term:
 
     def matches(self, labels: Mapping[str, str]) -> bool:
         return all(m.matches(labels) for m in self.matchers)
+
+    def selector(self) -> str:
+        return self.metric + ("{" + ", ".join(m.promql() for m in self.matchers) + "}" if self.matchers else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,10 +130,14 @@ class Query:
             return re.sub(r"\{\{\s*\.window\s*\}\}", window, self.text)
         parts = []
         for i, t in enumerate(self.terms):
-            sel = t.metric + ("{" + ", ".join(m.promql() for m in t.matchers) + "}" if t.matchers else "")
             op = "" if i == 0 else (" - " if t.sign < 0 else " + ")
-            parts.append(f"{op}(sum({t.func}({sel}[{window}])) or vector(0))")
+            parts.append(f"{op}(sum({t.func}({t.selector()}[{window}])) or vector(0))")
         return "".join(parts)
+
+    def presence(self) -> str:
+        """PromQL that has one element when some series of the query has points to rate over the
+        last 5 minutes (traffic or not), none otherwise: what counts as data for coverage."""
+        return " or ".join(f"count(rate({t.selector()}[5m]))" for t in self.terms)
 
 
 _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
@@ -230,9 +268,32 @@ class WindowFigure:
     seconds: float
     errors: float | None          # error events in the window (None: no matching series)
     total: float | None           # all events in the window
-    error_ratio: float | None     # None: no traffic ("no data")
-    burn_rate: float | None
+    error_ratio: float | None     # over the data in the window; None: no traffic ("no data")
+    measured_burn: float | None   # error_ratio / budget, whatever the coverage
     coverage: float               # share of the window with data of the total series, 0..1
+    min_coverage: float = BURN_MIN_COVERAGE   # what a verdict over the window needs
+
+    @property
+    def enough_data(self) -> bool:
+        return self.coverage >= self.min_coverage
+
+    @property
+    def burn_rate(self) -> float | None:
+        """The window's burn rate; None without traffic or with not enough data (``state`` says which)."""
+        return self.measured_burn if self.enough_data else None
+
+    @property
+    def state(self) -> str:
+        """``ok`` (a burn rate), ``no data`` (no series, or no traffic) or ``not enough data yet``."""
+        if self.total is None:
+            return "no data"
+        if not self.enough_data:
+            return NOT_ENOUGH_DATA
+        return "no data" if self.error_ratio is None else "ok"
+
+    def note(self) -> str:
+        """``not enough data yet (0.07 % of the 3d window covered)``; "" when there is enough."""
+        return "" if self.enough_data else f"{NOT_ENOUGH_DATA} ({coverage_pct(self.coverage)} of the {self.window} window covered)"
 
 
 @dataclass(slots=True)
@@ -242,20 +303,27 @@ class AlertState:
     short_window: str
     factor: float
     firing: bool
-    long_burn: float | None
-    short_burn: float | None
+    long_burn: float | None       # None: no traffic, or the long window short of data
+    short_burn: float | None      # over the data in the short window (it only says the burn goes on)
+    long_coverage: float = 1.0
+    enough_data: bool = True      # the long window is covered: the alert can be decided
+
+    @property
+    def state(self) -> str:
+        return "FIRING" if self.firing else "ok" if self.enough_data else NOT_ENOUGH_DATA
 
 
 @dataclass(slots=True)
 class SLOStatus:
     slo: SLOSpec
     now: float
-    sli: float | None              # 1 - error ratio over the period
+    sli: float | None              # 1 - error ratio over the period; None: no traffic or not enough data
     error_ratio: float | None
-    budget_remaining: float | None  # 1 = untouched, 0 = spent, < 0 overspent; None: no data
+    budget_remaining: float | None  # 1 = untouched, 0 = spent, < 0 overspent; None: no data / not enough
     coverage: float                 # share of the period with data
     windows: dict[str, WindowFigure]
     alerts: list[AlertState]
+    period: WindowFigure | None = None   # the period's figures as measured (``period.note()``)
 
     @property
     def page(self) -> bool:
@@ -266,22 +334,40 @@ class SLOStatus:
         return any(a.firing for a in self.alerts if a.severity == "ticket")
 
     @property
+    def budget_note(self) -> str:
+        """Why there is no budget figure when data is short: ``not enough data yet (N % of the 30d window covered)``."""
+        return "" if self.period is None or self.period.total is None else self.period.note()
+
+    @property
     def status(self) -> str:
-        if self.error_ratio is None and all(w.error_ratio is None for w in self.windows.values()):
+        """``page`` / ``ticket`` (an alert fires), ``no data`` (no traffic in any window), ``not enough
+        data yet`` (no alert's long window is covered: nothing can be decided) or ``ok``."""
+        if self.page:
+            return "page"
+        if self.ticket:
+            return "ticket"
+        figures = [*self.windows.values(), *([self.period] if self.period is not None else [])]
+        if all(w.error_ratio is None for w in figures):
             return "no data"
-        return "page" if self.page else "ticket" if self.ticket else "ok"
+        decidable = [a.enough_data for a in self.alerts] or [self.period is None or self.period.enough_data]
+        return "ok" if any(decidable) else NOT_ENOUGH_DATA
 
     def as_dict(self) -> dict[str, Any]:
+        p = self.period
         return {
             "service": self.slo.service, "slo": self.slo.name, "objective": self.slo.objective,
             "period": self.slo.period, "status": self.status, "sli": self.sli, "error_ratio": self.error_ratio,
             "error_budget_remaining": self.budget_remaining, "coverage": round(self.coverage, 4),
+            "budget_state": "no data" if p is None else p.state,
+            "min_coverage": {"burn_windows": BURN_MIN_COVERAGE, "period": PERIOD_MIN_COVERAGE},
             "burn_rates": {k: w.burn_rate for k, w in self.windows.items()},
             "windows": {k: {"errors": w.errors, "total": w.total, "error_ratio": w.error_ratio,
-                            "burn_rate": w.burn_rate, "coverage": round(w.coverage, 4)}
+                            "burn_rate": w.burn_rate, "measured_burn_rate": w.measured_burn,
+                            "coverage": round(w.coverage, 4), "state": w.state}
                         for k, w in self.windows.items()},
             "alerts": [{"severity": a.severity, "windows": [a.long_window, a.short_window], "factor": a.factor,
-                        "firing": a.firing, "long_burn": a.long_burn, "short_burn": a.short_burn}
+                        "firing": a.firing, "state": a.state, "long_burn": a.long_burn, "short_burn": a.short_burn,
+                        "long_coverage": round(a.long_coverage, 4)}
                        for a in self.alerts],
             "page": self.page, "ticket": self.ticket,
         }
@@ -331,27 +417,34 @@ def _query_sum(q: Query, series: Sequence[SeriesPoints], span: float) -> tuple[f
     return (total if found else None), coverage
 
 
-def window_figure(slo: SLOSpec, label: str, sec: float, series: Sequence[SeriesPoints]) -> WindowFigure:
+def window_figure(slo: SLOSpec, label: str, sec: float, series: Sequence[SeriesPoints],
+                  min_coverage: float | None = None) -> WindowFigure:
     """Errors, total, error ratio (a ratio of sums; None without requests), burn rate and coverage
-    of one window of ``sec`` seconds from the cumulative values of the series in it.  Pure."""
+    of one window of ``sec`` seconds from the cumulative values of the series in it.  ``min_coverage``:
+    what a verdict over it needs (default ``BURN_MIN_COVERAGE``; the period: ``PERIOD_MIN_COVERAGE``).  Pure."""
     errors, _ = _query_sum(slo.error_query, series, sec)
     total, cov = _query_sum(slo.total_query, series, sec)
     ratio = None
     if total is not None and total > 0 and errors is not None:
         ratio = min(1.0, max(0.0, errors / total))
     burn = None if ratio is None else ratio / slo.error_budget
-    return WindowFigure(label, sec, errors, total, ratio, burn, cov)
+    return WindowFigure(label, sec, errors, total, ratio, burn, cov,
+                        BURN_MIN_COVERAGE if min_coverage is None else min_coverage)
+
+
+def period_figure(slo: SLOSpec, series: Sequence[SeriesPoints]) -> WindowFigure:
+    """``window_figure`` over the SLO's period, with the period's coverage minimum."""
+    return window_figure(slo, slo.period, slo.period_s, series, PERIOD_MIN_COVERAGE)
 
 
 def evaluate_inputs(slo: SLOSpec, inputs: SLOInputs) -> SLOStatus:
     """The SLO's state at ``inputs.now``: burn rate per window, budget over the period, the
-    multi-window multi-burn-rate alerts.  Pure: no store, no clock."""
-
-    def window(label: str, sec: float) -> WindowFigure:
-        return window_figure(slo, label, sec, inputs.windows.get(sec, []))
-
-    windows = {label: window(label, sec) for label, sec in WINDOWS}
-    period = window(slo.period, slo.period_s)
+    multi-window multi-burn-rate alerts.  A window short of data (``BURN_MIN_COVERAGE``,
+    ``PERIOD_MIN_COVERAGE``) gives no burn rate / budget, and an alert fires only when its long
+    window is covered (its short window only confirms that the burn goes on, over whatever of it has
+    data, as Prometheus' ``rate()`` does).  Pure: no store, no clock."""
+    windows = {label: window_figure(slo, label, sec, inputs.windows.get(sec, [])) for label, sec in WINDOWS}
+    period = period_figure(slo, inputs.windows.get(slo.period_s, []))
     alerts = []
     for sev, lw, sw, share in ALERT_RULES:
         if slo.alerting is not None and (
@@ -359,10 +452,11 @@ def evaluate_inputs(slo: SLOSpec, inputs: SLOInputs) -> SLOStatus:
                 or (sev == "ticket" and slo.alerting.ticket_labels is None)):
             continue
         f = slo.burn_factor(lw, share)
-        lb, sb = windows[lw].burn_rate, windows[sw].burn_rate
-        firing = lb is not None and sb is not None and lb > f and sb > f
-        alerts.append(AlertState(sev, lw, sw, f, firing, lb, sb))
-    ratio = period.error_ratio
+        long, short = windows[lw], windows[sw]
+        lb, sb = long.burn_rate, short.measured_burn
+        firing = long.enough_data and lb is not None and sb is not None and lb > f and sb > f
+        alerts.append(AlertState(sev, lw, sw, f, firing, lb, sb, long.coverage, long.enough_data))
+    ratio = period.error_ratio if period.enough_data else None
     return SLOStatus(
         slo=slo, now=inputs.now,
         sli=None if ratio is None else 1.0 - ratio,
@@ -371,6 +465,7 @@ def evaluate_inputs(slo: SLOSpec, inputs: SLOInputs) -> SLOStatus:
         coverage=period.coverage,
         windows=windows,
         alerts=alerts,
+        period=period,
     )
 
 
@@ -411,6 +506,17 @@ def prometheus_rules(slos: Sequence[SLOSpec]) -> dict[str, Any]:
                     "expr": f"sum_over_time(slo:sli_errors:rate5m{sel}[{p}])\n/ ignoring (sloth_window)\n"
                             f"sum_over_time(slo:sli_total:rate5m{sel}[{p}])\n",
                     "labels": {**base, "sloth_window": p}})
+        # coverage: seconds since the previous evaluation while the total series has data (the rule
+        # reads its own last sample; a gap leaves a stale marker, so the first evaluation after one
+        # counts 0), summed over each window: independent of the evaluation interval
+        rec.append({"record": "slo:sli_data_covered:seconds",
+                    "expr": f"(\n  (time() - timestamp(slo:sli_data_covered:seconds{sel}))\n  or on() vector(0)\n)\n"
+                            f"and on()\n({slo.total_query.presence()})\n",
+                    "labels": base})
+        for w, sec in (*WINDOWS, (p, slo.period_s)):
+            rec.append({"record": "slo:sli_data_coverage:ratio",
+                        "expr": f"clamp_max(sum_over_time(slo:sli_data_covered:seconds{sel}[{w}]) / {sec:.0f}, 1)",
+                        "labels": {**base, "sloth_window": w}})
         groups.append({"name": f"sloth-slo-sli-recordings-{slo.id}", "rules": rec})
         meta = [
             {"record": "slo:objective:ratio", "expr": f"vector({slo.objective / 100:.10g})", "labels": base},
@@ -419,9 +525,11 @@ def prometheus_rules(slos: Sequence[SLOSpec]) -> dict[str, Any]:
             {"record": "slo:current_burn_rate:ratio",
              "expr": f"slo:sli_error:ratio_rate5m{sel}\n/ on(sloth_id, sloth_slo, sloth_service) group_left\n"
                      f"slo:error_budget:ratio{sel}\n", "labels": base},
-            {"record": "slo:period_burn_rate:ratio",
-             "expr": f"slo:sli_error:ratio_rate{p}{sel}\n/ on(sloth_id, sloth_slo, sloth_service) group_left\n"
-                     f"slo:error_budget:ratio{sel}\n", "labels": base},
+            {"record": "slo:period_burn_rate:ratio",   # no figure while the period is short of data
+             "expr": f"(\n  slo:sli_error:ratio_rate{p}{sel}\n  / on(sloth_id, sloth_slo, sloth_service) group_left\n"
+                     f"  slo:error_budget:ratio{sel}\n)\nand on(sloth_id, sloth_slo, sloth_service)\n"
+                     f"(slo:sli_data_coverage:ratio{_sel({**sl, 'sloth_window': p})} >= {PERIOD_MIN_COVERAGE:g})\n",
+             "labels": base},
             {"record": "slo:period_error_budget_remaining:ratio",
              "expr": f"1 - slo:period_burn_rate:ratio{sel}", "labels": base},
             {"record": "sloth_slo_info", "expr": "vector(1)",
@@ -443,8 +551,10 @@ def prometheus_rules(slos: Sequence[SLOSpec]) -> dict[str, Any]:
                     continue
                 f = slo.burn_factor(lw, share)
                 thr = f"({f:g} * {slo.error_budget:.10g})"
+                cov = _sel({**sl, "sloth_window": lw})
                 parts.append(f"(\n    max(slo:sli_error:ratio_rate{sw}{sel} > {thr}) without (sloth_window)\n"
-                             f"    and\n    max(slo:sli_error:ratio_rate{lw}{sel} > {thr}) without (sloth_window)\n)")
+                             f"    and\n    max(slo:sli_error:ratio_rate{lw}{sel} > {thr}) without (sloth_window)\n"
+                             f"    and\n    max(slo:sli_data_coverage:ratio{cov} >= {BURN_MIN_COVERAGE:g}) without (sloth_window)\n)")
             alerts.append({
                 "alert": a.name,
                 "expr": "\nor\n".join(parts) + "\n",
@@ -459,7 +569,8 @@ def prometheus_rules(slos: Sequence[SLOSpec]) -> dict[str, Any]:
 
 
 class _RulesDumper(yaml.SafeDumper):
-    pass
+    def ignore_aliases(self, data: Any) -> bool:
+        return True     # every rule spells its labels out: no &id001 anchors for a reader to chase
 
 
 def _str_presenter(dumper: yaml.SafeDumper, data: str) -> yaml.Node:

@@ -2,8 +2,9 @@
 
 ``load(c)`` reads the configured SLO file once (errors are shown, not raised);
 ``fleet_status(c)`` gives each node its worst SLO status; ``burn_down`` evaluates the period's
-budget remaining at a few points of the shown window for the burn-down chart.  Both read the
-counters first, in bulk, and compute with ``triscope.analysis.slo``'s pure functions.
+budget remaining at a few points of the shown window for the burn-down chart (no point where the
+period is short of data: ``triscope.analysis.slo.PERIOD_MIN_COVERAGE``).  Both read the counters
+first, in bulk, and compute with ``triscope.analysis.slo``'s pure functions.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from triscope.analysis.slo import NOT_ENOUGH_DATA
 from triscope.dashboard.context import DashboardContext
 
-_RANK = {"page": 3, "ticket": 2, "ok": 1, "no data": 0}
+_RANK = {"page": 3, "ticket": 2, "ok": 1, NOT_ENOUGH_DATA: 0.5, "no data": 0}
 
 
 @dataclass
@@ -50,7 +52,8 @@ def evaluate(c: DashboardContext, slo: Any, now: float, node: str | None = None)
 
 
 def fleet_status(c: DashboardContext, ttl: float = 30.0) -> dict[str, str] | None:
-    """node -> worst status over the SLOs ("page", "ticket", "ok", "no data"); None without SLOs.
+    """node -> worst status over the SLOs ("page", "ticket", "ok", "not enough data yet", "no data");
+    None without SLOs.
 
     Nodes evaluated at the same instant (every live node: now) share one fleet-wide read per SLO
     (``fetch_slo_inputs`` with no node), evaluated per node (``SLOInputs.for_node``); a stale
@@ -87,16 +90,16 @@ def fleet_status(c: DashboardContext, ttl: float = 30.0) -> dict[str, str] | Non
 
 def burn_down(c: DashboardContext, slo: Any, start: float, end: float, points: int = 16) -> tuple[list[float], list[float | None]]:
     """Budget remaining (1 = untouched) of the SLO's period window ending at each of ``points``
-    instants across [start, end]: the counters of every instant read first
-    (``triscope.analysis.counters.fetch_counters``, one read per metric and instant), then
-    ``triscope.analysis.slo.window_figure`` (a ratio of sums)."""
+    instants across [start, end], None where there is no traffic or not enough data: the counters
+    of every instant read first (``triscope.analysis.counters.fetch_counters``, one read per metric
+    and instant), then ``triscope.analysis.slo.period_figure`` (a ratio of sums)."""
     from triscope.analysis.counters import fetch_counters
-    from triscope.analysis.slo import query_metrics, window_figure
+    from triscope.analysis.slo import period_figure, query_metrics
 
     ts = [start + (end - start) * (i + 1) / points for i in range(points)]
     reads = fetch_counters(c.store, query_metrics(slo), [(t - slo.period_s, t) for t in ts])
     out: list[float | None] = []
     for t in ts:
-        burn = window_figure(slo, slo.period, slo.period_s, reads[(t - slo.period_s, t)]).burn_rate
+        burn = period_figure(slo, reads[(t - slo.period_s, t)]).burn_rate
         out.append(None if burn is None else 1.0 - burn)
     return ts, out

@@ -38,7 +38,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     s = ssub.add_parser(
         "status", help="print each SLO's SLI, error budget, burn rates and alert state from the store",
         description="Evaluate SLOs over stored series: SLI and error budget remaining over the SLO period, "
-        "burn rates over 5m..3d, data coverage, and page/ticket status (multi-window multi-burn-rate).",
+        "burn rates over 5m..3d, data coverage, and page/ticket status (multi-window multi-burn-rate). "
+        "A window with too little of it covered by data says 'not enough data yet' and decides no alert "
+        "(the minimum coverage per window: docs/analysis.md).",
     )
     add_db_option(s)   # also lets --at -2h through
     s.add_argument("--slo", type=Path, default=None, metavar="FILE",
@@ -98,8 +100,13 @@ def _burn(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}x"
 
 
+def _window_burn(w: Any) -> str:
+    """A window's burn rate, or why there is none: ``-`` (no traffic) or ``not-enough-data``."""
+    return _burn(w.burn_rate) if w.burn_rate is not None or w.enough_data else "not-enough-data"
+
+
 def cmd_status(args: argparse.Namespace) -> int:
-    from triscope.analysis.slo import WINDOWS, evaluate
+    from triscope.analysis.slo import NOT_ENOUGH_DATA, WINDOWS, coverage_pct, evaluate
     from triscope.store import Store
 
     path, slos = _load(args.slo)
@@ -113,12 +120,19 @@ def cmd_status(args: argparse.Namespace) -> int:
         else:
             print(f"{slo.service}/{slo.name}  objective {slo.objective:g}% over {slo.period}  "
                   f"[{status.status.upper()}]  at {fmt_ts(now)}")
-            print(f"  SLI {_pct(status.sli)}   error budget remaining {_pct(status.budget_remaining, 1)}   "
-                  f"coverage {status.coverage * 100:.1f}%")
-            print("  burn   " + "  ".join(f"{w}={_burn(status.windows[w].burn_rate)}" for w, _ in WINDOWS))
-            print("  cover  " + "  ".join(f"{w}={status.windows[w].coverage * 100:.0f}%" for w, _ in WINDOWS))
+            if status.budget_note:
+                print(f"  SLI and error budget: {status.budget_note}")
+            else:
+                print(f"  SLI {_pct(status.sli)}   error budget remaining {_pct(status.budget_remaining, 1)}   "
+                      f"coverage {coverage_pct(status.coverage)}")
+            print("  burn   " + "  ".join(f"{w}={_window_burn(status.windows[w])}" for w, _ in WINDOWS))
+            print("  cover  " + "  ".join(f"{w}={coverage_pct(status.windows[w].coverage).replace(' ', '')}"
+                                          for w, _ in WINDOWS))
             for a in status.alerts:
-                print(f"  {a.severity:<6} {a.long_window}/{a.short_window} > {a.factor:g}x: "
-                      f"{'FIRING' if a.firing else 'ok'} ({_burn(a.long_burn)} / {_burn(a.short_burn)})")
+                head = f"  {a.severity:<6} {a.long_window}/{a.short_window} > {a.factor:g}x: "
+                if not a.enough_data:
+                    print(f"{head}{NOT_ENOUGH_DATA} ({coverage_pct(a.long_coverage)} of the {a.long_window} window covered)")
+                else:
+                    print(f"{head}{'FIRING' if a.firing else 'ok'} ({_burn(a.long_burn)} / {_burn(a.short_burn)})")
     st.close()
     return 0
