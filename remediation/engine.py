@@ -4,7 +4,9 @@ Pipeline for one trigger (an Alertmanager alert matched to a rule, or a stored-d
 
 1. ``not_firing``  — only firing alerts act (a resolved one starts a fallback's hold period instead)
 2. ``leader``      — only the replica holding the Lease acts
-3. ``target``      — the target resolves from the alert's / node's labels into valid names
+3. ``target``      — the target resolves from the alert's / stored series' labels into valid names; a
+                     ``{from: workload}`` Deployment from the ``workload`` label or the ``pod`` resolved
+                     through ownerReferences (``triscope.remediation.workloads``); no default target
 4. ``duplicate``   — the delivery key was already handled (durable, in the store)
 5. ``stale``       — the trigger started before the last circuit-breaker reset: not replayed
 6. ``breaker``     — the circuit breaker is open (or this action would open it)
@@ -48,17 +50,21 @@ from triscope.remediation import metrics
 from triscope.remediation.leader import LeaderElector
 from triscope.remediation.policy import NODE_ACTIONS, Policy, Rule, load_policy
 from triscope.remediation.triggers import (
+    MISMATCH_METRIC,
     TriggerEvent,
     alert_events,
     event_from_dict,
     event_to_dict,
     recheck,
+    resolve_rule_target,
     resolve_target,
     stored_data_events,
     target_key,
 )
-from triscope.samples import EventRecord
+from triscope.remediation.workloads import WorkloadResolver, pods_in_series
+from triscope.samples import EventRecord, parse_label_key
 from triscope.store import audit
+from triscope.store import workloads as wstore
 from triscope.store.audit import DecisionWindow
 
 if TYPE_CHECKING:
@@ -67,6 +73,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_POLICY = defaults.POLICY   # deploy/policy.example.yaml, shipped as package data
+WORKLOAD_INFO_METRIC = "triscope_accelerator_workload_info"   # the agent's attribution series (docs/workloads.md)
 QUIET_RAILS = ("duplicate", "leader", "not_firing")  # audited only: a timeline / Kubernetes Event each would flood
 
 
@@ -120,6 +127,7 @@ class Engine:
         self._has_fallbacks = any(r.action == "dependency_fallback" for r in policy.rules) or bool(
             audit.active_fallbacks(store))
         self._nodes_cache: tuple[float, int] = (0.0, 0)
+        self.workloads = WorkloadResolver(store, kube, ttl_s=policy.settings.workload_ttl_s)
 
     # intake ------------------------------------------------------------------------------------------
     def _mark(self, events: list[TriggerEvent], delta: int) -> None:
@@ -219,16 +227,23 @@ class Engine:
             # not claimed: the trigger stays in the inbox, and the leader decides it
             return self._record(ev, None, "suppressed", "leader", f"not the leader (lease "
                                 f"{self.leader.namespace}/{self.leader.name})", {})
-        target, err = resolve_target(rule, ev.labels)
+        res = resolve_rule_target(rule, ev.labels, self.workloads,
+                                  namespaces=self.settings.namespaces if rule.action != "command" else ())
+        target, err = res.target, res.error
         tinfo: dict[str, Any] = {}
         if not err:
             tkey, tdesc = target_key(rule, target)
             tinfo = {"target": tdesc, "target_key": tkey, "namespace": target.get("namespace"),
                      "node": target.get("node") or ev.node, "target_fields": target}
+            if res.owner is not None:
+                tinfo["workload"] = {**res.owner.as_dict(), **_accelerator(ev.labels)}
         if audit.is_claimed(self.store, ev.key):
             return self._duplicate(ev, tinfo)
         if err:
-            return self._conclude(ev, None, "suppressed", "target", err, {})
+            if res.transient:
+                return self._conclude(ev, None, "failed", None, err, {})
+            return self._conclude(ev, {"namespace": target.get("namespace")} if res.rail == "namespace" else None,
+                                  "suppressed", res.rail, err, {})
         dry = self.dry_run or rule.dry_run
         with self._decide:
             now = time.time()
@@ -236,6 +251,8 @@ class Engine:
             if rail:
                 return self._conclude(ev, tinfo, "suppressed", rail, reason, {}, open_breaker=trip)
             params: dict[str, Any] = {**rule.params, "target": target, "episode": ev.episode}
+            if tinfo.get("workload"):
+                params["workload"] = tinfo["workload"]
             if rule.action == "rolling_restart":
                 params["restartedAt"] = act.restart_stamp(now)  # the same value however often it is re-run
             audit_id = audit.decide(self.store, ev.key, self._values(
@@ -352,11 +369,13 @@ class Engine:
         """The audit row of a decision."""
         rule = ev.rule
         now = time.time() if ts is None else ts
+        if params is None:
+            params = {**rule.params, "workload": tinfo["workload"]} if tinfo.get("workload") else rule.params
         return dict(ts=now, engine_id=self.engine_id, rule=rule.name, trigger_kind=ev.kind, trigger=ev.description,
                     trigger_key=ev.key, action=rule.action, target=tinfo.get("target", ""),
                     target_key=tinfo.get("target_key", ""), node=tinfo.get("node") or ev.node,
                     namespace=tinfo.get("namespace"), outcome=outcome, rail=rail, reason=reason, dry_run=dry,
-                    params=_jsonable(rule.params if params is None else params), response=_jsonable(response),
+                    params=_jsonable(params), response=_jsonable(response),
                     received_ts=ev.received_ts, issued_ts=issued_ts,
                     finished_ts=None if outcome == audit.IN_PROGRESS else now)
 
@@ -542,19 +561,12 @@ class Engine:
             return 0  # the leader evaluates; a follower that became leader starts from fresh episodes
         for rule in self.data_rules:
             try:
-                events, clear = stored_data_events(self.store, rule, now, self.stale_s, self._episodes)
+                events = stored_data_events(self.store, rule, now, self.stale_s, self._episodes)
             except Exception as e:
                 log.warning("remediation: evaluating rule %s failed: %s", rule.name, e)
                 continue
-            holding = {ev.episode for ev in events}
-            clear_eps = {f"{rule.trigger.kind}:{rule.name}:{n}" for n in clear}
-            for fb in audit.active_fallbacks(self.store):
-                if fb.rule != rule.name:
-                    continue
-                if fb.trigger_key in clear_eps and fb.clear_since is None:
-                    audit.update_fallback(self.store, fb.id, clear_since=now)
-                elif fb.trigger_key in holding and fb.clear_since is not None:
-                    audit.update_fallback(self.store, fb.id, clear_since=None)
+            if rule.action == "dependency_fallback":
+                self._note_clear(rule, events, now)
             for ev in events:
                 if ev.key in self._seen:
                     continue
@@ -570,6 +582,34 @@ class Engine:
             del self._seen[key]
         return submitted
 
+    def _note_clear(self, rule: Rule, events: list[TriggerEvent], now: float) -> None:
+        """A fallback of ``rule`` is clear while no episode of the rule holds for it (its own, or another
+        accelerator's naming the same ConfigMap); its hold period runs from the first evaluation that sees it."""
+        holding = {ev.episode for ev in events}
+        for ev in events:
+            target, err = resolve_target(rule, ev.labels)
+            if not err:
+                holding.add(target_key(rule, target)[0])
+        for fb in audit.active_fallbacks(self.store):
+            if fb.rule != rule.name:
+                continue
+            held = fb.trigger_key in holding or fb.target_key in holding
+            if not held and fb.clear_since is None:
+                audit.update_fallback(self.store, fb.id, clear_since=now)
+            elif held and fb.clear_since is not None:
+                audit.update_fallback(self.store, fb.id, clear_since=None)
+
+    def refresh_workloads(self, now: float | None = None) -> int:
+        """Scheduler job: resolve the pods the agent's per-accelerator series name (workload label left
+        empty) into the store's ``workloads`` table, for the dashboard and for alerts that carry only a pod."""
+        if self.kube is None or (self.leader is not None and not self.leader.is_leader):
+            return 0
+        now = time.time() if now is None else now
+        latest = self.store.fleet_latest([WORKLOAD_INFO_METRIC, MISMATCH_METRIC], since=now - max(600.0, self.stale_s))
+        pods = pods_in_series(parse_label_key(lk) for series in latest.values() for (_m, lk) in series)
+        allowed = self.settings.namespaces   # the namespaces the engine is bound to (RBAC) and may act in
+        return self.workloads.refresh([p for p in pods if not allowed or p[0] in allowed], now)
+
     def revert_fallbacks(self, now: float | None = None) -> int:
         """Revert each active fallback whose trigger has been clear for its hold period, or whose TTL ran out."""
         if self.leader is not None and not self.leader.is_leader:
@@ -583,6 +623,10 @@ class Engine:
             self.window.trim(now)
             for ep in [e for e, ts in self._resolved.items() if ts < now - self.settings.dedupe_retention_s]:
                 del self._resolved[ep]
+        try:
+            wstore.prune_workloads(self.store, time.time() - max(self.settings.dedupe_retention_s, 3 * self.workloads.ttl_s))
+        except Exception as e:  # an older schema without the table: resolution still works from the API
+            log.warning("remediation: cannot prune the workloads table: %s", e)
         return audit.prune(self.store, time.time() - self.settings.dedupe_retention_s)
 
     def leader_step(self) -> None:
@@ -617,6 +661,11 @@ class Engine:
             self.leader.release()
 
 
+def _accelerator(labels: dict[str, str]) -> dict[str, str]:
+    """The accelerator labels of a trigger (what a workload was found on), for the audit row."""
+    return {a: labels[a] for a in ("gpu", "npu", "chip") if labels.get(a)}
+
+
 def _jsonable(v: Any) -> Any:
     import json
 
@@ -648,6 +697,10 @@ def build_scheduler(engine: Engine) -> Any:
     sched.add_job(engine.resume_inbox, "interval", seconds=max(5.0, s.evaluate_interval_s), id="resume-inbox",
                   name="decide triggers left undecided in the inbox")
     sched.add_job(engine.prune, "interval", seconds=3600, id="prune-deliveries", name="forget old deliveries")
+    if engine.kube is not None:
+        sched.add_job(engine.refresh_workloads, "interval", seconds=max(30.0, s.evaluate_interval_s),
+                      id="resolve-workloads", name="resolve the pods of stored series to their workloads",
+                      next_run_time=now)
     return sched
 
 

@@ -1,8 +1,8 @@
 """The Kubernetes adapter: the only module of triscope that imports ``kubernetes``.
 
 A small set of verbs (``restart_deployment``, ``rollout_status``, ``cordon``, ``uncordon``,
-``evict``, ``set_preferred_node``, ``set_configmap_keys``, ``post_event``, leases) over the official
-client, returning plain dicts, and the project's own error types so callers never see
+``evict``, ``set_preferred_node``, ``set_configmap_keys``, ``post_event``, ``pod_owner``, leases) over
+the official client, returning plain dicts, and the project's own error types so callers never see
 ``ApiException`` or urllib3 errors.  Writes that depend on what was read carry the
 ``resourceVersion`` they read, so a concurrent change answers 409 and the verb re-reads and retries.
 """
@@ -134,6 +134,15 @@ def untolerated_taints(node: dict[str, Any], tolerations: list[dict[str, Any]]) 
     """The node's NoSchedule / NoExecute taints that ``tolerations`` do not tolerate, as ``key=value:Effect``."""
     return [f"{t.get('key')}{'=' + t['value'] if t.get('value') else ''}:{t.get('effect')}"
             for t in node_taints(node) if t.get("effect") in BLOCKING_EFFECTS and not tolerates(tolerations, t)]
+
+
+def controller_of(obj: dict[str, Any]) -> tuple[str, str] | None:
+    """(kind, name) of the object's managing controller: the ownerReference with ``controller: true``
+    (at most one, the API server enforces it), else the only ownerReference; None when it has none."""
+    refs = [r for r in (obj.get("metadata") or {}).get("ownerReferences") or [] if r.get("kind") and r.get("name")]
+    ctl = [r for r in refs if r.get("controller")]
+    ref = ctl[0] if ctl else refs[0] if len(refs) == 1 else None
+    return None if ref is None else (str(ref["kind"]), str(ref["name"]))
 
 
 class KubeAdapter:
@@ -317,7 +326,35 @@ class KubeAdapter:
         out = self._call(self.apps.patch_namespaced_deployment, name, namespace, patch, _content_type=SMP)
         return {"preferred_node": node, "weight": weight, "generation": out.get("metadata", {}).get("generation")}
 
-    # pods ------------------------------------------------------------------------------------------
+    # pods and their owners ---------------------------------------------------------------------------
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        return self._call(self.core.read_namespaced_pod, name, namespace)
+
+    def get_replicaset(self, namespace: str, name: str) -> dict[str, Any]:
+        return self._call(self.apps.read_namespaced_replica_set, name, namespace)
+
+    def pod_owner(self, namespace: str, pod: str) -> tuple[str, str]:
+        """The workload owning ``pod`` as (kind, name), through ownerReferences, as the controllers set them.
+
+        Pod -> ReplicaSet -> Deployment (a ReplicaSet nobody owns is the workload itself);
+        ``StatefulSet``, ``DaemonSet``, ``Job`` (and any other controller kind) from the pod's own
+        controller reference; a pod with no owner is ``("Pod", name)``.  Reads the pod and, for a
+        ReplicaSet owner, the ReplicaSet (RBAC: ``get`` on pods and replicasets).  Raises
+        ``NotFound`` when the pod does not exist.
+        """
+        owner = controller_of(self.get_pod(namespace, pod))
+        if owner is None:
+            return "Pod", pod
+        kind, name = owner
+        if kind == "ReplicaSet":
+            try:
+                rs_owner = controller_of(self.get_replicaset(namespace, name))
+            except NotFound:   # the ReplicaSet went (a rollout finished) while its pod lingers
+                return kind, name
+            if rs_owner is not None and rs_owner[0] == "Deployment":
+                return rs_owner
+        return kind, name
+
     def list_pods(self, namespace: str, *, label_selector: str | None = None, node: str | None = None) -> list[dict[str, Any]]:
         kw: dict[str, Any] = {}
         if label_selector:

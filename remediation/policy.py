@@ -43,6 +43,7 @@ from triscope.remediation.actions import (
     RescheduleParams,
     RollingRestartParams,
 )
+from triscope.remediation.workloads import QUIET_STATES
 
 ACTIONS = ("rolling_restart", "dependency_fallback", "reschedule", "command")
 TRIGGER_KINDS = ("alert", "metric", "mismatch", "slo", "xid")
@@ -54,6 +55,9 @@ ACTION_TARGETS: dict[str, tuple[str, ...]] = {
     "command": (),
 }
 TARGET_FIELDS = ("namespace", "deployment", "node")
+# states of the per-accelerator verdict (docs/workloads.md section 2); the quiet ones never trigger
+MISMATCH_STATES = ("idle", "demand-limited", "compute-bound", "balanced", "io-saturated", "staging-bound",
+                   "network-bound")
 NODE_ACTIONS = ("reschedule",)   # actions that cordon or drain a Kubernetes node: bounded by the node allow-list
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9_.-]{0,126}[a-z0-9])?$")
 _NODE_PATTERN = re.compile(r"^[a-z0-9.*?\[\]!-]{1,253}$")
@@ -107,6 +111,9 @@ class TargetField:
     literal: str | None = None
     label: str | None = None
     default: str | None = None
+    from_workload: bool = False          # deployment: {from: workload}: the trigger's workload (remediation/workloads.py)
+    workload_label: str = "workload"     # ... read from these labels of the trigger
+    pod_label: str = "pod"
 
 
 @dataclass(frozen=True)
@@ -121,6 +128,11 @@ class Rule:
     per_s: float = 3600.0
     dry_run: bool = False
     line: int = 0
+
+    @property
+    def workload_field(self) -> str | None:
+        """The target field taken from the trigger's workload (``{from: workload}``), if any."""
+        return next((name for name, f in self.target.items() if f.from_workload), None)
 
 
 @dataclass(frozen=True)
@@ -169,6 +181,7 @@ class Settings:
     slo_file: str = ""
     node_names: tuple[str, ...] = ()                       # glob patterns of node names actions may touch
     node_selector: tuple[tuple[str, str], ...] = ()        # labels (key, value) such a node must carry
+    workload_ttl_s: float = 600.0                          # how long a pod's resolved owner is trusted
 
     @property
     def nodes_bounded(self) -> bool:
@@ -273,6 +286,12 @@ def _node_pattern(value: str) -> str:
     return value
 
 
+def _positive_duration(seconds: float) -> float:
+    if seconds <= 0:
+        raise ValueError("must be longer than 0s")
+    return seconds
+
+
 def _label_value(value: Any) -> str:
     text = "true" if value is True else "false" if value is False else value
     if not isinstance(text, str | int) or not _LABEL_VALUE.match(str(text)):
@@ -290,8 +309,28 @@ def _target_form(value: Any) -> str:
     return "<name>" if isinstance(value, str) else "<reference>" if isinstance(value, dict) else "<other>"
 
 
+def _workload_form(value: Any) -> str:
+    if isinstance(value, dict) and "from" in value:
+        return "<workload>"
+    return _target_form(value)
+
+
 def _not_a_target(value: Any) -> Any:
     raise ValueError(f"must be a name or {{label: LABEL, default: NAME}}, not {show(value)}")
+
+
+def _not_a_workload_target(value: Any) -> Any:
+    raise ValueError(f"must be a name or {{label: LABEL, default: NAME}}, not {show(value)} (for a deployment: a "
+                     "name, {label: LABEL} or {from: workload}; never a default)")
+
+
+def _label_name(value: str) -> str:
+    if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", value):
+        raise ValueError(f"{show(value)} is not a label name")
+    return value
+
+
+LabelName = Annotated[str, AfterValidator(_label_name)]
 
 
 # the file: settings ------------------------------------------------------------------------------
@@ -349,6 +388,7 @@ class SettingsModel(ConfigModel):
     slo_file: Text | None = None
     node_names: Annotated[list[Annotated[str, AfterValidator(_node_pattern)]], Field(min_length=1)] | None = None
     node_selector: Annotated[tuple[tuple[str, str], ...], PlainValidator(_node_selector)] = ()
+    workload_ttl: Annotated[Duration, AfterValidator(_positive_duration)] = 600.0
 
     @model_validator(mode="after")
     def _leader_needs_api(self) -> SettingsModel:
@@ -369,7 +409,7 @@ class SettingsModel(ConfigModel):
                                     k.events, k.events_namespace),
             leader_election=LeaderSettings(le.enabled, le.namespace, le.lease, le.lease_duration, le.renew_every),
             workers=self.workers, slo_file=slo_file, node_names=tuple(self.node_names or ()),
-            node_selector=self.node_selector)
+            node_selector=self.node_selector, workload_ttl_s=self.workload_ttl)
 
 
 # the file: triggers ------------------------------------------------------------------------------
@@ -394,8 +434,18 @@ class MetricTrigger(ConfigModel):
                        for_s=self.for_, nodes=self.nodes)
 
 
+def _mismatch_state(value: str) -> str:
+    if value in QUIET_STATES:
+        raise ValueError(f"{show(value)} never triggers: an accelerator that is {value} is not held back by I/O or "
+                         "the host (one of: " + ", ".join(s for s in MISMATCH_STATES if s not in QUIET_STATES) + ")")
+    if value not in MISMATCH_STATES:
+        raise ValueError(f"unknown mismatch state {show(value)} (one of: "
+                         + ", ".join(s for s in MISMATCH_STATES if s not in QUIET_STATES) + ")")
+    return value
+
+
 class MismatchTrigger(ConfigModel):
-    mismatch: Text
+    mismatch: Annotated[str, AfterValidator(_mismatch_state)]
     for_: Duration = Field(default=0.0, alias="for")
     nodes: Matchers = ()
 
@@ -458,15 +508,30 @@ class TargetReference(ConfigModel):
     default: KubeName | None = None
 
 
+class WorkloadReference(ConfigModel):
+    """``deployment: {from: workload}``: the workload the trigger names: its ``workload`` label
+    (``Deployment/NAME``), else its ``pod`` label resolved through ownerReferences."""
+
+    from_: Literal["workload"] = Field(alias="from")
+    workload_label: LabelName = "workload"
+    pod_label: LabelName = "pod"
+
+
 TargetValue = Annotated[
     Annotated[KubeName, variant("name")] | Annotated[TargetReference, variant("reference")]
     | Annotated[Any, AfterValidator(_not_a_target), variant("other")],
     Discriminator(_target_form)]
 
+WorkloadTargetValue = Annotated[
+    Annotated[KubeName, variant("name")] | Annotated[TargetReference, variant("reference")]
+    | Annotated[WorkloadReference, variant("workload")]
+    | Annotated[Any, AfterValidator(_not_a_workload_target), variant("other")],
+    Discriminator(_workload_form)]
+
 
 class TargetModel(ConfigModel):
     namespace: TargetValue | None = None
-    deployment: TargetValue | None = None
+    deployment: WorkloadTargetValue | None = None
     node: TargetValue | None = None
 
     def fields(self) -> dict[str, TargetField]:
@@ -477,6 +542,8 @@ class TargetModel(ConfigModel):
                 out[name] = TargetField(literal=v)
             elif isinstance(v, TargetReference):
                 out[name] = TargetField(label=v.label, default=v.default)
+            elif isinstance(v, WorkloadReference):
+                out[name] = TargetField(from_workload=True, workload_label=v.workload_label, pod_label=v.pod_label)
         return out
 
 
@@ -500,7 +567,23 @@ class _RuleModel(ConfigModel):
         for need in ACTION_TARGETS.get(self.action, ()):
             if getattr(self.target, need) is None:
                 raise problem(f"action {self.action} needs target.{need} (a name or {{label: LABEL}})", "target")
+        self._target_can_resolve()
         return self
+
+    def _target_can_resolve(self) -> None:
+        """Refuse a target that could act on a workload the trigger did not name, or could name none."""
+        dep, ns = self.target.deployment, self.target.namespace
+        if isinstance(dep, TargetReference) and dep.default is not None:
+            raise problem("a deployment target has no default: a trigger without the label is suppressed (rail "
+                          "target) rather than acting on a workload it did not name", "target", "deployment", "default")
+        if not isinstance(dep, WorkloadReference | TargetReference):
+            return
+        if isinstance(self.trigger, SLOTrigger):
+            raise problem("an slo trigger names no workload (its labels are the node's): give a deployment name, or "
+                          "trigger on an alert or on per-accelerator data", "target", "deployment")
+        if isinstance(ns, TargetReference) and ns.default is not None:
+            raise problem("the deployment comes from the trigger: a default namespace would pair it with a namespace "
+                          "the trigger did not name (leave the default out)", "target", "namespace", "default")
 
     def to_rule(self, slo_file: str, line: int) -> Rule:
         params = self.params.model_dump() if isinstance(self.params, ConfigModel) else {}

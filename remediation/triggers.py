@@ -4,13 +4,18 @@ Stored-data conditions read through the store API only (``store.query``, ``store
 
 * ``metric``: every point of a series of the metric (counters as per-second rates) satisfies
   ``op threshold`` for at least ``for``; the newest point must be fresh.
-* ``mismatch``: ``triscope_mismatch_state{state=S}`` is 1 for at least ``for``.
+* ``mismatch``: a per-accelerator ``triscope_mismatch_state{state=S, gpu|npu, ...}`` is 1 for at least
+  ``for`` (the node's roll-up series never triggers).
 * ``slo``: the SLO's burn-rate status (from ``triscope.analysis.slo`` when it is installed) is ``page``
   (or ``ticket``, which ``page`` also satisfies).
 * ``xid``: an ``xid`` event with one of the codes in the last ``within`` seconds; each event fires once.
 
-A condition that holds is one *episode*; its key (rule, node, start of the run of points that hold)
-is the durable dedupe key, so one episode acts once however often it is evaluated.
+A condition that holds is one *episode*; its key (rule, node, the series it holds on, start of the
+run of points that hold) is the durable dedupe key, so one episode acts once however often it is
+evaluated.  ``metric`` and ``mismatch`` conditions hold per series: per-accelerator data gives one
+episode per (node, accelerator, workload), never one per node, and its workload labels (the series'
+own, else its accelerator's verdict's) are what the rule's target is resolved from.  An accelerator
+whose verdict is ``idle`` or ``demand-limited`` never triggers.
 """
 
 from __future__ import annotations
@@ -25,7 +30,16 @@ from datetime import datetime
 from typing import Any
 
 from triscope.remediation.policy import OPS, Matcher, Rule, Trigger
-from triscope.store.reader import StoreReader
+from triscope.remediation.workloads import (
+    ACCELERATOR_LABELS,
+    QUIET_STATES,
+    WORKLOAD_LABELS,
+    Owner,
+    ResolveError,
+    WorkloadResolver,
+    target_owner,
+)
+from triscope.store.reader import SeriesData, StoreReader
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +82,14 @@ def event_from_dict(rule: Rule, key: str, kind: str, d: dict[str, Any]) -> Trigg
 
 
 def resolve_target(rule: Rule, labels: dict[str, str]) -> tuple[dict[str, str], str]:
-    """Target names from the rule's literals and the trigger's labels; an error message when invalid."""
+    """Target names from the rule's literals and the trigger's labels; an error message when invalid.
+
+    A ``{from: workload}`` field is left out: :func:`resolve_rule_target` resolves it.
+    """
     out: dict[str, str] = {}
     for fld, spec in rule.target.items():
+        if spec.from_workload:
+            continue
         if spec.literal is not None:
             v: str | None = spec.literal
         else:
@@ -81,6 +100,42 @@ def resolve_target(rule: Rule, labels: dict[str, str]) -> tuple[dict[str, str], 
             return out, f"target {fld}: {v!r} is not a valid Kubernetes name"
         out[fld] = v
     return out, ""
+
+
+@dataclass
+class TargetResolution:
+    """A rule's target for one trigger: the names, or why there are none."""
+
+    target: dict[str, str]
+    error: str = ""
+    rail: str = "target"          # the rail that suppresses an error (``namespace``: outside the allow-list)
+    transient: bool = False       # the error may go away (the API did not answer): a failed decision, not a rail
+    owner: Owner | None = None    # the workload a ``{from: workload}`` field resolved to
+
+
+def resolve_rule_target(rule: Rule, labels: dict[str, str], resolver: WorkloadResolver | None, *,
+                        namespaces: tuple[str, ...] = (), now: float | None = None) -> TargetResolution:
+    """:func:`resolve_target`, then the ``{from: workload}`` field: the trigger's ``workload`` label or its
+    ``pod`` resolved through ownerReferences (``triscope.remediation.workloads``).  Pods are looked up
+    only in namespaces of the allow-list ``namespaces`` (outside it the namespace rail answers)."""
+    target, err = resolve_target(rule, labels)
+    if err:
+        return TargetResolution(target, err)
+    fld = rule.workload_field
+    if fld is None:
+        return TargetResolution(target)
+    ns = target.get("namespace", "")
+    if namespaces and ns not in namespaces:
+        return TargetResolution(target, f"namespace {ns!r} is not in the allow-list {list(namespaces)} (its workload "
+                                "was not looked up)", rail="namespace")
+    try:
+        owner = target_owner(rule.target[fld], labels, ns, resolver, kind="Deployment", now=now)
+    except ResolveError as e:
+        return TargetResolution(target, f"target {fld}: {e.reason}", transient=e.transient)
+    if len(owner.name) > 253 or not _K8S_NAME.match(owner.name):
+        return TargetResolution(target, f"target {fld}: {owner.name!r} is not a valid Kubernetes name")
+    target[fld] = owner.name
+    return TargetResolution(target, owner=owner)
 
 
 def target_key(rule: Rule, target: dict[str, str]) -> tuple[str, str]:
@@ -157,6 +212,16 @@ class Condition:
     value: float | None = None
     detail: str = ""
     series: dict[str, str] = field(default_factory=dict)
+    workload: dict[str, str] = field(default_factory=dict)   # the accelerator's workload labels (own or its verdict's)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """An accelerator's current state on a node, from its newest ``triscope_mismatch_state`` point."""
+
+    state: str
+    labels: dict[str, str]
+    ts: float
 
 
 def node_matches(trigger: Trigger, node: str, labels: dict[str, Any]) -> bool:
@@ -176,44 +241,127 @@ def _run_start(ts: list[float], vals: list[float], op: str, thr: float) -> tuple
     return start, (vals[-1] if vals else None)
 
 
-def eval_series_condition(store: StoreReader, metric: str, node: str, labels: dict[str, str], op: str, thr: float,
-                          for_s: float, now: float, stale_s: float) -> Condition:
-    """Does any series of ``metric`` on ``node`` satisfy ``op thr`` for at least ``for_s`` up to now?"""
+def accelerator_of(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """The accelerator a series is about (``(("gpu", "0"),)``, ``(("npu", "1"), ("chip", "0"))``); () for a node series."""
+    return tuple((a, labels[a]) for a in ACCELERATOR_LABELS if labels.get(a))
+
+
+def workload_labels(labels: dict[str, str]) -> dict[str, str]:
+    """The workload labels of a series ({} when it names no pod or workload)."""
+    if not (labels.get("pod") or labels.get("workload")):
+        return {}
+    return {a: str(labels.get(a) or "") for a in WORKLOAD_LABELS}
+
+
+def accelerator_verdicts(store: StoreReader, node: str, now: float, stale_s: float) -> dict[tuple[tuple[str, str], ...], Verdict]:
+    """Each accelerator's current verdict on ``node`` (its newest fresh state series at 1)."""
+    out: dict[tuple[tuple[str, str], ...], Verdict] = {}
+    for lv in store.latest(node, metric=MISMATCH_METRIC, since=now - stale_s):
+        acc = accelerator_of(lv.info.labels)
+        if not acc or lv.value < 0.5 or lv.ts > now + 1.0:
+            continue
+        cur = out.get(acc)
+        if cur is None or lv.ts > cur.ts:
+            out[acc] = Verdict(str(lv.info.labels.get("state", "")), dict(lv.info.labels), lv.ts)
+    return out
+
+
+def _series_condition(sd: SeriesData, metric: str, node: str, op: str, thr: float, for_s: float, now: float,
+                      stale_s: float) -> Condition:
+    labels = dict(sd.info.labels)
+    if now - sd.ts[-1] > stale_s:
+        return Condition(False, detail=f"{metric} on {node}: newest point is {now - sd.ts[-1]:.0f}s old", series=labels)
+    start, last = _run_start(sd.ts, sd.values, op, thr)
+    if start is None:
+        return Condition(False, value=last, detail=f"{metric}={last:g} on {node}: not {op} {thr:g}", series=labels)
+    held = sd.ts[-1] - start
+    if held + 1e-6 >= for_s:
+        return Condition(True, started_at=start, value=last, series=labels,
+                         detail=f"{metric}{_fmt(labels)}={last:g} {op} {thr:g} for {held:.0f}s on {node}")
+    return Condition(False, value=last, series=labels,
+                     detail=f"{metric}={last:g} {op} {thr:g} only for {held:.0f}s (needs {for_s:g}s) on {node}")
+
+
+def series_conditions(store: StoreReader, metric: str, node: str, labels: dict[str, str], op: str, thr: float,
+                      for_s: float, now: float, stale_s: float) -> list[Condition]:
+    """One condition per series of ``metric`` on ``node`` (whose labels include ``labels``): does it
+    satisfy ``op thr`` for at least ``for_s`` up to now?"""
     lookback = max(2.0 * for_s, for_s + 120.0, stale_s * 2)
-    best: Condition = Condition(False, detail=f"no data for {metric} on {node}")
+    out: list[Condition] = []
     for _attempt in range(2):
         data = store.query(metric, node=node, labels=labels or None, start=now - lookback, end=now, max_points=None)
-        extend = False
+        out, extend = [], False
         for sd in data:
             if not sd.ts:
                 continue
-            if now - sd.ts[-1] > stale_s:
-                if not best.holds:
-                    best = Condition(False, detail=f"{metric} on {node}: newest point is {now - sd.ts[-1]:.0f}s old")
-                continue
-            start, last = _run_start(sd.ts, sd.values, op, thr)
-            if start is None:
-                if not best.holds:
-                    best = Condition(False, value=last, detail=f"{metric}={last:g} on {node}: not {op} {thr:g}")
-                continue
-            held = sd.ts[-1] - start
-            if held + 1e-6 >= for_s:
-                if start <= sd.ts[0] and sd.ts[0] > now - lookback * 4:
-                    extend = True
-                if not best.holds or start < (best.started_at or start):
-                    best = Condition(True, started_at=start, value=last, series=dict(sd.info.labels),
-                                     detail=f"{metric}{_fmt(sd.info.labels)}={last:g} {op} {thr:g} for {held:.0f}s on {node}")
-            elif not best.holds:
-                best = Condition(False, value=last, detail=f"{metric}={last:g} {op} {thr:g} only for {held:.0f}s "
-                                 f"(needs {for_s:g}s) on {node}")
-        if not (best.holds and extend):
+            c = _series_condition(sd, metric, node, op, thr, for_s, now, stale_s)
+            if c.holds and c.started_at is not None and c.started_at <= sd.ts[0]:
+                extend = True
+            out.append(c)
+        if not extend:
             break
-        lookback *= 4  # the run covers the whole window: look further back for its real start
-    return best
+        lookback *= 4  # a run covers the whole window: look further back for its real start
+    return out
+
+
+def eval_series_condition(store: StoreReader, metric: str, node: str, labels: dict[str, str], op: str, thr: float,
+                          for_s: float, now: float, stale_s: float) -> Condition:
+    """Does any series of ``metric`` on ``node`` satisfy ``op thr`` for at least ``for_s`` up to now?"""
+    return _best(series_conditions(store, metric, node, labels, op, thr, for_s, now, stale_s),
+                 f"no data for {metric} on {node}")
+
+
+def _best(conds: list[Condition], none: str) -> Condition:
+    """The holding condition that started first, else the first one that does not hold."""
+    holding = [c for c in conds if c.holds]
+    if holding:
+        return min(holding, key=lambda c: c.started_at or 0.0)
+    return conds[0] if conds else Condition(False, detail=none)
 
 
 def _fmt(labels: dict[str, str]) -> str:
     return "{" + ",".join(f"{k}={v}" for k, v in sorted(labels.items())) + "}" if labels else ""
+
+
+def _acc_text(acc: tuple[tuple[str, str], ...]) -> str:
+    return " ".join(f"{a} {v}" for a, v in acc)
+
+
+def accelerator_conditions(store: StoreReader, trigger: Trigger, node: str, now: float, stale_s: float,
+                           only: dict[str, str] | None = None) -> list[Condition]:
+    """The ``metric`` / ``mismatch`` condition of each series on ``node``, with the workload it is about.
+
+    ``mismatch``: the per-accelerator verdict series of the state (the node's roll-up, which has no
+    accelerator labels, never triggers); the workload is the series' own labels.  ``metric``: every
+    series of the metric; the workload is the series' own labels, else its accelerator's verdict's.
+    A series of an accelerator whose verdict is ``idle`` or ``demand-limited`` does not hold: such an
+    accelerator is not held back by anything.  ``only``: just the series with these labels (a recheck).
+    """
+    if trigger.kind == "mismatch":
+        want = {"state": trigger.state, **(only or {})}
+        conds = [c for c in series_conditions(store, MISMATCH_METRIC, node, want, ">=", 0.5, trigger.for_s, now, stale_s)
+                 if accelerator_of(c.series)]
+        for c in conds:
+            c.workload = workload_labels(c.series)
+        return conds
+    want = {**dict(trigger.labels), **(only or {})}
+    conds = series_conditions(store, trigger.metric, node, want, trigger.op, trigger.threshold, trigger.for_s, now,
+                              stale_s)
+    verdicts: dict[tuple[tuple[str, str], ...], Verdict] | None = None
+    for c in conds:
+        acc = accelerator_of(c.series)
+        own = workload_labels(c.series)
+        if not acc:
+            c.workload = own
+            continue
+        if verdicts is None:
+            verdicts = accelerator_verdicts(store, node, now, stale_s)
+        v = verdicts.get(acc)
+        if v is not None and v.state in QUIET_STATES and c.holds:
+            c.holds = False
+            c.detail = f"{c.detail}; but {_acc_text(acc)} is {v.state}: an accelerator that is {v.state} never triggers"
+        c.workload = own or (workload_labels(v.labels) if v is not None else {})
+    return conds
 
 
 _SLO_CACHE: dict[str, tuple[float, dict[str, Any]]] = {}
@@ -235,7 +383,8 @@ def _slo_specs(path: str) -> dict[str, Any]:
 
 
 def _slo_status(store: StoreReader, trigger: Trigger, node: str, now: float) -> tuple[str | None, str]:
-    """The SLO's multi-window burn-rate status on ``node`` from ``triscope.analysis.slo`` (page / ticket / ok / no data)."""
+    """The SLO's multi-window burn-rate status on ``node`` from ``triscope.analysis.slo`` (page / ticket / ok /
+    no data / not enough data yet: only page and ticket hold)."""
     try:
         from triscope.analysis import slo as slo_mod
     except ImportError:
@@ -247,17 +396,17 @@ def _slo_status(store: StoreReader, trigger: Trigger, node: str, now: float) -> 
         st = slo_mod.evaluate(store, spec, now, node=node)
     except Exception as e:  # a broken spec file, no data...
         return None, f"SLO {trigger.slo}: {type(e).__name__}: {e}"
-    burns = {k: (None if w.burn_rate is None else round(w.burn_rate, 2)) for k, w in st.windows.items()}
+    # a window short of data has no burn rate and decides no alert (so no page / ticket status)
+    burns = {k: (w.state if w.burn_rate is None else round(w.burn_rate, 2)) for k, w in st.windows.items()}
     return st.status, f"SLO {spec.id} on {node}: {st.status} (burn rates {burns})"
 
 
 def evaluate_condition(store: StoreReader, trigger: Trigger, node: str, now: float, stale_s: float) -> Condition:
-    if trigger.kind == "metric":
-        return eval_series_condition(store, trigger.metric, node, dict(trigger.labels), trigger.op, trigger.threshold,
-                                     trigger.for_s, now, stale_s)
-    if trigger.kind == "mismatch":
-        return eval_series_condition(store, MISMATCH_METRIC, node, {"state": trigger.state}, ">=", 0.5,
-                                     trigger.for_s, now, stale_s)
+    """The condition on ``node`` as a whole (any series holding; for ``mismatch`` and ``metric`` see
+    :func:`accelerator_conditions` for one per series)."""
+    if trigger.kind in ("metric", "mismatch"):
+        what = trigger.metric if trigger.kind == "metric" else f"{MISMATCH_METRIC}{{state={trigger.state}}}"
+        return _best(accelerator_conditions(store, trigger, node, now, stale_s), f"no data for {what} on {node}")
     if trigger.kind == "slo":
         status, detail = _slo_status(store, trigger, node, now)
         holds = status == "page" or (trigger.slo_status == "ticket" and status == "ticket")
@@ -265,12 +414,40 @@ def evaluate_condition(store: StoreReader, trigger: Trigger, node: str, now: flo
     raise ValueError(f"not a stored-data condition: {trigger.kind}")
 
 
+def episode_scope(series: dict[str, str]) -> str:
+    """What one stored-data episode is about within its node: the accelerator and the workload (readable),
+    and a short hash of the series' whole label set (one episode per series)."""
+    acc = ",".join(f"{a}={v}" for a, v in accelerator_of(series))
+    wl = series.get("workload") or (f"{series.get('namespace', '')}/{series['pod']}" if series.get("pod") else "")
+    digest = hashlib.sha1(json.dumps(series, sort_keys=True).encode()).hexdigest()[:10]
+    return ":".join(p for p in (acc, wl[:160], digest) if p)
+
+
+def xid_workload(store: StoreReader, node: str, gpu: str, ts: float, stale_s: float) -> dict[str, str]:
+    """The workload labels of GPU ``gpu``'s verdict at ``ts`` (the newest state at 1 up to it), {} when none is stored."""
+    best: tuple[float, dict[str, str]] | None = None
+    for sd in store.query(MISMATCH_METRIC, node=node, labels={"gpu": gpu}, start=ts - max(stale_s, 60.0), end=ts + 5.0,
+                          max_points=None):
+        for t, v in zip(reversed(sd.ts), reversed(sd.values), strict=True):
+            if v >= 0.5:
+                if best is None or t > best[0]:
+                    best = (t, dict(sd.info.labels))
+                break
+    return workload_labels(best[1]) if best else {}
+
+
 def stored_data_events(store: StoreReader, rule: Rule, now: float, stale_s: float,
-                       episodes: dict[tuple[str, str], float]) -> tuple[list[TriggerEvent], set[str]]:
-    """Trigger events for one stored-data rule over every matching node; also the nodes where it is clear."""
+                       episodes: dict[tuple[str, str], float]) -> list[TriggerEvent]:
+    """Trigger events for one stored-data rule over every matching node.
+
+    ``metric`` and ``mismatch``: one event per series that holds, so one per (node, accelerator,
+    workload) for per-accelerator data, never one for a node's accelerators together; ``xid``: one
+    per event; ``slo``: one per node.  Each event's labels are the node's stored labels, the
+    workload labels and the series' labels, and ``node``: what its target is resolved from.
+    """
     t = rule.trigger
     out: list[TriggerEvent] = []
-    clear: set[str] = set()
+    holding: set[str] = set()
     for n in store.nodes():
         if not node_matches(t, n.name, n.labels):
             continue
@@ -278,7 +455,6 @@ def stored_data_events(store: StoreReader, rule: Rule, now: float, stale_s: floa
         labels["node"] = n.name
         if t.kind == "xid":
             codes = set(t.xid_codes)
-            seen = False
             for ev in store.events(node=n.name, start=now - t.within_s, end=now, kinds=["xid"], limit=1000):
                 try:
                     code = int(ev.details.get("xid", -1))
@@ -286,41 +462,61 @@ def stored_data_events(store: StoreReader, rule: Rule, now: float, stale_s: floa
                     continue
                 if code not in codes:
                     continue
-                seen = True
+                gpu = str(ev.details.get("gpu", ""))
+                wl = xid_workload(store, n.name, gpu, ev.ts, stale_s) if gpu else {}
                 out.append(TriggerEvent(
                     rule=rule, kind="xid", key=f"xid:{rule.name}:{n.name}:{ev.id}",
-                    description=f"XID {code} on {n.name} gpu {ev.details.get('gpu', '?')}: {ev.message}",
-                    labels={**labels, **{k: str(v) for k, v in ev.details.items() if k in ("gpu", "xid")}},
+                    description=f"XID {code} on {n.name} gpu {gpu or '?'}: {ev.message}",
+                    labels={**labels, **wl, **{k: str(v) for k, v in ev.details.items() if k in ("gpu", "xid")}},
                     node=n.name, started_at=ev.ts, received_ts=now, details={"event_id": ev.id, "xid": code},
                     episode=f"xid:{rule.name}:{n.name}"))
-            if not seen:
-                clear.add(n.name)
             continue
-        cond = evaluate_condition(store, t, n.name, now, stale_s)
-        ep_key = (rule.name, n.name)
-        if not cond.holds:
-            episodes.pop(ep_key, None)
-            clear.add(n.name)
+        if t.kind == "slo":
+            cond = evaluate_condition(store, t, n.name, now, stale_s)
+            ep = f"slo:{rule.name}:{n.name}"
+            if not cond.holds:
+                continue
+            holding.add(ep)
+            start = episodes.setdefault((rule.name, ep), cond.started_at or now)
+            if now - start < t.for_s:
+                continue  # the SLO status must hold for `for` (the engine's own observation of it)
+            out.append(TriggerEvent(
+                rule=rule, kind=t.kind, key=f"{ep}:{start:.0f}", description=f"{t.describe()}: {cond.detail}",
+                labels=labels, node=n.name, started_at=start, received_ts=now, details={"value": cond.value},
+                episode=ep))
             continue
-        start = episodes.setdefault(ep_key, cond.started_at or now)
-        if t.kind == "slo" and now - start < t.for_s:
-            continue  # the SLO status must hold for `for` (the engine's own observation of it)
-        out.append(TriggerEvent(
-            rule=rule, kind=t.kind, key=f"{t.kind}:{rule.name}:{n.name}:{start:.0f}",
-            description=f"{t.describe()}: {cond.detail}", labels={**labels, **cond.series, "node": n.name},
-            node=n.name, started_at=start, received_ts=now, details={"value": cond.value},
-            episode=f"{t.kind}:{rule.name}:{n.name}"))
-    return out, clear
+        for cond in accelerator_conditions(store, t, n.name, now, stale_s):
+            if not cond.holds:
+                continue
+            ep = f"{t.kind}:{rule.name}:{n.name}:{episode_scope(cond.series)}"
+            holding.add(ep)
+            start = episodes.setdefault((rule.name, ep), cond.started_at or now)
+            out.append(TriggerEvent(
+                rule=rule, kind=t.kind, key=f"{ep}:{start:.0f}", description=f"{t.describe()}: {cond.detail}",
+                labels={**labels, **cond.workload, **cond.series, "node": n.name}, node=n.name, started_at=start,
+                received_ts=now, details={"value": cond.value, "series": cond.series, "workload": cond.workload},
+                episode=ep))
+    for key in [kk for kk in episodes if kk[0] == rule.name and kk[1] not in holding]:
+        del episodes[key]
+    return out
 
 
 def recheck(store: StoreReader, ev: TriggerEvent, now: float, stale_s: float) -> tuple[bool, str]:
-    """Re-check a stored-data trigger right before acting: is the condition still true?"""
-    if ev.kind in ("metric", "mismatch", "slo") and ev.node:
+    """Re-check a stored-data trigger right before acting: is the condition still true (for its series)?"""
+    if ev.kind in ("metric", "mismatch") and ev.node:
+        series = {str(k): str(v) for k, v in (ev.details.get("series") or {}).items()}
+        conds = accelerator_conditions(store, ev.rule.trigger, ev.node, now, stale_s, only=series or None)
+        if series:
+            conds = [c for c in conds if c.series == series]
+        cond = _best(conds, f"no data for the series {_fmt(series)} on {ev.node}")
+        return cond.holds, cond.detail
+    if ev.kind == "slo" and ev.node:
         cond = evaluate_condition(store, ev.rule.trigger, ev.node, now, stale_s)
         return cond.holds, cond.detail
     return True, ""
 
 
-__all__ = ["Condition", "Matcher", "TriggerEvent", "alert_events", "evaluate_condition", "event_from_dict",
-           "event_to_dict", "match_alert", "parse_rfc3339", "recheck", "resolve_target", "stored_data_events",
-           "target_key", "time"]
+__all__ = ["Condition", "Matcher", "TargetResolution", "TriggerEvent", "Verdict", "accelerator_conditions", "accelerator_of",
+           "accelerator_verdicts", "alert_events", "episode_scope", "evaluate_condition", "event_from_dict",
+           "event_to_dict", "match_alert", "parse_rfc3339", "recheck", "resolve_rule_target", "resolve_target", "stored_data_events",
+           "target_key", "time", "workload_labels", "xid_workload"]

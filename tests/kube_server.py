@@ -12,8 +12,12 @@ cluster).  This server speaks the same URLs, verbs, content types, ``Status`` er
   after ``rollout_delay`` seconds, replaces the pods (scheduled on uncordoned nodes, honouring a
   preferred node affinity) and updates ``status`` (``observedGeneration``, ``updatedReplicas``,
   ``availableReplicas``...).  ``spec.paused`` stops it; ``stuck_rollouts`` makes rollouts hang.
+* ``apps/v1`` replicasets: get / list.  As the real deployment controller does, each pod template
+  of a Deployment gets a ReplicaSet ``NAME-HASH`` (``pod-template-hash`` label, an ownerReference
+  to the Deployment with ``controller: true``) and its pods an ownerReference to that ReplicaSet;
+  a rollout creates the new template's ReplicaSet and scales the old one to 0.
 * ``v1`` pods: get / list (``labelSelector`` equality terms, ``fieldSelector=spec.nodeName=``) /
-  create / delete, and the ``pods/eviction`` subresource (``policy/v1`` Eviction): a
+  create / delete (``add_pod``: a pod with any ownerReference, e.g. a StatefulSet's, or none), and the ``pods/eviction`` subresource (``policy/v1`` Eviction): a
   PodDisruptionBudget whose ``status.disruptionsAllowed`` is 0 answers 429 ``TooManyRequests``.
 * ``policy/v1`` poddisruptionbudgets: get / list / create / replace.
 * ``v1`` nodes: get / list / create / replace / patch (cordon = ``spec.unschedulable``), with
@@ -49,6 +53,7 @@ from urllib.parse import parse_qs, urlsplit
 # resource -> (group/version, kind, namespaced)
 RESOURCES: dict[str, tuple[str, str, bool]] = {
     "deployments": ("apps/v1", "Deployment", True),
+    "replicasets": ("apps/v1", "ReplicaSet", True),
     "pods": ("v1", "Pod", True),
     "nodes": ("v1", "Node", False),
     "configmaps": ("v1", "ConfigMap", True),
@@ -379,6 +384,30 @@ class KubeTestServer:
             self._set_status(namespace, name, updated=replicas, available=avail)
             return self.get("deployments", namespace, name) or {}
 
+    def add_pod(self, namespace: str, name: str, node: str, labels: dict[str, str] | None = None,
+                owner: dict[str, str] | None = None) -> dict[str, Any]:
+        """A running pod on ``node``; ``owner`` (``{"kind": "StatefulSet", "name": "db"}``) becomes its
+        controller ownerReference, as that kind's controller would set it; without one it is a bare pod."""
+        meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": dict(labels or {})}
+        if owner:
+            group = {"Job": "batch/v1", "CronJob": "batch/v1"}.get(owner["kind"], "apps/v1")
+            meta["ownerReferences"] = [{"apiVersion": owner.get("apiVersion", group), "kind": owner["kind"],
+                                        "name": owner["name"], "uid": owner.get("uid", f"uid-{owner['name']}"),
+                                        "controller": True, "blockOwnerDeletion": True}]
+        return self.put("pods", {"metadata": meta,
+                                 "spec": {"containers": [{"name": "app", "image": "registry.local/app:1"}],
+                                          "nodeName": node},
+                                 "status": {"phase": "Running"}})
+
+    def pods_of(self, namespace: str, deployment: str) -> list[dict[str, Any]]:
+        """The pods whose ReplicaSet the Deployment owns (through ownerReferences, as the API reads them)."""
+        rs = {o["metadata"]["name"] for o in self.list("replicasets", namespace)
+              if any(r.get("kind") == "Deployment" and r.get("name") == deployment
+                     for r in o["metadata"].get("ownerReferences", []))}
+        return [p for p in self.list("pods", namespace)
+                if any(r.get("kind") == "ReplicaSet" and r.get("name") in rs
+                       for r in p["metadata"].get("ownerReferences", []))]
+
     def add_pdb(self, namespace: str, name: str, match_labels: dict[str, str], disruptions_allowed: int) -> None:
         self.put("poddisruptionbudgets", {
             "metadata": {"name": name, "namespace": namespace},
@@ -436,12 +465,43 @@ class KubeTestServer:
         for key in [k for k, o in self.objects.of("pods") if k[1] == ns
                     and all(o["metadata"].get("labels", {}).get(a) == b for a, b in sel.items())]:
             del self.objects[key]
+        current = f"{dep['metadata']['name']}-{self._template_hash(dep)}"
+        for (_, rns, rname), rs in self.objects.of("replicasets"):   # older templates' ReplicaSets scale to 0
+            if rns == ns and rname != current and any(
+                    r.get("uid") == dep["metadata"]["uid"] for r in rs["metadata"].get("ownerReferences", [])):
+                rs["spec"]["replicas"] = 0
+                rs["status"] = {"replicas": 0, "readyReplicas": 0, "availableReplicas": 0,
+                                "observedGeneration": rs["metadata"].get("generation", 1)}
+                rs["metadata"]["resourceVersion"] = self.next_rv()
         self._create_pods(dep, dep["spec"].get("replicas", 1), nodes)
+
+    def _replicaset(self, dep: dict[str, Any], h: str) -> dict[str, Any]:
+        """The ReplicaSet of the Deployment's current template (created like the deployment controller does)."""
+        ns, name = dep["metadata"]["namespace"], dep["metadata"]["name"]
+        rs = self.objects.get(("replicasets", ns, f"{name}-{h}"))
+        replicas = dep["spec"].get("replicas", 1)
+        tmpl = copy.deepcopy(dep["spec"]["template"])
+        tmpl.setdefault("metadata", {}).setdefault("labels", {})["pod-template-hash"] = h
+        if rs is None:
+            rs = self.put("replicasets", {
+                "metadata": {"name": f"{name}-{h}", "namespace": ns,
+                             "labels": {**tmpl["metadata"]["labels"]},
+                             "annotations": {"deployment.kubernetes.io/revision": str(dep["metadata"].get("generation", 1))},
+                             "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": name,
+                                                  "uid": dep["metadata"]["uid"], "controller": True,
+                                                  "blockOwnerDeletion": True}]},
+                "spec": {"replicas": replicas,
+                         "selector": {"matchLabels": {**dep["spec"]["selector"]["matchLabels"], "pod-template-hash": h}},
+                         "template": tmpl},
+                "status": {"replicas": replicas, "readyReplicas": replicas, "availableReplicas": replicas,
+                           "observedGeneration": 1}})
+        return rs
 
     def _create_pods(self, dep: dict[str, Any], n: int, nodes: list[str] | None = None) -> None:
         ns, name = dep["metadata"]["namespace"], dep["metadata"]["name"]
         h = self._template_hash(dep)
         tmpl = dep["spec"]["template"]
+        rs = self._replicaset(dep, h)
         for i in range(n):
             if nodes:
                 node: str | None = nodes[i % len(nodes)]
@@ -453,7 +513,8 @@ class KubeTestServer:
                              "labels": {**tmpl["metadata"].get("labels", {}), "pod-template-hash": h},
                              "annotations": dict(tmpl["metadata"].get("annotations", {})),
                              "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
-                                                  "name": f"{name}-{h}", "uid": h, "controller": True}]},
+                                                  "name": rs["metadata"]["name"], "uid": rs["metadata"]["uid"],
+                                                  "controller": True, "blockOwnerDeletion": True}]},
                 "spec": {**copy.deepcopy(tmpl.get("spec", {})), "nodeName": node},
                 "status": {"phase": "Running" if node else "Pending"},
             })

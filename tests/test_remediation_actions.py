@@ -247,7 +247,8 @@ def test_command_action_fixed_argv_and_timeout(store: Any, srv: KubeTestServer, 
 def test_metric_threshold_for_duration_and_mismatch_state(store: Any, srv: KubeTestServer) -> None:
     now = time.time()
     ticks = [Tick(now - 40 + i * 2, [Sample("triscope_gpu_utilization_ratio", 0.95 if i >= 8 else 0.3, {"gpu": "0"}),
-                                     Sample("triscope_mismatch_state", 1.0 if i >= 15 else 0.0, {"state": "network-bound"})])
+                                     Sample("triscope_mismatch_state", 1.0 if i >= 15 else 0.0,
+                                            {"state": "network-bound", "gpu": "0"})])
              for i in range(20)]
     store.write_ticks("gpu-1", ticks, rollup=False)
     eng = engine(store, srv, """  - name: hot-20s
@@ -349,13 +350,13 @@ def test_fallback_on_mismatch_state_reverts_when_state_clears(store: Any, srv: K
     params: {configmap: deps, key: mode, ttl: 1h, hold: 3s}
 """)
     t0 = time.time() - 20
-    store.write_ticks("gpu-1", [Tick(t0 + i, [Sample("triscope_mismatch_state", 1.0, {"state": "network-bound"})])
+    store.write_ticks("gpu-1", [Tick(t0 + i, [Sample("triscope_mismatch_state", 1.0, {"state": "network-bound", "gpu": "0"})])
                                 for i in range(10)], rollup=False)
     assert eng.evaluate_triggers(t0 + 10) == 1
     assert eng.drain()
     assert srv.get("configmaps", "inference", "deps")["data"] == {"mode": "fallback"}
     # the state clears: the hold period starts at the first evaluation that sees it clear
-    store.write_ticks("gpu-1", [Tick(t0 + 10 + i, [Sample("triscope_mismatch_state", 0.0, {"state": "network-bound"})])
+    store.write_ticks("gpu-1", [Tick(t0 + 10 + i, [Sample("triscope_mismatch_state", 0.0, {"state": "network-bound", "gpu": "0"})])
                                 for i in range(6)], rollup=False)
     assert eng.evaluate_triggers(t0 + 15) == 0
     assert audit.active_fallbacks(store)[0].clear_since == pytest.approx(t0 + 15)

@@ -3,8 +3,18 @@
 The agent exports real TCP retransmit counts on /metrics; Prometheus scrapes it every second and
 evaluates ``TriscopeTcpRetransmitStorm`` from ``deploy/prometheus/triscope-rules.yaml`` (only its
 ``for:`` is shortened); Alertmanager routes the alert with a bearer token to two engines running
-the shipped example policy: ``triscope remediate --dry-run`` (a process of its own) and a live
-engine acting on the Kubernetes test server.  Real loopback SYN retransmits make the alert fire.
+the shipped example policy against the Kubernetes test server: ``triscope remediate --dry-run`` (a
+process of its own) and a live engine.  Real loopback SYN retransmits make the alert fire.
+
+Which workload: the example policy restarts the Deployment the alert names by ``namespace`` and
+``pod`` (resolved through ownerReferences: Pod -> ReplicaSet -> Deployment) or ``workload``.  In
+production those labels are the agent's per-accelerator series labels (docs/workloads.md: the agent
+labels a GPU's series with the pod using it, from NVML's process list and the kubelet's
+pod-resources API).  They cannot come from the agent here: this host has no GPU, so the agent
+attributes no process to a pod, and the retransmit counter is a node series without workload
+labels anyway.  So the scrape target carries ``namespace`` and ``pod`` (of a real pod of
+``inference/web`` on the test server) as static labels, standing in for them; nothing names the
+Deployment: both engines find it from the pod through the API, as in production.
 """
 
 from __future__ import annotations
@@ -60,10 +70,14 @@ def test_retransmit_storm_alert_drives_dry_run_and_live_restart(tmp_path: Path) 
     procs: list[subprocess.Popen[bytes]] = []
     token = tmp_path / "webhook-token"
     token.write_text("e2e-token-123-456789\n")
-    kube = KubeTestServer(rollout_delay=0.2).start()
+    # the rollout replaces web's pods after 2 s: both engines resolve the alert's pod before it goes
+    kube = KubeTestServer(rollout_delay=2.0).start()
     kube.add_node("e2e-node")
     kube.add_node("spare")
     kube.add_deployment("inference", "web", replicas=2)
+    web_pod = kube.pods_of("inference", "web")[0]["metadata"]["name"]
+    in_cluster = EXAMPLE.read_text().replace("    mode: none\n", f"    mode: url\n    url: {kube.url}\n", 1)
+    assert kube.url in in_cluster
     live_handle = None
     try:
         # the agent: real /proc/net/snmp retransmits on /metrics, stored in its own database
@@ -74,20 +88,23 @@ def test_retransmit_storm_alert_drives_dry_run_and_live_restart(tmp_path: Path) 
              "--node", "e2e-node", "--spool", str(tmp_path / "spool")],
             cwd=REPO, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "agent.log", "wb")))  # noqa: SIM115
 
-        # engine 1: `triscope remediate --dry-run` with the shipped example policy
+        # engine 1: `triscope remediate --dry-run` with the shipped example policy, reading the API
+        # (as deploy/kustomize runs it first): it resolves the pod, reads the Deployment, writes nothing
         dry_db = f"sqlite:///{tmp_path / 'dry.db'}"
         open_store(dry_db).close()
         dry_port = free_port()
+        dry_policy = tmp_path / "policy.yaml"
+        dry_policy.write_text(in_cluster)
+        shutil.copy(EXAMPLE.parent / "slo.example.yaml", tmp_path / "slo.example.yaml")
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "triscope", "remediate", "--db", dry_db, "--policy", str(EXAMPLE), "--dry-run",
+            [sys.executable, "-m", "triscope", "remediate", "--db", dry_db, "--policy", str(dry_policy), "--dry-run",
              "--listen", f"127.0.0.1:{dry_port}", "--token-file", str(token)],
             cwd=REPO, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "engine.log", "wb")))  # noqa: SIM115
 
         # engine 2: live, the same example policy pointed at the Kubernetes test server
-        live_text = EXAMPLE.read_text().replace("    mode: none\n", f"    mode: url\n    url: {kube.url}\n", 1)
         live_store = open_store(f"sqlite:///{tmp_path / 'live.db'}")
         live_port = free_port()
-        live_handle = start(live_store, parse_policy(live_text, str(EXAMPLE)), listen=("127.0.0.1", live_port),
+        live_handle = start(live_store, parse_policy(in_cluster, str(EXAMPLE)), listen=("127.0.0.1", live_port),
                             token="e2e-token-123-456789")
 
         # Alertmanager: route Triscope* alerts to both engines with the bearer token from a file
@@ -95,7 +112,7 @@ def test_retransmit_storm_alert_drives_dry_run_and_live_restart(tmp_path: Path) 
         hook = {"send_resolved": True, "http_config": {"authorization": {"type": "Bearer",
                                                                          "credentials_file": str(token)}}}
         am_cfg = {
-            "route": {"receiver": "triscope", "group_by": ["alertname", "node", "namespace", "deployment"],
+            "route": {"receiver": "triscope", "group_by": ["alertname", "node", "namespace", "pod"],
                       "group_wait": "1s", "group_interval": "1s", "repeat_interval": "1h"},
             "receivers": [{"name": "triscope", "webhook_configs": [
                 {**hook, "url": f"http://127.0.0.1:{dry_port}/api/v1/alerts"},
@@ -107,7 +124,8 @@ def test_retransmit_storm_alert_drives_dry_run_and_live_restart(tmp_path: Path) 
              f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address="],
             stdout=subprocess.DEVNULL, stderr=open(tmp_path / "am.log", "wb")))  # noqa: SIM115
 
-        # Prometheus: the rule from deploy/ with a short `for:`, the agent's node/workload as target labels
+        # Prometheus: the rule from deploy/ with a short `for:`; the node, and the pod standing in for the
+        # agent's workload labels (see the module's doc), as target labels
         rules = yaml.safe_load(RULES.read_text())
         rule = next(r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "TriscopeTcpRetransmitStorm")
         rule["for"] = "2s"
@@ -119,7 +137,7 @@ def test_retransmit_storm_alert_drives_dry_run_and_live_restart(tmp_path: Path) 
             "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
             "scrape_configs": [{"job_name": "triscope-agent", "static_configs": [{
                 "targets": [f"127.0.0.1:{agent_port}"],
-                "labels": {"node": "e2e-node", "namespace": "inference", "deployment": "web"}}]}],
+                "labels": {"node": "e2e-node", "namespace": "inference", "pod": web_pod}}]}],
         }
         (tmp_path / "prom.yml").write_text(yaml.safe_dump(prom_cfg))
         res = subprocess.run(["promtool", "check", "config", str(tmp_path / "prom.yml")], capture_output=True, text=True)
@@ -150,17 +168,23 @@ def test_retransmit_storm_alert_drives_dry_run_and_live_restart(tmp_path: Path) 
         live = live_rows[0]
         assert (live.rule, live.action, live.outcome) == ("restart-on-retransmit-storm", "rolling_restart", "acted"), live
         assert live.target == "deployment inference/web" and live.trigger_kind == "alert"
+        assert live.params["workload"] == {"namespace": "inference", "workload": "Deployment/web", "kind": "Deployment",
+                                           "name": "web", "pod": web_pod, "via": "ownerReferences"}
         assert "TriscopeTcpRetransmitStorm firing" in live.trigger
         assert live.response["rollout"]["complete"] is True
         patches = kube.calls("PATCH", "/apis/apps/v1/namespaces/inference/deployments/web")
         assert len(patches) == 1 and patches[0].content_type == "application/strategic-merge-patch+json"
         assert "kubectl.kubernetes.io/restartedAt" in patches[0].body["spec"]["template"]["metadata"]["annotations"]
-        kev = _wait(lambda: kube.list("events", "inference"), 10, "the Kubernetes Event")
-        assert kev[0]["reason"] == "RemediationActed" and kev[0]["involvedObject"]["name"] == "web"
+        kev = _wait(lambda: [e for e in kube.list("events", "inference") if e["reason"] == "RemediationActed"], 10,
+                    "the Kubernetes Event")
+        assert kev[0]["involvedObject"]["name"] == "web"
+        # the pod was read through the API (its ReplicaSet too), by each engine, and only the live one wrote
+        assert len(kube.calls("GET", f"/api/v1/namespaces/inference/pods/{web_pod}")) == 2
+        assert len(kube.calls("GET", "/apis/apps/v1/namespaces/inference/replicasets/web-")) == 2
 
         dry = dry_rows[0]
         assert (dry.rule, dry.outcome, dry.dry_run) == ("restart-on-retransmit-storm", "dry_run", True)
-        assert dry.target == "deployment inference/web"
+        assert dry.target == "deployment inference/web" and dry.params["workload"]["pod"] == web_pod
         tl = _wait(lambda: dry_store.events(node="e2e-node", kinds=["remediation"]), 10, "the timeline event")
         assert tl[0].details["outcome"] == "dry_run"
         dry_store.close()

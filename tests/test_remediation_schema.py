@@ -1,5 +1,6 @@
-"""The remediation tables: migrations 0002 and 0005 match the models (alembic check) on SQLite and
-PostgreSQL, and the store functions behave the same on both (durable dedupe, inbox, breaker, cooldowns)."""
+"""The remediation tables: migrations 0002, 0005 and 0006 match the models (alembic check) on SQLite and
+PostgreSQL, and the store functions behave the same on both (durable dedupe, inbox, breaker, cooldowns,
+the workloads table)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from kube_server import open_store
 from sqlalchemy import inspect
 
 from triscope.store import audit
+from triscope.store import workloads as wstore
 from triscope.store.db import alembic_config
 
 TABLES = {"remediation_audit", "remediation_cooldowns", "remediation_deliveries", "remediation_breaker",
-          "remediation_fallbacks", "remediation_inbox"}
+          "remediation_fallbacks", "remediation_inbox", "workloads"}
 
 
 def test_migration_matches_models_and_store_functions(db_url: str) -> None:
@@ -49,5 +51,17 @@ def test_migration_matches_models_and_store_functions(db_url: str) -> None:
         assert [e.key for e in audit.inbox(st, before=2.0)] == ["alert:r:fp2:t:firing"]
         audit.prune(st, deliveries_before=2.0)
         assert [e.key for e in audit.inbox(st)] == ["alert:r:fp3:t:firing"]
+        # workloads: one row per (namespace, pod), refreshed in place, looked up in bulk, pruned by age
+        assert wstore.upsert_workloads(st, [wstore.WorkloadRow("inference", "web-7c9-abcde", "Deployment", "web", 1.0),
+                                            wstore.WorkloadRow("inference", "db-0", "StatefulSet", "db", 1.0)]) == 2
+        wstore.record_workload(st, namespace="inference", pod="web-7c9-abcde", kind="Deployment", name="web2",
+                               resolved_at=5.0)
+        got = wstore.get_workload(st, "inference", "web-7c9-abcde")
+        assert got is not None and (got.workload, got.resolved_at) == ("Deployment/web2", 5.0)
+        assert wstore.owners(st, [("inference", "db-0"), ("inference", "nope"), ("other", "db-0")]) == {
+            ("inference", "db-0"): "StatefulSet/db"}
+        assert [w.pod for w in wstore.workloads(st, kind="StatefulSet")] == ["db-0"]
+        assert wstore.prune_workloads(st, 2.0) == 1
+        assert [w.pod for w in wstore.resolved_workloads(st)] == ["web-7c9-abcde"]
     finally:
         st.close()

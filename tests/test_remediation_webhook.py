@@ -177,14 +177,24 @@ def test_start_embedded_dry_run_with_example_policy(tmp_path: Path) -> None:
         assert {j.id for j in h.scheduler.get_jobs()} == {"evaluate-triggers", "fallback-reverts", "prune-deliveries",
                                                           "resume-inbox"}
         assert all(j.max_instances == 1 and j.coalesce for j in h.scheduler.get_jobs())
+        # the example restarts the workload the alert names (namespace + workload, or a pod resolved
+        # through the API: there is none here, so a pod alone cannot be resolved and is suppressed)
         body = json.dumps(alert_payload([{"labels": {"alertname": "TriscopeTcpRetransmitStorm", "severity": "warning",
-                                                     "namespace": "inference", "deployment": "web",
+                                                     "namespace": "inference", "workload": "Deployment/web",
                                                      "node": "n1"}}])).encode()
         assert post("127.0.0.1", port, body, token=None)[0] == 202
         assert h.engine.drain()
         row = audit.audit_log(h.engine.store)[0]
-        assert (row.rule, row.outcome) == ("restart-on-retransmit-storm", "dry_run")
+        assert (row.rule, row.outcome, row.target) == ("restart-on-retransmit-storm", "dry_run", "deployment inference/web")
         assert "live state not checked" in row.reason
+        body = json.dumps(alert_payload([{"labels": {"alertname": "TriscopeTcpRetransmitStorm", "severity": "warning",
+                                                     "namespace": "inference", "pod": "web-6d4f9-x2x7q",
+                                                     "node": "n1"}}])).encode()
+        assert post("127.0.0.1", port, body, token=None)[0] == 202
+        assert h.engine.drain()
+        row = audit.audit_log(h.engine.store)[0]
+        assert (row.outcome, row.rail) == ("suppressed", "target")
+        assert "no Kubernetes API configured" in row.reason and "web-6d4f9-x2x7q" in row.reason
     finally:
         h.stop()
 
