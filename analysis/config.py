@@ -44,15 +44,20 @@ class MismatchThresholds:
     window_s: float = 10.0
     """Sliding window the state is computed over (seconds)."""
     compute_busy: float = 0.70
-    """Accelerator busy (GPM SM activity / AICore) at or above this: ``compute-bound``."""
+    """Accelerator busy (GPM SM activity / AICore) at or above this: ``compute-bound`` (``balanced``
+    when the link is also at ``io_saturated_link``)."""
     starved_busy: float = 0.30
-    """Accelerator busy below this counts as starved (the I/O states need a starved accelerator)."""
+    """Accelerator busy below this counts as starved (the I/O states need a starved accelerator
+    and evidence; without evidence it is ``demand-limited`` or ``idle``)."""
     idle_busy: float = 0.05
-    """Accelerator busy below this, with a quiet link and no host/network trouble: ``idle``."""
+    """Accelerator busy below this, with a quiet link and no I/O evidence: ``idle``."""
     idle_link: float = 0.03
-    """Link utilisation below this counts as a quiet link."""
+    """Link utilisation below this counts as a quiet link; at or above it the link is moving data
+    (what the staging evidence needs: a host that is busy while the link is quiet is not feeding
+    the accelerator)."""
     io_saturated_link: float = 0.75
-    """Link utilisation at or above this (of the effective ceiling): ``io-saturated``."""
+    """Link utilisation at or above this (of the effective ceiling) is a link near its ceiling:
+    ``io-saturated`` with a starved accelerator, ``balanced`` with a busy one."""
     link_efficiency: float = 0.85
     """Share of the negotiated gen x width capacity a real link can carry (TLP/DLLP overhead).  The
     effective ceiling is max(negotiated x efficiency, highest rate observed on the link)."""
@@ -61,17 +66,46 @@ class MismatchThresholds:
     rate, floored at ``min_ceiling_bytes_per_second``)."""
     min_ceiling_bytes_per_second: float = 1e9
     """Never treat a link as saturated below this rate (1 GB/s) when the ceiling is only observed."""
+    staging_link_floor: float = 0.06
+    """Recordings without per-workload evidence: a starved accelerator whose link carries at least
+    this share of its ceiling counts as staging evidence (a pageable copy, staged through the
+    driver's pinned buffers, moves data at a fraction of the link while the SM idles).  The
+    slowest pageable copy measured on the H200 host ran at 8.6-9.9 % of the link (4.8-5.5 GB/s,
+    the recorded trace; 23 GB/s when the copy loop does nothing else), a lightly loaded serving
+    GPU (2.5 GB/s on Gen5 x16) at 4.2-4.7 %: 0.06 (3.2 GB/s on Gen5 x16) lies between them.  With
+    per-workload series this floor is not used: the feeders and the CPU wait say whether the host
+    is the limit."""
     cpu_busy: float = 0.50
-    """Host CPU busy (all CPUs) at or above this is host staging evidence."""
+    """Host CPU busy (all CPUs) at or above this is host staging evidence (recordings without
+    per-workload evidence; with the link moving data).  Node-wide, so weak on a many-core host:
+    one copying thread is 1/16 of the H200 host."""
     cpu_pressure: float = 0.10
-    """PSI ``cpu some`` / ``memory some`` avg10 at or above this is host staging evidence."""
+    """PSI ``cpu some`` / ``memory some`` avg10 at or above this is host staging evidence
+    (recordings without per-workload evidence; with the link moving data)."""
+    feeder_busy: float = 0.90
+    """A workload's busiest thread (``triscope_workload_feeder_busy_ratio``, share of one core over
+    the tick) at or above this is pegged: a single-threaded feeder (copy, decode, tokenise, launch)
+    cannot go faster, so a starved accelerator waits on it.  A thread that feeds on demand sits
+    far below (0.05-0.3); a pegged one reads 0.95-1.0, and 0.9 leaves room for the tick's scheduling
+    noise.  (A thread spin-waiting on the GPU also reads ~1: this counts only with a starved
+    accelerator and a link that moves data.)"""
+    cpu_wait: float = 0.20
+    """A workload's run-queue wait over (run + wait) of its threads
+    (``triscope_workload_cpu_wait_ratio``) at or above this: its threads are runnable but get no
+    CPU a fifth of the time, so the host, not the workload's demand, sets its pace.  An
+    uncontended host keeps this near 0 (a runnable thread waits microseconds)."""
+    workload_cpu_pressure: float = 0.10
+    """A workload's cgroup ``cpu.pressure`` ``some avg10`` (``triscope_workload_cpu_pressure_ratio``)
+    at or above this: its tasks stalled waiting for a CPU (or on their CPU limit's throttling) 10 %
+    of the last 10 s; the same bar as the node's ``cpu_pressure``."""
     pin_churn_rate: float = 10.0
-    """DMA map operations per second (on the accelerators' own PCI devices when known) at or above
-    this: the pin-churn flag.  Maps happen when host memory is pinned, not per copy, so a healthy
+    """DMA map operations per second at or above this: pin churn (the node's flag: the accelerators'
+    own PCI devices when known; an accelerator's staging evidence: its own device when known).  Maps happen when host memory is pinned, not per copy, so a healthy
     steady state (cached pinned buffers) maps ~0/s; the H200 trace's pin-churn phase (a fresh
     64 MiB buffer registered per request) maps ~55/s, pinning page by page ~1,100/s."""
     retransmit_rate: float = 5.0
-    """TCP retransmits per second at or above this: network trouble."""
+    """TCP retransmits per second at or above this: network trouble (``network-bound`` for a starved
+    accelerator, unless the host evidence is stronger)."""
     state_dwell_s: float = 2.0
     """Per-tick tracker: a new state is reported once the window has shown it this long in a row
     (0: at once).  Transition ticks (a GPM sample half idle, half copying) do not make states."""

@@ -1,17 +1,20 @@
 """The mismatch detector's features, built by one function from one input shape.
 
 ``window_features(WindowValues)`` turns one window of per-metric values (each accelerator's busy
-and busier-direction PCIe rate per tick, host CPU busy, PSI, DMA-map and retransmit rates per
-series) into the ``WindowFeatures`` the classifier decides on: means (the score; host, DMA and
-network evidence), upper medians (the state: always one of the window's own ticks), coverage
-(share of the window's ticks with accelerator data), the link ceiling.  Both the per-tick tracker
+and busier-direction PCIe rate per tick, its workloads' series, host CPU busy, PSI, DMA-map and
+retransmit rates per series) into the ``WindowFeatures`` the classifier decides on: means (the
+score; host, workload, DMA and network evidence), upper medians (the state: always one of the
+window's own ticks), coverage (share of the window's ticks with accelerator data), the link
+ceiling, each accelerator's dominant workload.  Both the per-tick tracker
 (``triscope.analysis.online.MismatchTracker``, over its sliding window of ticks) and the
 stored-window classifier (``triscope.analysis.mismatch.window_states``, over windows cut from
 stored series) build their features here, so they cannot drift apart.
 
 Also here, shared by both: which series are detector inputs (metric names), the link ceiling
 (``effective_ceiling``), the negotiated capacity from link facts (``negotiated_capacity``), and
-which DMA-map series belong to the accelerators (``own_dma_series``).
+which DMA-map series belong to the accelerators (``own_dma_series``, ``dma_series_by_accelerator``),
+and which accelerator and workload a per-workload series is about (``accelerator_key``,
+``workload_key``; docs/workloads.md).
 """
 
 from __future__ import annotations
@@ -35,8 +38,23 @@ CPU_BUSY = "triscope_cpu_busy_ratio"
 PRESSURE = "triscope_pressure_ratio"
 DMA_MAPS = "triscope_dma_map_total"
 RETRANSMITS = "triscope_tcp_retransmits_total"
+# per-workload series (docs/workloads.md section 1): accelerator labels + workload labels
+WORKLOAD_INFO = "triscope_accelerator_workload_info"
+WORKLOAD_PROCESSES = "triscope_workload_processes"
+WORKLOAD_SM = "triscope_workload_sm_ratio"
+WORKLOAD_FEEDER = "triscope_workload_feeder_busy_ratio"
+WORKLOAD_CPU_WAIT = "triscope_workload_cpu_wait_ratio"
+WORKLOAD_CPU_PRESSURE = "triscope_workload_cpu_pressure_ratio"
+WORKLOAD_METRICS = (WORKLOAD_INFO, WORKLOAD_PROCESSES, WORKLOAD_SM, WORKLOAD_FEEDER, WORKLOAD_CPU_WAIT,
+                    WORKLOAD_CPU_PRESSURE)
 INPUT_METRICS = (GPU_BUSY, NPU_BUSY, PCIE_RX, PCIE_TX, CPU_BUSY, PRESSURE, DMA_MAPS, RETRANSMITS,
-                 *LINK_CAPACITY, *LINK_SPEED, *LINK_WIDTH)
+                 *LINK_CAPACITY, *LINK_SPEED, *LINK_WIDTH, *WORKLOAD_METRICS)
+ACCELERATOR_LABELS = ("chip", "gpu", "npu")              # sorted: label_name order
+WORKLOAD_LABELS = ("namespace", "pod", "container", "workload")
+WorkloadKey = tuple[str, str, str, str]
+"""(namespace, pod, container, workload): empty strings when unknown."""
+NO_WORKLOAD: WorkloadKey = ("", "", "", "")
+OTHER_WORKLOAD = "other"     # the agent's sum of the workloads past max_workloads_per_accelerator
 # link fact metrics by kind, each tuple in order of preference
 LINK_FACT_METRICS: tuple[tuple[str, tuple[str, ...]], ...] = (("speed", LINK_SPEED), ("width", LINK_WIDTH),
                                                               ("cap", LINK_CAPACITY))
@@ -57,6 +75,22 @@ class AcceleratorFeatures:
     # means above give the score (share of time lost).  None: use the means.
     busy_typical: float | None = None
     link_typical_bytes_per_second: float | None = None
+    # DMA maps/s on the accelerator's own PCI device(s); None: not told apart, the node's rate counts
+    dma_map_rate: float | None = None
+    # per-workload evidence, the highest window mean over the accelerator's workloads (None: no such
+    # series: a recording or agent without per-workload evidence) and whose it is
+    feeder_busy: float | None = None
+    cpu_wait: float | None = None
+    cpu_pressure: float | None = None
+    feeder_of: WorkloadKey | None = None
+    cpu_wait_of: WorkloadKey | None = None
+    cpu_pressure_of: WorkloadKey | None = None
+    workload: WorkloadKey = NO_WORKLOAD     # the dominant workload (docs/workloads.md section 2)
+    workloads: int = 0                      # workloads seen on the accelerator in the window
+
+    @property
+    def has_workload_evidence(self) -> bool:
+        return self.feeder_busy is not None or self.cpu_wait is not None or self.cpu_pressure is not None
 
     @property
     def link_util(self) -> float | None:
@@ -86,6 +120,19 @@ class WindowFeatures:
 
 # ---------------------------------------------------------------------------------------------- input shape
 @dataclass(slots=True)
+class WorkloadWindow:
+    """One workload's series on one accelerator over one window, one value per tick."""
+
+    key: WorkloadKey
+    last_ts: float                          # its newest point in the window (any of its series)
+    sm: Sequence[float] = ()                # triscope_workload_sm_ratio
+    processes: Sequence[float] = ()         # triscope_workload_processes
+    feeder: Sequence[float] = ()            # triscope_workload_feeder_busy_ratio
+    cpu_wait: Sequence[float] = ()          # triscope_workload_cpu_wait_ratio
+    cpu_pressure: Sequence[float] = ()      # triscope_workload_cpu_pressure_ratio
+
+
+@dataclass(slots=True)
 class AcceleratorWindow:
     """One accelerator's values over one window, one per tick (finite, in time order)."""
 
@@ -94,6 +141,9 @@ class AcceleratorWindow:
     link: Sequence[float] | None = None     # busier PCIe direction, bytes/s; None: no PCIe series
     ceiling: float | None = None            # effective one-way ceiling (``effective_ceiling``)
     expected: float = 1.0                   # ticks a full window holds: coverage = len(busy) / expected
+    # DMA-map rates of its own PCI device(s), one list per series; None: not told apart (the node's)
+    dma_map_rates: Sequence[Sequence[float]] | None = None
+    workloads: Sequence[WorkloadWindow] = ()
 
 
 @dataclass(slots=True)
@@ -141,21 +191,59 @@ def _highest_mean(per_series: Iterable[Sequence[float]]) -> float | None:
     return out
 
 
+def _highest_of(workloads: Sequence[WorkloadWindow], attr: str) -> tuple[float | None, WorkloadKey | None]:
+    """The highest window mean of one per-workload series over the accelerator's workloads."""
+    best: float | None = None
+    who: WorkloadKey | None = None
+    for w in workloads:
+        m = mean(getattr(w, attr))
+        if m is not None and (best is None or m > best):
+            best, who = m, w.key
+    return best, who
+
+
+def dominant_workload(workloads: Sequence[WorkloadWindow]) -> WorkloadKey:
+    """The workload an accelerator's verdict is labelled with: of those on it at the newest tick
+    that has any (a workload gone since is left out), the largest mean SM share, else the most
+    processes; a named workload before the agent's ``other`` sum; ``NO_WORKLOAD`` when none."""
+    if not workloads:
+        return NO_WORKLOAD
+    end = max(w.last_ts for w in workloads)
+    best: tuple[bool, float, float, WorkloadKey] | None = None
+    for w in workloads:
+        if w.last_ts < end:
+            continue
+        sm, procs = mean(w.sm), mean(w.processes)
+        rank = (w.key[3] != OTHER_WORKLOAD, -1.0 if sm is None else sm, 0.0 if procs is None else procs, w.key)
+        if best is None or rank > best:
+            best = rank
+    return NO_WORKLOAD if best is None else best[3]
+
+
 def window_features(values: WindowValues) -> WindowFeatures:
     """The features of one window.  Accelerators without busy values in the window are left out
     (no verdict from them); the classifier drops those below ``min_coverage``."""
+    node_dma = _summed_means(values.dma_map_rates)
     accs: list[AcceleratorFeatures] = []
     for a in values.accelerators:
         if not a.busy:
             continue
         link = a.link or None
-        accs.append(AcceleratorFeatures(
+        f = AcceleratorFeatures(
             a.name, mean(a.busy), mean(link) if link else None, a.ceiling or None,
             min(1.0, len(a.busy) / max(a.expected, 1.0)), upper_median(a.busy),
-            upper_median(link) if link else None))
+            upper_median(link) if link else None,
+            dma_map_rate=node_dma if a.dma_map_rates is None else (_summed_means(a.dma_map_rates) or 0.0))
+        if a.workloads:
+            ws = a.workloads
+            f.feeder_busy, f.feeder_of = _highest_of(ws, "feeder")
+            f.cpu_wait, f.cpu_wait_of = _highest_of(ws, "cpu_wait")
+            f.cpu_pressure, f.cpu_pressure_of = _highest_of(ws, "cpu_pressure")
+            f.workload = dominant_workload(ws)
+            f.workloads = len(ws)
+        accs.append(f)
     return WindowFeatures(accs, cpu_busy=mean(values.cpu_busy), pressure=_highest_mean(values.pressure),
-                          dma_map_rate=_summed_means(values.dma_map_rates),
-                          retransmit_rate=_summed_means(values.retransmit_rates))
+                          dma_map_rate=node_dma, retransmit_rate=_summed_means(values.retransmit_rates))
 
 
 # ---------------------------------------------------------------------------------------------- links
@@ -228,6 +316,57 @@ def own_dma_series(devices: Sequence[str | None], bus_ids: Iterable[str]) -> lis
     bus = set(bus_ids)
     mine = [i for i, d in enumerate(devices) if d in bus]
     return mine if mine else list(range(len(devices)))
+
+
+def dma_series_by_accelerator(devices: Sequence[str | None], buses_of_gpu: Mapping[str, Sequence[str]]
+                              ) -> dict[str, list[int]] | None:
+    """Accelerator name (``gpu=N``) -> indices of the DMA-map series on its own PCI device(s), when
+    the series can be told apart by device (at least one is on an accelerator's address); None
+    otherwise (then each accelerator counts the node's rate, ``own_dma_series``).  An accelerator
+    without a known address is left out (it counts the node's rate)."""
+    out: dict[str, list[int]] = {}
+    for gpu, buses in buses_of_gpu.items():
+        mine = set(buses)
+        out[f"gpu={gpu}"] = [i for i, d in enumerate(devices) if d in mine]
+    return out if any(out.values()) else None
+
+
+def accelerator_key(labels: Mapping[str, str]) -> str | None:
+    """The accelerator a per-workload series is about, named as its busy series is (``gpu=0``,
+    ``chip=0,npu=1``); None when the series carries no accelerator label."""
+    parts = [f"{k}={labels[k]}" for k in ACCELERATOR_LABELS if k in labels]
+    return ",".join(parts) if parts else None
+
+
+def accelerator_labels(name: str) -> dict[str, str]:
+    """``gpu=0`` -> {"gpu": "0"}; ``chip=0,npu=1`` -> {"chip": "0", "npu": "1"}."""
+    out: dict[str, str] = {}
+    for part in name.split(","):
+        k, _, v = part.partition("=")
+        if k:
+            out[k] = v
+    return out
+
+
+def workload_key(labels: Mapping[str, str]) -> WorkloadKey:
+    """(namespace, pod, container, workload) of a per-workload series; empty strings when unknown."""
+    g = labels.get
+    return (g("namespace", ""), g("pod", ""), g("container", ""), g("workload", ""))
+
+
+def workload_labels(key: WorkloadKey) -> dict[str, str]:
+    return dict(zip(WORKLOAD_LABELS, key, strict=True))
+
+
+def workload_text(key: WorkloadKey | None) -> str:
+    """A workload as people read it: ``ns/pod/container (Deployment/x)``, ``cmd:python``."""
+    if not key or key == NO_WORKLOAD:
+        return "no workload"
+    ns, pod, ctr, wl = key
+    where = "/".join(p for p in (ns, pod, ctr) if p)
+    if where and wl:
+        return f"{where} ({wl})"
+    return where or wl
 
 
 def is_pressure_input(labels: Mapping[str, str]) -> bool:

@@ -23,15 +23,23 @@ Inputs (metric names from ``triscope.metrics``):
 * pin churn: ``triscope_dma_map_total`` (the accelerators' own PCI devices when known) as maps/s;
 * network: ``triscope_tcp_retransmits_total`` as retransmits/s.
 
-States: ``idle``, ``compute-bound``, ``balanced``, ``io-saturated``, ``staging-bound``,
-``network-bound``; the score is the share of accelerator time lost to I/O (0..1).
+* per workload (docs/workloads.md): ``triscope_accelerator_workload_info``,
+  ``triscope_workload_processes``, ``triscope_workload_sm_ratio`` (which workload a verdict is
+  labelled with), ``triscope_workload_feeder_busy_ratio``, ``triscope_workload_cpu_wait_ratio``,
+  ``triscope_workload_cpu_pressure_ratio`` (whether the host limits the accelerator).
+
+States (``STATES``): ``idle``, ``demand-limited``, ``compute-bound``, ``balanced``, ``io-saturated``,
+``staging-bound``, ``network-bound``, decided per accelerator (``triscope.analysis.verdict``); the
+score is the share of accelerator time lost to I/O (0..1).  ``node_states`` gives the node's
+roll-up per window (its worst accelerator), ``accelerator_states`` every accelerator's state with
+its dominant workload.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from triscope.analysis.config import MismatchThresholds, default_thresholds
@@ -49,36 +57,49 @@ from triscope.analysis.features import (  # noqa: F401 - the detector's names, r
     PCIE_TX,
     PRESSURE,
     RETRANSMITS,
+    WORKLOAD_CPU_PRESSURE,
+    WORKLOAD_CPU_WAIT,
+    WORKLOAD_FEEDER,
+    WORKLOAD_INFO,
+    WORKLOAD_METRICS,
+    WORKLOAD_PROCESSES,
+    WORKLOAD_SM,
     AcceleratorFeatures,
     AcceleratorWindow,
     WindowFeatures,
     WindowValues,
+    WorkloadKey,
+    WorkloadWindow,
+    accelerator_key,
+    accelerator_labels,
     buses_of_gpus,
+    dma_series_by_accelerator,
     effective_ceiling,
     is_pressure_input,
     link_ids,
     negotiated_capacity,
     own_dma_series,
     window_features,
+    workload_key,
 )
 from triscope.analysis.mismatch_inputs import MismatchInputs, fetch_mismatch_inputs
 from triscope.analysis.reader import SeriesPoints, StoreReader, label_name
+from triscope.analysis.verdict import (  # noqa: F401 - re-exported
+    IO_STATES,
+    STATES,
+    AcceleratorVerdict,
+    Verdict,
+    accelerator_evidence,
+    classify_accelerator,
+    classify_window,
+)
 from triscope.pcie import link_capacity_bytes_per_second  # noqa: F401 - re-exported
-
-STATES: tuple[str, ...] = ("idle", "compute-bound", "balanced", "io-saturated", "staging-bound", "network-bound")
-IO_STATES = frozenset({"io-saturated", "staging-bound", "network-bound"})
-
-
-@dataclass(slots=True)
-class Verdict:
-    state: str
-    score: float
-    pin_churn: bool
-    evidence: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
 class WindowState:
+    """The node's roll-up over one stored window (``node_states``)."""
+
     start: float
     end: float
     state: str
@@ -90,108 +111,42 @@ class WindowState:
         return bool(self.evidence.get("pin_churn"))
 
 
-def _r(x: float | None, nd: int = 4) -> float | None:
-    return None if x is None else round(float(x), nd)
+@dataclass(slots=True)
+class AcceleratorState:
+    """One accelerator over one stored window (``accelerator_states``): its state, score, dominant
+    workload (``namespace``, ``pod``, ``container``, ``workload``; empty strings when none) and
+    evidence."""
+
+    start: float
+    end: float
+    accelerator: str                 # "gpu=0", "chip=0,npu=1"
+    state: str
+    score: float
+    workload: dict[str, str]
+    evidence: dict[str, Any]
+    pin_churn: bool = False
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """Its accelerator labels: ``{"gpu": "0"}``, ``{"npu": "1", "chip": "0"}``."""
+        return accelerator_labels(self.accelerator)
 
 
-def classify_accelerator(acc: AcceleratorFeatures, f: WindowFeatures,
-                         th: MismatchThresholds) -> tuple[str, float, list[str]]:
-    """State, score and the reasons for one accelerator.  ``acc.busy`` must not be None.
+@dataclass(slots=True)
+class WindowVerdict:
+    """One stored window: the node's roll-up and every accelerator's verdict."""
 
-    The state is decided on the window's typical tick (medians), the score on its means."""
-    b = max(0.0, min(1.0, acc.busy_typical if acc.busy_typical is not None else (acc.busy or 0.0)))
-    u = acc.link_util_typical
-    u0 = 0.0 if u is None else u
-    bm = max(0.0, min(1.0, acc.busy or 0.0))  # means: the score
-    um = acc.link_util or 0.0
-    cpu = f.cpu_busy or 0.0
-    psi = f.pressure or 0.0
-    dma = f.dma_map_rate or 0.0
-    rtx = f.retransmit_rate or 0.0
-    pin_churn = dma >= th.pin_churn_rate
-    net_strength = rtx / th.retransmit_rate if th.retransmit_rate > 0 else 0.0
-    host_strength = max(cpu / th.cpu_busy if th.cpu_busy > 0 else 0.0,
-                        psi / th.cpu_pressure if th.cpu_pressure > 0 else 0.0,
-                        dma / th.pin_churn_rate if th.pin_churn_rate > 0 else 0.0)
-    reasons: list[str] = []
-    link_share = min(1.0, um / th.io_saturated_link) if th.io_saturated_link > 0 else 0.0
-    if b >= th.compute_busy:
-        reasons.append(f"accelerator busy {b:.0%} >= {th.compute_busy:.0%}")
-        return "compute-bound", (1 - bm) * link_share, reasons
-    if b < th.starved_busy:
-        starved = f"accelerator starved: busy {b:.0%} < {th.starved_busy:.0%}"
-        if u is not None and u0 >= th.io_saturated_link:
-            reasons += [starved, f"link at {u0:.0%} of its ceiling >= {th.io_saturated_link:.0%}"]
-            return "io-saturated", 1 - bm, reasons
-        link_active = u is not None and u0 >= th.idle_link
-        if net_strength >= 1 and net_strength >= host_strength:
-            reasons += [starved, f"{rtx:.1f} TCP retransmits/s >= {th.retransmit_rate:g}"]
-            return "network-bound", 1 - bm, reasons
-        # host copying / mapping hard while the link runs well below its ceiling: the pageable case
-        host_copying = link_active or pin_churn or psi >= th.cpu_pressure
-        if host_copying:
-            reasons.append(starved)
-            if link_active:
-                reasons.append(f"link only at {u0:.0%} of its ceiling (< {th.io_saturated_link:.0%})")
-            if cpu >= th.cpu_busy:
-                reasons.append(f"host CPU busy {cpu:.0%}")
-            if psi >= th.cpu_pressure:
-                reasons.append(f"host pressure {psi:.0%}")
-            if pin_churn:
-                reasons.append(f"pin churn: {dma:.0f} DMA maps/s")
-            return "staging-bound", 1 - bm, reasons
-        if net_strength >= 1:
-            reasons += [starved, f"{rtx:.1f} TCP retransmits/s >= {th.retransmit_rate:g}"]
-            return "network-bound", 1 - bm, reasons
-        if b < th.idle_busy:
-            reasons.append(f"accelerator busy {b:.0%} and link {u0:.0%}: nothing to do")
-            return "idle", 0.0, reasons
-    reasons.append(f"accelerator busy {b:.0%}, link {u0:.0%} of its ceiling")
-    return "balanced", (1 - bm) * link_share, reasons
+    start: float
+    end: float
+    verdict: Verdict
 
+    def node(self) -> WindowState:
+        v = self.verdict
+        return WindowState(self.start, self.end, v.state, v.score, v.evidence)
 
-_TIE_ORDER = {s: i for i, s in enumerate(("io-saturated", "staging-bound", "network-bound", "balanced",
-                                          "compute-bound", "idle"))}
-
-
-def classify_window(features: WindowFeatures, thresholds: MismatchThresholds | None = None) -> Verdict | None:
-    """Classify one window of one node; ``None`` when no accelerator has enough data.
-
-    Each accelerator is classified on its own link; the node gets the state of the accelerator
-    that loses the most time to I/O (highest score; ties: I/O states first, then the busiest).
-    The evidence names that accelerator, carries every input and the per-accelerator results.
-    """
-    th = thresholds or MismatchThresholds()
-    per: list[tuple[float, int, str, AcceleratorFeatures, list[str]]] = []
-    for acc in features.accelerators:
-        if acc.busy is None or acc.coverage < th.min_coverage or math.isnan(acc.busy):
-            continue
-        state, score, reasons = classify_accelerator(acc, features, th)
-        per.append((max(0.0, min(1.0, score)), _TIE_ORDER[state], state, acc, reasons))
-    if not per:
-        return None
-    per.sort(key=lambda p: (-p[0], p[1]))
-    score, _, state, acc, reasons = per[0]
-    dma = features.dma_map_rate or 0.0
-    pin_churn = dma >= th.pin_churn_rate
-    evidence: dict[str, Any] = {
-        "accelerator": acc.name,
-        "busy": _r(acc.busy),
-        "busy_median": _r(acc.busy_typical),
-        "link_util": _r(acc.link_util),
-        "link_util_median": _r(acc.link_util_typical),
-        "link_bytes_per_second": _r(acc.link_bytes_per_second, 0),
-        "link_ceiling_bytes_per_second": _r(acc.link_ceiling, 0),
-        "cpu_busy": _r(features.cpu_busy),
-        "pressure": _r(features.pressure),
-        "dma_map_rate": _r(features.dma_map_rate, 2),
-        "retransmit_rate": _r(features.retransmit_rate, 2),
-        "pin_churn": pin_churn,
-        "reasons": reasons,
-    }
-    if len(per) > 1:
-        evidence["accelerators"] = {p[3].name: {"state": p[2], "score": round(p[0], 4)} for p in per}
-    return Verdict(state, round(score, 4), pin_churn, evidence)
+    def accelerators(self) -> list[AcceleratorState]:
+        return [AcceleratorState(self.start, self.end, a.accelerator, a.state, a.score, a.workload, a.evidence,
+                                 a.pin_churn) for a in self.verdict.accelerators]
 
 
 # ---------------------------------------------------------------------------------------------- stored windows
@@ -201,21 +156,59 @@ _NONE: tuple[float, ...] = ()
 def _cut(sp: SeriesPoints, start: float, w: float, n: int) -> list[Sequence[float]]:
     """The finite values of a series in each of ``n`` windows of ``w`` seconds from ``start``
     (window i holds start + i w <= t < start + (i + 1) w), in time order."""
+    return _cut_last(sp, start, w, n)[0]
+
+
+def _cut_last(sp: SeriesPoints, start: float, w: float, n: int
+              ) -> tuple[list[Sequence[float]], list[float | None]]:
+    """``_cut``, and the time of each window's newest finite point (None: none)."""
     import numpy as np
 
     if not len(sp.ts):
-        return [_NONE] * n
+        return [_NONE] * n, [None] * n
     t = np.asarray(sp.ts, dtype=float)
     v = np.asarray(sp.values, dtype=float)
     idx = np.floor((t - start) / w).astype(np.int64)
     ok = (idx >= 0) & (idx < n) & np.isfinite(v)
-    idx, v = idx[ok], v[ok]
+    idx, v, t = idx[ok], v[ok], t[ok]
     if not len(idx):
-        return [_NONE] * n
+        return [_NONE] * n, [None] * n
     order = np.argsort(idx, kind="stable")
-    idx, vals = idx[order], v[order].tolist()
+    idx, vals, tt = idx[order], v[order].tolist(), t[order].tolist()
     b = np.searchsorted(idx, np.arange(n + 1), side="left").tolist()
-    return [vals[b[i]:b[i + 1]] for i in range(n)]
+    return ([vals[b[i]:b[i + 1]] for i in range(n)],
+            [tt[b[i + 1] - 1] if b[i + 1] > b[i] else None for i in range(n)])
+
+
+_WORKLOAD_FIELD = {WORKLOAD_SM: "sm", WORKLOAD_PROCESSES: "processes", WORKLOAD_FEEDER: "feeder",
+                   WORKLOAD_CPU_WAIT: "cpu_wait", WORKLOAD_CPU_PRESSURE: "cpu_pressure"}
+
+
+def _workload_windows(series: Sequence[SeriesPoints], start: float, w: float, n: int
+                      ) -> dict[str, list[list[WorkloadWindow]]]:
+    """Accelerator -> for each window, its workloads' values (``WorkloadWindow``)."""
+    by: dict[str, dict[WorkloadKey, list[SeriesPoints]]] = {}
+    for sp in series:
+        acc = accelerator_key(sp.labels)
+        if acc is not None:
+            by.setdefault(acc, {}).setdefault(workload_key(sp.labels), []).append(sp)
+    out: dict[str, list[list[WorkloadWindow]]] = {}
+    for acc, wls in by.items():
+        per: list[list[WorkloadWindow]] = [[] for _ in range(n)]
+        for key, sps in sorted(wls.items()):
+            cuts = [(sp.metric, *_cut_last(sp, start, w, n)) for sp in sps]
+            for i in range(n):
+                last = [lt[i] for _m, _v, lt in cuts if lt[i] is not None]
+                if not last:
+                    continue
+                ww = WorkloadWindow(key, max(x for x in last if x is not None))
+                for metric, vals, _lt in cuts:
+                    fld = _WORKLOAD_FIELD.get(metric)
+                    if fld is not None and vals[i]:
+                        setattr(ww, fld, vals[i])
+                per[i].append(ww)
+        out[acc] = per
+    return out
 
 
 def busier_direction(rx: SeriesPoints | None, tx: SeriesPoints | None) -> SeriesPoints | None:
@@ -235,11 +228,11 @@ def busier_direction(rx: SeriesPoints | None, tx: SeriesPoints | None) -> Series
     return SeriesPoints("pcie_busier_direction", base.labels, tt, [pts[t] for t in tt], "gauge", base.node)
 
 
-def window_states(inputs: MismatchInputs, start: float | None = None, end: float | None = None,
-                  window: float | None = None, thresholds: MismatchThresholds | None = None) -> list[WindowState]:
+def window_verdicts(inputs: MismatchInputs, start: float | None = None, end: float | None = None,
+                    window: float | None = None, thresholds: MismatchThresholds | None = None) -> list[WindowVerdict]:
     """Cut [start, end) (default: the inputs' range) into windows of ``window`` seconds (default
-    ``thresholds.window_s``) and classify each one.  Windows without accelerator data are left
-    out.  Pure: no store, no clock.
+    ``thresholds.window_s``) and classify each one: the node's roll-up and every accelerator.
+    Windows without accelerator data are left out.  Pure: no store, no clock.
 
     Each window's values go through ``window_features``: the same features the per-tick tracker
     builds over its sliding window.  A window's coverage is its accelerator points against the
@@ -258,6 +251,9 @@ def window_states(inputs: MismatchInputs, start: float | None = None, end: float
     buses = buses_of_gpus(inputs.gpu_info)
     rx = {label_name(sp.labels): sp for sp in inputs.pcie_rx}
     tx = {label_name(sp.labels): sp for sp in inputs.pcie_tx}
+    devices = [sp.labels.get("device") for sp in inputs.dma_maps]
+    dma_cut = [_cut(sp, start, w, n) for sp in inputs.dma_maps]
+    workloads = _workload_windows(inputs.workloads, start, w, n)
     accs: list[tuple[str, list[Sequence[float]], list[Sequence[float]] | None, float | None, float]] = []
     for sp in inputs.busy:
         name = label_name(sp.labels)
@@ -277,26 +273,46 @@ def window_states(inputs: MismatchInputs, start: float | None = None, end: float
         accs.append((name, busy, link, ceiling, expected))
     cpu = [_cut(sp, start, w, n) for sp in inputs.cpu_busy]
     psi = [_cut(sp, start, w, n) for sp in inputs.pressure if is_pressure_input(sp.labels)]
-    own = own_dma_series([sp.labels.get("device") for sp in inputs.dma_maps], (b for bs in buses.values() for b in bs))
-    dma = [_cut(inputs.dma_maps[i], start, w, n) for i in own]
+    own = own_dma_series(devices, (b for bs in buses.values() for b in bs))
     rtx = [_cut(sp, start, w, n) for sp in inputs.retransmits]
 
-    out: list[WindowState] = []
+    out: list[WindowVerdict] = []
     for i in range(n):
         if not any(a[1][i] for a in accs):
             continue
+        # which DMA series are an accelerator's own, among those with points in this window (the
+        # tracker's view: a series it has no rate for in its window is not there)
+        present = [j for j in range(len(devices)) if dma_cut[j][i]]
+        dma_of = dma_series_by_accelerator([devices[j] for j in present], buses) if present else None
         values = WindowValues(
-            [AcceleratorWindow(name, busy[i], None if link is None else link[i], ceiling, expected)
+            [AcceleratorWindow(name, busy[i], None if link is None else link[i], ceiling, expected,
+                               None if dma_of is None or name not in dma_of else
+                               [dma_cut[present[k]][i] for k in dma_of[name]],
+                               workloads[name][i] if name in workloads else ())
              for name, busy, link, ceiling, expected in accs],
             cpu_busy=cpu[0][i] if len(cpu) == 1 else [v for c in cpu for v in c[i]],
-            pressure=[c[i] for c in psi], dma_map_rates=[c[i] for c in dma],
+            pressure=[c[i] for c in psi], dma_map_rates=[dma_cut[j][i] for j in own],
             retransmit_rates=[c[i] for c in rtx])
         v = classify_window(window_features(values), th)
         if v is None:
             continue
         ws = start + i * w
-        out.append(WindowState(ws, min(end, ws + w), v.state, v.score, v.evidence))
+        out.append(WindowVerdict(ws, min(end, ws + w), v))
     return out
+
+
+def window_states(inputs: MismatchInputs, start: float | None = None, end: float | None = None,
+                  window: float | None = None, thresholds: MismatchThresholds | None = None) -> list[WindowState]:
+    """The node's roll-up of each window (``window_verdicts``).  Pure."""
+    return [wv.node() for wv in window_verdicts(inputs, start, end, window, thresholds)]
+
+
+def accelerator_window_states(inputs: MismatchInputs, start: float | None = None, end: float | None = None,
+                              window: float | None = None, thresholds: MismatchThresholds | None = None
+                              ) -> list[AcceleratorState]:
+    """Every accelerator's state in each window (``window_verdicts``), by window start, then
+    accelerator.  Pure."""
+    return [a for wv in window_verdicts(inputs, start, end, window, thresholds) for a in wv.accelerators()]
 
 
 def sliding_window_states(inputs: MismatchInputs, window: float | None = None, step: float = 1.0,
@@ -330,6 +346,20 @@ def node_states(store: StoreReader, node: str, start: float, end: float, window:
         return []
     inputs = fetch_mismatch_inputs(store, node, start, end, w, ceiling_lookback_s, tier)
     return window_states(inputs, start, end, w, th)
+
+
+def accelerator_states(store: StoreReader, node: str, start: float, end: float, window: float | None = None,
+                       thresholds: MismatchThresholds | None = None, ceiling_lookback_s: float = 86400.0,
+                       tier: str | None = None) -> list[AcceleratorState]:
+    """One state per accelerator per window of ``window`` seconds over [start, end], with each
+    accelerator's dominant workload: the same fetch as ``node_states``
+    (``fetch_mismatch_inputs``), then ``accelerator_window_states``."""
+    th = thresholds or default_thresholds()
+    w = float(window or th.window_s)
+    if end <= start or w <= 0:
+        return []
+    inputs = fetch_mismatch_inputs(store, node, start, end, w, ceiling_lookback_s, tier)
+    return accelerator_window_states(inputs, start, end, w, th)
 
 
 def state_fractions(states: Sequence[WindowState]) -> dict[str, float]:

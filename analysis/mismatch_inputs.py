@@ -1,8 +1,8 @@
 """What the stored-window mismatch classifier reads, fetched first.
 
 ``fetch_mismatch_inputs(store, node, start, end)`` reads the detector's inputs for one node and
-range in a fixed number of store calls whatever the number of accelerators (one ``query`` per
-input metric, one per PCIe direction for the ceiling's look-back, one per link-fact metric, one
+range in a fixed number of store calls whatever the number of accelerators and workloads (one
+``query`` per input metric, the per-workload ones included, one per PCIe direction for the ceiling's look-back, one per link-fact metric, one
 ``series`` for ``triscope_gpu_info``) into a ``MismatchInputs``; ``mismatch_inputs_from_series``
 builds the same object from series already in memory (the root-cause query reads every series of
 the node once and runs the detector over them).  ``triscope.analysis.mismatch.window_states``
@@ -26,13 +26,14 @@ from triscope.analysis.features import (
     PCIE_TX,
     PRESSURE,
     RETRANSMITS,
+    WORKLOAD_METRICS,
     LinkFacts,
     is_current,
     link_id,
 )
 from triscope.analysis.reader import SeriesPoints, StoreReader, label_name, points_of
 
-MAIN_METRICS = (GPU_BUSY, NPU_BUSY, PCIE_RX, PCIE_TX, CPU_BUSY, PRESSURE, DMA_MAPS, RETRANSMITS)
+MAIN_METRICS = (GPU_BUSY, NPU_BUSY, PCIE_RX, PCIE_TX, CPU_BUSY, PRESSURE, DMA_MAPS, RETRANSMITS, *WORKLOAD_METRICS)
 LINK_FACT_LOOKBACK_S = 3600.0      # link facts: the newest value in the hour before the range and in it
 
 
@@ -55,6 +56,8 @@ class MismatchInputs:
     link_facts: LinkFacts = field(default_factory=dict)             # negotiated speed / width / capacity per link
     # accelerator -> highest PCIe rate (either direction) in the look-back before ``start``
     link_history_max: dict[str, float] = field(default_factory=dict)
+    # every per-workload series (docs/workloads.md: accelerator + workload labels), all metrics
+    workloads: list[SeriesPoints] = field(default_factory=list)
 
 
 def read_plan(span: float, window: float, tier: str | None) -> tuple[str | None, int | None]:
@@ -112,8 +115,9 @@ def fetch_mismatch_inputs(store: StoreReader, node: str, start: float, end: floa
     """Read the detector's inputs for ``node`` over [start, end] (windows of ``window`` seconds
     decide the tier, ``read_plan``).  The link ceiling's observed part looks back
     ``ceiling_lookback_s`` before ``start`` (downsampled, min/max preserving, so the peak stays).
-    Reads: one ``query`` per input metric, one ``series``, and when a link ceiling is needed one
-    ``query`` per link-fact metric and per PCIe direction, whatever the number of accelerators."""
+    Reads: one ``query`` per input metric (the six per-workload metrics included), one
+    ``series``, and when a link ceiling is needed one ``query`` per link-fact metric and per PCIe
+    direction, whatever the number of accelerators and workloads."""
     span = end - start
     tier, mp = read_plan(span, window, tier)
     # raw points in full start one window early: a counter's rate at the range's first tick needs
@@ -124,7 +128,8 @@ def fetch_mismatch_inputs(store: StoreReader, node: str, start: float, end: floa
         got[m] = [points_of(sd) for sd in store.query(m, node=node, start=lo, end=end, max_points=mp, tier=tier)]
     inputs = MismatchInputs(start, end, got[GPU_BUSY] + got[NPU_BUSY], got[PCIE_RX], got[PCIE_TX], got[CPU_BUSY],
                             got[PRESSURE], got[DMA_MAPS], got[RETRANSMITS],
-                            [dict(i.labels) for i in store.series(node=node, metric=GPU_INFO)])
+                            [dict(i.labels) for i in store.series(node=node, metric=GPU_INFO)],
+                            workloads=[sp for m in WORKLOAD_METRICS for sp in got[m]])
     if inputs.busy and (inputs.pcie_rx or inputs.pcie_tx):   # the link ceiling is needed
         facts: dict[str, list[SeriesPoints]] = {}
         for _kind, metrics in LINK_FACT_METRICS:
@@ -154,7 +159,8 @@ def mismatch_inputs_from_series(series: Iterable[SeriesPoints], start: float, en
 
     inputs = MismatchInputs(start, end, main(GPU_BUSY) + main(NPU_BUSY), main(PCIE_RX), main(PCIE_TX),
                             main(CPU_BUSY), main(PRESSURE), main(DMA_MAPS), main(RETRANSMITS),
-                            [dict(sp.labels) for sp in by_metric.get(GPU_INFO, ())])
+                            [dict(sp.labels) for sp in by_metric.get(GPU_INFO, ())],
+                            workloads=[sp for m in WORKLOAD_METRICS for sp in main(m)])
     inputs.link_facts = link_facts_from(by_metric, start - LINK_FACT_LOOKBACK_S, end)
     if ceiling_lookback_s > 0:
         inputs.link_history_max = _history_max(by_metric.get(PCIE_RX, []) + by_metric.get(PCIE_TX, []),

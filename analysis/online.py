@@ -4,22 +4,28 @@
 sliding window (``thresholds.window_s``) of the detector's inputs, one point per series and tick
 (counters as rates), builds the window's features with ``triscope.analysis.features.window_features``
 and classifies them with ``classify_window``: the same two functions the stored-window classifier
-(``triscope.analysis.mismatch.window_states``) runs over windows cut from stored series, so the
+(``triscope.analysis.mismatch.window_verdicts``) runs over windows cut from stored series, so the
 two agree (``tests/test_analysis_agreement.py`` runs both over the recorded H200 trace).  It returns
 
-* ``triscope_mismatch_score`` (gauge, 0..1),
-* ``triscope_mismatch_state{state=...}`` (1 for the current state, 0 for the other five),
-* ``triscope_mismatch_pin_churn`` (gauge, 1 while DMA map rate says host memory is being
-  pinned/unpinned at a churning rate),
-* an ``EventRecord(kind="mismatch_state")`` when the state or the pin-churn flag changes (details: from, to, score,
-  pin_churn, evidence).
+* per accelerator (docs/workloads.md section 2), labelled with the accelerator (``gpu``, or
+  ``npu`` and ``chip``) and its dominant workload (``namespace``, ``pod``, ``container``,
+  ``workload``; empty strings when no process):
+  ``triscope_mismatch_score`` (0..1) and ``triscope_mismatch_state{state=...}`` (1 for the
+  accelerator's current state, 0 for the other six);
+* the node's roll-up (its worst accelerator: I/O states first, by score), without accelerator
+  labels: ``triscope_mismatch_score``, ``triscope_mismatch_state{state=...}``,
+  ``triscope_mismatch_pin_churn`` (1 while DMA map rate says host memory is being
+  pinned/unpinned at a churning rate);
+* an ``EventRecord(kind="mismatch_state")`` when the node's state or the pin-churn flag changes
+  (details: from, to, score, pin_churn, evidence).
 
 The state is decided on the window's typical tick (medians of accelerator busy and link load)
-and reported once it has held for ``state_dwell_s`` (2 s): a tick that straddles a phase change
-makes no state of its own.  Counters are turned into rates from consecutive ticks (reset-aware).  Nothing is returned while
-no accelerator input has been seen (a host without GPU/NPU has no mismatch state).  Cost is a few
-dictionary look-ups per input sample plus means and medians over the window's points: well under
-1 ms per tick (see ``bench/bench_analysis.py``).
+and reported once it has held for ``state_dwell_s`` (2 s), for each accelerator and for the node:
+a tick that straddles a phase change makes no state of its own.  Counters are turned into rates
+from consecutive ticks (reset-aware).  Nothing is returned while no accelerator input has been
+seen (a host without GPU/NPU has no mismatch state).  Cost is a few dictionary look-ups per input
+sample plus means and medians over the window's points: well under 1 ms per tick with 8 GPUs and
+their workloads (see ``bench/bench_analysis.py``).
 """
 
 from __future__ import annotations
@@ -40,9 +46,19 @@ from triscope.analysis.features import (
     PCIE_TX,
     PRESSURE,
     RETRANSMITS,
+    WORKLOAD_CPU_PRESSURE,
+    WORKLOAD_CPU_WAIT,
+    WORKLOAD_FEEDER,
+    WORKLOAD_INFO,
+    WORKLOAD_PROCESSES,
+    WORKLOAD_SM,
     AcceleratorWindow,
     LinkFacts,
     WindowValues,
+    WorkloadKey,
+    WorkloadWindow,
+    accelerator_key,
+    dma_series_by_accelerator,
     effective_ceiling,
     is_current,
     is_pressure_input,
@@ -51,13 +67,18 @@ from triscope.analysis.features import (
     negotiated_capacity,
     own_dma_series,
     window_features,
+    workload_key,
 )
-from triscope.analysis.mismatch import STATES, Verdict, classify_window
 from triscope.analysis.reader import label_name
+from triscope.analysis.verdict import IO_STATES, STATES, Verdict, classify_window
 from triscope.samples import EventRecord, Sample
 
 _KIND = {GPU_INFO: "info", GPU_BUSY: "busy", NPU_BUSY: "busy", PCIE_RX: "rx", PCIE_TX: "tx", CPU_BUSY: "cpu", PRESSURE: "psi",
-         DMA_MAPS: "dma", RETRANSMITS: "rtx"}
+         DMA_MAPS: "dma", RETRANSMITS: "rtx", WORKLOAD_INFO: "wl", WORKLOAD_PROCESSES: "wl", WORKLOAD_SM: "wl",
+         WORKLOAD_FEEDER: "wl", WORKLOAD_CPU_WAIT: "wl", WORKLOAD_CPU_PRESSURE: "wl"}
+# per-workload metric -> its WorkloadWindow field (the info series only says the workload is there)
+_WL_FIELD = {WORKLOAD_INFO: None, WORKLOAD_PROCESSES: "processes", WORKLOAD_SM: "sm", WORKLOAD_FEEDER: "feeder",
+             WORKLOAD_CPU_WAIT: "cpu_wait", WORKLOAD_CPU_PRESSURE: "cpu_pressure"}
 _FACT: dict[str, tuple[str, int]] = {}   # link-fact metric -> (fact, preference: lower wins)
 for _fact, _metrics in LINK_FACT_METRICS:
     for _rank, _m in enumerate(_metrics):
@@ -84,6 +105,38 @@ class _Rolling:
 
     def values(self) -> list[float]:
         return list(self.vals)
+
+
+@dataclass(slots=True)
+class _Workload:
+    """One workload's series on one accelerator inside the sliding window."""
+
+    accelerator: str                # "gpu=0"
+    key: WorkloadKey
+    last: float = float("-inf")     # its newest tick
+    series: dict[str, _Rolling] = field(default_factory=dict)   # WorkloadWindow field -> points
+
+
+@dataclass(slots=True)
+class _Dwell:
+    """The reported state of one accelerator (or the node): a new state is taken once the window
+    has shown it for ``state_dwell_s`` seconds in a row (a tick straddling a phase change is not
+    a state)."""
+
+    state: str | None = None
+    candidate: tuple[str, float] | None = None
+
+    def update(self, now: float, new: str, dwell_s: float) -> str:
+        if self.state is None or new == self.state or dwell_s <= 0:
+            self.candidate = None
+            self.state = new
+            return new
+        if self.candidate is None or self.candidate[0] != new:
+            self.candidate = (new, now)
+        if now - self.candidate[1] >= dwell_s:
+            self.candidate = None
+            self.state = new
+        return self.state
 
 
 def _expire_all(series: dict[str, _Rolling], cutoff: float) -> None:
@@ -117,11 +170,19 @@ class MismatchTracker:
         self._dma: dict[str, _Rolling] = {}        # per DMA-map series, maps/s
         self._dma_device: dict[str, str | None] = {}
         self._rtx: dict[str, _Rolling] = {}        # per retransmit series, retransmits/s
+        # per-workload series by their labels (accelerator + workload label values)
+        self._wl: dict[tuple[str | None, ...], _Workload] = {}
         self._ticks = _Rolling()
         self.state: str | None = None
-        self._candidate: tuple[str, float] | None = None
+        self._node_dwell = _Dwell()
+        self._acc_dwell: dict[str, _Dwell] = {}
         self.pin_churn = False
         self.last: Verdict | None = None
+
+    @property
+    def accelerator_states(self) -> dict[str, str]:
+        """Each accelerator's reported state (after the dwell), by name (``gpu=0``)."""
+        return {k: d.state for k, d in self._acc_dwell.items() if d.state is not None}
 
     # -------------------------------------------------------------- helpers
     def _rate(self, name: str, lk: str, now: float, value: float) -> float | None:
@@ -172,6 +233,22 @@ class MismatchTracker:
                 rate = self._rate(s.name, name, now, v)
                 if rate is not None and rate > link_now.get(name, -1.0):
                     link_now[name] = rate
+            elif k == "wl":
+                g = s.labels.get
+                ident = (g("gpu"), g("npu"), g("chip"), g("namespace"), g("pod"), g("container"), g("workload"))
+                w = self._wl.get(ident)
+                if w is None:
+                    acc = accelerator_key(s.labels)
+                    if acc is None:
+                        continue
+                    w = self._wl[ident] = _Workload(acc, workload_key(s.labels))
+                w.last = now
+                fld = _WL_FIELD[s.name]
+                if fld is not None:
+                    r = w.series.get(fld)
+                    if r is None:
+                        r = w.series[fld] = _Rolling()
+                    r.add(now, v)
             elif k == "cpu":
                 self._cpu.add(now, v)
             elif k == "psi":
@@ -217,17 +294,39 @@ class MismatchTracker:
             return list(r.vals) if copy else r.vals
 
         ticks = float(max(1, len(self._ticks.ts)))
+        dma_keys = list(self._dma)
+        devices = [self._dma_device.get(k) for k in dma_keys]
+        dma_of = dma_series_by_accelerator(devices, self._buses) if dma_keys else None
+        by_acc: dict[str, list[_Workload]] = {}
+        for w in self._wl.values():
+            by_acc.setdefault(w.accelerator, []).append(w)
         accs = []
         for name, r in self._busy.items():
             lr = self._link.get(name)
             ceiling = None
             if lr is not None:
                 ceiling = effective_ceiling(self._capacity(name), self._link_max.get(name), self.th)
-            accs.append(AcceleratorWindow(name, vals(r), None if lr is None else vals(lr), ceiling, ticks))
-        dma_keys = list(self._dma)
-        own = own_dma_series([self._dma_device.get(k) for k in dma_keys], self._bus_ids)
+            mine = None if dma_of is None else dma_of.get(name)
+            wls = by_acc.get(name)
+            workloads = [] if not wls else [
+                WorkloadWindow(w.key, w.last, **{fld: vals(sr) for fld, sr in w.series.items()})
+                for w in sorted(wls, key=lambda x: x.key)]
+            accs.append(AcceleratorWindow(name, vals(r), None if lr is None else vals(lr), ceiling, ticks,
+                                          None if mine is None else [vals(self._dma[dma_keys[i]]) for i in mine],
+                                          workloads))
+        own = own_dma_series(devices, self._bus_ids)
         return WindowValues(accs, vals(self._cpu), [vals(r) for r in self._psi.values()],
                             [vals(self._dma[dma_keys[i]]) for i in own], [vals(r) for r in self._rtx.values()])
+
+    def _expire_workloads(self, cutoff: float) -> None:
+        gone = []
+        for ident, w in self._wl.items():
+            if w.last <= cutoff:
+                gone.append(ident)
+            else:
+                _expire_all(w.series, cutoff)
+        for ident in gone:
+            del self._wl[ident]
 
     def process(self, now: float, samples: Iterable[Sample | EventRecord]) -> list[Sample | EventRecord]:
         """Feed one tick; return the mismatch samples (and an event on a state change)."""
@@ -237,13 +336,31 @@ class MismatchTracker:
         self._ticks.expire(cutoff)
         for series in (self._busy, self._link, self._psi, self._dma, self._rtx):
             _expire_all(series, cutoff)
+        if self._wl:
+            self._expire_workloads(cutoff)
         if not self._busy:
             return []
         verdict = classify_window(window_features(self.window_values(copy=False)), self.th)
         if verdict is None:
             return []
-        state = self._debounce(now, verdict.state)
-        out: list[Sample | EventRecord] = [Sample("triscope_mismatch_score", verdict.score, {}, "gauge")]
+        dwell = self.th.state_dwell_s
+        out: list[Sample | EventRecord] = []
+        seen = set()
+        for av in verdict.accelerators:
+            seen.add(av.accelerator)
+            d = self._acc_dwell.get(av.accelerator)
+            if d is None:
+                d = self._acc_dwell[av.accelerator] = _Dwell()
+            reported = d.update(now, av.state, dwell)
+            labels = {**av.labels, **av.workload}
+            out.append(Sample("triscope_mismatch_score", av.score, labels, "gauge"))
+            out.extend(Sample("triscope_mismatch_state", 1.0 if st == reported else 0.0, {"state": st, **labels}, "gauge")
+                       for st in STATES)
+        if len(seen) != len(self._acc_dwell):
+            for gone in [k for k in self._acc_dwell if k not in seen]:
+                del self._acc_dwell[gone]
+        state = self._node_dwell.update(now, verdict.state, dwell)
+        out.append(Sample("triscope_mismatch_score", verdict.score, {}, "gauge"))
         out.extend(Sample("triscope_mismatch_state", 1.0 if st == state else 0.0, {"state": st}, "gauge")
                    for st in STATES)
         out.append(Sample("triscope_mismatch_pin_churn", 1.0 if verdict.pin_churn else 0.0, {}, "gauge"))
@@ -257,7 +374,7 @@ class MismatchTracker:
             out.append(EventRecord(
                 "mismatch_state",
                 msg,
-                "warning" if state in ("io-saturated", "staging-bound", "network-bound") else "info",
+                "warning" if state in IO_STATES else "info",
                 {"from": prev, "to": state, "score": verdict.score, "pin_churn": verdict.pin_churn, "evidence": verdict.evidence},
                 now,
             ))
@@ -265,19 +382,6 @@ class MismatchTracker:
             self.pin_churn = verdict.pin_churn
         self.last = verdict
         return out
-
-    def _debounce(self, now: float, new: str) -> str:
-        """The state to report: a new state is taken once the window has shown it for
-        ``state_dwell_s`` seconds in a row (a tick straddling a phase change is not a state)."""
-        if self.state is None or new == self.state or self.th.state_dwell_s <= 0:
-            self._candidate = None
-            return new
-        if self._candidate is None or self._candidate[0] != new:
-            self._candidate = (new, now)
-        if now - self._candidate[1] >= self.th.state_dwell_s:
-            self._candidate = None
-            return new
-        return self.state
 
 
 def run_over(ticks: Sequence[tuple[float, Sequence[Sample]]], thresholds: MismatchThresholds | None = None

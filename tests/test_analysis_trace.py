@@ -111,3 +111,26 @@ def test_rca_on_the_trace(trace_store) -> None:  # type: ignore[no-untyped-def]
     res = rank_causes(st, node, a, b)
     assert res.causes and res.causes[0].key == "dma_mapping", [(c.key, round(c.score, 2), c.summary)
                                                                 for c in res.causes]
+
+
+def test_per_accelerator_states_on_the_trace(trace_store) -> None:  # type: ignore[no-untyped-def]
+    """The recording has one GPU and no per-workload series (an older agent): one state per
+    window for ``gpu=0`` with empty workload labels, the node's roll-up the same; the pageable
+    phase is staging-bound on the link's share alone (above ``staging_link_floor``), the idle
+    phases are idle, never demand-limited."""
+    from triscope.analysis.config import MismatchThresholds
+    from triscope.analysis.mismatch import accelerator_states, node_states
+
+    st, node, spans = trace_store
+    th = MismatchThresholds()
+    for phase, exp in EXPECTED.items():
+        a, b = spans[phase]
+        per = accelerator_states(st, node, a + TRIM_START, b - TRIM_END, thresholds=th)
+        roll = node_states(st, node, a + TRIM_START, b - TRIM_END, thresholds=th)
+        assert per and [p.accelerator for p in per] == ["gpu=0"] * len(roll)
+        assert [p.state for p in per] == [w.state for w in roll] and {p.state for p in per} == {exp}, phase
+        assert all(p.workload == {"namespace": "", "pod": "", "container": "", "workload": ""} for p in per)
+        if phase == "pageable_h2d":
+            for p in per:
+                assert th.staging_link_floor <= p.evidence["link_util_median"] < th.io_saturated_link
+                assert any("copies staged by the host" in r for r in p.evidence["reasons"]), p.evidence["reasons"]

@@ -83,33 +83,129 @@ UNIT_TESTS = """
 rule_files: [{rules}]
 evaluation_interval: 30s
 tests:
-  # io-saturated held for 6 minutes with a high score: fires; the same state with a low score
-  # (node-b) and a short episode (node-c) must not.
+  # io-saturated held for 6 minutes with a high score on GPU 0 of node-a: fires, labelled with the
+  # accelerator and its workload, the evidence read from the GPU's series; the same state with a
+  # low score (node-b) and a short episode (node-c) must not.
   - interval: 30s
     input_series:
-      - series: 'triscope_mismatch_state{{state="io-saturated", node="node-a"}}'
+      - series: 'triscope_mismatch_state{{state="io-saturated", node="node-a", gpu="0", namespace="inference", pod="p-a", container="server"}}'
         values: '1x20'
-      - series: 'triscope_mismatch_score{{node="node-a"}}'
+      - series: 'triscope_mismatch_score{{node="node-a", gpu="0", namespace="inference", pod="p-a", container="server"}}'
         values: '0.6x20'
-      - series: 'triscope_mismatch_state{{state="io-saturated", node="node-b"}}'
+      - series: 'triscope_gpu_sm_active_ratio{{node="node-a", gpu="0"}}'
+        values: '0x20'
+      - series: 'triscope_gpu_pcie_rx_bytes_total{{node="node-a", gpu="0"}}'
+        values: '0+1500000000000x20'
+      - series: 'triscope_gpu_pcie_tx_bytes_total{{node="node-a", gpu="0"}}'
+        values: '0x20'
+      - series: 'triscope_mismatch_state{{state="io-saturated", node="node-b", gpu="1", namespace="inference", pod="p-b", container="server"}}'
         values: '1x20'
-      - series: 'triscope_mismatch_score{{node="node-b"}}'
+      - series: 'triscope_mismatch_score{{node="node-b", gpu="1", namespace="inference", pod="p-b", container="server"}}'
         values: '0.1x20'
-      - series: 'triscope_mismatch_state{{state="io-saturated", node="node-c"}}'
+      - series: 'triscope_mismatch_state{{state="io-saturated", node="node-c", gpu="0", workload="cmd:python"}}'
         values: '1 1 1 1 0x16'
-      - series: 'triscope_mismatch_score{{node="node-c"}}'
+      - series: 'triscope_mismatch_score{{node="node-c", gpu="0", workload="cmd:python"}}'
         values: '0.9x20'
     alert_rule_test:
       - eval_time: 6m
         alertname: TriscopeIOSaturated
         exp_alerts:
-          - exp_labels: {{node: node-a, severity: ticket, category: mismatch}}
+          - exp_labels: {{node: node-a, gpu: "0", namespace: inference, pod: p-a, container: server, severity: ticket, category: mismatch}}
             exp_annotations:
-              summary: "node-a: accelerator starved by a saturated I/O link"
-              description: "Mismatch state io-saturated for 5 minutes; 60% of accelerator time lost to I/O. Check batch sizes, host-to-device copy overlap, link generation/width."
+              summary: "node-a GPU 0: inference/p-a starved by a saturated I/O link"
+              description: "Mismatch state io-saturated for 5 minutes; 60% of the accelerator's time lost to I/O. Check batch sizes, host-to-device copy overlap, link generation/width."
+              evidence: "SM activity 0%; PCIe host-to-device 50GB/s, device-to-host 0B/s (5-minute averages)."
       - eval_time: 3m
         alertname: TriscopeIOSaturated
         exp_alerts: []
+  # The SRE's lightly loaded, healthy GPU (issue 18): demand-limited, score 0, for 40 minutes; and a
+  # node whose agent only publishes the node roll-up (an agent from before per-accelerator
+  # verdicts) with the old false verdict, staging-bound at 0.96. Neither is a workload losing
+  # time that the alert can name: nothing fires, nothing pages.
+  - interval: 30s
+    input_series:
+      - series: 'triscope_mismatch_state{{state="demand-limited", node="node-l", gpu="0", namespace="inference", pod="light-0", container="server"}}'
+        values: '1x80'
+      - series: 'triscope_mismatch_state{{state="staging-bound", node="node-l", gpu="0", namespace="inference", pod="light-0", container="server"}}'
+        values: '0x80'
+      - series: 'triscope_mismatch_score{{node="node-l", gpu="0", namespace="inference", pod="light-0", container="server"}}'
+        values: '0x80'
+      - series: 'triscope_mismatch_state{{state="demand-limited", node="node-l"}}'
+        values: '1x80'
+      - series: 'triscope_mismatch_score{{node="node-l"}}'
+        values: '0x80'
+      - series: 'triscope_mismatch_state{{state="staging-bound", node="node-old"}}'
+        values: '1x80'
+      - series: 'triscope_mismatch_score{{node="node-old"}}'
+        values: '0.96x80'
+    alert_rule_test:
+      - eval_time: 40m
+        alertname: TriscopeStagingBound
+        exp_alerts: []
+      - eval_time: 40m
+        alertname: TriscopeMismatchSevere
+        exp_alerts: []
+      - eval_time: 40m
+        alertname: TriscopeIOSaturated
+        exp_alerts: []
+      - eval_time: 40m
+        alertname: TriscopeNetworkBound
+        exp_alerts: []
+  # A staging-bound workload: llm-7 on GPU 3 of node-s has a pegged feeder thread, its SM idles at
+  # 5 % and the link moves 5 GB/s; its verdict (and the node's roll-up) is staging-bound at 0.95.
+  # The ticket fires after 10 minutes and the page after 15, each once (the roll-up adds none),
+  # labelled with the workload, the evidence in the annotations (the NIC's 5,000 DMA maps/s are
+  # not the GPU's device).  Its neighbour on GPU 4 is demand-limited and stays quiet.
+  - interval: 30s
+    input_series:
+      - series: 'triscope_mismatch_state{{state="staging-bound", node="node-s", gpu="3", namespace="inference", pod="llm-7", container="server"}}'
+        values: '1x80'
+      - series: 'triscope_mismatch_score{{node="node-s", gpu="3", namespace="inference", pod="llm-7", container="server"}}'
+        values: '0.95x80'
+      - series: 'triscope_mismatch_state{{state="demand-limited", node="node-s", gpu="4", namespace="inference", pod="llm-8", container="server"}}'
+        values: '1x80'
+      - series: 'triscope_mismatch_score{{node="node-s", gpu="4", namespace="inference", pod="llm-8", container="server"}}'
+        values: '0x80'
+      - series: 'triscope_mismatch_state{{state="staging-bound", node="node-s"}}'
+        values: '1x80'
+      - series: 'triscope_mismatch_score{{node="node-s"}}'
+        values: '0.95x80'
+      - series: 'triscope_gpu_sm_active_ratio{{node="node-s", gpu="3"}}'
+        values: '0.05x80'
+      - series: 'triscope_gpu_pcie_rx_bytes_total{{node="node-s", gpu="3"}}'
+        values: '0+150000000000x80'
+      - series: 'triscope_workload_feeder_busy_ratio{{node="node-s", gpu="3", namespace="inference", pod="llm-7", container="server"}}'
+        values: '0.99x80'
+      - series: 'triscope_workload_cpu_wait_ratio{{node="node-s", gpu="3", namespace="inference", pod="llm-7", container="server"}}'
+        values: '0.02x80'
+      - series: 'triscope_gpu_info{{node="node-s", gpu="3", bus_id="0000:3b:00.0"}}'
+        values: '1x80'
+      - series: 'triscope_dma_map_total{{node="node-s", device="0000:3b:00.0", direction="to_device"}}'
+        values: '0+1500x80'
+      - series: 'triscope_dma_map_total{{node="node-s", device="0000:5e:00.0", direction="from_device"}}'
+        values: '0+150000x80'
+    alert_rule_test:
+      - eval_time: 9m
+        alertname: TriscopeStagingBound
+        exp_alerts: []
+      - eval_time: 11m
+        alertname: TriscopeStagingBound
+        exp_alerts:
+          - exp_labels: {{node: node-s, gpu: "3", namespace: inference, pod: llm-7, container: server, severity: ticket, category: mismatch}}
+            exp_annotations:
+              summary: "node-s GPU 3: inference/llm-7 starved by host staging"
+              description: "Mismatch state staging-bound for 10 minutes, 95% of the accelerator's time lost: the host cannot feed it (a pegged feeder thread, CPU wait or pressure, pinning). Use pinned host buffers, more loader threads, CPU requests that match the work."
+              evidence: "SM activity 5%; PCIe host-to-device 5GB/s; busiest feeder thread 99% of a core; CPU wait 2%; cgroup CPU pressure n/a; DMA maps on its device 50/s (5-minute averages)."
+      - eval_time: 14m
+        alertname: TriscopeMismatchSevere
+        exp_alerts: []
+      - eval_time: 16m
+        alertname: TriscopeMismatchSevere
+        exp_alerts:
+          - exp_labels: {{node: node-s, gpu: "3", namespace: inference, pod: llm-7, container: server, severity: page, category: mismatch}}
+            exp_annotations:
+              summary: "node-s GPU 3: inference/llm-7 loses over half of its accelerator time to I/O"
+              description: "Average mismatch score 95% over 15 minutes, in state staging-bound; the ticket alert of that state carries the evidence."
   # availability SLO: 10 % errors (20x the 0.5 % budget) for 2 hours pages; no traffic at all
   # is "no data" and pages nobody.
   - interval: 1m

@@ -96,9 +96,17 @@ _SPECS = [
     MetricSpec("triscope_npu_aivector_utilization_ratio", "gauge", "Ascend AI vector core utilization (npu-smi -t usages, newer releases).", ("npu", "chip")),
     MetricSpec("triscope_npu_hbm_bandwidth_utilization_ratio", "gauge", "Ascend HBM bandwidth utilization (npu-smi -t usages).", ("npu", "chip")),
     MetricSpec("triscope_npu_ddr_bandwidth_utilization_ratio", "gauge", "Ascend DDR bandwidth utilization (npu-smi -t usages).", ("npu", "chip")),
+    # workloads on each accelerator (agent/collectors/workloads.py; accelerator labels gpu, or npu and chip)
+    MetricSpec("triscope_accelerator_workload_info", "gauge", "Always 1 while the workload has a process on the accelerator (NVML / npu-smi processes, their cgroup, the kubelet's pod-resources); uuid is the GPU's.", ("gpu", "npu", "chip", "namespace", "pod", "container", "workload", "uuid")),
+    MetricSpec("triscope_workload_processes", "gauge", "Processes of the workload on the accelerator.", ("gpu", "npu", "chip", "namespace", "pod", "container", "workload")),
+    MetricSpec("triscope_workload_sm_ratio", "gauge", "The workload's share of the GPU's SM time (NVML per-process utilization; absent where the driver gives none).", ("gpu", "namespace", "pod", "container", "workload")),
+    MetricSpec("triscope_workload_cpu_seconds_total", "counter", "CPU time of the workload's processes on the accelerator, since the agent started following them.", ("gpu", "npu", "chip", "namespace", "pod", "container", "workload")),
+    MetricSpec("triscope_workload_feeder_busy_ratio", "gauge", "The busiest thread's share of one core over the tick (0..1; a pegged feeder reads ~1); a process below half a core counts with its own share, an upper bound.", ("gpu", "npu", "chip", "namespace", "pod", "container", "workload")),
+    MetricSpec("triscope_workload_cpu_wait_ratio", "gauge", "Run-queue wait over (run + wait) of the workload's threads read this tick (schedstat; 0..1): time runnable but not running.", ("gpu", "npu", "chip", "namespace", "pod", "container", "workload")),
+    MetricSpec("triscope_workload_cpu_pressure_ratio", "gauge", "The workload's cgroup cpu.pressure some avg10 / 100 (cgroup v2; absent elsewhere).", ("gpu", "npu", "chip", "namespace", "pod", "container", "workload")),
     # analysis
-    MetricSpec("triscope_mismatch_score", "gauge", "Share of accelerator time lost to I/O over the sliding window (0..1).", ()),
-    MetricSpec("triscope_mismatch_state", "gauge", "1 for the node's current coordination state, 0 for the others.", ("state",)),
+    MetricSpec("triscope_mismatch_score", "gauge", "Share of the accelerator's time lost to I/O over the sliding window (0..1; 0 when demand-limited or idle). Per accelerator (gpu, or npu and chip) with its dominant workload (namespace, pod, container, workload; empty when none); without those labels: the node's roll-up, its worst accelerator.", ("gpu", "npu", "chip", "namespace", "pod", "container", "workload")),
+    MetricSpec("triscope_mismatch_state", "gauge", "1 for the current coordination state (idle, demand-limited, compute-bound, balanced, io-saturated, staging-bound, network-bound), 0 for the others. Per accelerator (gpu, or npu and chip) with its dominant workload (namespace, pod, container, workload; empty when none); with the state label only: the node's roll-up, its worst accelerator (I/O states first, by score).", ("state", "gpu", "npu", "chip", "namespace", "pod", "container", "workload")),
     MetricSpec("triscope_mismatch_pin_churn", "gauge", "1 while the DMA map rate says host memory is being pinned and unpinned (pin churn).", ()),
     # remediation engine (served on the engine's webhook listener, GET /metrics)
     MetricSpec("triscope_remediation_actions_total", "counter", "Remediation decisions by action and outcome (acted, dry_run, suppressed, failed).", ("action", "outcome")),

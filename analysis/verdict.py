@@ -1,0 +1,252 @@
+"""The coordination-mismatch verdict: each accelerator's state from its window's features, and the
+node's roll-up.  Pure (no store, no clock); ``triscope.analysis.mismatch`` re-exports every name.
+
+States (docs/workloads.md section 2):
+
+* ``compute-bound``: the accelerator is busy (``compute_busy``); ``balanced`` when its link is
+  also near its ceiling (``io_saturated_link``), whatever the SM activity.
+* A starved accelerator (busy < ``starved_busy``) is in an **I/O state only on evidence**:
+  ``io-saturated`` (link near its ceiling), ``network-bound`` (TCP retransmits), ``staging-bound``
+  (the host limits it, with the link moving data).  Staging evidence comes from the accelerator's
+  workloads when the agent publishes them (a pegged feeder thread, run-queue wait, cgroup CPU
+  pressure, pin churn on the accelerator's own device), else, for older recordings, from the link's
+  utilisation (above ``staging_link_floor``: a pageable copy), node CPU busy, node PSI and pin
+  churn.  Without evidence a starved accelerator is ``idle`` (nothing runs: quiet link, busy below
+  ``idle_busy``) or ``demand-limited`` (its workload is not asking for more).
+* Partly busy (between the two): ``balanced`` when the link moves data, else ``demand-limited``.
+
+Score: share of the accelerator's time lost to I/O over the window: ``1 - busy`` for the I/O
+states, ``(1 - busy) x min(1, link / io_saturated_link)`` for ``balanced`` / ``compute-bound``, 0
+for ``demand-limited`` and ``idle``.  The node's roll-up is its worst accelerator: I/O states
+first, then the highest score.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from triscope.analysis.config import MismatchThresholds
+from triscope.analysis.features import (
+    NO_WORKLOAD,
+    AcceleratorFeatures,
+    WindowFeatures,
+    WorkloadKey,
+    accelerator_labels,
+    workload_labels,
+    workload_text,
+)
+
+STATES: tuple[str, ...] = ("idle", "demand-limited", "compute-bound", "balanced", "io-saturated", "staging-bound",
+                           "network-bound")
+IO_STATES = frozenset({"io-saturated", "staging-bound", "network-bound"})
+# roll-up order among equal scores: I/O states first, then the busiest
+_TIE_ORDER = {s: i for i, s in enumerate(("io-saturated", "staging-bound", "network-bound", "balanced",
+                                          "compute-bound", "demand-limited", "idle"))}
+
+
+@dataclass(slots=True)
+class AcceleratorVerdict:
+    """One accelerator's state over one window, with its dominant workload."""
+
+    accelerator: str                       # "gpu=0", "chip=0,npu=1"
+    state: str
+    score: float
+    pin_churn: bool                        # DMA maps on its own device (the node's when not told apart)
+    workload: dict[str, str]               # namespace, pod, container, workload ("" when unknown)
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """Its accelerator labels: ``{"gpu": "0"}``, ``{"npu": "1", "chip": "0"}``."""
+        return accelerator_labels(self.accelerator)
+
+
+@dataclass(slots=True)
+class Verdict:
+    """The node's roll-up over one window, and every accelerator's verdict (``accelerators``)."""
+
+    state: str
+    score: float
+    pin_churn: bool
+    evidence: dict[str, Any] = field(default_factory=dict)
+    accelerators: list[AcceleratorVerdict] = field(default_factory=list)
+
+
+def _r(x: float | None, nd: int = 4) -> float | None:
+    return None if x is None else round(float(x), nd)
+
+
+def _pct(x: float) -> str:
+    return f"{x:.0%}"
+
+
+def _device_dma(acc: AcceleratorFeatures, f: WindowFeatures) -> float:
+    """DMA maps/s on the accelerator's own device; the node's when they are not told apart."""
+    x = acc.dma_map_rate if acc.dma_map_rate is not None else f.dma_map_rate
+    return x or 0.0
+
+
+def _staging(acc: AcceleratorFeatures, f: WindowFeatures, th: MismatchThresholds, u: float | None
+             ) -> tuple[bool, float, list[str]]:
+    """Is there evidence that the host limits this starved accelerator?  (staging, strength of the
+    host evidence against its thresholds, reasons)."""
+    dma = _device_dma(acc, f)
+    moving = u is None or u >= th.idle_link        # no link data (NPUs): the host evidence decides alone
+    found: list[str] = []
+
+    def ratio(x: float, t: float) -> float:
+        return x / t if t > 0 else 0.0
+
+    if acc.has_workload_evidence:
+        feeder, wait, wpsi = acc.feeder_busy or 0.0, acc.cpu_wait or 0.0, acc.cpu_pressure or 0.0
+        if acc.feeder_busy is not None and feeder >= th.feeder_busy:
+            found.append(f"feeder pegged: the busiest thread of {workload_text(acc.feeder_of)} at {_pct(feeder)} of a "
+                         f"core (>= {_pct(th.feeder_busy)})")
+        if acc.cpu_wait is not None and wait >= th.cpu_wait:
+            found.append(f"{workload_text(acc.cpu_wait_of)} waits for a CPU {_pct(wait)} of its runnable time "
+                         f"(>= {_pct(th.cpu_wait)})")
+        if acc.cpu_pressure is not None and wpsi >= th.workload_cpu_pressure:
+            found.append(f"CPU pressure of {workload_text(acc.cpu_pressure_of)}'s cgroup {_pct(wpsi)} "
+                         f"(>= {_pct(th.workload_cpu_pressure)})")
+        strength = max(ratio(feeder, th.feeder_busy), ratio(wait, th.cpu_wait),
+                       ratio(wpsi, th.workload_cpu_pressure), ratio(dma, th.pin_churn_rate))
+        floor = False
+    else:   # a recording without per-workload evidence: the link, the node's CPU and PSI
+        cpu, psi = f.cpu_busy or 0.0, f.pressure or 0.0
+        if cpu >= th.cpu_busy:
+            found.append(f"host CPU busy {_pct(cpu)}")
+        if psi >= th.cpu_pressure:
+            found.append(f"host pressure {_pct(psi)}")
+        strength = max(ratio(cpu, th.cpu_busy), ratio(psi, th.cpu_pressure), ratio(dma, th.pin_churn_rate))
+        floor = u is not None and u >= th.staging_link_floor
+    if dma >= th.pin_churn_rate:
+        found.append(f"pin churn: {dma:.0f} DMA maps/s")
+    reasons: list[str] = []
+    if floor:
+        reasons.append(f"link only at {_pct(u or 0.0)} of its ceiling (>= {_pct(th.staging_link_floor)}, "
+                       f"< {_pct(th.io_saturated_link)}): copies staged by the host")
+    if found and moving:
+        if u is not None and not floor:
+            reasons.append(f"link moving data at {_pct(u)} of its ceiling")
+        reasons += found
+        return True, strength, reasons
+    if floor:
+        return True, strength, reasons + found
+    if found:   # the host is busy but the link is quiet: it is not feeding this accelerator
+        reasons += found + [f"but the link is quiet ({_pct(u or 0.0)} < {_pct(th.idle_link)})"]
+    return False, strength, reasons
+
+
+def classify_accelerator(acc: AcceleratorFeatures, f: WindowFeatures,
+                         th: MismatchThresholds) -> tuple[str, float, list[str]]:
+    """State, score and the reasons for one accelerator.  ``acc.busy`` must not be None.
+
+    The state is decided on the window's typical tick (medians), the score on its means."""
+    b = max(0.0, min(1.0, acc.busy_typical if acc.busy_typical is not None else (acc.busy or 0.0)))
+    u = acc.link_util_typical
+    u0 = 0.0 if u is None else u
+    bm = max(0.0, min(1.0, acc.busy or 0.0))  # means: the score
+    um = acc.link_util or 0.0
+    rtx = f.retransmit_rate or 0.0
+    net_strength = rtx / th.retransmit_rate if th.retransmit_rate > 0 else 0.0
+    link_share = min(1.0, um / th.io_saturated_link) if th.io_saturated_link > 0 else 0.0
+    saturated = u is not None and u0 >= th.io_saturated_link
+    moving = u is not None and u0 >= th.idle_link
+    if b >= th.compute_busy:
+        if saturated:
+            return "balanced", (1 - bm) * link_share, [
+                f"accelerator busy {_pct(b)} >= {_pct(th.compute_busy)} and link at {_pct(u0)} of its ceiling "
+                f">= {_pct(th.io_saturated_link)}: both near their ceilings"]
+        return "compute-bound", (1 - bm) * link_share, [f"accelerator busy {_pct(b)} >= {_pct(th.compute_busy)}"]
+    link = "no link data" if u is None else f"link {_pct(u0)} of its ceiling"
+    if b >= th.starved_busy:
+        if saturated or moving:
+            return "balanced", (1 - bm) * link_share, [f"accelerator busy {_pct(b)}, {link}"]
+        return "demand-limited", 0.0, [f"accelerator busy {_pct(b)}, {link}: not asked for more"]
+    starved = f"accelerator starved: busy {_pct(b)} < {_pct(th.starved_busy)}"
+    if saturated:
+        return "io-saturated", 1 - bm, [starved, f"link at {_pct(u0)} of its ceiling >= {_pct(th.io_saturated_link)}"]
+    network = f"{rtx:.1f} TCP retransmits/s >= {th.retransmit_rate:g}"
+    staging, host_strength, why = _staging(acc, f, th, u)
+    if net_strength >= 1 and (net_strength >= host_strength or not staging):
+        return "network-bound", 1 - bm, [starved, network]
+    if staging:
+        return "staging-bound", 1 - bm, [starved, *why]
+    if b < th.idle_busy and not moving:
+        return "idle", 0.0, [f"accelerator busy {_pct(b)}, {link}: nothing to do", *why]
+    quiet = ("no pegged feeder, no CPU wait, no pin churn, no retransmits" if acc.has_workload_evidence else
+             f"link below {_pct(th.staging_link_floor)} of its ceiling, no host pressure, no pin churn, no retransmits")
+    return "demand-limited", 0.0, [f"accelerator busy {_pct(b)}, {link}: {quiet}", *why]
+
+
+def accelerator_evidence(acc: AcceleratorFeatures) -> dict[str, Any]:
+    """What one accelerator's verdict was decided on."""
+    out: dict[str, Any] = {
+        "busy": _r(acc.busy),
+        "busy_median": _r(acc.busy_typical),
+        "link_util": _r(acc.link_util),
+        "link_util_median": _r(acc.link_util_typical),
+        "link_bytes_per_second": _r(acc.link_bytes_per_second, 0),
+        "link_ceiling_bytes_per_second": _r(acc.link_ceiling, 0),
+        "device_dma_map_rate": _r(acc.dma_map_rate, 2),
+    }
+    if acc.has_workload_evidence or acc.workloads:
+        out.update(feeder_busy=_r(acc.feeder_busy), cpu_wait=_r(acc.cpu_wait), cpu_pressure=_r(acc.cpu_pressure),
+                   workloads=acc.workloads)
+    return out
+
+
+def _workload_of(acc: AcceleratorFeatures) -> WorkloadKey:
+    return acc.workload or NO_WORKLOAD
+
+
+def classify_window(features: WindowFeatures, thresholds: MismatchThresholds | None = None) -> Verdict | None:
+    """Classify one window of one node: every accelerator with enough data, and the node's roll-up;
+    ``None`` when no accelerator has enough data.
+
+    Each accelerator is classified on its own link, device and workloads; the node takes the state
+    of its worst accelerator (I/O states first, then the highest score, then the busiest).  The
+    roll-up's evidence names that accelerator and its workload, carries the node's inputs and
+    every accelerator's state, score and workload."""
+    th = thresholds or MismatchThresholds()
+    per: list[tuple[bool, float, int, AcceleratorVerdict, AcceleratorFeatures]] = []
+    for acc in features.accelerators:
+        if acc.busy is None or acc.coverage < th.min_coverage or math.isnan(acc.busy):
+            continue
+        state, score, reasons = classify_accelerator(acc, features, th)
+        score = round(max(0.0, min(1.0, score)), 4)
+        ev = accelerator_evidence(acc)
+        ev["reasons"] = reasons
+        dma = _device_dma(acc, features)
+        av = AcceleratorVerdict(acc.name, state, score, dma >= th.pin_churn_rate, workload_labels(_workload_of(acc)), ev)
+        per.append((state not in IO_STATES, -score, _TIE_ORDER[state], av, acc))
+    if not per:
+        return None
+    worst = min(per, key=lambda p: p[:3])
+    av, acc = worst[3], worst[4]
+    dma = features.dma_map_rate or 0.0
+    pin_churn = dma >= th.pin_churn_rate
+    evidence: dict[str, Any] = {
+        "accelerator": acc.name,
+        "workload": dict(av.workload),
+        "busy": _r(acc.busy),
+        "busy_median": _r(acc.busy_typical),
+        "link_util": _r(acc.link_util),
+        "link_util_median": _r(acc.link_util_typical),
+        "link_bytes_per_second": _r(acc.link_bytes_per_second, 0),
+        "link_ceiling_bytes_per_second": _r(acc.link_ceiling, 0),
+        "cpu_busy": _r(features.cpu_busy),
+        "pressure": _r(features.pressure),
+        "dma_map_rate": _r(features.dma_map_rate, 2),
+        "retransmit_rate": _r(features.retransmit_rate, 2),
+        "pin_churn": pin_churn,
+        "reasons": av.evidence["reasons"],
+    }
+    if acc.has_workload_evidence:
+        evidence.update(feeder_busy=_r(acc.feeder_busy), cpu_wait=_r(acc.cpu_wait), cpu_pressure=_r(acc.cpu_pressure))
+    if len(per) > 1:
+        evidence["accelerators"] = {p[3].accelerator: {"state": p[3].state, "score": p[3].score,
+                                                       "workload": workload_text(_workload_of(p[4]))} for p in per}
+    return Verdict(av.state, av.score, pin_churn, evidence, [p[3] for p in per])
