@@ -8,6 +8,7 @@ builders in ``triscope.dashboard.figures`` turn them into Plotly figures.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
 from triscope.analysis.mismatch import STATES, link_capacity_bytes_per_second
+from triscope.dashboard import workload_data as wd
 from triscope.store.reader import StoreReader
 
 if TYPE_CHECKING:   # the audit tables are read with the store's engine: the whole store, not the read interface
@@ -112,6 +114,8 @@ class NodeLanes:
     segments_note: str = ""
     events: list[EventMark] = field(default_factory=list)
     events_truncated: bool = False
+    accels: list[Any] = field(default_factory=list)           # the node's ``workload_data.Accel``s
+    accel: Any = None                                         # the one shown (None: the whole node)
 
 
 @dataclass(frozen=True)
@@ -143,6 +147,12 @@ NODE_TRACES: tuple[TraceSpec, ...] = (
 # older GPUs without GPM: only the coarse NVML figure (copies count as busy) is there
 COARSE_GPU = TraceSpec("triscope_gpu_utilization_ratio", "accelerators", "GPU {gpu} NVML util (coarse)", "%", 100.0,
                        dash="dash")
+# one accelerator picked: its workloads' host-side evidence on the accelerator lane (docs/workloads.md)
+WORKLOAD_TRACES: tuple[TraceSpec, ...] = (
+    TraceSpec("triscope_workload_feeder_busy_ratio", "accelerators", "{workload} feeder busy", "%", 100.0, dash="dashdot"),
+    TraceSpec("triscope_workload_cpu_wait_ratio", "accelerators", "{workload} CPU wait", "%", 100.0, dash="dot"),
+)
+ACCEL_SCOPED = ("triscope_gpu_", "triscope_npu_", "triscope_workload_")
 
 
 def _fmt(title: str, labels: Mapping[str, str]) -> str:
@@ -160,18 +170,28 @@ def _key(metric: str, labels: Mapping[str, str]) -> str:
 
 
 def node_lanes(store: Store, node: str, window: Window, max_points: int = 1500,
-               specs: Sequence[TraceSpec] = NODE_TRACES, max_events: int = 300) -> NodeLanes:
-    """The three lanes of one node over ``window``, each series downsampled by the store."""
-    out = NodeLanes(node, window)
-    present = {s.metric for s in store.series(node=node, prefix="triscope_")}
+               specs: Sequence[TraceSpec] = NODE_TRACES, max_events: int = 300, accel: Any = None) -> NodeLanes:
+    """The three lanes of one node over ``window``, each series downsampled by the store; with
+    ``accel`` (a ``workload_data.Accel``) only that accelerator's series, its link, its own DMA
+    device when the store knows its bus, its workloads' feeder busy and CPU wait, and its state
+    ribbon (the node-wide network lane stays)."""
+    out = NodeLanes(node, window, accel=accel)
+    listed = store.series(node=node, prefix="triscope_")
+    present = {s.metric for s in listed}
+    out.accels = wd.node_accels(store, node, listed)
     todo = list(specs)
     if "triscope_gpu_sm_active_ratio" not in present and "triscope_gpu_utilization_ratio" in present:
         todo.insert(0, COARSE_GPU)
+    if accel is not None:
+        todo += WORKLOAD_TRACES
+    own_device = _own_devices(listed, accel)
     jobs: list[tuple[TraceSpec, Any]] = []
     for spec in todo:
         if spec.metric in present:
             for info in store.series(node=node, metric=spec.metric,
                                      labels=dict(spec.only_labels) if spec.only_labels else None):
+                if accel is not None and not _shown_for(info, accel, own_device):
+                    continue
                 jobs.append((spec, info))
     results = fetch_all(store, [info for _, info in jobs], window.start, window.end, max_points)
     by_spec: dict[int, list[Any]] = {}
@@ -183,17 +203,22 @@ def node_lanes(store: Store, node: str, window: Window, max_points: int = 1500,
         if len(got) > spec.limit:  # keep the busiest few (by peak)
             got = sorted(got, key=lambda d: -max(d.values))[: spec.limit]
         for d in got:
+            lab = dict(d.info.labels)
+            ref = wd.WorkloadRef.of(lab)
+            name = (_fmt(spec.title, {"workload": ref.pod or ref.workload or "no workload"})
+                    if spec.metric.startswith(wd.WORKLOAD_PREFIX) else _fmt(spec.title, lab))
             out.traces.append(LaneTrace(
-                _key(spec.metric, d.info.labels), spec.metric, dict(d.info.labels), spec.lane,
-                _fmt(spec.title, d.info.labels), spec.unit, spec.scale, d.ts, d.values, spec.secondary, spec.dash,
-                d.info.kind == "counter"))
+                _key(spec.metric, d.info.labels), spec.metric, lab, spec.lane, name, spec.unit, spec.scale, d.ts,
+                d.values, spec.secondary, spec.dash, d.info.kind == "counter"))
     cap = link_capacity_traces(store, node, window, present)
-    out.traces.extend(cap)
+    out.traces.extend(t for t in cap if accel is None or t.labels.get("gpu") == (accel.index if accel.kind == "gpu" else None))
     has = {t.lane for t in out.traces}
     gpus = "triscope_gpu_info" in present or any(m.startswith("triscope_gpu_") for m in present)
     if "accelerators" not in has:
         out.missing["accelerators"] = ("no GPU or NPU on this node (no NVML / npu-smi series stored)"
                                        if not gpus and not any(m.startswith("triscope_npu_") for m in present)
+                                       else f"no series stored for {accel.name} on this node" if accel is not None
+                                       and accel not in out.accels
                                        else "accelerator series stored, but no points in this range")
     if "io" not in has:
         out.missing["io"] = ("no PCIe / DMA / IOMMU series stored for this node (GPU PCIe counters need NVML GPM; "
@@ -203,9 +228,11 @@ def node_lanes(store: Store, node: str, window: Window, max_points: int = 1500,
     if "network" not in has:
         out.missing["network"] = ("no TCP series stored for this node" if not any(
             m.startswith("triscope_tcp") for m in present) else "TCP series stored, but no points in this range")
-    out.segments, out.segments_note = mismatch_segments(store, node, window, max_points, present)
+    out.segments, out.segments_note = mismatch_segments(store, node, window, max_points, present, accel=accel)
     evs = store.events(node=node, start=window.start, end=window.end, limit=max_events + 1)
     evs = [e for e in evs if e.kind != "mismatch_state"] or evs  # state changes are the ribbon already
+    if accel is not None:   # another accelerator's events are not this one's
+        evs = [e for e in evs if _event_accel(e.details) in (None, accel)]
     marks = [EventMark(e.ts, e.kind, e.severity, e.message) for e in evs]
     # remediation decisions from the engine's audit log (they replace its "remediation" events)
     audit = [r for r in audit_rows(store, window.start, window.end, limit=max_events).rows
@@ -220,6 +247,36 @@ def node_lanes(store: Store, node: str, window: Window, max_points: int = 1500,
     out.events_truncated = len(marks) > max_events
     out.events = marks[:max_events]
     return out
+
+
+def _own_devices(listed: Sequence[Any], accel: Any) -> set[str]:
+    """The PCI devices (bus ids) of ``accel`` from ``triscope_gpu_info``."""
+    if accel is None or accel.kind != "gpu":
+        return set()
+    return {str(s.labels["bus_id"]) for s in listed if s.metric == "triscope_gpu_info"
+            and s.labels.get("gpu") == accel.index and s.labels.get("bus_id")}
+
+
+def _shown_for(info: Any, accel: Any, own_device: set[str]) -> bool:
+    """Whether a series belongs on the lanes of ``accel``: the accelerator's own series; of the
+    per-device ones (DMA, IOMMU) its own device's when the store knows its bus, else all of them
+    (host-wide context); node-wide series (network) always."""
+    a = wd.accel_of(info.labels)
+    if a is not None:
+        return bool(a == accel)
+    if info.metric.startswith(ACCEL_SCOPED):
+        return False
+    dev = info.labels.get("device")
+    if dev and own_device:
+        return dev in own_device
+    return True
+
+
+def _event_accel(details: Mapping[str, Any]) -> Any:
+    try:
+        return wd.accel_of({k: str(details[k]) for k in wd.ACCEL_KEYS if k in details})
+    except Exception:  # noqa: BLE001 - odd details: node-wide
+        return None
 
 
 _POOL: Any = None
@@ -315,21 +372,27 @@ def segments_from_points(points: Iterable[tuple[float, str]], end: float, max_ga
 
 
 def mismatch_segments(store: StoreReader, node: str, window: Window, max_points: int,
-                      present: set[str] | None = None) -> tuple[list[Segment], str]:
-    """The ribbon: the state the agent stored (``triscope_mismatch_state``), else the detector
-    run over the stored series (``triscope.analysis.mismatch.node_states``)."""
+                      present: set[str] | None = None, accel: Any = None) -> tuple[list[Segment], str]:
+    """The ribbon: the state the agent stored (``triscope_mismatch_state``: the node roll-up, or
+    with ``accel`` that accelerator's own), else the detector run over the stored series
+    (``triscope.analysis.mismatch.node_states``, the node's roll-up)."""
     present = present if present is not None else {s.metric for s in store.series(node=node, prefix="triscope_")}
     if "triscope_mismatch_state" in present:
         pts: list[tuple[float, str]] = []
         step = 0.0
-        infos = store.series(node=node, metric="triscope_mismatch_state")
+        infos = wd.state_infos(store, node, accel, per_accel=accel is not None)
         for d in fetch_all(store, infos, window.start, window.end, max_points, rate=False):
             st = d.info.labels.get("state", "?")
             pts.extend((t, st) for t, v in zip(d.ts, d.values, strict=False) if v >= 0.5)
             if len(d.ts) > 1:
                 step = max(step, (d.ts[-1] - d.ts[0]) / (len(d.ts) - 1))
         if pts:
-            return segments_from_points(pts, window.end, max_gap=max(30.0, 4 * step)), "state stored by the agent"
+            what = f"{accel.name}'s state stored by the agent" if accel is not None else "state stored by the agent"
+            return segments_from_points(pts, window.end, max_gap=max(30.0, 4 * step)), what
+        if accel is not None and infos:
+            return [], f"no stored state for {accel.name} in this range"
+    if accel is not None:
+        return [], f"no per-accelerator state stored for {accel.name} (the node's state: pick the whole node)"
     segs = computed_states(store, node, window)
     if segs:
         return [Segment(s.start, s.end, s.state, s.score) for s in segs], "state computed from the stored series"
@@ -377,64 +440,78 @@ def live_delta(store: StoreReader, node: str, keys: Sequence[str], since: float,
 @dataclass
 class FleetRow:
     node: str
-    state: str
+    state: str                 # the node's roll-up: the worst accelerator
     score: float | None
     accelerators: str
     slo: str
     last_remediation: str
     last_seen: float
     live: bool
+    cells: list[Any] = field(default_factory=list)   # one ``workload_data.AccelNow`` per accelerator
 
 
 MISMATCH_METRICS = ("triscope_mismatch_state", "triscope_mismatch_score")
+FLEET_METRICS = (*MISMATCH_METRICS, "triscope_accelerator_workload_info")
 FLEET_RECENT_S = 3600.0      # nodes seen within this of the newest node: one partition-pruned read
 FLEET_LOOKBACK_S = 900.0     # their latest mismatch points are looked for this far before their last tick
 
 
 def fleet_rows(store: Store, now: float, slo_status: Mapping[str, str] | None = None) -> list[FleetRow]:
-    """One row per node from a handful of fleet-wide store reads (``Store.fleet_latest``,
-    ``Store.series_keys``), not a few queries per node: ~0.1 s of SQL at 1,000 nodes."""
+    """One row per node, with a cell per accelerator (its current state and workload), from a
+    handful of fleet-wide store reads (``Store.fleet_latest``, ``Store.series_keys``, the workloads
+    table), not a few queries per node: ~0.1 s of SQL at 1,000 nodes."""
     last_actions = last_remediation_by_node(store)
     nodes = store.nodes()
     latest = fleet_mismatch_latest(store, nodes)
-    gpu_keys = store.series_keys(prefix="triscope_gpu_")
+    # the GPUs from two small listings (every NVML GPU has triscope_gpu_up; the model is in
+    # triscope_gpu_info), not every triscope_gpu_* series (13 a GPU)
+    gpu_keys = store.series_keys(metric="triscope_gpu_up")
+    for name, keys in store.series_keys(metric="triscope_gpu_info").items():
+        gpu_keys.setdefault(name, set()).update(keys)
     npu_keys = store.series_keys(prefix="triscope_npu_")
     rows: list[FleetRow] = []
-    for n in nodes:
-        state, score = "no data", None
-        best_ts, score_ts = -1.0, -math.inf
-        for (metric, lk), (ts, value) in latest.get(n.name, {}).items():
-            if metric == "triscope_mismatch_state" and value >= 0.5 and ts > best_ts:
-                state, best_ts = _labels(lk).get("state", "?"), ts
-            elif metric == "triscope_mismatch_score" and ts >= score_ts:
-                score, score_ts = value, ts
+    nows = [wd.current_from(((m, lk, ts, v) for (m, lk), (ts, v) in latest.get(n.name, {}).items()), parse=_labels)
+            for n in nodes]
+    wd.with_owners(nows, functools.partial(wd.workload_owners, store))
+    for n, cur in zip(nodes, nows, strict=True):
+        state, score = cur.state or "no data", cur.score
         gk = gpu_keys.get(n.name, set())
-        if best_ts < 0:
-            state = ("not computed" if any(m == "triscope_gpu_sm_active_ratio" for m, _ in gk)
-                     else "no accelerator")
-        rows.append(FleetRow(n.name, state, score, _accelerator_text(gk, npu_keys.get(n.name, set())),
+        nk = npu_keys.get(n.name, set())
+        if not cur.state:
+            state = "not computed" if gk or nk or cur.accels else "no accelerator"
+        accels = set(cur.accels)
+        for _, lk in (*gk, *nk):
+            a = wd.accel_of(_labels(lk))
+            if a is not None:
+                accels.add(a)
+        cells = [cur.accels.get(a) or wd.AccelNow(a) for a in sorted(accels, key=lambda a: a.sort_key)]
+        rows.append(FleetRow(n.name, state, score, _accelerator_text(gk, nk),
                              (slo_status or {}).get(n.name, "no SLO file configured" if slo_status is None else "-"),
-                             last_actions.get(n.name, "none"), n.last_seen, abs(now - n.last_seen) <= LIVE_SLACK_S))
+                             last_actions.get(n.name, "none"), n.last_seen, abs(now - n.last_seen) <= LIVE_SLACK_S,
+                             cells))
     return rows
 
 
-def fleet_mismatch_latest(store: StoreReader, nodes: Sequence[Any]) -> dict[str, dict[tuple[str, str], tuple[float, float]]]:
-    """Every node's newest mismatch state and score points.  Nodes that reported within the last
-    hour are read in one statement bounded in time (only the newest day partitions are probed);
-    the rest, and any recent node whose mismatch series have nothing that recent, in a second
-    one without a bound (their newest point whenever it was, as ``Store.latest`` gives)."""
+def fleet_mismatch_latest(store: StoreReader, nodes: Sequence[Any],
+                          metrics: Sequence[str] = FLEET_METRICS) -> dict[str, dict[tuple[str, str], tuple[float, float]]]:
+    """Every node's newest mismatch state and score points (node roll-up and per accelerator)
+    and workload-info points.  Nodes that reported within the last hour are read in one
+    statement bounded in time (only the newest day partitions are probed); the rest, and any
+    recent node whose series have nothing that recent, in a second one without a bound (their
+    newest point whenever it was, as ``Store.latest`` gives; nodes without such series add
+    nothing to it)."""
     if not nodes:
         return {}
     newest = max(n.last_seen for n in nodes)
     recent = [n for n in nodes if n.last_seen >= newest - FLEET_RECENT_S]
     since = min(n.last_seen for n in recent) - FLEET_LOOKBACK_S
-    out = store.fleet_latest(MISMATCH_METRICS, since=since)
-    has_mismatch = store.series_keys(prefix="triscope_mismatch_")
+    out = store.fleet_latest(metrics, since=since)
     recent_names = {n.name for n in recent}
-    again = [n.name for n in nodes
-             if (n.name not in recent_names or n.name not in out) and n.name in has_mismatch]
+    # the rest: a node that has none of these series answers with no rows (the metric filter
+    # comes first), so no listing of who has them is needed
+    again = [n.name for n in nodes if n.name not in recent_names or n.name not in out]
     if again:
-        out.update(store.fleet_latest(MISMATCH_METRICS, nodes=again))
+        out.update(store.fleet_latest(metrics, nodes=again))
     return out
 
 

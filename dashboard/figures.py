@@ -20,8 +20,10 @@ from triscope.names import shorten
 NAME_CHARS = 48      # characters of a node name or label value shown; longer ones end in an ellipsis
 TITLE_CHARS = 1024   # characters of one shown in full (a tooltip, a hover label)
 
+# one colour per state of ``triscope.analysis.mismatch.STATES`` (docs/workloads.md section 2), in its order
 STATE_COLORS: dict[str, str] = {
     "idle": "#9e9e9e",
+    "demand-limited": "#00838f",     # not busy, and nothing says I/O or the host holds it back: never a page
     "compute-bound": "#2e7d32",
     "balanced": "#1976d2",
     "io-saturated": "#d32f2f",
@@ -224,24 +226,28 @@ def mismatch_scatter(points: Sequence[Any], height: int = 440) -> go.Figure:
     return fig
 
 
-def state_share_figure(shares: Mapping[str, Mapping[str, float]], height: int | None = None) -> go.Figure:
-    """Share of time in each state per node: one stacked horizontal bar per node."""
+def state_share_figure(shares: Mapping[str, Mapping[str, float]], height: int | None = None,
+                       notes: Mapping[str, str] | None = None,
+                       empty: str = "no node has accelerator data in this range") -> go.Figure:
+    """Share of time in each state per node (or per workload): one stacked horizontal bar each,
+    in the order given; ``notes`` adds a line to a bar's hover (where a workload ran)."""
     if not shares:
-        return empty_figure("no node has accelerator data in this range", 220)
+        return empty_figure(empty, 220)
     nodes = list(shares)
     fig = go.Figure()
     states = [s for s in STATE_COLORS if any(s in shares[n] for n in nodes)]
     states += sorted({s for n in nodes for s in shares[n]} - set(states))
     shown = display_names(nodes)
-    hover = [shorten(n, 253) for n in nodes]
+    hover = [shorten(n, 253) + (f" ({shorten(notes[n], 200)})" if notes and notes.get(n) else "") for n in nodes]
     for s in states:
         fig.add_trace(go.Bar(y=shown, x=[shares[n].get(s, 0.0) * 100 for n in nodes], name=s, orientation="h",
                              marker_color=STATE_COLORS.get(s, "#bdbdbd"), customdata=hover,
                              hovertemplate="%{customdata}: %{x:.1f}%<extra>" + s + "</extra>"))
     fig.update_layout(barmode="stack")
     fig.update_xaxes(title_text="share of time (%)", range=[0, 100])
+    fig.update_yaxes(autorange="reversed")   # the first given on top
     _base_layout(fig, height or max(200, 90 + 40 * len(nodes)))
-    fig.update_layout(hovermode="closest")
+    fig.update_layout(hovermode="closest", legend_traceorder="normal")   # the states in their order
     return fig
 
 
@@ -307,3 +313,84 @@ def evidence_figure(title: str, ts: Sequence[float], values: Sequence[float], wi
     _base_layout(fig, height)
     fig.update_layout(showlegend=False, title=dict(text=title, font=dict(size=12)))
     return fig
+
+
+def episode_timeline_figure(episodes: Sequence[Any], window: tuple[float, float], height: int | None = None) -> go.Figure:
+    """The episode timeline: a row per accelerator (its workload in the row label), each run of one
+    state a bar in the state's colour, health incidents and SLO burn periods as markers; bad
+    episodes outlined.  ``episodes`` carry ``start``, ``end``, ``state``, ``kind``, ``bad``,
+    ``where`` (the row), ``workload`` (``display``) and ``causes`` (``title``)."""
+    if not episodes:
+        return empty_figure("no episodes in this window: no accelerator state and no health event stored", 200)
+    a, b = window
+    rows: list[str] = []
+    labels: dict[str, str] = {}
+    for e in episodes:
+        row = "SLO" if e.kind == "slo" else e.where
+        if row not in rows:
+            rows.append(row)
+        wl = getattr(e.workload, "display", "") if e.workload is not None else ""
+        if e.kind == "state" and wl and row not in labels:
+            labels[row] = f"{row} \u00b7 {shorten(wl, 36)}"
+    y_of = {r: i for i, r in enumerate(rows)}
+    xs: dict[str, list[Any]] = {}
+    ys: dict[str, list[Any]] = {}
+    mid_x: list[str] = []
+    mid_y: list[float] = []
+    mid_text: list[str] = []
+    marks: dict[str, tuple[list[str], list[float], list[str]]] = {}
+    for e in episodes:
+        s0, s1 = max(e.start, a), min(e.end, b)
+        row = "SLO" if e.kind == "slo" else e.where
+        y = y_of[row]
+        top = [c.title for c in getattr(e, "causes", [])[:2]]
+        text = (f"{e.where}: {e.state} {_hm(e.start)}\u2013{_hm(e.end)} ({_dur(e.end - e.start)})"
+                + (f"<br>{shorten(e.workload.display, 80)}" if e.workload is not None and e.workload.display else "")
+                + (f"<br>likely: {'; '.join(shorten(t, 60) for t in top)}" if top else ""))
+        if e.kind != "state":
+            x, yv, tx = marks.setdefault(e.kind, ([], [], []))
+            x.append(to_dt([s0])[0])
+            yv.append(y)
+            tx.append(text)
+            continue
+        if s1 <= s0:
+            continue
+        x0, x1 = to_dt([s0, s1])
+        xs.setdefault(e.state, []).extend([x0, x0, x1, x1, x0, None])
+        lo, hi = y - 0.38, y + 0.38
+        ys.setdefault(e.state, []).extend([lo, hi, hi, lo, lo, None])
+        mid_x.append(to_dt([(s0 + s1) / 2])[0])
+        mid_y.append(y)
+        mid_text.append(text)
+    fig = go.Figure()
+    for state in [s for s in STATE_COLORS if s in xs] + [s for s in xs if s not in STATE_COLORS]:
+        fig.add_trace(go.Scatter(x=xs[state], y=ys[state], fill="toself", mode="lines", name=state,
+                                 line=dict(width=0), fillcolor=STATE_COLORS.get(state, "#bdbdbd"),
+                                 hoverinfo="skip"))
+    fig.add_trace(go.Scatter(x=mid_x, y=mid_y, mode="markers", marker=dict(size=14, opacity=0), showlegend=False,
+                             text=mid_text, hovertemplate="%{text}<extra></extra>", name="episodes"))
+    for kind, (x, yv, tx) in marks.items():
+        fig.add_trace(go.Scatter(x=x, y=yv, mode="markers", name=kind,
+                                 marker=dict(symbol="star" if kind == "slo" else "x", size=12, color="#c62828",
+                                             line=dict(width=1)),
+                                 text=tx, hovertemplate="%{text}<extra></extra>"))
+    fig.update_yaxes(tickvals=list(range(len(rows))), ticktext=[labels.get(r, r) for r in rows],
+                     range=[len(rows) - 0.5, -0.5], fixedrange=True)
+    fig.update_xaxes(type="date", range=to_dt([a, b]))
+    _base_layout(fig, height or 110 + 46 * len(rows))
+    fig.update_layout(hovermode="closest", margin=dict(l=20, r=20, t=40, b=30))
+    fig.update_yaxes(automargin=True)
+    return fig
+
+
+def _hm(ts: float) -> str:
+    return to_dt([ts])[0][11:19]
+
+
+def _dur(s: float) -> str:
+    s = max(0.0, s)
+    if s < 90:
+        return f"{s:.0f} s"
+    if s < 5400:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"

@@ -1,15 +1,30 @@
-"""Root-cause results for the dashboard, through ``triscope.analysis.rca.rank_causes``.
+"""Root-cause results for the dashboard, through ``triscope.analysis.rca.rank_causes`` and the
+episode timeline (``triscope.analysis.rca_timeline.rca_timeline``).
 
 ``explain(store, node, start, end)`` returns ranked ``Cause`` rows, each with the series that
 moved most in its category (for the evidence chart), the baseline window and the detector's
-comparison; an explained empty result when ``triscope.analysis.rca`` is not in this build.
+comparison.  ``timeline(store, node, start, end)`` returns the window's episodes (docs/workloads.md
+section 3): runs of one state per accelerator with their workload, each bad one with its ranked
+causes; the one call site of the analysis timeline, with the dashboard's own runs from the stored
+per-accelerator states where that function is missing.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from triscope.dashboard.workload_data import (
+    HEALTHY,
+    Accel,
+    OwnerLookup,
+    WorkloadRef,
+    accel_of,
+    accel_state_runs,
+    owners_for,
+)
+from triscope.names import shorten
 from triscope.store.reader import StoreReader
 
 
@@ -77,3 +92,151 @@ def explain(store: StoreReader, node: str, start: float, end: float, top: int = 
     note = "" if causes else (f"nothing moved against the baseline in this window "
                               f"({res.series_examined} series examined)")
     return RcaResult(causes, (res.baseline_start, res.baseline_end), note, res.series_examined, dict(res.mismatch))
+
+
+# ---------------------------------------------------------------------------------------------- episode timeline
+@dataclass
+class EpisodeCause:
+    key: str
+    title: str
+    score: float | None
+    summary: str = ""
+
+
+@dataclass
+class EpisodeView:
+    """One episode of docs/workloads.md section 3: a run of one state on one accelerator (or a
+    health incident, an SLO burn period), with its ranked causes when it is a bad one."""
+
+    start: float
+    end: float
+    state: str
+    accelerator: str               # "gpu=0", "chip=0,npu=1", "node" (the contract's form)
+    accel: Accel | None            # parsed; None for the node
+    workload: WorkloadRef | None
+    kind: str = "state"            # state | health | slo
+    bad: bool = False
+    score: float | None = None
+    causes: list[EpisodeCause] = field(default_factory=list)
+    reference: str = ""
+    started_before: bool = False
+
+    @property
+    def where(self) -> str:
+        return self.accel.name if self.accel is not None else ("node" if self.accelerator in ("", "node")
+                                                               else self.accelerator)
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+@dataclass
+class TimelineView:
+    episodes: list[EpisodeView]
+    source: str                    # who cut the episodes
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def bad(self) -> list[EpisodeView]:
+        return [e for e in self.episodes if e.bad]
+
+
+TIMELINE_FUNCTION = "triscope.analysis.rca_timeline.rca_timeline"
+FALLBACK_EXPLAINED = 4     # the dashboard's own timeline ranks causes for this many bad episodes (longest first)
+FALLBACK_MIN_S = 10.0      # ... that last at least this long
+
+
+def timeline(store: StoreReader, node: str, start: float, end: float,
+             owners: OwnerLookup | None = None) -> TimelineView:
+    """The node's episode timeline over [start, end]: ``triscope.analysis.rca_timeline.rca_timeline``
+    (its ``as_dict()``, the JSON of docs/workloads.md section 3); where this build has no such
+    function, runs of one state per accelerator from the stored per-accelerator state series, each
+    bad one explained by ``rank_causes`` over its own span."""
+    try:
+        from triscope.analysis.rca_timeline import rca_timeline
+    except ImportError:
+        return fallback_timeline(store, node, start, end, owners)
+    try:
+        got = rca_timeline(store, node, start, end)
+    except Exception as e:  # noqa: BLE001 - the page keeps working on the stored states; the note says why
+        import logging
+
+        logging.getLogger("dashboard").exception("%s failed", TIMELINE_FUNCTION)
+        tv = fallback_timeline(store, node, start, end, owners)
+        tv.notes.insert(0, f"{TIMELINE_FUNCTION} failed ({type(e).__name__}: {str(e)[:160]}): episodes from the "
+                           "stored per-accelerator states instead")
+        return tv
+    return timeline_from_dict(got.as_dict(), owners)
+
+
+def _accel_of_name(name: str) -> Accel | None:
+    if not name or name == "node":
+        return None
+    labels = dict(p.split("=", 1) for p in name.split(",") if "=" in p)
+    return accel_of(labels)
+
+
+def _reference_text(ref: Any) -> str:
+    if not isinstance(ref, dict) or not ref:
+        return ""
+    kind = str(ref.get("kind", ""))
+    if kind == "none":
+        return "no healthy reference" + (f": {ref['why']}" if ref.get("why") else "") + " (ranked on absolute evidence)"
+    parts = [f"against {kind.replace('_', ' ')}"]
+    if ref.get("node"):
+        parts.append(f"on {shorten(str(ref['node']), 48)}")
+    if ref.get("accelerator"):
+        a = _accel_of_name(str(ref["accelerator"]))
+        parts.append(a.name if a is not None else str(ref["accelerator"]))
+    if ref.get("state"):
+        parts.append(f"({ref['state']})")
+    return " ".join(parts)
+
+
+def timeline_from_dict(d: Mapping[str, Any], owners: OwnerLookup | None = None) -> TimelineView:
+    """The contract's JSON (docs/workloads.md section 3) as the page's episodes."""
+    eps = list(d.get("episodes") or [])
+    found = owners_for(owners, (e.get("workload") or {} for e in eps))
+    out: list[EpisodeView] = []
+    for e in eps:
+        wl = e.get("workload") or {}
+        acc_name = str(e.get("accelerator") or "node")
+        out.append(EpisodeView(
+            float(e["start"]), float(e["end"]), str(e.get("state", "?")), acc_name, _accel_of_name(acc_name),
+            WorkloadRef.of(wl, found) if wl else None, str(e.get("kind", "state")),
+            bool(e.get("bad", e.get("state") not in HEALTHY)), e.get("score"),
+            [EpisodeCause(str(c.get("cause", "")), str(c.get("title", c.get("cause", ""))), c.get("score"),
+                          str(c.get("summary", ""))) for c in e.get("causes") or []],
+            _reference_text(e.get("reference")), bool(e.get("started_before"))))
+    src = d.get("states_from")
+    return TimelineView(out, f"{TIMELINE_FUNCTION}" + (f" (states from {src})" if src else ""),
+                        [str(n) for n in d.get("notes") or []])
+
+
+def fallback_timeline(store: StoreReader, node: str, start: float, end: float,
+                      owners: OwnerLookup | None = None) -> TimelineView:
+    """Runs of one state per accelerator from the stored per-accelerator state series; the longest
+    bad ones explained by ``rank_causes`` over their span (baseline: the preceding window)."""
+    from triscope.analysis.rca import rank_causes
+
+    runs = accel_state_runs(store, node, start, end, owners=owners)
+    out: list[EpisodeView] = []
+    for acc, rs in runs.items():
+        for r in rs:
+            out.append(EpisodeView(r.start, r.end, r.state, _accel_name(acc), acc, r.workload,
+                                   bad=r.state not in HEALTHY))
+    notes = [] if out else ["no per-accelerator state stored in this range"]
+    todo = sorted((e for e in out if e.bad and e.duration >= FALLBACK_MIN_S), key=lambda e: -e.duration)
+    for e in todo[:FALLBACK_EXPLAINED]:
+        res = rank_causes(store, node, max(e.start, start), min(e.end, end))
+        e.causes = [EpisodeCause(c.key, c.title, c.score, c.summary) for c in res.causes[:3]]
+        e.reference = "against the preceding window of the same length"
+    if len(todo) > FALLBACK_EXPLAINED:
+        notes.append(f"{len(todo) - FALLBACK_EXPLAINED} more bad episode(s) not explained here: open one")
+    out.sort(key=lambda e: (e.start, e.accelerator))
+    return TimelineView(out, "stored per-accelerator states (the dashboard's own runs)", notes)
+
+
+def _accel_name(a: Accel) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(a.labels.items()))

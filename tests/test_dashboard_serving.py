@@ -158,7 +158,7 @@ def test_dashboard_is_read_only(seeded_url: str) -> None:
     with app.server.test_request_context("/"):
         for page in ("fleet", "node", "mismatch", "slos", "remediation", "rootcause"):
             __import__(f"triscope.dashboard.pages.{page}", fromlist=["layout"]).layout(node="h200-node")
-        fig, meta, _, _ = node.render("1h", 0, "h200-node", None, None)
+        fig, meta, *_ = node.render("1h", 0, "h200-node", None, None)
         assert meta and fig["data"]
         node.live_append(1, meta, None)
     assert snapshot() == before

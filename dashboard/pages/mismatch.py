@@ -1,5 +1,7 @@
-"""Mismatch: link load against accelerator busy, coloured by state, for a node or the fleet; the
-share of time in each state per node (``triscope.analysis.mismatch.node_states`` over stored series)."""
+"""Mismatch: link load against accelerator busy, coloured by state, for a node or the fleet
+(``triscope.analysis.mismatch.node_states`` over stored series); the share of time in each state
+per workload, pooled over the accelerators and nodes it ran on (the agent's stored
+per-accelerator states, ``workload_data.workload_state_shares``), and per node."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from typing import Any
 import dash
 from dash import Input, Output, dcc, html
 
-from triscope.dashboard import data, figures
+from triscope.dashboard import data, figures, workload_data
 from triscope.dashboard.components import (
     error_note,
     fmt_ts,
@@ -20,6 +22,7 @@ from triscope.dashboard.components import (
     short,
 )
 from triscope.dashboard.context import ctx
+from triscope.dashboard.figures import STATE_COLORS
 from triscope.dashboard.registry import page_callback
 
 dash.register_page(__name__, path="/mismatch", name="Mismatch", order=2, title="triscope - mismatch")
@@ -41,21 +44,42 @@ def layout(node: str = ALL, range: str = "1h", **_: Any) -> html.Div:  # noqa: A
                          clearable=False, className="node-select"),
             range_picker("mismatch", range, custom=False),
         ], className="toolbar"),
+        html.Div([html.Span("states: ")] + [html.Span(st, className="state-chip", style={"backgroundColor": col},
+                                                      title=STATE_HELP.get(st, ""))
+                                            for st, col in STATE_COLORS.items()],
+                 className="legend-line", id="mismatch-legend"),
         dcc.Loading([dcc.Graph(id="mismatch-scatter", config={"displaylogo": False}),
-                     html.H3("Share of time in each state"),
+                     html.H3("Share of time in each state, per workload"),
+                     html.Div(id="mismatch-workload-note", className="muted"),
+                     dcc.Graph(id="mismatch-workloads", config={"displaylogo": False}),
+                     html.H3("Share of time in each state, per node"),
                      dcc.Graph(id="mismatch-share", config={"displaylogo": False})], delay_show=400, type="dot"),
         html.P("Each point is one detector window: accelerator busy is GPM SM activity (or NPU AICore), link load the "
                "busier PCIe direction against the link's effective ceiling. io-saturated: starved while the link is near "
-               "its ceiling; staging-bound: starved while the link runs well below it and the host copies/pins; "
-               "network-bound: starved while TCP retransmits climb.", className="muted"),
+               "its ceiling; staging-bound: starved while the link runs well below it and the host copies/pins or a "
+               "feeder thread is pegged or waits for a CPU; network-bound: starved while TCP retransmits climb; "
+               "demand-limited: not busy, and nothing says I/O or the host holds it back (the workload asks for "
+               "little; never a page).", className="muted"),
     ])
+
+
+STATE_HELP = {
+    "idle": "no work on the accelerator",
+    "demand-limited": "not busy, and no I/O or host evidence: the workload is not asking for more (never a page)",
+    "compute-bound": "the accelerator is busy",
+    "balanced": "compute and link both near their ceilings",
+    "io-saturated": "starved while the link is near its ceiling",
+    "staging-bound": "starved while the host stages copies, pins memory, or a feeder is pegged / waits for a CPU",
+    "network-bound": "starved while TCP retransmits climb",
+}
 
 
 @page_callback(
     Output("mismatch-scatter", "figure"), Output("mismatch-share", "figure"), Output("mismatch-note", "children"),
+    Output("mismatch-workloads", "figure"), Output("mismatch-workload-note", "children"),
     Input("mismatch-node", "value"), Input("mismatch-range", "value"),
 )
-def render(value: str, preset: str) -> tuple[Any, Any, Any]:
+def render(value: str, preset: str) -> tuple[Any, Any, Any, Any, Any]:
     c = ctx()
     try:
         all_nodes = sorted(c.store.nodes(), key=lambda n: -n.last_seen)
@@ -70,7 +94,38 @@ def render(value: str, preset: str) -> tuple[Any, Any, Any]:
         missing = [n for n in nodes if n not in shares]
         if missing:
             head += f"; no accelerator data: {', '.join(short(n) for n in missing[:8])}" + (" ..." if len(missing) > 8 else "")
-        return figures.mismatch_scatter(pts), figures.state_share_figure(shares), head
     except Exception as e:  # noqa: BLE001
         msg = figures.empty_figure("the detector could not run over this range (see the note)")
-        return msg, msg, error_note("running the mismatch detector", e)
+        return msg, msg, error_note("running the mismatch detector", e), msg, ""
+    try:
+        wfig, wnote = _workloads(c, nodes, w)
+    except Exception as e:  # noqa: BLE001
+        wfig, wnote = figures.empty_figure("the workloads' states could not be read (see the note)"), \
+            error_note("reading the per-accelerator states", e)
+    return figures.mismatch_scatter(pts), figures.state_share_figure(shares), head, wfig, wnote
+
+
+def _workloads(c: Any, nodes: list[str], w: data.Window) -> tuple[Any, Any]:
+    """Per workload: the share of its accelerator time in each state, worst (most I/O) first."""
+    import functools
+
+    ws = workload_data.workload_state_shares(c.store, nodes, w.start, w.end,
+                                             owners=functools.partial(workload_data.workload_owners, c.store),
+                                             fetch=data.fetch_all)
+    if not ws.shares:
+        return figures.empty_figure("no per-accelerator state stored in this range (the agent's tracker labels its "
+                                    "per-accelerator verdicts with the workload; older agents store the node's state "
+                                    "only)", 220), ""
+    bad = {k: sum(v for st, v in sh.items() if st not in workload_data.HEALTHY) for k, sh in ws.shares.items()}
+    order = sorted(ws.shares, key=lambda k: (-bad[k], k))
+    where = {}
+    for k in order:
+        accs = ws.where.get(k, set())
+        nn = len({n for n, _ in accs})
+        where[k] = f"{len(accs)} accelerator(s) on {nn} node(s), {ws.seconds.get(k, 0.0) / 3600:.2f} accelerator-hours"
+    fig = figures.state_share_figure({k: ws.shares[k] for k in order}, notes=where)
+    msg = (f"{len(order)} workload(s) from {ws.series_read} per-accelerator state series; grouped by owner "
+           "(Deployment/name, from the engine's workloads table) where resolved, else by pod")
+    if ws.series_skipped:
+        msg += f"; {ws.series_skipped} more series not read (pick a node)"
+    return fig, msg

@@ -1,5 +1,7 @@
 """Node: the three lanes (accelerators / I/O / network) on one shared time axis, the mismatch
-ribbon and the events above them; presets, custom range, live mode, "explain this window"."""
+ribbon and the events above them; presets, custom range, live mode, "explain this window"; an
+accelerator picker (``?gpu=1``, ``?npu=3&chip=0``: that accelerator's lanes, state ribbon and
+workloads' feeder evidence) and the workloads on the node's accelerators."""
 
 from __future__ import annotations
 
@@ -10,16 +12,18 @@ from urllib.parse import quote, urlencode
 import dash
 from dash import Input, Output, Patch, State, dcc, html, no_update
 
-from triscope.dashboard import data, figures
+from triscope.dashboard import data, figures, workload_data
 from triscope.dashboard.components import error_note, fmt_ts, name_span, note, parse_ts, range_picker, short
 from triscope.dashboard.context import ctx
+from triscope.dashboard.node_parts import accel_picker, workload_panel
 from triscope.dashboard.registry import page_callback
 
 dash.register_page(__name__, path="/node", path_template="/node/<node>", name="Node", order=1, title="triscope - node",
                    nav_hidden=True)
 
 
-def layout(node: str | None = None, range: str = "", start: str = "", end: str = "", **_: Any) -> html.Div:  # noqa: A002
+def layout(node: str | None = None, range: str = "", start: str = "", end: str = "",  # noqa: A002
+           gpu: str = "", npu: str = "", chip: str = "", **_: Any) -> html.Div:
     c = ctx()
     infos = {n.name: n for n in c.store.nodes()}
     known = list(infos)
@@ -32,8 +36,10 @@ def layout(node: str | None = None, range: str = "", start: str = "", end: str =
                          html.Ul([html.Li(dcc.Link(name_span(n), href=f"/node/{quote(n)}")) for n in known])])
     preset = "custom" if (start and end and range in ("", "custom", "1h", "15m")) and parse_ts(start) and parse_ts(end) \
         else (range or "1h")
+    accel = workload_data.accel_from_query(gpu, npu, chip)
     return html.Div([
         dcc.Store(id="node-name", data=node),
+        dcc.Store(id="node-accel", data=accel.query if accel is not None else ""),
         dcc.Store(id="node-meta"),
         html.Div([html.H2(name_span(node), className="node-title"),
                   html.Span(id="node-window-note", className="window-note")], className="page-head"),
@@ -43,6 +49,8 @@ def layout(node: str | None = None, range: str = "", start: str = "", end: str =
                           className="live-toggle"),
             html.Div(id="node-explain", className="explain"),
         ], className="toolbar"),
+        html.Div(id="node-accels", className="accel-picker"),
+        html.Div(id="node-workloads", className="workload-panel"),
         dcc.Interval(id="node-interval", interval=int(c.live_interval_s * 1000), disabled=True),
         dcc.Loading(dcc.Graph(id="node-graph", config={"displaylogo": False, "scrollZoom": False},
                               figure=figures.empty_figure("loading...", 820)), delay_show=400, type="dot"),
@@ -63,26 +71,32 @@ def _window(c: Any, node: str, preset: str, start: str | None, end: str | None) 
 
 @page_callback(
     Output("node-graph", "figure"), Output("node-meta", "data"), Output("node-window-note", "children"),
-    Output("node-status", "children"),
+    Output("node-status", "children"), Output("node-accels", "children"), Output("node-workloads", "children"),
     Input("node-range", "value"), Input("node-apply", "n_clicks"), Input("node-name", "data"),
-    State("node-start", "value"), State("node-end", "value"),
+    State("node-start", "value"), State("node-end", "value"), State("node-accel", "data"),
 )
-def render(preset: str, _clicks: int, node: str, start: str | None, end: str | None) -> tuple[Any, ...]:
+def render(preset: str, _clicks: int, node: str, start: str | None, end: str | None,
+           accel_query: str | None = None) -> tuple[Any, ...]:
     c = ctx()
     t0 = time.perf_counter()
+    accel = _accel(accel_query)
     try:
         w = _window(c, node, preset, start, end)
     except ValueError as e:
-        return no_update, no_update, "", note(str(e), "warn")
+        return no_update, no_update, "", note(str(e), "warn"), no_update, no_update
     except Exception as e:  # noqa: BLE001 - the store is unreachable: say so
         return figures.empty_figure("the node's data could not be read (see the note below)"), None, "", \
-            error_note("reading the node", e)
+            error_note("reading the node", e), "", ""
     try:
-        lanes = data.node_lanes(c.store, node, w, max_points=c.max_points)
-        fig, keys = figures.node_lanes_figure(lanes, uirevision=f"{node}|{preset}|{w.start:.0f}")
+        lanes = data.node_lanes(c.store, node, w, max_points=c.max_points, accel=accel)
+        fig, keys = figures.node_lanes_figure(lanes, uirevision=f"{node}|{accel_query or ''}|{preset}|{w.start:.0f}")
     except Exception as e:  # noqa: BLE001 - say it in the page, never a traceback
         return figures.empty_figure("the node's data could not be read (see the note below)"), None, "", \
-            error_note("reading the node's series", e)
+            error_note("reading the node's series", e), "", ""
+    try:
+        picker, panel = _accel_parts(c, node, lanes, w, preset, start, end)
+    except Exception as e:  # noqa: BLE001
+        picker, panel = "", error_note("reading the node's workloads", e)
     npts = sum(len(t.ts) for t in lanes.traces)
     cursor = max((t.ts[-1] for t in lanes.traces if t.ts and t.metric != "capacity"), default=w.end)
     meta = {"node": node, "keys": keys, "cursor": cursor, "start": w.start, "end": w.end, "live": w.live}
@@ -90,7 +104,31 @@ def render(preset: str, _clicks: int, node: str, start: str | None, end: str | N
     status = (f"{len(lanes.traces)} series, {npts} points after downsampling, {len(lanes.events)} events"
               + (" (more events in range than shown)" if lanes.events_truncated else "")
               + f"; ribbon: {lanes.segments_note}; built in {(time.perf_counter() - t0) * 1000:.0f} ms")
-    return fig, meta, head, status
+    return fig, meta, head, status, picker, panel
+
+
+def _accel(query: str | None) -> workload_data.Accel | None:
+    from urllib.parse import parse_qs
+
+    q = {k: v[0] for k, v in parse_qs(query or "").items()}
+    return workload_data.accel_from_query(q.get("gpu"), q.get("npu"), q.get("chip"))
+
+
+def _accel_parts(c: Any, node: str, lanes: data.NodeLanes, w: data.Window, preset: str, start: str | None,
+                 end: str | None) -> tuple[Any, Any]:
+    """The accelerator picker (links that keep the range) and the workload panel."""
+    import functools
+
+    if not lanes.accels:
+        return "", ""
+    lookup = functools.partial(workload_data.workload_owners, c.store)
+    now = workload_data.node_current(c.store, node, lookup)
+    keep: dict[str, str] = {"range": preset}
+    if preset == "custom" and start and end:
+        keep.update(start=str(start), end=str(end))
+    rows = workload_data.node_workloads(c.store, node, w.start, w.end, lanes.accel, owners=lookup,
+                                        fetch=data.fetch_all)
+    return accel_picker(node, lanes.accels, lanes.accel, now, keep), workload_panel(rows, lanes.accel, w)
 
 
 @page_callback(Output("node-interval", "disabled"), Input("node-live", "value"))
@@ -120,7 +158,7 @@ def live_append(_n: int, meta: dict[str, Any] | None, relayout: dict[str, Any] |
         return no_update, no_update
     if not any(ts for ts, _ in delta.values()):
         return no_update, no_update
-    scale = {s.metric: s.scale for s in (*data.NODE_TRACES, data.COARSE_GPU)}
+    scale = {s.metric: s.scale for s in (*data.NODE_TRACES, data.COARSE_GPU, *data.WORKLOAD_TRACES)}
     p = Patch()
     newest = since
     for i, key in enumerate(meta["keys"]):

@@ -1,11 +1,13 @@
-"""Root cause: node and window in, ranked causes with their evidence charts out
-(``triscope.analysis.rca``), next to what the mismatch detector and the events say about the window."""
+"""Root cause: node and window in; out the episode timeline (runs of one state per accelerator
+with their workload, each bad one with its ranked causes: ``rca_view.timeline``), the ranked
+causes of the whole window with their evidence charts (``triscope.analysis.rca``), and what the
+mismatch detector and the events say about the window."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import dash
 from dash import Input, Output, State, dcc, html
@@ -15,6 +17,7 @@ from triscope.dashboard.components import (
     empty_state,
     error_note,
     fmt_ts,
+    full,
     node_from_value,
     node_options,
     node_value,
@@ -77,13 +80,17 @@ def explain(_n: int, value: str, start: str | None, end: str | None) -> tuple[An
     t0 = time.perf_counter()
     parts: list[Any] = []
     try:
+        parts += _episodes(c, node, a, b)
+    except Exception as e:  # noqa: BLE001
+        parts.append(error_note("the episode timeline", e))
+    try:
         res = rca_view.explain(c.store, node, a, b)
     except Exception as e:  # noqa: BLE001
         res = None
         parts.append(error_note("the root-cause query", e))
     if res is not None:
         if res.causes:
-            parts.append(html.H3(f"Likely causes ({len(res.causes)}; {res.series_examined} series against the "
+            parts.append(html.H3(f"Likely causes over the whole window ({len(res.causes)}; {res.series_examined} series against the "
                                  f"baseline {fmt_ts(res.baseline[0]) if res.baseline else ''} to "
                                  f"{fmt_ts(res.baseline[1]) if res.baseline else ''})"))
             parts.append(html.Ol([_cause(c, node, i, cz, a, b, res.baseline) for i, cz in enumerate(res.causes[:8])],
@@ -96,6 +103,52 @@ def explain(_n: int, value: str, start: str | None, end: str | None) -> tuple[An
         parts.append(error_note("reading the window's events", e))
     parts.append(html.Div(f"answered in {(time.perf_counter() - t0) * 1000:.0f} ms", className="status-line"))
     return parts, link
+
+
+def _episodes(c: Any, node: str, a: float, b: float) -> list[Any]:
+    """The window's episode timeline and its bad episodes, each with its ranked causes."""
+    import functools
+
+    from triscope.dashboard.workload_data import workload_owners
+
+    tv = rca_view.timeline(c.store, node, a, b, owners=functools.partial(workload_owners, c.store))
+    out: list[Any] = [html.H3("Episodes: one state per accelerator"),
+                      dcc.Graph(id="rootcause-timeline", figure=figures.episode_timeline_figure(tv.episodes, (a, b)),
+                                config={"displaylogo": False})]
+    for n in tv.notes:
+        out.append(note(n, "info"))
+    bad = [e for e in tv.bad if e.end > a and e.start < b]
+    if not bad:
+        out.append(empty_state("No bad episode in this window", "every accelerator was idle, demand-limited, "
+                               "compute-bound or balanced (or no state is stored)", id="rootcause-noepisodes"))
+    else:
+        out.append(html.Ol([_episode(node, e) for e in bad[:20]], className="episodes causes", id="rootcause-episodes"))
+    out.append(html.Div(f"episodes from {tv.source}", className="muted"))
+    return out
+
+
+def _episode(node: str, e: rca_view.EpisodeView) -> html.Li:
+    wl = e.workload.display if e.workload is not None and e.workload.display else ""
+    head = [html.B(e.where), html.Span(short(wl, 80), className="muted", title=full(e.workload.detail))
+            if wl and e.workload is not None else None,
+            html.Span(e.state, className="state-chip", style={"backgroundColor": STATE_COLORS.get(e.state, "#9e9e9e")}),
+            html.Span(f"{fmt_ts(e.start)} → {fmt_ts(e.end)} UTC ({figures._dur(e.duration)})"
+                      + (" (began before the window)" if e.started_before else ""), className="ep-span"),
+            html.Span(f"score {e.score:.2f}" if e.score is not None else "", className="badge") if e.score is not None
+            else None,
+            dcc.Link("explain this episode →", href="/rootcause?" + urlencode(
+                {"node": node, "start": f"{e.start:.0f}", "end": f"{e.end:.0f}"}), className="btn")]
+    kids: list[Any] = [html.Div([h for h in head if h is not None], className="ep-head")]
+    if e.causes:
+        kids.append(html.Ol([html.Li([html.Span(short(cz.title, 120), className="cause-title"),
+                                      html.Span(f" score {cz.score:.2f}" if cz.score is not None else "", className="muted")],
+                                     title=short(cz.summary, 600) or None)
+                             for cz in e.causes[:3]], className="ep-causes"))
+    if e.reference:
+        kids.append(html.Div(short(e.reference, 300), className="muted"))
+    data_attrs: dict[str, Any] = {"data-accelerator": e.accelerator, "data-state": e.state,
+                                  "data-start": f"{e.start:.0f}", "data-end": f"{e.end:.0f}"}
+    return html.Li(kids, className="card episode", **data_attrs)
 
 
 def _cause(c: Any, node: str, i: int, cz: rca_view.Cause, a: float, b: float,

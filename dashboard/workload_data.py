@@ -1,0 +1,556 @@
+"""Accelerators and the workloads on them, as the pages read them (docs/workloads.md).
+
+The agent labels its per-accelerator series with the accelerator (``gpu``, or ``npu`` +
+``chip``) and the workload (``namespace``, ``pod``, ``container``, ``workload``); the engine
+keeps each pod's owner (``Deployment/name``, ...) in the store's ``workloads`` table.  This
+module turns those series into what the Fleet, Node, Mismatch and Root cause pages show: the
+accelerators of a node, each one's current state and workload, the workloads' feeder evidence
+over a window, the share of time each workload spent in each state, and runs of one state per
+accelerator.  Reads go through the store's read functions only (no SQL here).
+
+Per-accelerator states are read from the stored ``triscope_mismatch_state`` series the agent's
+online tracker writes.  The functions that read them (``accel_state_runs``, ``workload_state_shares``)
+are the call sites to point at ``triscope.analysis`` once it classifies stored windows per
+accelerator.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from triscope.analysis.mismatch import IO_STATES, STATES
+from triscope.store.reader import SeriesInfo, StoreReader
+
+if TYPE_CHECKING:   # the workloads table is read with the store's own functions (like the audit log)
+    from triscope.store.api import Store
+
+log = logging.getLogger(__name__)
+
+ACCEL_KEYS = ("gpu", "npu", "chip")
+WORKLOAD_KEYS = ("namespace", "pod", "container", "workload")
+STATE_METRIC = "triscope_mismatch_state"
+SCORE_METRIC = "triscope_mismatch_score"
+INFO_METRIC = "triscope_accelerator_workload_info"
+WORKLOAD_PREFIX = "triscope_workload_"
+# states that are not a coordination problem (never an episode to explain, never a page)
+HEALTHY = frozenset(STATES) - IO_STATES
+# the node roll-up picks the worst accelerator: I/O states first (by score), then this order
+SEVERITY = ("network-bound", "staging-bound", "io-saturated", "balanced", "compute-bound", "demand-limited", "idle")
+
+
+# ---------------------------------------------------------------------------------------------- accelerators
+def _num(v: str) -> tuple[int, str]:
+    return (int(v), "") if v.isdigit() else (1 << 30, v)
+
+
+@dataclass(frozen=True)
+class Accel:
+    """One accelerator of a node: a GPU by its NVML index, an NPU by ``npu`` id and ``chip``."""
+
+    kind: str        # "gpu" or "npu"
+    index: str
+    chip: str = ""
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {"gpu": self.index} if self.kind == "gpu" else {"npu": self.index, "chip": self.chip}
+
+    @property
+    def name(self) -> str:
+        if self.kind == "gpu":
+            return f"GPU {self.index}"
+        return f"NPU {self.index}/{self.chip}" if self.chip else f"NPU {self.index}"
+
+    @property
+    def query(self) -> str:
+        """The page's URL parameters for it: ``gpu=1``, ``npu=3&chip=0``."""
+        if self.kind == "gpu":
+            return f"gpu={self.index}"
+        return f"npu={self.index}" + (f"&chip={self.chip}" if self.chip else "")
+
+    @property
+    def sort_key(self) -> tuple[Any, ...]:
+        return (self.kind != "gpu", _num(self.index), _num(self.chip))
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        return accel_of(labels) == self
+
+
+def accel_of(labels: Mapping[str, str]) -> Accel | None:
+    """The accelerator a series' labels name, None for a node-wide series."""
+    g = labels.get("gpu")
+    if g:
+        return Accel("gpu", str(g))
+    n = labels.get("npu")
+    if n:
+        return Accel("npu", str(n), str(labels.get("chip") or ""))
+    return None
+
+
+_SAFE = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+
+
+def accel_from_query(gpu: str | None = None, npu: str | None = None, chip: str | None = None) -> Accel | None:
+    """The accelerator a page's ``?gpu=1`` / ``?npu=3&chip=0`` names (None: the whole node)."""
+    if gpu and _SAFE.fullmatch(str(gpu)):
+        return Accel("gpu", str(gpu))
+    if npu and _SAFE.fullmatch(str(npu)):
+        return Accel("npu", str(npu), str(chip) if chip and _SAFE.fullmatch(str(chip)) else "")
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- workloads
+@dataclass(frozen=True)
+class WorkloadRef:
+    """A workload's labels as the agent wrote them, plus its owner from the workloads table."""
+
+    namespace: str = ""
+    pod: str = ""
+    container: str = ""
+    workload: str = ""
+    owner: str = ""           # "Deployment/vit-serve" (the engine's resolution), "" when not resolved
+
+    @classmethod
+    def of(cls, labels: Mapping[str, str], owners: Mapping[tuple[str, str], str] | None = None) -> WorkloadRef:
+        ns, pod = str(labels.get("namespace") or ""), str(labels.get("pod") or "")
+        return cls(ns, pod, str(labels.get("container") or ""), str(labels.get("workload") or ""),
+                   (owners or {}).get((ns, pod), "") if pod else "")
+
+    @property
+    def empty(self) -> bool:
+        return not (self.pod or self.workload)
+
+    @property
+    def kind_name(self) -> str:
+        """``Deployment/name`` when known: the agent's ``workload`` label, else the owner."""
+        w = self.workload
+        if w and "/" in w and not w.startswith(("unit:", "cmd:")):
+            return w
+        return self.owner
+
+    @property
+    def display(self) -> str:
+        """``inference/Deployment/vit-serve`` (resolved), ``inference/vit-serve-6c9d7f8b4-k2x7q``
+        (the pod, owner not resolved yet), ``unit:x.service`` / ``cmd:python`` off Kubernetes,
+        ``shared`` / ``other``; "" when no process uses the accelerator."""
+        kn = self.kind_name
+        if kn:
+            return f"{self.namespace}/{kn}" if self.namespace else kn
+        if self.workload:
+            return self.workload
+        if self.pod:
+            return f"{self.namespace}/{self.pod}" if self.namespace else self.pod
+        return ""
+
+    @property
+    def brief(self) -> str:
+        """``Deployment/vit-serve`` when resolved, else as ``display`` (``namespace/pod``): a fleet cell."""
+        return self.kind_name or self.display
+
+    @property
+    def detail(self) -> str:
+        """Everything known, for a tooltip."""
+        parts = [self.display or "no process"]
+        if self.kind_name and self.pod:
+            parts.append(f"pod {self.pod}")
+        if self.container:
+            parts.append(f"container {self.container}")
+        return ", ".join(parts)
+
+
+OWNERS_BULK = 500   # above this many pods one read of the whole table beats lookups 500 at a time
+
+
+def workload_owners(store: Store, pods: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """(namespace, pod) -> ``Kind/name`` for ``pods`` from the engine's ``workloads`` table
+    (``triscope.store.workloads``); empty when this store has no such table yet."""
+    from triscope.store.workloads import owners, workloads
+
+    pairs = {(ns, pod) for ns, pod in pods if pod}
+    if not pairs:
+        return {}
+    try:
+        if len(pairs) <= OWNERS_BULK:
+            return owners(store, pairs)
+        return {(w.namespace, w.pod): w.workload for w in workloads(store, limit=1_000_000)
+                if (w.namespace, w.pod) in pairs}
+    except Exception as e:  # noqa: BLE001 - not migrated yet / older store: the pods are shown unresolved
+        log.debug("workloads table unavailable: %s", e)
+        return {}
+
+
+OwnerLookup = Callable[[Iterable[tuple[str, str]]], Mapping[tuple[str, str], str]]
+"""(namespace, pod) pairs -> their ``Kind/name``: ``functools.partial(workload_owners, store)``."""
+
+
+def owners_for(lookup: OwnerLookup | None, labels: Iterable[Mapping[str, str]]) -> dict[tuple[str, str], str]:
+    """One lookup for the pods the label sets name (those without a ``Kind/name`` of their own)."""
+    if lookup is None:
+        return {}
+    pairs = {(str(lab.get("namespace") or ""), str(lab.get("pod") or "")) for lab in labels
+             if lab.get("pod") and not WorkloadRef.of(lab).kind_name}
+    return dict(lookup(pairs)) if pairs else {}
+
+
+def with_owners(nows: Sequence[NodeNow], lookup: OwnerLookup | None) -> None:
+    """Fill in the owners of every workload of ``nows`` (in place, one lookup for all)."""
+    if lookup is None:
+        return
+    refs: set[WorkloadRef] = set()
+    for n in nows:
+        for a in n.accels.values():
+            if a.workload is not None:
+                refs.add(a.workload)
+            refs.update(a.workloads)
+    pairs = {(r.namespace, r.pod) for r in refs if r.pod and not r.kind_name}
+    found = lookup(pairs) if pairs else {}
+    if not found:
+        return
+
+    fixed: dict[WorkloadRef, WorkloadRef] = {}
+    for r in refs:
+        o = found.get((r.namespace, r.pod))
+        if o and not r.kind_name:
+            fixed[r] = WorkloadRef(r.namespace, r.pod, r.container, r.workload, o)
+    for n in nows:
+        for a in n.accels.values():
+            if a.workload is not None:
+                a.workload = fixed.get(a.workload, a.workload)
+            a.workloads = [fixed.get(w, w) for w in a.workloads]
+
+
+def workload_of(labels: Mapping[str, str], owners: Mapping[tuple[str, str], str] | None = None) -> WorkloadRef:
+    return WorkloadRef.of(labels, owners)
+
+
+# ---------------------------------------------------------------------------------------------- current state
+@dataclass
+class AccelNow:
+    """An accelerator's newest stored state, score and workloads."""
+
+    accel: Accel
+    state: str = ""            # "" when the agent stores no per-accelerator state for it
+    score: float | None = None
+    ts: float = -1.0
+    workload: WorkloadRef | None = None             # the dominant one (the state series' labels)
+    workloads: list[WorkloadRef] = field(default_factory=list)   # every one with a process on it now
+
+    @property
+    def shown_workload(self) -> WorkloadRef | None:
+        return self.workload if self.workload is not None and not self.workload.empty else (
+            self.workloads[0] if self.workloads else self.workload)
+
+    def workload_text(self, brief: bool = False) -> str:
+        """The workload shown for it (``+N`` when more share the accelerator), "no process"."""
+        w = self.shown_workload
+        text = (w.brief if brief else w.display) if w is not None else ""
+        extra = len(set(self.workloads) - {w})
+        return (text or "no process") + (f" +{extra}" if extra else "")
+
+
+@dataclass
+class NodeNow:
+    state: str = ""
+    score: float | None = None
+    ts: float = -1.0
+    accels: dict[Accel, AccelNow] = field(default_factory=dict)
+
+
+INFO_SLACK_S = 30.0   # workloads whose info point is this close to the newest one count as present now
+
+
+def current_from(entries: Iterable[tuple[str, Mapping[str, str] | str, float, float]],
+                 owners: Mapping[tuple[str, str], str] | None = None,
+                 parse: Any = None) -> NodeNow:
+    """A node's current roll-up and per-accelerator state from the newest point of each of its
+    mismatch and workload-info series: ``(metric, labels, ts, value)``, labels as a dict or (with
+    ``parse``) as the store's label-key text, parsed only for the entries that matter."""
+    out = NodeNow()
+    info: dict[Accel, list[tuple[float, WorkloadRef]]] = {}
+    scores: dict[Accel, tuple[float, float]] = {}
+    node_score_ts = -1.0
+    for metric, lk, ts, value in entries:
+        if metric == STATE_METRIC and value < 0.5:
+            continue
+        lab: Mapping[str, str] = parse(lk) if parse is not None and isinstance(lk, str) else lk  # type: ignore[assignment]
+        acc = accel_of(lab)
+        if metric == STATE_METRIC:
+            if acc is None:
+                if ts > out.ts:
+                    out.state, out.ts = str(lab.get("state", "?")), ts
+                continue
+            now = out.accels.setdefault(acc, AccelNow(acc))
+            if ts > now.ts:
+                now.state, now.ts, now.workload = str(lab.get("state", "?")), ts, WorkloadRef.of(lab, owners)
+        elif metric == SCORE_METRIC:
+            if acc is None:
+                if ts >= node_score_ts:
+                    out.score, node_score_ts = value, ts
+            elif ts >= scores.get(acc, (-1.0, 0.0))[0]:
+                scores[acc] = (ts, value)
+        elif metric == INFO_METRIC and acc is not None and value >= 0.5:
+            info.setdefault(acc, []).append((ts, WorkloadRef.of(lab, owners)))
+    for acc, (_ts, v) in scores.items():
+        out.accels.setdefault(acc, AccelNow(acc)).score = v
+    for acc, items in info.items():
+        newest = max(t for t, _ in items)
+        now = out.accels.setdefault(acc, AccelNow(acc))
+        seen: set[WorkloadRef] = set()
+        for t, w in sorted(items, key=lambda x: (x[1].display, x[1].container)):
+            if t >= newest - INFO_SLACK_S and w not in seen and not w.empty:
+                seen.add(w)
+                now.workloads.append(w)
+    if not out.state and any(a.state for a in out.accels.values()):  # no roll-up stored: the worst accelerator
+        worst = rollup(list(out.accels.values()))
+        if worst is not None:
+            out.state, out.score = worst.state, worst.score
+    return out
+
+
+def rollup(accels: Sequence[AccelNow]) -> AccelNow | None:
+    """The worst accelerator: I/O states first (by score), then by ``SEVERITY``."""
+    have = [a for a in accels if a.state]
+    if not have:
+        return None
+
+    def key(a: AccelNow) -> tuple[int, float, int]:
+        io = a.state not in HEALTHY and a.state in SEVERITY
+        sev = SEVERITY.index(a.state) if a.state in SEVERITY else len(SEVERITY)
+        return (0 if io else 1, -(a.score or 0.0) if io else 0.0, sev)
+
+    return min(have, key=key)
+
+
+def node_current(store: StoreReader, node: str, owners: OwnerLookup | None = None) -> NodeNow:
+    """``current_from`` over one node's newest points (two reads), owners looked up."""
+    entries: list[tuple[str, Mapping[str, str], float, float]] = []
+    for lv in store.latest(node, prefix="triscope_mismatch_"):
+        entries.append((lv.info.metric, lv.info.labels, lv.ts, lv.value))
+    for lv in store.latest(node, metric=INFO_METRIC):
+        entries.append((lv.info.metric, lv.info.labels, lv.ts, lv.value))
+    now = current_from(entries)
+    with_owners([now], owners)
+    return now
+
+
+def node_accels(store: StoreReader, node: str, infos: Sequence[SeriesInfo] | None = None) -> list[Accel]:
+    """Every accelerator the node's series name (GPU and NPU series, per-accelerator verdicts,
+    workload info), sorted GPUs first by index."""
+    seen: set[Accel] = set()
+    for s in infos if infos is not None else store.series(node=node, prefix="triscope_"):
+        if s.metric.startswith(("triscope_gpu_", "triscope_npu_", "triscope_mismatch_", "triscope_accelerator_",
+                                WORKLOAD_PREFIX)):
+            a = accel_of(s.labels)
+            if a is not None:
+                seen.add(a)
+    return sorted(seen, key=lambda a: a.sort_key)
+
+
+# ---------------------------------------------------------------------------------------------- the node's workloads
+WORKLOAD_METRICS = ("processes", "sm_ratio", "cpu_seconds_total", "feeder_busy_ratio", "cpu_wait_ratio",
+                    "cpu_pressure_ratio")
+
+
+@dataclass
+class WorkloadRow:
+    """One workload on one accelerator over a window: its labels and the host-side evidence."""
+
+    accel: Accel
+    ref: WorkloadRef
+    uuid: str = ""
+    processes: float | None = None     # newest
+    sm_share: float | None = None      # mean (0..1)
+    cpu_cores: float | None = None     # mean CPU seconds per second
+    feeder_busy: float | None = None   # mean (0..1)
+    feeder_busy_peak: float | None = None
+    cpu_wait: float | None = None      # mean (0..1)
+    cpu_wait_peak: float | None = None
+    cpu_pressure: float | None = None  # mean (0..1)
+    last_seen: float | None = None
+
+
+def _wkey(acc: Accel, labels: Mapping[str, str]) -> tuple[Accel, tuple[str, ...]]:
+    return acc, tuple(str(labels.get(k) or "") for k in WORKLOAD_KEYS)
+
+
+def node_workloads(store: StoreReader, node: str, start: float, end: float, accel: Accel | None = None,
+                   owners: OwnerLookup | None = None, max_points: int = 240,
+                   fetch: Any = None, max_series: int = 200) -> list[WorkloadRow]:
+    """The workloads on the node's accelerators (or on ``accel``) over [start, end], with their
+    processes, SM share, CPU, feeder busy, CPU wait and CPU pressure (``triscope_workload_*``)."""
+    infos = [s for s in store.series(node=node, prefix=WORKLOAD_PREFIX)] + store.series(node=node, metric=INFO_METRIC)
+    infos = [s for s in infos if accel_of(s.labels) is not None and (accel is None or accel.matches(s.labels))]
+    infos = infos[:max_series]
+    if not infos:
+        return []
+    found = owners_for(owners, (i.labels for i in infos))
+    if fetch is None:
+        datas = [store.query_series(i, start, end, max_points=max_points) for i in infos]
+    else:
+        datas = fetch(store, infos, start, end, max_points)
+    rows: dict[tuple[Accel, tuple[str, ...]], WorkloadRow] = {}
+    for info, d in zip(infos, datas, strict=True):
+        acc = accel_of(info.labels)
+        if acc is None or not d.values:
+            continue
+        k = _wkey(acc, info.labels)
+        row = rows.get(k)
+        if row is None:
+            row = rows[k] = WorkloadRow(acc, WorkloadRef.of(info.labels, found))
+        row.last_seen = max(row.last_seen or d.ts[-1], d.ts[-1])
+        vals = d.values
+        mean = sum(vals) / len(vals)
+        m = info.metric.removeprefix(WORKLOAD_PREFIX)
+        if info.metric == INFO_METRIC:
+            row.uuid = str(info.labels.get("uuid") or row.uuid)
+        elif m == "processes":
+            row.processes = vals[-1]
+        elif m == "sm_ratio":
+            row.sm_share = mean
+        elif m == "cpu_seconds_total":
+            row.cpu_cores = mean
+        elif m == "feeder_busy_ratio":
+            row.feeder_busy, row.feeder_busy_peak = mean, max(vals)
+        elif m == "cpu_wait_ratio":
+            row.cpu_wait, row.cpu_wait_peak = mean, max(vals)
+        elif m == "cpu_pressure_ratio":
+            row.cpu_pressure = mean
+    return sorted(rows.values(), key=lambda r: (r.accel.sort_key, r.ref.display, r.ref.container))
+
+
+# ---------------------------------------------------------------------------------------------- stored state runs
+@dataclass
+class StateRun:
+    """A run of one state on one accelerator (one workload) from the stored state series."""
+
+    accel: Accel | None          # None: the node roll-up
+    state: str
+    start: float
+    end: float
+    workload: WorkloadRef | None = None
+    score: float | None = None
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+def state_infos(store: StoreReader, node: str | None, accel: Accel | None = None,
+                per_accel: bool = True) -> list[SeriesInfo]:
+    """The stored state series of ``node`` (every node when None): the per-accelerator ones (of
+    ``accel`` when given) or, with ``per_accel=False``, the node roll-up."""
+    infos = store.series(node=node, metric=STATE_METRIC, labels=accel.labels if accel is not None else None)
+    if per_accel:
+        return [s for s in infos if accel_of(s.labels) is not None]
+    return [s for s in infos if accel_of(s.labels) is None]
+
+
+def runs_from(datas: Iterable[Any], end: float, max_gap: float | None = None,
+              owners: Mapping[tuple[str, str], str] | None = None) -> dict[tuple[str, Accel | None], list[StateRun]]:
+    """Runs of one (state, workload) per (node, accelerator) from state series points (a point
+    with value >= 0.5 says the state held from it to the next point of that accelerator, or
+    ``end``; a gap over ``max_gap`` ends a run early: no data is not a state)."""
+    pts: dict[tuple[str, Accel | None], list[tuple[float, str, tuple[str, ...], Mapping[str, str]]]] = {}
+    step: dict[tuple[str, Accel | None], float] = {}
+    for d in datas:
+        lab = d.info.labels
+        k = (d.info.node, accel_of(lab))
+        if len(d.ts) > 1:
+            step[k] = max(step.get(k, 0.0), (d.ts[-1] - d.ts[0]) / (len(d.ts) - 1))
+        st = str(lab.get("state", "?"))
+        wk = tuple(str(lab.get(x) or "") for x in WORKLOAD_KEYS)
+        bucket = pts.setdefault(k, [])
+        bucket.extend((t, st, wk, lab) for t, v in zip(d.ts, d.values, strict=False) if v >= 0.5)
+    out: dict[tuple[str, Accel | None], list[StateRun]] = {}
+    for k, p in pts.items():
+        p.sort(key=lambda x: x[0])
+        gap = max_gap if max_gap is not None else max(30.0, 4 * step.get(k, 1.0))
+        runs: list[StateRun] = []
+        for i, (t, st, wk, lab) in enumerate(p):
+            nxt = p[i + 1][0] if i + 1 < len(p) else end
+            nxt = min(nxt, t + gap)
+            last = runs[-1] if runs else None
+            if last is not None and last.state == st and abs(last.end - t) < 1e-6 and (
+                    last.workload is None or _wk(last.workload) == wk):
+                last.end = max(last.end, nxt)
+            else:
+                runs.append(StateRun(k[1], st, t, nxt, WorkloadRef.of(lab, owners) if k[1] is not None else None))
+        out[k] = [r for r in runs if r.end > r.start]
+    return out
+
+
+def _wk(w: WorkloadRef) -> tuple[str, ...]:
+    return (w.namespace, w.pod, w.container, w.workload)
+
+
+def accel_state_runs(store: StoreReader, node: str, start: float, end: float, accel: Accel | None = None,
+                     max_points: int = 600, owners: OwnerLookup | None = None,
+                     fetch: Any = None) -> dict[Accel, list[StateRun]]:
+    """Per accelerator of ``node`` (or ``accel`` alone), the runs of one state over [start, end]
+    from the stored per-accelerator state series."""
+    infos = state_infos(store, node, accel)
+    if not infos:
+        return {}
+    datas = (fetch(store, infos, start, end, max_points) if fetch is not None
+             else [store.query_series(i, start, end, max_points=max_points, rate=False) for i in infos])
+    got = runs_from(datas, end, owners=owners_for(owners, (i.labels for i in infos)))
+    return {k[1]: v for k, v in sorted(got.items(), key=lambda kv: kv[0][1].sort_key if kv[0][1] else ())
+            if k[1] is not None}
+
+
+# ---------------------------------------------------------------------------------------------- the mismatch page
+@dataclass
+class WorkloadShares:
+    """Share of time in each state per workload, over the accelerators and nodes it ran on."""
+
+    shares: dict[str, dict[str, float]] = field(default_factory=dict)    # workload -> state -> share
+    seconds: dict[str, float] = field(default_factory=dict)              # workload -> accelerator-seconds
+    where: dict[str, set[tuple[str, Accel]]] = field(default_factory=dict)  # workload -> (node, accel)
+    series_read: int = 0
+    series_skipped: int = 0
+
+
+NO_WORKLOAD = "(no workload attributed)"
+
+
+def workload_state_shares(store: StoreReader, nodes: Sequence[str], start: float, end: float,
+                          owners: OwnerLookup | None = None, max_points: int = 240,
+                          fetch: Any = None, max_series: int = 1200) -> WorkloadShares:
+    """Over [start, end], each workload's share of accelerator time in each state, pooled over
+    every (node, accelerator) it ran on, from the stored per-accelerator state series.  Workloads
+    group by their resolved owner (``Deployment/name``) when the workloads table has it, else by
+    pod.  At most ``max_series`` series are read (the nodes first in ``nodes`` first)."""
+    want = set(nodes)
+    order = {n: i for i, n in enumerate(nodes)}
+    infos = [s for s in state_infos(store, None) if s.node in want]
+    infos.sort(key=lambda s: (order[s.node], s.id))
+    out = WorkloadShares()
+    out.series_skipped = max(0, len(infos) - max_series)
+    infos = infos[:max_series]
+    out.series_read = len(infos)
+    if not infos:
+        return out
+    datas = (fetch(store, infos, start, end, max_points) if fetch is not None
+             else [store.query_series(i, start, end, max_points=max_points, rate=False) for i in infos])
+    secs: dict[str, dict[str, float]] = {}
+    found = owners_for(owners, (i.labels for i in infos))
+    for (node, acc), runs in runs_from(datas, end, owners=found).items():
+        if acc is None:
+            continue
+        for r in runs:
+            a, b = max(r.start, start), min(r.end, end)
+            if b <= a:
+                continue
+            name = (r.workload.display if r.workload is not None else "") or NO_WORKLOAD
+            d = secs.setdefault(name, {})
+            d[r.state] = d.get(r.state, 0.0) + (b - a)
+            out.where.setdefault(name, set()).add((node, acc))
+    for name, d in secs.items():
+        tot = sum(d.values())
+        out.seconds[name] = tot
+        out.shares[name] = {k: v / tot for k, v in d.items()} if tot > 0 else {}
+    return out
