@@ -34,16 +34,19 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from triscope.analysis.config import MismatchThresholds
+from triscope.analysis.config import MismatchThresholds, default_thresholds
 from triscope.analysis.features import GPU_INFO, INPUT_METRICS
 from triscope.analysis.mismatch import window_states
 from triscope.analysis.mismatch_inputs import mismatch_inputs_from_series
 from triscope.analysis.rca_inputs import (
     DERIVED_PREFIX,
     RCAInputs,
+    data_end_of,
+    data_start_of,
     fetch_onset_points,
     fetch_rca_inputs,
 )
+from triscope.analysis.rca_noise import agent_trouble, is_agent_metric, never_a_cause, noise_floor
 from triscope.analysis.reader import SeriesPoints, StoreReader
 
 DETECTOR_METRICS = frozenset(INPUT_METRICS) | {GPU_INFO}
@@ -64,6 +67,10 @@ def _res(labels: Mapping[str, str], *names: str) -> bool:
     return labels.get("resource") in names
 
 
+# the agent's per-workload host evidence (docs/workloads.md): its feeders, CPU wait and pressure, CPU time
+HOST_WORKLOAD_METRICS = frozenset({"triscope_workload_feeder_busy_ratio", "triscope_workload_cpu_wait_ratio",
+                                   "triscope_workload_cpu_pressure_ratio", "triscope_workload_cpu_seconds_total"})
+
 CATEGORIES: tuple[Category, ...] = (
     Category("derived", "triscope's own analysis", "self", lambda m, lab: m.startswith(DERIVED_PREFIX)),
     Category("network", "Network retransmits", "cause",
@@ -82,7 +89,8 @@ CATEGORIES: tuple[Category, ...] = (
     Category("host_staging", "Host staging (CPU copying / CPU pressure)", "cause",
              lambda m, lab: m == "triscope_cpu_busy_ratio"
              or (m == "triscope_cpu_seconds_total" and lab.get("mode") in ("user", "system", "nice", "irq", "softirq"))
-             or (m.startswith("triscope_pressure_") and _res(lab, "cpu"))),
+             or (m.startswith("triscope_pressure_") and _res(lab, "cpu"))
+             or m in HOST_WORKLOAD_METRICS),
     Category("host_memory", "Host memory pressure", "cause",
              lambda m, lab: m.startswith("triscope_memory_") or (m.startswith("triscope_pressure_") and _res(lab, "memory"))),
     Category("host_io", "Host I/O pressure", "cause",
@@ -91,10 +99,9 @@ CATEGORIES: tuple[Category, ...] = (
              lambda m, lab: m.startswith(("triscope_gpu_xid", "triscope_gpu_up", "triscope_gpu_temperature",
                                           "triscope_gpu_throttle", "triscope_npu_health", "triscope_npu_temperature"))),
     Category("accelerator_activity", "Accelerator activity", "symptom",
-             lambda m, lab: m.startswith(("triscope_gpu_", "triscope_npu_"))),
-    Category("agent", "triscope agent itself", "self",
-             lambda m, lab: m.startswith(("triscope_collector", "triscope_probe", "triscope_tick", "triscope_spool",
-                                          "triscope_dropped", "triscope_store", "triscope_ticks"))),
+             lambda m, lab: m.startswith(("triscope_gpu_", "triscope_npu_", "triscope_workload_",
+                                          "triscope_accelerator_workload"))),
+    Category("agent", "triscope agent itself", "self", lambda m, lab: is_agent_metric(m)),
     Category("host_other", "Other host metrics", "symptom", lambda m, lab: m.startswith("triscope_")),
     Category("application", "Application SLIs", "symptom", lambda m, lab: True),
 )
@@ -279,36 +286,81 @@ def _earliness(onset: float | None, start: float, end: float) -> float:
 
 
 # ---------------------------------------------------------------------------------------------- ranking
-def _series_score(mag: float, onset: float | None, cat: Category, direction: str, metric: str,
-                  start: float, end: float) -> float:
+def series_score(mag: float, onset: float | None, cat: Category, direction: str, metric: str,
+                 start: float, end: float) -> float:
+    """A moved series' score: magnitude x (0.6 + 0.4 x earliness) x role weight, halved in a cause's
+    benign direction."""
     score = mag * (0.6 + 0.4 * _earliness(onset, start, end)) * ROLE_WEIGHT[cat.role]
     if cat.role in ("cause", "load") and direction != _bad_direction(metric):
         score *= BENIGN_FACTOR
     return score
 
 
+def change_effect(mb: float | None, mw: float | None, peak: float | None) -> float:
+    """The size of a change in the series' own unit: the mean shift, or half the peak's distance
+    for a burst (what ``score_series`` scores), from 0 for a series that appeared."""
+    base = mb if mb is not None else 0.0
+    eff = abs(mw - base) if mw is not None else abs(base)
+    if peak is not None:
+        eff = max(eff, 0.5 * abs(peak - base))
+    return eff
+
+
+APPEARED_GRACE_STEPS = 3.0   # a series whose first point is this many steps from the data's start came with it
+
+
+def appeared_with_data(sp: SeriesPoints, data_start: float | None, step: float = 1.0) -> bool:
+    """A series whose first point is at the start of the node's data: it did not *appear*."""
+    return bool(sp.ts) and data_start is not None and sp.ts[0] <= data_start + max(APPEARED_GRACE_STEPS * step, 5.0)
+
+
+def vanished_with_data(sp: SeriesPoints, data_end: float | None, step: float = 1.0) -> bool:
+    """A series whose last point is at the end of the node's data: it did not *vanish*."""
+    return bool(sp.ts) and data_end is not None and sp.ts[-1] >= data_end - max(APPEARED_GRACE_STEPS * step, 5.0)
+
+
 def score_changes(inputs: RCAInputs) -> list[SeriesChange]:
-    """Every series that moved in the window against the baseline, best score first.  Pure."""
+    """Every series that moved in the window against the baseline beyond its noise floor
+    (``rca_noise.NOISE_FLOORS``), best score first.  Not changes: series that are never causes,
+    the agent's own metrics while the agent was healthy, and series without baseline points when
+    the baseline holds no data at all or the series came with the node's data.  Pure."""
     import numpy as np
 
     start, end, b0, b1 = inputs.start, inputs.end, inputs.baseline_start, inputs.baseline_end
     changes: list[SeriesChange] = []
+    data_start = data_start_of(inputs.series, min(b0, start))
+    data_end = data_end_of(inputs.series, max(b1, end))
+    baseline_has_data = any(sp.ts and bisect_any(sp.ts, b0, b1) for sp in inputs.series)
+    window_has_data = any(sp.ts and bisect_any(sp.ts, start, end) for sp in inputs.series)
+    agent_ok = not agent_trouble(inputs.series, inputs.events, start, end)
     for sp in inputs.series:
         cat = categorize(sp.metric, sp.labels)
-        if cat.key == "derived":
+        if cat.key == "derived" or (cat.key == "agent" and agent_ok) or never_a_cause(sp.metric, sp.labels, sp.kind):
             continue
         ts = np.asarray(sp.ts, dtype=float)
         vals = np.asarray(sp.values, dtype=float)
         bm = (ts >= b0) & (ts < b1)
         wm = (ts >= start) & (ts < end)
+        if not bm.any() and (not baseline_has_data or appeared_with_data(sp, data_start)):
+            continue
+        if not wm.any() and (not window_has_data or vanished_with_data(sp, data_end)):
+            continue
         mag, z, onset, direction, mb, mw, peak = score_series(ts[bm], vals[bm], ts[wm], vals[wm], start, end,
                                                               sp.kind == "counter")
-        if mag <= 0:
+        if mag <= 0 or change_effect(mb, mw, peak) < noise_floor(sp.metric, sp.labels, sp.kind).floor:
             continue
         changes.append(SeriesChange(sp.metric, dict(sp.labels), cat.key, mb, mw, peak, z, onset, direction,
-                                    _series_score(mag, onset, cat, direction, sp.metric, start, end), sp.id, mag))
+                                    series_score(mag, onset, cat, direction, sp.metric, start, end), sp.id, mag))
     changes.sort(key=lambda c: -c.score)
     return changes
+
+
+def bisect_any(ts: Sequence[float], a: float, b: float) -> bool:
+    """Whether sorted ``ts`` has a point in [a, b)."""
+    import bisect
+
+    i = bisect.bisect_left(ts, a)
+    return i < len(ts) and ts[i] < b
 
 
 def onset_candidates(changes: Sequence[SeriesChange]) -> list[SeriesChange]:
@@ -327,7 +379,7 @@ def refine_onsets(changes: list[SeriesChange], points: Mapping[int, SeriesPoints
         onset = refine_onset(sp.ts, sp.values, ch.baseline, ch.window, ch.peak)
         if onset is not None:
             ch.onset = onset
-            ch.score = _series_score(ch.magnitude, onset, CATEGORY_BY_KEY[ch.category], ch.direction, ch.metric,
+            ch.score = series_score(ch.magnitude, onset, CATEGORY_BY_KEY[ch.category], ch.direction, ch.metric,
                                      start, end)
     changes.sort(key=lambda c: -c.score)
 
@@ -374,12 +426,31 @@ def rank_causes_from(inputs: RCAInputs, thresholds: MismatchThresholds | None = 
             c = causes[key] = Cause(key, cat.title, 0.0, None, "")
         return c
 
+    # absolute evidence over the window (``rca_evidence``): how close each suspect is to its limit;
+    # what moved counts in proportion (``limit_factor``), as in the timeline's episodes
+    from triscope.analysis.rca_evidence import (
+        absolute_part,
+        evidence_context,
+        figures,
+        limit_factor,
+        strengths,
+    )
+
+    figs = figures(evidence_context(inputs.series, inputs.events, thresholds or default_thresholds()), "node",
+                   start, end)
+    strength = strengths(figs)
     per_cat: dict[str, list[SeriesChange]] = {}
     for ch in changes:
         per_cat.setdefault(ch.category, []).append(ch)
+    for key in figs:
+        part = absolute_part(strength.get(key))
+        if part > 0 and key in CATEGORY_BY_KEY:
+            c = cause(key)
+            c.score += part
+            c.evidence.extend(f.as_dict() for f in sorted(figs[key], key=lambda f: -f.strength) if f.strength >= 0.25)
     for key, chs in per_cat.items():
         c = cause(key)
-        c.score = chs[0].score + min(0.3, 0.1 * (len(chs) - 1))
+        c.score += (chs[0].score + min(0.3, 0.1 * (len(chs) - 1))) * limit_factor(key, strength.get(key))
         onsets = [x.onset for x in chs if x.onset is not None]
         c.onset = min(onsets) if onsets else None
         c.evidence.extend(x.as_dict() for x in chs[:8])
@@ -467,7 +538,7 @@ def _peers(evs: Sequence[Any]) -> list[str]:
 
 
 def _summary(c: Cause) -> str:
-    parts = []
+    parts = [str(e["detail"]) for e in c.evidence[:1] if e.get("type") == "absolute"]
     series = [e for e in c.evidence if e.get("type") == "series"]
     if series:
         s = series[0]

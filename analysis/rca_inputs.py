@@ -50,6 +50,25 @@ class RCAInputs:
     stage_counters: CounterReads = field(default_factory=dict)  # their _sum/_count over window and baseline
 
 
+def data_start_of(series: Sequence[SeriesPoints], read_start: float, grace: float = 5.0) -> float | None:
+    """When the node's data starts, if it starts inside the range read (its first point more than
+    ``grace`` seconds after ``read_start``); None when data runs from before the read."""
+    firsts = [sp.ts[0] for sp in series if len(sp.ts)]
+    if not firsts:
+        return None
+    first = min(firsts)
+    return first if first > read_start + grace else None
+
+
+def data_end_of(series: Sequence[SeriesPoints], read_end: float, grace: float = 5.0) -> float | None:
+    """When the node's data ends, if it ends inside the range read; None when it runs on."""
+    lasts = [sp.ts[-1] for sp in series if len(sp.ts)]
+    if not lasts:
+        return None
+    last = max(lasts)
+    return last if last < read_end - grace else None
+
+
 def baseline_of(start: float, end: float, baseline: tuple[float, float] | None) -> tuple[float, float]:
     """The baseline: as given, or the preceding window of the same length."""
     return baseline if baseline is not None else (start - (end - start), start)

@@ -83,7 +83,9 @@ def test_pin_churn_window_ranks_dma_mapping_first(db_url: str) -> None:
     res = rank_causes(st, "h200", *_phase("pin_churn"))
     top = res.causes[0]
     assert top.key == "dma_mapping", [(c.key, round(c.score, 2)) for c in res.causes]
-    ev = top.evidence[0]
+    fig = top.evidence[0]   # how far past pin churn the window is, then what moved
+    assert fig["type"] == "absolute" and fig["figure"] == "dma_maps_per_second" and fig["strength"] > 50
+    ev = next(e for e in top.evidence if e["type"] == "series")
     assert ev["series"].startswith("triscope_dma_map_total") and ev["direction"] == "up"
     assert ev["window"] == pytest.approx(1100, rel=0.05)
     assert top.onset == pytest.approx(_phase("pin_churn")[0], abs=2)
@@ -192,17 +194,26 @@ def test_cli_rca_text_and_json(sqlite_url: str) -> None:
     _phases_store(sqlite_url).close()
     a, b = _phase("pin_churn")
     exe = str(REPO / ".venv/bin/triscope")
-    r = subprocess.run([exe, "rca", "--db", sqlite_url, "--node", "h200", "--start", str(a), "--end", str(b)],
-                       capture_output=True, text=True)
+    # --ranked: the older single list, window against the preceding window
+    r = subprocess.run([exe, "rca", "--db", sqlite_url, "--node", "h200", "--start", str(a), "--end", str(b),
+                        "--ranked"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     first = next(line for line in lines if line.startswith("1. "))
     assert "DMA mapping" in first
     assert "pin churn in 100% of windows" in r.stdout
     j = subprocess.run([exe, "rca", "--db", sqlite_url, "--node", "h200", "--start", str(a), "--end", str(b),
-                        "--json"], capture_output=True, text=True)
+                        "--json", "--ranked"], capture_output=True, text=True)
     data = json.loads(j.stdout)
     assert data["causes"][0]["cause"] == "dma_mapping" and data["baseline"]["end"] == a
+    # the default: the timeline; this store has no stored states, the classifier cuts the episodes
+    j = subprocess.run([exe, "rca", "--db", sqlite_url, "--node", "h200", "--start", str(a - 60), "--end", str(b),
+                        "--json"], capture_output=True, text=True)
+    data = json.loads(j.stdout)
+    assert data["states_from"] == "classifier"
+    eps = [e for e in data["episodes"] if e["kind"] == "state"]
+    assert [e["state"] for e in eps] == ["compute-bound", "staging-bound"], eps
+    assert eps[1]["reference"]["kind"] == "healthy-before" and eps[1]["causes"][0]["cause"] == "dma_mapping"
     bad = subprocess.run([exe, "rca", "--db", sqlite_url, "--node", "nope", "--start", "-2h"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown node 'nope'" in bad.stderr and "Traceback" not in bad.stderr

@@ -1,10 +1,15 @@
-"""``triscope rca``: what changed on a node in a time window, ranked likely causes with evidence."""
+"""``triscope rca``: what happened on a node in a time window, as an incident timeline: episodes of
+one coordination state per accelerator, health events and SLO burn periods, each bad episode with
+its ranked causes against a reference that exists.  ``--ranked`` keeps the older single ranked
+list of what changed against a baseline."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import time
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from triscope.commands.common import TIME_HELP, add_db_option, db_url, fmt_ts, known_nodes, parse_time
@@ -13,27 +18,34 @@ from triscope.names import shorten
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "rca", help="historical root-cause query: ranked likely causes of what changed on a node",
-        description="Compare every stored series of NODE in [--start, --end] with a baseline (by default the "
-        "preceding window of the same length), rank the changes by how far and how early they moved, merge "
-        "the window's events (XID, AER, IOMMU faults, retransmit bursts with their peers, mismatch state "
-        "changes, remediation actions) and print the likely causes with their evidence. "
+        "rca", help="historical root cause: a node's window as an incident timeline with ranked causes",
+        description="Cut NODE's window [--start, --end] into episodes (runs of one coordination state per "
+        "accelerator, health events such as XID errors, PCIe AER and collectors going down, SLO burn periods) "
+        "and explain each bad episode: its likely causes, ranked on absolute evidence (link utilisation against "
+        "its ceiling, pin churn, retransmits, host CPU and feeder threads) and on what moved against a reference "
+        "that exists (the healthy period before it on the same accelerator, else the workload's healthy history, "
+        "else fleet peers running the same workload; else none, and it says so). "
         f"Times: {TIME_HELP}.",
     )
     add_db_option(p)   # also lets relative times like -2h through as option values
     p.add_argument("--node", required=True, help="node name as stored (see 'triscope query')")
     p.add_argument("--start", required=True, metavar="TIME", help="window start (e.g. -2h, 2026-11-29T17:00:00Z)")
     p.add_argument("--end", default="now", metavar="TIME", help="window end (default now)")
-    p.add_argument("--baseline-start", help="baseline start (default: the preceding window of the same length)")
-    p.add_argument("--baseline-end", help="baseline end (default: the window's start)")
-    p.add_argument("--top", type=int, default=8, help="how many causes to print (default 8)")
-    p.add_argument("--evidence", type=int, default=4, help="evidence lines per cause (default 4)")
+    p.add_argument("--baseline-start", help="compare every bad episode with this range instead (default: "
+                   "references found per episode; with --ranked the preceding window of the same length)")
+    p.add_argument("--baseline-end", help="end of that range (default: the window's start)")
+    p.add_argument("--top", type=int, default=None, help="causes per episode (default 3; with --ranked, causes: 8)")
+    p.add_argument("--evidence", type=int, default=3, help="evidence lines per cause (default 3)")
+    p.add_argument("--slo", type=Path, default=None, metavar="FILE",
+                   help="SLOs whose burn periods go on the timeline (default $TRISCOPE_SLO_FILE or "
+                        "deploy/slo.example.yaml, when there)")
+    p.add_argument("--ranked", action="store_true",
+                   help="one ranked list of what changed in the window against the baseline (the older view)")
     p.add_argument("--json", action="store_true", help="print the whole result as one JSON object")
     p.set_defaults(func=cmd_rca)
 
 
 def cmd_rca(args: argparse.Namespace) -> int:
-    from triscope.analysis.rca import rank_causes
     from triscope.errors import UserError
     from triscope.store import Store
 
@@ -50,14 +62,151 @@ def cmd_rca(args: argparse.Namespace) -> int:
         if b1 <= b0:
             raise UserError("the baseline is empty: --baseline-start must be before --baseline-end")
         baseline = (b0, b1)
-    if args.top < 1:
+    if args.top is not None and args.top < 1:
         raise UserError("--top must be at least 1")
+    slos = [] if args.ranked else _slos(args.slo)
     st = Store.open(db_url(args))
-    st.require_schema()
-    if args.node not in {n.name for n in st.nodes()}:
-        raise UserError(f"unknown node {shorten(args.node)!r} (stored nodes: {known_nodes(st)})")
-    res = rank_causes(st, args.node, start, end, baseline=baseline, top=args.top)
-    st.close()
+    try:
+        st.require_schema()
+        if args.node not in {n.name for n in st.nodes()}:
+            raise UserError(f"unknown node {shorten(args.node)!r} (stored nodes: {known_nodes(st)})")
+        if args.ranked:
+            return _ranked(st, args, start, end, baseline)
+        from triscope.analysis.rca_timeline import rca_timeline
+
+        tl = rca_timeline(st, args.node, start, end, baseline=baseline, top=args.top or 3, slos=slos)
+    finally:
+        st.close()
+    if args.json:
+        print(json.dumps(tl.as_dict(), default=str))
+        return 0
+    for line in timeline_lines(tl.as_dict(), args.evidence):
+        print(line)
+    return 0
+
+
+def _slos(path: Path | None) -> list[Any]:
+    from triscope.analysis.slo import SLOSpecError, default_slo_file, load_slo_file
+    from triscope.errors import UserError
+
+    path = path or default_slo_file()
+    if path is None or not Path(path).exists():
+        return []
+    try:
+        return list(load_slo_file(path))
+    except SLOSpecError as e:
+        raise UserError(str(e)) from None
+
+
+# ---------------------------------------------------------------------------------------------- the timeline
+def _clock(ts: float, day: str) -> str:
+    d = datetime.fromtimestamp(ts, UTC)
+    text = d.strftime("%H:%M:%S")
+    return text if d.strftime("%Y-%m-%d") == day else d.strftime("%Y-%m-%d ") + text
+
+
+def _dur(s: float) -> str:
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def _workload(w: dict[str, str]) -> str:
+    if not any(w.values()):
+        return ""
+    name = w.get("workload") or w.get("pod") or w.get("container")
+    ns = w.get("namespace")
+    return f"  {ns + '/' if ns else ''}{name}" + (f" (pod {w['pod']})" if w.get("pod") and w.get("workload") else "")
+
+
+def timeline_lines(d: dict[str, Any], evidence: int = 3) -> list[str]:
+    """The timeline as text: a header, then one block per episode in time order."""
+    day = datetime.fromtimestamp(d["start"], UTC).strftime("%Y-%m-%d")
+    src = {"per-accelerator state series": "the agent's per-accelerator states",
+           "node state series": "the agent's node-level state (the node as one accelerator)",
+           "classifier": "the stored-window classifier"}.get(d.get("states_from") or "", "no coordination states")
+    out = [f"node {d['node']}  {day} {_clock(d['start'], day)} .. {_clock(d['end'], day)} UTC",
+           f"states from {src}; runs under {d['min_episode_s']:g} s merged into their neighbours; "
+           f"{d['series_examined']} series examined",
+           f"{d['summary']['episodes']} episode(s), {d['summary']['bad']} to explain"]
+    out += [f"note: {n}" for n in d.get("notes", [])]
+    for e in d["episodes"]:
+        out.append("")
+        when = f"{_clock(e['start'], day)} .. {_clock(e['end'], day)}  {_dur(e['duration_s']):>7}"
+        score = f"  score {e['score']:.2f}" if e.get("score") is not None and e["bad"] else ""
+        extra = ""
+        if e["kind"] == "slo":
+            extra = f"  {e.get('slo')}: burn rate up to {e.get('peak_burn_rate')}x (page at {e.get('page_factor')}x)"
+        elif e["kind"] == "health" and e.get("events"):
+            extra = f"  {e['events'][0]['message']}"
+        out.append(f"{when}  {e['accelerator']}  {e['state']}{score}{_workload(e['workload'])}{extra}")
+        if not e["bad"]:
+            continue
+        for v in e.get("verdict") or []:
+            out.append(f"    detector: {v}")
+        ref = e.get("reference")
+        if e["kind"] == "slo":     # its causes are those of the episode it overlaps, printed there
+            if ref and ref.get("kind") == "episode":
+                top = e["causes"][0]["title"] if e["causes"] else "no cause stands out"
+                out.append(f"    during the {ref['state']} episode on {ref['accelerator']}: {top}")
+            else:
+                out.append("    no bad coordination episode at the time")
+            continue
+        if ref:
+            out.append("    reference: " + _reference(ref, day))
+        if not e["causes"]:
+            out.append("    no cause stands out")
+        for i, c in enumerate(e["causes"], 1):
+            out.append(f"    {i}. {c['title']}  [{c['score']:.2f}]")
+            if c.get("peers"):
+                out.append(f"         peers: {', '.join(c['peers'][:5])}")
+            for x in c["evidence"][:evidence]:
+                out.append("         - " + _evidence_line(x))
+    return out
+
+
+def _reference(ref: dict[str, Any], day: str) -> str:
+    kind = ref["kind"]
+    if kind == "none":
+        return "none: " + ref.get("why", "")
+    if kind == "episode":
+        return f"the {ref['state']} episode on {ref['accelerator']} it overlaps"
+    span = f"{_clock(ref['start'], day)} .. {_clock(ref['end'], day)}" if "start" in ref else ""
+    what = {"healthy-before": "the healthy period before it", "workload-history": "the workload's healthy history",
+            "fleet-peers": "fleet peers at the same time", "given": "the baseline given"}.get(kind, kind)
+    where = f"{ref.get('state') or ''} on {ref['node'] + '/' if ref.get('node') else ''}{ref.get('accelerator') or ''}"
+    if ref.get("peers"):
+        where = "peers " + ", ".join(ref["peers"])
+    return f"{what}: {where.strip()}, {span}"
+
+
+def _evidence_line(e: dict[str, Any]) -> str:
+    from triscope.analysis.rca import _fmt
+
+    if e.get("type") == "absolute":
+        return str(e["detail"])
+    if e.get("type") == "series":
+        if e["direction"] in ("appeared", "vanished"):
+            what = e["direction"]
+        else:
+            what = f"{_fmt(e['baseline'])} -> {_fmt(e['window'])}"
+            if e.get("peak") is not None and e["peak"] != e["window"]:
+                what += f" (peak {_fmt(e['peak'])})"
+        onset = f", from {fmt_ts(e['onset'])}" if e.get("onset") else ""
+        return f"{e['series']}: {what} (z {e['z']:.1f}{onset})"
+    if e.get("type") == "event":
+        return f"{fmt_ts(e['ts'])} {e['kind']} [{e['severity']}] {e['message']}"
+    return str(e.get("detail", e))
+
+
+# ---------------------------------------------------------------------------------------------- --ranked
+def _ranked(st: Any, args: argparse.Namespace, start: float, end: float, baseline: tuple[float, float] | None) -> int:
+    from triscope.analysis.rca import rank_causes
+
+    top = args.top or 8
+    res = rank_causes(st, args.node, start, end, baseline=baseline, top=top)
     if args.json:
         print(json.dumps(res.as_dict(), default=str))
         return 0
@@ -88,20 +237,3 @@ def cmd_rca(args: argparse.Namespace) -> int:
         for e in c.evidence[: args.evidence]:
             print("     - " + _evidence_line(e))
     return 0
-
-
-def _evidence_line(e: dict[str, Any]) -> str:
-    from triscope.analysis.rca import _fmt
-
-    if e.get("type") == "series":
-        if e["direction"] in ("appeared", "vanished"):
-            what = e["direction"]
-        else:
-            what = f"{_fmt(e['baseline'])} -> {_fmt(e['window'])}"
-            if e.get("peak") is not None and e["peak"] != e["window"]:
-                what += f" (peak {_fmt(e['peak'])})"
-        onset = f", from {fmt_ts(e['onset'])}" if e.get("onset") else ""
-        return f"{e['series']}: {what} (z {e['z']:.1f}{onset})"
-    if e.get("type") == "event":
-        return f"{fmt_ts(e['ts'])} {e['kind']} [{e['severity']}] {e['message']}"
-    return str(e.get("detail", e))

@@ -1,0 +1,353 @@
+"""A node's window cut into episodes: runs of one coordination state per accelerator, and health
+events.  Pure functions over points already read (``triscope.analysis.rca_timeline`` fetches them).
+
+Where the states come from, best first (``state_samples``):
+
+1. the agent's per-accelerator state series ``triscope_mismatch_state{state, gpu | npu+chip,
+   namespace, pod, container, workload}`` (docs/workloads.md section 2): one run per accelerator
+   and workload;
+2. the node-level roll-up ``triscope_mismatch_state{state}`` (older stores, the committed H200
+   trace): the node is one accelerator;
+3. neither: the stored-window classifier's verdicts (``triscope.analysis.mismatch.window_states``
+   over the same points), per accelerator where it gives them (``evidence["accelerators"]``).
+
+At each time the state whose series reads >= 0.5 is the accelerator's state (1-minute rollups give
+a bucket's min and max: in a bucket where the state changed several series read 1, and the worst
+one wins, I/O states first, ``STATE_ORDER``).  A run ends where the state or the workload changes
+or the data stops for more than ``GAP_STEPS`` sampling steps.  **Flickers** shorter than
+``min_episode_s(step)`` (``MIN_EPISODE_S``, 10 s, the detector's window, or two sampling steps on
+rollups) are merged into a neighbour, shortest first: into both neighbours when they have the same
+state, else into the neighbour of the same kind (I/O state next to I/O state, healthy next to
+healthy), else into the longer one.
+
+Health events (``HEALTH_EVENTS``: XID errors, a lost GPU, PCIe AER, IOMMU faults, NPU health
+changes, a collector going down) become episodes of their own: events of one kind on one
+accelerator (or device, or collector) closer than ``HEALTH_MERGE_S`` are one episode; a collector
+down lasts until it is back up.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from triscope.analysis.mismatch import IO_STATES
+from triscope.analysis.reader import SeriesPoints, label_name
+
+MIN_EPISODE_S = 10.0          # the one flicker threshold: shorter runs are merged into a neighbour
+MIN_EPISODE_STEPS = 2         # ... or two sampling steps, on coarse (rollup) points
+GAP_STEPS = 3.0               # no state for more than this many steps ends a run
+HEALTH_MERGE_S = 60.0         # health events of one kind and place closer than this are one episode
+STATE_METRIC = "triscope_mismatch_state"
+SCORE_METRIC = "triscope_mismatch_score"
+WORKLOAD_INFO = "triscope_accelerator_workload_info"
+ACCELERATOR_LABELS = ("gpu", "npu", "chip")
+WORKLOAD_LABELS = ("namespace", "pod", "container", "workload")
+NODE = "node"
+# worst first: which state a mixed sample takes
+STATE_ORDER = ("io-saturated", "staging-bound", "network-bound", "balanced", "compute-bound", "demand-limited",
+               "idle")
+HEALTH_EVENTS = {"xid": "gpu_health", "gpu_lost": "gpu_health", "npu_health": "gpu_health", "aer": "pcie_errors",
+                 "iommu_fault": "iommu_faults", "collector": "agent"}
+
+Workload = tuple[str, str, str, str]
+NO_WORKLOAD: Workload = ("", "", "", "")
+
+
+def is_bad(state: str) -> bool:
+    """An I/O state: the accelerator is held back by the link, the host or the network."""
+    return state in IO_STATES
+
+
+def is_healthy(state: str) -> bool:
+    return state in STATE_ORDER and state not in IO_STATES
+
+
+def min_episode_s(step: float) -> float:
+    return max(MIN_EPISODE_S, MIN_EPISODE_STEPS * step)
+
+
+def accelerator_of(labels: Mapping[str, str]) -> str | None:
+    """``gpu=0``, ``chip=0,npu=1``: a series' accelerator, or None for a node-wide series."""
+    if "gpu" in labels:
+        return f"gpu={labels['gpu']}"
+    if "npu" in labels:
+        return label_name({k: labels[k] for k in ("npu", "chip") if k in labels})
+    return None
+
+
+def workload_of(labels: Mapping[str, str]) -> Workload:
+    return (labels.get("namespace", ""), labels.get("pod", ""), labels.get("container", ""),
+            labels.get("workload", ""))
+
+
+def workload_dict(w: Workload) -> dict[str, str]:
+    return dict(zip(WORKLOAD_LABELS, w, strict=True))
+
+
+@dataclass(slots=True)
+class StateSample:
+    ts: float
+    state: str
+    workload: Workload = NO_WORKLOAD
+    score: float | None = None
+
+
+@dataclass(slots=True)
+class Episode:
+    """One run of a state on one accelerator, or one health incident."""
+
+    start: float
+    end: float
+    state: str                      # a mismatch state, or for health episodes the event kind
+    accelerator: str                # "gpu=0", "chip=0,npu=1", "node"
+    workload: Workload = NO_WORKLOAD
+    kind: str = "state"             # state | health | slo
+    score: float | None = None      # mean mismatch score (share of the accelerator's time lost to I/O)
+    samples: int = 0
+    causes: list[Any] = field(default_factory=list)
+    reference: dict[str, Any] | None = None
+    events: list[Any] = field(default_factory=list)
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+    @property
+    def bad(self) -> bool:
+        return self.kind != "state" or is_bad(self.state)
+
+
+# ---------------------------------------------------------------------------------------------- states
+def _step(ts: Sequence[float]) -> float:
+    if len(ts) < 2:
+        return 1.0
+    gaps = sorted(b - a for a, b in zip(ts, ts[1:], strict=False) if b > a)
+    return gaps[len(gaps) // 2] if gaps else 1.0
+
+
+def stored_state_samples(series: Iterable[SeriesPoints]) -> tuple[str, dict[str, list[StateSample]], float]:
+    """(source, accelerator -> samples in time order, sampling step) from stored
+    ``triscope_mismatch_state`` and ``triscope_mismatch_score`` series; source "" when there are
+    none.  Per-accelerator series win over the node-level roll-up."""
+    states = [sp for sp in series if sp.metric == STATE_METRIC and sp.labels.get("state")]
+    scores = [sp for sp in series if sp.metric == SCORE_METRIC]
+    per_acc = [sp for sp in states if accelerator_of(sp.labels)]
+    if per_acc:
+        source, use = "per-accelerator state series", per_acc
+    else:
+        use = [sp for sp in states if accelerator_of(sp.labels) is None]
+        source = "node state series" if use else ""
+    rank = {s: i for i, s in enumerate(STATE_ORDER)}
+    best: dict[str, dict[float, tuple[int, str, Workload]]] = {}
+    all_ts: list[float] = []
+    for sp in use:
+        acc = accelerator_of(sp.labels) or NODE
+        state = sp.labels["state"]
+        w = workload_of(sp.labels)
+        got = best.setdefault(acc, {})
+        r = rank.get(state, len(rank))
+        for t, v in zip(sp.ts, sp.values, strict=True):
+            if v >= 0.5:
+                cur = got.get(t)
+                if cur is None or r < cur[0]:
+                    got[t] = (r, state, w)
+        all_ts.extend(sp.ts)
+    score_at: dict[tuple[str, float], float] = {}
+    for sp in scores:
+        acc = accelerator_of(sp.labels) or NODE
+        if (acc == NODE) != (source == "node state series"):
+            continue
+        for t, v in zip(sp.ts, sp.values, strict=True):
+            if v == v:
+                score_at[(acc, t)] = max(v, score_at.get((acc, t), 0.0))
+    out = {acc: [StateSample(t, s, w, score_at.get((acc, t))) for t, (_r, s, w) in sorted(got.items())]
+           for acc, got in best.items()}
+    return source, out, _step(sorted(set(all_ts)))
+
+
+def classifier_state_samples(windows: Iterable[Any]) -> dict[str, list[StateSample]]:
+    """accelerator -> samples from the stored-window classifier: one sample per window at its
+    start.  Takes ``AcceleratorState`` rows (``mismatch.accelerator_window_states``: accelerator,
+    state, score, workload) or the node's ``WindowState`` rows (per accelerator where the evidence
+    lists them, ``evidence["accelerators"]``, else under the accelerator the evidence names)."""
+    out: dict[str, list[StateSample]] = {}
+    for w in windows:
+        if getattr(w, "accelerator", None):
+            wl = w.workload if isinstance(getattr(w, "workload", None), dict) else {}
+            out.setdefault(str(w.accelerator), []).append(StateSample(w.start, w.state, workload_of(wl), w.score))
+            continue
+        accs = w.evidence.get("accelerators") if isinstance(w.evidence, dict) else None
+        if isinstance(accs, dict) and accs:
+            for name, d in accs.items():
+                st = d.get("state") if isinstance(d, dict) else None
+                if st:
+                    out.setdefault(str(name), []).append(StateSample(w.start, str(st), NO_WORKLOAD, d.get("score")))
+        else:
+            name = (w.evidence.get("accelerator") if isinstance(w.evidence, dict) else None) or NODE
+            out.setdefault(str(name), []).append(StateSample(w.start, w.state, NO_WORKLOAD, w.score))
+    for v in out.values():
+        v.sort(key=lambda s: s.ts)
+    return out
+
+
+def state_runs(samples: Mapping[str, Sequence[StateSample]], step: float) -> list[Episode]:
+    """Runs of one (state, workload) per accelerator.  A sample stands for [ts, ts + step); a run
+    ends at the next run's first sample, or ``step`` after its last one where the data stops for
+    more than ``GAP_STEPS`` steps."""
+    out: list[Episode] = []
+    for acc, ss in samples.items():
+        cur: Episode | None = None
+        scores: list[float] = []
+        last = None
+        for s in ss:
+            gap = last is not None and s.ts - last > GAP_STEPS * step
+            if cur is not None and (gap or s.state != cur.state or s.workload != cur.workload):
+                cur.end = (last + step) if gap and last is not None else s.ts
+                cur.score = sum(scores) / len(scores) if scores else None
+                out.append(cur)
+                cur = None
+            if cur is None:
+                cur = Episode(s.ts, s.ts + step, s.state, acc, s.workload)
+                scores = []
+            cur.samples += 1
+            cur.end = s.ts + step
+            if s.score is not None:
+                scores.append(s.score)
+            last = s.ts
+        if cur is not None:
+            cur.score = sum(scores) / len(scores) if scores else None
+            out.append(cur)
+    return out
+
+
+def _same_kind(a: str, b: str) -> bool:
+    return is_bad(a) == is_bad(b)
+
+
+def merge_flickers(episodes: Sequence[Episode], min_len: float) -> list[Episode]:
+    """Merge runs shorter than ``min_len`` into a neighbour on the same accelerator (touching
+    runs only), shortest first.  The merged episode keeps the absorbing neighbour's state and
+    workload; its score is the sample-weighted mean."""
+    by_acc: dict[str, list[Episode]] = {}
+    for e in sorted(episodes, key=lambda e: e.start):
+        by_acc.setdefault(e.accelerator, []).append(e)
+    out: list[Episode] = []
+    for eps in by_acc.values():
+        eps = list(eps)
+        while len(eps) > 1:
+            i = min(range(len(eps)), key=lambda k: (eps[k].duration, k))
+            e = eps[i]
+            if e.duration >= min_len:
+                break
+            prev = eps[i - 1] if i > 0 and abs(eps[i - 1].end - e.start) < 1e-6 else None
+            nxt = eps[i + 1] if i + 1 < len(eps) and abs(eps[i + 1].start - e.end) < 1e-6 else None
+            if prev is None and nxt is None:
+                eps[i].detail["isolated"] = True   # a short run alone between gaps: keep it
+                break
+            if prev is not None and nxt is not None and prev.state == nxt.state and prev.workload == nxt.workload:
+                _absorb(prev, e)
+                _absorb(prev, nxt)
+                del eps[i:i + 2]
+                continue
+            cands = [c for c in (prev, nxt) if c is not None]
+            same = [c for c in cands if _same_kind(c.state, e.state)]
+            target = max(same or cands, key=lambda c: c.duration)
+            _absorb(target, e)
+            del eps[i]
+        out.extend(eps)
+    return sorted(out, key=lambda e: (e.start, e.accelerator))
+
+
+def _absorb(into: Episode, other: Episode) -> None:
+    n1, n2 = into.samples, other.samples
+    if into.score is not None or other.score is not None:
+        s1 = into.score if into.score is not None else 0.0
+        s2 = other.score if other.score is not None else 0.0
+        into.score = (s1 * n1 + s2 * n2) / max(1, n1 + n2)
+    into.samples = n1 + n2
+    into.start = min(into.start, other.start)
+    into.end = max(into.end, other.end)
+    into.detail["merged_flickers"] = into.detail.get("merged_flickers", 0) + 1 + other.detail.get("merged_flickers", 0)
+
+
+def assign_workloads(episodes: Iterable[Episode], info: Iterable[SeriesPoints]) -> None:
+    """Episodes without workload labels take the workload with the most points of
+    ``triscope_accelerator_workload_info`` on their accelerator (any accelerator for ``node``)
+    inside the episode."""
+    infos = [sp for sp in info if sp.metric == WORKLOAD_INFO]
+    if not infos:
+        return
+    for e in episodes:
+        if e.workload != NO_WORKLOAD or e.kind != "state":
+            continue
+        counts: dict[Workload, int] = {}
+        for sp in infos:
+            if e.accelerator != NODE and accelerator_of(sp.labels) != e.accelerator:
+                continue
+            i, j = bisect.bisect_left(sp.ts, e.start), bisect.bisect_left(sp.ts, e.end)
+            n = sum(1 for v in sp.values[i:j] if v >= 0.5)
+            if n:
+                w = workload_of(sp.labels)
+                counts[w] = counts.get(w, 0) + n
+        if counts:
+            e.workload = max(counts.items(), key=lambda kv: kv[1])[0]
+
+
+# ---------------------------------------------------------------------------------------------- health
+def health_episodes(events: Iterable[Any], accelerator_of_device: Mapping[str, str] | None = None) -> list[Episode]:
+    """Health incidents from the store's events (``EventRow``-like: ts, kind, severity, message,
+    details).  The place is the accelerator (``details.gpu``; an AER device mapped through
+    ``accelerator_of_device``), else the device or collector, else the node."""
+    dev_map = accelerator_of_device or {}
+    open_: dict[tuple[str, str], Episode] = {}
+    out: list[Episode] = []
+    for e in sorted(events, key=lambda e: e.ts):
+        if e.kind not in HEALTH_EVENTS:
+            continue
+        d = e.details or {}
+        if e.kind == "npu_health" and e.severity not in ("warning", "error", "critical"):
+            continue
+        if e.kind == "collector":
+            where = f"collector={d.get('collector', '?')}"
+            key = (e.kind, where)
+            if d.get("up") is True:       # back up: closes the down episode
+                ep = open_.pop(key, None)
+                if ep is not None:
+                    ep.end = e.ts
+                    ep.events.append(e)
+                continue
+            if d.get("up") is not False:
+                continue
+            ep = open_.get(key)
+            if ep is None:
+                ep = open_[key] = Episode(e.ts, e.ts, "collector-down", NODE, kind="health")
+                ep.detail["collector"] = d.get("collector", "?")
+                out.append(ep)
+            ep.events.append(e)
+            ep.end = max(ep.end, e.ts)
+            continue
+        if "gpu" in d:
+            where = f"gpu={d['gpu']}"
+        elif "npu" in d:
+            where = label_name({k: str(d[k]) for k in ("npu", "chip") if k in d})
+        elif d.get("device"):
+            where = dev_map.get(str(d["device"]), f"device={d['device']}")
+        else:
+            where = NODE
+        key = (e.kind, where)
+        ep = open_.get(key)
+        if ep is None or e.ts - ep.end > HEALTH_MERGE_S:
+            ep = open_[key] = Episode(e.ts, e.ts, e.kind, where, kind="health")
+            out.append(ep)
+        ep.events.append(e)
+        ep.end = max(ep.end, e.ts)
+    for key, ep in open_.items():
+        if key[0] == "collector":
+            ep.detail["still_down"] = True     # no "back up" event in the range
+    for ep in out:
+        ep.samples = len(ep.events)
+    return out

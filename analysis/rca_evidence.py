@@ -1,0 +1,340 @@
+"""Absolute evidence for an episode: how close each suspect is to the limit that would make it the
+cause, whatever came before.  Pure functions over points already read.
+
+A change against a reference says *what moved*; it cannot say whether what moved matters (PCIe
+traffic rising from 0 to 5 GB/s is nothing on a 55 GB/s link) and there is none where no healthy
+reference exists.  So every episode also gets **figures**, each a value against the threshold the
+mismatch detector uses for it (``MismatchThresholds``), as a strength (1 = at the threshold):
+
+| cause | figure | threshold |
+| --- | --- | --- |
+| ``pcie_load`` | link utilisation (typical tick: upper median), busier direction, of the effective ceiling | ``io_saturated_link`` |
+| ``host_staging`` | host CPU busy; PSI cpu some; the workload's feeder thread busy, its run-queue wait, its cgroup's CPU pressure (means); the pageable signature (typical tick: accelerator starved, link between ``staging_link_floor`` and saturation, no pin churn; only without per-workload feeder series, as the detector) | ``cpu_busy``, ``cpu_pressure``, ``feeder_busy``, ``cpu_wait``, ``workload_cpu_pressure``; the signature counts 1 |
+| ``dma_mapping`` | DMA maps/s on the accelerators' own devices (pin churn); the pageable signature when pin churn explains it | ``pin_churn_rate`` |
+| ``network`` | TCP retransmits/s | ``retransmit_rate`` |
+| ``host_memory`` / ``host_io`` | PSI memory / io some | ``cpu_pressure`` |
+| ``gpu_health`` | XID errors, a GPU lost, thermal or hardware slowdown bits (not the power cap), temperature, NPU alarm | any / ``GPU_HOT_C`` |
+| ``pcie_errors`` / ``iommu_faults`` | AER errors, replays, a degraded link / IOMMU faults, DMA map errors | any |
+| ``agent`` | collector down, store write errors, dropped samples (``rca_noise.agent_trouble``) | any |
+
+A host busy feeding a link that is at its ceiling is load, not the limit: with the link saturated
+the host figures are capped at ``LIMIT_FLOOR``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from triscope.analysis.config import MismatchThresholds
+from triscope.analysis.episodes import NODE, accelerator_of
+from triscope.analysis.features import (
+    CPU_BUSY,
+    DMA_MAPS,
+    GPU_BUSY,
+    GPU_INFO,
+    NPU_BUSY,
+    PCIE_RX,
+    PCIE_TX,
+    PRESSURE,
+    RETRANSMITS,
+    buses_of_gpus,
+    effective_ceiling,
+    link_ids,
+    negotiated_capacity,
+    own_dma_series,
+)
+from triscope.analysis.mismatch import busier_direction
+from triscope.analysis.mismatch_inputs import link_facts_from
+from triscope.analysis.rca_noise import agent_trouble, throttle_faults
+from triscope.analysis.reader import SeriesPoints, label_name
+
+LIMIT_FLOOR = 0.25         # what a suspect far from its limit keeps of its relative score
+GPU_HOT_C = 85.0           # GPU temperature that counts as a health figure (H100/H200 slow down near 87-90 C)
+FEEDER_BUSY = 0.9          # defaults where MismatchThresholds has no such field
+CPU_WAIT = 0.20
+FEEDER = "triscope_workload_feeder_busy_ratio"
+WAIT = "triscope_workload_cpu_wait_ratio"
+WL_PRESSURE = "triscope_workload_cpu_pressure_ratio"
+
+
+@dataclass(slots=True)
+class Figure:
+    cause: str
+    name: str
+    value: float
+    threshold: float
+    strength: float
+    detail: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"type": "absolute", "figure": self.name, "value": _r(self.value), "threshold": _r(self.threshold),
+                "strength": round(self.strength, 3), "detail": self.detail}
+
+
+def _r(x: float) -> float:
+    return x if x == 0 or not math.isfinite(x) else float(f"{x:.4g}")
+
+
+def _mean(sp: SeriesPoints, a: float, b: float) -> float | None:
+    i, j = bisect.bisect_left(sp.ts, a), bisect.bisect_left(sp.ts, b)
+    vals = [v for v in sp.values[i:j] if v == v]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _typical(sp: SeriesPoints, a: float, b: float) -> float | None:
+    """The upper median over [a, b): the episode's typical tick, as the detector decides states (an
+    episode that starts on a ramp is judged on what it mostly was)."""
+    vals = sorted(_values(sp, a, b))
+    return vals[len(vals) // 2] if vals else None
+
+
+def _values(sp: SeriesPoints, a: float, b: float) -> list[float]:
+    i, j = bisect.bisect_left(sp.ts, a), bisect.bisect_left(sp.ts, b)
+    return [v for v in sp.values[i:j] if v == v]
+
+
+@dataclass(slots=True)
+class EvidenceContext:
+    """The node's series indexed once for every episode's figures."""
+
+    by_metric: dict[str, list[SeriesPoints]]
+    events: Sequence[Any]
+    th: MismatchThresholds
+    busy: dict[str, SeriesPoints] = field(default_factory=dict)         # accelerator -> SM / AICore
+    link: dict[str, SeriesPoints] = field(default_factory=dict)         # accelerator -> busier PCIe direction
+    ceiling: dict[str, float] = field(default_factory=dict)             # accelerator -> bytes/s
+    buses: dict[str, list[str]] = field(default_factory=dict)           # accelerator -> PCI addresses
+    own_dma: list[SeriesPoints] = field(default_factory=list)
+
+    @property
+    def accelerators(self) -> list[str]:
+        return sorted(self.busy)
+
+    def accelerator_of_device(self) -> dict[str, str]:
+        return {b: acc for acc, bs in self.buses.items() for b in bs}
+
+
+def evidence_context(series: Iterable[SeriesPoints], events: Sequence[Any], th: MismatchThresholds) -> EvidenceContext:
+    by_metric: dict[str, list[SeriesPoints]] = {}
+    for sp in series:
+        by_metric.setdefault(sp.metric, []).append(sp)
+    ctx = EvidenceContext(by_metric, events, th)
+    gpu_buses = buses_of_gpus(sp.labels for sp in by_metric.get(GPU_INFO, ()))
+    for gpu, bs in gpu_buses.items():
+        ctx.buses[f"gpu={gpu}"] = list(bs)
+    for sp in by_metric.get("triscope_npu_info", ()):
+        acc = accelerator_of(sp.labels)
+        if acc and sp.labels.get("bus_id"):
+            ctx.buses.setdefault(acc, []).append(sp.labels["bus_id"])
+    for sp in by_metric.get(GPU_BUSY, []) + by_metric.get(NPU_BUSY, []):
+        acc = accelerator_of(sp.labels)
+        if acc:
+            ctx.busy[acc] = sp
+    rx = {label_name(sp.labels): sp for sp in by_metric.get(PCIE_RX, ())}
+    tx = {label_name(sp.labels): sp for sp in by_metric.get(PCIE_TX, ())}
+    facts = link_facts_from(by_metric)
+    for acc, sp in ctx.busy.items():
+        name = label_name({k: v for k, v in sp.labels.items() if k in ("gpu", "npu", "chip")})
+        merged = busier_direction(rx.get(name), tx.get(name))
+        if merged is None:
+            continue
+        ctx.link[acc] = merged
+        observed = max((v for v in merged.values if v == v), default=0.0)
+        ctx.ceiling[acc] = effective_ceiling(negotiated_capacity(link_ids(sp.labels, gpu_buses), facts), observed, th)
+    dma = by_metric.get(DMA_MAPS, [])
+    own = own_dma_series([sp.labels.get("device") for sp in dma], (b for bs in gpu_buses.values() for b in bs))
+    ctx.own_dma = [dma[i] for i in own]
+    return ctx
+
+
+def _sum_means(series: Iterable[SeriesPoints], a: float, b: float) -> float | None:
+    out = None
+    for sp in series:
+        m = _mean(sp, a, b)
+        if m is not None:
+            out = m if out is None else out + m
+    return out
+
+
+def _mine(sp: SeriesPoints, acc: str, ctx: EvidenceContext) -> bool:
+    """Whether a series belongs to accelerator ``acc`` (or to the node, which sees every one)."""
+    if acc == NODE:
+        return True
+    own = accelerator_of(sp.labels)
+    if own is not None:
+        return own == acc
+    dev = sp.labels.get("device")
+    return dev is None or dev in ctx.buses.get(acc, ()) or dev not in ctx.accelerator_of_device()
+
+
+def figures(ctx: EvidenceContext, acc: str, a: float, b: float) -> dict[str, list[Figure]]:
+    """cause key -> its figures over [a, b) for accelerator ``acc`` (``node``: every accelerator,
+    the worst one counting)."""
+    th = ctx.th
+    out: dict[str, list[Figure]] = {}
+
+    def add(cause: str, name: str, value: float | None, threshold: float, detail: str,
+            strength: float | None = None) -> None:
+        if value is None or threshold <= 0 and strength is None:
+            return
+        s = strength if strength is not None else value / threshold
+        out.setdefault(cause, []).append(Figure(cause, name, value, threshold, s, detail))
+
+    accs = ctx.accelerators if acc == NODE else [acc]
+    utils: list[tuple[float, str]] = []
+    busies: list[float] = []
+    for x in accs:
+        bm = _typical(ctx.busy[x], a, b) if x in ctx.busy else None
+        if bm is not None:
+            busies.append(bm)
+        lk = ctx.link.get(x)
+        cap = ctx.ceiling.get(x)
+        lm = _typical(lk, a, b) if lk is not None else None
+        if lm is not None and cap:
+            utils.append((lm / cap, f"{x}: {lm / 1e9:.1f} GB/s of {cap / 1e9:.1f} GB/s"))
+    util = max(utils) if utils else None
+    busy = min(busies) if busies else None
+    saturated = util is not None and util[0] >= th.io_saturated_link
+    if util is not None:
+        add("pcie_load", "link_util", util[0], th.io_saturated_link,
+            f"link at {util[0]:.0%} of its ceiling ({util[1]}); io-saturated from {th.io_saturated_link:.0%}")
+
+    dma = _sum_means([sp for sp in ctx.own_dma if _mine(sp, acc, ctx)], a, b)
+    churn = dma is not None and dma >= th.pin_churn_rate
+    if dma is not None:
+        add("dma_mapping", "dma_maps_per_second", dma, th.pin_churn_rate,
+            f"{dma:.1f} DMA maps/s on the accelerators' devices; pin churn from {th.pin_churn_rate:g}/s")
+    starved = busy is not None and busy < th.starved_busy
+    feeders = any(_mine(sp, acc, ctx) for m in (FEEDER, WAIT) for sp in ctx.by_metric.get(m, ()))
+    floor = getattr(th, "staging_link_floor", th.idle_link)
+    if starved and not feeders and util is not None and floor <= util[0] < th.io_saturated_link:
+        where = "dma_mapping" if churn else "host_staging"
+        add(where, "pageable_signature", util[0], th.io_saturated_link,
+            f"accelerator starved (busy {busy:.0%}) while the link carries only {util[0]:.0%} of its ceiling: "
+            + ("pinning host memory per transfer" if churn else "the host stages the copies (pageable memory)"),
+            strength=1.0)
+
+    host: list[tuple[str, float | None, float, str]] = [
+        ("cpu_busy", _sum_means(ctx.by_metric.get(CPU_BUSY, []), a, b), th.cpu_busy, "host CPU busy {v:.0%}"),
+    ]
+    psi: dict[str, float] = {}
+    for sp in ctx.by_metric.get(PRESSURE, ()):
+        if sp.labels.get("kind", "some") != "some":
+            continue
+        m = _mean(sp, a, b)
+        if m is not None:
+            psi[sp.labels.get("resource", "")] = max(m, psi.get(sp.labels.get("resource", ""), 0.0))
+    host.append(("cpu_pressure", psi.get("cpu"), th.cpu_pressure, "PSI cpu some {v:.0%}"))
+    for metric, name, thr, text in ((FEEDER, "feeder_busy", getattr(th, "feeder_busy", FEEDER_BUSY),
+                                     "the busiest feeder thread at {v:.0%} of a core"),
+                                    (WAIT, "cpu_wait", getattr(th, "cpu_wait", CPU_WAIT),
+                                     "the workload's threads wait for a CPU {v:.0%} of the time"),
+                                    (WL_PRESSURE, "workload_cpu_pressure",
+                                     getattr(th, "workload_cpu_pressure", th.cpu_pressure),
+                                     "the workload's cgroup CPU pressure {v:.0%}")):
+        vals = [m for sp in ctx.by_metric.get(metric, ()) if _mine(sp, acc, ctx)
+                for m in [_mean(sp, a, b)] if m is not None]
+        host.append((name, max(vals) if vals else None, thr, text))
+    for name, v, thr, text in host:
+        if v is None:
+            continue
+        detail = text.format(v=v)
+        s = v / thr if thr > 0 else 0.0
+        if saturated and s > LIMIT_FLOOR:
+            s = LIMIT_FLOOR
+            detail += " (the link is at its ceiling: the host keeps up, this is load)"
+        add("host_staging", name, v, thr, detail, strength=s)
+    add("host_memory", "memory_pressure", psi.get("memory"), th.cpu_pressure, f"PSI memory some {psi.get('memory', 0):.0%}")
+    add("host_io", "io_pressure", psi.get("io"), th.cpu_pressure, f"PSI io some {psi.get('io', 0):.0%}")
+
+    rtx = _sum_means(ctx.by_metric.get(RETRANSMITS, []), a, b)
+    add("network", "retransmits_per_second", rtx, th.retransmit_rate,
+        f"{rtx or 0:.1f} TCP retransmits/s; network-bound from {th.retransmit_rate:g}/s")
+
+    _health_figures(ctx, acc, a, b, add)
+    trouble = agent_trouble([sp for m in ("triscope_collector_up", "triscope_store_write_errors_total",
+                                          "triscope_dropped_samples_total", "triscope_probe_lost_events_total",
+                                          "triscope_spool_pending_samples") for sp in ctx.by_metric.get(m, ())],
+                            ctx.events, a, b)
+    if trouble:
+        add("agent", "agent_trouble", float(len(trouble)), 1.0, "; ".join(trouble[:4]), strength=1.0)
+    return out
+
+
+def _health_figures(ctx: EvidenceContext, acc: str, a: float, b: float, add: Any) -> None:
+    def series(metric: str) -> list[SeriesPoints]:
+        return [sp for sp in ctx.by_metric.get(metric, ()) if _mine(sp, acc, ctx)]
+
+    xid = _sum_means(series("triscope_gpu_xid_errors_total"), a, b)
+    if xid:
+        add("gpu_health", "xid_errors_per_second", xid, 0.0, f"XID errors ({xid:.2g}/s)", strength=2.0)
+    for sp in series("triscope_gpu_up"):
+        vals = _values(sp, a, b)
+        if vals and min(vals) < 0.5:
+            add("gpu_health", "gpu_lost", 0.0, 1.0, f"{accelerator_of(sp.labels)} stopped answering NVML", strength=2.0)
+    for sp in series("triscope_gpu_throttle_reasons"):
+        share, names = throttle_faults(_values(sp, a, b))
+        if names:
+            add("gpu_health", "throttle_faults", share, 0.2,
+                f"{accelerator_of(sp.labels)} slowed down by {', '.join(names)} in {share:.0%} of ticks "
+                "(the power cap is not counted)")
+    for metric in ("triscope_gpu_temperature_celsius", "triscope_npu_temperature_celsius"):
+        for sp in series(metric):
+            vals = _values(sp, a, b)
+            if vals and max(vals) >= 0.9 * GPU_HOT_C:
+                add("gpu_health", "temperature", max(vals), GPU_HOT_C,
+                    f"{accelerator_of(sp.labels)} at {max(vals):.0f} C")
+    for sp in series("triscope_npu_health"):
+        vals = _values(sp, a, b)
+        if vals and max(vals) >= 1:
+            add("gpu_health", "npu_health", max(vals), 2.0, f"{accelerator_of(sp.labels)} health {max(vals):.0f}")
+    for metric, cause, what in (("triscope_pcie_aer_errors_total", "pcie_errors", "PCIe AER errors"),
+                                ("triscope_gpu_pcie_replays_total", "pcie_errors", "PCIe replays"),
+                                ("triscope_iommu_page_faults_total", "iommu_faults", "IOMMU page faults"),
+                                ("triscope_dma_map_errors_total", "iommu_faults", "DMA map errors")):
+        r = _sum_means(series(metric), a, b)
+        if r:
+            add(cause, metric.removeprefix("triscope_").removesuffix("_total") + "_per_second", r, 0.0,
+                f"{what} ({r:.2g}/s)", strength=1.5)
+    for sp in series("triscope_pcie_link_degraded"):
+        vals = _values(sp, a, b)
+        if vals and sum(1 for v in vals if v >= 0.5) >= 0.5 * len(vals):
+            add("pcie_errors", "link_degraded", 1.0, 1.0,
+                f"link {sp.labels.get('device', '?')} below its maximum speed or width while in use", strength=1.0)
+
+
+ABS_MIN = 0.5
+ABS_CAP = 1.5
+LOAD_FAMILIES = frozenset({"pcie_load", "host_staging", "dma_mapping", "network", "host_memory", "host_io"})
+FAULT_FAMILIES = frozenset({"gpu_health", "pcie_errors", "iommu_faults"})
+
+
+def absolute_part(strength: float | None) -> float:
+    """A family's absolute part from its strongest figure: past its threshold (the detector's own
+    bar) the strength itself, up to ``ABS_CAP``; between ``ABS_MIN`` and the threshold only what it
+    exceeds ``ABS_MIN`` by (supporting evidence, at most 0.5); below, nothing."""
+    if strength is None or strength < ABS_MIN:
+        return 0.0
+    return min(ABS_CAP, strength) if strength >= 1.0 else strength - ABS_MIN
+
+
+def limit_factor(key: str, strength: float | None) -> float:
+    """What a family keeps of its relative score (what moved against a reference): its strength
+    (at least ``LIMIT_FLOOR``, at most 1) for a family with a figure; ``LIMIT_FLOOR`` for a fault
+    family without one; nothing for the agent while it was healthy; everything for symptoms."""
+    if key == "agent":
+        return 1.0 if strength else 0.0
+    if key in FAULT_FAMILIES:
+        return max(LIMIT_FLOOR, min(1.0, strength or 0.0))
+    if key in LOAD_FAMILIES and strength is not None:
+        return max(LIMIT_FLOOR, min(1.0, strength))
+    return 1.0
+
+
+def strengths(figs: Mapping[str, Sequence[Figure]]) -> dict[str, float]:
+    """cause key -> its strongest figure."""
+    return {k: max(f.strength for f in v) for k, v in figs.items() if v}

@@ -1,0 +1,87 @@
+"""SLO burn periods on the timeline, from the series the root-cause query already read.  Pure.
+
+For each SLO (``triscope.analysis.slo.SLOSpec``, the Sloth subset: sums of ``rate``/``increase``
+terms) the error and total queries are summed per tick from the node's counter rates, over a
+centred window (``BURN_WINDOW_S``, the detector's 10 s, or one sampling step of rollups); burn
+rate = error ratio / error budget.  A **burn period** is a run of ticks whose burn rate is at
+least the SLO's fast page factor (``burn_factor("1h", 0.02)``, 14.4 for a 30-day period: 2 % of
+the budget in an hour); runs closer than the window are one.  A short window, not the page alert's
+5 minutes: a 20 s phase of failures next to a minute of ten times the traffic would vanish in a
+ratio of sums over 5 minutes, and the point here is to place the burn on the timeline next to the
+coordination episodes; ``triscope slo status`` gives the multi-window figures.  Ticks without
+requests are no data, never a burn.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from typing import Any
+
+from triscope.analysis.episodes import NODE, Episode
+from triscope.analysis.reader import SeriesPoints
+
+BURN_WINDOW_S = 10.0
+
+
+def _rate_sum(query: Any, series: Sequence[SeriesPoints]) -> dict[float, float]:
+    out: dict[float, float] = {}
+    for term in query.terms:
+        for sp in series:
+            if sp.metric != term.metric or not term.matches(sp.labels):
+                continue
+            for t, v in zip(sp.ts, sp.values, strict=True):
+                if v == v:
+                    out[t] = out.get(t, 0.0) + term.sign * v
+    return out
+
+
+def _centred(ts: list[float], vals: list[float], window: float) -> list[float]:
+    """Sum of ``vals`` over (t - window/2, t + window/2] for each t (ts sorted): looking back at
+    history, the window need not trail."""
+    prefix = [0.0]
+    for v in vals:
+        prefix.append(prefix[-1] + v)
+    out = []
+    for t in ts:
+        i = bisect.bisect_right(ts, t - window / 2)
+        j = bisect.bisect_right(ts, t + window / 2)
+        out.append(prefix[j] - prefix[i])
+    return out
+
+
+def slo_burn_episodes(slos: Sequence[Any], series: Sequence[SeriesPoints], start: float, end: float,
+                      step: float = 1.0) -> list[Episode]:
+    """The SLOs' burn periods in [start, end) (kind ``slo``, state ``slo-burn``, on the node)."""
+    window = max(BURN_WINDOW_S, step)
+    out: list[Episode] = []
+    for slo in slos:
+        metrics = {t.metric for q in (slo.error_query, slo.total_query) for t in q.terms}
+        mine = [sp for sp in series if sp.metric in metrics and sp.kind == "counter"]
+        if not mine:
+            continue
+        err = _rate_sum(slo.error_query, mine)
+        tot = _rate_sum(slo.total_query, mine)
+        ts = sorted(t for t in tot if start - window <= t < end + window)
+        if not ts:
+            continue
+        e_sum = _centred(ts, [err.get(t, 0.0) for t in ts], window)
+        t_sum = _centred(ts, [tot[t] for t in ts], window)
+        factor = slo.burn_factor("1h", 0.02)
+        cur: Episode | None = None
+        for t, es, tsum in zip(ts, e_sum, t_sum, strict=True):
+            if t < start or t >= end or tsum <= 0:
+                continue
+            burn = max(0.0, es / tsum) / slo.error_budget
+            if burn < factor:
+                continue
+            if cur is not None and t - cur.end <= window:
+                cur.end = t + step
+                cur.samples += 1
+                cur.detail["peak_burn_rate"] = round(max(cur.detail["peak_burn_rate"], burn), 3)
+                continue
+            cur = Episode(t, t + step, "slo-burn", NODE, kind="slo", samples=1)
+            cur.detail.update(slo=slo.id, objective=slo.objective, page_factor=factor,
+                              peak_burn_rate=round(burn, 3), burn_window_s=window)
+            out.append(cur)
+    return out

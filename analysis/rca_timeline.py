@@ -1,0 +1,315 @@
+"""Root cause as an incident timeline: what happened when on a node, each bad episode explained.
+
+``rca_timeline(store, node, start, end)`` is what ``triscope rca`` answers:
+
+1. **fetch** (``fetch_timeline_inputs``): every series of the node over [start - look-back, end]
+   (``rca_inputs.fetch_rca_inputs``; the look-back is the preceding window of the same length, at
+   least ``MIN_LOOKBACK_S``, or the baseline given), the stored state series
+   (``triscope_mismatch_state`` / ``_score``, one ``query`` each, ``state_read_plan``), and, where
+   the node has none and the main read is from rollups, the detector's inputs
+   (``mismatch_inputs.fetch_mismatch_inputs``) for the classifier;
+2. **episodes** (pure, ``timeline_episodes``): runs of one state per accelerator, flickers merged
+   (``triscope.analysis.episodes``), and health episodes from the events;
+3. **references** of other nodes where a bad episode has none on its own accelerator (a second
+   fetch, ``rca_reference.fetch_workload_references``, only then);
+4. **explain** (pure, ``timeline_from``): each bad episode in the window gets its reference
+   (``rca_reference.choose_reference``) and its ranked causes (``rca_explain.explain``); SLO burn
+   periods come from ``rca_slo`` when SLOs are given.
+
+Episodes are reported when they overlap [start, end), with their real bounds (one that began in
+the look-back says so with ``started_before``).  ``Timeline.as_dict()`` is the JSON of
+docs/workloads.md section 3.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from triscope.analysis.config import MismatchThresholds, default_thresholds
+from triscope.analysis.episodes import (
+    HEALTH_EVENTS,
+    NODE,
+    SCORE_METRIC,
+    STATE_METRIC,
+    Episode,
+    assign_workloads,
+    classifier_state_samples,
+    health_episodes,
+    is_bad,
+    merge_flickers,
+    min_episode_s,
+    state_runs,
+    stored_state_samples,
+    workload_dict,
+)
+from triscope.analysis.features import GPU_INFO, INPUT_METRICS
+from triscope.analysis.mismatch import accelerator_window_states
+from triscope.analysis.mismatch_inputs import (
+    MismatchInputs,
+    fetch_mismatch_inputs,
+    mismatch_inputs_from_series,
+)
+from triscope.analysis.rca import CATEGORY_BY_KEY, Cause, bisect_any
+from triscope.analysis.rca_evidence import EvidenceContext, evidence_context
+from triscope.analysis.rca_explain import explain, index_series
+from triscope.analysis.rca_inputs import RCAInputs, data_start_of, fetch_rca_inputs
+from triscope.analysis.rca_reference import Reference, choose_reference, fetch_workload_references, needs_of
+from triscope.analysis.reader import SeriesPoints, StoreReader, points_of
+
+MIN_LOOKBACK_S = 600.0
+DETECTOR_METRICS = frozenset(INPUT_METRICS) | {GPU_INFO}
+TIMELINE_MAX_POINTS = 1800     # raw reads up to an hour hold every 1 Hz tick
+
+
+def tracker_lag(th: MismatchThresholds) -> float:
+    """How late the agent's stored state is: it is the median tick of the last ``window_s``
+    (a change shows once half the window holds it) and is reported after ``state_dwell_s``.  Stored
+    states are moved back by this much, so episodes start when the change did."""
+    return th.window_s / 2 + th.state_dwell_s
+
+
+def reference_guard(step: float, th: MismatchThresholds) -> float:
+    """Seconds left out at a healthy reference's edges (at most a quarter of it each): half the
+    detector's window, or one sampling step on rollups."""
+    return max(th.window_s / 2, step)
+
+
+def state_read_plan(span: float) -> tuple[str | None, int | None]:
+    """(tier, max_points) for the state series: every raw point up to an hour, 1-minute rollups up
+    to 7 days, hourly beyond."""
+    return (None, None) if span <= 3600 else ("1m", None) if span <= 7 * 86400 else ("1h", None)
+
+
+def classifier_window(span: float, tier: str | None, th: MismatchThresholds) -> float:
+    """The classifier's window where no state series exist: the detector's own window on raw
+    points, at least 2 minutes (and span / 720) on rollups."""
+    return th.window_s if tier is None else max(120.0, span / 720.0, th.window_s)
+
+
+@dataclass(slots=True)
+class TimelineInputs:
+    rca: RCAInputs                         # the node's series over [lookback start, end], events in [start, end]
+    states: list[SeriesPoints]             # stored state / score series over the same range
+    mismatch: MismatchInputs | None = None  # the classifier's inputs when no state series and rollups
+    given: tuple[float, float] | None = None
+    window_s: float = 10.0
+    slos: list[Any] = field(default_factory=list)
+
+    @property
+    def node(self) -> str:
+        return self.rca.node
+
+    @property
+    def lookback_start(self) -> float:
+        return min(self.rca.baseline_start, self.rca.start)
+
+
+def fetch_timeline_inputs(store: StoreReader, node: str, start: float, end: float,
+                          baseline: tuple[float, float] | None = None, thresholds: MismatchThresholds | None = None,
+                          slos: Sequence[Any] = ()) -> TimelineInputs:
+    if end <= start:
+        raise ValueError("the window must end after it starts")
+    th = thresholds or default_thresholds()
+    lookback = baseline or (start - max(end - start, MIN_LOOKBACK_S), start)
+    rca = fetch_rca_inputs(store, node, start, end, lookback, TIMELINE_MAX_POINTS)
+    lo = min(lookback[0], start)
+    tier, mp = state_read_plan(end - lo)
+    states = [points_of(sd) for m in (STATE_METRIC, SCORE_METRIC)
+              for sd in store.query(m, node=node, start=lo, end=end, max_points=mp, tier=tier)]
+    w = classifier_window(end - lo, rca.tier, th)
+    mismatch = None
+    if not any(sp.metric == STATE_METRIC for sp in states) and rca.tier == "1h":
+        mismatch = fetch_mismatch_inputs(store, node, lo, end, w)
+    return TimelineInputs(rca, states, mismatch, baseline, w, list(slos))
+
+
+# ---------------------------------------------------------------------------------------------- episodes
+def timeline_episodes(inputs: TimelineInputs, ctx: EvidenceContext,
+                      th: MismatchThresholds) -> tuple[list[Episode], str, float]:
+    """(state episodes over the whole range read, where the states came from, sampling step)."""
+    source, samples, step = stored_state_samples(inputs.states)
+    lo, end = inputs.lookback_start, inputs.rca.end
+    lag = tracker_lag(th)
+    first = min((ss[0].ts for ss in samples.values() if ss), default=0.0)
+    last = {acc: ss[-1].ts for acc, ss in samples.items() if ss}
+    for ss in samples.values():
+        for x in ss:
+            x.ts = max(first, x.ts - lag)
+    if not source:
+        mi = inputs.mismatch
+        if mi is None:
+            detector = [sp for sp in inputs.rca.series if sp.metric in DETECTOR_METRICS]
+            mi = mismatch_inputs_from_series(detector, lo, end)
+        windows = accelerator_window_states(mi, lo, end, inputs.window_s, th)
+        samples = classifier_state_samples(windows)
+        source, step = ("classifier" if windows else ""), inputs.window_s
+    runs = state_runs(samples, step)
+    for acc, t in last.items():     # the last state holds until the data stops, not ``lag`` before
+        tail = [e for e in runs if e.accelerator == acc]
+        if tail:
+            tail[-1].end = max(tail[-1].end, t + step)
+    if NODE in samples and len(ctx.accelerators) == 1:   # the roll-up of a one-accelerator node is that accelerator
+        for e in runs:
+            e.accelerator = ctx.accelerators[0]
+    eps = merge_flickers(runs, min_episode_s(step))
+    assign_workloads(eps, inputs.rca.series)
+    return eps, source, step
+
+
+# ---------------------------------------------------------------------------------------------- result
+@dataclass(slots=True)
+class Timeline:
+    node: str
+    start: float
+    end: float
+    lookback_start: float
+    source: str                     # where the states came from
+    step: float
+    min_episode_s: float
+    episodes: list[Episode]
+    series_examined: int
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def bad(self) -> list[Episode]:
+        return [e for e in self.episodes if e.bad]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "start": self.start, "end": self.end,
+                "lookback": {"start": self.lookback_start, "end": self.start},
+                "states_from": self.source or None, "step_s": self.step, "min_episode_s": self.min_episode_s,
+                "series_examined": self.series_examined,
+                "summary": {"episodes": len(self.episodes), "bad": len(self.bad),
+                            "states": _state_shares(self.episodes, self.start, self.end)},
+                "notes": self.notes,
+                "episodes": [episode_dict(e, self.start) for e in self.episodes]}
+
+
+def _state_shares(eps: Sequence[Episode], start: float, end: float) -> dict[str, float]:
+    tot: dict[str, float] = {}
+    span = max(end - start, 1e-9)
+    for e in eps:
+        if e.kind == "state":
+            tot[e.state] = tot.get(e.state, 0.0) + max(0.0, min(e.end, end) - max(e.start, start))
+    accs = max(1, len({e.accelerator for e in eps if e.kind == "state"}))
+    return {k: round(v / span / accs, 4) for k, v in sorted(tot.items(), key=lambda kv: -kv[1])}
+
+
+def episode_dict(e: Episode, window_start: float) -> dict[str, Any]:
+    d: dict[str, Any] = {"start": e.start, "end": e.end, "state": e.state, "accelerator": e.accelerator,
+                         "workload": workload_dict(e.workload), "kind": e.kind, "bad": e.bad,
+                         "duration_s": round(e.duration, 3)}
+    if e.score is not None:
+        d["score"] = round(e.score, 4)
+    if e.start < window_start:
+        d["started_before"] = True
+    d["causes"] = [c.as_dict() for c in e.causes]
+    d["reference"] = e.reference
+    if e.events:
+        d["events"] = [{"ts": x.ts, "kind": x.kind, "severity": x.severity, "message": x.message,
+                        "details": x.details} for x in e.events[:20]]
+    d.update({k: v for k, v in e.detail.items() if k not in d})
+    return d
+
+
+# ---------------------------------------------------------------------------------------------- pure part
+def timeline_from(inputs: TimelineInputs, thresholds: MismatchThresholds | None = None, top: int | None = 5,
+                  workload_refs: Mapping[tuple[str, float], Reference] | None = None,
+                  prepared: tuple[EvidenceContext, list[Episode], str, float] | None = None) -> Timeline:
+    """The timeline from what was read.  Pure: no store, no clock.  ``prepared``: the evidence
+    context and ``timeline_episodes`` already computed from these inputs (``rca_timeline``)."""
+    th = thresholds or default_thresholds()
+    r = inputs.rca
+    start, end, lo = r.start, r.end, inputs.lookback_start
+    if prepared is None:
+        ctx = evidence_context(r.series, r.events, th)
+        eps, source, step = timeline_episodes(inputs, ctx, th)
+    else:
+        ctx, eps, source, step = prepared
+    index = index_series(r.series)
+    data_start = data_start_of(r.series, lo)
+    given = inputs.given
+    given_has_data = given is not None and any(bisect_any(sp.ts, *given) for sp in r.series if sp.ts)
+    notes: list[str] = []
+    if not source:
+        notes.append("no accelerator data in the range: no coordination states, only health events")
+    shown: list[Episode] = []
+    for e in eps:
+        if e.end <= start or e.start >= end:
+            continue
+        shown.append(e)
+        if is_bad(e.state):
+            ref = choose_reference(e, eps, r.node, given, given_has_data, workload_refs or {},
+                                   reference_guard(step, th))
+            e.reference = ref.as_dict()
+            e.causes = explain(e, ref, ctx, index, data_start, top)
+            e.detail["verdict"] = _verdict(e, r.events)
+    for h in health_episodes(r.events, ctx.accelerator_of_device()):
+        h.causes = [_health_cause(h)]
+        shown.append(h)
+    if inputs.slos:
+        from triscope.analysis.rca_slo import slo_burn_episodes
+
+        for s in slo_burn_episodes(inputs.slos, r.series, start, end, step if r.tier else 1.0):
+            _attach_overlap(s, shown)
+            shown.append(s)
+    shown.sort(key=lambda e: (e.start, e.kind != "state", e.accelerator))
+    return Timeline(r.node, start, end, lo, source, step, min_episode_s(step), shown, r.series_examined, notes)
+
+
+def _verdict(e: Episode, events: Sequence[Any]) -> list[str]:
+    """The agent's reasons for the state, from its ``mismatch_state`` event that opened the episode."""
+    best = None
+    for ev in events:
+        d = ev.details or {}
+        if ev.kind == "mismatch_state" and d.get("to") == e.state and e.start - 15 <= ev.ts < e.end:
+            best = ev if best is None or abs(ev.ts - e.start) < abs(best.ts - e.start) else best
+    if best is None:
+        return []
+    reasons = ((best.details or {}).get("evidence") or {}).get("reasons") or []
+    return [str(x) for x in reasons][:6]
+
+
+def _health_cause(h: Episode) -> Cause:
+    key = HEALTH_EVENTS[h.events[0].kind]
+    cat = CATEGORY_BY_KEY[key]
+    severe = any(x.severity in ("error", "critical") for x in h.events)
+    score = min(1.0, 0.5 + 0.1 * len(h.events) + (0.2 if severe else 0.0)) + (1.0 if severe else 0.5)
+    ev = [{"type": "event", "ts": x.ts, "kind": x.kind, "severity": x.severity, "message": x.message,
+           "details": x.details} for x in h.events[:10]]
+    return Cause(key, cat.title, score, h.start, f"{len(h.events)} event(s): {h.events[0].message}", ev)
+
+
+def _attach_overlap(s: Episode, eps: Sequence[Episode]) -> None:
+    """An SLO burn period takes the causes of the bad episode it overlaps most."""
+    best, most = None, 0.0
+    for e in eps:
+        if e.kind == "state" and is_bad(e.state):
+            ov = min(e.end, s.end) - max(e.start, s.start)
+            if ov > most:
+                best, most = e, ov
+    if best is not None:
+        s.causes = list(best.causes)
+        s.reference = {"kind": "episode", "accelerator": best.accelerator, "state": best.state,
+                       "start": best.start, "end": best.end}
+    else:
+        s.reference = {"kind": "none", "why": "no bad coordination episode overlaps this burn period"}
+
+
+# ---------------------------------------------------------------------------------------------- entry point
+def rca_timeline(store: StoreReader, node: str, start: float, end: float, baseline: tuple[float, float] | None = None,
+                 thresholds: MismatchThresholds | None = None, top: int | None = 5,
+                 slos: Sequence[Any] = ()) -> Timeline:
+    """Fetch, cut into episodes, fetch the references of other nodes where needed, explain."""
+    th = thresholds or default_thresholds()
+    inputs = fetch_timeline_inputs(store, node, start, end, baseline, th, slos)
+    refs: dict[tuple[str, float], Reference] = {}
+    ctx = evidence_context(inputs.rca.series, inputs.rca.events, th)
+    eps, source, step = timeline_episodes(inputs, ctx, th)
+    needs = needs_of(eps, node, start, end, baseline)
+    if needs:
+        metrics = sorted({sp.metric for sp in inputs.rca.series})
+        refs = fetch_workload_references(store, needs, metrics, reference_guard(step, th))
+    return timeline_from(inputs, th, top, refs, (ctx, eps, source, step))
