@@ -266,6 +266,7 @@ def test_every_container_is_bounded_and_hardened(rendered: dict[str, list[dict[s
 
 EXPECTED_RULES = {
     "triscope-engine-workloads": {("apps", "deployments"): {"get", "patch"},
+                                  ("apps", "replicasets"): {"get"},   # a pod's owner: Pod -> ReplicaSet -> Deployment
                                   ("", "pods"): {"get", "list"},
                                   ("", "pods/eviction"): {"create"},
                                   ("", "configmaps"): {"get", "create", "update"},
