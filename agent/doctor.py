@@ -1,8 +1,9 @@
 """Which host collectors can run here, and for each that cannot, why and what to install.
 
 ``host_doctor(proc, sys)`` runs every host collector's ``check()`` (procfs / sysfs collectors, and
-``--scrape`` endpoints when given) and returns one row per collector.  ``triscope doctor`` prints
-these next to the eBPF / NVML / npu-smi rows.
+``--scrape`` endpoints when given) and returns one row per collector; ``pod_resources_doctor(path)``
+says whether the kubelet's pod-resources socket answers (workload attribution names pods through
+it).  ``triscope doctor`` prints these next to the eBPF / NVML / npu-smi / workloads rows.
 """
 
 from __future__ import annotations
@@ -55,6 +56,18 @@ def host_doctor(proc: str = "/proc", sys: str = "/sys", scrape: Iterable[str] = 
     for url in scrape:
         rows.append(_row(f"scrape:{url}", lambda url=url: ScrapeCollector(url, timeout=scrape_timeout)))  # type: ignore[misc]
     return rows
+
+
+def pod_resources_doctor(path: str = "/var/lib/kubelet/pod-resources/kubelet.sock",
+                         timeout: float = 2.0) -> DoctorRow:
+    """Is the kubelet's pod-resources socket reachable (workload attribution names pods through it)?"""
+    from triscope.agent.collectors.podresources import probe
+
+    try:
+        ok, reason, hint = probe(path, timeout)
+    except Exception as e:  # noqa: BLE001 - a finding, not a crash
+        ok, reason, hint = False, f"check failed: {e}", ""
+    return DoctorRow("pod-resources", ok, reason, hint)
 
 
 def format_rows(rows: Iterable[DoctorRow]) -> str:

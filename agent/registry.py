@@ -27,6 +27,9 @@ class AgentOptions:
     nvml: bool = True
     npu: bool = True
     npu_smi: str | None = None
+    workloads: bool = True         # which workload uses each accelerator (needs NVML or npu-smi)
+    pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    pods_log_dir: str = "/var/log/pods"
     scrape_timeout: float = 2.0    # one scrape, connect to last byte
     interval: float = 1.0          # the agent's tick: sets how long a tick waits for a scrape
 
@@ -120,6 +123,25 @@ def _npu(opts: AgentOptions) -> Collector:
     return NpuSmiCollector(npu_smi=opts.npu_smi) if opts.npu_smi else NpuSmiCollector()
 
 
+def _workloads(opts: AgentOptions, npu: Collector | None) -> Collector:
+    """Attribution and per-workload host evidence, fed by NVML's process lists and the npu-smi
+    collector's process table (no npu-smi run of its own).  Without either it reports itself off
+    at the start check (and costs nothing more)."""
+    from triscope.agent.collectors.accelprocs import NpuProcessSource, ProcessSource
+    from triscope.agent.collectors.npu import NpuSmiCollector
+    from triscope.agent.collectors.workloads import WorkloadsCollector
+
+    sources: list[ProcessSource] = []
+    if opts.nvml:
+        from triscope.agent.collectors.nvml_processes import NvmlProcessSource
+
+        sources.append(NvmlProcessSource())
+    if isinstance(npu, NpuSmiCollector):
+        sources.append(NpuProcessSource(npu))
+    return WorkloadsCollector(sources, proc=opts.proc, sys=opts.sys, pod_resources_socket=opts.pod_resources_socket,
+                              pods_log_dir=opts.pods_log_dir)
+
+
 def _scrape(opts: AgentOptions, url: str) -> Collector:
     from triscope.agent.collectors.background import Background
     from triscope.agent.collectors.scrape import ScrapeCollector
@@ -143,8 +165,11 @@ def build_collectors(opts: AgentOptions) -> list[Collector]:
         collectors.append(ebpf)
     if opts.nvml:
         collectors.append(_make("nvml", _nvml))
-    if opts.npu:
-        collectors.append(_make("npu", lambda: _npu(opts)))
+    npu = _make("npu", lambda: _npu(opts)) if opts.npu else None
+    if npu is not None:
+        collectors.append(npu)
+    if opts.workloads and (opts.nvml or opts.npu):
+        collectors.append(_make("workloads", lambda: _workloads(opts, npu)))
     for url in opts.scrape:
         try:
             name = "scrape:" + parse_scrape_url(url)[1]

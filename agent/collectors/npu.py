@@ -464,6 +464,29 @@ class NpuSmiCollector(BaseCollector):
             events, self._events = self._events, []
         return [*events, *latest.samples]
 
+    # ------------------------------------------------------------------ workload attribution
+    def process_table(self) -> tuple[list[NpuProcess], list[ChipStatus]] | None:
+        """The process table and chips of the latest good run, while it is fresh (``stale_after``);
+        None before the first run, when stale, or when the output had no process table."""
+        with self._lock:
+            latest = self._latest
+        if latest.info is None or latest.ok_at is None or self.clock() - latest.ok_at > self.stale_after:
+            return None
+        if latest.info.processes is None:
+            return None
+        return list(latest.info.processes), list(latest.info.chips)
+
+    def process_table_problem(self) -> str:
+        with self._lock:
+            return self._latest.error
+
+    def process_source_check(self) -> Availability:
+        """Can npu-smi run here (found and executable)?  Runs nothing."""
+        try:
+            return Availability(True, self._resolve())
+        except CollectorUnavailable as e:
+            return Availability(False, e.reason, e.hint)
+
     def close(self) -> None:
         self._stop.set()
         if self._thread is not None:

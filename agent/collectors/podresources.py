@@ -18,11 +18,15 @@ against itself.
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import socket
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 MAX_MESSAGE = 16 << 20
@@ -251,3 +255,88 @@ def _headers(raw: object) -> dict[str, str]:
     for k, v in raw or ():  # type: ignore[attr-defined]
         out[k.decode() if isinstance(k, bytes) else str(k)] = v.decode() if isinstance(v, bytes) else str(v)
     return out
+
+
+# the agent's view: refreshed off the tick, degraded once ------------------------------------------------
+class PodResourcesWatch:
+    """The latest ``List`` answer, refreshed by its caller (the workloads collector's worker, off the
+    tick) when ``due()``: every ``every`` seconds.
+
+    No socket is normal off Kubernetes: one info line, and the agent never imports the HTTP/2
+    library.  A socket that errors (kubelet down, wrong protocol, no permission) degrades once:
+    one warning with the reason and one ``collector`` event, then one line when it answers again.
+    Meanwhile the last good answer stands in for ``keep_s`` seconds (pods change rarely; a kubelet
+    restart should not strip the labels), then the owners are dropped.
+    """
+
+    def __init__(self, path: str = DEFAULT_SOCKET, *, every: float = 30.0, timeout: float = 2.0,
+                 keep_s: float = 300.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.path = path
+        self.every = every
+        self.timeout = timeout
+        self.keep_s = keep_s
+        self.clock = clock
+        self.state = "unread"          # unread, missing, ok, error
+        self.reason = "not read yet"
+        self.owners: dict[str, list[DeviceOwner]] = {}
+        self.pods = 0
+        self._next = 0.0
+        self._good_at: float | None = None
+
+    def due(self) -> bool:
+        return self.clock() >= self._next
+
+    @property
+    def next_due(self) -> float:
+        return self._next
+
+    def refresh(self) -> list[tuple[str, str]]:
+        """Ask the kubelet now.  Returns (severity, message) for each change of state worth an event."""
+        self._next = self.clock() + self.every
+        changes: list[tuple[str, str]] = []
+        if not os.path.exists(self.path):
+            if self.state != "missing":
+                if self.state in ("ok", "error") and self._good_at is not None:
+                    log.warning("kubelet pod-resources socket %s is gone; pods are not named until it returns",
+                                self.path)
+                    changes.append(("warning", f"kubelet pod-resources socket {self.path} is gone"))
+                else:
+                    log.info("no kubelet pod-resources socket at %s (not on Kubernetes, or not mounted): "
+                             "workloads are named by unit or command", self.path)
+            self.state, self.reason = "missing", f"no kubelet pod-resources socket at {self.path}"
+            self._expire()
+            return changes
+        try:
+            res = list_pod_resources(self.path, timeout=self.timeout)
+        except PodResourcesError as e:
+            if self.state != "error":
+                log.warning("kubelet pod-resources: %s; pods are not named until it answers", e)
+                changes.append(("warning", f"kubelet pod-resources unavailable: {e}"))
+            self.state, self.reason = "error", str(e)
+            self._expire()
+            return changes
+        if self.state == "error" or (self.state == "missing" and self._good_at is not None):
+            log.warning("kubelet pod-resources answers again (%s)", self.path)
+            changes.append(("info", f"kubelet pod-resources answers again ({self.path})"))
+        self.owners = res.by_device()
+        self.pods = len({(o.namespace, o.pod) for o in res.owners})
+        self.state, self.reason = "ok", f"{self.pods} pod(s) with devices, {len(self.owners)} device(s)"
+        self._good_at = self.clock()
+        return changes
+
+    def _expire(self) -> None:
+        if self._good_at is None or self.clock() - self._good_at > self.keep_s:
+            self.owners = {}
+
+
+def probe(path: str = DEFAULT_SOCKET, timeout: float = 2.0) -> tuple[bool, str, str]:
+    """For ``triscope doctor``: (reachable, what it said, what to do)."""
+    if not os.path.exists(path):
+        return (False, f"no kubelet pod-resources socket at {path} (normal off Kubernetes)",
+                "on Kubernetes, mount /var/lib/kubelet/pod-resources read-only into the agent (deploy/kustomize)")
+    try:
+        res = list_pod_resources(path, timeout=timeout)
+    except PodResourcesError as e:
+        return False, str(e), "check that the kubelet runs and the agent may read its socket (root)"
+    pods = len({(o.namespace, o.pod) for o in res.owners})
+    return True, f"{path}: {pods} pod(s) hold {len(res.by_device())} device(s)", ""

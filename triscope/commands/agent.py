@@ -37,6 +37,13 @@ def add_agent_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-nvml", action="store_true", help="do not start the NVML (NVIDIA GPU) collector")
     p.add_argument("--no-npu", action="store_true", help="do not start the npu-smi (Ascend NPU) collector")
     p.add_argument("--npu-smi", metavar="PATH", help="npu-smi executable (default: found on PATH)")
+    p.add_argument("--no-workloads", action="store_true",
+                   help="do not attribute accelerators to workloads (which pod, container or unit uses each GPU/NPU, "
+                        "and the per-workload host evidence: CPU, busiest thread, run-queue wait, cgroup CPU pressure)")
+    p.add_argument("--pod-resources-socket", metavar="PATH", default="/var/lib/kubelet/pod-resources/kubelet.sock",
+                   help="the kubelet's pod-resources socket, read every 30 s to name the pod and container given each "
+                        "device (default /var/lib/kubelet/pod-resources/kubelet.sock; absent off Kubernetes, which is "
+                        "fine: workloads are then named by systemd unit or command)")
     p.add_argument("--proc", default="/proc", help=argparse.SUPPRESS)
     p.add_argument("--sys", default="/sys", help=argparse.SUPPRESS)
     p.add_argument("--no-migrate", action="store_true", help="do not upgrade the schema at start")
@@ -93,6 +100,7 @@ def build_config(args: argparse.Namespace, listen: tuple[str, int] | None):
             raise UserError(f"--scrape {url!r}: {e}") from None
     opts = AgentOptions(proc=args.proc, sys=args.sys, scrape=list(args.scrape), ebpf=not args.no_ebpf,
                         nvml=not args.no_nvml, npu=not args.no_npu, npu_smi=args.npu_smi,
+                        workloads=not args.no_workloads, pod_resources_socket=args.pod_resources_socket,
                         scrape_timeout=args.scrape_timeout, interval=args.interval)
     return AgentConfig(db_url=db_url(args), node=args.node, interval=args.interval, write_every=args.write_every,
                        listen=listen,

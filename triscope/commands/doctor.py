@@ -14,21 +14,28 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--proc", default="/proc", help=argparse.SUPPRESS)
     p.add_argument("--sys", default="/sys", help=argparse.SUPPRESS)
+    p.add_argument("--pod-resources-socket", metavar="PATH", default="/var/lib/kubelet/pod-resources/kubelet.sock",
+                   help="the kubelet's pod-resources socket to check (default "
+                        "/var/lib/kubelet/pod-resources/kubelet.sock)")
     p.set_defaults(func=cmd_doctor)
 
 
-def gather(proc: str = "/proc", sys_: str = "/sys") -> list[dict[str, Any]]:
+def gather(proc: str = "/proc", sys_: str = "/sys",
+           pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock") -> list[dict[str, Any]]:
     from triscope.agent.registry import AgentOptions, build_collectors
 
     rows: list[dict[str, Any]] = []
     try:
-        from triscope.agent.doctor import host_doctor
+        from triscope.agent.doctor import host_doctor, pod_resources_doctor
         for name, ok, reason, hint in host_doctor(proc, sys_):
             rows.append({"kind": "collector", "name": name, "ok": ok, "reason": reason, "hint": hint})
+        name, ok, reason, hint = pod_resources_doctor(pod_resources_socket)
+        rows.append({"kind": "source", "name": name, "ok": ok, "reason": reason, "hint": hint})
     except ImportError:
         pass
     seen = {r["name"] for r in rows}
-    collectors = build_collectors(AgentOptions(proc=proc, sys=sys_, ebpf=False))
+    collectors = build_collectors(AgentOptions(proc=proc, sys=sys_, ebpf=False,
+                                               pod_resources_socket=pod_resources_socket))
     for c in collectors:
         if c.name in seen:
             continue
@@ -48,7 +55,7 @@ def gather(proc: str = "/proc", sys_: str = "/sys") -> list[dict[str, Any]]:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    rows = gather(args.proc, args.sys)
+    rows = gather(args.proc, args.sys, args.pod_resources_socket)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0

@@ -1,0 +1,481 @@
+"""Workloads on each accelerator and what the host does for them (docs/workloads.md section 1).
+
+Two halves, on two threads:
+
+* **Attribution, off the tick** (the collector's refresh worker): every ``process_every`` seconds
+  (5) the sources list the processes on each accelerator (NVML, the npu-smi process table —
+  ``accelprocs.py``), each process's cgroup names its pod, container or unit (``cgroups.py``), and
+  the kubelet's pod-resources answer (refreshed every ``pod_resources_every`` seconds, 30) with
+  ``/var/log/pods`` names its pod and container (``attribution.py``); its threads are listed.
+  Every ``share_every`` seconds (1) the sources' per-process SM shares are read.  The result is
+  one immutable plan the tick picks up.
+* **Evidence, per tick** (``collect``): each process's CPU over the tick, its busiest thread and
+  its threads' run-queue wait (``procstat.py``: kept-open descriptors, ``pread``; threads only for
+  processes at ``busy_cores`` or more), summed per (accelerator, workload).  Each process's cgroup
+  ``cpu.pressure`` is read by the worker every 2 s (PSI recomputes its 10 s average that often;
+  it is not the tick's to wait for) and the tick uses the latest.
+
+Series (labels: ``gpu`` or ``npu``+``chip``, and ``namespace``, ``pod``, ``container``,
+``workload``; every one present, ``""`` when unknown): ``triscope_accelerator_workload_info``
+(+ ``uuid``), ``triscope_workload_processes``, ``triscope_workload_sm_ratio`` (GPUs whose driver
+gives per-process samples), ``triscope_workload_cpu_seconds_total`` (the deltas of its processes
+since the agent started following them: a new process starts at its baseline, so a counter never
+jumps by a process's past), ``triscope_workload_feeder_busy_ratio`` (the busiest thread's share of
+a core; for a process below ``busy_cores`` and not read per thread, its own share, an upper bound),
+``triscope_workload_cpu_wait_ratio`` (over the threads read this tick; absent when none was),
+``triscope_workload_cpu_pressure_ratio`` (cgroup v2, absent elsewhere).  At most
+``max_workloads_per_accelerator`` workloads per accelerator — by SM share, then processes, then
+CPU — the rest summed as ``workload="other"``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import select
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from triscope.agent.collectors.accelprocs import AcceleratorProcess, ProcessSource, device_keys, owner_key
+from triscope.agent.collectors.attribution import (
+    DEFAULT_PODS_LOG_DIR,
+    OTHER,
+    WORKLOAD_LABELS,
+    PodDir,
+    ProcessInfo,
+    Workload,
+    attribute,
+    read_pod_dirs,
+    read_process,
+)
+from triscope.agent.collectors.base import Availability, BaseCollector
+from triscope.agent.collectors.cgroups import resolve_v2_dir, unified_root
+from triscope.agent.collectors.podresources import DEFAULT_SOCKET, DeviceOwner, PodResourcesWatch
+from triscope.agent.collectors.procstat import ProcSample, ProcStats
+from triscope.samples import EventRecord, Sample
+
+log = logging.getLogger(__name__)
+
+Labels = tuple[tuple[str, str], ...]
+PSI_EVERY = 2.0     # the kernel recomputes PSI averages every 2 s
+
+
+@dataclass(frozen=True)
+class _Accel:
+    labels: Labels
+    uuid: str
+    groups: tuple[tuple[Workload, tuple[int, ...]], ...]     # each workload on it and its processes
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the refresh worker hands the tick."""
+
+    accels: tuple[_Accel, ...] = ()
+    pids: frozenset[int] = frozenset()      # the processes whose CPU the tick reads
+    shares: dict[Labels, dict[int, float]] = field(default_factory=dict)
+    pressure: dict[int, float] = field(default_factory=dict)    # pid -> its cgroup's cpu.pressure
+    problem: str = ""        # every source failed: why (the collector reports itself down)
+
+
+class WorkloadsCollector(BaseCollector):
+    """``sources``: process sources (``NvmlProcessSource``, ``NpuProcessSource``, ...).
+    ``pod_resources_socket``: the kubelet's pod-resources socket; ``pods_log_dir``: the kubelet's
+    ``/var/log/pods``; ``proc`` / ``sys``: host paths.  ``busy_cores``: process CPU from which its
+    threads are read.  ``background=False``: no worker (tests call ``refresh()`` themselves)."""
+
+    name = "workloads"
+
+    def __init__(self, sources: Sequence[ProcessSource], *, proc: str = "/proc", sys: str = "/sys",
+                 pod_resources_socket: str = DEFAULT_SOCKET, pods_log_dir: str = DEFAULT_PODS_LOG_DIR,
+                 max_workloads_per_accelerator: int = 8, busy_cores: float = 0.5,
+                 process_every: float = 5.0, share_every: float = 1.0, pod_resources_every: float = 30.0,
+                 background: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
+        if max_workloads_per_accelerator < 1:
+            raise ValueError("max_workloads_per_accelerator must be >= 1")
+        self.sources = list(sources)
+        self.proc = proc
+        self.sys = sys
+        self.pods_log_dir = pods_log_dir
+        self.max_workloads = max_workloads_per_accelerator
+        self.process_every = process_every
+        self.share_every = share_every
+        self.background = background
+        self.clock = clock
+        self.pod_resources = PodResourcesWatch(pod_resources_socket, every=pod_resources_every, clock=clock)
+        self.stats = ProcStats(proc, busy_cores=busy_cores, clock=clock)
+        self.pods: dict[str, PodDir] | None = None
+        self._plan: Plan | None = None
+        self._applied: frozenset[int] | None = None     # the processes the tick follows
+        self._rows: list[AcceleratorProcess] = []
+        self._info: dict[int, ProcessInfo | None] = {}
+        self._known = _Known(proc)
+        self._hidden_said = False
+        self._owner_cache: dict[str, str | None] = {}
+        self._source_down: dict[str, str] = {}
+        self._next_procs = 0.0
+        self._next_shares = 0.0
+        self._events: list[EventRecord] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        # per (accelerator, workload): [its labels, the info series' labels (+ uuid), CPU counter, last seen]
+        self._state: dict[tuple[Labels, Workload], list] = {}
+        self._dirs: dict[int, str] = {}          # pid -> its cgroup v2 directory
+        self._psi_fds: dict[str, int] = {}
+        self._next_psi = 0.0
+        self._cg_root: str | None | bool = False    # False: not looked up yet
+
+    # ------------------------------------------------------------------ protocol
+    def check(self) -> Availability:
+        if not self.sources:
+            return Availability(False, "no accelerator process source (NVML and npu-smi both off)")
+        found = []
+        for s in self.sources:
+            try:
+                av = s.check()
+            except Exception as e:  # noqa: BLE001 - a source that cannot even check is off
+                av = Availability(False, f"check failed: {e}")
+            found.append((s, av))
+        if any(av.ok for _, av in found):
+            # a source that cannot run here (no driver) is dropped: not asked again every round
+            for s, av in found:
+                if not av.ok:
+                    log.info("workloads: no %s processes: %s", s.name, av.reason)
+                    with contextlib.suppress(Exception):
+                        s.close()
+            self.sources = [s for s, av in found if av.ok]
+            return Availability(True, "; ".join(f"{s.name}: {av.reason}" for s, av in found if av.ok))
+        return Availability(False, "no accelerator to attribute: " + "; ".join(f"{s.name}: {av.reason}" for s, av in found),
+                            next((av.hint for _, av in found if av.hint), ""))
+
+    def collect(self, now: float) -> Iterable[Sample | EventRecord]:
+        self._start()
+        with self._lock:
+            plan = self._plan
+            events, self._events = self._events, []
+        out: list[Sample | EventRecord] = list(events)
+        if plan is None:
+            return out
+        if plan.problem:
+            raise RuntimeError(plan.problem)
+        if plan.pids is not self._applied:
+            self.stats.follow(plan.pids)
+            self._applied = plan.pids
+            self._forget_old()
+        procs = self.stats.sample()
+        for acc in plan.accels:
+            self._accelerator(acc, plan, procs, out)
+        return out
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+            self._thread = None
+        for s in self.sources:
+            with contextlib.suppress(Exception):
+                s.close()
+        self.stats.close()
+        self._known.close()
+        for fd in self._psi_fds.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._psi_fds.clear()
+
+    # ------------------------------------------------------------------ refresh worker (off the tick)
+    def _start(self) -> None:
+        if self._thread is None and self.background and not self._stop.is_set():
+            self._thread = threading.Thread(target=self._loop, name="workloads", daemon=True)
+            self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.refresh()
+            except Exception as e:  # noqa: BLE001 - the worker never dies; the next round tries again
+                log.error("workload attribution failed: %s", e)
+            nxt = min(self._next_procs, self._next_shares, self._next_psi)
+            nxt = min(nxt, self.pod_resources.next_due)
+            self._stop.wait(max(0.05, nxt - self.clock()))
+
+    def refresh(self, force: bool = False) -> Plan:
+        """One round of whatever is due (everything with ``force``); publishes and returns the plan."""
+        now = self.clock()
+        changed = False
+        if force or self.pod_resources.due():
+            for severity, message in self.pod_resources.refresh():
+                self._event(severity, message)
+            self.pods = read_pod_dirs(self.pods_log_dir)
+            changed = True
+        if force or now >= self._next_procs:
+            self._next_procs = now + self.process_every
+            self._list_processes()
+            changed = True
+        elif self._known.exited():
+            # a process left between two lists: out of the plan now (the tick reads a quiet process
+            # only every few ticks, so it would not notice by itself)
+            self._rows = [r for r in self._rows if self._known.alive(r.pid)]
+            self._info = {pid: i for pid, i in self._info.items() if self._known.alive(pid)}
+            changed = True
+        old = self._plan
+        shares = old.shares if old is not None else {}
+        if force or changed or now >= self._next_shares:
+            self._next_shares = now + self.share_every
+            shares = self._read_shares()
+        plan = self._build(shares) if changed or old is None else Plan(old.accels, old.pids, shares, old.pressure,
+                                                                         old.problem)
+        if force or changed or now >= self._next_psi:
+            # PSI's avg10 is the kernel's 10 s average, recomputed every 2 s: read here, off the tick
+            self._next_psi = now + PSI_EVERY
+            plan = Plan(plan.accels, plan.pids, plan.shares, self._pressure(), plan.problem)
+        elif old is not None:
+            plan = Plan(plan.accels, plan.pids, plan.shares, old.pressure, plan.problem)
+        with self._lock:
+            self._plan = plan
+        return plan
+
+    def _event(self, severity: str, message: str) -> None:
+        with self._lock:
+            self._events.append(EventRecord("collector", message, severity,  # type: ignore[arg-type]
+                                            {"collector": self.name}))
+
+    def _list_processes(self) -> None:
+        rows: list[AcceleratorProcess] = []
+        for s in self.sources:
+            try:
+                got = s.processes()
+            except Exception as e:  # noqa: BLE001 - one source failing leaves the others
+                reason = str(getattr(e, "reason", "") or e) or type(e).__name__
+                if self._source_down.get(s.name) is None:
+                    log.warning("workloads: %s cannot list processes: %s", s.name, reason)
+                self._source_down[s.name] = reason
+                continue
+            if s.name in self._source_down:
+                log.warning("workloads: %s lists processes again", s.name)
+                del self._source_down[s.name]
+            rows += got
+        self._rows = rows
+        self._info = self._known.get({r.pid for r in rows})
+        hidden = sum(1 for i in self._info.values() if i is None)
+        if rows and hidden == len(self._info) and not self._hidden_said:
+            self._hidden_said = True   # said once: the PIDs are the root namespace's, not ours
+            log.warning("workloads: none of the %d processes on the accelerators is in %s (a PID namespace of "
+                        "its own? the agent needs hostPID): no per-process CPU evidence, pods from "
+                        "pod-resources only", hidden, self.proc)
+
+    def _read_shares(self) -> dict[Labels, dict[int, float]]:
+        out: dict[Labels, dict[int, float]] = {}
+        for s in self.sources:
+            if s.name in self._source_down:
+                continue
+            try:
+                out.update(s.shares())
+            except Exception as e:  # noqa: BLE001 - shares are optional evidence
+                log.debug("workloads: %s shares: %s", s.name, e)
+        return out
+
+    def _build(self, shares: dict[Labels, dict[int, float]]) -> Plan:
+        if self.sources and len(self._source_down) == len(self.sources):
+            return Plan(problem="; ".join(f"{k}: {v}" for k, v in self._source_down.items()))
+        owners_by_key: dict[str, list[DeviceOwner]] = {}
+        for dev, given in self.pod_resources.owners.items():
+            for o in given:
+                key = owner_key(o.resource, dev)
+                if key is not None:
+                    owners_by_key.setdefault(key, []).append(o)
+        by_accel: dict[Labels, tuple[str, dict[Workload, dict[int, None]]]] = {}
+        for r in self._rows:
+            info = self._info.get(r.pid)
+            owners: list[DeviceOwner] = []
+            for k in device_keys(r):
+                owners += owners_by_key.get(k, ())
+            wl = attribute(info, owners, self.pods)
+            by_accel.setdefault(r.labels, (r.uuid, {}))[1].setdefault(wl, {})[r.pid] = None
+        accels = tuple(_Accel(labels, uuid, tuple((wl, tuple(pids)) for wl, pids in groups.items()))
+                       for labels, (uuid, groups) in sorted(by_accel.items()))
+        pids = frozenset(r.pid for r in self._rows if self._info.get(r.pid) is not None)
+        if self._plan is not None and self._plan.pids == pids:
+            pids = self._plan.pids      # the same processes: the tick has nothing to open or close
+        self._dirs = self._cgroup_dirs(pids)
+        return Plan(accels, pids, shares)
+
+    def _cgroup_dirs(self, pids: Iterable[int]) -> dict[int, str]:
+        """The cgroup v2 directory of each process (for cpu.pressure); cached by path."""
+        if self._cg_root is False:
+            self._cg_root = unified_root(self.sys)
+        root = self._cg_root
+        out: dict[int, str] = {}
+        if not isinstance(root, str):
+            return out
+        for pid in pids:
+            info = self._info.get(pid)
+            path = info.owner.v2_path if info is not None and info.owner is not None else ""
+            if not path or path == "/":
+                continue        # the root is the node, not the process's own cgroup
+            if path not in self._owner_cache:
+                if len(self._owner_cache) > 4096:
+                    self._owner_cache.clear()
+                self._owner_cache[path] = resolve_v2_dir(root, path)
+            d = self._owner_cache[path]
+            if d is not None:
+                out[pid] = d
+        return out
+
+    def _pressure(self) -> dict[int, float]:
+        """cpu.pressure ``some avg10`` / 100 of each followed process's cgroup (kept-open descriptors)."""
+        dirs = set(self._dirs.values())
+        for d in [d for d in self._psi_fds if d not in dirs]:
+            with contextlib.suppress(OSError):
+                os.close(self._psi_fds.pop(d))
+        psi: dict[str, float] = {}
+        for d in dirs:
+            fd = self._psi_fds.get(d)
+            try:
+                if fd is None:
+                    fd = self._psi_fds[d] = os.open(d + "/cpu.pressure", os.O_RDONLY | os.O_CLOEXEC)
+                line = os.pread(fd, 256, 0)
+                # "some avg10=0.00 avg60=0.00 avg300=0.00 total=0"
+                psi[d] = float(line.split(b" ", 2)[1][6:]) / 100.0
+            except (OSError, ValueError, IndexError):
+                old = self._psi_fds.pop(d, None)
+                if old is not None:
+                    with contextlib.suppress(OSError):
+                        os.close(old)
+        return {pid: psi[d] for pid, d in self._dirs.items() if d in psi}
+
+    # ------------------------------------------------------------------ the tick
+    def _accelerator(self, acc: _Accel, plan: Plan, procs: dict[int, ProcSample],
+                     out: list[Sample | EventRecord]) -> None:
+        shares = plan.shares.get(acc.labels)
+        pressure = plan.pressure
+        get = procs.get
+        # per workload: (processes, sm, cpu, busiest, busiest known, run, wait, wait known, pressure)
+        groups: dict[Workload, tuple] = {}
+        for wl, pids in acc.groups:
+            n = known = waited = 0
+            sm = cpu = best = 0.0
+            run = wait = 0
+            psi = -1.0
+            for pid in pids:
+                s = get(pid)
+                if s is None:
+                    continue
+                n += 1
+                cpu += s.cpu
+                if shares is not None:
+                    sm += shares.get(pid, 0.0)
+                if not s.first:
+                    known = 1
+                    if s.busiest > best:
+                        best = s.busiest
+                    if s.waited:
+                        waited = 1
+                        run += s.run_ns
+                        wait += s.wait_ns
+                p = pressure.get(pid)
+                if p is not None and p > psi:
+                    psi = p
+            if n:
+                groups[wl] = (n, sm, cpu, best, known, run, wait, waited, psi)
+        if len(groups) > self.max_workloads:
+            ranked = sorted(groups.items(), key=lambda kv: (-kv[1][1], -kv[1][0], -kv[1][2], kv[0]))
+            groups = dict(ranked[:self.max_workloads])
+            rest = [g for _, g in ranked[self.max_workloads:]]
+            groups[OTHER] = (sum(g[0] for g in rest), sum(g[1] for g in rest), sum(g[2] for g in rest),
+                             max(g[3] for g in rest), max(g[4] for g in rest), sum(g[5] for g in rest),
+                             sum(g[6] for g in rest), max(g[7] for g in rest), max(g[8] for g in rest))
+        now = self.clock()
+        add = out.append
+        state = self._state
+        for wl, (n, sm, cpu, best, known, run, wait, waited, psi) in groups.items():
+            key = (acc.labels, wl)
+            st = state.get(key)
+            if st is None:
+                base = {**dict(acc.labels), **dict(zip(WORKLOAD_LABELS, wl, strict=True))}
+                st = state[key] = [base, {**base, "uuid": acc.uuid}, 0.0, now]
+            labels = st[0]
+            st[2] += cpu
+            st[3] = now
+            add(Sample("triscope_accelerator_workload_info", 1.0, st[1]))
+            add(Sample("triscope_workload_processes", float(n), labels))
+            if shares is not None:
+                add(Sample("triscope_workload_sm_ratio", min(1.0, sm), labels))
+            add(Sample("triscope_workload_cpu_seconds_total", st[2], labels, "counter"))
+            if known:
+                add(Sample("triscope_workload_feeder_busy_ratio", best, labels))
+            if waited:
+                add(Sample("triscope_workload_cpu_wait_ratio", wait / (run + wait) if run + wait else 0.0, labels))
+            if psi >= 0:
+                add(Sample("triscope_workload_cpu_pressure_ratio", psi, labels))
+
+    def _forget_old(self, keep_s: float = 600.0) -> None:
+        """Counters of workloads gone for ``keep_s`` are forgotten (a workload that comes back later
+        starts again from 0: a counter reset, which rate() handles)."""
+        now = self.clock()
+        for key in [k for k, st in self._state.items() if now - st[3] > keep_s]:
+            del self._state[key]
+
+
+class _Known:
+    """comm and cgroup of each listed process, read when it is first listed and again every
+    ``reread_s`` (a process moved to another cgroup); a pidfd per process says, in one ``poll``,
+    which ones exited (so a reused PID is read afresh)."""
+
+    def __init__(self, proc: str, reread_s: float = 60.0) -> None:
+        self.proc = proc
+        self.reread_s = reread_s
+        self._info: dict[int, tuple[ProcessInfo | None, float]] = {}
+        self._pidfd: dict[int, int] = {}
+        self._by_fd: dict[int, int] = {}
+        self._exits = select.poll()
+
+    def exited(self) -> list[int]:
+        """The processes that exited since the last call (forgotten here)."""
+        gone = []
+        if self._by_fd:
+            for fd, _ev in self._exits.poll(0):
+                pid = self._by_fd.get(fd)
+                if pid is not None:
+                    gone.append(pid)
+                    self._forget(pid)
+        return gone
+
+    def alive(self, pid: int) -> bool:
+        return pid in self._info
+
+    def get(self, pids: set[int]) -> dict[int, ProcessInfo | None]:
+        self.exited()
+        for pid in [p for p in self._info if p not in pids]:
+            self._forget(pid)
+        now = time.monotonic()
+        out: dict[int, ProcessInfo | None] = {}
+        for pid in pids:
+            got = self._info.get(pid)
+            if got is None or now - got[1] > self.reread_s or (got[0] is not None and pid not in self._pidfd):
+                got = (read_process(self.proc, pid), now)
+                self._info[pid] = got
+                if got[0] is not None and pid not in self._pidfd and self.proc == "/proc" and hasattr(os, "pidfd_open"):
+                    with contextlib.suppress(OSError):
+                        fd = os.pidfd_open(pid)
+                        self._exits.register(fd, select.POLLIN)
+                        self._pidfd[pid], self._by_fd[fd] = fd, pid
+            out[pid] = got[0]
+        return out
+
+    def _forget(self, pid: int) -> None:
+        self._info.pop(pid, None)
+        fd = self._pidfd.pop(pid, None)
+        if fd is not None:
+            self._by_fd.pop(fd, None)
+            with contextlib.suppress(KeyError, OSError):
+                self._exits.unregister(fd)
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def close(self) -> None:
+        for pid in list(self._info):
+            self._forget(pid)

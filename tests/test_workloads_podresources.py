@@ -1,0 +1,174 @@
+"""The kubelet's pod-resources API as the agent reads it: the client against the real gRPC runtime
+serving the kubelet's .proto on a unix socket (tests/podresources_server.py); the watch's states
+(no socket off Kubernetes: one info line; an erroring socket: one warning and one event, then one
+line when it answers again; a slow kubelet bounded by the timeout); the doctor row."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from podresources_server import PodResourcesServer
+
+from triscope.agent.collectors.accelprocs import owner_key
+from triscope.agent.collectors.podresources import (
+    PodResourcesError,
+    PodResourcesWatch,
+    list_pod_resources,
+    probe,
+)
+from triscope.agent.doctor import pod_resources_doctor
+
+GPU_A = "GPU-5b1c2a3d-0000-1111-2222-333344445555"
+GPU_B = "GPU-9e8d7c6b-aaaa-bbbb-cccc-ddddeeeeffff"
+
+PODS = [
+    {"namespace": "inference", "name": "vit-7f9c", "containers": [
+        {"name": "server", "devices": [{"resource_name": "nvidia.com/gpu", "device_ids": [GPU_A]}]},
+        {"name": "sidecar"}]},
+    # time-slicing: one GPU, two pods, replica suffixes
+    {"namespace": "batch", "name": "embed-0", "containers": [
+        {"name": "worker", "devices": [{"resource_name": "nvidia.com/gpu", "device_ids": [GPU_B + "::0"]}]}]},
+    {"namespace": "batch", "name": "embed-1", "containers": [
+        {"name": "worker", "devices": [{"resource_name": "nvidia.com/gpu", "device_ids": [GPU_B + "::3"]}]}]},
+    {"namespace": "npu", "name": "llm-0", "containers": [
+        {"name": "mindie", "devices": [{"resource_name": "huawei.com/Ascend910", "device_ids": ["Ascend910-1"]}]}]},
+    {"namespace": "dra", "name": "claim-user", "containers": [
+        {"name": "main", "dynamic": [{"driver_name": "gpu.nvidia.com", "device_name": "gpu-2"}]}]},
+]
+
+
+@pytest.fixture
+def sockdir() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="pr-"))     # short: a unix socket path holds 108 bytes
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def server(sockdir: Path) -> Iterator[PodResourcesServer]:
+    s = PodResourcesServer(sockdir / "kubelet.sock").start()
+    s.set_pods(PODS)
+    yield s
+    s.stop()
+
+
+def test_list_against_the_real_grpc_runtime(server: PodResourcesServer) -> None:
+    res = list_pod_resources(server.path)
+    by = res.by_device()
+    assert [(o.namespace, o.pod, o.container, o.resource) for o in by[GPU_A]] == [
+        ("inference", "vit-7f9c", "server", "nvidia.com/gpu")]
+    # the shared GPU's ::N suffix is dropped: both pods own the GPU
+    assert sorted((o.pod, o.container) for o in by[GPU_B]) == [("embed-0", "worker"), ("embed-1", "worker")]
+    assert by["Ascend910-1"][0].pod == "llm-0"
+    assert by["gpu-2"][0].resource == "gpu.nvidia.com"
+    # the keys attribution matches on: GPU UUIDs, NPU index, DRA GPU index; MIG instances none
+    assert owner_key("nvidia.com/gpu", GPU_A) == GPU_A.lower()
+    assert owner_key("huawei.com/Ascend910", "Ascend910-1") == "npu-index:1"
+    assert owner_key("huawei.com/Ascend910-4c", "Ascend910-4c-100-3") == "npu-index:3"
+    assert owner_key("gpu.nvidia.com", "gpu-2") == "gpu-index:2"
+    assert owner_key("nvidia.com/mig-1g.10gb", "MIG-0b1c2d3e-0000-1111-2222-333344445555") is None
+    assert server.calls == 1
+
+
+def test_watch_off_kubernetes_says_so_once(sockdir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    w = PodResourcesWatch(str(sockdir / "missing.sock"), every=0.0)
+    with caplog.at_level(logging.INFO, logger="triscope.agent.collectors.podresources"):
+        changes = [w.refresh() for _ in range(3)]
+    assert changes == [[], [], []]          # normal off Kubernetes: no event
+    assert w.state == "missing" and w.owners == {}
+    lines = [r for r in caplog.records if "pod-resources" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].levelno == logging.INFO
+
+
+def _garbage_server(path: Path) -> tuple[socket.socket, threading.Thread]:
+    """A unix socket that answers every connection with bytes that are not HTTP/2, then closes."""
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(path))
+    srv.listen(8)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            with conn:
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    return srv, t
+
+
+def test_watch_degrades_once_then_recovers(sockdir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = sockdir / "kubelet.sock"
+    srv, _ = _garbage_server(path)
+    w = PodResourcesWatch(str(path), every=0.0, timeout=1.0)
+    try:
+        with caplog.at_level(logging.INFO, logger="triscope.agent.collectors.podresources"):
+            first, second = w.refresh(), w.refresh()
+    finally:
+        srv.close()
+        path.unlink()
+    assert w.state == "error" and "kubelet pod-resources socket" in w.reason
+    assert len(first) == 1 and first[0][0] == "warning" and "unavailable" in first[0][1]
+    assert second == []                      # degraded once, not every refresh
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+    real = PodResourcesServer(path).start()
+    real.set_pods(PODS)
+    try:
+        back = w.refresh()
+    finally:
+        real.stop()
+    assert w.state == "ok" and back == [("info", f"kubelet pod-resources answers again ({path})")]
+    assert GPU_A in w.owners and w.pods == 5
+
+
+def test_watch_keeps_the_last_answer_for_a_while_then_drops_it(server: PodResourcesServer) -> None:
+    now = [0.0]
+    w = PodResourcesWatch(server.path, every=30.0, timeout=1.0, keep_s=300.0, clock=lambda: now[0])
+    assert w.due()
+    w.refresh()
+    assert w.state == "ok" and not w.due()
+    now[0] = 31.0
+    assert w.due()
+    server.stop()
+    Path(server.path).unlink(missing_ok=True)    # the kubelet restarting: its socket gone
+    assert w.refresh() == [("warning", f"kubelet pod-resources socket {server.path} is gone")]
+    assert GPU_A in w.owners                     # labels survive a kubelet restart
+    now[0] = 400.0
+    w.refresh()
+    assert w.owners == {}                        # ... but not a long outage
+
+
+def test_a_slow_kubelet_costs_the_timeout_not_more(server: PodResourcesServer) -> None:
+    import time
+
+    server.delay = 3.0
+    t0 = time.monotonic()
+    with pytest.raises(PodResourcesError, match="no answer within 0.5 s"):
+        list_pod_resources(server.path, timeout=0.5)
+    assert time.monotonic() - t0 < 1.5
+
+
+def test_doctor_row(server: PodResourcesServer, sockdir: Path) -> None:
+    ok, reason, _ = probe(server.path)
+    assert ok and "5 pod(s) hold 4 device(s)" in reason
+    missing = pod_resources_doctor(str(sockdir / "nope.sock"))
+    assert not missing.ok and "normal off Kubernetes" in missing.reason and "read-only" in missing.hint
+    res = subprocess.run([sys.executable, "-m", "triscope", "doctor", "--json", "--pod-resources-socket", server.path],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    rows = {r["name"]: r for r in json.loads(res.stdout)}
+    assert rows["pod-resources"]["ok"] is True and "5 pod(s)" in rows["pod-resources"]["reason"]
+    assert "workloads" in rows          # the collector's own row: off here without NVML or npu-smi
