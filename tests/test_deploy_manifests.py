@@ -355,6 +355,12 @@ def test_services_select_pods_and_name_real_ports(rendered: dict[str, list[dict[
     agent_sm = one(objs, "ServiceMonitor", "triscope-agent")
     relabel = agent_sm["spec"]["endpoints"][0]["relabelings"][0]
     assert relabel["sourceLabels"] == ["__meta_kubernetes_pod_node_name"] and relabel["targetLabel"] == "node"
+    # the agent's workload labels reach Prometheus as they are, and node-wide series carry no pod
+    # or namespace of the agent's own (docs/workloads.md)
+    ep = agent_sm["spec"]["endpoints"][0]
+    assert ep.get("honorLabels") is True
+    drops = [r for r in ep["relabelings"] if r.get("action") == "labeldrop"]
+    assert drops and all(re.fullmatch(drops[0]["regex"], n) for n in ("namespace", "pod", "container"))
 
 
 def test_every_secret_key_the_workloads_read_is_created_by_the_example(
@@ -419,3 +425,38 @@ def test_container_commands_parse_with_the_real_cli(rendered: dict[str, list[dic
             assert callable(getattr(ns, "func", None)), name
             checked.add(f"{name}: triscope {argv[1]}")
     assert len(checked) == 5, checked
+
+
+# ---------------------------------------------------------------------------------------------
+# workload attribution: the kubelet's pod-resources socket and the pod log tree, read-only, and nothing more
+
+
+BASE_HOST_PATHS = {"/sys", "/sys/kernel/tracing", "/lib/modules", "/usr/src"}
+ATTRIBUTION_HOST_PATHS = {"/var/lib/kubelet/pod-resources": "/var/lib/kubelet/pod-resources",
+                          "/var/log/pods": "/var/log/pods"}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_agent_reads_pod_resources_and_pod_names_read_only(rendered: dict[str, list[dict[str, Any]]],
+                                                           overlay: str) -> None:
+    spec = one(rendered[overlay], "DaemonSet", "triscope-agent")["spec"]["template"]["spec"]
+    assert spec["hostPID"] is True, "NVML / npu-smi list root-namespace PIDs: attribution needs hostPID"
+    (c,) = spec["containers"]
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    vols = {v["name"]: v for v in spec["volumes"]}
+    for path, host in ATTRIBUTION_HOST_PATHS.items():
+        assert path in mounts, f"{overlay}: {path} not mounted"
+        assert mounts[path].get("readOnly") is True, f"{overlay}: {path} must be read-only"
+        hp = vols[mounts[path]["name"]]["hostPath"]
+        assert hp == {"path": host, "type": "Directory"}, hp
+    # the socket's directory, not the socket: a restarted kubelet's new socket is seen
+    assert not any(m["mountPath"].endswith(".sock") for m in c["volumeMounts"])
+    # nothing more from the host than before, plus these two (and the Ascend driver on Ascend nodes)
+    host_paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    extra = {"/usr/local/Ascend/driver", "/usr/local/sbin/npu-smi"} if overlay == "overlays/ascend" else set()
+    assert host_paths == BASE_HOST_PATHS | set(ATTRIBUTION_HOST_PATHS.values()) | extra, host_paths
+    # the agent gets the socket's path by default: the CLI's default is the kubelet's
+    args = " ".join(c["args"])
+    assert "--no-workloads" not in args
+    if "--pod-resources-socket" in args:
+        assert "--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock" in args
