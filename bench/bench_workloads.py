@@ -1,0 +1,294 @@
+"""Workload attribution and per-workload host evidence: what it costs the agent's tick, and its memory.
+
+Set-up, all real on this machine: 8 GPUs x 16 processes = 128 processes of 64 threads each
+(forked from one small launcher: 63 threads asleep, the main thread asleep too, except in two
+"busy" processes whose main thread spins ~90 % of a core and one "warm" one at ~20 %), each moved
+into its own container cgroup in the kubelet's systemd layout (under ``triscope-bench.slice/``,
+so a real ``kubepods.slice`` is never touched), a ``/var/log/pods``-shaped tree naming every pod,
+and a process list standing in for NVML's (``ListedProcessSource`` with the real PIDs: the GPUs
+are the only part that is not here).
+
+* **Tick cost**: the thread CPU of the workloads collector's ``collect()`` per 1 s tick (median
+  over the ticks; target <= 1 ms), beside the same tick without it (the host collectors the agent
+  runs here: tcp, cpu, pressure, pcie, aer).  Also the same tick reading every process every tick
+  (``quiet_every=1``, what the quiet-process rotation saves) and the worker's CPU off the tick.
+* **Memory**: ``triscope agent`` (the console script, all collectors, as bench_ebpf's footprint
+  runs it) RSS with the collector following those 128 processes (the listed source standing in
+  for NVML's, swapped into the registry by a ``sitecustomize``) vs ``--no-workloads``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from bench.common import Row
+
+ROOT = Path(__file__).resolve().parents[1]
+GPUS, PER_GPU, THREADS = 8, 16, 64
+
+FARM = r"""
+import os, sys, threading, time
+n, threads, roles = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3].split(",")
+def child(role):
+    ev = threading.Event()
+    for _ in range(threads - 1):
+        threading.Thread(target=ev.wait, daemon=True).start()
+    duty = float(role) if role else 0.0
+    if not duty:
+        ev.wait()
+    period = 0.01
+    while True:
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < duty * period:
+            pass
+        time.sleep(period * (1 - duty))
+pids = []
+for i in range(n):
+    pid = os.fork()
+    if pid == 0:
+        child(roles[i] if i < len(roles) else "")
+        os._exit(0)
+    pids.append(pid)
+print(" ".join(map(str, pids)), flush=True)
+sys.stdin.read()
+for p in pids:
+    os.kill(p, 9)
+for p in pids:
+    os.waitpid(p, 0)
+"""
+
+# `triscope agent` itself (the console script, as bench_ebpf's footprint runs it), its workloads
+# collector fed by a list standing in for NVML's: a sitecustomize on PYTHONPATH swaps the registry's
+# source before the command starts (the GPUs are the only part that is not here)
+SITECUSTOMIZE = r"""
+import json, os
+if os.environ.get("TRISCOPE_BENCH_ROWS"):
+    from triscope.agent import registry
+    from triscope.agent.collectors.accelprocs import AcceleratorProcess, ListedProcessSource, gpu_labels
+
+    def _workloads(opts, npu):
+        from triscope.agent.collectors.workloads import WorkloadsCollector
+
+        with open(os.environ["TRISCOPE_BENCH_ROWS"]) as f:
+            rows = [AcceleratorProcess(gpu_labels(g), u, p, str(g), s) for g, u, p, s in json.load(f)]
+        return WorkloadsCollector([ListedProcessSource(rows, name="nvml")], proc=opts.proc, sys=opts.sys,
+                                  pod_resources_socket=opts.pod_resources_socket,
+                                  pods_log_dir=os.environ["TRISCOPE_BENCH_PODS"])
+
+    registry._workloads = _workloads
+"""
+
+
+class Farm:
+    """The 128 processes, their cgroups and the pod log tree; ``close()`` removes all of it."""
+
+    def __init__(self, tmp: Path) -> None:
+        from triscope.agent.collectors.cgroups import unified_root
+
+        n = GPUS * PER_GPU
+        self.proc = subprocess.Popen([sys.executable, "-c", FARM, str(n), str(THREADS), "0.9,0.9,0.2"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        self.pids = [int(p) for p in self.proc.stdout.readline().split()]
+        self.logs = tmp / "pods"
+        self.made: list[Path] = []
+        self.rows: list[tuple[int, str, int, float]] = []
+        root = unified_root("/sys")
+        self.cgroups = False
+        base = Path(root) / "triscope-bench.slice" if root and os.geteuid() == 0 else None
+        for i, pid in enumerate(self.pids):
+            g, k = divmod(i, PER_GPU)
+            uid = str(uuid.uuid4())
+            (self.logs / f"bench_gpu{g}-p{k}_{uid}" / "worker").mkdir(parents=True)
+            sm = 0.3 if k == 0 else (0.1 if k == 1 else 0.0)   # two of the sixteen use the SMs at a time
+            self.rows.append((g, f"GPU-{g:08x}-0000-4000-8000-000000000000", pid, sm))
+            if base is None:
+                continue
+            u = uid.replace("-", "_")
+            rel = (f"kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{u}.slice/"
+                   f"cri-containerd-{uuid.uuid4().hex}{uuid.uuid4().hex}.scope")
+            try:
+                self._put(base / rel, pid)
+                self.cgroups = True
+            except OSError:
+                break
+        for _ in range(50):          # every child has started its 64 threads
+            if all(len(os.listdir(f"/proc/{p}/task")) >= THREADS for p in self.pids):
+                break
+            time.sleep(0.1)
+
+    def _put(self, d: Path, pid: int) -> None:
+        missing = []
+        p = d
+        while not p.exists():
+            missing.append(p)
+            p = p.parent
+        for m in reversed(missing):
+            m.mkdir()
+            self.made.append(m)
+        (d / "cgroup.procs").write_text(str(pid))
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            self.proc.wait(30)
+        for d in sorted(self.made, key=lambda p: len(p.parts), reverse=True):
+            for _ in range(100):
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.05)
+
+
+def _worker_cpu(c) -> float:  # type: ignore[no-untyped-def]
+    t = getattr(c, "_thread", None)
+    if t is None or t.ident is None:
+        return 0.0
+    try:
+        return time.clock_gettime(time.pthread_getcpuclockid(t.ident))
+    except (OSError, AttributeError):
+        return 0.0
+
+
+def tick_cost(farm: Farm, n_ticks: int, quiet_every: int) -> dict[str, float]:
+    from triscope.agent.collectors.accelprocs import AcceleratorProcess, ListedProcessSource, gpu_labels
+    from triscope.agent.collectors.workloads import WorkloadsCollector
+    from triscope.agent.registry import AgentOptions, build_collectors, split_available
+
+    base, _ = split_available(build_collectors(AgentOptions(ebpf=False, nvml=False, npu=False, workloads=False)))
+    rows = [AcceleratorProcess(gpu_labels(g), u, p, str(g), s) for g, u, p, s in farm.rows]
+    c = WorkloadsCollector([ListedProcessSource(rows, name="nvml")], pods_log_dir=str(farm.logs),
+                           pod_resources_socket="/nonexistent/kubelet.sock")
+    c.stats.quiet_every = quiet_every
+    wl, bl, procs, threads, samples = [], [], [], [], []
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not list(c.collect(time.time())):
+            time.sleep(0.2)          # the worker's first round (the process list, attribution)
+        for _ in range(3):           # every process's first read (its baseline) and the first busy round
+            time.sleep(1)
+            list(c.collect(time.time()))
+        w0, t_start = _worker_cpu(c), time.monotonic()
+        for _ in range(n_ticks):
+            time.sleep(1)
+            t0 = time.thread_time()
+            for b in base:
+                with contextlib.suppress(Exception):
+                    list(b.collect(time.time()))
+            t1 = time.thread_time()
+            got = list(c.collect(time.time()))
+            t2 = time.thread_time()
+            bl.append(t1 - t0)
+            wl.append(t2 - t1)
+            procs.append(c.stats.processes_read)
+            threads.append(c.stats.threads_read)
+            samples.append(len(got))
+        worker = (_worker_cpu(c) - w0) / (time.monotonic() - t_start)
+    finally:
+        c.close()
+        for b in base:
+            with contextlib.suppress(Exception):
+                b.close()
+    q = statistics.quantiles(wl, n=20) if len(wl) >= 2 else wl
+    return {"median": statistics.median(wl), "p95": q[-1], "base": statistics.median(bl),
+            "procs": statistics.median(procs), "threads": statistics.median(threads),
+            "threads_max": max(threads), "samples": statistics.median(samples), "worker": worker}
+
+
+def footprint(farm: Farm, tmp: Path, window: float, workloads: bool) -> tuple[float, str]:
+    from bench.bench_ebpf import _free_port, _rss_mb, _scrape, _wait_port
+
+    rows_file = tmp / "rows.json"
+    rows_file.write_text(json.dumps(farm.rows))
+    (tmp / "site").mkdir(exist_ok=True)
+    (tmp / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    env = {**os.environ, "PYTHONPATH": f"{tmp / 'site'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}".rstrip(os.pathsep),
+           "TRISCOPE_BENCH_ROWS": str(rows_file), "TRISCOPE_BENCH_PODS": str(farm.logs)}
+    script = ROOT / ".venv" / "bin" / "triscope"
+    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "triscope"]
+    port = _free_port()
+    db = f"sqlite:///{tmp}/bench-{int(workloads)}.db"
+    subprocess.run([*cmd, "db", "upgrade", "--db", db], check=True, capture_output=True, cwd=tmp)
+    argv = ["agent", "--db", db, "--interval", "1", "--spool", f"{tmp}/spool", "--listen", f"127.0.0.1:{port}",
+            "--duration", str(int(window + 40)), "--no-migrate"] + ([] if workloads else ["--no-workloads"])
+    log = open(tmp / "agent.log", "w")  # noqa: SIM115 - closed below
+    agent = subprocess.Popen([*cmd, *argv], stdout=subprocess.DEVNULL, stderr=log, cwd=tmp, env=env)
+    try:
+        if not _wait_port(port, 60):
+            return float("nan"), (tmp / "agent.log").read_text()[-300:]
+        for _ in range(10):          # warm: the worker's first rounds, every process's baseline
+            _scrape(port)
+            time.sleep(1)
+        rss = []
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < window:
+            _scrape(port)
+            rss.append(_rss_mb(agent.pid))
+            time.sleep(1)
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+            text = r.read().decode()
+        series = sum(1 for line in text.splitlines() if line.startswith("triscope_workload_processes{"))
+        probes = sum(1 for line in text.splitlines()
+                     if line.startswith("triscope_probe_attached{") and line.rstrip().endswith(" 1.0"))
+        return max(rss), f"{series} workload series, {probes} probes attached"
+    finally:
+        agent.terminate()
+        try:
+            agent.wait(15)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+        log.close()
+
+
+def run(quick: bool = False) -> list[Row]:
+    if not sys.platform.startswith("linux"):
+        return [Row("workloads", "needs Linux procfs", float("nan"), "", ok=False)]
+    n_ticks = 8 if quick else 20
+    window = 15.0 if quick else 45.0
+    with tempfile.TemporaryDirectory(prefix="bench-wl-") as td:
+        tmp = Path(td)
+        farm = Farm(tmp)
+        try:
+            load = os.getloadavg()[0]
+            cost = tick_cost(farm, n_ticks, quiet_every=5)
+            every = tick_cost(farm, max(4, n_ticks // 2), quiet_every=1)
+            rss_on, on_note = footprint(farm, tmp, window, workloads=True)
+            rss_off, _ = footprint(farm, tmp, window, workloads=False)
+            load = max(load, os.getloadavg()[0])
+        finally:
+            farm.close()
+            shutil.rmtree(tmp / "spool", ignore_errors=True)
+    where = (f"{GPUS} GPUs x {PER_GPU} processes x {THREADS} threads, each in its own pod cgroup"
+             if farm.cgroups else f"{GPUS} GPUs x {PER_GPU} processes x {THREADS} threads (no cgroups: not root)")
+    ms = 1e3
+    return [
+        Row("workloads tick", f"collect() thread CPU per 1 s tick, median of {n_ticks} ({where}; "
+            f"{cost['procs']:.0f} processes and {cost['threads']:.0f} threads read per tick, "
+            f"{cost['samples']:.0f} samples; load avg {load:.1f} on {os.cpu_count()} cpu)",
+            round(cost["median"] * ms, 3), "ms", "<= 1", "the same tick without it (tcp, cpu, pressure, pcie, aer)",
+            round(cost["base"] * ms, 3), cost["median"] <= 0.001),
+        Row("workloads tick", "collect() thread CPU per tick, p95", round(cost["p95"] * ms, 3), "ms"),
+        Row("workloads tick", f"every process read every tick (quiet_every=1; {every['procs']:.0f} processes)",
+            round(every["median"] * ms, 3), "ms", "", "quiet processes in rotation (the default: every 5th tick, at most 12 a tick)",
+            round(cost["median"] * ms, 3)),
+        Row("workloads refresh", "worker CPU off the tick (process list, cgroups, attribution, threads, "
+            "cpu.pressure), per second", round(cost["worker"] * ms, 3), "ms/s"),
+        Row("workloads footprint", f"agent steady RSS, workloads on ({on_note}; max over {window:.0f} s)",
+            round(rss_on, 1), "MB", "<= 60", "--no-workloads, same agent", round(rss_off, 1), rss_on <= 60),
+    ]
