@@ -202,6 +202,27 @@ def _workload_of(acc: AcceleratorFeatures) -> WorkloadKey:
     return acc.workload or NO_WORKLOAD
 
 
+def _key(labels: dict[str, str]) -> WorkloadKey:
+    return (labels.get("namespace", ""), labels.get("pod", ""), labels.get("container", ""),
+            labels.get("workload", ""))
+
+
+def _named_workload(acc: AcceleratorFeatures, state: str, th: MismatchThresholds) -> tuple[WorkloadKey, str]:
+    """The workload a verdict names, and why.  ``staging-bound`` decided on a workload's own host
+    evidence names **that** workload (the one whose feeder is pegged, whose threads wait for a CPU,
+    whose cgroup is under pressure: the strongest against its threshold), not the accelerator's
+    busiest: on a shared accelerator the starved workload is often the one with the smaller SM
+    share.  Everything else names the dominant workload (largest SM share, else most processes)."""
+    if state == "staging-bound" and acc.has_workload_evidence:
+        cands = [(v / t, who) for v, t, who in ((acc.feeder_busy, th.feeder_busy, acc.feeder_of),
+                                                 (acc.cpu_wait, th.cpu_wait, acc.cpu_wait_of),
+                                                 (acc.cpu_pressure, th.workload_cpu_pressure, acc.cpu_pressure_of))
+                 if v is not None and who is not None and t > 0 and v >= t]
+        if cands:
+            return max(cands, key=lambda c: c[0])[1], "host evidence"
+    return _workload_of(acc), "SM share"
+
+
 def classify_window(features: WindowFeatures, thresholds: MismatchThresholds | None = None) -> Verdict | None:
     """Classify one window of one node: every accelerator with enough data, and the node's roll-up;
     ``None`` when no accelerator has enough data.
@@ -220,7 +241,10 @@ def classify_window(features: WindowFeatures, thresholds: MismatchThresholds | N
         ev = accelerator_evidence(acc)
         ev["reasons"] = reasons
         dma = _device_dma(acc, features)
-        av = AcceleratorVerdict(acc.name, state, score, dma >= th.pin_churn_rate, workload_labels(_workload_of(acc)), ev)
+        named, why = _named_workload(acc, state, th)
+        if acc.workloads:
+            ev["workload_named_by"] = why
+        av = AcceleratorVerdict(acc.name, state, score, dma >= th.pin_churn_rate, workload_labels(named), ev)
         per.append((state not in IO_STATES, -score, _TIE_ORDER[state], av, acc))
     if not per:
         return None
@@ -248,5 +272,6 @@ def classify_window(features: WindowFeatures, thresholds: MismatchThresholds | N
         evidence.update(feeder_busy=_r(acc.feeder_busy), cpu_wait=_r(acc.cpu_wait), cpu_pressure=_r(acc.cpu_pressure))
     if len(per) > 1:
         evidence["accelerators"] = {p[3].accelerator: {"state": p[3].state, "score": p[3].score,
-                                                       "workload": workload_text(_workload_of(p[4]))} for p in per}
+                                                       "workload": workload_text(_key(p[3].workload))}
+                                    for p in per}
     return Verdict(av.state, av.score, pin_churn, evidence, [p[3] for p in per])

@@ -316,6 +316,27 @@ def test_tracker_publishes_per_accelerator_series_with_workload_labels() -> None
     assert acc_scores["1"].labels == {k: v for k, v in on["1"].items() if k != "state"}
 
 
+def test_a_shared_gpu_names_the_starved_workload_not_the_busiest(tmp_path: Path) -> None:
+    """Two services on one GPU: inference-a has the larger SM share, inference-b's feeder is pegged
+    (pageable copies).  The staging verdict names inference-b, per tick and from the store; with
+    nothing pegged it names the dominant workload again."""
+    a = Wl("inference-a", sm=0.12, feeder=0.10, workload="cmd:inference-a", namespace="", container="")
+    b = Wl("inference-b", sm=0.04, feeder=0.99, workload="cmd:inference-b", namespace="", container="")
+    ticks = node_ticks({"0": Gpu(0.16, 9.0, [a, b])})
+    _, out = _replay(ticks)
+    on = [o for o in out if o.name == "triscope_mismatch_state" and "gpu" in o.labels and o.value == 1.0]
+    assert [(o.labels["state"], o.labels["workload"]) for o in on] == [("staging-bound", "cmd:inference-b")]
+    st = _store(f"sqlite:///{tmp_path / 'shared.db'}", "n", ticks)
+    per = accelerator_states(st, "n", ticks[0].ts, ticks[-1].ts + 1)
+    assert per and {(p.state, p.workload["workload"]) for p in per} == {("staging-bound", "cmd:inference-b")}
+    assert all(p.evidence["workload_named_by"] == "host evidence" for p in per)
+    # the feeder back to normal: demand-limited, named by SM share
+    b.feeder = 0.2
+    _, out = _replay(node_ticks({"0": Gpu(0.16, 2.0, [a, b])}))
+    on = [o for o in out if o.name == "triscope_mismatch_state" and "gpu" in o.labels and o.value == 1.0]
+    assert [(o.labels["state"], o.labels["workload"]) for o in on] == [("demand-limited", "cmd:inference-a")]
+
+
 def test_tracker_labels_npus_with_npu_and_chip() -> None:
     tr = MismatchTracker(TH)
     for i in range(12):
