@@ -224,6 +224,30 @@ def record_decision(store: Store, **values: Any) -> int:
         return _insert_audit(conn, values)
 
 
+def import_decisions(store: Store, rows: Sequence[dict[str, Any]]) -> int:
+    """Insert recorded decisions (a trace's, already shifted in time); a row already there (same
+    ``ts``, rule, target and outcome) is skipped, so importing twice adds nothing.  Returns how
+    many were added."""
+    if not rows:
+        return 0
+    lo = min(float(r["ts"]) for r in rows) - 1.0
+    hi = max(float(r["ts"]) for r in rows) + 1.0
+    with store.engine.begin() as conn:
+        have = {(round(float(r.ts), 3), r.rule, r.target_key, r.outcome)
+                for r in conn.execute(select(_AUDIT.c.ts, _AUDIT.c.rule, _AUDIT.c.target_key, _AUDIT.c.outcome)
+                                      .where(_AUDIT.c.ts >= lo, _AUDIT.c.ts <= hi))}
+        added = 0
+        for r in rows:
+            values = _row_defaults({k: v for k, v in r.items() if k in _AUDIT.c and k != "id"})
+            key = (round(float(values["ts"]), 3), values["rule"], values["target_key"], values["outcome"])
+            if key in have:
+                continue
+            have.add(key)
+            _insert_audit(conn, values)
+            added += 1
+    return added
+
+
 def decide(store: Store, key: str, values: dict[str, Any], *, stamp_cooldown: bool = False,
            open_breaker_reason: str | None = None) -> int | None:
     """One transaction: claim the delivery ``key``, insert the decision's audit row, stamp the target's

@@ -180,3 +180,49 @@ def test_phase_checks_fail_when_the_signature_is_missing():
     assert not res["pin_churn: DMA mappings seen (eBPF dma:dma_map_*)"]
     m["idle"]["sm_active"] = None                                               # NVML missing: not a pass
     assert not {n: ok for n, ok, _ in cp.checks(m)}["idle: SMs quiet"]
+
+
+def test_the_engine_s_decisions_travel_with_the_trace(tmp_path, capsys):
+    """export-trace carries the node's remediation decisions; import-trace (and make run's import)
+    puts them in the audit table moved with the ticks, once."""
+    from triscope.store import audit
+
+    src, dst = f"sqlite:///{tmp_path / 'src.db'}", f"sqlite:///{tmp_path / 'dst.db'}"
+    t0 = 1_900_000_000.0
+    st = Store.open(src)
+    st.upgrade()
+    st.write_ticks("gpu-a", [Tick(t0 + i, [Sample("triscope_gpu_sm_active_ratio", 0.1, {"gpu": "0"})])
+                             for i in range(60)])
+    st.write_ticks("gpu-b", [Tick(t0 + i, [Sample("triscope_gpu_sm_active_ratio", 0.2, {"gpu": "0"})])
+                             for i in range(60)])
+    audit.record_decision(st, ts=t0 + 30, rule="pinned-buffers", trigger_kind="mismatch", action="dependency_fallback",
+                          target="file:/k/inference-b.yaml", target_key="file:/k/inference-b.yaml", node="gpu-a",
+                          outcome="acted", reason="wrote it", issued_ts=t0 + 31, params={"knobs": {"pinned": True}})
+    audit.record_decision(st, ts=t0 + 40, rule="other-node", trigger_kind="mismatch", action="rolling_restart",
+                          node="gpu-b", outcome="dry_run")
+    st.close()
+    out = tmp_path / "a.jsonl.gz"
+    assert main(["export-trace", "--db", src, "--node", "gpu-a", "-o", str(out)]) == 0
+    assert "1 remediation decisions" in capsys.readouterr().out
+    tr = read_trace(out)
+    assert [d["rule"] for d in tr.decisions] == ["pinned-buffers"]
+    for _ in range(2):
+        assert main(["import-trace", str(out), "--db", dst, "--node", "again"]) == 0
+    assert main(["import-trace", str(out), "--db", dst, "--node", "demo-a", "--shift-to-now"]) == 0
+    st = Store.open(dst)
+    try:
+        rows = audit.audit_log(st, since=0, limit=100)
+        assert [(r.node, r.ts) for r in rows if r.node == "again"] == [("again", t0 + 30)], "twice adds nothing"
+        (r,) = [r for r in rows if r.node == "demo-a"]
+        assert r.node == "demo-a" and r.outcome == "acted" and r.params == {"knobs": {"pinned": True}}
+        end = st.time_bounds("demo-a")[1]
+        assert abs((r.ts - end) - (30 - 59)) < 1e-3 and abs(r.issued_ts - r.ts - 1) < 1e-6
+    finally:
+        st.close()
+    # a decision line that is not an audit row is one clear error
+    bad = tmp_path / "bad.jsonl"
+    with gzip.open(out, "rt") as f:
+        lines = f.read().splitlines()
+    bad.write_text("\n".join([*lines, json.dumps({"d": {"ts": "soon", "rule": "r", "action": "a", "outcome": "x"}})]))
+    with pytest.raises(TraceError, match=r"bad trace line \(ts must be epoch seconds"):
+        read_trace(bad)

@@ -9,7 +9,11 @@ File format (gzip-compressed JSON lines, ``.jsonl.gz``):
   "end": T1, "labels": {...}, "series": [[SID, METRIC, LABELS, KIND], ...]}``;
 * then one line per tick: ``{"t": TS, "v": [[SID, VALUE], ...]}`` (counters cumulative, as
   stored), in time order;
-* then one line per event: ``{"e": {"ts", "kind", "severity", "message", "details"}}``.
+* then one line per event: ``{"e": {"ts", "kind", "severity", "message", "details"}}``;
+* then (optional) one line per remediation decision about the node: ``{"d": {"ts", "rule",
+  "action", "outcome", "target", "target_key", "reason", "dry_run", ...}}`` (an audit row;
+  ``received_ts``/``issued_ts``/``finished_ts`` shift with ``ts``).  The caller reads and writes
+  the audit table (``triscope.store.audit``); this module only carries the rows.
 
 Also here: the workload's phase log (JSON lines ``{"ts", "phase", "edge": "start"|"end", ...}``)
 turned into ``phase`` events, and phase spans read back from stored events.
@@ -24,7 +28,7 @@ import time
 import zlib
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -51,6 +55,15 @@ class TraceInfo:
     ticks: int
     events: int
     samples: int
+    decisions: int = 0
+    offset: float = 0.0         # import: what every timestamp was moved by
+
+
+DECISION_FIELDS = ("ts", "engine_id", "rule", "trigger_kind", "trigger", "trigger_key", "action", "target",
+                   "target_key", "node", "namespace", "outcome", "rail", "reason", "dry_run", "params", "response",
+                   "received_ts", "issued_ts", "finished_ts")
+"""The audit row's fields a trace carries (not its id: the importing store numbers its own)."""
+DECISION_TIMES = ("ts", "received_ts", "issued_ts", "finished_ts")
 
 
 # ---------------------------------------------------------------------- phases
@@ -111,8 +124,10 @@ def _num(v: float) -> float | int:
 
 
 def export_trace(store: Any, node: str, path: Path | str, *, start: float | None = None, end: float | None = None,
-                 node_labels: dict[str, Any] | None = None, exclude_prefixes: Sequence[str] = ()) -> TraceInfo:
-    """Write ``node``'s raw samples and events in [start, end] to ``path`` (gzip JSON lines)."""
+                 node_labels: dict[str, Any] | None = None, exclude_prefixes: Sequence[str] = (),
+                 decisions: Sequence[dict[str, Any]] = ()) -> TraceInfo:
+    """Write ``node``'s raw samples and events in [start, end] to ``path`` (gzip JSON lines), and
+    ``decisions`` (audit rows as dicts) after them."""
     bounds = store.time_bounds(node)
     if bounds is None:
         raise TraceError(f"node {node!r} has no samples in {store.engine.url.render_as_string(hide_password=True)}")
@@ -145,7 +160,10 @@ def export_trace(store: Any, node: str, path: Path | str, *, start: float | None
         for e in events:
             f.write(json.dumps({"e": {"ts": e.ts, "kind": e.kind, "severity": e.severity, "message": e.message,
                                       "details": e.details}}, separators=(",", ":")) + "\n")
-    return TraceInfo(node, start, end, len(series_rows), len(by_ts), len(events), nsamples)
+        for d in decisions:
+            f.write(json.dumps({"d": {k: v for k, v in d.items() if k in DECISION_FIELDS}},
+                               separators=(",", ":"), default=str) + "\n")
+    return TraceInfo(node, start, end, len(series_rows), len(by_ts), len(events), nsamples, len(decisions))
 
 
 # ---------------------------------------------------------------------- import
@@ -159,6 +177,12 @@ class Trace:
     header: dict[str, Any]
     ticks: list[tuple[float, list[tuple[int, float]]]]
     events: list[dict[str, Any]]
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+
+    def shifted_decisions(self, offset: float) -> list[dict[str, Any]]:
+        """The decisions with every timestamp moved by ``offset`` (as ``import_trace`` moves ticks)."""
+        return [{k: (float(v) + offset if k in DECISION_TIMES and v is not None else v) for k, v in d.items()}
+                for d in self.decisions]
 
 
 def _open(path: Path) -> IO[str]:
@@ -246,7 +270,8 @@ def _check_header(header: Any, path: Path) -> None:
 
 
 def _parse_line(rec: Any, known: set[int]) -> tuple[str, Any]:
-    """('t', tick) or ('e', event) of one line after the header; ValueError says what is wrong."""
+    """('t', tick), ('e', event) or ('d', decision) of one line after the header; ValueError says
+    what is wrong."""
     if not isinstance(rec, dict):
         raise ValueError("not a JSON object")
     if "t" in rec:
@@ -280,7 +305,21 @@ def _parse_line(rec: Any, known: set[int]) -> tuple[str, Any]:
         if not isinstance(e.get("details") or {}, dict):
             raise ValueError("details must be an object")
         return "e", e
-    raise ValueError("neither a tick nor an event")
+    if "d" in rec:
+        d = rec["d"]
+        if not isinstance(d, dict):
+            raise ValueError("d must be an object")
+        for k in DECISION_TIMES:
+            if k == "ts" or d.get(k) is not None:
+                _finite(d.get(k), k)
+        for k in ("rule", "action", "outcome"):
+            if not isinstance(d.get(k), str) or not d[k] or len(d[k]) > 253:
+                raise ValueError(f"{k} must be a name of 1 to 253 characters, not {_short(d.get(k))}")
+        for k in ("params", "response"):
+            if not isinstance(d.get(k) or {}, dict):
+                raise ValueError(f"{k} must be an object")
+        return "d", {k: v for k, v in d.items() if k in DECISION_FIELDS}
+    raise ValueError("neither a tick, an event nor a decision")
 
 
 def read_trace(path: Path | str) -> Trace:
@@ -290,6 +329,7 @@ def read_trace(path: Path | str) -> Trace:
         raise TraceError(f"trace file {path} does not exist" if not path.exists() else f"{path} is not a file")
     ticks: list[tuple[float, list[tuple[int, float]]]] = []
     events: list[dict[str, Any]] = []
+    decisions: list[dict[str, Any]] = []
     n = 1
     try:
         with _open(path) as f:
@@ -316,12 +356,17 @@ def read_trace(path: Path | str) -> Trace:
                     what, item = _parse_line(_json_line(line), known)
                 except ValueError as err:
                     raise TraceError(f"{path}:{n}: bad trace line ({err})") from None
-                (ticks if what == "t" else events).append(item)
+                if what == "t":
+                    ticks.append(item)
+                elif what == "e":
+                    events.append(item)
+                else:
+                    decisions.append(item)
     except UnicodeDecodeError:
         raise TraceError(f"{path}:{n}: not a triscope trace (not UTF-8 text: a binary file?)") from None
     except (OSError, EOFError, zlib.error) as e:
         raise TraceError(f"cannot read trace {path}: {e}") from None
-    return Trace(header, ticks, events)
+    return Trace(header, ticks, events, decisions)
 
 
 def _shift_details(details: dict[str, Any], offset: float, lo: float, hi: float) -> dict[str, Any]:
@@ -393,4 +438,4 @@ def import_trace(store: Any, path: Path | str, *, node: str | None = None, shift
     if new:
         store.add_events(node, new)
     return TraceInfo(node, start + offset, end + offset, len(trace.header["series"]), len(trace.ticks),
-                     len(new), nsamples)
+                     len(new), nsamples, len(trace.decisions), offset)

@@ -148,6 +148,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def import_for_demo(url: str, path: Path | str, node: str | None = None, now: float | None = None) -> str:
     """``make run``'s second node: load the trace shifted to end now, unless a copy loaded earlier is
     still within the last trace-length of time (then nothing is added).  Returns the node name."""
+    from triscope.commands.trace import import_decisions
     from triscope.store import Store
     from triscope.trace import import_trace, read_trace
 
@@ -161,7 +162,8 @@ def import_for_demo(url: str, path: Path | str, node: str | None = None, now: fl
         bounds = st.time_bounds(trace_node)
         if bounds is not None and bounds[1] >= now - max(span, 60.0):
             return trace_node
-        import_trace(st, path, node=trace_node, shift_to_now=True, now=now)
+        info = import_trace(st, path, node=trace_node, shift_to_now=True, now=now, trace=tr)
+        import_decisions(st, tr, info)
         return trace_node
     finally:
         st.close()

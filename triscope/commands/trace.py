@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
 from triscope.commands.common import TIME_HELP, add_db_option, db_url, parse_time
 from triscope.errors import UserError
@@ -51,11 +52,31 @@ def cmd_import(args: argparse.Namespace) -> int:
     try:
         st.upgrade()
         info = import_trace(st, args.file, node=args.node, shift_to_now=args.shift_to_now, trace=trace)
+        decided = import_decisions(st, trace, info)
     finally:
         st.close()
-    print(f"imported {info.ticks} ticks ({info.samples} samples, {info.series} series) and {info.events} new events "
-          f"as node {info.node!r}, {info.end - info.start:.0f} s of data")
+    print(f"imported {info.ticks} ticks ({info.samples} samples, {info.series} series), {info.events} new events "
+          f"and {decided} remediation decisions as node {info.node!r}, {info.end - info.start:.0f} s of data")
     return 0
+
+
+def import_decisions(st: Any, trace: Any, info: Any) -> int:
+    """The trace's remediation decisions into the audit table, moved as its ticks were and
+    pointed at the node it was imported as."""
+    from triscope.store import audit
+
+    rows = [{**d, "node": info.node if d.get("node") else d.get("node")} for d in trace.shifted_decisions(info.offset)]
+    return audit.import_decisions(st, rows)
+
+
+def node_decisions(st: Any, node: str, start: float, end: float) -> list[dict[str, Any]]:
+    """The audit rows about ``node`` in [start, end] (a decision without a node, e.g. an alert that
+    named none, is kept when the store holds only this node), oldest first."""
+    from triscope.store import audit
+
+    single = len([n for n in st.nodes()]) <= 1
+    rows = audit.audit_log(st, since=start, until=end, limit=1_000_000, newest_first=False)
+    return [r.as_dict() for r in rows if r.node == node or (single and not r.node)]
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -68,9 +89,13 @@ def cmd_export(args: argparse.Namespace) -> int:
         now = time.time()
         start = parse_time(args.start, now, "--start") if args.start is not None else None
         end = parse_time(args.end, now, "--end") if args.end is not None else None
-        info = export_trace(st, args.node, args.output, start=start, end=end, exclude_prefixes=args.exclude)
+        bounds = st.time_bounds(args.node)
+        decisions = [] if bounds is None else node_decisions(
+            st, args.node, start if start is not None else bounds[0] - 60, end if end is not None else bounds[1] + 60)
+        info = export_trace(st, args.node, args.output, start=start, end=end, exclude_prefixes=args.exclude,
+                            decisions=decisions)
     finally:
         st.close()
     print(f"wrote {args.output}: node {info.node!r}, {info.ticks} ticks, {info.samples} samples, "
-          f"{info.series} series, {info.events} events")
+          f"{info.series} series, {info.events} events, {info.decisions} remediation decisions")
     return 0
