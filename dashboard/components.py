@@ -9,7 +9,7 @@ from typing import Any
 
 from dash import dcc, html
 
-from triscope.dashboard.data import PRESETS
+from triscope.dashboard.data import DATA_PRESET, PRESETS
 from triscope.dashboard.figures import NAME_CHARS, TITLE_CHARS
 from triscope.names import shorten
 
@@ -88,12 +88,16 @@ def parse_ts(value: str | None) -> float | None:
     return dt.timestamp()
 
 
-def range_picker(prefix: str, value: str = "1h", start: str = "", end: str = "", custom: bool = True) -> html.Div:
+def range_picker(prefix: str, value: str = "1h", start: str = "", end: str = "", custom: bool = True,
+                 data: bool = False) -> html.Div:
+    """Preset ranges; ``data`` adds "all data" (the node's whole span), ``custom`` start/end fields."""
     opts = [{"label": k, "value": k} for k in PRESETS]
+    if data:
+        opts.append({"label": "all data", "value": DATA_PRESET})
     if custom:
         opts.append({"label": "custom", "value": "custom"})
     children: list[Any] = [
-        dcc.RadioItems(id=f"{prefix}-range", options=opts, value=value if value in PRESETS or value == "custom" else "1h",
+        dcc.RadioItems(id=f"{prefix}-range", options=opts, value=value if value in PRESETS or value in ("custom", DATA_PRESET) else "1h",
                        inline=True, className="range-presets"),
     ]
     if custom:

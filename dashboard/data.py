@@ -23,6 +23,8 @@ if TYPE_CHECKING:   # the audit tables are read with the store's engine: the who
     from triscope.store.api import Store
 
 PRESETS: dict[str, float] = {"15m": 900.0, "1h": 3600.0, "24h": 86400.0, "7d": 7 * 86400.0}
+DATA_PRESET = "all"
+"""The node page's range for a node with less than 15 minutes of data: from its first sample."""
 LIVE_SLACK_S = 120.0   # a node whose last sample is this close to now counts as live
 
 GB = 1e9
@@ -54,6 +56,9 @@ def resolve_window(store: StoreReader, node: str | None, preset: str, now: float
         for n in store.nodes():
             if n.name == node:
                 last = n.last_seen
+                if preset == DATA_PRESET:   # all the node's data: a short trace or a node just started
+                    span = max(60.0, (now if abs(now - n.last_seen) <= LIVE_SLACK_S else n.last_seen)
+                               - n.first_seen)
     else:
         # the nodes table knows each node's last sample (time_bounds() would scan every sample)
         last = max((n.last_seen for n in store.nodes()), default=None)
@@ -62,7 +67,8 @@ def resolve_window(store: StoreReader, node: str | None, preset: str, now: float
     from datetime import datetime
 
     when = datetime.fromtimestamp(last, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    return Window(last - span, last + 1.0, False, f"not live: showing the {preset} before the last sample ({when})")
+    what = "data" if preset == DATA_PRESET else f"the {preset} before the last sample"
+    return Window(last - span, last + 1.0, False, f"not live: showing {what} ({when})")
 
 
 # ---------------------------------------------------------------------------------------------- node lanes

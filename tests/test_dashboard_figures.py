@@ -234,3 +234,20 @@ def test_npu_node_lanes_and_fleet(sqlite_url: str) -> None:
     assert "accelerators" not in lanes.missing and "io" in lanes.missing
     assert data.accelerator_summary(st, "ascend-1") == "2 x Ascend NPU"
     st.close()
+
+
+def test_a_node_with_little_data_opens_on_all_of_it(tmp_path):
+    """A short trace or a node just started: the node page's default range is its data, not 15
+    minutes of which most are empty."""
+    from triscope.samples import Sample, Tick
+    from triscope.store import Store
+
+    st = Store.open(f"sqlite:///{tmp_path / 'short.db'}")
+    st.upgrade()
+    t0 = 1_900_000_000.0
+    st.write_ticks("short", [Tick(t0 + i, [Sample("triscope_cpu_busy_ratio", 0.1)]) for i in range(180)])
+    w = data.resolve_window(st, "short", data.DATA_PRESET, now=t0 + 10_000)
+    assert (w.start, w.end) == (t0, t0 + 180.0) and not w.live
+    w = data.resolve_window(st, "short", data.DATA_PRESET, now=t0 + 179.5)      # live: ends now
+    assert w.live and (w.start, w.end) == (t0, t0 + 179.5)
+    st.close()

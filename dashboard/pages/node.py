@@ -27,8 +27,8 @@ def layout(node: str | None = None, range: str = "", start: str = "", end: str =
     c = ctx()
     infos = {n.name: n for n in c.store.nodes()}
     known = list(infos)
-    if not range and node in infos:  # default: 1 h, or 15 m for a node with less data (a short trace)
-        range = "15m" if infos[node].last_seen - infos[node].first_seen <= 900 else "1h"  # noqa: A001
+    if not range and node in infos:  # default: 1 h, or all its data for a node with less than 15 minutes
+        range = data.DATA_PRESET if infos[node].last_seen - infos[node].first_seen <= 900 else "1h"  # noqa: A001
     if not node or node not in known:
         msg = ("no nodes stored yet: start the agent ('triscope agent --db URL') or import a trace"
                if not known else f"unknown node {short(node)!r}" if node else "pick a node")
@@ -44,7 +44,7 @@ def layout(node: str | None = None, range: str = "", start: str = "", end: str =
         html.Div([html.H2(name_span(node), className="node-title"),
                   html.Span(id="node-window-note", className="window-note")], className="page-head"),
         html.Div([
-            range_picker("node", preset, start, end),
+            range_picker("node", preset, start, end, data=True),
             dcc.Checklist(id="node-live", options=[{"label": " live", "value": "live"}], value=[], inline=True,
                           className="live-toggle"),
             html.Div(id="node-explain", className="explain"),

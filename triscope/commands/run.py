@@ -43,18 +43,22 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="remediation webhook for Alertmanager (default 127.0.0.1:9095)")
     p.add_argument("--policy", default=str(DEFAULT_POLICY), help="remediation policy (default deploy/policy.example.yaml)")
     p.add_argument("--slo", default=str(DEFAULT_SLO), help="SLO file (default deploy/slo.example.yaml)")
-    p.add_argument("--trace", default=None, help="recorded trace to show as a second node "
-                   "(default examples/traces/h200-phases.*; 'none' to skip)")
+    p.add_argument("--trace", action="append", default=None, metavar="FILE",
+                   help="a recorded trace to show as another node (repeatable; default: the inference recordings "
+                        "examples/traces/h200-inference-*.jsonl.gz, each its own node, else "
+                        "examples/traces/h200-phases.*; 'none' to skip)")
     p.set_defaults(func=cmd_run)
 
 
-def _find_trace(arg: str | None) -> Path | None:
-    if arg == "none":
-        return None
-    if arg:
-        return Path(arg)
-    found = sorted(DEFAULT_TRACE.glob("h200-phases.*")) if DEFAULT_TRACE.is_dir() else []
-    return found[0] if found else None
+def _find_traces(args: list[str] | None) -> list[Path]:
+    """The traces ``make run`` shows: those given, else the recordings of the inference scenarios
+    (each its own node), else the older phase recording."""
+    if args:
+        return [] if args == ["none"] else [Path(a) for a in args if a != "none"]
+    if not DEFAULT_TRACE.is_dir():
+        return []
+    found = sorted(DEFAULT_TRACE.glob("h200-inference-*.jsonl.gz"))
+    return found or sorted(DEFAULT_TRACE.glob("h200-phases.*"))[:1]
 
 
 def _import_trace(url: str, path: Path) -> str | None:
@@ -100,8 +104,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     upgrade(cfg.db_url)
     cfg.migrate = False
     lines = [f"store:       {cfg.db_url}"]
-    trace = _find_trace(args.trace)
-    if trace is not None:
+    for trace in _find_traces(args.trace):
         node = _import_trace(cfg.db_url, trace)
         if node:
             lines.append(f"trace:       {trace.name} imported as node '{node}' (shifted to end now)")
