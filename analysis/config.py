@@ -93,7 +93,8 @@ class MismatchThresholds:
     """A workload's run-queue wait over (run + wait) of its threads
     (``triscope_workload_cpu_wait_ratio``) at or above this: its threads are runnable but get no
     CPU a fifth of the time, so the host, not the workload's demand, sets its pace.  An
-    uncontended host keeps this near 0 (a runnable thread waits microseconds)."""
+    uncontended host keeps this near 0 (a runnable thread waits microseconds).  It counts with a
+    quiet link too: a thread that spins on the GPU or busy-polls is running, not waiting."""
     workload_cpu_pressure: float = 0.10
     """A workload's cgroup ``cpu.pressure`` ``some avg10`` (``triscope_workload_cpu_pressure_ratio``)
     at or above this: its tasks stalled waiting for a CPU (or on their CPU limit's throttling) 10 %

@@ -127,7 +127,11 @@ def _staging(acc: AcceleratorFeatures, f: WindowFeatures, th: MismatchThresholds
     if floor:
         reasons.append(f"link only at {_pct(u or 0.0)} of its ceiling (>= {_pct(th.staging_link_floor)}, "
                        f"< {_pct(th.io_saturated_link)}): copies staged by the host")
-    if found and moving:
+    # the workload's own threads waiting for a CPU decide alone: a thread spinning on the GPU or
+    # busy-polling is running, not waiting, so the link need not move (a feeder confined to a
+    # busy core starves the accelerator with the link quiet)
+    waiting = acc.has_workload_evidence and acc.cpu_wait is not None and (acc.cpu_wait or 0.0) >= th.cpu_wait
+    if found and (moving or waiting):
         if u is not None and not floor:
             reasons.append(f"link moving data at {_pct(u)} of its ceiling")
         reasons += found
@@ -214,12 +218,13 @@ def _named_workload(acc: AcceleratorFeatures, state: str, th: MismatchThresholds
     busiest: on a shared accelerator the starved workload is often the one with the smaller SM
     share.  Everything else names the dominant workload (largest SM share, else most processes)."""
     if state == "staging-bound" and acc.has_workload_evidence:
-        cands = [(v / t, who) for v, t, who in ((acc.feeder_busy, th.feeder_busy, acc.feeder_of),
-                                                 (acc.cpu_wait, th.cpu_wait, acc.cpu_wait_of),
-                                                 (acc.cpu_pressure, th.workload_cpu_pressure, acc.cpu_pressure_of))
-                 if v is not None and who is not None and t > 0 and v >= t]
-        if cands:
-            return max(cands, key=lambda c: c[0])[1], "host evidence"
+        # a process's own threads first (pegged feeder, run-queue wait); the cgroup's CPU pressure,
+        # which workloads sharing a cgroup share, names a workload only when nothing else does
+        for group in (((acc.feeder_busy, th.feeder_busy, acc.feeder_of), (acc.cpu_wait, th.cpu_wait, acc.cpu_wait_of)),
+                      ((acc.cpu_pressure, th.workload_cpu_pressure, acc.cpu_pressure_of),)):
+            cands = [(v / t, who) for v, t, who in group if v is not None and who is not None and t > 0 and v >= t]
+            if cands:
+                return max(cands, key=lambda c: c[0])[1], "host evidence"
     return _workload_of(acc), "SM share"
 
 

@@ -207,6 +207,28 @@ def test_a_pegged_feeder_with_a_quiet_link_is_not_staging(sqlite_url: str) -> No
     assert any("but the link is quiet" in r for r in per[-1].evidence["reasons"])
 
 
+def test_threads_waiting_for_a_cpu_decide_with_a_quiet_link() -> None:
+    """Preprocessing confined to a busy core: its threads wait for the CPU, the accelerator starves
+    and the link carries almost nothing.  That is the host limiting the accelerator (a thread that
+    spins on the GPU or busy-polls runs; it does not wait)."""
+    ticks = node_ticks({"0": Gpu(0.05, 0.03, [Wl("svc", sm=0.05, feeder=0.55, wait=0.45)])})
+    tr, _ = _replay(ticks)
+    assert tr.accelerator_states == {"gpu=0": "staging-bound"}
+    ticks = node_ticks({"0": Gpu(0.05, 0.03, [Wl("svc", sm=0.05, feeder=1.0, wait=0.02)])})
+    tr, _ = _replay(ticks)
+    assert tr.accelerator_states == {"gpu=0": "demand-limited"}      # pegged alone, link quiet: not paged
+
+
+def test_a_shared_cgroup_s_pressure_does_not_name_the_workload() -> None:
+    """Two services in one cgroup share its CPU pressure; b's own pegged feeder names b even when the
+    shared pressure is further above its threshold."""
+    a = Wl("a", sm=0.10, feeder=0.10, pressure=0.40, workload="cmd:inference-a", namespace="", container="")
+    b = Wl("b", sm=0.02, feeder=0.99, pressure=0.40, workload="cmd:inference-b", namespace="", container="")
+    _, out = _replay(node_ticks({"0": Gpu(0.12, 9.0, [a, b])}))
+    on = [o for o in out if o.name == "triscope_mismatch_state" and "gpu" in o.labels and o.value == 1.0]
+    assert [(o.labels["state"], o.labels["workload"]) for o in on] == [("staging-bound", "cmd:inference-b")]
+
+
 def test_pin_churn_counts_on_the_accelerators_own_device() -> None:
     """GPU 1 pins host memory (its own PCI device maps 80/s) while copying; GPU 0 on the same node
     copies as much without pinning: only GPU 1 is staging-bound (per-workload evidence path)."""
