@@ -11,6 +11,9 @@ An engine killed while an action runs re-runs it when it starts again (the decis
 fallback recognises its own write by the decision id it annotates the ConfigMap with (and the
 previous value it recorded there), cordon and eviction are idempotent by nature.  The ``command``
 action is not re-run (see ``triscope.remediation.engine``).
+
+Off Kubernetes, ``dependency_fallback`` with ``params.file`` writes a per-workload knobs file
+instead of a ConfigMap key: ``triscope.remediation.filefallback`` (switch and revert).
 """
 
 from __future__ import annotations
@@ -232,12 +235,18 @@ def rolling_restart(ctx: ActionContext) -> ActionResult:
 
 # dependency fallback -----------------------------------------------------------------------------
 def dependency_fallback(ctx: ActionContext) -> ActionResult:
+    if ctx.params.get("file"):
+        from triscope.remediation import filefallback  # it builds on this module's types
+
+        return filefallback.switch(ctx)
     ns = ctx.target["namespace"]
     p = ctx.params
     cm, key, value = p["configmap"], p["key"], p["value"]
     now = _decided(ctx)
     expires = now + float(p["ttl"])
     existing = audit.active_fallbacks(ctx.store, ctx.target_key)
+    if not ctx.dry_run:   # a dry-run fallback changed nothing: it does not stand in a live one's way
+        existing = [fb for fb in existing if not fb.dry_run]
     if existing:
         fb = existing[0]
         if ctx.resumed and fb.rule == ctx.rule_name and abs(fb.switched_at - now) < 1e-3:
@@ -326,32 +335,39 @@ def revert_due_fallbacks(store: Store, kube: k.KubeAdapter | None, now: float, e
     Every revert is audited; a Kubernetes Event on the ConfigMap is posted for fallbacks of
     ``event_rules``.  Returns how many were reverted.
     """
+    from triscope.remediation import filefallback  # it builds on this module's types
+
     done = 0
     for fb in audit.active_fallbacks(store):
+        on_file = filefallback.is_file_row(fb)
         if now >= fb.expires_at:
             why = f"time-to-live ran out ({fb.expires_at - fb.switched_at:g}s)"
         elif fb.clear_since is not None and now - fb.clear_since >= fb.hold_s:
             why = f"trigger clear for {now - fb.clear_since:.0f}s (hold {fb.hold_s:g}s)"
         else:
             continue
+        what = f"knobs file {fb.configmap}" if on_file else f"configmap {fb.namespace}/{fb.configmap} key {fb.key}"
         try:
-            res = revert_fallback(fb, kube, why)
+            res = filefallback.revert(fb, why) if on_file else revert_fallback(fb, kube, why)
         except k.KubeError as e:
             res = ActionResult("failed", f"revert of {fb.namespace}/{fb.configmap}:{fb.key} failed: {e}",
                                {"error": e.answer(), "fallback_id": fb.id})
+        except OSError as e:
+            res = ActionResult("failed", f"revert of {fb.configmap} failed: {e.strerror or e}",
+                               {"error": str(e), "fallback_id": fb.id})
         if res.outcome in ("acted", "dry_run"):
             audit.update_fallback(store, fb.id, state="reverted", reverted_at=now, revert_reason=why)
             done += 1
         audit_id = audit.record_decision(
             store, ts=time.time(), engine_id=engine_id, rule=fb.rule, trigger_kind="revert",
             trigger=f"revert: {why}", trigger_key=f"revert:{fb.id}", action="dependency_fallback",
-            target=f"configmap {fb.namespace}/{fb.configmap} key {fb.key}", target_key=fb.target_key, node=None,
+            target=what, target_key=fb.target_key, node=None,
             namespace=fb.namespace, outcome=res.outcome, reason=res.reason, dry_run=fb.dry_run,
             params={"revert": True, "restore": fb.previous_value}, response=res.response, issued_ts=res.issued_ts,
             finished_ts=time.time())
         metrics.ACTIONS_TOTAL.labels("dependency_fallback", res.outcome).inc()
         log.info("remediation revert %s: %s", res.outcome, res.reason)
-        if fb.rule in event_rules and kube is not None:
+        if fb.rule in event_rules and kube is not None and not on_file:
             try:
                 kube.post_event(fb.namespace, {"kind": "ConfigMap", "apiVersion": "v1", "namespace": fb.namespace,
                                                "name": fb.configmap},
@@ -365,6 +381,8 @@ def revert_due_fallbacks(store: Store, kube: k.KubeAdapter | None, now: float, e
 def post_decision_event(kube: k.KubeAdapter, events_namespace: str, action: str, params: dict[str, Any],
                         fields: dict[str, str], outcome: str, message: str) -> None:
     """A Kubernetes Event about a decision, on the Deployment, the Node or the ConfigMap it concerns."""
+    if "file" in fields:
+        return  # a knobs file off Kubernetes: no object to post it on
     if "deployment" in fields:
         ns = fields["namespace"]
         involved = {"kind": "Deployment", "apiVersion": "apps/v1", "namespace": ns, "name": fields["deployment"]}

@@ -6,7 +6,8 @@ Pipeline for one trigger (an Alertmanager alert matched to a rule, or a stored-d
 2. ``leader``      — only the replica holding the Lease acts
 3. ``target``      — the target resolves from the alert's / stored series' labels into valid names; a
                      ``{from: workload}`` Deployment from the ``workload`` label or the ``pod`` resolved
-                     through ownerReferences (``triscope.remediation.workloads``); no default target
+                     through ownerReferences (``triscope.remediation.workloads``), a knobs file from the
+                     ``workload`` label (``triscope.remediation.filefallback``); no default target
 4. ``duplicate``   — the delivery key was already handled (durable, in the store)
 5. ``stale``       — the trigger started before the last circuit-breaker reset: not replayed
 6. ``breaker``     — the circuit breaker is open (or this action would open it)
@@ -237,6 +238,8 @@ class Engine:
                      "node": target.get("node") or ev.node, "target_fields": target}
             if res.owner is not None:
                 tinfo["workload"] = {**res.owner.as_dict(), **_accelerator(ev.labels)}
+            elif res.workload is not None:   # a knobs file, named by the workload label
+                tinfo["workload"] = {**res.workload, **_accelerator(ev.labels)}
         if audit.is_claimed(self.store, ev.key):
             return self._duplicate(ev, tinfo)
         if err:
@@ -308,9 +311,10 @@ class Engine:
         if br.reset_at is not None and ev.started_at < br.reset_at:
             return "stale", "trigger started before the last circuit-breaker reset: not replayed", None
         ns = tinfo.get("namespace")
-        if rule.action != "command" and ns not in s.namespaces:
+        on_host = rule.action == "command" or rule.knobs_file   # no Kubernetes object: bound only when it names one
+        if not on_host and ns not in s.namespaces:
             return "namespace", f"namespace {ns!r} is not in the allow-list {list(s.namespaces)}", None
-        if rule.action == "command" and ns and s.namespaces and ns not in s.namespaces:
+        if on_host and ns and s.namespaces and ns not in s.namespaces:
             return "namespace", f"namespace {ns!r} is not in the allow-list {list(s.namespaces)}", None
         if rule.action in NODE_ACTIONS:
             node = tinfo["target_fields"].get("node") or ""
@@ -584,10 +588,15 @@ class Engine:
 
     def _note_clear(self, rule: Rule, events: list[TriggerEvent], now: float) -> None:
         """A fallback of ``rule`` is clear while no episode of the rule holds for it (its own, or another
-        accelerator's naming the same ConfigMap); its hold period runs from the first evaluation that sees it."""
+        accelerator's naming the same ConfigMap or knobs file); its hold period runs from the first evaluation
+        that sees it."""
         holding = {ev.episode for ev in events}
         for ev in events:
-            target, err = resolve_target(rule, ev.labels)
+            if rule.knobs_file:   # named by the workload label alone: no lookup
+                res = resolve_rule_target(rule, ev.labels, None)
+                target, err = res.target, res.error
+            else:
+                target, err = resolve_target(rule, ev.labels)
             if not err:
                 holding.add(target_key(rule, target)[0])
         for fb in audit.active_fallbacks(self.store):

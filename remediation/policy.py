@@ -38,11 +38,17 @@ from triscope.durations import Duration
 from triscope.labels import Matcher
 from triscope.remediation.actions import (
     CommandParams,
-    DependencyFallbackParams,
     KubeName,
     RescheduleParams,
     RollingRestartParams,
 )
+from triscope.remediation.filefallback import (
+    FallbackParams,
+    KnobsFileParams,
+    LabelWorkloadReference,
+    LabelWorkloadValue,
+)
+from triscope.remediation.filefallback import target_problem as knobs_file_target_problem
 from triscope.remediation.workloads import QUIET_STATES
 
 ACTIONS = ("rolling_restart", "dependency_fallback", "reschedule", "command")
@@ -54,7 +60,7 @@ ACTION_TARGETS: dict[str, tuple[str, ...]] = {
     "reschedule": ("node", "namespace", "deployment"),
     "command": (),
 }
-TARGET_FIELDS = ("namespace", "deployment", "node")
+TARGET_FIELDS = ("namespace", "deployment", "node", "workload")   # workload: a knobs file's (filefallback.py)
 # states of the per-accelerator verdict (docs/workloads.md section 2); the quiet ones never trigger
 MISMATCH_STATES = ("idle", "demand-limited", "compute-bound", "balanced", "io-saturated", "staging-bound",
                    "network-bound")
@@ -133,6 +139,11 @@ class Rule:
     def workload_field(self) -> str | None:
         """The target field taken from the trigger's workload (``{from: workload}``), if any."""
         return next((name for name, f in self.target.items() if f.from_workload), None)
+
+    @property
+    def knobs_file(self) -> bool:
+        """A ``dependency_fallback`` off Kubernetes: a knobs file, not a ConfigMap (``filefallback``)."""
+        return self.action == "dependency_fallback" and bool(self.params.get("file"))
 
 
 @dataclass(frozen=True)
@@ -533,6 +544,7 @@ class TargetModel(ConfigModel):
     namespace: TargetValue | None = None
     deployment: WorkloadTargetValue | None = None
     node: TargetValue | None = None
+    workload: LabelWorkloadValue | None = None
 
     def fields(self) -> dict[str, TargetField]:
         out = {}
@@ -544,6 +556,8 @@ class TargetModel(ConfigModel):
                 out[name] = TargetField(label=v.label, default=v.default)
             elif isinstance(v, WorkloadReference):
                 out[name] = TargetField(from_workload=True, workload_label=v.workload_label, pod_label=v.pod_label)
+            elif isinstance(v, LabelWorkloadReference):
+                out[name] = TargetField(from_workload=True, workload_label=v.workload_label, pod_label="")
         return out
 
 
@@ -564,6 +578,12 @@ class _RuleModel(ConfigModel):
 
     @model_validator(mode="after")
     def _targets_given(self) -> _RuleModel:
+        on_file = isinstance(self.params, KnobsFileParams)
+        trouble = knobs_file_target_problem(self.target, on_file, isinstance(self.trigger, SLOTrigger))
+        if trouble is not None:
+            raise trouble
+        if on_file:
+            return self   # named by the trigger's workload label only (checked above)
         for need in ACTION_TARGETS.get(self.action, ()):
             if getattr(self.target, need) is None:
                 raise problem(f"action {self.action} needs target.{need} (a name or {{label: LABEL}})", "target")
@@ -600,7 +620,7 @@ class RollingRestartRule(_RuleModel):
 
 class DependencyFallbackRule(_RuleModel):
     action: Literal["dependency_fallback"]
-    params: DependencyFallbackParams
+    params: FallbackParams   # a ConfigMap's key, or a knobs file per workload (off Kubernetes)
 
 
 class RescheduleRule(_RuleModel):
@@ -669,7 +689,8 @@ class PolicyFile(ConfigModel):
                 self._check_node_target(r, i)
             if isinstance(r.trigger, SLOTrigger) and not s.slo_file:
                 raise problem("slo triggers need settings.slo_file (the SLO spec file)", "rules", i, "trigger", "slo")
-        if any(r.action != "command" for r in self.rules) and not s.namespaces:
+        if any(r.action != "command" and not isinstance(r.params, KnobsFileParams) for r in self.rules) \
+                and not s.namespaces:
             raise problem("required when a rule acts on Kubernetes (the namespace allow-list)", "settings", "namespaces")
         return self
 

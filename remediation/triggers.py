@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from triscope.remediation import filefallback
 from triscope.remediation.policy import OPS, Matcher, Rule, Trigger
 from triscope.remediation.workloads import (
     ACCELERATOR_LABELS,
@@ -111,13 +112,25 @@ class TargetResolution:
     rail: str = "target"          # the rail that suppresses an error (``namespace``: outside the allow-list)
     transient: bool = False       # the error may go away (the API did not answer): a failed decision, not a rail
     owner: Owner | None = None    # the workload a ``{from: workload}`` field resolved to
+    workload: dict[str, str] | None = None   # the workload a knobs file was named from (off Kubernetes)
 
 
 def resolve_rule_target(rule: Rule, labels: dict[str, str], resolver: WorkloadResolver | None, *,
                         namespaces: tuple[str, ...] = (), now: float | None = None) -> TargetResolution:
     """:func:`resolve_target`, then the ``{from: workload}`` field: the trigger's ``workload`` label or its
     ``pod`` resolved through ownerReferences (``triscope.remediation.workloads``).  Pods are looked up
-    only in namespaces of the allow-list ``namespaces`` (outside it the namespace rail answers)."""
+    only in namespaces of the allow-list ``namespaces`` (outside it the namespace rail answers).
+
+    A knobs-file fallback (``rule.knobs_file``) is named by the ``workload`` label alone
+    (``triscope.remediation.filefallback``): no pod lookup, no namespace needed."""
+    if rule.knobs_file:
+        spec = rule.target["workload"]
+        target, err = filefallback.resolve(rule.params, labels, spec.workload_label)
+        if err:
+            return TargetResolution(target, f"target workload: {err}")
+        wl = {"workload": target["workload"], "name": target["name"], "namespace": target.get("namespace", ""),
+              "pod": str(labels.get("pod") or ""), "via": "label"}
+        return TargetResolution(target, workload=wl)
     target, err = resolve_target(rule, labels)
     if err:
         return TargetResolution(target, err)
@@ -143,6 +156,8 @@ def target_key(rule: Rule, target: dict[str, str]) -> tuple[str, str]:
     a = rule.action
     if a == "rolling_restart":
         return f"deployment/{target['namespace']}/{target['deployment']}", f"deployment {target['namespace']}/{target['deployment']}"
+    if a == "dependency_fallback" and rule.knobs_file:
+        return filefallback.target_key(target)
     if a == "dependency_fallback":
         p = rule.params
         return (f"configmap/{target['namespace']}/{p['configmap']}/{p['key']}",

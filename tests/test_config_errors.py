@@ -141,7 +141,7 @@ def test_params_models_on_their_own() -> None:
     (policy_text(RULES["command"] + "    limits:\n      cooldwn: 5m\n"), 15,
      "rules[0].limits: unknown key 'cooldwn' (allowed: cooldown, max_actions, per)"),
     (policy_text(RULES["command"] + "    target: {nod: x}\n"), 14, "rules[0].target: unknown key 'nod' (allowed: "
-                                                                   "namespace, deployment, node)"),
+                                                                   "namespace, deployment, node, workload)"),
     (policy_text(RULES["command"] + "    target: {node: {label: node, defualt: x}}\n"), 14,
      "rules[0].target.node: unknown key 'defualt' (allowed: label, default)"),
     # a missing key on its mapping's line

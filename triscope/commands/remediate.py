@@ -107,7 +107,10 @@ def cmd_check(args: argparse.Namespace) -> int:
           f"{'nodes ' + s.describe_nodes() + '; ' if s.nodes_bounded else ''}"
           f"kubernetes {s.kubernetes.mode}; dry_run {s.dry_run}; leader election {s.leader_election.enabled}")
     for r in pol.rules:
-        tgt = ", ".join(f"{k}={v.literal or 'label:' + str(v.label)}" for k, v in r.target.items())
+        tgt = ", ".join(f"{k}={v.literal or ('from:workload' if v.from_workload else 'label:' + str(v.label))}"
+                        for k, v in r.target.items())
+        if r.knobs_file:
+            tgt += f", file={r.params['file']['dir']}/NAME.yaml"
         print(f"  line {r.line}: {r.name}: {r.trigger.describe()} -> {r.action} [{tgt}] cooldown {r.cooldown_s:g}s, "
               f"max {r.max_actions}/{r.per_s:g}s{' (dry-run)' if r.dry_run else ''}")
     return 0
