@@ -25,16 +25,16 @@ CAUSES = {"pcie_load", "host_staging", "dma_mapping", "network", "accelerator_ac
 
 def test_table_covers_the_issue_and_uses_known_states_and_causes():
     by = {s.name: s for s in SCENARIOS}
-    assert by["pageable"].fault == {"pinned": False, "upload_mib": 256}
+    assert by["pageable"].fault == {"pinned": False, "upload_mib": 512}
     assert (by["pageable"].expect_b.states, by["pageable"].expect_b.cause) == (("staging-bound",), "host_staging")
-    assert by["one_core"].fault["workers"] == 1 and by["one_core"].fault["cpu_affinity"] == [0]
+    assert by["one_core"].fault["workers"] == 2 and by["one_core"].fault["cpu_affinity"] == [0]
     assert (by["one_core"].expect_b.states, by["one_core"].expect_b.cause) == (("staging-bound",), "host_staging")
     assert by["pin_churn"].expect_b.cause == "dma_mapping"
     assert (by["pcie_saturation"].expect_b.states, by["pcie_saturation"].expect_b.cause) == \
         (("io-saturated",), "pcie_load")
     assert (by["net_drop"].expect_b.states, by["net_drop"].expect_b.cause) == (("network-bound",), "network")
     assert set(by["healthy_low"].expect_b.states) == {"demand-limited", "idle"} and not by["healthy_low"].expect_b.page
-    assert set(by["healthy_full"].expect_b.states) == {"compute-bound", "balanced"}
+    assert set(by["healthy_full"].expect_b.states) == {"compute-bound", "balanced", "demand-limited"}  # never an I/O state
     assert not by["healthy_full"].expect_b.page
     for s in SCENARIOS:
         for e in (s.expect_a, s.expect_b, *s.neighbour.values()):
@@ -74,7 +74,7 @@ def test_short_run_writes_the_timeline(tmp_path):
     assert by[("healthy_low", "a")]["url"] != by[("healthy_low", "b")]["url"]
     assert by[("healthy_low", "b")]["expected_state"] == ["demand-limited", "idle"]
     b = by[("one_core", "b")]
-    assert b["knobs"]["workers"] == 1 and len(b["knobs"]["cpu_affinity"]) == 1 and b["applied"]["workers"] in (1, 4)
+    assert b["knobs"]["workers"] == 2 and len(b["knobs"]["cpu_affinity"]) == 1 and b["applied"]["workers"] in (2, 4)
     assert (b["expected_state"], b["expected_cause"], b["page"]) == (["staging-bound"], "host_staging", True)
     b = by[("pin_churn", "b")]
     assert b["knobs"]["pin_churn"] is True and b["knobs"]["upload_mib"] == 8   # capped for the CPU stand-in

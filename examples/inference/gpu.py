@@ -61,6 +61,9 @@ class TorchBackend:
         self._extra_pinned: torch.Tensor | None = None
         self._extra_pageable: torch.Tensor | None = None
         self._cudart = torch.cuda.cudart()
+        # pin churn's truth, to hold the agent's DMA-mapping bytes against: what was page-locked
+        self.registered_bytes = 0
+        self.registrations = 0
         if warmup:
             self.warmup()
 
@@ -91,9 +94,12 @@ class TorchBackend:
         return buf[:n]
 
     def _register(self, t: torch.Tensor) -> None:
-        rc = self._cudart.cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
+        n = t.numel() * t.element_size()
+        rc = self._cudart.cudaHostRegister(t.data_ptr(), n, 0)
         if int(rc) != 0:
             raise RuntimeError(f"cudaHostRegister failed: {rc}")
+        self.registered_bytes += n      # under the model's lock or the upload lock; read racily by /metrics
+        self.registrations += 1
 
     def _unregister(self, t: torch.Tensor) -> None:
         self._cudart.cudaHostUnregister(t.data_ptr())

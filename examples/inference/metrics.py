@@ -146,6 +146,11 @@ class _StateCollector(Collector):
         nb = svc.neighbour
         yield GaugeMetricFamily("inference_noisy_neighbour_running", "1 while the neighbour process runs.",
                                 value=1.0 if nb is not None and nb.running else 0.0)
+        yield CounterMetricFamily("inference_host_registered_bytes", "Host memory page-locked with cudaHostRegister "
+                                  "(pin_churn: a fresh buffer per batch), bytes.",
+                                  value=float(getattr(svc.backend, "registered_bytes", 0)))
+        yield CounterMetricFamily("inference_host_registrations", "cudaHostRegister calls (pin_churn).",
+                                  value=float(getattr(svc.backend, "registrations", 0)))
         bi = InfoMetricFamily("inference_backend", "The backend, its device and models.")
         bi.add_metric([], {**svc.backend.info(), "workload": svc.workload or ""})
         yield bi

@@ -1,0 +1,336 @@
+"""What triscope said about each scenario of a recording, against what the timeline expected.
+
+    python -m examples.inference.report --db sqlite:///h200-inference-1.db --node h200-inference-1 \\
+        --timeline h200-inference-1.timeline.jsonl [--audit h200-inference-1.audit.jsonl] [--json] [--markdown]
+
+The recording is a store written by the agent while ``scenarios.py`` ran (``h200_record.sh``), or a
+trace imported from one (``triscope import-trace``), and the scenario runner's timeline.  For every
+scenario it reads what the agent's tracker published per accelerator (``triscope_mismatch_state``
+with its workload labels, one point per tick), and:
+
+* **windows**: the scenario's span after ``settle`` seconds (the fault is set at its start; the
+  tracker's 10 s window and 2 s dwell need that long to see it) cut into ``window`` s windows
+  aligned to the scenario's start; each window's verdict is the (state, workload) the tracker
+  published on most of its ticks.  A window is **right** when its state is one the timeline
+  expects for the faulty instance and, for an I/O state, it names the faulty instance's workload;
+  for the both-healthy scenarios when the state is a healthy one.  **Pages on the healthy
+  instance**: windows whose I/O state names the healthy instance.
+* **rca**: ``triscope rca``'s incident timeline over the whole recording; per scenario the bad
+  episodes overlapping its settled span, with their top cause.
+* **alerts**: the shipped alerting rules on the accelerator's series (``deploy/prometheus/
+  triscope-rules.yaml``: score > 0.3 and the state for 5 m / 10 m; the severe page on a 15 m
+  average): how long each expression held inside the scenario, and whether it would fire (held
+  for its ``for``).  ``tests/test_inference_recording.py`` checks these with ``promtool test rules``.
+* **dma**: for the pin-churn scenario, the bytes the agent saw DMA-mapped against the bytes the
+  service page-locked (``inference_host_registered_bytes_total``).
+* **loop**: the closed loop's line, with the engine's decision from the audit (``--audit``: the
+  JSON lines ``h200_record.sh`` exports) or the store's audit table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+IO_STATES = ("io-saturated", "staging-bound", "network-bound")
+HEALTHY_STATES = ("idle", "demand-limited", "compute-bound", "balanced")
+# the shipped accelerator alerts (deploy/prometheus/triscope-rules.yaml): state, for
+ALERTS = {"TriscopeIOSaturated": ("io-saturated", 300.0), "TriscopeStagingBound": ("staging-bound", 600.0),
+          "TriscopeNetworkBound": ("network-bound", 300.0)}
+SEVERE = ("TriscopeMismatchSevere", 900.0, 900.0)   # name, avg window, for
+SCORE_OVER = 0.3
+
+
+@dataclass
+class Track:
+    """One accelerator's published state per tick: ts -> (state, workload label)."""
+
+    accelerator: str
+    points: dict[float, tuple[str, str]]
+    scores: dict[float, float]
+
+    def between(self, a: float, b: float) -> list[tuple[float, str, str]]:
+        return [(t, s, w) for t, (s, w) in sorted(self.points.items()) if a <= t < b]
+
+
+def load_timeline(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+
+
+def tracks(store: Any, node: str, start: float, end: float) -> dict[str, Track]:
+    """Every accelerator's published (state, workload) per tick from the stored state series."""
+    out: dict[str, Track] = {}
+    for sd in store.query("triscope_mismatch_state", node=node, start=start, end=end, max_points=None):
+        lab = sd.info.labels
+        acc = ",".join(f"{k}={lab[k]}" for k in ("chip", "gpu", "npu") if lab.get(k))
+        if not acc:
+            continue        # the node's roll-up
+        tr = out.setdefault(acc, Track(acc, {}, {}))
+        for t, v in zip(sd.ts, sd.values, strict=True):
+            if v >= 0.5:
+                tr.points[round(t, 3)] = (lab.get("state", ""), lab.get("workload", ""))
+    for sd in store.query("triscope_mismatch_score", node=node, start=start, end=end, max_points=None):
+        lab = sd.info.labels
+        acc = ",".join(f"{k}={lab[k]}" for k in ("chip", "gpu", "npu") if lab.get(k))
+        if acc in out:
+            for t, v in zip(sd.ts, sd.values, strict=True):
+                out[acc].scores[round(t, 3)] = v
+    return out
+
+
+def _majority(points: Sequence[tuple[float, str, str]]) -> tuple[str, str] | None:
+    if not points:
+        return None
+    (sw, _), = Counter((s, w) for _, s, w in points).most_common(1)
+    return sw
+
+
+def _workload_name(w: str) -> str:
+    """``cmd:inference-b`` / ``unit:inference-b.service`` / ``Deployment/inference-b`` -> inference-b."""
+    for p in ("cmd:", "unit:"):
+        if w.startswith(p):
+            w = w[len(p):]
+    return w.split("/", 1)[-1].removesuffix(".service")
+
+
+def alert_holds(track: Track, a: float, b: float) -> dict[str, dict[str, Any]]:
+    """Each shipped accelerator alert inside [a, b): seconds its expression held (longest run) and
+    whether it fires (the run reaches its ``for``), with the workload it names."""
+    out: dict[str, dict[str, Any]] = {}
+    pts = track.between(a, b)
+    for name, (state, for_s) in ALERTS.items():
+        best, run_start, who = 0.0, None, ""
+        for t, s, w in pts:
+            ok = s == state and track.scores.get(t, 0.0) > SCORE_OVER
+            if ok:
+                run_start = t if run_start is None else run_start
+                if t - run_start >= best:
+                    best, who = t - run_start, w
+            else:
+                run_start = None
+        out[name] = {"held_s": round(best, 1), "for_s": for_s, "fires": best >= for_s, "workload": who}
+    # the severe page: a 15-minute average score > 0.5 held 15 minutes: a recording shorter than
+    # 30 minutes cannot fire it; say how high the average got
+    scores = [v for t, v in sorted(track.scores.items()) if a <= t < b]
+    out[SEVERE[0]] = {"held_s": 0.0, "for_s": SEVERE[2], "fires": False,
+                      "mean_score": round(sum(scores) / len(scores), 3) if scores else None}
+    return out
+
+
+def scenario_rows(store: Any, node: str, lines: Sequence[dict[str, Any]], settle: float = 15.0,
+                  window: float = 10.0) -> list[dict[str, Any]]:
+    """One row per scenario: the faulty instance's expectation, the windows' verdicts, pages on the
+    healthy instance, the alerts."""
+    scen = [ln for ln in lines if ln.get("scenario") != "loop_closed"]
+    if not scen:
+        return []
+    t0 = min(float(ln["start"]) for ln in lines)
+    t1 = max(float(ln["end"]) for ln in lines)
+    trs = tracks(store, node, t0 - 30, t1 + 30)
+    rows: list[dict[str, Any]] = []
+    for name in dict.fromkeys(ln["scenario"] for ln in scen):
+        mine = {ln["instance"]: ln for ln in scen if ln["scenario"] == name}
+        b, a = mine.get("b"), mine.get("a")
+        if b is None or a is None:
+            continue
+        both_healthy = not (b.get("knobs") and _faulty(b))
+        expect = list(b["expected_state"])
+        hog = next((ln for ln in scen if ln["scenario"] == name and ln["instance"] == "b:neighbour"), None)
+        one_gpu = a["gpu"] == b["gpu"]
+        if hog is not None and one_gpu:
+            # one GPU: the hog shares it, so the GPU's verdict is the hog's line's
+            expect, both_healthy = list(hog["expected_state"]), True
+        gpu_b = f"gpu={b['gpu']}"
+        tr = trs.get(gpu_b)
+        s0, s1 = float(b["start"]) + settle, float(b["end"])
+        wins: list[dict[str, Any]] = []
+        right = pages_a = 0
+        t = s0
+        while t + window <= s1 + 1e-6 and tr is not None:
+            v = _majority(tr.between(t, t + window))
+            if v is not None:
+                state, wl = v
+                ok = state in expect and (both_healthy or state not in IO_STATES
+                                          or _workload_name(wl) == b["workload"])
+                page_a = state in IO_STATES and _workload_name(wl) == a["workload"]
+                right += ok
+                pages_a += page_a
+                wins.append({"start": round(t, 1), "state": state, "workload": wl, "right": ok})
+            t += window
+        states = Counter(w["state"] for w in wins)
+        named = Counter(w["workload"] for w in wins if w["state"] in IO_STATES)
+        rows.append({
+            "scenario": name, "title": b.get("title", ""), "start": float(b["start"]), "end": float(b["end"]),
+            "gpu_a": a["gpu"], "gpu_b": b["gpu"], "expected_b": expect, "expected_cause": b.get("expected_cause"),
+            "expected_page": bool(b.get("page")), "load": {"a": (a.get("load") or {}).get("level"),
+                                                           "b": (b.get("load") or {}).get("level")},
+            "windows": len(wins), "right": right, "pages_on_healthy": pages_a,
+            "states": dict(states.most_common()), "io_named": dict(named.most_common()),
+            "verdict": states.most_common(1)[0][0] if states else None,
+            "client_p99_ms": {"a": (a.get("client") or {}).get("p99_ms"), "b": (b.get("client") or {}).get("p99_ms")},
+            "alerts": alert_holds(tr, s0, s1) if tr is not None else {},
+            "neighbour": hog.get("note") if hog is not None else None, "one_gpu": one_gpu,
+            "window_detail": wins,
+        })
+    return rows
+
+
+def _faulty(line: dict[str, Any]) -> bool:
+    """Did b carry a fault (any knob off its start-up default) in this scenario?"""
+    k = line.get("knobs") or {}
+    return (k.get("pinned") is False or k.get("pin_churn") is True or (k.get("workers") or 4) < 2
+            or bool(k.get("cpu_affinity")) or (k.get("upload_mib") or 0) > 0 or (k.get("net_drop") or 0) > 0
+            or k.get("noisy_neighbour", "off") != "off")
+
+
+def rca_rows(store: Any, node: str, rows: list[dict[str, Any]], start: float, end: float) -> None:
+    """Attach to each row the bad episodes of ``triscope rca`` overlapping its settled span."""
+    from triscope.analysis.rca_timeline import rca_timeline
+
+    tl = rca_timeline(store, node, start, end)
+    for r in rows:
+        a, b = r["start"] + 15.0, r["end"]
+        eps = []
+        for e in tl.episodes:
+            if not e.bad or e.end <= a or e.start >= b:
+                continue
+            top = e.causes[0] if e.causes else None
+            eps.append({"state": e.state, "kind": e.kind, "accelerator": e.accelerator,
+                        "workload": e.workload[3] if isinstance(e.workload, tuple) else str(e.workload),
+                        "start": round(e.start, 1), "end": round(e.end, 1),
+                        "top_cause": getattr(top, "key", None) if top is not None else None})
+        r["episodes"] = eps
+        r["top_cause"] = next((e["top_cause"] for e in eps if e["kind"] == "state" and e["top_cause"]), None)
+
+
+def dma_check(store: Any, node: str, row: dict[str, Any]) -> dict[str, Any]:
+    """Bytes DMA-mapped by the agent's count vs bytes page-locked by the service, over a scenario."""
+    a, b = row["start"], row["end"]
+
+    def delta(metric: str, labels: dict[str, str] | None = None) -> float:
+        total = 0.0
+        for sd in store.query(metric, node=node, labels=labels, start=a - 5, end=b + 5, max_points=None, rate=False):
+            inside = [v for t, v in zip(sd.ts, sd.values, strict=True) if a <= t <= b]
+            if len(inside) >= 2:
+                total += max(0.0, inside[-1] - inside[0])
+        return total
+
+    pinned = delta("inference_host_registered_bytes_total")
+    mapped = delta("triscope_dma_map_bytes_total", {"direction": "bidirectional"}) + \
+        delta("triscope_dma_map_bytes_total", {"direction": "to_device"})
+    estimated = delta("triscope_dma_map_sg_estimated_bytes_total")
+    maps = delta("triscope_dma_map_total")
+    regs = delta("inference_host_registrations_total")
+    return {"bytes_pinned": pinned, "bytes_mapped": mapped, "bytes_estimated": estimated,
+            "maps": maps, "registrations": regs,
+            "mapped_over_pinned": round(mapped / pinned, 4) if pinned else None}
+
+
+def loop_row(lines: Sequence[dict[str, Any]], audit: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
+    """The closed loop: onset, the engine's acting decision, p99 before / during / after, the
+    healthy instance untouched."""
+    loop = next((ln for ln in lines if ln.get("scenario") == "loop_closed"), None)
+    if loop is None:
+        return None
+    onset = float(loop["fault_onset"])
+    def when(d: dict[str, Any]) -> float:      # when the action was issued, else decided
+        return float(d.get("issued_ts") or d.get("ts") or 0.0)
+
+    acts = [d for d in audit if d.get("outcome") == "acted" and when(d) >= onset - 1]
+    first = min(acts, key=when) if acts else None
+    healthy_acts = [d for d in audit if d.get("outcome") in ("acted", "dry_run")
+                    and loop["healthy"]["workload"] in json.dumps(d.get("target") or d.get("target_key") or "")]
+    p99 = loop.get("p99_ms") or {}
+    return {"fault": loop.get("fault"), "onset": onset,
+            "decision_ts": when(first) if first else None,
+            "onset_to_action_s": round(when(first) - onset, 1) if first else None,
+            "onset_to_service_s": loop.get("onset_to_fallback_s"),
+            "action": (first or {}).get("action"), "target": (first or {}).get("target_key"),
+            "reason": (first or {}).get("reason"),
+            "p99_ms": p99, "after_within_20pct": loop.get("after_within_20pct"),
+            "healthy_acted_on": len(healthy_acts), "healthy_knobs_file": loop["healthy"].get("knobs_file_exists")}
+
+
+def audit_rows(store: Any, since: float, until: float) -> list[dict[str, Any]]:
+    from triscope.store import audit as audit_mod
+
+    return [json.loads(json.dumps(r.as_dict(), default=str))
+            for r in audit_mod.audit_log(store, since=since, until=until, limit=100_000)]
+
+
+def build_report(store: Any, node: str, lines: Sequence[dict[str, Any]],
+                 audit: Sequence[dict[str, Any]] | None = None) -> dict[str, Any]:
+    start = min(float(ln["start"]) for ln in lines)
+    end = max(float(ln["end"]) for ln in lines)
+    rows = scenario_rows(store, node, lines)
+    rca_rows(store, node, rows, start - 60, end)
+    for r in rows:
+        if r["scenario"] in ("pin_churn", "loop_closed"):
+            r["dma"] = dma_check(store, node, r)
+    if audit is None:
+        audit = audit_rows(store, start - 60, end + 60)
+    wins = sum(r["windows"] for r in rows)
+    right = sum(r["right"] for r in rows)
+    return {"node": node, "start": start, "end": end, "scenarios": rows,
+            "summary": {"windows": wins, "right": right, "right_share": round(right / wins, 4) if wins else None,
+                        "pages_on_healthy": sum(r["pages_on_healthy"] for r in rows),
+                        "alerts_firing": sorted({f"{r['scenario']}:{n}" for r in rows
+                                                 for n, x in r["alerts"].items() if x.get("fires")})},
+            "loop": loop_row(lines, audit), "decisions": len(audit)}
+
+
+def markdown(rep: dict[str, Any]) -> str:
+    """The scenario table for docs/inference-validation.md."""
+    out = ["| scenario | load a / b | expected for b | verdict (windows) | right | I/O named | "
+           "pages on a | rca top cause | shipped alert |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rep["scenarios"]:
+        states = ", ".join(f"{s} {n}" for s, n in r["states"].items())
+        named = ", ".join(f"{w or '—'} {n}" for w, n in r["io_named"].items()) or "—"
+        al = [f"{n} held {x['held_s']:g} s of {x['for_s']:g}" for n, x in r["alerts"].items()
+              if x.get("held_s")]
+        fires = [n for n, x in r["alerts"].items() if x.get("fires")]
+        out.append(f"| `{r['scenario']}` | {r['load']['a']} / {r['load']['b']} | {' or '.join(r['expected_b'])}"
+                   f"{' / `' + r['expected_cause'] + '`' if r['expected_cause'] else ''} | {states} | "
+                   f"{r['right']}/{r['windows']} | {named} | {r['pages_on_healthy']} | "
+                   f"{r.get('top_cause') or '—'} | {('fires: ' + ', '.join(fires)) if fires else 'none fires'}"
+                   f"{' (' + '; '.join(al) + ')' if al else ''} |")
+    s = rep["summary"]
+    out.append("")
+    out.append(f"Right verdict and workload: {s['right']}/{s['windows']} windows "
+               f"({100 * (s['right_share'] or 0):.1f} %); I/O verdicts naming the healthy instance: "
+               f"{s['pages_on_healthy']}.")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--db", required=True, help="the recording's store (sqlite:///FILE)")
+    ap.add_argument("--node", required=True)
+    ap.add_argument("--timeline", type=Path, required=True)
+    ap.add_argument("--audit", type=Path, default=None, help="the engine's decisions as JSON lines")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--markdown", action="store_true")
+    args = ap.parse_args(argv)
+    from triscope.store import Store
+
+    st = Store.open(args.db)
+    try:
+        audit = load_timeline(args.audit) if args.audit else None
+        rep = build_report(st, args.node, load_timeline(args.timeline), audit)
+    finally:
+        st.close()
+    if args.json:
+        print(json.dumps(rep, indent=1, default=str))
+    if args.markdown or not args.json:
+        print(markdown(rep))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
