@@ -7,13 +7,13 @@
 # dry-run during the scenarios and acting for the closed loop at the end (its knobs-file fallback,
 # examples/inference/policy.yaml), then the trace export.  Everything lands under $OUT; every step is
 # bounded so the export runs inside the device's 10-minute command.
-# Knobs (environment): NODE, HOLD_S (45), SCENARIOS (comma-separated), LIMIT_S (whole run, 570),
+# Knobs (environment): NODE, HOLD_S (45), SCENARIOS (comma-separated), LIMIT_S (whole run, 585),
 # BACKEND (torch; cpu rehearses the plumbing on a machine without a GPU), SHORT=1 (3 s scenarios).
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 exec > "$OUT/record.log" 2>&1
 set -x
 T0=$(date +%s)
-LIMIT=${LIMIT_S:-570}
+LIMIT=${LIMIT_S:-585}
 NODE=${NODE:-h200-inference-1}
 HOLD=${HOLD_S:-45}
 BACKEND=${BACKEND:-torch}
@@ -51,7 +51,7 @@ LIVE="kill \$(cat $OUT/engine.pid); sleep 1; python3 -m triscope remediate --db 
 
 extra=()
 [ "${SHORT:-0}" = 1 ] && extra+=(--short)
-timeout $(( $(left) - 45 )) python3 -m examples.inference.scenarios --backend "$BACKEND" --gpus 0 --hold "$HOLD" \
+timeout $(( $(left) - 40 )) python3 -m examples.inference.scenarios --backend "$BACKEND" --gpus 0 --hold "$HOLD" \
   --only "$SCEN" --ports 9601,9602 --knobs-dir "$KN" --timeline "$OUT/timeline.jsonl" \
   --loop-closed --loop-max-fault 60 --before-loop "$LIVE" "${extra[@]}" > "$OUT/scenarios.log" 2>&1
 echo "scenarios rc=$?"

@@ -523,7 +523,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.loop_closed:
             fault = {"pinned": False, "upload_mib": 256 if args.backend == "torch" else CPU_UPLOAD_CAP_MIB}
             loop = LoopClosed(fault, max_fault_s=args.loop_max_fault, before_cmd=args.before_loop,
-                              before_s=3.0 if args.short else 20.0, after_s=3.0 if args.short else 25.0)
+                              before_s=3.0 if args.short else 15.0, after_s=3.0 if args.short else 20.0)
         lines = run_scenarios(args.backend, gpus or (0,), hold, args.timeline,
                               [s for s in args.only.split(",") if s] or None, server_args=args.server_arg,
                               levels=levels, startup_timeout=args.startup_timeout, ports=(ports[0], ports[1]),
