@@ -20,7 +20,7 @@ and which accelerator and workload a per-workload series is about (``accelerator
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from triscope.analysis.config import MismatchThresholds
 from triscope.pcie import link_capacity_bytes_per_second
@@ -87,6 +87,8 @@ class AcceleratorFeatures:
     cpu_pressure_of: WorkloadKey | None = None
     workload: WorkloadKey = NO_WORKLOAD     # the dominant workload (docs/workloads.md section 2)
     workloads: int = 0                      # workloads seen on the accelerator in the window
+    # each workload's own window means: (key, feeder busy, CPU wait, cgroup CPU pressure); None: no series
+    per_workload: list[tuple[WorkloadKey, float | None, float | None, float | None]] = field(default_factory=list)
 
     @property
     def has_workload_evidence(self) -> bool:
@@ -241,6 +243,7 @@ def window_features(values: WindowValues) -> WindowFeatures:
             f.cpu_pressure, f.cpu_pressure_of = _highest_of(ws, "cpu_pressure")
             f.workload = dominant_workload(ws)
             f.workloads = len(ws)
+            f.per_workload = [(w.key, mean(w.feeder), mean(w.cpu_wait), mean(w.cpu_pressure)) for w in ws]
         accs.append(f)
     return WindowFeatures(accs, cpu_busy=mean(values.cpu_busy), pressure=_highest_mean(values.pressure),
                           dma_map_rate=node_dma, retransmit_rate=_summed_means(values.retransmit_rates))

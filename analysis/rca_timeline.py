@@ -154,7 +154,9 @@ def timeline_episodes(inputs: TimelineInputs, ctx: EvidenceContext,
         for e in runs:
             e.accelerator = ctx.accelerators[0]
     eps = merge_flickers(runs, min_episode_s(step))
-    assign_workloads(eps, inputs.rca.series)
+    # per-accelerator state series name their workload themselves ("" where the verdict named
+    # none: a host short for every workload); only node-level states and the classifier need it
+    assign_workloads(eps if source != "per-accelerator state series" else [], inputs.rca.series)
     return eps, source, step
 
 

@@ -211,20 +211,37 @@ def _key(labels: dict[str, str]) -> WorkloadKey:
             labels.get("workload", ""))
 
 
+HOST_WIDE_MARGIN = 1.5
+"""A staging verdict names a workload only when its busiest thread works this much harder than the
+next workload's with host evidence; closer than that, the host is short for all of them and the
+verdict names none (an action on one of them would be a guess)."""
+
+
 def _named_workload(acc: AcceleratorFeatures, state: str, th: MismatchThresholds) -> tuple[WorkloadKey, str]:
-    """The workload a verdict names, and why.  ``staging-bound`` decided on a workload's own host
-    evidence names **that** workload (the one whose feeder is pegged, whose threads wait for a CPU,
-    whose cgroup is under pressure: the strongest against its threshold), not the accelerator's
-    busiest: on a shared accelerator the starved workload is often the one with the smaller SM
-    share.  Everything else names the dominant workload (largest SM share, else most processes)."""
-    if state == "staging-bound" and acc.has_workload_evidence:
-        # a process's own threads first (pegged feeder, run-queue wait); the cgroup's CPU pressure,
-        # which workloads sharing a cgroup share, names a workload only when nothing else does
-        for group in (((acc.feeder_busy, th.feeder_busy, acc.feeder_of), (acc.cpu_wait, th.cpu_wait, acc.cpu_wait_of)),
-                      ((acc.cpu_pressure, th.workload_cpu_pressure, acc.cpu_pressure_of),)):
-            cands = [(v / t, who) for v, t, who in group if v is not None and who is not None and t > 0 and v >= t]
-            if cands:
-                return max(cands, key=lambda c: c[0])[1], "host evidence"
+    """The workload a verdict names, and why.
+
+    ``staging-bound`` decided on per-workload host evidence names the workload the host is failing
+    to feed: of the workloads whose own evidence crosses a threshold (a pegged feeder, threads
+    waiting for a CPU, their cgroup's CPU pressure), the one whose busiest thread works hardest.  A
+    neighbour that only waits — a light service whose few threads queue behind a heavy one's on a
+    saturated host, or one sharing the heavy one's cgroup and so its pressure — is the victim, not
+    the workload to act on; on a shared GPU the starved workload is often not the one with the
+    larger SM share either.  Several workloads with evidence and none clearly the hardest-working
+    (``HOST_WIDE_MARGIN``): the host is short for all of them, and the verdict names none.
+    Everything else names the dominant workload (SM share, processes)."""
+    if state == "staging-bound" and acc.has_workload_evidence and acc.per_workload:
+        def crosses(v: float | None, t: float) -> bool:
+            return v is not None and t > 0 and v >= t
+
+        cands = [(feeder if feeder is not None else 0.0, key) for key, feeder, wait, psi in acc.per_workload
+                 if crosses(feeder, th.feeder_busy) or crosses(wait, th.cpu_wait)
+                 or crosses(psi, th.workload_cpu_pressure)]
+        cands.sort(key=lambda c: (c[0], c[1]), reverse=True)
+        if len(cands) >= 2 and cands[0][0] < HOST_WIDE_MARGIN * cands[1][0]:
+            # several workloads wait alike (a saturated host): naming one would be a guess
+            return NO_WORKLOAD, "host-wide"
+        if cands:
+            return cands[0][1], "host evidence"
     return _workload_of(acc), "SM share"
 
 

@@ -229,6 +229,24 @@ def test_a_shared_cgroup_s_pressure_does_not_name_the_workload() -> None:
     assert [(o.labels["state"], o.labels["workload"]) for o in on] == [("staging-bound", "cmd:inference-b")]
 
 
+def test_the_victim_of_a_saturated_host_is_not_named_and_a_host_short_for_all_names_none() -> None:
+    """Recorded on the H200 (two services on one GPU, 16 cores): b copies from pageable memory and
+    uses 12 cores; a, lightly loaded, waits for a CPU behind it.  The verdict names b, the workload
+    the host fails to feed, not a, the one that waits.  Both at full load, waiting alike: the host is
+    short for both and the verdict names neither."""
+    a = Wl("", sm=0.05, feeder=0.25, wait=0.45, pressure=0.25, workload="cmd:inference-a", namespace="", container="")
+    b = Wl("", sm=0.15, feeder=0.75, wait=0.15, pressure=0.25, workload="cmd:inference-b", namespace="", container="")
+    _, out = _replay(node_ticks({"0": Gpu(0.08, 5.5, [a, b])}))
+    on = [o for o in out if o.name == "triscope_mismatch_state" and "gpu" in o.labels and o.value == 1.0]
+    assert [(o.labels["state"], o.labels["workload"]) for o in on] == [("staging-bound", "cmd:inference-b")]
+    a2 = Wl("", sm=0.07, feeder=0.55, wait=0.45, pressure=0.5, workload="cmd:inference-a", namespace="", container="")
+    b2 = Wl("", sm=0.08, feeder=0.50, wait=0.47, pressure=0.5, workload="cmd:inference-b", namespace="", container="")
+    tr, out = _replay(node_ticks({"0": Gpu(0.15, 0.1, [a2, b2])}))
+    on = [o for o in out if o.name == "triscope_mismatch_state" and "gpu" in o.labels and o.value == 1.0]
+    assert [(o.labels["state"], o.labels["workload"]) for o in on] == [("staging-bound", "")]
+    assert tr.last is not None and tr.last.accelerators[0].evidence["workload_named_by"] == "host-wide"
+
+
 def test_pin_churn_counts_on_the_accelerators_own_device() -> None:
     """GPU 1 pins host memory (its own PCI device maps 80/s) while copying; GPU 0 on the same node
     copies as much without pinning: only GPU 1 is staging-bound (per-workload evidence path)."""
