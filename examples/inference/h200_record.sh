@@ -67,3 +67,9 @@ python3 -c "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); c.execute('PRAGM
 ls -la "$OUT" "$KN"
 echo "elapsed $(( $(date +%s) - T0 )) s"
 tail -30 "$OUT/agent.log"
+# at most 8 files come back from the device: the store, the trace, the timeline, the decisions, and
+# everything else in one archive
+cd "$OUT" && tar czf logs.tgz --exclude="$NODE.db" --exclude="$NODE.jsonl.gz" --exclude=timeline.jsonl \
+  --exclude="$NODE.audit.jsonl" --exclude=logs.tgz . && find . -mindepth 1 -maxdepth 1 \
+  ! -name "$NODE.db" ! -name "$NODE.jsonl.gz" ! -name timeline.jsonl ! -name "$NODE.audit.jsonl" \
+  ! -name logs.tgz ! -name record.log -exec rm -rf {} +

@@ -198,7 +198,7 @@ def rca_rows(store: Any, node: str, rows: list[dict[str, Any]], start: float, en
         a, b = r["start"] + 15.0, r["end"]
         eps = []
         for e in tl.episodes:
-            if not e.bad or e.end <= a or e.start >= b:
+            if not e.bad or min(e.end, b) - max(e.start, a) < 5.0:    # overlapping its settled span by 5 s
                 continue
             top = e.causes[0] if e.causes else None
             eps.append({"state": e.state, "kind": e.kind, "accelerator": e.accelerator,
