@@ -8,13 +8,15 @@ Pipeline for one trigger (an Alertmanager alert matched to a rule, or a stored-d
                      ``{from: workload}`` Deployment from the ``workload`` label or the ``pod`` resolved
                      through ownerReferences (``triscope.remediation.workloads``), a knobs file from the
                      ``workload`` label (``triscope.remediation.filefallback``); no default target
-4. ``duplicate``   — the delivery key was already handled (durable, in the store)
+4. ``duplicate``   — the delivery key was already handled (durable, in the store; a dry-run decision's
+                     claim is dry-run's own: it stops dry-run decisions only)
 5. ``stale``       — the trigger started before the last circuit-breaker reset: not replayed
 6. ``breaker``     — the circuit breaker is open (or this action would open it)
 7. ``namespace``   — the target namespace is not on the allow-list
 8. ``node``        — a node target outside the node allow-list (names / labels), a control-plane node,
                      or a node the workload has no pods on (the last two checked by the action)
-9. ``cooldown``    — the target was acted on less than ``cooldown`` ago (kept in the store)
+9. ``cooldown``    — the target was acted on less than ``cooldown`` ago (kept in the store; dry-run's
+                     stamps, like its claims and its counts below, stop dry-run decisions only)
 10. ``rate_limit`` — the rule already took ``max_actions`` in ``per`` (counted in the audit log)
 11. ``hourly_cap`` — the global cap on actions per hour
 12. ``in_flight``  — the global cap on actions running at once
@@ -174,7 +176,7 @@ class Engine:
             log.exception("remediation: rule %s failed", ev.rule.name)
             reason = f"internal error: {type(e).__name__}: {e}"
             try:
-                if audit.is_claimed(self.store, ev.key):
+                if audit.is_claimed(self.store, ev.key, dry_run=self.dry_run or ev.rule.dry_run):
                     return Decision("failed", None, reason)  # decided: an in_progress action is re-run on restart
                 return self._conclude(ev, None, "failed", None, reason, {})
             except Exception:
@@ -240,17 +242,18 @@ class Engine:
                 tinfo["workload"] = {**res.owner.as_dict(), **_accelerator(ev.labels)}
             elif res.workload is not None:   # a knobs file, named by the workload label
                 tinfo["workload"] = {**res.workload, **_accelerator(ev.labels)}
-        if audit.is_claimed(self.store, ev.key):
+        # a dry-run decision changed nothing: its claim (and cooldown, counts) stop dry-run decisions only
+        dry = self.dry_run or rule.dry_run
+        if audit.is_claimed(self.store, ev.key, dry_run=dry):
             return self._duplicate(ev, tinfo)
         if err:
             if res.transient:
                 return self._conclude(ev, None, "failed", None, err, {})
             return self._conclude(ev, {"namespace": target.get("namespace")} if res.rail == "namespace" else None,
                                   "suppressed", res.rail, err, {})
-        dry = self.dry_run or rule.dry_run
         with self._decide:
             now = time.time()
-            rail, reason, trip = self._rails(ev, rule, tinfo, now)
+            rail, reason, trip = self._rails(ev, rule, tinfo, now, dry)
             if rail:
                 return self._conclude(ev, tinfo, "suppressed", rail, reason, {}, open_breaker=trip)
             params: dict[str, Any] = {**rule.params, "target": target, "episode": ev.episode}
@@ -262,7 +265,7 @@ class Engine:
                 ev, tinfo, audit.IN_PROGRESS, None, "", {}, dry, ts=now, params=params), stamp_cooldown=True)
             if audit_id is None:
                 return self._duplicate(ev, tinfo)
-            self.window.add(rule.name, tkey, tinfo.get("node") or None, now)
+            self.window.add(rule.name, tkey, tinfo.get("node") or None, now, dry_run=dry)
             with self._state:
                 self._in_flight += 1
                 self._running.add(audit_id)
@@ -298,9 +301,12 @@ class Engine:
         return self._record(ev, tinfo, result.outcome, result.rail, reason, result.response,
                             audit_id=audit_id, issued_ts=issued_ts, dry=dry)
 
-    def _rails(self, ev: TriggerEvent, rule: Rule, tinfo: dict[str, Any],
-               now: float) -> tuple[str | None, str, str | None]:
-        """(rail, reason, breaker trip reason): the first rail that stops the trigger, or (None, '', None)."""
+    def _rails(self, ev: TriggerEvent, rule: Rule, tinfo: dict[str, Any], now: float,
+               dry: bool) -> tuple[str | None, str, str | None]:
+        """(rail, reason, breaker trip reason): the first rail that stops the trigger, or (None, '', None).
+
+        An acting decision (``dry`` False) counts acting decisions only (cooldown stamps, rate limits, the
+        hourly cap, the breaker window); a dry-run decision counts dry-run decisions too."""
         s = self.settings
         br = audit.breaker_state(self.store)
         if br.is_open:
@@ -320,20 +326,22 @@ class Engine:
             node = tinfo["target_fields"].get("node") or ""
             if not s.nodes_bounded or not s.node_name_allowed(node):
                 return "node", f"node {node!r} is not in the node allow-list ({s.describe_nodes()})", None
-        last = audit.last_action(self.store, tinfo["target_key"])
+        last = audit.last_action(self.store, tinfo["target_key"], dry_run=dry)
         if last is not None and now - last < rule.cooldown_s:
             return "cooldown", f"{tinfo['target']} was acted on {now - last:.0f}s ago (cooldown {rule.cooldown_s:g}s)", None
-        n = self.window.count(now - rule.per_s, rule.name)
+        n = self.window.count(now - rule.per_s, rule.name, dry_run=dry)
         if n >= rule.max_actions:
             return "rate_limit", f"rule {rule.name} took {n} actions in the last {rule.per_s:g}s (max {rule.max_actions})", None
-        n = self.window.count(now - 3600.0)
+        n = self.window.count(now - 3600.0, dry_run=dry)
         if n >= s.max_actions_per_hour:
             return "hourly_cap", f"{n} actions in the last hour (cap {s.max_actions_per_hour})", None
         with self._state:
             if self._in_flight >= s.max_in_flight:
                 return "in_flight", f"{self._in_flight} actions in flight (cap {s.max_in_flight})", None
-        trip = self._breaker_trips(tinfo, now, br.reset_at)
+        trip = self._breaker_trips(tinfo, now, br.reset_at, dry)
         if trip:
+            if dry:   # the breaker is shared with acting engines: a dry-run only says it would trip
+                return "breaker", f"circuit breaker would open: {trip}", None
             return "breaker", f"circuit breaker opened: {trip}", trip
         if ev.kind == "alert":
             resolved = self._resolved.get(ev.episode)
@@ -345,12 +353,14 @@ class Engine:
                 return "recheck", f"condition no longer holds: {detail}", None
         return None, "", None
 
-    def _breaker_trips(self, tinfo: dict[str, Any], now: float, reset_at: float | None = None) -> str:
+    def _breaker_trips(self, tinfo: dict[str, Any], now: float, reset_at: float | None = None,
+                       dry: bool = False) -> str:
         """Would this action open the breaker?  Counts the window back to its start or the last reset,
-        whichever is later: a reset starts a fresh window (in every engine sharing the store)."""
+        whichever is later: a reset starts a fresh window (in every engine sharing the store).  An acting
+        decision counts the targets of acting decisions only, a dry-run one those of dry-run decisions too."""
         b = self.settings.breaker
         since = now - b.window_s if reset_at is None else max(now - b.window_s, reset_at)
-        targets, nodes = self.window.hit(since)
+        targets, nodes = self.window.hit(since, dry_run=dry)
         targets = targets | {tinfo["target_key"]}
         if tinfo.get("node"):
             nodes = nodes | {tinfo["node"]}
@@ -463,7 +473,7 @@ class Engine:
                     trigger=str(entry.event.get("description") or ""), trigger_key=entry.key,
                     action=rule.action if rule else "", outcome="suppressed", rail="recheck",
                     reason=f"rule {entry.rule!r} is no longer in the policy (changed while the trigger waited)",
-                    received_ts=entry.ts, finished_ts=time.time()))
+                    dry_run=self.dry_run or bool(rule and rule.dry_run), received_ts=entry.ts, finished_ts=time.time()))
                 continue
             ev = event_from_dict(rule, entry.key, entry.kind, entry.event)
             with self._state:

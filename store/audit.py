@@ -14,6 +14,13 @@ entry, all in one transaction.  A crash leaves either nothing (the inbox entry i
 a re-delivery acts) or a decision (a re-delivery is a duplicate; an ``in_progress`` action is
 re-run on restart).  The dashboard reads the audit log through :func:`audit_log` and
 :func:`action_counts`.
+
+Dry-run keeps its own books: a dry-run decision (engine-wide or a rule's ``dry_run``) claims its
+delivery key and stamps its target's cooldown under :func:`dry_run_key` (``KEY#dry-run``), and counts
+in :class:`DecisionWindow` apart from acting decisions.  A dry-run decision changed nothing, so an
+acting decision looks at acting claims, stamps and counts only; a dry-run decision looks at both, so a
+dry-run still shows what a live engine would have done.  The audit rows keep the plain keys (their
+``dry_run`` column says which decision it was).
 """
 
 from __future__ import annotations
@@ -54,7 +61,26 @@ FAILED = "failed"
 IN_PROGRESS = "in_progress"
 OUTCOMES = (ACTED, DRY_RUN, SUPPRESSED, FAILED, IN_PROGRESS)
 # decisions that count against cooldowns, rate limits, the hourly cap and the breaker window
+# (a dry-run decision's only against other dry-run decisions: see dry_run_key and DecisionWindow)
 COUNTED = (ACTED, DRY_RUN, FAILED, IN_PROGRESS)
+DRY_RUN_SUFFIX = "#dry-run"
+_KEY_LEN = 512   # the key columns' length: longer keys are cut, as the acting keys always were
+
+
+def dry_run_key(key: str) -> str:
+    """Dry-run's own delivery key / cooldown target key for ``key``: ``KEY#dry-run`` (a key too long
+    for the column is cut before the suffix, so it never turns into the acting key)."""
+    return key[:_KEY_LEN - len(DRY_RUN_SUFFIX)] + DRY_RUN_SUFFIX
+
+
+def _own_key(key: str, dry_run: bool) -> str:
+    """The key a decision claims / stamps: dry-run's own, or the acting one."""
+    return dry_run_key(key) if dry_run else key[:_KEY_LEN]
+
+
+def _seen_keys(key: str, dry_run: bool) -> list[str]:
+    """The keys a decision looks at: an acting one the acting key only, a dry-run one both."""
+    return [key[:_KEY_LEN], dry_run_key(key)] if dry_run else [key[:_KEY_LEN]]
 
 
 class RemediationAudit(Base):
@@ -253,14 +279,21 @@ def decide(store: Store, key: str, values: dict[str, Any], *, stamp_cooldown: bo
     """One transaction: claim the delivery ``key``, insert the decision's audit row, stamp the target's
     cooldown (a decision that goes ahead), open the breaker (a decision that trips it), and remove the
     key's inbox entry.  Returns the audit id, or None when the key was already claimed (nothing written).
+
+    A dry-run decision (``values["dry_run"]``) claims and stamps dry-run's own keys (:func:`dry_run_key`)
+    and is also a duplicate when an acting decision claimed ``key``; an acting decision is not stopped
+    by a dry-run claim.
     """
     values = _row_defaults(dict(values))
+    dry = bool(values["dry_run"])
     with store.engine.begin() as conn:
-        if not _claim(conn, key, values.get("received_ts") or values["ts"]):
+        if dry and _is_claimed(conn, key, False):
+            return None
+        if not _claim(conn, _own_key(key, dry), values.get("received_ts") or values["ts"]):
             return None
         audit_id = _insert_audit(conn, values)
         if stamp_cooldown and values.get("target_key"):
-            _stamp_cooldown(conn, values["target_key"], values["rule"], values["ts"])
+            _stamp_cooldown(conn, _own_key(values["target_key"], dry), values["rule"], values["ts"])
         if open_breaker_reason is not None:
             _open_breaker(conn, open_breaker_reason, values["ts"])
         conn.execute(delete(_INBOX).where(_INBOX.c.key == key[:512]))
@@ -277,11 +310,12 @@ def record_duplicate(store: Store, key: str, values: dict[str, Any]) -> int:
 
 
 def reserve_action(store: Store, target_key: str, **values: Any) -> int:
-    """One transaction: the audit row of a decision that goes ahead, and the target's cooldown stamp."""
+    """One transaction: the audit row of a decision that goes ahead, and the target's cooldown stamp
+    (dry-run's own for a ``dry_run`` decision)."""
     values = _row_defaults({**values, "target_key": target_key})
     with store.engine.begin() as conn:
         audit_id = _insert_audit(conn, values)
-        _stamp_cooldown(conn, target_key, values["rule"], values["ts"])
+        _stamp_cooldown(conn, _own_key(target_key, bool(values["dry_run"])), values["rule"], values["ts"])
     return audit_id
 
 
@@ -332,35 +366,45 @@ def action_counts(store: Store, since: float | None = None, until: float | None 
 
 
 def count_decisions(store: Store, since: float, *, rule: str | None = None,
-                    outcomes: Iterable[str] = COUNTED) -> int:
-    """Decisions that count against limits since ``since`` (one rule or all)."""
+                    outcomes: Iterable[str] = COUNTED, dry_run: bool = False) -> int:
+    """Decisions that count against an acting decision's limits since ``since`` (one rule or all);
+    ``dry_run``: against a dry-run decision's (dry-run decisions too)."""
     q = select(func.count()).select_from(_AUDIT).where(_AUDIT.c.ts >= since,
                                                        _AUDIT.c.outcome.in_(list(outcomes)))
     if rule is not None:
         q = q.where(_AUDIT.c.rule == rule)
+    if not dry_run:
+        q = q.where(_AUDIT.c.dry_run.is_(False))
     with store.engine.connect() as conn:
         return int(conn.execute(q).scalar_one())
 
 
-def targets_hit(store: Store, since: float) -> tuple[set[str], set[str]]:
-    """Distinct (target keys, nodes) acted on (or dry-run, failed, in progress) since ``since``."""
+def targets_hit(store: Store, since: float, *, dry_run: bool = False) -> tuple[set[str], set[str]]:
+    """Distinct (target keys, nodes) acted on (or failed, in progress) since ``since``, by acting
+    decisions; ``dry_run``: by dry-run decisions too."""
     q = (select(_AUDIT.c.target_key, _AUDIT.c.node).distinct()
          .where(_AUDIT.c.ts >= since, _AUDIT.c.outcome.in_(list(COUNTED))))
+    if not dry_run:
+        q = q.where(_AUDIT.c.dry_run.is_(False))
     with store.engine.connect() as conn:
         rows = conn.execute(q).all()
     return {r[0] for r in rows if r[0]}, {r[1] for r in rows if r[1]}
 
 
 # cooldowns ---------------------------------------------------------------------------------------
-def last_action(store: Store, target_key: str) -> float | None:
+def last_action(store: Store, target_key: str, *, dry_run: bool = False) -> float | None:
+    """When ``target_key`` was last acted on, as an acting decision sees it (acting stamps only) or,
+    with ``dry_run``, as a dry-run decision does (the later of the acting and the dry-run stamp)."""
     with store.engine.connect() as conn:
-        v = conn.execute(select(_COOL.c.last_ts).where(_COOL.c.target_key == target_key)).scalar_one_or_none()
+        v = conn.execute(select(func.max(_COOL.c.last_ts))
+                         .where(_COOL.c.target_key.in_(_seen_keys(target_key, dry_run)))).scalar_one_or_none()
     return None if v is None else float(v)
 
 
-def set_last_action(store: Store, target_key: str, rule: str, ts: float) -> None:
+def set_last_action(store: Store, target_key: str, rule: str, ts: float, *, dry_run: bool = False) -> None:
+    """Stamp ``target_key``'s cooldown (dry-run's own stamp with ``dry_run``)."""
     with store.engine.begin() as conn:
-        _stamp_cooldown(conn, target_key, rule, ts)
+        _stamp_cooldown(conn, _own_key(target_key, dry_run), rule, ts)
 
 
 # delivery dedupe ---------------------------------------------------------------------------------
@@ -383,21 +427,29 @@ def _claim(conn: Any, key: str, ts: float) -> bool:
     return bool(conn.execute(stmt).rowcount)
 
 
-def claim_delivery(store: Store, key: str, ts: float | None = None) -> bool:
-    """Record a trigger delivery; False when it was already handled (durable dedupe)."""
+def _is_claimed(conn: Any, key: str, dry_run: bool) -> bool:
+    return conn.execute(select(_DELIV.c.key).where(_DELIV.c.key.in_(_seen_keys(key, dry_run)))).first() is not None
+
+
+def claim_delivery(store: Store, key: str, ts: float | None = None, *, dry_run: bool = False) -> bool:
+    """Record a trigger delivery; False when it was already handled (durable dedupe).  With ``dry_run``
+    the claim is dry-run's own, and a delivery an acting decision handled counts as handled too."""
     with store.engine.begin() as conn:
-        return _claim(conn, key, time.time() if ts is None else ts)
+        if dry_run and _is_claimed(conn, key, False):
+            return False
+        return _claim(conn, _own_key(key, dry_run), time.time() if ts is None else ts)
 
 
-def is_claimed(store: Store, key: str) -> bool:
+def is_claimed(store: Store, key: str, *, dry_run: bool = False) -> bool:
+    """Whether an acting decision handled the delivery ``key`` or, with ``dry_run``, any decision did."""
     with store.engine.connect() as conn:
-        return conn.execute(select(_DELIV.c.key).where(_DELIV.c.key == key[:512])).first() is not None
+        return _is_claimed(conn, key, dry_run)
 
 
-def release_delivery(store: Store, key: str) -> None:
+def release_delivery(store: Store, key: str, *, dry_run: bool = False) -> None:
     """Forget a delivery (it was claimed but not handled, e.g. this engine lost leadership)."""
     with store.engine.begin() as conn:
-        conn.execute(delete(_DELIV).where(_DELIV.c.key == key[:512]))
+        conn.execute(delete(_DELIV).where(_DELIV.c.key == _own_key(key, dry_run)))
 
 
 def prune(store: Store, deliveries_before: float) -> int:
@@ -537,27 +589,14 @@ def update_fallback(store: Store, fallback_id: int, **values: Any) -> None:
 
 
 # the counted decisions of the recent past, in memory ---------------------------------------------
-class DecisionWindow:
-    """Recent counted decisions (acted, dry-run, failed, in progress), rebuilt from the audit log.
+class _Counted:
+    """One side's (acting or dry-run) counted decisions: their times, per rule, and the last per target / node."""
 
-    The audit log in the store is the durable record that rate limits, the hourly cap and the
-    breaker window are counted from; this keeps the same counts in memory so a decision does not
-    re-scan the log (the scans grew with the log: O(n) per decision).  It is rebuilt from the store
-    when the engine starts and whenever this replica becomes the leader.
-    """
-
-    def __init__(self, horizon_s: float) -> None:
-        self.horizon_s = horizon_s
+    def __init__(self) -> None:
         self.all: list[float] = []
         self.by_rule: dict[str, list[float]] = {}
         self.targets: dict[str, float] = {}
         self.nodes: dict[str, float] = {}
-
-    def load(self, store: Store, now: float) -> None:
-        self.__init__(self.horizon_s)  # type: ignore[misc]
-        rows = audit_log(store, since=now - self.horizon_s, outcome=COUNTED, limit=10_000_000, newest_first=False)
-        for r in rows:
-            self.add(r.rule, r.target_key, r.node, r.ts)
 
     def add(self, rule: str, target_key: str, node: str | None, ts: float) -> None:
         self.all.append(ts)
@@ -567,18 +606,14 @@ class DecisionWindow:
         if node:
             self.nodes[node] = max(ts, self.nodes.get(node, 0.0))
 
-    @staticmethod
-    def _count(xs: list[float], since: float) -> int:
+    def count(self, since: float, rule: str | None) -> int:
+        xs = self.all if rule is None else self.by_rule.get(rule, [])
         return len(xs) - bisect.bisect_left(xs, since)
-
-    def count(self, since: float, rule: str | None = None) -> int:
-        return self._count(self.all if rule is None else self.by_rule.get(rule, []), since)
 
     def hit(self, since: float) -> tuple[set[str], set[str]]:
         return ({t for t, ts in self.targets.items() if ts >= since}, {n for n, ts in self.nodes.items() if ts >= since})
 
-    def trim(self, now: float) -> None:
-        cut = now - self.horizon_s
+    def trim(self, cut: float) -> None:
         for xs in [self.all, *self.by_rule.values()]:
             i = bisect.bisect_left(xs, cut)
             if i:
@@ -586,3 +621,49 @@ class DecisionWindow:
         for d in (self.targets, self.nodes):
             for key in [kk for kk, ts in d.items() if ts < cut]:
                 del d[key]
+
+
+class DecisionWindow:
+    """Recent counted decisions (acted, dry-run, failed, in progress), rebuilt from the audit log.
+
+    The audit log in the store is the durable record that rate limits, the hourly cap and the
+    breaker window are counted from; this keeps the same counts in memory so a decision does not
+    re-scan the log (the scans grew with the log: O(n) per decision).  It is rebuilt from the store
+    when the engine starts and whenever this replica becomes the leader.
+
+    Acting and dry-run decisions (the audit row's ``dry_run``) are kept apart: an acting decision
+    counts acting decisions only (a dry-run changed nothing), a dry-run decision counts both.
+    """
+
+    def __init__(self, horizon_s: float) -> None:
+        self.horizon_s = horizon_s
+        self.acting = _Counted()
+        self.dry = _Counted()
+
+    def load(self, store: Store, now: float) -> None:
+        self.__init__(self.horizon_s)  # type: ignore[misc]
+        rows = audit_log(store, since=now - self.horizon_s, outcome=COUNTED, limit=10_000_000, newest_first=False)
+        for r in rows:
+            self.add(r.rule, r.target_key, r.node, r.ts, dry_run=r.dry_run)
+
+    def add(self, rule: str, target_key: str, node: str | None, ts: float, *, dry_run: bool = False) -> None:
+        (self.dry if dry_run else self.acting).add(rule, target_key, node, ts)
+
+    def count(self, since: float, rule: str | None = None, *, dry_run: bool = False) -> int:
+        """Counted decisions since ``since`` (of ``rule``, or all), as an acting decision sees them, or a
+        dry-run one (``dry_run``: dry-run decisions too)."""
+        n = self.acting.count(since, rule)
+        return n + self.dry.count(since, rule) if dry_run else n
+
+    def hit(self, since: float, *, dry_run: bool = False) -> tuple[set[str], set[str]]:
+        """(target keys, nodes) hit since ``since``, as an acting decision sees them, or a dry-run one."""
+        targets, nodes = self.acting.hit(since)
+        if dry_run:
+            dt, dn = self.dry.hit(since)
+            targets, nodes = targets | dt, nodes | dn
+        return targets, nodes
+
+    def trim(self, now: float) -> None:
+        cut = now - self.horizon_s
+        self.acting.trim(cut)
+        self.dry.trim(cut)

@@ -304,7 +304,7 @@ def test_dry_run_reads_and_audits_but_writes_nothing(store: Any, knobs_dir: Path
 
 def test_a_dry_run_fallback_does_not_stand_in_a_live_one_s_way(store: Any, knobs_dir: Path) -> None:
     """Scenarios watched in dry-run, then the engine switched to acting: the dry-run row, which
-    changed nothing, does not suppress the live decision (a cooldown still would: none here)."""
+    changed nothing, does not suppress the live decision (nor do dry-run's claims and cooldowns)."""
     now = time.time()
     write_verdicts(store, [("0", "staging-bound", "cmd:inference-b")], now)
     dry = engine(store, rule(knobs_dir, ttl="30m"), dry_run=True)
@@ -312,7 +312,7 @@ def test_a_dry_run_fallback_does_not_stand_in_a_live_one_s_way(store: Any, knobs
     dry.close()
     [fb] = audit.active_fallbacks(store)
     assert fb.dry_run
-    # the fault cleared, then back: a new episode (the first one is dry-run's, handled once)
+    # the fault cleared, then back: a new episode
     write_verdicts(store, [("0", "demand-limited", "cmd:inference-b")], now + 40, seconds=38)
     later = now + 100
     write_verdicts(store, [("0", "staging-bound", "cmd:inference-b")], later, seconds=58)
@@ -322,6 +322,31 @@ def test_a_dry_run_fallback_does_not_stand_in_a_live_one_s_way(store: Any, knobs
     last = decisions(store)[-1]
     assert (last.outcome, last.dry_run) == ("acted", False), (last.outcome, last.rail, last.reason)
     assert (knobs_dir / "inference-b.yaml").exists()
+
+
+def test_an_episode_begun_in_dry_run_is_acted_on_when_the_engine_is_switched_to_acting(store: Any,
+                                                                                      knobs_dir: Path) -> None:
+    """The case seen on hardware: ``--dry-run`` while faults are injected, stopped and started again acting
+    while the staging-bound episode that began in dry-run goes on.  The acting engine writes the file
+    (dry-run's claim of the episode and its cooldown stamp were its own), once."""
+    now = time.time()
+    write_verdicts(store, [("0", "staging-bound", "cmd:inference-b")], now)
+    dry = engine(store, rule(knobs_dir, cooldown="10m"), dry_run=True)
+    assert dry.evaluate_triggers(now) == 1 and dry.drain(30)
+    dry.close()
+    [first] = decisions(store)
+    assert (first.outcome, first.dry_run) == ("dry_run", True) and not knobs_dir.exists()
+    live = engine(store, rule(knobs_dir, cooldown="10m"))   # the episode still going on
+    assert live.evaluate_triggers(time.time()) == 1 and live.drain(30)
+    live.close()
+    last = decisions(store)[-1]
+    assert last.trigger_key == first.trigger_key
+    assert (last.outcome, last.rail, last.dry_run) == ("acted", None, False), (last.outcome, last.rail, last.reason)
+    assert (knobs_dir / "inference-b.yaml").exists()
+    again = engine(store, rule(knobs_dir, cooldown="10m"))   # restarted again: the episode was handled
+    assert again.evaluate_triggers(time.time()) == 1 and again.drain(30)
+    again.close()
+    assert [(r.outcome, r.rail) for r in decisions(store)[2:]] == [("suppressed", "duplicate")]
 
 
 @pytest.mark.parametrize("workload, reason", [

@@ -192,6 +192,18 @@ def test_rail_in_flight_cap(env: Env) -> None:
     assert rows
 
 
+def test_a_dry_run_never_opens_the_shared_breaker(env: Env) -> None:
+    """The breaker is one for every engine on the store: a dry-run that would trip it says so and
+    leaves it closed, so it never stops an acting engine."""
+    settings = "  namespaces: [inference]\n  breaker: {window: 10m, max_targets: 2, max_percent: 100}\n"
+    rows = fire(env.engine(settings=settings, dry_run=True), storm("web"), storm("api"), storm("db"))
+    assert [r.outcome for r in rows].count("dry_run") == 2
+    tripped = [r for r in rows if r.outcome == "suppressed"]
+    assert tripped and tripped[0].rail == "breaker" and "circuit breaker would open" in tripped[0].reason
+    assert not audit.breaker_state(env.store).is_open
+    assert env.patches() == 0
+
+
 def test_rail_breaker_absolute_then_reset_without_replay(env: Env) -> None:
     settings = "  namespaces: [inference]\n  breaker: {window: 10m, max_targets: 2, max_percent: 100}\n"
     eng = env.engine(settings=settings)
@@ -309,3 +321,135 @@ def test_breaker_reset_starts_a_fresh_window(env: Env) -> None:
     assert [(r.outcome, r.rail) for r in rows] == [("suppressed", "breaker")]
     assert "3 targets" in rows[0].reason and audit.breaker_state(env.store).is_open
     assert env.patches() == 4
+
+
+# dry-run, then acting: dry-run's claims and cooldowns are its own ----------------------------------------
+HOT = """  - name: hot
+    trigger: {metric: triscope_cpu_busy_ratio, op: ">", threshold: 0.9}
+    action: command
+    target: {node: {label: node}}
+    params: {argv: ["true"]}
+    limits: {cooldown: 1h, max_actions: 1, per: 1h}
+"""
+
+
+def evaluate(eng: Engine, now: float) -> list[audit.AuditRow]:
+    """One evaluation of the stored-data rules; the decisions it wrote (final rows)."""
+    before = {r.id for r in audit.audit_log(eng.store, limit=10000)}
+    eng.evaluate_triggers(now)
+    assert eng.drain(20)
+    return [r for r in audit.audit_log(eng.store, limit=10000, newest_first=False) if r.id not in before]
+
+
+def test_stored_episode_decided_in_dry_run_is_acted_on_by_an_acting_engine(env: Env) -> None:
+    """``triscope remediate --dry-run`` sees an episode begin, is stopped and started again acting while
+    the episode goes on: the acting engine acts (the dry-run claim, cooldown and rate-limit count changed
+    nothing), once; a dry-run engine after it sees the acting decision."""
+    now = time.time()
+    env.store.write_ticks("n1", [Tick(now - 3, [Sample("triscope_cpu_busy_ratio", 0.95)])])
+    dry = env.engine(rules=HOT, dry_run=True)
+    [first] = evaluate(dry, now - 2)
+    assert (first.outcome, first.dry_run) == ("dry_run", True)
+    # dry-run itself stays realistic: the same episode again is a duplicate ...
+    again = evaluate(env.engine(rules=HOT, dry_run=True), now - 2)
+    assert [(r.outcome, r.rail, r.dry_run) for r in again] == [("suppressed", "duplicate", True)]
+    assert again[0].trigger_key == first.trigger_key
+    dry.close()
+    # ... and the engine is switched to acting, mid-episode: same store, rule and episode start
+    live = env.engine(rules=HOT)
+    [acted] = evaluate(live, now - 1)
+    assert acted.trigger_key == first.trigger_key
+    assert (acted.outcome, acted.rail, acted.dry_run) == ("acted", None, False), acted.reason
+    assert acted.target_key == first.target_key == "command/n1/hot"
+    # the audit rows keep their fields: the plain dedupe and target keys, no dry-run suffix
+    assert {r.trigger_key for r in audit.audit_log(env.store)} == {first.trigger_key}
+    assert {r.target_key for r in audit.audit_log(env.store)} == {"command/n1/hot"}
+    # a second acting evaluation of the episode (another acting engine: a restart) is a duplicate
+    dup = evaluate(env.engine(rules=HOT), now - 1)
+    assert [(r.outcome, r.rail, r.dry_run) for r in dup] == [("suppressed", "duplicate", False)]
+    # a dry-run after the acting decision: the episode is a duplicate, as before this fix
+    dup = evaluate(env.engine(rules=HOT, dry_run=True), now - 1)
+    assert [(r.outcome, r.rail, r.dry_run) for r in dup] == [("suppressed", "duplicate", True)]
+
+
+def test_dry_run_cooldown_is_seen_by_dry_run_only(env: Env) -> None:
+    """A new episode on the same target: dry-run's own cooldown stops dry-run, not an acting engine;
+    the acting engine's cooldown stops both."""
+    now = time.time()
+    env.store.write_ticks("n1", [Tick(now - 30, [Sample("triscope_cpu_busy_ratio", 0.95)])])
+    hot = HOT.replace("max_actions: 1", "max_actions: 10")
+    [row] = evaluate(env.engine(rules=hot, dry_run=True), now - 29)
+    assert row.outcome == "dry_run"
+    # the condition cleared and came back: a new episode for the same node
+    env.store.write_ticks("n1", [Tick(now - 20, [Sample("triscope_cpu_busy_ratio", 0.1)]),
+                                 Tick(now - 10, [Sample("triscope_cpu_busy_ratio", 0.95)])])
+    rows = evaluate(env.engine(rules=hot, dry_run=True), now - 9)
+    assert [(r.outcome, r.rail) for r in rows] == [("suppressed", "cooldown")]
+    assert rows[0].trigger_key != row.trigger_key
+    rows = evaluate(env.engine(rules=hot), now - 9)
+    assert [(r.outcome, r.rail) for r in rows] == [("acted", None)], rows[0].reason
+    acted_ts = rows[0].ts
+    # a third episode: the acting cooldown stops the dry-run engine and the acting engine alike
+    env.store.write_ticks("n1", [Tick(now - 5, [Sample("triscope_cpu_busy_ratio", 0.1)]),
+                                 Tick(now - 2, [Sample("triscope_cpu_busy_ratio", 0.95)])])
+    for dry_run in (True, False):
+        rows = evaluate(env.engine(rules=hot, dry_run=dry_run), now - 1)
+        assert [(r.outcome, r.rail, r.dry_run) for r in rows] == [("suppressed", "cooldown", dry_run)]
+    assert audit.last_action(env.store, "command/n1/hot") == acted_ts   # the acting stamp, not dry-run's
+
+
+def test_dry_run_decisions_do_not_count_towards_an_acting_breaker(env: Env) -> None:
+    """The breaker window (and the rate limits, hourly cap) of an acting decision count acting decisions
+    only; a dry-run decision counts both, as a live engine would have."""
+    settings = "  namespaces: [inference]\n  breaker: {window: 10m, max_targets: 1, max_percent: 100}\n"
+    rows = fire(env.engine(settings=settings, dry_run=True), storm("web"))
+    assert [r.outcome for r in rows] == ["dry_run"]
+    live = env.engine(settings=settings)   # rebuilds its window from the audit log
+    rows = fire(live, storm("api"))
+    assert [(r.outcome, r.rail) for r in rows] == [("acted", None)], rows[0].reason
+    assert not audit.breaker_state(env.store).is_open
+    # in one engine: a dry-run rule's decision does not count towards the acting rules' breaker ...
+    rules = (RESTART.format(cooldown="0s", max_actions=100)
+             + RESTART.format(cooldown="0s", max_actions=100).replace("name: restart", "name: restart-dry")
+             .replace("RetransmitStorm", "OtherStorm") + "    dry_run: true\n")
+    audit.reset_breaker(env.store, by="test")
+    eng = env.engine(rules=rules, settings=settings)
+    other = {"labels": {**storm("db")["labels"], "alertname": "OtherStorm"}, "startsAt": "2099-01-01T00:00:00Z"}
+    assert [r.outcome for r in fire(eng, other)] == ["dry_run"]
+    rows = fire(eng, storm("cache"))
+    assert [(r.outcome, r.rail) for r in rows] == [("acted", None)], rows[0].reason
+    # ... while a dry-run decision counts the acting ones: a second target in the window would trip it
+    other = {"labels": {**storm("web")["labels"], "alertname": "OtherStorm"}, "startsAt": "2099-01-01T00:00:00Z"}
+    rows = fire(eng, other)
+    assert [(r.outcome, r.rail) for r in rows] == [("suppressed", "breaker")]
+    assert env.patches() == 2
+
+
+def test_alert_decided_in_dry_run_is_acted_on_when_redelivered_to_an_acting_engine(env: Env) -> None:
+    """Alertmanager re-delivers a firing alert: first to a dry-run engine, then (same store) to the engine
+    started again acting.  The acting one acts once; a dry-run one afterwards sees the acting decision."""
+    rows = fire(env.engine(dry_run=True, cooldown="1h"), storm())
+    assert [(r.outcome, r.dry_run) for r in rows] == [("dry_run", True)]
+    rows = fire(env.engine(dry_run=True, cooldown="1h"), storm())   # dry-run re-delivery: its own duplicate
+    assert [(r.outcome, r.rail) for r in rows] == [("suppressed", "duplicate")]
+    assert env.patches() == 0
+    live = env.engine(cooldown="1h")
+    rows = fire(live, storm())
+    assert [(r.outcome, r.rail, r.dry_run) for r in rows] == [("acted", None, False)], rows[0].reason
+    assert env.patches() == 1
+    rows = fire(live, storm())   # re-delivered again: now a duplicate for the acting engine
+    assert [(r.outcome, r.rail) for r in rows] == [("suppressed", "duplicate")]
+    rows = fire(env.engine(cooldown="1h"), storm())   # and after a restart
+    assert [(r.outcome, r.rail) for r in rows] == [("suppressed", "duplicate")]
+    # dry-run after the acting decision: duplicate for the episode, cooldown for a new episode
+    rows = fire(env.engine(dry_run=True, cooldown="1h"), storm())
+    assert [(r.outcome, r.rail, r.dry_run) for r in rows] == [("suppressed", "duplicate", True)]
+    rows = fire(env.engine(dry_run=True, cooldown="1h"), storm(starts="2099-01-01T00:05:00Z"))
+    assert [(r.outcome, r.rail, r.dry_run) for r in rows] == [("suppressed", "cooldown", True)]
+    # the same for an alert only the acting engine saw: dry-run sees the acting claim and cooldown stamp
+    assert [r.outcome for r in fire(live, storm("api"))] == ["acted"]
+    rows = fire(env.engine(dry_run=True, cooldown="1h"), storm("api"))
+    assert [(r.outcome, r.rail, r.dry_run) for r in rows] == [("suppressed", "duplicate", True)]
+    rows = fire(env.engine(dry_run=True, cooldown="1h"), storm("api", starts="2099-01-01T00:05:00Z"))
+    assert [(r.outcome, r.rail, r.dry_run) for r in rows] == [("suppressed", "cooldown", True)]
+    assert env.patches() == 2

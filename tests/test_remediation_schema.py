@@ -65,3 +65,59 @@ def test_migration_matches_models_and_store_functions(db_url: str) -> None:
         assert [w.pod for w in wstore.resolved_workloads(st)] == ["web-7c9-abcde"]
     finally:
         st.close()
+
+
+def test_dry_run_claims_cooldowns_and_counts_are_its_own(db_url: str) -> None:
+    """A dry-run decision claims and stamps under ``KEY#dry-run``: acting decisions do not see it, dry-run
+    decisions see both; the audit rows keep the plain keys."""
+    st = open_store(db_url)
+    try:
+        key, long_key = "metric:hot:n1:gpu0:100", "alert:" + "x" * 600
+        assert audit.dry_run_key(key) == key + "#dry-run"
+        assert len(audit.dry_run_key(long_key)) == 512 and audit.dry_run_key(long_key) != long_key[:512]
+        # deliveries
+        assert audit.claim_delivery(st, key, 1.0, dry_run=True)
+        assert not audit.claim_delivery(st, key, 1.5, dry_run=True)     # dry-run's own duplicate
+        assert audit.is_claimed(st, key, dry_run=True) and not audit.is_claimed(st, key)
+        assert audit.claim_delivery(st, key, 2.0)                        # acting ignores the dry-run claim
+        assert audit.is_claimed(st, key)
+        other = "metric:hot:n2:gpu0:100"
+        assert audit.claim_delivery(st, other, 2.0)
+        assert audit.is_claimed(st, other, dry_run=True)                 # dry-run sees acting claims
+        assert not audit.claim_delivery(st, other, 2.5, dry_run=True)
+        assert audit.claim_delivery(st, long_key, 3.0, dry_run=True) and audit.claim_delivery(st, long_key, 3.0)
+        audit.release_delivery(st, long_key)   # the acting claim goes, dry-run's stays
+        assert not audit.is_claimed(st, long_key) and audit.is_claimed(st, long_key, dry_run=True)
+        audit.release_delivery(st, long_key, dry_run=True)
+        assert not audit.is_claimed(st, long_key, dry_run=True)
+        # cooldowns
+        audit.set_last_action(st, "node/n1", "r", 10.0, dry_run=True)
+        assert audit.last_action(st, "node/n1") is None and audit.last_action(st, "node/n1", dry_run=True) == 10.0
+        audit.set_last_action(st, "node/n1", "r", 8.0)
+        assert audit.last_action(st, "node/n1") == 8.0 and audit.last_action(st, "node/n1", dry_run=True) == 10.0
+        audit.set_last_action(st, "node/n1", "r", 12.0)
+        assert audit.last_action(st, "node/n1", dry_run=True) == 12.0
+        # decide: the claim and the cooldown stamp of a dry-run decision are dry-run's own
+        row = dict(ts=20.0, rule="r", trigger_kind="metric", action="command", target="node n2", target_key="node/n2",
+                   outcome=audit.IN_PROGRESS, dry_run=True)
+        k2 = "metric:hot:n2:gpu1:100"
+        assert audit.decide(st, k2, row, stamp_cooldown=True) is not None
+        assert audit.decide(st, k2, {**row, "ts": 21.0}, stamp_cooldown=True) is None
+        assert audit.last_action(st, "node/n2") is None and audit.last_action(st, "node/n2", dry_run=True) == 20.0
+        live = audit.decide(st, k2, {**row, "ts": 22.0, "dry_run": False}, stamp_cooldown=True)
+        assert live is not None and audit.last_action(st, "node/n2") == 22.0
+        assert audit.decide(st, k2, {**row, "ts": 23.0, "dry_run": False}) is None
+        k3 = "metric:hot:n2:gpu2:100"
+        assert audit.decide(st, k3, {**row, "ts": 24.0, "dry_run": False}) is not None
+        assert audit.decide(st, k3, {**row, "ts": 25.0}) is None          # dry-run after acting: a duplicate
+        assert {(r.trigger_key, r.target_key) for r in audit.audit_log(st)} == {("", "node/n2")}
+        # the counts: an acting decision counts acting decisions only, a dry-run one both
+        assert audit.count_decisions(st, 0) == 2 and audit.count_decisions(st, 0, dry_run=True) == 3
+        w = audit.DecisionWindow(3600.0)
+        w.load(st, 30.0)
+        assert w.count(0) == 2 and w.count(0, dry_run=True) == 3
+        w.add("r", "node/n3", "n3", 31.0, dry_run=True)
+        assert w.hit(0) == ({"node/n2"}, set()) and w.hit(0, dry_run=True) == ({"node/n2", "node/n3"}, {"n3"})
+        assert audit.targets_hit(st, 0) == ({"node/n2"}, set())
+    finally:
+        st.close()

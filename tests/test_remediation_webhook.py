@@ -236,3 +236,31 @@ def test_follower_answers_503_and_is_not_ready(tmp_path: Path) -> None:
         h.stop()
         st.close()
         srv.stop()
+
+
+def test_webhook_switched_from_dry_run_to_acting_mid_episode_acts(tmp_path: Path) -> None:
+    """``triscope remediate --dry-run`` answers an alert, is stopped and started acting on the same store;
+    Alertmanager re-delivers the still-firing alert to the webhook: the acting engine acts, once."""
+    st = open_store(f"sqlite:///{tmp_path / 't.db'}")
+    pol = parse_policy(policy_text(RULES + "    limits: {cooldown: 1h}\n"))
+    body = json.dumps(alert_payload([{"labels": {"alertname": "Storm", "node": "n1"}}])).encode()
+
+    def deliver(dry_run: bool, times: int = 1) -> list[tuple[str, str | None, bool]]:
+        port = free_port()
+        h = start(st, pol, listen=("127.0.0.1", port), token="s3cret-webhook-token", dry_run=dry_run)
+        try:
+            before = {r.id for r in audit.audit_log(st, limit=1000)}
+            for _ in range(times):
+                assert post("127.0.0.1", port, body)[0] == 202
+                assert h.engine.drain()
+        finally:
+            h.stop()
+        return [(r.outcome, r.rail, r.dry_run) for r in audit.audit_log(st, limit=1000, newest_first=False)
+                if r.id not in before]
+
+    try:
+        assert deliver(dry_run=True, times=2) == [("dry_run", None, True), ("suppressed", "duplicate", True)]
+        assert deliver(dry_run=False, times=2) == [("acted", None, False), ("suppressed", "duplicate", False)]
+        assert deliver(dry_run=True) == [("suppressed", "duplicate", True)]
+    finally:
+        st.close()
