@@ -37,13 +37,11 @@ the inbox and re-runs the actions left ``in_progress``; the actions are idempote
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from triscope import defaults
@@ -51,7 +49,7 @@ from triscope.remediation import actions as act
 from triscope.remediation import kube as k
 from triscope.remediation import metrics
 from triscope.remediation.leader import LeaderElector
-from triscope.remediation.policy import NODE_ACTIONS, Policy, Rule, load_policy
+from triscope.remediation.policy import NODE_ACTIONS, Policy, Rule
 from triscope.remediation.triggers import (
     MISMATCH_METRIC,
     TriggerEvent,
@@ -689,128 +687,3 @@ def _jsonable(v: Any) -> Any:
     import json
 
     return json.loads(json.dumps(v, default=str))
-
-
-# construction -------------------------------------------------------------------------------------
-def build_scheduler(engine: Engine) -> Any:
-    """The engine's APScheduler: every job with an id, ``max_instances=1``, ``coalesce=True``.
-
-    Built here and started by the caller (never at import time, never inside a web worker).
-    """
-    from datetime import UTC, datetime
-
-    from apscheduler.schedulers.background import BackgroundScheduler
-
-    s = engine.settings
-    sched = BackgroundScheduler(timezone=UTC, job_defaults={"max_instances": 1, "coalesce": True,
-                                                            "misfire_grace_time": max(5, int(s.evaluate_interval_s))})
-    now = datetime.now(UTC)
-    if engine.leader is not None:
-        sched.add_job(engine.leader_step, "interval", seconds=s.leader_election.renew_every_s, id="leader-election",
-                      name="acquire or renew the leader Lease", next_run_time=now)
-    if engine.data_rules:
-        sched.add_job(engine.evaluate_triggers, "interval", seconds=s.evaluate_interval_s, id="evaluate-triggers",
-                      name="evaluate stored-data triggers", next_run_time=now)
-    sched.add_job(engine.revert_fallbacks, "interval", seconds=s.evaluate_interval_s, id="fallback-reverts",
-                  name="revert dependency fallbacks", next_run_time=now)
-    sched.add_job(engine.resume_inbox, "interval", seconds=max(5.0, s.evaluate_interval_s), id="resume-inbox",
-                  name="decide triggers left undecided in the inbox")
-    sched.add_job(engine.prune, "interval", seconds=3600, id="prune-deliveries", name="forget old deliveries")
-    if engine.kube is not None:
-        sched.add_job(engine.refresh_workloads, "interval", seconds=max(30.0, s.evaluate_interval_s),
-                      id="resolve-workloads", name="resolve the pods of stored series to their workloads",
-                      next_run_time=now)
-    return sched
-
-
-def kube_from_settings(policy: Policy) -> k.KubeAdapter | None:
-    return k.KubeAdapter.from_settings(policy.settings.kubernetes)
-
-
-class EngineHandle:
-    """A running engine: scheduler + optional webhook.  ``stop()`` shuts everything down."""
-
-    def __init__(self, engine: Engine, scheduler: Any, server: Any | None, owns_store: bool) -> None:
-        self.engine, self.scheduler, self.server = engine, scheduler, server
-        self._owns_store = owns_store
-
-    @property
-    def url(self) -> str | None:
-        if self.server is None:
-            return None
-        host, port = self.server.server_address[:2]
-        return f"http://{host}:{port}"
-
-    def stop(self) -> None:
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
-        with contextlib.suppress(Exception):  # not running
-            self.scheduler.shutdown(wait=True)
-        self.engine.close()
-        if self.engine.kube is not None:
-            self.engine.kube.close()
-        if self._owns_store:
-            self.engine.store.close()
-
-
-def start(store: Store, policy: Policy, *, listen: tuple[str, int] | None = None, dry_run: bool = False,
-          token: str | None = None, kube: k.KubeAdapter | None = None, owns_store: bool = False,
-          max_body: int = 1 << 20) -> EngineHandle:
-    """Build and start an engine: leader election, scheduler jobs and (with ``listen``) the webhook."""
-    from triscope.remediation.webhook import serve
-
-    if kube is None:
-        kube = kube_from_settings(policy)
-    le = policy.settings.leader_election
-    leader = None
-    if le.enabled:
-        if kube is None:
-            raise k.NotConfigured("leader election needs a Kubernetes API")
-        leader = LeaderElector(kube, le.namespace, le.lease, policy.settings.engine_id, le.lease_duration_s)
-    engine = Engine(store, policy, kube=kube, dry_run=dry_run, leader=leader)
-    if leader is not None:
-        engine.leader_step()  # resumes when it becomes the leader
-    else:
-        engine.resume()  # actions a crash left in progress, triggers accepted but not decided
-    sched = build_scheduler(engine)
-    sched.start()
-    server = serve(engine, listen[0], listen[1], token=token, max_body=max_body) if listen else None
-    return EngineHandle(engine, sched, server, owns_store)
-
-
-def start_embedded(store_url: str, policy_path: str | Path | None = None,
-                   listen: str | tuple[str, int] | None = None, dry_run: bool = True,
-                   token: str | None = None) -> EngineHandle:
-    """The engine inside ``triscope run``: dry-run, the example policy by default.
-
-    ``listen`` (``HOST:PORT`` or ``(host, port)``) also serves the webhook; it needs ``token`` (or
-    ``TRISCOPE_WEBHOOK_TOKEN``), except on a loopback address where it runs without auth.
-    Returns a handle with ``.stop()``.
-    """
-    import os
-
-    from triscope.store import Store
-
-    policy = load_policy(policy_path or DEFAULT_POLICY)
-    st = Store.open(store_url)
-    st.require_schema()
-    addr = None
-    if listen:
-        if isinstance(listen, str):
-            host, _, port = listen.rpartition(":")
-            addr = (host or "127.0.0.1", int(port))
-        else:
-            addr = (listen[0], int(listen[1]))
-        token = token or os.environ.get("TRISCOPE_WEBHOOK_TOKEN") or None
-        if token is None and addr[0] not in ("127.0.0.1", "localhost", "::1"):
-            st.close()
-            raise ValueError("the webhook needs a bearer token when it listens beyond loopback")
-        if token is None:
-            log.warning("remediation webhook on %s:%d runs without a bearer token (loopback, dry-run demo); "
-                        "set TRISCOPE_WEBHOOK_TOKEN to require one", addr[0], addr[1])
-    try:
-        return start(st, policy, listen=addr, dry_run=dry_run, token=token, owns_store=True)
-    except Exception:
-        st.close()
-        raise

@@ -33,8 +33,8 @@ from conftest import free_port, wait_for_port
 from kube_server import KubeTestServer, open_store
 
 from triscope.loopback import syn_retransmits
-from triscope.remediation.engine import start
 from triscope.remediation.policy import parse_policy
+from triscope.remediation.service import start
 from triscope.store import audit
 
 REPO = Path(__file__).resolve().parent.parent

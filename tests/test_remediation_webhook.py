@@ -17,8 +17,9 @@ import pytest
 from conftest import free_port, wait_for_port
 from kube_server import alert_payload, open_store, policy_text
 
-from triscope.remediation.engine import Engine, start
+from triscope.remediation.engine import Engine
 from triscope.remediation.policy import parse_policy
+from triscope.remediation.service import start
 from triscope.store import audit
 
 REPO = Path(__file__).resolve().parent.parent
@@ -166,7 +167,7 @@ def test_leader_election_one_acts_and_takeover(tmp_path: Path) -> None:
 
 
 def test_start_embedded_dry_run_with_example_policy(tmp_path: Path) -> None:
-    from triscope.remediation.engine import start_embedded
+    from triscope.remediation.service import start_embedded
 
     url = f"sqlite:///{tmp_path / 't.db'}"
     open_store(url).close()

@@ -178,8 +178,8 @@ def _read_token(args: argparse.Namespace) -> str | None:
 def cmd_run(args: argparse.Namespace) -> int:
     from triscope.errors import UserError
     from triscope.remediation import kube as k
-    from triscope.remediation.engine import start
     from triscope.remediation.policy import PolicyError, load_policy
+    from triscope.remediation.service import start
 
     if not args.policy:
         raise UserError("--policy FILE is required (see deploy/policy.example.yaml)")

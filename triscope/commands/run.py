@@ -71,7 +71,7 @@ def _import_trace(url: str, path: Path) -> str | None:
 
 def _start_engine(url: str, policy: str, listen: tuple[str, int]) -> Any:
     try:
-        from triscope.remediation.engine import start_embedded
+        from triscope.remediation.service import start_embedded
     except ImportError:
         return None
     try:
