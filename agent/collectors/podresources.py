@@ -237,6 +237,9 @@ def list_pod_resources(path: str = DEFAULT_SOCKET, timeout: float = 2.0) -> PodR
             sock.close()
     if http_status and http_status != "200":
         raise PodResourcesError(f"kubelet pod-resources: HTTP {http_status}")
+    if status == "4":   # DEADLINE_EXCEEDED: the kubelet ran out of the grpc-timeout we sent, our own deadline
+        raise PodResourcesError(f"kubelet pod-resources socket {path}: no answer within {timeout:g} s "
+                                f"(the kubelet's deadline passed)")
     if status not in (None, "0"):
         raise PodResourcesError(f"kubelet pod-resources: gRPC status {status} {message}".strip())
     if len(body) < 5:
