@@ -102,7 +102,7 @@ def create_app(store_url: str | None = None, slo_file: str | Path | None = None,
     import dash
     from dash import dcc, html
 
-    from triscope.dashboard import auth, registry
+    from triscope.dashboard import auth, registry, timeview
 
     if store is None:
         from triscope.store import Store
@@ -126,9 +126,11 @@ def create_app(store_url: str | None = None, slo_file: str | Path | None = None,
     pages.sort(key=lambda p: p.get("order") or 0)
     nav = html.Nav([html.Span("triscope", className="brand")]
                    + [dcc.Link(p["name"], href=p["relative_path"], className="nav-link", id=f"nav-{p['module'].split('.')[-1]}")
-                      for p in pages if not p.get("nav_hidden")], className="topnav")
+                      for p in pages if not p.get("nav_hidden")]
+                   + [timeview.toggle()], className="topnav")
     app.layout = html.Div([nav, html.Main(dash.page_container, className="page")], className="app")
     registry.attach(app)
+    timeview.attach(app)
 
     @app.server.route(auth.HEALTH_PATH)
     def _healthz() -> Any:  # for probes: 200 while the store answers, 503 with the reason otherwise

@@ -6,9 +6,11 @@ import hashlib
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from dash import dcc, html
 
+from triscope.dashboard import timeview
 from triscope.dashboard.data import DATA_PRESET, PRESETS
 from triscope.dashboard.figures import NAME_CHARS, TITLE_CHARS
 from triscope.names import shorten
@@ -64,10 +66,9 @@ def node_options(nodes: Iterable[str]) -> list[dict[str, Any]]:
     return [{"label": short(n), "value": node_value(n), "title": full(n)} for n in nodes]
 
 
-def fmt_ts(ts: float | None) -> str:
-    if ts is None:
-        return "-"
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S")
+def fmt_ts(ts: float | None, zone: ZoneInfo | None = None) -> str:
+    """``YYYY-MM-DD HH:MM:SS`` in UTC, or in ``zone`` (``timeview.zone_of`` of the local-time toggle)."""
+    return timeview.fmt(ts, zone)
 
 
 def parse_ts(value: str | None) -> float | None:

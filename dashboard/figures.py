@@ -148,7 +148,9 @@ def node_lanes_figure(lanes: Any, uirevision: Any = "node", height: int = 860) -
         k = t.scale
         add({"type": "scatter", "x": to_dt(t.ts), "y": [v * k for v in t.values], "mode": "lines", "name": t.name,
              "line": {"width": 1.4, "dash": t.dash or "solid", "shape": t.shape},
-             "hovertemplate": f"%{{y:.3g}} {t.unit}<extra>{t.name}</extra>"}, row, t.key, secondary)
+             "hovertemplate": f"%{{y:.3g}} {t.unit}<extra>{t.name}</extra>",
+             # what the export (dashboard/export.py) writes beside each point
+             "meta": {"labels": dict(t.labels), "unit": t.unit, "metric": t.metric}}, row, t.key, secondary)
         units.setdefault((row, secondary), t.unit)
     for lane, row in LANE_ROWS.items():
         msg = lanes.missing.get(lane)
@@ -260,7 +262,8 @@ def slo_figure(name: str, ts: Sequence[float], budget_remaining: Sequence[float 
     fig = go.Figure()
     y = [None if v is None else v * 100 for v in budget_remaining]
     fig.add_trace(go.Scatter(x=to_dt(ts), y=y, mode="lines+markers", name="error budget remaining", line=dict(width=2),
-                             connectgaps=False, hovertemplate="%{y:.1f}%<extra></extra>"))
+                             connectgaps=False, hovertemplate="%{y:.1f}%<extra></extra>",
+                             meta={"labels": {"slo": name}, "unit": "%"}))
     fig.add_hline(y=0, line=dict(color="#c62828", dash="dash", width=1))
     if actions:
         fig.add_trace(go.Scatter(x=to_dt([a[0] for a in actions]), y=[100] * len(actions), mode="markers",
@@ -291,12 +294,13 @@ def burn_rate_figure(name: str, burn: Mapping[str, float | None], page: float = 
 
 def evidence_figure(title: str, ts: Sequence[float], values: Sequence[float], window: tuple[float, float],
                     baseline: tuple[float, float] | None = None, onset: float | None = None,
-                    unit: str = "", height: int = 220) -> go.Figure:
+                    unit: str = "", height: int = 220, labels: Mapping[str, str] | None = None) -> go.Figure:
     """One cause's series with the baseline and the window shaded and the onset marked."""
     if not ts:
         return empty_figure(f"{title}: no points stored for this series", height)
     fig = go.Figure(go.Scatter(x=to_dt(ts), y=list(values), mode="lines", name=title, line=dict(width=1.5),
-                                 hovertemplate=f"%{{y:.3g}} {unit}<extra></extra>"))
+                                 hovertemplate=f"%{{y:.3g}} {unit}<extra></extra>",
+                                 meta={"labels": dict(labels or {}), "unit": unit}))
     spans = [("baseline", baseline, "#90a4ae")] if baseline is not None else []
     spans.append(("window", window, "#ef6c00"))
     for label, span, color in spans:

@@ -87,8 +87,9 @@ def browser() -> Iterator[Any]:
 class Page:
     """A Playwright page that records console errors and uncaught exceptions."""
 
-    def __init__(self, browser: Any, base: str) -> None:
-        self.page = browser.new_page(viewport={"width": 1400, "height": 1000}, timezone_id="UTC")
+    def __init__(self, browser: Any, base: str, timezone_id: str = "UTC") -> None:
+        self.page = browser.new_page(viewport={"width": 1400, "height": 1000}, timezone_id=timezone_id,
+                                     accept_downloads=True)
         self.base = base
         self.errors: list[str] = []
         self.page.on("console", lambda m: self.errors.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
@@ -385,4 +386,115 @@ def test_live_mode_moves_the_time_axis_without_a_zoom(page: Page, seeded: tuple[
         arg=newest, timeout=15000)
     rng = graph_js(pg, "node-graph", "gd._fullLayout.xaxis.range.map(s => Date.parse(s.replace(' ', 'T') + 'Z') / 1000)")
     assert rng[1] - rng[0] == pytest.approx(900, abs=2)  # still a 15-minute view, now ending at the newest point
+    assert page.errors == []
+
+
+def _download(pg: Any, button: str) -> tuple[str, str]:
+    with pg.expect_download(timeout=20000) as dl:
+        pg.click(button)
+    d = dl.value
+    return d.suggested_filename, Path(d.path()).read_text(encoding="utf-8")
+
+
+def test_node_chart_downloads_hold_what_is_drawn(page: Page) -> None:
+    """CSV and JSON of the node chart: the drawn trace's points, values and UTC times, a file name
+    that says what and when."""
+    import csv
+    import io
+    import json
+
+    pg = page.goto("/node/h200-node")
+    pg.wait_for_selector("#node-graph .js-plotly-plot")
+    name = "GPU 0 SM active"
+    drawn_n = trace_len(pg, "node-graph", name)
+    drawn = graph_js(pg, "node-graph", f"(t => [t.x.slice(0, 3), t.y.slice(0, 3), t.x[t.x.length - 1]])"
+                                       f"(gd.data.find(t => t.name === {name!r}))")
+    assert drawn_n > 10, drawn_n
+    fname, text = _download(pg, "#node-graph-csv")
+    assert re.fullmatch(r"triscope-node-h200-node-\d{8}T\d{4}Z\.csv", fname), fname
+    rows = list(csv.DictReader(io.StringIO(text)))
+    ours = [r for r in rows if r["series"] == name]
+    assert len(ours) == drawn_n
+    assert {"ts", "series", "value", "gpu"} <= set(rows[0])
+    # the page draws UTC (the toggle is off): the file's times are the drawn ones with a Z
+    assert [r["ts"] for r in ours[:3]] == [x.replace(" ", "T") + "Z" for x in drawn[0]]
+    assert ours[-1]["ts"] == drawn[2].replace(" ", "T") + "Z"
+    assert [float(r["value"]) for r in ours[:3]] == pytest.approx(drawn[1])
+    fname, text = _download(pg, "#node-graph-json")
+    assert fname.endswith(".json") and fname.startswith("triscope-node-h200-node-")
+    doc = json.loads(text)
+    assert doc["chart"] == "node" and doc["node"] == "h200-node" and doc["start"] < doc["end"]
+    sm = next(s for s in doc["series"] if s["name"] == name)
+    assert len(sm["points"]) == drawn_n and sm["unit"] == "%" and sm["labels"].get("gpu") == "0"
+    assert [p[1] for p in sm["points"][:3]] == pytest.approx(drawn[1])
+    assert page.errors == []
+
+
+def test_local_time_toggle_shows_the_browser_zone_and_stays_on(browser: Any, server: Server) -> None:
+    """In a browser in Tokyo: off, UTC as always; on, the range label and the time axis move by
+    +9 h and name the zone; the choice holds on other pages and after a reload."""
+    from datetime import datetime
+
+    p = Page(browser, server.base, timezone_id="Asia/Tokyo")
+    try:
+        pg = p.goto("/node/h200-node")
+        pg.wait_for_selector("#node-graph .js-plotly-plot")
+        assert not pg.is_checked("#tz-local input")
+        note0 = pg.inner_text("#node-window-note")
+        assert " UTC" in note0 and "Asia/Tokyo" not in note0, note0
+        axis0 = graph_js(pg, "node-graph", "gd._fullLayout.xaxis.range[1]")
+        pg.get_by_label("local time").check()
+        pg.wait_for_function("() => document.querySelector('#node-window-note').innerText.includes('Asia/Tokyo')")
+        p.settle()
+        note1 = pg.inner_text("#node-window-note")
+        assert "Asia/Tokyo (UTC+09:00)" in note1, note1
+
+        def first_ts(text: str) -> float:
+            m = re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", text)
+            assert m, text
+            return datetime.fromisoformat(m.group(0)).timestamp()
+
+        assert first_ts(note1) - first_ts(note0) == pytest.approx(9 * 3600, abs=120)
+        axis1 = graph_js(pg, "node-graph", "gd._fullLayout.xaxis.range[1]")
+        shift = datetime.fromisoformat(axis1.replace(" ", "T")) - datetime.fromisoformat(axis0.replace(" ", "T"))
+        assert shift.total_seconds() == pytest.approx(9 * 3600, abs=120)
+        assert "Asia/Tokyo" in pg.inner_text("#node-explain-link")
+        # another page, then back: still on (the choice is in the browser's localStorage)
+        pg = p.goto("/mismatch")
+        pg.wait_for_selector("#mismatch-scatter .js-plotly-plot")
+        assert pg.is_checked("#tz-local input")
+        assert "Asia/Tokyo" in pg.inner_text("#mismatch-note")
+        pg = p.goto("/node/h200-node")
+        pg.wait_for_function("() => document.querySelector('#node-window-note').innerText.includes('Asia/Tokyo')")
+        # and off again: UTC
+        pg.get_by_label("local time").uncheck()
+        pg.wait_for_function("() => !document.querySelector('#node-window-note').innerText.includes('Asia/Tokyo')")
+        assert p.errors == []
+    finally:
+        p.close()
+
+
+
+def test_evidence_chart_download(page: Page, seeded: tuple[Any, Any]) -> None:
+    """A chart built in a page's callback (a cause's evidence on the Root cause page) downloads the
+    same way: JSON of what is drawn, UTC."""
+    import json
+
+    _, spans = seeded
+    a, b = _phase_window(spans, "pin_churn")
+    pg = page.goto(f"/rootcause?node=h200-node&start={a:.0f}&end={b:.0f}")
+    pg.wait_for_selector("#rootcause-causes .chart-with-export .js-plotly-plot")
+    page.settle()
+    first = pg.locator("#rootcause-causes .chart-with-export").first
+    drawn = first.evaluate("el => { const gd = el.querySelector('.js-plotly-plot');"
+                           " return gd.data.filter(t => t.meta && t.meta.labels).map(t => [t.name, t.x.length, t.x[0]]); }")
+    assert drawn and drawn[0][1] > 0, drawn
+    with pg.expect_download(timeout=20000) as dl:
+        first.locator("button", has_text="JSON").click()
+    d = dl.value
+    assert re.fullmatch(r"triscope-rootcause-evidence-h200-node-\d{8}T\d{4}Z\.json", d.suggested_filename)
+    doc = json.loads(Path(d.path()).read_text(encoding="utf-8"))
+    assert [[s["name"], len(s["points"])] for s in doc["series"]] == [x[:2] for x in drawn]
+    assert doc["series"][0]["points"][0][0] == drawn[0][2].replace(" ", "T") + "Z"
+    assert doc["node"] == "h200-node" and "metric" in doc["series"][0]["labels"]
     assert page.errors == []

@@ -10,7 +10,7 @@ from typing import Any
 import dash
 from dash import Input, Output, dcc, html
 
-from triscope.dashboard import data, figures, workload_data
+from triscope.dashboard import data, figures, timeview, workload_data
 from triscope.dashboard.components import (
     error_note,
     fmt_ts,
@@ -77,10 +77,11 @@ STATE_HELP = {
 @page_callback(
     Output("mismatch-scatter", "figure"), Output("mismatch-share", "figure"), Output("mismatch-note", "children"),
     Output("mismatch-workloads", "figure"), Output("mismatch-workload-note", "children"),
-    Input("mismatch-node", "value"), Input("mismatch-range", "value"),
+    Input("mismatch-node", "value"), Input("mismatch-range", "value"), Input(timeview.TZ_STORE, "data"),
 )
-def render(value: str, preset: str) -> tuple[Any, Any, Any, Any, Any]:
+def render(value: str, preset: str, tz: dict[str, Any] | None = None) -> tuple[Any, Any, Any, Any, Any]:
     c = ctx()
+    zone = timeview.zone_of(tz)
     try:
         all_nodes = sorted(c.store.nodes(), key=lambda n: -n.last_seen)
         node = ALL if value == ALL else node_from_value(value, (n.name for n in all_nodes)) or ALL
@@ -88,7 +89,8 @@ def render(value: str, preset: str) -> tuple[Any, Any, Any, Any, Any]:
         w = data.resolve_window(c.store, None if node == ALL else node, preset, c.now())
         per_node = max(60, 300 // max(1, len(nodes)))
         pts, shares = data.mismatch_points(c.store, nodes, w, max_windows=per_node)
-        head = f"{fmt_ts(w.start)} to {fmt_ts(w.end)} UTC" + (f" ({w.note})" if w.note else "")
+        head = f"{fmt_ts(w.start, zone)} to {fmt_ts(w.end, zone)} {timeview.zone_name(zone, w.end)}" + (
+            f" ({w.note})" if w.note else "")
         if node == ALL and len(all_nodes) > MAX_FLEET_NODES:
             head += f"; the {MAX_FLEET_NODES} most recently seen of {len(all_nodes)} nodes (pick one for the others)"
         missing = [n for n in nodes if n not in shares]

@@ -12,7 +12,7 @@ from urllib.parse import quote, urlencode
 import dash
 from dash import Input, Output, Patch, State, dcc, html, no_update
 
-from triscope.dashboard import data, figures, workload_data
+from triscope.dashboard import data, export, figures, timeview, workload_data
 from triscope.dashboard.components import error_note, fmt_ts, name_span, note, parse_ts, range_picker, short
 from triscope.dashboard.context import ctx
 from triscope.dashboard.node_parts import accel_picker, workload_panel
@@ -52,6 +52,7 @@ def layout(node: str | None = None, range: str = "", start: str = "", end: str =
         html.Div(id="node-accels", className="accel-picker"),
         html.Div(id="node-workloads", className="workload-panel"),
         dcc.Interval(id="node-interval", interval=int(c.live_interval_s * 1000), disabled=True),
+        export.buttons("node-graph"),
         dcc.Loading(dcc.Graph(id="node-graph", config={"displaylogo": False, "scrollZoom": False},
                               figure=figures.empty_figure("loading...", 820)), delay_show=400, type="dot"),
         html.Div(id="node-status", className="status-line"),
@@ -59,6 +60,9 @@ def layout(node: str | None = None, range: str = "", start: str = "", end: str =
 
 
 # ---------------------------------------------------------------------------------------------- callbacks
+export.register("node-graph", "node", "node-meta")   # the chart's CSV / JSON buttons
+
+
 def _window(c: Any, node: str, preset: str, start: str | None, end: str | None) -> data.Window:
     custom = None
     if preset == "custom":
@@ -74,10 +78,12 @@ def _window(c: Any, node: str, preset: str, start: str | None, end: str | None) 
     Output("node-status", "children"), Output("node-accels", "children"), Output("node-workloads", "children"),
     Input("node-range", "value"), Input("node-apply", "n_clicks"), Input("node-name", "data"),
     State("node-start", "value"), State("node-end", "value"), State("node-accel", "data"),
+    Input(timeview.TZ_STORE, "data"),   # the local-time toggle redraws
 )
 def render(preset: str, _clicks: int, node: str, start: str | None, end: str | None,
-           accel_query: str | None = None) -> tuple[Any, ...]:
+           accel_query: str | None = None, tz: dict[str, Any] | None = None) -> tuple[Any, ...]:
     c = ctx()
+    zone = timeview.zone_of(tz)
     t0 = time.perf_counter()
     accel = _accel(accel_query)
     try:
@@ -89,7 +95,9 @@ def render(preset: str, _clicks: int, node: str, start: str | None, end: str | N
             error_note("reading the node", e), "", ""
     try:
         lanes = data.node_lanes(c.store, node, w, max_points=c.max_points, accel=accel)
-        fig, keys = figures.node_lanes_figure(lanes, uirevision=f"{node}|{accel_query or ''}|{preset}|{w.start:.0f}")
+        fig, keys = figures.node_lanes_figure(
+            lanes, uirevision=f"{node}|{accel_query or ''}|{preset}|{w.start:.0f}|{zone.key if zone else 'UTC'}")
+        timeview.localize_figure(fig, zone)
     except Exception as e:  # noqa: BLE001 - say it in the page, never a traceback
         return figures.empty_figure("the node's data could not be read (see the note below)"), None, "", \
             error_note("reading the node's series", e), "", ""
@@ -99,8 +107,10 @@ def render(preset: str, _clicks: int, node: str, start: str | None, end: str | N
         picker, panel = "", error_note("reading the node's workloads", e)
     npts = sum(len(t.ts) for t in lanes.traces)
     cursor = max((t.ts[-1] for t in lanes.traces if t.ts and t.metric != "capacity"), default=w.end)
-    meta = {"node": node, "keys": keys, "cursor": cursor, "start": w.start, "end": w.end, "live": w.live}
-    head = f"{fmt_ts(w.start)} to {fmt_ts(w.end)} UTC" + (f" ({w.note})" if w.note else "")
+    meta = {"node": node, "keys": keys, "cursor": cursor, "start": w.start, "end": w.end, "live": w.live,
+            "tz": zone.key if zone else None}
+    head = f"{fmt_ts(w.start, zone)} to {fmt_ts(w.end, zone)} {timeview.zone_name(zone, w.end)}" + (
+        f" ({w.note})" if w.note else "")
     status = (f"{len(lanes.traces)} series, {npts} points after downsampling, {len(lanes.events)} events"
               + (" (more events in range than shown)" if lanes.events_truncated else "")
               + f"; ribbon: {lanes.segments_note}; built in {(time.perf_counter() - t0) * 1000:.0f} ms")
@@ -149,6 +159,7 @@ def live_append(_n: int, meta: dict[str, Any] | None, relayout: dict[str, Any] |
         return no_update, no_update
     c = ctx()
     since = float(meta["cursor"])
+    zone = timeview.zone_of({"local": True, "zone": meta["tz"]}) if meta.get("tz") else None
     try:
         delta = data.live_delta(c.store, meta["node"], meta["keys"], since, c.now() + 1)
     except Exception as e:  # noqa: BLE001 - a store hiccup: keep the chart, try again next interval
@@ -168,13 +179,13 @@ def live_append(_n: int, meta: dict[str, Any] | None, relayout: dict[str, Any] |
         if not ts:
             continue
         k = scale.get(key.split("|", 1)[0], 1.0)
-        p["data"][i]["x"].extend(figures.to_dt(ts))
+        p["data"][i]["x"].extend(timeview.to_display(figures.to_dt(ts), zone))
         p["data"][i]["y"].extend([v * k for v in vals])
         newest = max(newest, ts[-1])
     zoomed = any(k.startswith("xaxis") and ".range" in k for k in (relayout or {}))
     if not zoomed and meta.get("live"):
         span = float(meta["end"]) - float(meta["start"])
-        rng = figures.to_dt([newest + 1 - span, newest + 1])
+        rng = timeview.to_display(figures.to_dt([newest + 1 - span, newest + 1]), zone)
         for ax in ("xaxis", "xaxis2", "xaxis3", "xaxis4"):
             p["layout"][ax]["range"] = rng
     meta = dict(meta, cursor=newest)
@@ -190,6 +201,8 @@ def explain_link(relayout: dict[str, Any] | None, selected: dict[str, Any] | Non
     if not meta:
         return ""
     a, b = float(meta["start"]), float(meta["end"])
+    tz = meta.get("tz")   # the zone the axes are drawn in (None: UTC); the link's URL stays epoch seconds
+    zone = timeview.zone_of({"local": True, "zone": tz}) if tz else None
     picked = False
     try:
         trig = dash.callback_context.triggered_id
@@ -198,24 +211,25 @@ def explain_link(relayout: dict[str, Any] | None, selected: dict[str, Any] | Non
     if trig == "node-graph" and selected and selected.get("range"):
         xr = next(iter(selected["range"].values()), None)
         if xr and len(xr) == 2:
-            a, b, picked = *_span(xr[0], xr[1], a, b), True
+            a, b, picked = *_span(xr[0], xr[1], a, b, tz), True
     elif relayout:
         for k, v in relayout.items():
             if k.startswith("xaxis") and k.endswith(".range[0]"):
                 hi = relayout.get(k.replace("[0]", "[1]"))
-                a, b, picked = *_span(v, hi, a, b), True
+                a, b, picked = *_span(v, hi, a, b, tz), True
                 break
             if k.startswith("xaxis") and k.endswith(".range") and isinstance(v, list) and len(v) == 2:
-                a, b, picked = *_span(v[0], v[1], a, b), True
+                a, b, picked = *_span(v[0], v[1], a, b, tz), True
                 break
     href = "/rootcause?" + urlencode({"node": meta["node"], "start": f"{a:.0f}", "end": f"{b:.0f}"})
     what = "the selected span" if picked else "this range"
-    return dcc.Link(f"Explain {what} ({fmt_ts(a)} to {fmt_ts(b)}) \u2192", href=href, id="node-explain-link",
-                    className="btn btn-primary")
+    span = f"{fmt_ts(a, zone)} to {fmt_ts(b, zone)} {timeview.zone_name(zone, b)}"
+    return dcc.Link(f"Explain {what} ({span}) \u2192", href=href, id="node-explain-link", className="btn btn-primary")
 
 
-def _span(x0: Any, x1: Any, a: float, b: float) -> tuple[float, float]:
-    lo, hi = parse_ts(str(x0)), parse_ts(str(x1))
+def _span(x0: Any, x1: Any, a: float, b: float, tz: str | None = None) -> tuple[float, float]:
+    """An axis span (drawn in ``tz``'s wall time, UTC when None) as epoch seconds; (a, b) when unreadable."""
+    lo, hi = (timeview.to_utc_ts(str(x), tz) if tz else parse_ts(str(x)) for x in (x0, x1))
     if lo is None or hi is None or hi <= lo:
         return a, b
     return lo, hi

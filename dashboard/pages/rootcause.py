@@ -12,7 +12,7 @@ from urllib.parse import quote, urlencode
 import dash
 from dash import Input, Output, State, dcc, html
 
-from triscope.dashboard import data, figures, rca_view
+from triscope.dashboard import data, export, figures, rca_view
 from triscope.dashboard.components import (
     empty_state,
     error_note,
@@ -169,9 +169,10 @@ def _cause(c: Any, node: str, i: int, cz: rca_view.Cause, a: float, b: float,
             sd = sds[0]
             lab = ",".join(f"{k}={short(v)}" for k, v in sorted(ev.labels.items()))
             title = (f"{ev.metric}{{{lab}}}" if lab else ev.metric) + (" (per second)" if sd.info.kind == "counter" else "")
-            kids.append(dcc.Graph(figure=figures.evidence_figure(title, sd.ts, sd.values, (a, b), baseline or (lo, a),
-                                                                 ev.onset), config={"displaylogo": False},
-                                  className="evidence"))
+            fig = figures.evidence_figure(title, sd.ts, sd.values, (a, b), baseline or (lo, a), ev.onset,
+                                          labels={"metric": ev.metric, **ev.labels})
+            kids.append(export.chart(f"cause-{i}", fig, "rootcause-evidence", node, lo, b,
+                                     config={"displaylogo": False}, className="evidence"))
     elif cz.events:
         kids.append(html.Ul([html.Li(short(f"{fmt_ts(e.get('ts'))} {e.get('kind')}: {e.get('message', '')}", 300))
                              for e in cz.events[:5]], className="events"))

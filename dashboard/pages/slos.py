@@ -11,7 +11,7 @@ import dash
 from dash import Input, Output, dcc, html
 
 from triscope.analysis.slo import NOT_ENOUGH_DATA, coverage_pct
-from triscope.dashboard import data, figures, slo_view
+from triscope.dashboard import data, export, figures, slo_view, timeview
 from triscope.dashboard.components import empty_state, error_note, fmt_ts, note, range_picker, short
 from triscope.dashboard.context import ctx
 from triscope.dashboard.registry import page_callback
@@ -62,9 +62,10 @@ def _budget_kpis(st: Any) -> list[Any]:
                       html.Div(_pct(st.budget_remaining, 1), className="kpi slo-budget")])]
 
 
-@page_callback(Output("slos-body", "children"), Input("slos-range", "value"))
-def render(preset: str) -> Any:
+@page_callback(Output("slos-body", "children"), Input("slos-range", "value"), Input(timeview.TZ_STORE, "data"))
+def render(preset: str, tz: dict[str, Any] | None = None) -> Any:
     c = ctx()
+    zone = timeview.zone_of(tz)
     ss = slo_view.load(c)
     try:
         w = data.resolve_window(c.store, None, preset, c.now())
@@ -73,7 +74,7 @@ def render(preset: str) -> Any:
                    for r in data.audit_rows(c.store, w.start, w.end).rows]
         cards: list[Any] = []
         if w.note:
-            cards.append(note(f"evaluated at {fmt_ts(w.end)} UTC: {w.note}", "info"))
+            cards.append(note(f"evaluated at {fmt_ts(w.end, zone)} {timeview.zone_name(zone, w.end)}: {w.note}", "info"))
         for slo in ss.slos:
             st = slo_view.evaluate(c, slo, w.end)
             first = min((n.first_seen for n in c.store.nodes()), default=w.start)
@@ -99,7 +100,8 @@ def render(preset: str) -> Any:
                 html.Div([
                     html.Div([html.Div(f"error budget remaining over the {slo.period} window, across the range shown",
                                        className="muted"),
-                              dcc.Graph(figure=chart, config={"displaylogo": False})], className="grow"),
+                              export.chart(f"slo-{slo.id}", chart, f"slo-{slo.id}", None, w.start, w.end, zone,
+                                           config={"displaylogo": False})], className="grow"),
                     html.Div([html.Table([html.Thead(html.Tr([html.Th("window"), html.Th("burn rate"),
                                                               html.Th("error ratio"), html.Th("coverage")])),
                                           html.Tbody(rows)], className="small-table"),

@@ -1,0 +1,99 @@
+"""The chart downloads (CSV / JSON) and the local-time view, without a browser: hostile labels stay
+data, a figure drawn in local time exports UTC, file names stay file names."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from zoneinfo import ZoneInfo
+
+from triscope.dashboard import export, figures, timeview
+from triscope.dashboard.data import LaneTrace, NodeLanes, Window
+
+T0 = 1_800_000_000.0   # 2027-01-15T08:00:00Z
+HOSTILE = {
+    "node": "gpu-node-" + "x" * (10 * 1024 - 18) + "-end",          # 10 KiB, as tests/test_dashboard_long_names.py
+    "pod": '=HYPERLINK("http://evil","x"),\n"quoted"; <script>',     # comma, quotes, newline, a formula, markup
+    "ts": "clashes with the column",                                  # a label key named like a column
+    "ns": "-1+2",
+    "uni": "ünï\u2028cödé",
+}
+
+
+def _lanes() -> NodeLanes:
+    ts = [T0 + 10 * i for i in range(5)]
+    return NodeLanes("n1", Window(T0, T0 + 3600, False), [
+        LaneTrace("triscope_gpu_sm_active_ratio|gpu=0", "triscope_gpu_sm_active_ratio", dict(HOSTILE), "accelerators",
+                  "GPU 0 SM active", "%", 100.0, ts, [0.1, 0.2, float("nan"), 0.4, 0.5]),
+        LaneTrace("triscope_tcp_retransmits_total|", "triscope_tcp_retransmits_total", {}, "network",
+                  "TCP retransmits/s", "/s", 1.0, ts[:3], [1.0, 2.0, 3.0]),
+    ], {}, [], "", [])
+
+
+def test_series_come_from_the_drawn_figure_only() -> None:
+    fig, _ = figures.node_lanes_figure(_lanes())
+    series = export.series_from_figure(fig)
+    # the frame traces, the ribbon and the events are drawing aids, not series
+    assert [s.name for s in series] == ["GPU 0 SM active", "TCP retransmits/s"]
+    sm = series[0]
+    assert sm.labels == HOSTILE and sm.unit == "%"
+    assert [p[0] for p in sm.points] == [T0 + 10 * i for i in range(5)]
+    assert sm.points[1][1] == 20.0 and sm.points[2][1] is None     # drawn values (scaled), NaN a gap
+
+
+def test_csv_with_hostile_labels_parses_back() -> None:
+    fig, _ = figures.node_lanes_figure(_lanes())
+    text = export.render_csv(export.series_from_figure(fig))
+    rows = list(csv.reader(io.StringIO(text)))
+    head = rows[0]
+    assert head[0] == "ts" and head[1] == "series" and head[-1] == "value"
+    assert "label_ts" in head and "node" in head and head.count("ts") == 1      # no column named twice
+    body = [dict(zip(head, r, strict=True)) for r in rows[1:]]
+    assert len(body) == 5 + 3                                                   # one row per point
+    first = body[0]
+    assert first["ts"] == "2027-01-15T08:00:00.000Z" and first["value"] == "10.0"
+    assert first["node"] == HOSTILE["node"]                                     # whole, 10 KiB
+    assert first["pod"] == "'" + HOSTILE["pod"]                                 # a formula is not run
+    assert first["ns"] == "'-1+2" and first["uni"] == HOSTILE["uni"]
+    assert body[2]["value"] == ""                                               # the gap
+    assert body[5]["series"] == "TCP retransmits/s" and body[5]["pod"] == ""
+
+
+def test_json_with_hostile_labels_parses_back() -> None:
+    fig, _ = figures.node_lanes_figure(_lanes())
+    doc = json.loads(export.render_json("node", HOSTILE["node"], T0, T0 + 3600, export.series_from_figure(fig)))
+    assert set(doc) == {"chart", "node", "start", "end", "series"}
+    assert doc["node"] == HOSTILE["node"] and doc["start"] == "2027-01-15T08:00:00.000Z"
+    sm = doc["series"][0]
+    assert sm["labels"] == HOSTILE and sm["unit"] == "%" and sm["name"] == "GPU 0 SM active"
+    assert sm["points"][0] == ["2027-01-15T08:00:00.000Z", 10.0] and sm["points"][2][1] is None
+
+
+def test_a_figure_drawn_in_local_time_exports_utc() -> None:
+    fig, _ = figures.node_lanes_figure(_lanes())
+    utc_points = [s.points for s in export.series_from_figure(fig)]
+    timeview.localize_figure(fig, ZoneInfo("Asia/Tokyo"))
+    assert fig["layout"]["meta"]["tz"] == "Asia/Tokyo"
+    assert fig["layout"]["xaxis"]["range"][0] == "2027-01-15T17:00:00.000"      # drawn at +9 h
+    assert fig["data"][-1]["x"][0] == "2027-01-15T17:00:00.000"
+    assert [s.points for s in export.series_from_figure(fig)] == utc_points      # the file stays UTC
+
+
+def test_file_names_say_what_and_when_and_stay_names() -> None:
+    assert export.filename("node", "h200-node", 1_796_137_200.0, "csv") == "triscope-node-h200-node-20261201T1500Z.csv"
+    long = export.filename("node", HOSTILE["node"], T0, "json")
+    assert len(long) < 100 and long.endswith("-20270115T0800Z.json")
+    other = export.filename("node", HOSTILE["node"][:-1] + "f", T0, "json")
+    assert other != long                                                       # two long names, two files
+    hostile = export.filename("node", "../../etc/passwd\x00;rm -rf", T0, "csv")
+    assert "/" not in hostile and "\x00" not in hostile and " " not in hostile and ".." not in hostile
+
+
+def test_zone_helpers() -> None:
+    assert timeview.zone_of(None) is None and timeview.zone_of({"local": False, "zone": "Asia/Tokyo"}) is None
+    assert timeview.zone_of({"local": True, "zone": "Not/AZone"}) is None       # unknown: UTC
+    tokyo = timeview.zone_of({"local": True, "zone": "Asia/Tokyo"})
+    assert tokyo is not None and timeview.zone_name(tokyo, T0) == "Asia/Tokyo (UTC+09:00)"
+    assert timeview.fmt(T0, tokyo) == "2027-01-15 17:00:00" and timeview.fmt(T0) == "2027-01-15 08:00:00"
+    assert timeview.to_utc_ts("2027-01-15T17:00:00.000", "Asia/Tokyo") == T0
