@@ -391,8 +391,12 @@ def test_promtool_check_and_test_rules(tmp_path: Path) -> None:
     assert "SUCCESS" in chk.stdout
 
     groups = prometheus_rules(load_slo_file(spec))["groups"]
-    ann = {g_rule["labels"]["sloth_severity"]: g_rule["annotations"]
+    # no external labels in this test: the links render as bare paths
+    ann = {g_rule["labels"]["sloth_severity"]: {k: re.sub(r"\{\{ \$externalLabels\.\w+ \}\}", "", v)
+                                                for k, v in g_rule["annotations"].items()}
            for g in groups for g_rule in g["rules"] if g_rule.get("alert") == "AppAvailability"}
+    assert ann["page"]["runbook_url"] == "/alerts.md#appavailability"
+    assert ann["page"]["dashboard_url"] == "/slos?range=1h"
     alerts = {sev: {"exp_labels": _alert_labels("availability", sev, {"category": "availability", "severity": sev}),
                     "exp_annotations": ann[sev]} for sev in ("page", "ticket")}
     tests = _promtool_tests(rules, alerts, SCENARIOS)
@@ -494,3 +498,35 @@ def test_cli_status(sqlite_url: str, tmp_path: Path) -> None:
     assert early.returncode == 0, early.stderr
     assert "[NOT ENOUGH DATA YET]" in early.stdout and "FIRING" not in early.stdout
     assert early.stdout.count(": not enough data yet (") == 2 + 3 + 2   # SLI/budget x2 SLOs, 3 + 2 alerts
+
+
+def test_generated_alerts_link_runbook_and_dashboard_unless_the_spec_does() -> None:
+    """Every generated SLO alert gets runbook_url / dashboard_url templates over Prometheus external
+    labels; an SLO file's own annotations win."""
+    groups = prometheus_rules(parse_slo_text(SPEC))["groups"]
+    alerts = [r for g in groups for r in g["rules"] if "alert" in r]
+    assert {a["alert"] for a in alerts} == {"AppAvailability", "AppLatency"}
+    for a in alerts:
+        assert a["annotations"]["runbook_url"] == (
+            "{{ $externalLabels.triscope_docs_url }}/alerts.md#" + a["alert"].lower())
+        assert a["annotations"]["dashboard_url"] == "{{ $externalLabels.triscope_dashboard_url }}/slos?range=1h"
+    own = SPEC.replace('summary: "app availability budget burn"',
+                       'summary: "app availability budget burn"\n        runbook_url: "https://wiki/app"')
+    alerts = [r for g in prometheus_rules(parse_slo_text(own))["groups"] for r in g["rules"]
+              if r.get("alert") == "AppAvailability"]
+    assert alerts and all(a["annotations"]["runbook_url"] == "https://wiki/app" for a in alerts)
+
+
+def test_prometheusrule_wraps_extra_groups_then_the_slo_groups() -> None:
+    from triscope.analysis.slo import prometheusrule_yaml
+
+    slos = parse_slo_text(SPEC)
+    extra = [{"name": "mine", "rules": [{"alert": "Mine", "expr": "vector(1)"}]}]
+    doc = yaml.safe_load(prometheusrule_yaml(slos, name="x", extra_groups=extra, header="# h\n"))
+    assert doc["apiVersion"] == "monitoring.coreos.com/v1" and doc["kind"] == "PrometheusRule"
+    assert doc["metadata"] == {"name": "x", "labels": {"app.kubernetes.io/name": "triscope",
+                                                       "release": "kube-prometheus-stack"}}
+    assert doc["spec"]["groups"][0] == extra[0]
+    assert doc["spec"]["groups"][1:] == prometheus_rules(slos)["groups"]
+    with pytest.raises(ValueError, match="mine"):
+        prometheusrule_yaml(slos, name="x", extra_groups=extra * 2)

@@ -53,16 +53,28 @@ def test_promtool_rejects_a_broken_rule(tmp_path: Path) -> None:
     assert out.returncode != 0
 
 
-def test_every_alert_is_documented_and_routed_by_node_or_slo(rule_file: Path) -> None:
+def test_every_alert_is_documented_linked_and_routed_by_node_or_slo(rule_file: Path) -> None:
     spec = yaml.safe_load(rule_file.read_text())
     alerts = [r for g in spec["groups"] for r in g["rules"] if "alert" in r]
     assert {a["alert"] for a in alerts} >= {"TriscopeIOSaturated", "TriscopeStagingBound", "TriscopeNetworkBound",
-                                           "TriscopeMismatchSevere", "TriscopeSLOBurnRatePage",
-                                           "TriscopeSLOBurnRateTicket", "TriscopeAgentDown"}
+                                           "TriscopeMismatchSevere", "H200InferenceRequestsLate",
+                                           "H200InferenceLatency", "TriscopeAgentDown"}
+    runbook = (REPO / "docs" / "alerts.md").read_text()
+    sections = {line[3:].strip().lower() for line in runbook.splitlines() if line.startswith("## ")}
     for a in alerts:
+        ann = a["annotations"]
         assert a["labels"]["severity"] in {"page", "ticket", "warning", "info"}, a["alert"]
-        assert a["annotations"]["summary"] and a["annotations"]["description"], a["alert"]
-        assert "node" in a["annotations"]["summary"] or "slo" in a["annotations"]["summary"], a["alert"]
+        if "sloth_severity" in a["labels"]:     # generated from the SLO file: fleet-wide, per SLO
+            assert ann["title"] and ann["summary"], a["alert"]
+            assert ann["dashboard_url"] == "{{ $externalLabels.triscope_dashboard_url }}/slos?range=1h"
+        else:
+            assert ann["summary"] and ann["description"], a["alert"]
+            assert "node" in ann["summary"], a["alert"]
+            assert ann["dashboard_url"].startswith(
+                "{{ $externalLabels.triscope_dashboard_url }}/node/{{ $labels.node }}?"), a["alert"]
+            assert ann["dashboard_url"].endswith("range=1h"), a["alert"]
+        assert ann["runbook_url"] == f"{{{{ $externalLabels.triscope_docs_url }}}}/alerts.md#{a['alert'].lower()}"
+        assert a["alert"].lower() in sections, f"docs/alerts.md has no section '## {a['alert']}'"
 
 
 def test_prometheusrule_carries_the_plain_rule_files_groups_unchanged() -> None:
@@ -79,6 +91,9 @@ def test_prometheusrule_carries_the_plain_rule_files_groups_unchanged() -> None:
             assert line.split(":", 1)[1].strip().strip("'\"") in alerts, line
 
 
+# the two external labels the annotations' links are built from (docs/deploy.md)
+LINKS = "{triscope_docs_url: 'https://docs.example.com/triscope', triscope_dashboard_url: 'https://triscope.example.com'}"
+
 UNIT_TESTS = """
 rule_files: [{rules}]
 evaluation_interval: 30s
@@ -87,6 +102,7 @@ tests:
   # accelerator and its workload, the evidence read from the GPU's series; the same state with a
   # low score (node-b) and a short episode (node-c) must not.
   - interval: 30s
+    external_labels: {links}
     input_series:
       - series: 'triscope_mismatch_state{{state="io-saturated", node="node-a", gpu="0", namespace="inference", pod="p-a", container="server"}}'
         values: '1x20'
@@ -115,6 +131,8 @@ tests:
               summary: "node-a GPU 0: inference/p-a starved by a saturated I/O link"
               description: "Mismatch state io-saturated for 5 minutes; 60% of the accelerator's time lost to I/O. Check batch sizes, host-to-device copy overlap, link generation/width."
               evidence: "SM activity 0%; PCIe host-to-device 50GB/s, device-to-host 0B/s (5-minute averages)."
+              runbook_url: https://docs.example.com/triscope/alerts.md#triscopeiosaturated
+              dashboard_url: https://triscope.example.com/node/node-a?gpu=0&range=1h
       - eval_time: 3m
         alertname: TriscopeIOSaturated
         exp_alerts: []
@@ -123,6 +141,7 @@ tests:
   # verdicts) with the old false verdict, staging-bound at 0.96. Neither is a workload losing
   # time that the alert can name: nothing fires, nothing pages.
   - interval: 30s
+    external_labels: {links}
     input_series:
       - series: 'triscope_mismatch_state{{state="demand-limited", node="node-l", gpu="0", namespace="inference", pod="light-0", container="server"}}'
         values: '1x80'
@@ -157,6 +176,7 @@ tests:
   # labelled with the workload, the evidence in the annotations (the NIC's 5,000 DMA maps/s are
   # not the GPU's device).  Its neighbour on GPU 4 is demand-limited and stays quiet.
   - interval: 30s
+    external_labels: {links}
     input_series:
       - series: 'triscope_mismatch_state{{state="staging-bound", node="node-s", gpu="3", namespace="inference", pod="llm-7", container="server"}}'
         values: '1x80'
@@ -196,6 +216,8 @@ tests:
               summary: "node-s GPU 3: inference/llm-7 starved by host staging"
               description: "Mismatch state staging-bound for 10 minutes, 95% of the accelerator's time lost: the host cannot feed it (a pegged feeder thread, CPU wait or pressure, pinning). Use pinned host buffers, more loader threads, CPU requests that match the work."
               evidence: "SM activity 5%; PCIe host-to-device 5GB/s; busiest feeder thread 99% of a core; CPU wait 2%; cgroup CPU pressure n/a; DMA maps on its device 50/s (5-minute averages)."
+              runbook_url: https://docs.example.com/triscope/alerts.md#triscopestagingbound
+              dashboard_url: https://triscope.example.com/node/node-s?gpu=3&range=1h
       - eval_time: 14m
         alertname: TriscopeMismatchSevere
         exp_alerts: []
@@ -206,49 +228,49 @@ tests:
             exp_annotations:
               summary: "node-s GPU 3: inference/llm-7 loses over half of its accelerator time to I/O"
               description: "Average mismatch score 95% over 15 minutes, in state staging-bound; the ticket alert of that state carries the evidence."
-  # availability SLO: 10 % errors (20x the 0.5 % budget) for 2 hours pages; no traffic at all
-  # is "no data" and pages nobody.
-  - interval: 1m
+              runbook_url: https://docs.example.com/triscope/alerts.md#triscopemismatchsevere
+              dashboard_url: https://triscope.example.com/node/node-s?gpu=3&range=1h
+  # An NPU (Ascend) chip: the dashboard link names npu and chip instead of gpu.
+  - interval: 30s
+    external_labels: {links}
     input_series:
-      - series: 'inference_requests_total{{code="200"}}'
-        values: '0+90x180'
-      - series: 'inference_requests_total{{code="500"}}'
-        values: '0+10x180'
+      - series: 'triscope_mismatch_state{{state="network-bound", node="node-n", npu="2", chip="1", workload="cmd:python"}}'
+        values: '1x20'
+      - series: 'triscope_mismatch_score{{node="node-n", npu="2", chip="1", workload="cmd:python"}}'
+        values: '0.5x20'
     alert_rule_test:
-      - eval_time: 2h
-        alertname: TriscopeSLOBurnRatePage
+      - eval_time: 6m
+        alertname: TriscopeNetworkBound
         exp_alerts:
-          - exp_labels: {{slo: inference-availability, severity: page, category: slo}}
+          - exp_labels: {{node: node-n, npu: "2", chip: "1", workload: "cmd:python", severity: ticket, category: mismatch}}
             exp_annotations:
-              summary: "SLO inference-availability: error budget burning fast"
-              description: "At this rate the 30-day error budget is gone in under 5 days (burn >= 6x)."
+              summary: "node-n NPU 2 chip 1: cmd:python starved while the network retransmits"
+              description: "Mismatch state network-bound for 5 minutes, 50% of the accelerator's time lost."
+              evidence: "TCP retransmits n/a; SM activity n/a (5-minute averages)."
+              runbook_url: https://docs.example.com/triscope/alerts.md#triscopenetworkbound
+              dashboard_url: https://triscope.example.com/node/node-n?npu=2&chip=1&range=1h
+  # A node-wide alert (no accelerator): the link opens the node page.
   - interval: 1m
+    external_labels: {links}
     input_series:
-      - series: 'inference_requests_total{{code="200"}}'
-        values: '0x180'
-      - series: 'inference_requests_total{{code="500"}}'
-        values: '0x180'
+      - series: 'up{{job="triscope-agent", node="node-d", instance="10.0.0.4:9400"}}'
+        values: '0x10'
     alert_rule_test:
-      - eval_time: 2h
-        alertname: TriscopeSLOBurnRatePage
-        exp_alerts: []
-  # 0.2 % errors is within the 0.5 % budget: no page
-  - interval: 1m
-    input_series:
-      - series: 'inference_requests_total{{code="200"}}'
-        values: '0+998x180'
-      - series: 'inference_requests_total{{code="500"}}'
-        values: '0+2x180'
-    alert_rule_test:
-      - eval_time: 2h
-        alertname: TriscopeSLOBurnRatePage
-        exp_alerts: []
+      - eval_time: 6m
+        alertname: TriscopeAgentDown
+        exp_alerts:
+          - exp_labels: {{job: triscope-agent, node: node-d, instance: "10.0.0.4:9400", severity: ticket, category: agent}}
+            exp_annotations:
+              summary: "node-d: triscope agent not scraped for 5 minutes"
+              description: "The node's mismatch and kernel signals are blind."
+              runbook_url: https://docs.example.com/triscope/alerts.md#triscopeagentdown
+              dashboard_url: https://triscope.example.com/node/node-d?range=1h
 """
 
 
 def test_rules_fire_when_they_must_and_stay_quiet_otherwise(rule_file: Path) -> None:
     tests = rule_file.parent / "triscope.rules.test.yaml"
-    tests.write_text(UNIT_TESTS.format(rules=rule_file.name))
+    tests.write_text(UNIT_TESTS.format(rules=rule_file.name, links=LINKS))
     out = subprocess.run([tool("promtool"), "test", "rules", tests.name], capture_output=True, text=True,
                          timeout=120, cwd=rule_file.parent)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -286,4 +308,11 @@ def test_alertmanager_example_sends_triscope_alerts_to_the_webhook_with_a_bearer
     assert routes("alertname=TriscopeIOSaturated", "severity=ticket", "node=n1") == ["team-tickets",
                                                                                      "triscope-remediation"]
     assert routes("alertname=TriscopeSLOBurnRatePage", "severity=page") == ["oncall-pager", "triscope-remediation"]
+    # SLO alerts are named in the SLO file (no Triscope prefix): the engine gets them by their sloth_slo
+    # label, people by severity
+    slo = ("alertname=H200InferenceRequestsLate", "sloth_slo=requests-on-time", "sloth_id=h200-inference-requests-on-time")
+    assert routes(*slo, "severity=page") == ["oncall-pager", "triscope-remediation"]
+    assert routes(*slo, "severity=ticket") == ["team-tickets", "triscope-remediation"]
+    assert routes("alertname=TriscopeAgentDown", "severity=ticket", "node=n1") == ["team-tickets", "triscope-remediation"]
+    assert routes("alertname=SomethingElse", "severity=ticket") == ["team-tickets"]
     assert routes("alertname=SomethingElse", "severity=page") == ["oncall-pager"]

@@ -33,6 +33,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     r.add_argument("file", type=Path, help="SLO file (Sloth prometheus/v1 YAML)")
     r.add_argument("-o", "--output", type=Path, help="write to this file instead of standard output")
+    r.add_argument("--format", choices=("rules", "prometheusrule"), default="rules",
+                   help="rules: a plain Prometheus rule file (default); prometheusrule: a "
+                   "monitoring.coreos.com/v1 PrometheusRule for the Prometheus Operator")
+    r.add_argument("--include", type=Path, action="append", default=[], metavar="RULE_FILE",
+                   help="prometheusrule: put this plain rule file's groups first (repeatable), e.g. "
+                   "deploy/prometheus/triscope-rules.yaml")
+    r.add_argument("--name", default="triscope", help="prometheusrule: metadata.name (default triscope)")
+    r.add_argument("--namespace", help="prometheusrule: metadata.namespace (default none: kustomize sets it)")
+    r.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
+                   help="prometheusrule: metadata label (repeatable; replaces the defaults "
+                   "app.kubernetes.io/name=triscope, release=kube-prometheus-stack)")
     r.set_defaults(func=cmd_rules)
 
     s = ssub.add_parser(
@@ -79,7 +90,12 @@ def cmd_rules(args: argparse.Namespace) -> int:
     from triscope.errors import UserError
 
     path, slos = _load(args.file)
-    text = rules_yaml(slos, path.name)
+    if args.format == "prometheusrule":
+        text = _prometheusrule(args, path, slos)
+    else:
+        if args.include or args.label or args.namespace:
+            raise UserError("--include, --label and --namespace go with --format prometheusrule")
+        text = rules_yaml(slos, path.name)
     if args.output:
         try:
             args.output.write_text(text)
@@ -90,6 +106,55 @@ def cmd_rules(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _prometheusrule(args: argparse.Namespace, path: Path, slos: list[Any]) -> str:
+    """The PrometheusRule text; its header names the sources and repeats the command line, so whoever
+    opens the generated file knows what to edit and how to regenerate it."""
+    import shlex
+
+    import yaml
+
+    from triscope.analysis.slo import prometheusrule_yaml
+    from triscope.errors import UserError
+
+    groups: list[dict[str, Any]] = []
+    for inc in args.include:
+        try:
+            doc = yaml.safe_load(inc.read_text())
+        except OSError as e:
+            raise UserError(f"cannot read {inc}: {e.strerror or e}") from None
+        except yaml.YAMLError as e:
+            raise UserError(f"{inc}: not YAML: {e}") from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("groups"), list):
+            raise UserError(f"{inc}: not a Prometheus rule file (no 'groups' list)")
+        groups.extend(doc["groups"])
+    labels = None
+    if args.label:
+        labels = {}
+        for kv in args.label:
+            k, sep, v = kv.partition("=")
+            if not sep or not k:
+                raise UserError(f"--label {kv!r}: expected KEY=VALUE")
+            labels[k] = v
+    cmd = ["triscope", "slo", "rules", str(args.file), "--format", "prometheusrule"]
+    cmd += [a for inc in args.include for a in ("--include", str(inc))]
+    if args.name != "triscope":
+        cmd += ["--name", args.name]
+    if args.namespace:
+        cmd += ["--namespace", args.namespace]
+    cmd += [a for kv in args.label for a in ("--label", kv)]
+    if args.output:
+        cmd += ["-o", str(args.output)]
+    sources = ", ".join([str(args.file), *map(str, args.include)])
+    header = (f"# Generated from {sources}: do not edit, edit those and regenerate with\n"
+              f"#   {shlex.join(cmd)}\n"
+              "# (a test fails while this file differs from what that command writes).\n")
+    try:
+        return prometheusrule_yaml(slos, name=args.name, namespace=args.namespace, labels=labels,
+                                   extra_groups=groups, header=header)
+    except ValueError as e:
+        raise UserError(str(e)) from None
 
 
 def _pct(x: float | None, nd: int = 3) -> str:
