@@ -319,7 +319,8 @@ def evidence_figure(title: str, ts: Sequence[float], values: Sequence[float], wi
     return fig
 
 
-def episode_timeline_figure(episodes: Sequence[Any], window: tuple[float, float], height: int | None = None) -> go.Figure:
+def episode_timeline_figure(episodes: Sequence[Any], window: tuple[float, float], height: int | None = None,
+                            zone: Any = None) -> go.Figure:
     """The episode timeline: a row per accelerator (its workload in the row label), each run of one
     state a bar in the state's colour, health incidents and SLO burn periods as markers; bad
     episodes outlined.  ``episodes`` carry ``start``, ``end``, ``state``, ``kind``, ``bad``,
@@ -348,7 +349,7 @@ def episode_timeline_figure(episodes: Sequence[Any], window: tuple[float, float]
         row = "SLO" if e.kind == "slo" else e.where
         y = y_of[row]
         top = [c.title for c in getattr(e, "causes", [])[:2]]
-        text = (f"{e.where}: {e.state} {_hm(e.start)}\u2013{_hm(e.end)} ({_dur(e.end - e.start)})"
+        text = (f"{e.where}: {e.state} {_hm(e.start, zone)}\u2013{_hm(e.end, zone)} ({_dur(e.end - e.start)})"
                 + (f"<br>{shorten(e.workload.display, 80)}" if e.workload is not None and e.workload.display else "")
                 + (f"<br>likely: {'; '.join(shorten(t, 60) for t in top)}" if top else ""))
         if e.kind != "state":
@@ -387,8 +388,13 @@ def episode_timeline_figure(episodes: Sequence[Any], window: tuple[float, float]
     return fig
 
 
-def _hm(ts: float) -> str:
-    return to_dt([ts])[0][11:19]
+def _hm(ts: float, zone: Any = None) -> str:
+    """``HH:MM:SS`` in UTC, or in ``zone`` (a tzinfo: the page's local-time view)."""
+    if zone is None:
+        return to_dt([ts])[0][11:19]
+    from datetime import datetime
+
+    return datetime.fromtimestamp(ts, zone).strftime("%H:%M:%S")
 
 
 def _dur(s: float) -> str:

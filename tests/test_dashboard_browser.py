@@ -464,6 +464,13 @@ def test_local_time_toggle_shows_the_browser_zone_and_stays_on(browser: Any, ser
         pg.wait_for_selector("#mismatch-scatter .js-plotly-plot")
         assert pg.is_checked("#tz-local input")
         assert "Asia/Tokyo" in pg.inner_text("#mismatch-note")
+        pg = p.goto("/")
+        pg.wait_for_function("() => document.querySelector('#fleet-table').innerText.includes('last seen (Asia/Tokyo)')")
+        pg = p.goto("/remediation")
+        pg.wait_for_function("() => document.querySelector('#remediation-note').innerText.includes('Asia/Tokyo')")
+        pg = p.goto("/rootcause?node=h200-node")
+        pg.wait_for_selector("#rootcause-states")
+        assert "Asia/Tokyo" in pg.inner_text("#rootcause-body")
         pg = p.goto("/node/h200-node")
         pg.wait_for_function("() => document.querySelector('#node-window-note').innerText.includes('Asia/Tokyo')")
         # and off again: UTC

@@ -10,7 +10,7 @@ from urllib.parse import quote
 import dash
 from dash import Input, Output, State, dash_table, dcc, html, no_update
 
-from triscope.dashboard import data, slo_view
+from triscope.dashboard import data, slo_view, timeview
 from triscope.dashboard.components import NAME_CHARS, error_note, fmt_ts, full, note, short
 from triscope.dashboard.context import ctx
 from triscope.dashboard.figures import STATE_COLORS
@@ -79,6 +79,7 @@ def layout(**_: Any) -> html.Div:
             "accelerators": short(r.accelerators, 80), "slo": short(r.slo, 80),
             "last_remediation": short(r.last_remediation, 80),
             "last_seen": fmt_ts(r.last_seen) + ("" if r.live else " (not live)"),
+            "last_seen_ts": r.last_seen, "live": r.live,   # not columns: the local-time toggle rewrites last_seen
         }
         tip: dict[str, Any] = {"node": full(r.node)} if len(r.node) > NAME_CHARS else {}
         n_accels += len(r.cells)
@@ -132,3 +133,21 @@ def open_node(cell: dict[str, Any] | None, viewport: list[dict[str, Any]] | None
     col = str(cell.get("column_id") or "")
     q = rec.get("q" + col[1:]) if col.startswith("a") and col[1:].isdigit() else None
     return href + (f"?{q}" if q else "")
+
+
+@page_callback(
+    Output("fleet-table", "data"), Output("fleet-table", "columns"),
+    Input(timeview.TZ_STORE, "data"), State("fleet-table", "data"), State("fleet-table", "columns"),
+)
+def show_zone(tz: dict[str, Any] | None, records: list[dict[str, Any]] | None,
+              columns: list[dict[str, Any]] | None) -> tuple[Any, Any]:
+    """The "last seen" column in UTC or the browser's zone (the table is built in the layout, which
+    cannot read the browser's choice)."""
+    if not records or not columns:
+        return no_update, no_update
+    zone = timeview.zone_of(tz)
+    label = f"last seen ({zone.key if zone else 'UTC'})"
+    out = [dict(r, last_seen=fmt_ts(r["last_seen_ts"], zone) + ("" if r.get("live") else " (not live)"))
+           if r.get("last_seen_ts") is not None else r for r in records]
+    cols = [dict(c, name=["", label]) if c.get("id") == "last_seen" else c for c in columns]
+    return out, cols

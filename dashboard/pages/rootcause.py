@@ -12,7 +12,7 @@ from urllib.parse import quote, urlencode
 import dash
 from dash import Input, Output, State, dcc, html
 
-from triscope.dashboard import data, export, figures, rca_view
+from triscope.dashboard import data, export, figures, rca_view, timeview
 from triscope.dashboard.components import (
     empty_state,
     error_note,
@@ -66,9 +66,11 @@ def layout(node: str = "", start: str = "", end: str = "", **_: Any) -> html.Div
     Output("rootcause-body", "children"), Output("rootcause-nodelink", "href"),
     Input("rootcause-go", "n_clicks"), Input("rootcause-node", "value"),
     State("rootcause-start", "value"), State("rootcause-end", "value"),
+    Input(timeview.TZ_STORE, "data"),   # the local-time toggle redraws (the start / end fields stay UTC)
 )
-def explain(_n: int, value: str, start: str | None, end: str | None) -> tuple[Any, Any]:
+def explain(_n: int, value: str, start: str | None, end: str | None, tz: dict[str, Any] | None = None) -> tuple[Any, Any]:
     c = ctx()
+    zone = timeview.zone_of(tz)
     node = node_from_value(value, (n.name for n in c.store.nodes()))
     if node is None:
         return note("that node is no longer in the store: pick another", "warn"), "/node"
@@ -80,7 +82,7 @@ def explain(_n: int, value: str, start: str | None, end: str | None) -> tuple[An
     t0 = time.perf_counter()
     parts: list[Any] = []
     try:
-        parts += _episodes(c, node, a, b)
+        parts += _episodes(c, node, a, b, zone)
     except Exception as e:  # noqa: BLE001
         parts.append(error_note("the episode timeline", e))
     try:
@@ -91,21 +93,22 @@ def explain(_n: int, value: str, start: str | None, end: str | None) -> tuple[An
     if res is not None:
         if res.causes:
             parts.append(html.H3(f"Likely causes over the whole window ({len(res.causes)}; {res.series_examined} series against the "
-                                 f"baseline {fmt_ts(res.baseline[0]) if res.baseline else ''} to "
-                                 f"{fmt_ts(res.baseline[1]) if res.baseline else ''})"))
-            parts.append(html.Ol([_cause(c, node, i, cz, a, b, res.baseline) for i, cz in enumerate(res.causes[:8])],
+                                 f"baseline {fmt_ts(res.baseline[0], zone) if res.baseline else ''} to "
+                                 f"{fmt_ts(res.baseline[1], zone) if res.baseline else ''} "
+                                 f"{timeview.zone_name(zone, b)})"))
+            parts.append(html.Ol([_cause(c, node, i, cz, a, b, res.baseline, zone) for i, cz in enumerate(res.causes[:8])],
                                  className="causes", id="rootcause-causes"))
         else:
             parts.append(empty_state("No ranked causes", res.note, id="rootcause-nocauses"))
     try:
-        parts += _detector(c, node, a, b, res.mismatch if res is not None else None)
+        parts += _detector(c, node, a, b, res.mismatch if res is not None else None, zone)
     except Exception as e:  # noqa: BLE001
         parts.append(error_note("reading the window's events", e))
     parts.append(html.Div(f"answered in {(time.perf_counter() - t0) * 1000:.0f} ms", className="status-line"))
     return parts, link
 
 
-def _episodes(c: Any, node: str, a: float, b: float) -> list[Any]:
+def _episodes(c: Any, node: str, a: float, b: float, zone: Any = None) -> list[Any]:
     """The window's episode timeline and its bad episodes, each with its ranked causes."""
     import functools
 
@@ -113,7 +116,8 @@ def _episodes(c: Any, node: str, a: float, b: float) -> list[Any]:
 
     tv = rca_view.timeline(c.store, node, a, b, owners=functools.partial(workload_owners, c.store))
     out: list[Any] = [html.H3("Episodes: one state per accelerator"),
-                      dcc.Graph(id="rootcause-timeline", figure=figures.episode_timeline_figure(tv.episodes, (a, b)),
+                      dcc.Graph(id="rootcause-timeline", figure=timeview.localize_figure(
+                          figures.episode_timeline_figure(tv.episodes, (a, b), zone=zone).to_plotly_json(), zone),
                                 config={"displaylogo": False})]
     for n in tv.notes:
         out.append(note(n, "info"))
@@ -122,17 +126,18 @@ def _episodes(c: Any, node: str, a: float, b: float) -> list[Any]:
         out.append(empty_state("No bad episode in this window", "every accelerator was idle, demand-limited, "
                                "compute-bound or balanced (or no state is stored)", id="rootcause-noepisodes"))
     else:
-        out.append(html.Ol([_episode(node, e) for e in bad[:20]], className="episodes causes", id="rootcause-episodes"))
+        out.append(html.Ol([_episode(node, e, zone) for e in bad[:20]], className="episodes causes", id="rootcause-episodes"))
     out.append(html.Div(f"episodes from {tv.source}", className="muted"))
     return out
 
 
-def _episode(node: str, e: rca_view.EpisodeView) -> html.Li:
+def _episode(node: str, e: rca_view.EpisodeView, zone: Any = None) -> html.Li:
     wl = e.workload.display if e.workload is not None and e.workload.display else ""
     head = [html.B(e.where), html.Span(short(wl, 80), className="muted", title=full(e.workload.detail))
             if wl and e.workload is not None else None,
             html.Span(e.state, className="state-chip", style={"backgroundColor": STATE_COLORS.get(e.state, "#9e9e9e")}),
-            html.Span(f"{fmt_ts(e.start)} → {fmt_ts(e.end)} UTC ({figures._dur(e.duration)})"
+            html.Span(f"{fmt_ts(e.start, zone)} → {fmt_ts(e.end, zone)} {timeview.zone_name(zone, e.end)} "
+                      f"({figures._dur(e.duration)})"
                       + (" (began before the window)" if e.started_before else ""), className="ep-span"),
             html.Span(f"score {e.score:.2f}" if e.score is not None else "", className="badge") if e.score is not None
             else None,
@@ -152,10 +157,10 @@ def _episode(node: str, e: rca_view.EpisodeView) -> html.Li:
 
 
 def _cause(c: Any, node: str, i: int, cz: rca_view.Cause, a: float, b: float,
-           baseline: tuple[float, float] | None) -> html.Li:
+           baseline: tuple[float, float] | None, zone: Any = None) -> html.Li:
     kids: list[Any] = [html.Div([html.Span(short(cz.title, 200), className="cause-title"),
                                  html.Span(f"score {cz.score:.2f}" if cz.score is not None else "", className="badge"),
-                                 html.Span(f"onset {fmt_ts(cz.onset)}" if cz.onset else "", className="muted")],
+                                 html.Span(f"onset {fmt_ts(cz.onset, zone)}" if cz.onset else "", className="muted")],
                                 className="card-head"),
                        html.Div(short(cz.summary, 600), className="muted")]
     if cz.peers:
@@ -171,10 +176,10 @@ def _cause(c: Any, node: str, i: int, cz: rca_view.Cause, a: float, b: float,
             title = (f"{ev.metric}{{{lab}}}" if lab else ev.metric) + (" (per second)" if sd.info.kind == "counter" else "")
             fig = figures.evidence_figure(title, sd.ts, sd.values, (a, b), baseline or (lo, a), ev.onset,
                                           labels={"metric": ev.metric, **ev.labels})
-            kids.append(export.chart(f"cause-{i}", fig, "rootcause-evidence", node, lo, b,
+            kids.append(export.chart(f"cause-{i}", fig, "rootcause-evidence", node, lo, b, zone,
                                      config={"displaylogo": False}, className="evidence"))
     elif cz.events:
-        kids.append(html.Ul([html.Li(short(f"{fmt_ts(e.get('ts'))} {e.get('kind')}: {e.get('message', '')}", 300))
+        kids.append(html.Ul([html.Li(short(f"{fmt_ts(e.get('ts'), zone)} {e.get('kind')}: {e.get('message', '')}", 300))
                              for e in cz.events[:5]], className="events"))
     return html.Li(kids, className="card cause")
 
@@ -184,7 +189,8 @@ def _chips(shares: dict[str, float]) -> list[Any]:
             for s, f in sorted(shares.items(), key=lambda kv: -kv[1])]
 
 
-def _detector(c: Any, node: str, a: float, b: float, mismatch: dict[str, Any] | None = None) -> list[Any]:
+def _detector(c: Any, node: str, a: float, b: float, mismatch: dict[str, Any] | None = None,
+              zone: Any = None) -> list[Any]:
     """The detector's verdict over the window: from the root-cause result when it carries it (the
     RCA already ran the detector over the window and its baseline), else run here."""
     out: list[Any] = [html.H3("Mismatch detector over the window")]
@@ -207,12 +213,12 @@ def _detector(c: Any, node: str, a: float, b: float, mismatch: dict[str, Any] | 
             worst = max(states, key=lambda s: s.score)
             reasons = worst.evidence.get("reasons") or []
             if reasons:
-                out.append(html.Div(f"worst window {fmt_ts(worst.start)}: {worst.state} (score {worst.score:.2f}): "
+                out.append(html.Div(f"worst window {fmt_ts(worst.start, zone)}: {worst.state} (score {worst.score:.2f}): "
                                     + "; ".join(reasons), className="muted"))
     evs = c.store.events(node=node, start=a, end=b, limit=51)
     if evs:
         out.append(html.H3(f"Events in the window ({len(evs) if len(evs) <= 50 else '50+'})"))
-        out.append(html.Ul([html.Li(short(f"{fmt_ts(e.ts)} {e.kind} ({e.severity}): {e.message}", 300))
+        out.append(html.Ul([html.Li(short(f"{fmt_ts(e.ts, zone)} {e.kind} ({e.severity}): {e.message}", 300))
                             for e in evs[:50]],
                            className="events"))
     return out
