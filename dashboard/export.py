@@ -62,12 +62,13 @@ def _num(v: Any) -> float | None:
 
 
 def series_from_figure(fig: Mapping[str, Any] | None) -> list[Series]:
-    """The figure's series (traces with ``meta.labels``), their x strings back in UTC."""
+    """The figure's series: those attached whole (``attach_series``), then the traces with
+    ``meta.labels``, their x strings back in UTC."""
     if not fig:
         return []
     meta = (fig.get("layout") or {}).get("meta")
     zone = meta.get(TZ_META) if isinstance(meta, dict) else None
-    out: list[Series] = []
+    out: list[Series] = _attached(meta)
     for tr in fig.get("data") or []:
         tm = tr.get("meta")
         if not isinstance(tm, dict) or not isinstance(tm.get("labels"), dict):
@@ -79,6 +80,33 @@ def series_from_figure(fig: Mapping[str, Any] | None) -> list[Series]:
                 pts.append((ts, _num(y)))
         out.append(Series(name=str(tr.get("name") or ""), labels={str(k): str(v) for k, v in tm["labels"].items()},
                           unit=str(tm.get("unit") or ""), points=pts))
+    return out
+
+
+SERIES_META = "series"      # layout.meta key: series given whole with a chart whose x is not time
+
+
+def attach_series(fig: Any, series: Sequence[Series]) -> dict[str, Any]:
+    """A figure (dict or go.Figure) with ``series`` in its ``layout.meta``: for charts whose x is
+    not time (the Mismatch scatter, the state-share bars), built in the same call from the same
+    rows as the traces, so the download still holds what is drawn."""
+    f = fig.to_plotly_json() if hasattr(fig, "to_plotly_json") else dict(fig)
+    f = {"data": list(f.get("data") or []), "layout": dict(f.get("layout") or {})}
+    meta = f["layout"].get("meta") if isinstance(f["layout"].get("meta"), dict) else {}
+    f["layout"]["meta"] = dict(meta, **{SERIES_META: [
+        {"name": x.name, "labels": x.labels, "unit": x.unit, "points": [[ts, v] for ts, v in x.points]} for x in series]})
+    return f
+
+
+def _attached(meta: Any) -> list[Series]:
+    out: list[Series] = []
+    for d in (meta.get(SERIES_META) if isinstance(meta, dict) else None) or []:
+        if not isinstance(d, dict):
+            continue
+        pts = [(float(p[0]), _num(p[1])) for p in d.get("points") or [] if isinstance(p, list | tuple) and len(p) == 2
+               and _num(p[0]) is not None]
+        out.append(Series(str(d.get("name") or ""), {str(k): str(v) for k, v in (d.get("labels") or {}).items()},
+                          str(d.get("unit") or ""), pts))
     return out
 
 

@@ -505,3 +505,21 @@ def test_evidence_chart_download(page: Page, seeded: tuple[Any, Any]) -> None:
     assert doc["series"][0]["points"][0][0] == drawn[0][2].replace(" ", "T") + "Z"
     assert doc["node"] == "h200-node" and "metric" in doc["series"][0]["labels"]
     assert page.errors == []
+
+
+def test_mismatch_scatter_download(page: Page) -> None:
+    """The Mismatch scatter (x is link load, not time): per node and state, busy, link load and
+    score at each drawn window's time."""
+    import csv
+    import io
+
+    pg = page.goto("/mismatch?node=h200-node")
+    pg.wait_for_selector("#mismatch-scatter .js-plotly-plot")
+    page.settle()
+    drawn = graph_js(pg, "mismatch-scatter", "gd.data.reduce((n, t) => n + (t.x || []).length, 0)")
+    assert drawn > 0
+    fname, text = _download(pg, "#mismatch-scatter-csv")
+    assert re.fullmatch(r"triscope-mismatch-windows-h200-node-\d{8}T\d{4}Z\.csv", fname), fname
+    rows = list(csv.DictReader(io.StringIO(text)))
+    assert len(rows) == 3 * drawn and {r["node"] for r in rows} == {"h200-node"}
+    assert page.errors == []

@@ -97,3 +97,15 @@ def test_zone_helpers() -> None:
     assert tokyo is not None and timeview.zone_name(tokyo, T0) == "Asia/Tokyo (UTC+09:00)"
     assert timeview.fmt(T0, tokyo) == "2027-01-15 17:00:00" and timeview.fmt(T0) == "2027-01-15 08:00:00"
     assert timeview.to_utc_ts("2027-01-15T17:00:00.000", "Asia/Tokyo") == T0
+
+
+def test_series_attached_to_a_chart_whose_x_is_not_time() -> None:
+    """The Mismatch scatter and the share bars carry their series in layout.meta; the download
+    reads them back (after a JSON round trip, as the browser sends the figure)."""
+    fig = figures.state_share_figure({"n1": {"io-saturated": 0.25, "compute-bound": 0.75}})
+    series = [export.Series("n1: io-saturated", {"node": "n1", "state": "io-saturated"}, "% of time", [(T0, 25.0)])]
+    sent = json.loads(json.dumps(export.attach_series(fig, series)))
+    back = export.series_from_figure(sent)
+    assert [(s.name, s.labels, s.unit, s.points) for s in back] == [(s.name, s.labels, s.unit, s.points) for s in series]
+    assert export.render_csv(back) == \
+        "ts,series,node,state,value\n2027-01-15T08:00:00.000Z,n1: io-saturated,n1,io-saturated,25.0\n"

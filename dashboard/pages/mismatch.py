@@ -10,7 +10,7 @@ from typing import Any
 import dash
 from dash import Input, Output, dcc, html
 
-from triscope.dashboard import data, figures, timeview, workload_data
+from triscope.dashboard import data, export, figures, timeview, workload_data
 from triscope.dashboard.components import (
     error_note,
     fmt_ts,
@@ -48,11 +48,15 @@ def layout(node: str = ALL, range: str = "1h", **_: Any) -> html.Div:  # noqa: A
                                                       title=STATE_HELP.get(st, ""))
                                             for st, col in STATE_COLORS.items()],
                  className="legend-line", id="mismatch-legend"),
-        dcc.Loading([dcc.Graph(id="mismatch-scatter", config={"displaylogo": False}),
+        dcc.Store(id="mismatch-meta"),
+        dcc.Loading([export.buttons("mismatch-scatter"),
+                     dcc.Graph(id="mismatch-scatter", config={"displaylogo": False}),
                      html.H3("Share of time in each state, per workload"),
                      html.Div(id="mismatch-workload-note", className="muted"),
+                     export.buttons("mismatch-workloads"),
                      dcc.Graph(id="mismatch-workloads", config={"displaylogo": False}),
                      html.H3("Share of time in each state, per node"),
+                     export.buttons("mismatch-share"),
                      dcc.Graph(id="mismatch-share", config={"displaylogo": False})], delay_show=400, type="dot"),
         html.P("Each point is one detector window: accelerator busy is GPM SM activity (or NPU AICore), link load the "
                "busier PCIe direction against the link's effective ceiling. io-saturated: starved while the link is near "
@@ -77,9 +81,10 @@ STATE_HELP = {
 @page_callback(
     Output("mismatch-scatter", "figure"), Output("mismatch-share", "figure"), Output("mismatch-note", "children"),
     Output("mismatch-workloads", "figure"), Output("mismatch-workload-note", "children"),
+    Output("mismatch-meta", "data"),
     Input("mismatch-node", "value"), Input("mismatch-range", "value"), Input(timeview.TZ_STORE, "data"),
 )
-def render(value: str, preset: str, tz: dict[str, Any] | None = None) -> tuple[Any, Any, Any, Any, Any]:
+def render(value: str, preset: str, tz: dict[str, Any] | None = None) -> tuple[Any, Any, Any, Any, Any, Any]:
     c = ctx()
     zone = timeview.zone_of(tz)
     try:
@@ -98,13 +103,43 @@ def render(value: str, preset: str, tz: dict[str, Any] | None = None) -> tuple[A
             head += f"; no accelerator data: {', '.join(short(n) for n in missing[:8])}" + (" ..." if len(missing) > 8 else "")
     except Exception as e:  # noqa: BLE001
         msg = figures.empty_figure("the detector could not run over this range (see the note)")
-        return msg, msg, error_note("running the mismatch detector", e), msg, ""
+        return msg, msg, error_note("running the mismatch detector", e), msg, "", None
     try:
         wfig, wnote = _workloads(c, nodes, w)
     except Exception as e:  # noqa: BLE001
         wfig, wnote = figures.empty_figure("the workloads' states could not be read (see the note)"), \
             error_note("reading the per-accelerator states", e)
-    return figures.mismatch_scatter(pts), figures.state_share_figure(shares), head, wfig, wnote
+    meta = {"node": None if node == ALL else node, "start": w.start, "end": w.end}
+    scatter = export.attach_series(figures.mismatch_scatter(pts), _scatter_series(pts))
+    share = export.attach_series(figures.state_share_figure(shares), _share_series(shares, w.end, "node"))
+    return scatter, share, head, wfig, wnote, meta
+
+
+for _gid, _chart in (("mismatch-scatter", "mismatch-windows"), ("mismatch-workloads", "mismatch-workload-states"),
+                     ("mismatch-share", "mismatch-node-states")):
+    export.register(_gid, _chart, "mismatch-meta")
+
+
+def _scatter_series(pts: list[data.MismatchPoint]) -> list[export.Series]:
+    """The scatter's windows for the download: per node and state, busy and link load (%) at each
+    window's time, the score alongside."""
+    groups: dict[tuple[str, str], list[data.MismatchPoint]] = {}
+    for p in sorted(pts, key=lambda p: p.ts):
+        groups.setdefault((p.node, p.state), []).append(p)
+    out: list[export.Series] = []
+    for (node, state), ps in groups.items():
+        for what, unit, get in (("accelerator busy", "%", lambda p: p.busy * 100),
+                                ("link load", "% of ceiling", lambda p: p.link_util * 100),
+                                ("score", "", lambda p: p.score)):
+            out.append(export.Series(f"{state}: {what}", {"node": node, "state": state}, unit,
+                                     [(p.ts, get(p)) for p in ps]))
+    return out
+
+
+def _share_series(shares: Any, end: float, key: str) -> list[export.Series]:
+    """The share bars for the download: one point per (row, state), at the range's end."""
+    return [export.Series(f"{short(k)}: {state}", {key: k, "state": state}, "% of time", [(end, f * 100)])
+            for k, sh in shares.items() for state, f in sh.items()]
 
 
 def _workloads(c: Any, nodes: list[str], w: data.Window) -> tuple[Any, Any]:
@@ -125,7 +160,8 @@ def _workloads(c: Any, nodes: list[str], w: data.Window) -> tuple[Any, Any]:
         accs = ws.where.get(k, set())
         nn = len({n for n, _ in accs})
         where[k] = f"{len(accs)} accelerator(s) on {nn} node(s), {ws.seconds.get(k, 0.0) / 3600:.2f} accelerator-hours"
-    fig = figures.state_share_figure({k: ws.shares[k] for k in order}, notes=where)
+    fig = export.attach_series(figures.state_share_figure({k: ws.shares[k] for k in order}, notes=where),
+                               _share_series({k: ws.shares[k] for k in order}, w.end, "workload"))
     msg = (f"{len(order)} workload(s) from {ws.series_read} per-accelerator state series; grouped by owner "
            "(Deployment/name, from the engine's workloads table) where resolved, else by pod")
     if ws.series_skipped:
