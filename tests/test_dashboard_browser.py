@@ -17,15 +17,13 @@ from typing import Any
 
 import pytest
 
+from tests.browser_support import chromium, stop_checked
 from tests.conftest import REPO, free_port, wait_for_port
 
 TRISCOPE = os.path.join(os.path.dirname(sys.executable), "triscope")  # the console script
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]
 SHOTS = REPO / "artifacts" / "screenshots"
 
 
@@ -63,25 +61,14 @@ def server(seeded: tuple[Any, Any]) -> Iterator[Server]:
         wait_for_port(port, timeout=60)
         yield Server(st.url, port, proc)
     finally:
-        proc.terminate()
-        try:
-            out, _ = proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, _ = proc.communicate()
         # a callback that raised would have logged a traceback
-        assert b"Traceback" not in out, out.decode(errors="replace")[-3000:]
+        stop_checked(proc)
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    assert Path(CHROMIUM).exists(), "Debian chromium is not installed (make test installs it)"
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+    with chromium() as b:
         yield b
-        b.close()
 
 
 class Page:

@@ -12,18 +12,15 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import pytest
 
+from tests.browser_support import chromium, stop_checked
 from tests.conftest import REPO, free_port, wait_for_port
 
 TRISCOPE = os.path.join(os.path.dirname(sys.executable), "triscope")
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]
 LONG = "gpu-node-" + "x" * (10 * 1024 - 18) + "-end"   # 10 KiB, one unbroken word
 PROMPT_S = 10.0   # "renders promptly": the unfixed Mismatch page took minutes
 
@@ -91,25 +88,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         wait_for_port(port, timeout=60)
         yield Server(f"http://127.0.0.1:{port}", st)
     finally:
-        proc.terminate()
-        try:
-            out, _ = proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, _ = proc.communicate()
         st.close()
-        assert b"Traceback" not in out, out.decode(errors="replace")[-3000:]
+        stop_checked(proc)
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    assert Path(CHROMIUM).exists(), "Debian chromium is not installed (make test installs it)"
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+    with chromium() as b:
         yield b
-        b.close()
 
 
 @pytest.fixture

@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 
+from tests.browser_support import chromium, stop_checked
 from tests.conftest import REPO, free_port, wait_for_port
-from tests.test_dashboard_browser import ARGS, CHROMIUM, TRISCOPE, Page
+from tests.test_dashboard_browser import TRISCOPE, Page
 
 pytestmark = pytest.mark.browser
 
@@ -66,24 +67,13 @@ def _dashboard(tmp_path: Path, minutes: float, slo_file: Path) -> Iterator[str]:
         wait_for_port(port, timeout=60)
         yield f"http://127.0.0.1:{port}"
     finally:
-        proc.terminate()
-        try:
-            out, _ = proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, _ = proc.communicate()
-        assert b"Traceback" not in out, out.decode(errors="replace")[-3000:]
+        stop_checked(proc)
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    assert Path(CHROMIUM).exists(), "Debian chromium is not installed (make test installs it)"
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+    with chromium() as b:
         yield b
-        b.close()
 
 
 def _slo_cards(browser: Any, base: str, shot: str) -> tuple[list[str], Page]:

@@ -24,12 +24,10 @@ from typing import Any
 
 import pytest
 
+from tests.browser_support import chromium, stop_checked
 from tests.conftest import REPO, free_port, wait_for_port
 
 TRISCOPE = os.path.join(os.path.dirname(sys.executable), "triscope")
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]
 SHOTS = REPO / "artifacts" / "screenshots"
 NODE = "dual-gpu-node"
 SPAN = 1200
@@ -243,24 +241,13 @@ def server(seeded: Seeded) -> Iterator[str]:
         wait_for_port(port, timeout=60)
         yield f"http://127.0.0.1:{port}"
     finally:
-        proc.terminate()
-        try:
-            out, _ = proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, _ = proc.communicate()
-        assert b"Traceback" not in out, out.decode(errors="replace")[-3000:]
+        stop_checked(proc)
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    assert Path(CHROMIUM).exists(), "Debian chromium is not installed (make test installs it)"
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+    with chromium() as b:
         yield b
-        b.close()
 
 
 class Page:
