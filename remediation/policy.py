@@ -97,6 +97,7 @@ class Trigger:
     xid_codes: tuple[int, ...] = ()
     within_s: float = 300.0
     nodes: tuple[Matcher, ...] = ()              # stored-data triggers: which nodes (by node labels / name)
+    workloads: tuple[Matcher, ...] = ()          # metric / mismatch: which workloads (by the series' workload labels)
     slo_file: str = ""                           # slo triggers: the SLO spec file (settings.slo_file)
 
     def describe(self) -> str:
@@ -257,10 +258,11 @@ class MetricTrigger(ConfigModel):
     threshold: float
     for_: Duration = Field(default=0.0, alias="for")
     nodes: Matchers = ()
+    workloads: Matchers = ()
 
     def to_trigger(self, slo_file: str) -> Trigger:
         return Trigger("metric", metric=self.metric, labels=self.labels, op=self.op, threshold=self.threshold,
-                       for_s=self.for_, nodes=self.nodes)
+                       for_s=self.for_, nodes=self.nodes, workloads=self.workloads)
 
 
 def _mismatch_state(value: str) -> str:
@@ -277,9 +279,10 @@ class MismatchTrigger(ConfigModel):
     mismatch: Annotated[str, AfterValidator(_mismatch_state)]
     for_: Duration = Field(default=0.0, alias="for")
     nodes: Matchers = ()
+    workloads: Matchers = ()
 
     def to_trigger(self, slo_file: str) -> Trigger:
-        return Trigger("mismatch", state=self.mismatch, for_s=self.for_, nodes=self.nodes)
+        return Trigger("mismatch", state=self.mismatch, for_s=self.for_, nodes=self.nodes, workloads=self.workloads)
 
 
 class SLOTrigger(ConfigModel):

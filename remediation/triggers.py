@@ -245,6 +245,12 @@ def node_matches(trigger: Trigger, node: str, labels: dict[str, Any]) -> bool:
     return all(m.matches(lab) for m in trigger.nodes)
 
 
+def workload_matches(trigger: Trigger, workload: dict[str, str]) -> bool:
+    """``workloads: [L=V, ...]`` of a metric / mismatch trigger against a condition's workload labels
+    (a label the series lacks is the empty string, as in Prometheus)."""
+    return all(m.matches(workload) for m in trigger.workloads)
+
+
 def _run_start(ts: list[float], vals: list[float], op: str, thr: float) -> tuple[float | None, float | None]:
     """Start of the trailing run of points satisfying ``op thr`` (None when the newest point does not)."""
     f = OPS[op]
@@ -501,7 +507,7 @@ def stored_data_events(store: StoreReader, rule: Rule, now: float, stale_s: floa
                 episode=ep))
             continue
         for cond in accelerator_conditions(store, t, n.name, now, stale_s):
-            if not cond.holds:
+            if not cond.holds or not workload_matches(t, cond.workload):
                 continue
             ep = f"{t.kind}:{rule.name}:{n.name}:{episode_scope(cond.series)}"
             holding.add(ep)

@@ -193,6 +193,32 @@ def test_one_trigger_per_accelerator_and_workload_and_quiet_accelerators_never_t
     assert not [w for w in writes(srv) if "decoder" in w[1]]
 
 
+def test_workload_matchers_restrict_which_workloads_a_rule_acts_for(store: Any, srv: KubeTestServer) -> None:
+    """``workloads: [...]`` on a mismatch / metric trigger: only the accelerators whose workload labels
+    match hold (the rest are not this rule's business, e.g. a copy hog sharing the GPU)."""
+    srv.add_deployment("inference", "encoder", replicas=1, nodes=[NODE])
+    srv.add_deployment("inference", "ranker", replicas=1, nodes=[NODE])
+    enc, rnk = pod_of(srv, "encoder"), pod_of(srv, "ranker")
+    now = time.time()
+    write_verdicts(store, [("0", "staging-bound", enc, 0.1, 0.6), ("2", "staging-bound", rnk, 0.1, 0.5)], now)
+    eng = engine(store, srv, """  - name: staging-encoder-only
+    trigger: {mismatch: staging-bound, for: 20s, workloads: ["pod=~encoder-.+"]}
+    action: rolling_restart
+    target: {namespace: {label: namespace}, deployment: {from: workload}}
+    limits: {cooldown: 0s}
+  - name: low-sm-elsewhere
+    trigger: {metric: triscope_gpu_sm_active_ratio, op: "<", threshold: 0.3, for: 20s, workloads: ["namespace!=inference"]}
+    action: rolling_restart
+    target: {namespace: {label: namespace}, deployment: {from: workload}}
+    limits: {cooldown: 0s}
+""", dry_run=True)
+    assert eng.evaluate_triggers(now) == 1
+    assert eng.drain(30)
+    eng.close()
+    got = [(r.rule, r.params["workload"]["gpu"], r.target) for r in audit.audit_log(store)]
+    assert got == [("staging-encoder-only", "0", "deployment inference/encoder")], got
+
+
 def test_alert_targets_from_labels_and_what_suppresses_them(store: Any, srv: KubeTestServer) -> None:
     srv.add_deployment("inference", "encoder", replicas=1, nodes=[NODE])
     enc = pod_of(srv, "encoder")
