@@ -247,6 +247,30 @@ def test_the_victim_of_a_saturated_host_is_not_named_and_a_host_short_for_all_na
     assert tr.last is not None and tr.last.accelerators[0].evidence["workload_named_by"] == "host-wide"
 
 
+def test_a_shared_link_names_the_workload_issuing_the_copies_or_none() -> None:
+    """Recorded on the H200 (two services and a copy hog on one GPU): the link near its ceiling, the SMs
+    starved.  The SM share says nothing about who fills the link (the hog has none): the verdict used
+    to name a, the busiest computer.  Now it names the workload whose busiest thread works clearly
+    hardest, else none; b uploading 2 GiB batches beside a light a is named."""
+    def named(wls: list[Wl]) -> list[tuple[str, str]]:
+        tr, out = _replay(node_ticks({"0": Gpu(0.06, 55.0, wls)}))
+        return [(o.labels["state"], o.labels["workload"]) for o in out
+                if o.name == "triscope_mismatch_state" and "gpu" in o.labels and o.value == 1.0]
+
+    a = Wl("", sm=0.05, feeder=0.55, workload="cmd:inference-a", namespace="", container="")
+    b = Wl("", sm=0.01, feeder=0.50, workload="cmd:inference-b", namespace="", container="")
+    hog = Wl("", sm=0.0, feeder=0.76, workload="cmd:python3", namespace="", container="")
+    assert named([a, b, hog]) == [("io-saturated", "")]
+    a_light = Wl("", sm=0.03, feeder=0.17, workload="cmd:inference-a", namespace="", container="")
+    b_up = Wl("", sm=0.02, feeder=0.65, workload="cmd:inference-b", namespace="", container="")
+    assert named([a_light, b_up]) == [("io-saturated", "cmd:inference-b")]
+    assert named([hog, a_light]) == [("io-saturated", "cmd:python3")]
+    # a thread busy less than half the window is no evidence of who copies
+    assert named([Wl("", sm=0.03, feeder=0.10, workload="cmd:inference-a", namespace="", container=""),
+                  Wl("", sm=0.0, feeder=0.40, workload="cmd:inference-b", namespace="", container="")]) == [
+        ("io-saturated", "")]
+
+
 def test_pin_churn_counts_on_the_accelerators_own_device() -> None:
     """GPU 1 pins host memory (its own PCI device maps 80/s) while copying; GPU 0 on the same node
     copies as much without pinning: only GPU 1 is staging-bound (per-workload evidence path)."""
