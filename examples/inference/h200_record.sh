@@ -9,7 +9,12 @@
 # bounded so the export runs inside the device's 10-minute command.
 # Knobs (environment): NODE, HOLD_S (45), SCENARIOS (comma-separated), LIMIT_S (whole run, 585),
 # BACKEND (torch; cpu rehearses the plumbing on a machine without a GPU), SHORT=1 (3 s scenarios).
+# Everything is written to a scratch folder ($WORK) and only the six files that matter are copied
+# to $OUT at the end: the device brings back at most 8 files from $OUT, chosen by count when there
+# are more (the first recording lost its timeline that way).
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+FINAL=$OUT
+OUT=${WORK:-/tmp/triscope-record}; rm -rf "$OUT"; mkdir -p "$OUT"
 exec > "$OUT/record.log" 2>&1
 set -x
 T0=$(date +%s)
@@ -67,9 +72,10 @@ python3 -c "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); c.execute('PRAGM
 ls -la "$OUT" "$KN"
 echo "elapsed $(( $(date +%s) - T0 )) s"
 tail -30 "$OUT/agent.log"
-# at most 8 files come back from the device: the store, the trace, the timeline, the decisions, and
-# everything else in one archive
-cd "$OUT" && tar czf logs.tgz --exclude="$NODE.db" --exclude="$NODE.jsonl.gz" --exclude=timeline.jsonl \
-  --exclude="$NODE.audit.jsonl" --exclude=logs.tgz . && find . -mindepth 1 -maxdepth 1 \
-  ! -name "$NODE.db" ! -name "$NODE.jsonl.gz" ! -name timeline.jsonl ! -name "$NODE.audit.jsonl" \
-  ! -name logs.tgz ! -name record.log -exec rm -rf {} +
+# at most 8 files come back from the device: the store, the trace, the timeline, the decisions, the
+# log of this script, and everything else in one archive
+tar czf "$OUT/logs.tgz" -C "$OUT" --exclude="$NODE.db" --exclude="$NODE.jsonl.gz" --exclude=timeline.jsonl \
+  --exclude="$NODE.audit.jsonl" --exclude=logs.tgz --exclude=record.log . || echo "tar rc=$?"
+for f in "$NODE.db" "$NODE.jsonl.gz" timeline.jsonl "$NODE.audit.jsonl" logs.tgz record.log; do
+  cp "$OUT/$f" "$FINAL/" || echo "missing $f"
+done

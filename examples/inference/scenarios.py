@@ -382,7 +382,8 @@ def run_scenarios(backend: str = "cpu", gpus: tuple[int, ...] = (0,), hold_s: fl
 class LoopClosed:
     """The loop closed: b healthy at full load (``before_s``), then the fault set through the admin
     endpoint, held until the remediation engine's fallback reaches b through its knobs file (the
-    service reports the knobs' source as ``file``) or ``max_fault_s``, then ``after_s`` more.  a runs
+    service reports the knobs' source as ``file``) or ``max_fault_s``, then ``settle_s`` while the
+    backlog the fault left drains (its p99 reported apart as ``draining``), then ``after_s`` more.  a runs
     light all along and must never be acted on (its knobs file must not appear).  ``before_cmd``
     (a shell command) runs first: the recording switches the engine from dry-run to acting there.
 
@@ -392,7 +393,8 @@ class LoopClosed:
     fault: dict[str, Any]
     before_s: float = 20.0
     max_fault_s: float = 80.0
-    after_s: float = 25.0
+    after_s: float = 30.0
+    settle_s: float = 10.0
     before_cmd: str = ""
     level_b: str = "full"
 
@@ -400,7 +402,7 @@ class LoopClosed:
         if self.before_cmd:
             rc = subprocess.run(self.before_cmd, shell=True, timeout=60).returncode
             print(f"scenarios: loop_closed: before-loop command exited {rc}", file=log)
-        total = self.before_s + self.max_fault_s + self.after_s + 5
+        total = self.before_s + self.max_fault_s + self.settle_s + self.after_s + 5
         a_report: dict[str, Any] = {}
         a_stop = threading.Event()
 
@@ -446,7 +448,8 @@ class LoopClosed:
         acted = seen.get("ts")
         print(f"scenarios: loop_closed: fallback {'seen after %.1f s' % (acted - onset) if acted else 'NOT seen'}",
               file=log)
-        after = load_b(self.after_s, seed=3)
+        draining = load_b(self.settle_s, seed=3)
+        after = load_b(self.after_s, seed=4)
         end = time.time()
         a_stop.set()
         ta.join(timeout=30)
@@ -458,7 +461,8 @@ class LoopClosed:
         def cl(r: dict[str, Any]) -> dict[str, Any]:
             return {k: r.get(k) for k in ("sent", "ok", "error_count", "p50_ms", "p99_ms", "achieved_rps")}
 
-        p99 = {k: r.get("p99_ms") for k, r in (("before", before), ("during", during), ("after", after))}
+        p99 = {k: r.get("p99_ms") for k, r in (("before", before), ("during", during), ("draining", draining),
+                                               ("after", after))}
         return {"scenario": "loop_closed", "title": "b's fault fixed by the engine's knobs-file fallback",
                 "start": round(start, 3), "end": round(end, 3), "instance": "b", "role": "faulty",
                 "workload": b.workload, "url": b.url, "gpu": b.gpu, "fault": self.fault,
@@ -466,7 +470,8 @@ class LoopClosed:
                 "fallback_seen": None if acted is None else round(acted, 3),
                 "onset_to_fallback_s": None if acted is None else round(acted - onset, 2),
                 "knobs_after": (seen.get("knobs") or {}).get("knobs"),
-                "client": {"before": cl(before), "during": cl(during), "after": cl(after)}, "p99_ms": p99,
+                "client": {"before": cl(before), "during": cl(during), "draining": cl(draining), "after": cl(after)},
+                "p99_ms": p99, "settle_s": self.settle_s,
                 "after_within_20pct": (None if not (p99["before"] and p99["after"])
                                        else p99["after"] <= 1.2 * p99["before"]),
                 "healthy": {"workload": a.workload, "client": cl(a_report), "knobs_source": a_knobs.get("source"),
@@ -526,7 +531,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.loop_closed:
             fault = {"pinned": False, "upload_mib": 256 if args.backend == "torch" else CPU_UPLOAD_CAP_MIB}
             loop = LoopClosed(fault, max_fault_s=args.loop_max_fault, before_cmd=args.before_loop,
-                              before_s=3.0 if args.short else 15.0, after_s=3.0 if args.short else 20.0)
+                              before_s=3.0 if args.short else 15.0, after_s=3.0 if args.short else 30.0,
+                              settle_s=1.0 if args.short else 10.0)
         lines = run_scenarios(args.backend, gpus or (0,), hold, args.timeline,
                               [s for s in args.only.split(",") if s] or None, server_args=args.server_arg,
                               levels=levels, startup_timeout=args.startup_timeout, ports=(ports[0], ports[1]),
