@@ -13,6 +13,8 @@ import contextlib
 import json
 import logging
 import os
+import re
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -57,6 +59,19 @@ class Unauthorized(KubeError):
     pass
 
 
+class Forbidden(Unauthorized):
+    """403: the API server's authorizer (RBAC) refused the call.
+
+    ``verb``, ``resource`` (``pods/eviction``), ``group`` and ``namespace`` ("" at the cluster scope)
+    are those of the refused request, read from the server's message; ``str()`` is one line naming
+    them, what the shipped RBAC grants on that resource and what to add."""
+
+    def __init__(self, message: str, status: int = 403, reason: str = "Forbidden", body: Any = None, *,
+                 verb: str = "", resource: str = "", group: str = "", namespace: str = "", user: str = "") -> None:
+        super().__init__(message, status, reason, body)
+        self.verb, self.resource, self.group, self.namespace, self.user = verb, resource, group, namespace, user
+
+
 class TooManyRequests(KubeError):
     pass
 
@@ -95,6 +110,57 @@ def _now_rfc3339() -> str:
 
 def _micro_now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+# RBAC: what the shipped manifests grant the engine, to say what is missing when the API refuses ----------
+RBAC_FILE = "deploy/kustomize/base/engine-rbac.yaml"
+_WORKLOADS = "ClusterRole triscope-engine-workloads, bound per namespace by deploy/kustomize/targets"
+_NODES = "ClusterRole triscope-engine-nodes, bound cluster-wide"
+_LEADER = "Role triscope-engine-leader in the engine's namespace"
+# (apiGroup, resource) -> [(verbs, where)]: the engine's RBAC as shipped (tests/test_deploy_manifests.py
+# checks this table against the rendered manifests, so it cannot drift from them)
+SHIPPED_GRANTS: dict[tuple[str, str], list[tuple[tuple[str, ...], str]]] = {
+    ("apps", "deployments"): [(("get", "patch"), _WORKLOADS)],
+    ("apps", "replicasets"): [(("get",), _WORKLOADS)],
+    ("", "pods"): [(("get", "list"), _WORKLOADS)],
+    ("", "pods/eviction"): [(("create",), _WORKLOADS)],
+    ("", "configmaps"): [(("get", "create", "update"), _WORKLOADS)],
+    ("", "events"): [(("create",), _WORKLOADS), (("create",), _LEADER)],
+    ("", "nodes"): [(("get", "list", "update"), _NODES)],
+    ("coordination.k8s.io", "leases"): [(("create",), _LEADER),
+                                        (("get", "update"), _LEADER + " (the Lease triscope-remediation only)")],
+}
+_FORBIDDEN = re.compile(r'User "(?P<user>[^"]*)" cannot (?P<verb>\S+) resource "(?P<res>[^"]*)" in API group '
+                        r'"(?P<group>[^"]*)"(?: in the namespace "(?P<ns>[^"]*)"| at the cluster scope)')
+
+
+def forbidden_explained(message: str, body: Any = None) -> Forbidden:
+    """A 403 as one line: the refused verb and resource, where, for whom, what the shipped RBAC grants
+    on that resource, and what to add."""
+    m = _FORBIDDEN.search(message or "")
+    if m is None:
+        return Forbidden(f"Kubernetes refused the call (403 Forbidden): {message}", body=body)
+    verb, res, group, ns, user = m["verb"], m["res"], m["group"], m["ns"] or "", m["user"]
+    gr = f"{res}.{group}" if group else res
+    where = f"in namespace {ns}" if ns else "at the cluster scope"
+    grants = SHIPPED_GRANTS.get((group, res), [])
+    granted = [w for verbs, w in grants if verb in verbs]
+    said = " and ".join(f"{', '.join(verbs)} on {gr} ({w})" for verbs, w in grants) or f"nothing on {gr}"
+    if not granted:
+        todo = (f"add {verb} on {gr} to the engine's role in {RBAC_FILE}: the engine calls it and the shipped "
+                "RBAC does not grant it")
+    elif any(w == _WORKLOADS for w in granted) and ns:
+        todo = (f"add a RoleBinding of triscope-engine-workloads in namespace {ns} (copy "
+                "deploy/kustomize/targets/rolebinding-inference.yaml and list it in that kustomization), or "
+                f"remove {ns} from the policy's namespaces; if it is bound there, re-apply {RBAC_FILE}")
+    elif any(w.startswith(_LEADER) for w in granted):
+        todo = (f"re-apply {RBAC_FILE}; the policy's leader_election.namespace and kubernetes.events_namespace "
+                "must be the engine's own namespace, where that Role is bound")
+    else:
+        todo = f"re-apply {RBAC_FILE} (the cluster's copy of the role or its binding lacks it)"
+    text = (f"Kubernetes refused {verb} on {gr} {where} for {user or 'the engine'}: the shipped RBAC "
+            f"({RBAC_FILE}) grants {said}; {todo}")
+    return Forbidden(text, body=body, verb=verb, resource=res, group=group, namespace=ns, user=user)
 
 
 # nodes, taints, tolerations: what the scheduler would do ------------------------------------------
@@ -157,6 +223,8 @@ class KubeAdapter:
         self.coord = client.CoordinationV1Api(api_client)
         self.describe = describe
         self.timeout = (3.0, 15.0)
+        self._refused: dict[str, float] = {}     # each refusal's line, logged once a minute at most
+        self._refused_lock = threading.Lock()
 
     # construction ----------------------------------------------------------------------------------
     @classmethod
@@ -216,11 +284,24 @@ class KubeAdapter:
         try:
             resp = fn(*args, _preload_content=False, _request_timeout=self.timeout, **kw)
         except ApiException as e:
-            raise self._translate(e) from None
+            err = self._translate(e)
+            if isinstance(err, Forbidden):
+                self._log_refusal(err)
+            raise err from None
         except Exception as e:  # urllib3 MaxRetryError, timeouts, refused connections
             raise Unavailable(f"Kubernetes API {self.describe} unreachable: {type(e).__name__}: {e}") from None
         data = resp.data
         return json.loads(data) if data else {}
+
+    def _log_refusal(self, err: Forbidden) -> None:
+        """One line per refused (verb, resource, namespace), not a traceback; repeated at most once a minute."""
+        now = time.monotonic()
+        line = str(err)
+        with self._refused_lock:
+            if now - self._refused.get(line, -1e9) < 60.0:
+                return
+            self._refused[line] = now
+        log.error("remediation: %s", line)
 
     @staticmethod
     def _translate(e: Any) -> KubeError:
@@ -235,6 +316,8 @@ class KubeAdapter:
         except (ValueError, TypeError):
             body = e.body
         status = int(e.status or 0)
+        if status == 403:
+            return forbidden_explained(message, body)
         cls: type[KubeError] = {404: NotFound, 401: Unauthorized, 403: Unauthorized, 429: TooManyRequests}.get(
             status, KubeError)
         if status == 409:

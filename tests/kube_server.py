@@ -26,7 +26,11 @@ cluster).  This server speaks the same URLs, verbs, content types, ``Status`` er
   template tolerates.
 * ``v1`` configmaps, ``coordination.k8s.io/v1`` leases, ``v1`` events: get / list / create (409
   AlreadyExists) / replace (409 Conflict) / patch / delete.
-* Bearer-token authentication (401 ``Unauthorized``) when a token is set.
+* Bearer-token authentication (401 ``Unauthorized``) when a token is set; with ``users`` (token ->
+  user name, e.g. ``system:serviceaccount:triscope:triscope-engine``) and ``rbac`` (a
+  ``kube_rbac.Rbac`` of ClusterRoles / Roles / bindings, e.g. the shipped ones), every request is
+  authorised as kube-apiserver's RBAC authorizer does and a denial answers its 403 ``Forbidden``
+  ``Status`` (``tests/kube_rbac.py``).
 
 Every request is logged in ``server.requests`` (method, path, query, content type, body) so tests
 can assert what went over the wire.
@@ -49,6 +53,8 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from kube_rbac import Rbac, forbidden, request_attributes
 
 # resource -> (group/version, kind, namespaced)
 RESOURCES: dict[str, tuple[str, str, bool]] = {
@@ -249,14 +255,19 @@ class Request:
     content_type: str
     body: Any
     code: int = 0     # the HTTP status the server answered (0 while it is being handled)
+    user: str = ""    # the authenticated user (with users / rbac)
+    verb: str = ""    # the authorizer's verb and resource (with rbac): e.g. create, pods/eviction
+    resource: str = ""
 
 
 class KubeTestServer:
     """Start with ``KubeTestServer().start()``; ``url`` for the client, ``stop()`` at the end."""
 
     def __init__(self, token: str | None = None, host: str = "127.0.0.1", port: int = 0,
-                 rollout_delay: float = 0.2) -> None:
+                 rollout_delay: float = 0.2, *, users: dict[str, str] | None = None, rbac: Rbac | None = None) -> None:
         self.token = token
+        self.users = dict(users or {})   # bearer token -> user (with rbac)
+        self.rbac = rbac
         self.rollout_delay = rollout_delay
         self.stuck_rollouts = False
         self.lock = threading.RLock()
@@ -422,6 +433,11 @@ class KubeTestServer:
 
     def pods_on(self, node: str, namespace: str | None = None) -> list[dict[str, Any]]:
         return [p for p in self.list("pods", namespace) if p.get("spec", {}).get("nodeName") == node]
+
+    def forbidden(self) -> list[Request]:
+        """The requests the RBAC authorizer refused."""
+        with self.lock:
+            return [r for r in self.requests if r.code == 403]
 
     def calls(self, method: str | None = None, path_contains: str = "") -> list[Request]:
         with self.lock:
@@ -591,6 +607,20 @@ class KubeTestServer:
             if auth != f"Bearer {self.token}":
                 req.code = 401
                 return 401, ApiError(401, "Unauthorized", "Unauthorized").status()
+        if self.rbac is not None or self.users:
+            auth = next((v for k, v in headers.items() if k.lower() == "authorization"), "")
+            user = self.users.get(auth.removeprefix("Bearer ")) if auth.startswith("Bearer ") else None
+            if user is None:
+                req.code = 401
+                return 401, ApiError(401, "Unauthorized", "Unauthorized").status()
+            req.user = user
+            if self.rbac is not None:
+                attrs = request_attributes(method, parts.path, query, _PATH.match(parts.path))
+                req.verb, req.resource = attrs.verb, attrs.combined_resource
+                allowed, why = self.rbac.authorize(user, attrs)
+                if not allowed:
+                    req.code = 403
+                    return 403, forbidden(user, attrs, why)
         try:
             with self.lock:
                 code, payload = self._route(method, parts.path, query, ctype, body)

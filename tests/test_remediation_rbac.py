@@ -1,0 +1,287 @@
+"""Least privilege, proven: the engine's actions against the test API server enforcing the shipped RBAC.
+
+The Kubernetes test server authorises every request with kube-apiserver's RBAC rules
+(``tests/kube_rbac.py``) over the ClusterRoles, Roles and bindings of ``deploy/kustomize`` (base +
+targets), the engine authenticated as its ServiceAccount. Every action the engine takes (rolling
+restart with the owner lookup Pod -> ReplicaSet -> Deployment, dependency fallback created and
+reverted, reschedule: node read, candidate list, cordon, pods on the node, preferred affinity,
+eviction; Kubernetes Events on Deployments, ConfigMaps and Nodes; leader election) succeeds with
+exactly the shipped permissions, and taking any single verb out of any shipped rule makes the
+engine's own path meet a 403 for that verb and resource: nothing shipped is unused. A refusal is
+one log line naming the verb, resource, namespace, ServiceAccount, the shipped grant and the fix.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kube_rbac import AGENT_USER, ENGINE_USER, Rbac, shipped_rbac
+from kube_server import KubeTestServer, alert_payload, open_store, policy_text
+
+from triscope.remediation import kube as k
+from triscope.remediation.engine import Engine
+from triscope.remediation.leader import LeaderElector
+from triscope.remediation.policy import parse_policy
+from triscope.store import audit
+
+ENGINE_TOKEN = "engine-token"
+AGENT_TOKEN = "agent-token"
+SETTINGS = ("  namespaces: [inference, default]\n  evaluate_interval: 1s\n  max_in_flight: 4\n"
+            "  breaker: {window: 15m, max_targets: 50, max_percent: 100, min_population: 1000}\n"
+            "  node_names: [node-*]\n"
+            "  kubernetes: {mode: none, events: true, events_namespace: triscope}\n")
+RULES = """  - name: restart
+    trigger: {alert: Restart}
+    action: rolling_restart
+    target: {namespace: {label: namespace}, deployment: {from: workload}}
+    params: {timeout: 10s}
+    limits: {cooldown: 0s}
+  - name: fallback
+    trigger: {alert: Fallback}
+    action: dependency_fallback
+    target: {namespace: {label: namespace}}
+    params: {configmap: inference-deps, key: mode, value: fallback, ttl: 1h, hold: 1h}
+    limits: {cooldown: 0s}
+  - name: move
+    trigger: {alert: GpuBroken}
+    action: reschedule
+    target: {node: {label: node}, namespace: inference, deployment: llm}
+    params: {eviction_timeout: 5s, weights: {compute: 1, link: 0, storage: 0}}
+    limits: {cooldown: 0s}
+  - name: host-command
+    dry_run: true
+    trigger: {alert: HostBroken}
+    action: command
+    target: {node: {label: node}}
+    params: {argv: ["true"], timeout: 5s}
+    limits: {cooldown: 0s}
+"""
+SHIPPED = shipped_rbac()
+
+
+def server(rbac: Rbac) -> KubeTestServer:
+    srv = KubeTestServer(rollout_delay=0.05, users={ENGINE_TOKEN: ENGINE_USER, AGENT_TOKEN: AGENT_USER},
+                         rbac=rbac).start()
+    for n in ("node-a", "node-b"):
+        srv.add_node(n)
+    srv.add_deployment("inference", "web", replicas=2, nodes=["node-b"])
+    srv.add_deployment("inference", "llm", replicas=1, nodes=["node-a"])
+    srv.add_deployment("default", "x", replicas=1, nodes=["node-b"])
+    return srv
+
+
+@pytest.fixture
+def store(sqlite_url: str) -> Iterator[Any]:
+    st = open_store(sqlite_url)
+    yield st
+    st.close()
+
+
+def run_every_action(store: Any, srv: KubeTestServer) -> dict[str, Any]:
+    """What the engine does in a cluster, once each; returns the audit outcomes by rule and the leader's answers."""
+    kube = k.KubeAdapter.connect(url=srv.url, token=ENGINE_TOKEN)
+    kube.timeout = (2.0, 5.0)
+    leader = LeaderElector(kube, "triscope", "triscope-remediation", "engine-a")
+    won = [leader.step(), leader.step()]           # create the Lease, then renew it (get + update)
+    eng = Engine(store, parse_policy(policy_text(RULES, SETTINGS), "t.yaml"), kube=kube)
+    web_pod = srv.pods_of("inference", "web")[0]["metadata"]["name"]
+    try:
+        for labels in ({"alertname": "Restart", "namespace": "inference", "pod": web_pod},
+                       {"alertname": "Fallback", "namespace": "inference"},
+                       {"alertname": "GpuBroken", "node": "node-a"},
+                       {"alertname": "HostBroken", "node": "node-a"}):
+            eng.submit_alerts(alert_payload([{"labels": labels, "fingerprint": f"fp-{labels['alertname']}"}]))
+            assert eng.drain(30)
+        reverted = eng.revert_fallbacks(now=time.time() + 7200)    # the TTL ran out: get + update
+    finally:
+        eng.close()
+    leader.release()
+    kube.close()
+    outcomes = {r.rule: (r.outcome, r.reason) for r in audit.audit_log(store) if r.trigger_kind != "revert"}
+    reverts = [(r.outcome, r.reason) for r in audit.audit_log(store) if r.trigger_kind == "revert"]
+    return {"outcomes": outcomes, "reverts": reverts, "reverted": reverted, "leader": won}
+
+
+def test_every_action_succeeds_with_exactly_the_shipped_rbac(store: Any) -> None:
+    srv = server(SHIPPED)
+    try:
+        out = run_every_action(store, srv)
+        assert srv.forbidden() == [], [(r.method, r.path) for r in srv.forbidden()]
+        assert {rule: o for rule, (o, _) in out["outcomes"].items()} == {
+            "restart": "acted", "fallback": "acted", "move": "acted", "host-command": "dry_run"}, out["outcomes"]
+        assert out["reverted"] == 1 and out["reverts"][0][0] == "acted", out["reverts"]
+        assert out["leader"] == [True, True]
+        # every call the engine made, as the authorizer saw it: nothing beyond the shipped rules
+        seen = {(r.verb, r.resource) for r in srv.requests if r.verb}
+        assert seen == {("get", "leases"), ("create", "leases"), ("update", "leases"),
+                        ("get", "pods"), ("get", "replicasets"), ("get", "deployments"), ("patch", "deployments"),
+                        ("get", "configmaps"), ("create", "configmaps"), ("update", "configmaps"),
+                        ("get", "nodes"), ("list", "nodes"), ("update", "nodes"), ("list", "pods"),
+                        ("create", "pods/eviction"), ("create", "events")}, seen
+        # the effects are there: restarted, fallback reverted, node cordoned by triscope, pod evicted
+        assert srv.get("deployments", "inference", "web")["spec"]["template"]["metadata"]["annotations"][k.RESTARTED_AT]
+        assert srv.get("configmaps", "inference", "inference-deps")["data"] == {}
+        assert srv.get("nodes", "", "node-a")["spec"]["unschedulable"] is True
+        assert {e["involvedObject"]["kind"] for e in srv.list("events", "inference")} == {"Deployment", "ConfigMap"}
+        assert {e["involvedObject"]["kind"] for e in srv.list("events", "triscope")} == {"Node"}
+        assert srv.get("leases", "triscope", "triscope-remediation")["spec"].get("holderIdentity") is None  # released
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("atom", SHIPPED.atoms(), ids=lambda a: f"{a[1]}:{a[3] or 'core'}/{a[4]}:{a[5]}")
+def test_each_shipped_permission_is_needed(store: Any, atom: tuple[str, str, int, str, str, str],
+                                           caplog: pytest.LogCaptureFixture) -> None:
+    """Take one verb on one resource out of one shipped rule: the engine meets a 403 for exactly it."""
+    kind, name, _, group, resource, verb = atom
+    srv = server(SHIPPED.without(*atom))
+    caplog.set_level(logging.INFO)
+    try:
+        run_every_action(store, srv)
+        refused = {(r.verb, r.resource) for r in srv.forbidden()}
+        assert (verb, resource) in refused, f"{kind}/{name} {verb} {resource} is shipped but never needed: {refused}"
+        assert refused == {(verb, resource)}, refused
+        gr = f"{resource}.{group}" if group else resource
+        lines = [r for r in caplog.records if r.levelno == logging.ERROR and "Kubernetes refused" in r.getMessage()]
+        assert lines and all(r.exc_info is None and "\n" not in r.getMessage() for r in lines)
+        assert any(r.getMessage().startswith(f"remediation: Kubernetes refused {verb} on {gr} ") for r in lines), \
+            [r.getMessage() for r in lines]
+    finally:
+        srv.stop()
+
+
+def test_a_namespace_without_a_rolebinding_is_refused_with_one_clear_line(
+        store: Any, caplog: pytest.LogCaptureFixture) -> None:
+    srv = server(SHIPPED)
+    caplog.set_level(logging.INFO)
+    rules = """  - name: restart-default
+    trigger: {alert: R}
+    action: rolling_restart
+    target: {namespace: default, deployment: x}
+    limits: {cooldown: 0s}
+"""
+    eng = Engine(store, parse_policy(policy_text(rules, SETTINGS), "t.yaml"),
+                 kube=k.KubeAdapter.connect(url=srv.url, token=ENGINE_TOKEN))
+    try:
+        eng.submit_alerts(alert_payload([{"labels": {"alertname": "R"}}]))
+        assert eng.drain(30)
+    finally:
+        eng.close()
+        srv.stop()
+    # the read of the Deployment, then the Kubernetes Event about the failed decision, both in default
+    assert [(r.method, r.path) for r in srv.forbidden()] == [
+        ("GET", "/apis/apps/v1/namespaces/default/deployments/x"), ("POST", "/api/v1/namespaces/default/events")]
+    row = audit.audit_log(store, limit=1)[0]
+    assert row.outcome == "failed"
+    want = ("Kubernetes refused get on deployments.apps in namespace default for "
+            "system:serviceaccount:triscope:triscope-engine: the shipped RBAC (deploy/kustomize/base/engine-rbac.yaml) "
+            "grants get, patch on deployments.apps (ClusterRole triscope-engine-workloads, bound per namespace by "
+            "deploy/kustomize/targets); add a RoleBinding of triscope-engine-workloads in namespace default")
+    assert row.reason.startswith(want), row.reason
+    lines = [r.getMessage() for r in caplog.records if "Kubernetes refused" in r.getMessage()
+             and r.name.endswith("remediation.kube")]
+    assert len(lines) == 2 and lines[0] == f"remediation: {row.reason}", lines
+    assert lines[1].startswith("remediation: Kubernetes refused create on events in namespace default for "
+                               "system:serviceaccount:triscope:triscope-engine: the shipped RBAC "
+                               "(deploy/kustomize/base/engine-rbac.yaml) grants create on events (ClusterRole "
+                               "triscope-engine-workloads, bound per namespace by deploy/kustomize/targets) and "
+                               "create on events (Role triscope-engine-leader in the engine's namespace); add a "
+                               "RoleBinding of triscope-engine-workloads in namespace default"), lines[1]
+    assert not any(r.exc_info for r in caplog.records)
+    assert srv.get("deployments", "default", "x")["metadata"]["generation"] == 1   # untouched
+
+
+def test_the_forbidden_status_is_kube_apiservers(store: Any) -> None:
+    """The body of a 403, byte for byte the shape kube-apiserver answers, through the official client."""
+    import json
+
+    from kubernetes.client.exceptions import ApiException
+
+    srv = server(SHIPPED)
+    kube = k.KubeAdapter.connect(url=srv.url, token=ENGINE_TOKEN)
+    try:
+        def refused(fn: Any, *args: Any) -> dict[str, Any]:
+            with pytest.raises(ApiException) as ei:
+                fn(*args, _request_timeout=5)
+            assert ei.value.status == 403
+            return dict(json.loads(ei.value.body))
+
+        body = refused(kube.apps.patch_namespaced_deployment, "x", "default", {"metadata": {}})
+        assert body == {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                        "message": 'deployments.apps "x" is forbidden: User "system:serviceaccount:triscope:'
+                                   'triscope-engine" cannot patch resource "deployments" in API group "apps" in the '
+                                   'namespace "default"',
+                        "reason": "Forbidden", "details": {"name": "x", "group": "apps", "kind": "deployments"},
+                        "code": 403}
+        body = refused(kube.core.list_pod_for_all_namespaces)   # pods are granted per namespace only
+        assert body["message"] == ('pods is forbidden: User "system:serviceaccount:triscope:triscope-engine" cannot '
+                                   'list resource "pods" in API group "" at the cluster scope')
+        assert body["details"] == {"kind": "pods"}
+        body = refused(kube.core.delete_namespaced_pod, srv.pods_of("inference", "web")[0]["metadata"]["name"],
+                       "inference")
+        assert 'cannot delete resource "pods" in API group "" in the namespace "inference"' in body["message"]
+        body = refused(kube.core.read_namespaced_secret, "s", "inference")
+        assert body["message"].startswith('secrets "s" is forbidden: ')
+        # the leader Lease is granted by name: another Lease in the same namespace is not
+        body = refused(kube.coord.read_namespaced_lease, "other", "triscope")
+        assert 'cannot get resource "leases" in API group "coordination.k8s.io" in the namespace "triscope"' \
+            in body["message"]
+        # the agent's ServiceAccount has no binding at all
+        agent = k.KubeAdapter.connect(url=srv.url, token=AGENT_TOKEN)
+        with pytest.raises(k.Forbidden) as fe:
+            agent.list_nodes()
+        assert str(fe.value).startswith("Kubernetes refused list on nodes at the cluster scope for "
+                                        "system:serviceaccount:triscope:triscope-agent")
+        agent.close()
+    finally:
+        kube.close()
+        srv.stop()
+
+
+def test_a_binding_to_a_missing_role_says_so_as_the_real_server_does(store: Any) -> None:
+    objs = [o for o in SHIPPED.objects if not (o["kind"] == "ClusterRole"
+                                                and o["metadata"]["name"] == "triscope-engine-nodes")]
+    srv = server(Rbac(objs))
+    kube = k.KubeAdapter.connect(url=srv.url, token=ENGINE_TOKEN)
+    try:
+        with pytest.raises(k.Forbidden) as fe:
+            kube.get_node("node-a")
+        assert fe.value.body["message"].endswith(
+            'at the cluster scope: RBAC: clusterrole.rbac.authorization.k8s.io "triscope-engine-nodes" not found')
+        assert (fe.value.verb, fe.value.resource, fe.value.namespace) == ("get", "nodes", "")
+        assert "re-apply deploy/kustomize/base/engine-rbac.yaml" in str(fe.value)
+    finally:
+        kube.close()
+        srv.stop()
+
+
+def test_existing_callers_without_rbac_are_unchanged() -> None:
+    """A server given no RBAC objects authorises nothing: the other tests' servers keep working."""
+    srv = KubeTestServer().start()
+    try:
+        srv.add_node("n")
+        assert k.KubeAdapter.connect(url=srv.url).get_node("n")["metadata"]["name"] == "n"
+        assert not srv.forbidden()
+    finally:
+        srv.stop()
+
+
+def test_a_refusal_repeated_by_the_leader_loop_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    lease_get = next(a for a in SHIPPED.atoms() if a[4] == "leases" and a[5] == "get")
+    srv = server(SHIPPED.without(*lease_get))
+    caplog.set_level(logging.INFO)
+    kube = k.KubeAdapter.connect(url=srv.url, token=ENGINE_TOKEN)
+    try:
+        leader = LeaderElector(kube, "triscope", "triscope-remediation", "engine-a")
+        assert [leader.step() for _ in range(3)] == [False, False, False]
+        assert "Kubernetes refused get on leases.coordination.k8s.io in namespace triscope" in leader.last_error
+    finally:
+        kube.close()
+        srv.stop()
+    lines = [r for r in caplog.records if r.name.endswith("remediation.kube") and r.levelno == logging.ERROR]
+    assert len(lines) == 1, [r.getMessage() for r in lines]
+    assert "re-apply deploy/kustomize/base/engine-rbac.yaml" in lines[0].getMessage()
