@@ -115,6 +115,7 @@ def test_every_action_succeeds_with_exactly_the_shipped_rbac(store: Any) -> None
             "restart": "acted", "fallback": "acted", "move": "acted", "host-command": "dry_run"}, out["outcomes"]
         assert out["reverted"] == 1 and out["reverts"][0][0] == "acted", out["reverts"]
         assert out["leader"] == [True, True]
+        assert len(SHIPPED.atoms()) == 17     # the count docs/deploy.md and docs/remediation.md give
         # every call the engine made, as the authorizer saw it: nothing beyond the shipped rules
         seen = {(r.verb, r.resource) for r in srv.requests if r.verb}
         assert seen == {("get", "leases"), ("create", "leases"), ("update", "leases"),
