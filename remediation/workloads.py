@@ -136,7 +136,8 @@ class WorkloadResolver:
         except k.Unauthorized as e:
             if row is not None:
                 return Owner(namespace, row.kind, row.name, pod, "store")
-            why = (f"not allowed to read pod {namespace}/{pod} or its ReplicaSet ({e.status}): the engine needs "
+            why = (f"not allowed to read pod {namespace}/{pod} or its ReplicaSet: {e}" if isinstance(e, k.Forbidden)
+                   else f"not allowed to read pod {namespace}/{pod} or its ReplicaSet ({e.status}): the engine needs "
                    f"get on pods and replicasets in {namespace} (a RoleBinding in deploy/kustomize/targets)")
             self._remember(key, now, None, why)
             raise ResolveError(why) from None

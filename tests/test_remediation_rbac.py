@@ -286,3 +286,96 @@ def test_a_refusal_repeated_by_the_leader_loop_is_logged_once(caplog: pytest.Log
     lines = [r for r in caplog.records if r.name.endswith("remediation.kube") and r.levelno == logging.ERROR]
     assert len(lines) == 1, [r.getMessage() for r in lines]
     assert "re-apply deploy/kustomize/base/engine-rbac.yaml" in lines[0].getMessage()
+
+
+@pytest.mark.parametrize("resource", ["pods", "replicasets"])
+def test_an_owner_lookup_refused_names_the_missing_grant_in_the_decision(store: Any, resource: str) -> None:
+    atom = next(a for a in SHIPPED.atoms() if a[4] == resource and a[5] == "get")
+    srv = server(SHIPPED.without(*atom))
+    web_pod = srv.pods_of("inference", "web")[0]["metadata"]["name"]
+    eng = Engine(store, parse_policy(policy_text(RULES, SETTINGS), "t.yaml"),
+                 kube=k.KubeAdapter.connect(url=srv.url, token=ENGINE_TOKEN))
+    try:
+        eng.submit_alerts(alert_payload([{"labels": {"alertname": "Restart", "namespace": "inference", "pod": web_pod}}]))
+        assert eng.drain(30)
+    finally:
+        eng.close()
+        srv.stop()
+    row = audit.audit_log(store, limit=1)[0]
+    assert row.outcome in ("suppressed", "failed"), row
+    gr = "replicasets.apps" if resource == "replicasets" else "pods"
+    assert (f"not allowed to read pod inference/{web_pod} or its ReplicaSet: Kubernetes refused get on {gr} in "
+            "namespace inference for system:serviceaccount:triscope:triscope-engine") in row.reason, row.reason
+    assert not [r for r in srv.requests if r.method in ("PATCH", "PUT") and "/deployments/" in r.path]
+
+
+# the authorizer itself: kube-apiserver's request attributes and RBAC rules -------------------------
+def _attrs(method: str, path: str, query: str = "") -> Any:
+    from urllib.parse import parse_qs
+
+    from kube_rbac import request_attributes
+    from kube_server import _PATH
+
+    return request_attributes(method, path, parse_qs(query), _PATH.match(path))
+
+
+@pytest.mark.parametrize("method,path,query,verb,resource,ns,name", [
+    ("GET", "/api/v1/namespaces/a/pods", "", "list", "pods", "a", ""),
+    ("GET", "/api/v1/namespaces/a/pods", "watch=true", "watch", "pods", "a", ""),
+    ("GET", "/api/v1/namespaces/a/pods/p", "", "get", "pods", "a", "p"),
+    ("GET", "/api/v1/pods", "", "list", "pods", "", ""),
+    ("POST", "/api/v1/namespaces/a/pods/p/eviction", "", "create", "pods/eviction", "a", "p"),
+    ("PUT", "/api/v1/nodes/n", "", "update", "nodes", "", "n"),
+    ("PATCH", "/apis/apps/v1/namespaces/a/deployments/d", "", "patch", "deployments", "a", "d"),
+    ("DELETE", "/api/v1/namespaces/a/configmaps/c", "", "delete", "configmaps", "a", "c"),
+    ("DELETE", "/api/v1/namespaces/a/configmaps", "", "deletecollection", "configmaps", "a", ""),
+    ("POST", "/apis/coordination.k8s.io/v1/namespaces/a/leases", "", "create", "leases", "a", ""),
+])
+def test_request_attributes_are_kube_apiservers(method: str, path: str, query: str, verb: str, resource: str,
+                                                 ns: str, name: str) -> None:
+    a = _attrs(method, path, query)
+    assert (a.verb, a.combined_resource, a.namespace, a.name) == (verb, resource, ns, name)
+
+
+def test_rbac_rules_scopes_and_subjects() -> None:
+    def role(kind: str, name: str, rules: list[dict[str, Any]], ns: str | None = None) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": name, **({"namespace": ns} if ns else {})}
+        return {"kind": kind, "metadata": meta, "rules": rules}
+
+    def binding(kind: str, name: str, ref_kind: str, ref: str, subjects: list[dict[str, Any]],
+                ns: str | None = None) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": name, **({"namespace": ns} if ns else {})}
+        return {"kind": kind, "metadata": meta, "roleRef": {"kind": ref_kind, "name": ref}, "subjects": subjects}
+
+    sa = [{"kind": "ServiceAccount", "name": "e", "namespace": "t"}]
+    rbac = Rbac([
+        role("ClusterRole", "read", [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+                                     {"apiGroups": [""], "resources": ["*/status"], "verbs": ["get"]}]),
+        role("Role", "one-lease", [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                                    "resourceNames": ["l"], "verbs": ["get", "create", "list"]}], ns="t"),
+        role("ClusterRole", "nodes", [{"apiGroups": ["*"], "resources": ["nodes"], "verbs": ["*"]}]),
+        binding("RoleBinding", "b1", "ClusterRole", "read", sa, ns="a"),
+        binding("RoleBinding", "b2", "Role", "one-lease", sa, ns="t"),
+        binding("RoleBinding", "b3", "Role", "one-lease", sa, ns="x"),          # a Role of t cannot be bound in x
+        binding("ClusterRoleBinding", "b4", "ClusterRole", "nodes", [{"kind": "Group", "name": "system:serviceaccounts:t"}]),
+    ])
+    user = "system:serviceaccount:t:e"
+
+    def ok(method: str, path: str, who: str = user) -> bool:
+        return rbac.authorize(who, _attrs(method, path))[0]
+
+    assert ok("GET", "/api/v1/namespaces/a/pods/p")
+    assert not ok("GET", "/api/v1/namespaces/b/pods/p")          # a RoleBinding grants in its namespace only
+    assert not ok("GET", "/api/v1/pods")                          # ... and never at the cluster scope
+    assert not ok("GET", "/api/v1/namespaces/a/pods")             # get is not list
+    assert ok("GET", "/apis/coordination.k8s.io/v1/namespaces/t/leases/l")
+    assert not ok("GET", "/apis/coordination.k8s.io/v1/namespaces/t/leases/m")      # resourceNames
+    assert not ok("POST", "/apis/coordination.k8s.io/v1/namespaces/t/leases")       # create has no name
+    assert not ok("GET", "/apis/coordination.k8s.io/v1/namespaces/t/leases")        # nor has list
+    assert not ok("GET", "/apis/coordination.k8s.io/v1/namespaces/x/leases/l")      # Role t not found in x
+    assert rbac.authorize(user, _attrs("GET", "/apis/coordination.k8s.io/v1/namespaces/x/leases/l"))[1] == \
+        'RBAC: role.rbac.authorization.k8s.io "one-lease" not found'
+    assert ok("PUT", "/api/v1/nodes/n") and ok("DELETE", "/api/v1/nodes")           # group subject, wildcards
+    assert not ok("PUT", "/api/v1/nodes/n", "system:serviceaccount:other:e")
+    assert ok("GET", "/api/v1/namespaces/a/pods/p/status")       # "*/status" matches any resource's status
+    assert ok("GET", "/version") and not ok("GET", "/metrics")    # discovery only, as the bootstrap roles
