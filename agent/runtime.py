@@ -10,7 +10,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from triscope.agent.exporter import make_sources, serve
 from triscope.agent.registry import AgentOptions, build_collectors, build_post_processors, split_available
@@ -20,6 +20,9 @@ from triscope.agent.writer import StoreWriter
 from triscope.samples import Sample, Tick
 from triscope.store import Store
 from triscope.store.db import StoreError, check_sqlite_file, sqlite_path
+
+if TYPE_CHECKING:
+    from triscope.agent.otlp import OtlpOptions, OtlpReceiver
 
 log = logging.getLogger("triscope.agent")
 
@@ -37,6 +40,7 @@ class AgentConfig:
     retention: bool = True  # run the store's retention job hourly from this agent
     huge_pages: bool = False  # --huge-pages: the heap on transparent huge pages (agent/hugepages.py)
     options: AgentOptions = field(default_factory=AgentOptions)
+    otlp: OtlpOptions | None = None   # --otlp-listen: the OTLP/HTTP receiver (agent/otlp.py), off by default
 
 
 class Agent:
@@ -53,6 +57,12 @@ class Agent:
                                   batch_ticks=batch_ticks(cfg.write_every, cfg.interval),
                                   sqlite_file=sqlite_path(cfg.db_url), reopen=self._reopen_store)
         collectors = build_collectors(cfg.options)
+        self.otlp: OtlpReceiver | None = None
+        if cfg.otlp is not None:
+            from triscope.agent.otlp import OtlpReceiver
+
+            self.otlp = OtlpReceiver(cfg.otlp)
+            collectors.append(self.otlp.collector)
         self.collectors, self.off = split_available(collectors)
         self.process_metrics, self.tick_collector = make_sources()
         self.sampler = Sampler(self.collectors, [self.writer], interval=cfg.interval,
@@ -109,9 +119,15 @@ class Agent:
             # a body rendered at a tick serves the scrapes until the next one (slack for a late tick)
             self.server = serve(self.process_metrics, host, port, self.tick_collector, max_age=self.cfg.interval * 1.5)
 
+    def start_otlp(self) -> None:
+        """Bind and serve the OTLP receiver, if configured (an address in use raises OSError here)."""
+        if self.otlp is not None and self.otlp.http is None:
+            self.otlp.start()
+
     def run(self, duration: float = 0.0) -> None:
         self.writer.start()
         self.start_exporter()
+        self.start_otlp()
         names = ", ".join(f"{c.name}" + ("" if not getattr(c, "down_reason", None) else " (off)") for c in self.collectors)
         log.warning("agent for node %s: interval %.3gs, collectors: %s", self.cfg.node, self.cfg.interval, names)
         try:
@@ -137,6 +153,9 @@ class Agent:
         if self.server is not None:
             with contextlib.suppress(Exception):
                 self.server[0].shutdown()
+        if self.otlp is not None:
+            with contextlib.suppress(Exception):
+                self.otlp.shutdown()
 
 
 def _freeze_startup_objects() -> None:

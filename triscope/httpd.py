@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 REASONS = {100: "Continue", 200: "OK", 202: "Accepted", 400: "Bad Request", 401: "Unauthorized",
            404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout", 411: "Length Required",
-           413: "Content Too Large", 415: "Unsupported Media Type", 431: "Request Header Fields Too Large",
+           413: "Content Too Large", 415: "Unsupported Media Type", 429: "Too Many Requests", 431: "Request Header Fields Too Large",
            500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable",
            505: "HTTP Version Not Supported"}
 BODY_METHODS = ("POST", "PUT", "PATCH")

@@ -125,6 +125,13 @@ _SPECS = [
     MetricSpec("triscope_spooled_samples_total", "counter", "Samples written to the on-disk spool because the store was unreachable.", ()),
     MetricSpec("triscope_dropped_samples_total", "counter", "Samples dropped because the spool was full.", ()),
     MetricSpec("triscope_store_write_errors_total", "counter", "Failed store writes (the tick went to the spool).", ()),
+    # OTLP receiver (--otlp-listen, agent/otlp.py, docs/otlp.md)
+    MetricSpec("triscope_otlp_requests_total", "counter", "OTLP/HTTP requests answered, by signal (traces, metrics; empty when refused before the path was read) and HTTP status code.", ("signal", "code")),
+    MetricSpec("triscope_otlp_received_total", "counter", "Spans or data points in OTLP requests that decoded.", ("signal",)),
+    MetricSpec("triscope_otlp_accepted_total", "counter", "Stage spans or data points added to the stage-duration series.", ("signal",)),
+    MetricSpec("triscope_otlp_ignored_total", "counter", "Spans or data points not used: no stage (no_stage), a metric type that is not taken (unsupported_type).", ("signal", "reason")),
+    MetricSpec("triscope_otlp_dropped_total", "counter", "Stage spans or data points dropped: buffer_full (more than --otlp-max-items between two ticks), series_limit, invalid.", ("signal", "reason")),
+    MetricSpec("triscope_otlp_series", "gauge", "Stage-duration series the OTLP receiver feeds now.", ()),
 ]
 
 CATALOGUE: dict[str, MetricSpec] = {s.name: s for s in _SPECS}

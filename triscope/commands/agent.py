@@ -28,6 +28,18 @@ def add_agent_options(p: argparse.ArgumentParser) -> None:
                         "target is read on its own worker: a tick waits for it at most a quarter of --interval, "
                         "then uses its last good answer (for up to max(3 intervals, timeout + interval)) and "
                         "reports triscope_collector_up 0 and triscope_collector_staleness_seconds")
+    p.add_argument("--otlp-listen", default="off", metavar="HOST:PORT",
+                   help="receive OpenTelemetry over OTLP/HTTP here (POST /v1/traces and /v1/metrics, protobuf or "
+                        "JSON, gzip accepted), e.g. 127.0.0.1:4318: spans and histograms that carry a pipeline "
+                        "stage become the stage-duration series (docs/otlp.md). Default off. Loopback only "
+                        "unless --otlp-allow-remote (the receiver has no authentication)")
+    p.add_argument("--otlp-allow-remote", action="store_true",
+                   help="allow --otlp-listen on a non-loopback address (anyone who reaches it can send data)")
+    p.add_argument("--otlp-max-body-mb", type=float, default=4.0, metavar="MB",
+                   help="largest OTLP request body, as sent and once decompressed (default 4; larger: 413)")
+    p.add_argument("--otlp-max-items", type=int, default=50_000, metavar="N",
+                   help="spans + data points taken between two ticks (default 50000); the rest are dropped and "
+                        "counted in triscope_otlp_dropped_total, later requests in that tick get 429")
     p.add_argument("--spool", default=None, metavar="DIR",
                    help="where ticks wait while the database is unreachable (default ./triscope-spool or "
                         "$TRISCOPE_SPOOL_DIR)")
@@ -103,10 +115,31 @@ def build_config(args: argparse.Namespace, listen: tuple[str, int] | None):
                         workloads=not args.no_workloads, pod_resources_socket=args.pod_resources_socket,
                         scrape_timeout=args.scrape_timeout, interval=args.interval)
     return AgentConfig(db_url=db_url(args), node=args.node, interval=args.interval, write_every=args.write_every,
-                       listen=listen,
+                       listen=listen, otlp=otlp_options(args),
                        spool_dir=args.spool or default_spool_dir(), spool_max_bytes=int(args.spool_max_mb * (1 << 20)),
                        migrate=not args.no_migrate, retention=not args.no_retention,
                        huge_pages=bool(args.huge_pages), options=opts)
+
+
+def otlp_options(args: argparse.Namespace):
+    """The OTLP receiver's options from --otlp-*, None when off; a non-loopback address is refused
+    without --otlp-allow-remote."""
+    from triscope.errors import UserError
+
+    if args.otlp_listen == "off":
+        return None
+    from triscope.agent.otlp import OtlpOptions, is_loopback
+
+    addr = parse_hostport(args.otlp_listen)
+    if not is_loopback(addr[0]) and not args.otlp_allow_remote:
+        raise UserError(f"--otlp-listen {args.otlp_listen}: refusing a non-loopback address without "
+                        "--otlp-allow-remote (the receiver has no authentication)")
+    if not 0 < args.otlp_max_body_mb <= 256:
+        raise UserError(f"--otlp-max-body-mb must be between 0 and 256 (got {args.otlp_max_body_mb})")
+    if args.otlp_max_items < 1:
+        raise UserError(f"--otlp-max-items must be at least 1 (got {args.otlp_max_items})")
+    return OtlpOptions(listen=addr, max_body=int(args.otlp_max_body_mb * (1 << 20)), max_items=args.otlp_max_items,
+                       proc=args.proc)
 
 
 def _compact_heap(args: argparse.Namespace) -> str | None:
@@ -150,9 +183,16 @@ def cmd_agent(args: argparse.Namespace) -> int:
         agent.start_exporter()
     except OSError as e:
         raise UserError(f"cannot listen on {args.listen}: {e.strerror or e}") from None
+    try:
+        agent.start_otlp()
+    except OSError as e:
+        raise UserError(f"cannot listen on {args.otlp_listen} for OTLP: {e.strerror or e}") from None
     if listen:
         print(f"triscope agent: node {cfg.node}, /metrics on http://{listen[0]}:{listen[1]}/metrics, "
               f"store {agent.store.engine.url.render_as_string(hide_password=True)}", flush=True)
+    if agent.otlp is not None:
+        host, port = agent.otlp.address
+        print(f"triscope agent: OTLP/HTTP on http://{host}:{port}/v1/traces and /v1/metrics", flush=True)
     agent.cfg.listen = None  # already serving
     try:
         agent.run(args.duration)

@@ -114,6 +114,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     except OSError as e:
         raise UserError(f"cannot listen on {args.metrics_listen} for /metrics: {e.strerror or e}") from None
     agent.cfg.listen = None
+    try:
+        agent.start_otlp()
+    except OSError as e:
+        raise UserError(f"cannot listen on {args.otlp_listen} for OTLP: {e.strerror or e}") from None
+    if agent.otlp is not None:
+        lines.append(f"otlp:        http://{agent.otlp.address[0]}:{agent.otlp.address[1]}/v1/traces and /v1/metrics")
     lines.append(f"agent:       node '{cfg.node}', every {cfg.interval:g}s, metrics http://{metrics[0]}:{metrics[1]}/metrics")
     engine = _start_engine(cfg.db_url, args.policy, hook)
     if engine is not None:

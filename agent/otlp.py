@@ -1,0 +1,447 @@
+"""OTLP/HTTP in: stage spans and stage metrics become the stage-duration series the scrape path yields.
+
+``triscope agent --otlp-listen 127.0.0.1:4318`` serves ``POST /v1/traces`` and ``/v1/metrics``
+(protobuf or JSON, identity, gzip or deflate) on the shared bounded HTTP server
+(``triscope.httpd``) with one worker thread for decoding: the agent's tick never waits for a
+request.  docs/otlp.md is the contract; in short:
+
+* a span with a stage (attribute ``triscope.stage``, else a span name in ``STAGE_NAMES``) adds its
+  duration (end - start) to ``inference_stage_duration_seconds_{sum,count,bucket}`` with labels
+  ``stage``, ``job`` (``service.namespace/service.name``), ``instance`` (``service.instance.id``) and
+  the workload labels ``namespace``, ``pod``, ``container``, ``workload`` (from the ``k8s.*``
+  resource attributes, else ``process.pid`` through the agent's own attribution);
+* a histogram / exponential histogram / monotonic sum whose points carry ``stage`` becomes
+  ``NAME_{sum,count,bucket}`` / ``NAME_total``, delta and cumulative alike;
+* the agent owns the cumulative counters: every tick yields each series' running totals, as a
+  scrape of the application would.
+
+Bounded: a body over ``max_body`` (as sent, and again once decompressed: a gzip bomb stops there)
+is refused with 413; at most ``max_items`` spans and points are taken between two ticks (the
+rest of that request is dropped and reported as a partial success, and later requests in that
+interval get 429 with ``Retry-After: 1``, before any decoding); at most ``max_series`` series
+(new ones beyond are dropped); series idle for ``series_ttl`` are forgotten.  Every drop is
+counted in ``triscope_otlp_dropped_total{signal,reason}``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import ipaddress
+import json
+import logging
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsPartialSuccess,
+    ExportMetricsServiceResponse,
+)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTracePartialSuccess,
+    ExportTraceServiceResponse,
+)
+from prometheus_client.utils import floatToGoString
+
+from triscope.agent.collectors import attribution
+from triscope.agent.collectors.base import BaseCollector
+from triscope.agent.otlp_decode import TEMPORALITY_CUMULATIVE, Decoded, DecodeError, Point, decode
+from triscope.httpd import HttpServer, Limits, Request, Response
+from triscope.samples import Sample
+
+log = logging.getLogger(__name__)
+
+STAGE_METRIC = "inference_stage_duration_seconds"   # analysis.stages.DEFAULT_STAGE_METRIC
+STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+PATHS = {"/v1/traces": "traces", "/v1/metrics": "metrics"}
+CONTENT_TYPES = {"application/x-protobuf": "proto", "application/json": "json"}
+ENCODINGS = ("", "identity", "gzip", "x-gzip", "deflate")
+RESERVED = ("job", "instance", "namespace", "pod", "container", "workload")
+GRPC_INVALID_ARGUMENT, GRPC_RESOURCE_EXHAUSTED = 3, 8
+
+
+@dataclass
+class OtlpOptions:
+    listen: tuple[str, int] = ("127.0.0.1", 4318)
+    max_body: int = 4 << 20        # bytes, as sent and decompressed
+    max_items: int = 50_000        # spans + data points taken between two ticks
+    max_series: int = 512
+    series_ttl: float = 600.0      # seconds without an update before a series is forgotten
+    proc: str = "/proc"
+    pods_log_dir: str = attribution.DEFAULT_PODS_LOG_DIR
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class _Series:
+    __slots__ = ("buckets", "bounds", "count", "created_ns", "kind", "labels", "name", "total", "touched")
+
+    def __init__(self, name: str, kind: str, labels: dict[str, str], bounds: tuple[float, ...], now: float) -> None:
+        self.name, self.kind, self.labels, self.bounds = name, kind, labels, bounds
+        self.buckets = [0.0] * (len(bounds) + 1) if bounds else []   # per bucket, not cumulative
+        self.count = self.total = 0.0
+        self.created_ns = int(now * 1e9)
+        self.touched = time.monotonic()
+
+
+Key = tuple[str, tuple[tuple[str, str], ...]]
+
+
+class StageSeries:
+    """The series OTLP feeds, their running totals, and the receiver's own counters.  Requests add
+    under one lock (work per request: its series, not its spans); each tick reads under it."""
+
+    def __init__(self, opts: OtlpOptions, clock: Callable[[], float] = time.time) -> None:
+        self.opts = opts
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._series: dict[Key, _Series] = {}
+        self._streams: dict[tuple[Key, int], tuple[float, float, tuple[float, ...], float]] = {}
+        self._taken = 0
+        self.counts: dict[tuple[str, ...], float] = {}   # (metric, label values...) -> value
+
+    def count(self, *key: str, n: float = 1.0) -> None:
+        if n:
+            with self._lock:
+                self.counts[key] = self.counts.get(key, 0.0) + n
+
+    def exhausted(self) -> bool:
+        with self._lock:
+            return self._taken >= self.opts.max_items
+
+    def _reserve(self, n: int) -> int:
+        with self._lock:
+            take = max(0, min(n, self.opts.max_items - self._taken))
+            self._taken += take
+            return take
+
+    def add(self, signal: str, dec: Decoded, labels_of: Callable[[dict[str, str]], dict[str, str]]) -> tuple[int, str]:
+        """Add a decoded request; returns (spans or points rejected, why) for the partial success."""
+        self.count("received", signal, n=dec.received)
+        for reason, n in dec.ignored.items():
+            self.count("ignored", signal, reason, n=n)
+        self.count("dropped", signal, "invalid", n=dec.invalid)
+        wanted = sum(len(g.spans) + len(g.points) for g in dec.groups)
+        take = self._reserve(wanted)
+        # per-request aggregate first (no lock): spans -> (count, sum, buckets) per series
+        spans: dict[Key, tuple[dict[str, str], list[float]]] = {}
+        points: list[tuple[Key, dict[str, str], Point]] = []
+        left = take
+        for g in dec.groups:
+            if left <= 0:
+                break
+            base = labels_of(g.resource)
+            for stage, seconds in g.spans[:left]:
+                labels = {"stage": stage, **base}
+                key = (STAGE_METRIC, tuple(sorted(labels.items())))
+                acc = spans.get(key)
+                if acc is None:
+                    acc = spans[key] = (labels, [0.0, 0.0] + [0.0] * (len(STAGE_BUCKETS) + 1))
+                v = acc[1]
+                v[0] += 1
+                v[1] += seconds
+                v[2 + bisect.bisect_left(STAGE_BUCKETS, seconds)] += 1
+            left -= min(left, len(g.spans))
+            for p in g.points[:max(0, left)]:
+                labels = {(f"exported_{k}" if k in RESERVED else k): v for k, v in p.labels.items()}
+                labels.update(base)
+                points.append(((p.name, tuple(sorted(labels.items()))), labels, p))
+            left -= min(left, len(g.points))
+        dropped: dict[str, int] = {}
+        if wanted > take:
+            dropped["buffer_full"] = wanted - take
+        now = self.clock()
+        with self._lock:
+            for key, (labels, v) in spans.items():
+                s = self._get(key, "histogram", labels, STAGE_BUCKETS, now)
+                if s is None:
+                    dropped["series_limit"] = dropped.get("series_limit", 0) + int(v[0])
+                    continue
+                s.count += v[0]
+                s.total += v[1]
+                for i, c in enumerate(v[2:]):
+                    s.buckets[i] += c
+            for key, labels, p in points:
+                s = self._get(key, p.kind, labels, p.bounds, now)
+                if s is None:
+                    dropped["series_limit"] = dropped.get("series_limit", 0) + 1
+                    continue
+                self._add_point(key, s, p)
+            for reason, n in dropped.items():
+                ck: tuple[str, ...] = ("dropped", signal, reason)
+                self.counts[ck] = self.counts.get(ck, 0.0) + n
+            ck = ("accepted", signal)
+            self.counts[ck] = self.counts.get(ck, 0.0) + take - dropped.get("series_limit", 0)
+        rejected = sum(dropped.values()) + dec.invalid
+        why = ", ".join(f"{n} {r.replace('_', ' ')}" for r, n in sorted({**dropped, "invalid": dec.invalid}.items()) if n)
+        return rejected, why
+
+    def _get(self, key: Key, kind: str, labels: dict[str, str], bounds: tuple[float, ...], now: float) -> _Series | None:
+        s = self._series.get(key)
+        if s is None:
+            if len(self._series) >= self.opts.max_series:
+                return None
+            s = self._series[key] = _Series(key[0], kind, labels, bounds, now)
+        s.touched = time.monotonic()
+        return s
+
+    def _add_point(self, key: Key, s: _Series, p: Point) -> None:
+        count, total, buckets = p.count, p.total, p.buckets
+        if p.temporality == TEMPORALITY_CUMULATIVE:
+            # the sender's running totals since start_ns: what is new since its last report is added
+            skey = (key, p.start_ns)
+            last = self._streams.get(skey)
+            if last is None and len(self._streams) >= 4 * self.opts.max_series:
+                return
+            self._streams[skey] = (count, total, buckets, time.monotonic())
+            if last is not None and count >= last[0]:
+                count, total = count - last[0], total - last[1]
+                buckets = tuple(a - b for a, b in zip(buckets, last[2], strict=False)) if len(last[2]) == len(buckets) else ()
+            elif last is None and s.count > 0 and p.start_ns and p.start_ns < s.created_ns:
+                return   # a stream older than the series it joins: its past is not this series' increase
+        s.count += count
+        s.total += total
+        if s.bounds == p.bounds and len(buckets) == len(s.buckets):
+            for i, c in enumerate(buckets):
+                s.buckets[i] += c
+
+    def samples(self) -> list[Sample]:
+        """Every live series' running totals and the receiver's counters; opens the next interval."""
+        out: list[Sample] = []
+        cutoff = time.monotonic() - self.opts.series_ttl
+        with self._lock:
+            self._taken = 0
+            for key in [k for k, s in self._series.items() if s.touched < cutoff]:
+                del self._series[key]
+            for skey in [k for k, v in self._streams.items() if v[3] < cutoff]:
+                del self._streams[skey]
+            for s in self._series.values():
+                if s.kind == "counter":
+                    out.append(Sample(s.name, s.count, s.labels, "counter"))
+                    continue
+                out.append(Sample(s.name + "_count", s.count, s.labels, "counter"))
+                out.append(Sample(s.name + "_sum", s.total, s.labels, "counter"))
+                if s.bounds:
+                    run = 0.0
+                    for le, c in zip((*s.bounds, float("inf")), s.buckets, strict=False):
+                        run += c
+                        out.append(Sample(s.name + "_bucket", run, {**s.labels, "le": floatToGoString(le)}, "counter"))
+            out.append(Sample("triscope_otlp_series", float(len(self._series))))
+            for ck, v in self.counts.items():
+                out.append(_self_sample(ck, v))
+        return out
+
+
+_SELF_LABELS = {"requests": ("signal", "code"), "received": ("signal",), "accepted": ("signal",),
+                "ignored": ("signal", "reason"), "dropped": ("signal", "reason")}
+
+
+def _self_sample(key: tuple[str, ...], value: float) -> Sample:
+    what, *values = key
+    return Sample(f"triscope_otlp_{what}_total", value, dict(zip(_SELF_LABELS[what], values, strict=True)), "counter")
+
+
+class OtlpCollector(BaseCollector):
+    """What the sampler reads each tick: the series' running totals (no I/O, no waiting)."""
+
+    name = "otlp"
+
+    def __init__(self, state: StageSeries) -> None:
+        self.state = state
+
+    def collect(self, now: float) -> Iterator[Sample]:
+        yield from self.state.samples()
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def inflate(body: bytes, encoding: str, cap: int) -> bytes:
+    """The body decoded per ``Content-Encoding``, at most ``cap`` bytes (``_TooLarge`` beyond:
+    decompression stops there); ``zlib.error`` for a corrupt or truncated stream."""
+    if encoding in ("", "identity"):
+        return body
+    out = bytearray()
+    data = body
+    gzip = encoding in ("gzip", "x-gzip")
+    wbits = 16 + zlib.MAX_WBITS if gzip else zlib.MAX_WBITS
+    if not gzip and body[:1] and (body[0] & 0x0F) != 8:   # raw deflate, as some clients send it
+        wbits = -zlib.MAX_WBITS
+    while data:
+        d = zlib.decompressobj(wbits)
+        out += d.decompress(data, cap + 1 - len(out))
+        if len(out) > cap:
+            raise _TooLarge
+        if not d.eof:
+            if d.unconsumed_tail:
+                raise _TooLarge
+            raise zlib.error("truncated compressed body")
+        data = d.unused_data if gzip else b""   # gzip: further members follow
+    return bytes(out)
+
+
+class OtlpReceiver:
+    """``OtlpReceiver(OtlpOptions(listen=...))``: ``.collector`` for the sampler, ``start()`` binds
+    and serves, ``shutdown()``."""
+
+    def __init__(self, opts: OtlpOptions, clock: Callable[[], float] = time.time) -> None:
+        self.opts = opts
+        self.state = StageSeries(opts, clock)
+        self.collector = OtlpCollector(self.state)
+        self.http: HttpServer | None = None
+        self._pids: dict[int, tuple[float, dict[str, str]]] = {}
+        self._pods: tuple[float, dict[str, attribution.PodDir] | None] = (0.0, None)
+
+    @property
+    def address(self) -> tuple[str, int]:
+        if self.http is None:
+            return self.opts.listen
+        return self.http.server_address[0], self.http.server_address[1]
+
+    def start(self) -> OtlpReceiver:
+        """Bind (an address in use raises ``OSError`` here, in the caller's thread) and serve."""
+        limits = Limits(max_connections=16, idle_timeout=30.0, header_timeout=5.0, request_timeout=15.0,
+                        write_timeout=10.0, max_header_bytes=16384, max_headers=64, max_body=self.opts.max_body,
+                        backlog=128)
+        self.http = HttpServer(self.opts.listen, self.handle, limits=limits, workers=1, name="otlp",
+                               methods=("POST",), error=self._framing_error).start()
+        return self
+
+    def shutdown(self) -> None:
+        if self.http is not None:
+            self.http.shutdown()
+
+    # -- HTTP ------------------------------------------------------------------------------------------
+    def _framing_error(self, status: int, message: str) -> Response:
+        self.state.count("requests", "", str(status))   # refused before the path was looked at
+        return Response.text(status, message)
+
+    def handle(self, req: Request) -> Response:
+        signal = PATHS.get(req.path)
+        if signal is None:
+            self.state.count("requests", "", "404")
+            return Response.text(404, "only POST /v1/traces and /v1/metrics are served here (OTLP/HTTP)")
+        ctype = (req.header("content-type") or "").split(";")[0].strip().lower()
+        fmt = CONTENT_TYPES.get(ctype)
+        if fmt is None:
+            self.state.count("requests", signal, "415")
+            return Response.text(415, f"unsupported Content-Type {ctype[:60]!r}: send application/x-protobuf "
+                                      "or application/json")
+        encoding = (req.header("content-encoding") or "").strip().lower()
+        if encoding not in ENCODINGS:
+            self.state.count("requests", signal, "415")
+            return Response.text(415, f"unsupported Content-Encoding {encoding[:40]!r}: send gzip, deflate or none")
+        if self.state.exhausted():
+            self.state.count("requests", signal, "429")
+            resp = self._status(fmt, 429, GRPC_RESOURCE_EXHAUSTED, "the agent took all it takes until its next "
+                                "tick; retry in a second")
+            resp.headers.append(("Retry-After", "1"))
+            return resp
+        try:
+            body = inflate(req.body, encoding, self.opts.max_body)
+            dec = decode(signal, body, fmt)
+        except _TooLarge:
+            self.state.count("requests", signal, "413")
+            return self._status(fmt, 413, GRPC_RESOURCE_EXHAUSTED,
+                                f"body larger than {self.opts.max_body} bytes once decompressed")
+        except zlib.error as e:
+            self.state.count("requests", signal, "400")
+            return self._status(fmt, 400, GRPC_INVALID_ARGUMENT, f"cannot decompress the {encoding} body: {e}")
+        except DecodeError as e:
+            self.state.count("requests", signal, "400")
+            return self._status(fmt, 400, GRPC_INVALID_ARGUMENT, str(e)[:500])
+        rejected, why = self.state.add(signal, dec, self.labels_of)
+        self.state.count("requests", signal, "200")
+        return self._success(signal, fmt, rejected, why)
+
+    @staticmethod
+    def _status(fmt: str, status: int, code: int, message: str) -> Response:
+        """An error answer: a ``google.rpc.Status`` in the request's encoding (OTLP/HTTP)."""
+        if fmt == "json":
+            return Response(status, json.dumps({"code": code, "message": message}).encode(), "application/json")
+        msg = message.encode()
+        return Response(status, b"\x08" + bytes([code]) + b"\x12" + _varint(len(msg)) + msg, "application/x-protobuf")
+
+    @staticmethod
+    def _success(signal: str, fmt: str, rejected: int, why: str) -> Response:
+        msg = f"rejected: {why}" if rejected else ""
+        if fmt == "json":
+            body: dict[str, object] = {}
+            if rejected:
+                field = "rejectedSpans" if signal == "traces" else "rejectedDataPoints"
+                body["partialSuccess"] = {field: str(rejected), "errorMessage": msg}
+            return Response(200, json.dumps(body).encode(), "application/json")
+        if signal == "traces":
+            tr = ExportTraceServiceResponse()
+            if rejected:
+                tr.partial_success.CopyFrom(ExportTracePartialSuccess(rejected_spans=rejected, error_message=msg))
+            return Response(200, tr.SerializeToString(), "application/x-protobuf")
+        mr = ExportMetricsServiceResponse()
+        if rejected:
+            mr.partial_success.CopyFrom(ExportMetricsPartialSuccess(rejected_data_points=rejected, error_message=msg))
+        return Response(200, mr.SerializeToString(), "application/x-protobuf")
+
+    # -- who sent it ---------------------------------------------------------------------------------
+    def labels_of(self, resource: dict[str, str]) -> dict[str, str]:
+        """``job``, ``instance`` and the workload labels of a sender, from its resource attributes."""
+        name = resource.get("service.name") or "otlp"
+        ns = resource.get("service.namespace")
+        labels = {"job": f"{ns}/{name}" if ns else name, "instance": resource.get("service.instance.id", ""),
+                  "namespace": resource.get("k8s.namespace.name", ""), "pod": resource.get("k8s.pod.name", ""),
+                  "container": resource.get("k8s.container.name", ""), "workload": ""}
+        pid = resource.get("process.pid", "")
+        if not labels["pod"] and pid.isdigit() and int(pid) > 1:
+            labels.update(self._by_pid(int(pid)))
+        return labels
+
+    def _by_pid(self, pid: int) -> dict[str, str]:
+        """The agent's attribution of a local process (cgroup -> pod, else unit or command), cached
+        30 s; nothing when the process is not visible here (another PID namespace)."""
+        now = time.monotonic()
+        hit = self._pids.get(pid)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        info = attribution.read_process(self.opts.proc, pid)
+        out: dict[str, str] = {}
+        if info is not None:
+            if self._pods[0] <= now:
+                self._pods = (now + 30.0, attribution.read_pod_dirs(self.opts.pods_log_dir))
+            w = attribution.attribute(info, (), self._pods[1])
+            out = dict(zip(attribution.WORKLOAD_LABELS, w, strict=True))
+        if len(self._pids) >= 1024:
+            self._pids.clear()
+        self._pids[pid] = (now + 30.0, out)
+        return out
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+@contextlib.contextmanager
+def running(opts: OtlpOptions) -> Iterator[OtlpReceiver]:
+    """A started receiver for the length of a ``with`` (tests, tools)."""
+    r = OtlpReceiver(opts).start()
+    try:
+        yield r
+    finally:
+        r.shutdown()
