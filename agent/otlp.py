@@ -84,10 +84,17 @@ def is_loopback(host: str) -> bool:
 
 
 class _Series:
-    __slots__ = ("buckets", "bounds", "count", "created_ns", "kind", "labels", "name", "total", "touched")
+    __slots__ = ("buckets", "bounds", "count", "created_ns", "kind", "labels", "name", "total", "touched", "zero_first")
 
-    def __init__(self, name: str, kind: str, labels: dict[str, str], bounds: tuple[float, ...], now: float) -> None:
+    def __init__(self, name: str, kind: str, labels: dict[str, str], bounds: tuple[float, ...], now: float,
+                 zero_first: bool) -> None:
         self.name, self.kind, self.labels, self.bounds = name, kind, labels, bounds
+        # a series born of spans or delta points is stored as 0 at its first tick and with what was
+        # added from the next one: a counter's first point is its baseline (increase() starts
+        # there), so the first batch counts as an increase, as it would have for a service whose
+        # histogram was scraped at 0 before its first request.  A series born of a cumulative
+        # stream starts at the stream's totals, the baseline a first scrape of it would give.
+        self.zero_first = zero_first
         self.buckets = [0.0] * (len(bounds) + 1) if bounds else []   # per bucket, not cumulative
         self.count = self.total = 0.0
         self.created_ns = int(now * 1e9)
@@ -163,7 +170,7 @@ class StageSeries:
         now = self.clock()
         with self._lock:
             for key, (labels, v) in spans.items():
-                s = self._get(key, "histogram", labels, STAGE_BUCKETS, now)
+                s = self._get(key, "histogram", labels, STAGE_BUCKETS, now, True)
                 if s is None:
                     dropped["series_limit"] = dropped.get("series_limit", 0) + int(v[0])
                     continue
@@ -172,7 +179,7 @@ class StageSeries:
                 for i, c in enumerate(v[2:]):
                     s.buckets[i] += c
             for key, labels, p in points:
-                s = self._get(key, p.kind, labels, p.bounds, now)
+                s = self._get(key, p.kind, labels, p.bounds, now, p.temporality != TEMPORALITY_CUMULATIVE)
                 if s is None:
                     dropped["series_limit"] = dropped.get("series_limit", 0) + 1
                     continue
@@ -186,12 +193,13 @@ class StageSeries:
         why = ", ".join(f"{n} {r.replace('_', ' ')}" for r, n in sorted({**dropped, "invalid": dec.invalid}.items()) if n)
         return rejected, why
 
-    def _get(self, key: Key, kind: str, labels: dict[str, str], bounds: tuple[float, ...], now: float) -> _Series | None:
+    def _get(self, key: Key, kind: str, labels: dict[str, str], bounds: tuple[float, ...], now: float,
+             zero_first: bool) -> _Series | None:
         s = self._series.get(key)
         if s is None:
             if len(self._series) >= self.opts.max_series:
                 return None
-            s = self._series[key] = _Series(key[0], kind, labels, bounds, now)
+            s = self._series[key] = _Series(key[0], kind, labels, bounds, now, zero_first)
         s.touched = time.monotonic()
         return s
 
@@ -226,16 +234,19 @@ class StageSeries:
             for skey in [k for k, v in self._streams.items() if v[3] < cutoff]:
                 del self._streams[skey]
             for s in self._series.values():
+                zero = s.zero_first
+                s.zero_first = False
                 if s.kind == "counter":
-                    out.append(Sample(s.name, s.count, s.labels, "counter"))
+                    out.append(Sample(s.name, 0.0 if zero else s.count, s.labels, "counter"))
                     continue
-                out.append(Sample(s.name + "_count", s.count, s.labels, "counter"))
-                out.append(Sample(s.name + "_sum", s.total, s.labels, "counter"))
+                out.append(Sample(s.name + "_count", 0.0 if zero else s.count, s.labels, "counter"))
+                out.append(Sample(s.name + "_sum", 0.0 if zero else s.total, s.labels, "counter"))
                 if s.bounds:
                     run = 0.0
                     for le, c in zip((*s.bounds, float("inf")), s.buckets, strict=False):
                         run += c
-                        out.append(Sample(s.name + "_bucket", run, {**s.labels, "le": floatToGoString(le)}, "counter"))
+                        out.append(Sample(s.name + "_bucket", 0.0 if zero else run,
+                                          {**s.labels, "le": floatToGoString(le)}, "counter"))
             out.append(Sample("triscope_otlp_series", float(len(self._series))))
             for ck, v in self.counts.items():
                 out.append(_self_sample(ck, v))
