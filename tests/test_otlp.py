@@ -292,3 +292,19 @@ def test_sdk_histograms_with_a_stage_become_the_same_series(receiver: OtlpReceiv
     assert value(got, "triscope_otlp_ignored_total", signal="metrics", reason="no_stage") >= 1
     assert value(got, "triscope_otlp_ignored_total", signal="metrics", reason="unsupported_type") >= 1
     assert not [k for k in got if k[0].startswith("http_server")]
+
+
+def test_self_metrics_are_in_the_catalogue(receiver: OtlpReceiver) -> None:
+    from triscope.metrics import CATALOGUE
+
+    post(receiver, json_spans([("h2d", 0.001), ("other", 0.001)]))
+    post(receiver, b"{", "application/json")
+    post(receiver, b"{}", path="/nowhere")
+    seen = set()
+    for s in receiver.collector.collect(time.time()):
+        assert isinstance(s, Sample)
+        if s.name.startswith("triscope_"):
+            spec = CATALOGUE[s.name]
+            assert spec.kind == s.kind and set(spec.labels) == set(s.labels), s
+            seen.add(s.name)
+    assert seen == {n for n in CATALOGUE if n.startswith("triscope_otlp_")} - {"triscope_otlp_dropped_total"}
