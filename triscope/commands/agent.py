@@ -75,7 +75,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "agent", help="run the node agent (collectors -> store + /metrics)",
         description="Run the node agent: every tick, all collectors (eBPF probes, NVML, npu-smi, procfs/sysfs, "
-        "scraped application metrics) are read on one clock; the tick goes to the store in one batch and to "
+        "scraped application metrics, and with --otlp-listen the stage spans and histograms sent over "
+        "OpenTelemetry) are read on one clock; the tick goes to the store in one batch and to "
         "the Prometheus exporter. If the database is unreachable, ticks wait in an on-disk spool and are "
         "written back in order when it returns.",
     )
