@@ -1,7 +1,7 @@
 """OTLP in, end to end: the real ``triscope agent`` process with ``--otlp-listen`` and a SQLite
 store, spans sent by the real OpenTelemetry SDK (BatchSpanProcessor, OTLP/HTTP protobuf, gzip) and
-as OTLP JSON over plain HTTP; the stored stage-duration series, the bubble fraction and
-``triscope rca --json``'s stage view read back.  Then a flood (far more spans than the agent
+as OTLP JSON over plain HTTP, and a histogram by the SDK's metrics exporter; the stored
+stage-duration series, the bubble fraction and ``triscope rca --ranked --json``'s stage view read back.  Then a flood (far more spans than the agent
 takes per tick) while the tick must stay 1/s and the agent's memory bounded.  And: no port
 without the flag, no non-loopback bind without --otlp-allow-remote.  Figures print with -s."""
 
@@ -25,7 +25,10 @@ from pathlib import Path
 import pytest
 from conftest import free_port
 from opentelemetry.exporter.otlp.proto.http import Compression
+from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.metrics import Histogram, MeterProvider
+from opentelemetry.sdk.metrics.export import AggregationTemporality, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -213,6 +216,34 @@ def test_spans_from_the_sdk_and_json_become_stored_stage_series_that_analysis_re
     assert out.returncode == 0, out.stderr
     view = json.loads(out.stdout)["stages"][METRIC]["window"]
     assert view["bottleneck"] == "compute" and view["bubble_fraction"] == pytest.approx(bubble, abs=1e-4)
+
+
+def test_sdk_histograms_become_a_stage_metric_analysis_finds(agent: RunningAgent) -> None:
+    t_start = time.time() - 1
+    exporter = OTLPMetricExporter(endpoint=f"http://127.0.0.1:{agent.otlp}/v1/metrics", compression=Compression.Gzip,
+                                  preferred_temporality={Histogram: AggregationTemporality.DELTA})
+    reader = PeriodicExportingMetricReader(exporter, export_interval_millis=3_600_000)
+    mp = MeterProvider(metric_readers=[reader], resource=Resource.create({"service.name": "meter-svc"}))
+    h = mp.get_meter("test").create_histogram("pipeline.stage.latency", unit="ms")
+    recorded = {"h2d": [8.0, 12.0], "compute": [30.0, 34.0, 32.0], "d2h": [2.0]}
+    for stage, values in recorded.items():
+        for v in values:
+            h.record(v, {"stage": stage})
+    assert mp.force_flush()
+    mp.shutdown()
+    agent.wait("the points to be taken", lambda: agent.value('triscope_otlp_accepted_total{signal="metrics"}') >= 3)
+    seen = agent.ticks()
+    agent.wait("two ticks written", lambda: agent.ticks() >= seen + 3)
+    st = Store.open(agent.db)
+    try:
+        metric = "pipeline_stage_latency_seconds"
+        assert metric in stage_metrics(st, NODE)
+        skew = stage_skew_from_store(st, NODE, t_start, time.time(), metric=metric)
+    finally:
+        st.close()
+    assert skew is not None and skew.bottleneck == "compute"
+    for stage, values in recorded.items():
+        assert skew.durations[stage] == pytest.approx(sum(values) / len(values) / 1000, rel=1e-6), stage
 
 
 def test_a_flood_keeps_the_tick_and_memory_bounded_then_sigterm_writes_it_all(agent: RunningAgent) -> None:
