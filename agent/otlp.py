@@ -68,7 +68,7 @@ class OtlpOptions:
     listen: tuple[str, int] = ("127.0.0.1", 4318)
     max_body: int = 4 << 20        # bytes, as sent and decompressed
     max_items: int = 50_000        # spans + data points taken between two ticks
-    max_series: int = 512
+    max_series: int = 256         # x 17 samples a tick (count, sum, 15 buckets) at most
     series_ttl: float = 600.0      # seconds without an update before a series is forgotten
     proc: str = "/proc"
     pods_log_dir: str = attribution.DEFAULT_PODS_LOG_DIR
