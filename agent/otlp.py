@@ -59,7 +59,7 @@ STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.0
 PATHS = {"/v1/traces": "traces", "/v1/metrics": "metrics"}
 CONTENT_TYPES = {"application/x-protobuf": "proto", "application/json": "json"}
 ENCODINGS = ("", "identity", "gzip", "x-gzip", "deflate")
-RESERVED = ("job", "instance", "namespace", "pod", "container", "workload")
+RESERVED = ("job", "instance", "namespace", "pod", "container", "workload", "le")
 GRPC_INVALID_ARGUMENT, GRPC_RESOURCE_EXHAUSTED = 3, 8
 
 

@@ -308,3 +308,32 @@ def test_self_metrics_are_in_the_catalogue(receiver: OtlpReceiver) -> None:
             assert spec.kind == s.kind and set(spec.labels) == set(s.labels), s
             seen.add(s.name)
     assert seen == {n for n in CATALOGUE if n.startswith("triscope_otlp_")} - {"triscope_otlp_dropped_total"}
+
+
+def test_cumulative_streams_add_what_is_new() -> None:
+    """Cumulative points: one stream per (series, start time); each adds its increase since its last
+    report; a stream that started after the series existed adds its whole count; one older than the
+    series is a baseline; a count that went down without a new start time is taken whole."""
+    from triscope.agent.otlp import StageSeries
+    from triscope.agent.otlp_decode import TEMPORALITY_CUMULATIVE, Decoded, Group, Point
+
+    now = [1_000.0]
+    state = StageSeries(OtlpOptions(), clock=lambda: now[0])
+
+    def send(start_ns: int, count: float, total: float) -> float:
+        p = Point("x_seconds", "histogram", {"stage": "h2d"}, TEMPORALITY_CUMULATIVE, start_ns, count, total,
+                  (0.1,), (count, 0.0))
+        state.add("metrics", Decoded([Group({"service.name": "s"}, points=[p])], received=1), lambda r: {"job": "s"})
+        now[0] += 1
+        [c] = [s.value for s in state.samples() if s.name == "x_seconds_count"]
+        return c
+
+    born = int(1_000.0 * 1e9)
+    assert send(100, 5, 0.5) == 5            # a new series starts at the stream's totals
+    assert send(100, 8, 0.8) == 8            # +3
+    assert send(born + 1, 2, 0.2) == 10      # a stream started after the series: all of it is new
+    assert send(50, 100, 10.0) == 10         # an older stream joining: a baseline
+    assert send(50, 104, 10.4) == 14         # +4
+    assert send(100, 1, 0.1) == 15           # went down without a new start: a reset, taken whole
+    [b] = [s.value for s in state.samples() if s.name == "x_seconds_bucket" and s.labels["le"] == "0.1"]
+    assert b == 15
