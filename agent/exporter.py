@@ -26,6 +26,7 @@ from triscope.agent.collectors.base import OpenFiles
 from triscope.httpd import HttpServer, Limits, Request, Response
 from triscope.metrics import CATALOGUE, kind_of
 from triscope.samples import Sample
+from triscope.webauth import UNAUTHORIZED_HEADERS, WebConfig
 
 log = logging.getLogger(__name__)
 
@@ -157,10 +158,15 @@ class MetricsServer:
     as often as the agent ticks, the agent renders it right after the tick, in the sampler's own
     wake-up (``prerender``), and a scrape only sends bytes; scraped less often (Prometheus every
     15 s), the first scrape after a tick renders it: one render per scrape, not one per tick.
+
+    ``web`` (``--web.config.file``, ``triscope.webconfig``): TLS on the same listener (a plain HTTP
+    request to it fails the handshake and gets nothing) and basic auth on every path (``401`` with
+    ``WWW-Authenticate: Basic``).  With basic auth the handler runs on two worker threads, so a
+    bcrypt check (the first scrape with a password, a wrong one) never stalls the event loop.
     """
 
     def __init__(self, addr: tuple[str, int], process: ProcessMetrics | None, tick: TickCollector | None,
-                 max_age: float = 1.0, limits: Limits | None = None) -> None:
+                 max_age: float = 1.0, limits: Limits | None = None, web: WebConfig | None = None) -> None:
         self.process = process
         self.tick = tick
         self.max_age = max_age
@@ -168,8 +174,11 @@ class MetricsServer:
         self._lock = threading.Lock()
         self._last_scrape: float | None = None
         self.scrape_gap: float | None = None   # seconds between the last two scrapes
+        self.web = web
+        self.headers = list(web.headers) if web is not None else []
         self.http = HttpServer(addr, self._handle, limits=limits or EXPORTER_LIMITS, name="metrics-http",
-                               methods=("GET", "HEAD"))
+                               methods=("GET", "HEAD"), workers=2 if web is not None and web.auth else 0,
+                               ssl_context=web.ssl_context() if web is not None else None)
         self.server_address = self.http.server_address
 
     def render(self) -> bytes:
@@ -194,6 +203,13 @@ class MetricsServer:
         return True
 
     def _handle(self, req: Request) -> Response:
+        resp = self._answer(req)
+        resp.headers.extend(self.headers)
+        return resp
+
+    def _answer(self, req: Request) -> Response:
+        if self.web is not None and not self.web.authorized(req.header("authorization")):
+            return Response.text(401, "Unauthorized", headers=list(UNAUTHORIZED_HEADERS))
         if req.method not in ("GET", "HEAD"):
             return Response.text(405, "only GET /metrics is served here", headers=[("Allow", "GET, HEAD")])
         if req.path not in ("/metrics", "/"):
@@ -223,10 +239,10 @@ EXPORTER_LIMITS = Limits(max_connections=128, idle_timeout=20.0, header_timeout=
                          write_timeout=10.0, max_header_bytes=8192, max_headers=64, max_body=0)
 
 
-def serve(process: ProcessMetrics | None, host: str, port: int,
-          tick: TickCollector | None = None, max_age: float = 1.0) -> tuple[MetricsServer, threading.Thread]:
+def serve(process: ProcessMetrics | None, host: str, port: int, tick: TickCollector | None = None,
+          max_age: float = 1.0, web: WebConfig | None = None) -> tuple[MetricsServer, threading.Thread]:
     """Start the /metrics HTTP server on its own thread; returns (server, thread)."""
-    server = MetricsServer((host, port), process, tick, max_age)
+    server = MetricsServer((host, port), process, tick, max_age, web=web)
     server.http.start()
     thread = server.http._thread
     assert thread is not None

@@ -20,6 +20,7 @@ from triscope.agent.writer import StoreWriter
 from triscope.samples import Sample, Tick
 from triscope.store import Store
 from triscope.store.db import StoreError, check_sqlite_file, sqlite_path
+from triscope.webauth import WebConfig
 
 if TYPE_CHECKING:
     from triscope.agent.otlp import OtlpOptions, OtlpReceiver
@@ -39,6 +40,7 @@ class AgentConfig:
     migrate: bool = True
     retention: bool = True  # run the store's retention job hourly from this agent
     huge_pages: bool = False  # --huge-pages: the heap on transparent huge pages (agent/hugepages.py)
+    web: WebConfig | None = None  # --web.config.file: TLS and basic auth on /metrics (triscope/webconfig.py)
     options: AgentOptions = field(default_factory=AgentOptions)
     otlp: OtlpOptions | None = None   # --otlp-listen: the OTLP/HTTP receiver (agent/otlp.py), off by default
 
@@ -117,7 +119,8 @@ class Agent:
         if self.cfg.listen is not None:
             host, port = self.cfg.listen
             # a body rendered at a tick serves the scrapes until the next one (slack for a late tick)
-            self.server = serve(self.process_metrics, host, port, self.tick_collector, max_age=self.cfg.interval * 1.5)
+            self.server = serve(self.process_metrics, host, port, self.tick_collector, max_age=self.cfg.interval * 1.5,
+                                web=self.cfg.web)
 
     def start_otlp(self) -> None:
         """Bind and serve the OTLP receiver, if configured (an address in use raises OSError here)."""

@@ -6,7 +6,7 @@ import argparse
 import signal
 import socket
 
-from triscope.commands.common import add_db_option, db_url, parse_hostport
+from triscope.commands.common import add_db_option, add_web_config_option, db_url, parse_hostport
 
 
 def add_agent_options(p: argparse.ArgumentParser) -> None:
@@ -86,6 +86,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="stop after this many seconds (0 = run until interrupted; default 0)")
     p.add_argument("--listen", default="127.0.0.1:9464", metavar="HOST:PORT",
                    help="where /metrics is served (default 127.0.0.1:9464; 'off' to disable)")
+    add_web_config_option(p, "/metrics (TLS and basic auth)")
     p.set_defaults(func=cmd_agent, default_verbosity=0)
 
 
@@ -169,6 +170,9 @@ def cmd_agent(args: argparse.Namespace) -> int:
     if args.duration < 0:
         raise UserError("--duration must be >= 0")
     cfg = build_config(args, listen)
+    from triscope.webconfig import load_for_cli
+
+    cfg.web = load_for_cli(args.web_config_file)   # a bad file is one line, before the store is touched
     logging.getLogger("triscope.agent").setLevel(logging.INFO)
     if cfg.huge_pages:   # before the agent starts any thread: the code is swapped while nothing else runs
         from triscope.agent import hugepages
@@ -189,7 +193,9 @@ def cmd_agent(args: argparse.Namespace) -> int:
     except OSError as e:
         raise UserError(f"cannot listen on {args.otlp_listen} for OTLP: {e.strerror or e}") from None
     if listen:
-        print(f"triscope agent: node {cfg.node}, /metrics on http://{listen[0]}:{listen[1]}/metrics, "
+        scheme = cfg.web.scheme if cfg.web is not None else "http"
+        auth = " (basic auth)" if cfg.web is not None and cfg.web.auth else ""
+        print(f"triscope agent: node {cfg.node}, /metrics on {scheme}://{listen[0]}:{listen[1]}/metrics{auth}, "
               f"store {agent.store.engine.url.render_as_string(hide_password=True)}", flush=True)
     if agent.otlp is not None:
         host, port = agent.otlp.address

@@ -24,6 +24,14 @@ def add_db_option(p: argparse.ArgumentParser) -> None:
                         "or ./triscope.db")
 
 
+def add_web_config_option(p: argparse.ArgumentParser, what: str) -> None:
+    """``--web.config.file FILE`` (``triscope.webconfig``, loaded by the command before it listens)."""
+    p.add_argument("--web.config.file", dest="web_config_file", metavar="FILE", default=None,
+                   help=f"TLS (and, where said, basic auth) for {what}, in the Prometheus exporter-toolkit "
+                        "format: tls_server_config, basic_auth_users, http_server_config (docs/security.md); "
+                        "default: plain HTTP")
+
+
 def db_url(args: argparse.Namespace) -> str:
     return args.db or default_url()
 
