@@ -7,8 +7,9 @@ thread (``triscope run`` uses it) and returns a handle with ``url`` and ``stop()
 
 The dashboard is read-only: it reads through ``store.Store``'s query functions and
 ``analysis``, and never writes.  Bound to anything but loopback it refuses to start without
-``TRISCOPE_DASHBOARD_PASSWORD`` (HTTP basic auth) unless told that an authenticating proxy sits in
-front (``trust_proxy_auth``; see docs/dashboard.md for oauth2-proxy).
+``TRISCOPE_DASHBOARD_PASSWORD`` (HTTP basic auth) or trusted proxy addresses
+(``TRISCOPE_DASHBOARD_TRUSTED_PROXIES``: an authenticating proxy's user header is believed from
+those addresses only; ``dashboard/auth.py``, docs/dashboard.md for oauth2-proxy).
 """
 
 from __future__ import annotations
@@ -29,7 +30,14 @@ log = logging.getLogger(__name__)
 
 PASSWORD_ENV = "TRISCOPE_DASHBOARD_PASSWORD"
 USER_ENV = "TRISCOPE_DASHBOARD_USER"
-PROXY_ENV = "TRISCOPE_DASHBOARD_TRUST_PROXY_AUTH"
+PROXY_ENV = "TRISCOPE_DASHBOARD_TRUST_PROXY_AUTH"   # refused: it trusted every client (see proxy_trust)
+TRUSTED_PROXIES_ENV = "TRISCOPE_DASHBOARD_TRUSTED_PROXIES"
+PROXY_HEADER_ENV = "TRISCOPE_DASHBOARD_PROXY_USER_HEADER"
+OLD_PROXY_SETTING = (
+    f"{PROXY_ENV} / --trust-proxy-auth is no longer accepted: it let every client in without reading "
+    f"any header. Set {TRUSTED_PROXIES_ENV}=ADDRESS-OR-CIDR,... (the authenticating proxy's addresses; "
+    f"--trusted-proxies) and, if the proxy's user header is not X-Forwarded-User, {PROXY_HEADER_ENV}; "
+    "or use the password (docs/dashboard.md)")
 ASSETS = Path(__file__).resolve().parent / "assets"
 PAGE_MODULES = ("fleet", "node", "mismatch", "slos", "remediation", "rootcause")
 
@@ -47,14 +55,34 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_bind(host: str, password: str | None, trust_proxy_auth: bool = False) -> None:
-    """Refuse a non-loopback bind without authentication."""
-    if is_loopback(host) or password or trust_proxy_auth:
+def check_bind(host: str, password: str | None, proxy: Any = None) -> None:
+    """Refuse a non-loopback bind without authentication (a password, or trusted proxies)."""
+    if is_loopback(host) or password or proxy:
         return
     raise DashboardConfigError(
         f"refusing to serve the dashboard on {host} without authentication: set {PASSWORD_ENV} (HTTP basic auth), "
-        f"or put an authenticating proxy (oauth2-proxy) in front and set {PROXY_ENV}=1; "
+        f"or put an authenticating proxy (oauth2-proxy) in front and set {TRUSTED_PROXIES_ENV} to its addresses; "
         "or bind to 127.0.0.1")
+
+
+def proxy_trust(trusted: str | None = None, header: str | None = None) -> Any:
+    """The trusted proxies (``auth.ProxyTrust``) from the arguments, else the environment; None when
+    none are set.  The old all-or-nothing setting is refused with what replaced it."""
+    from triscope.dashboard.auth import ProxyTrust
+
+    if os.environ.get(PROXY_ENV, "").strip():
+        raise DashboardConfigError(OLD_PROXY_SETTING)
+    trusted = trusted if trusted is not None else os.environ.get(TRUSTED_PROXIES_ENV)
+    header = header if header is not None else os.environ.get(PROXY_HEADER_ENV)
+    if not trusted or not trusted.strip():
+        if header and header.strip():
+            raise DashboardConfigError(f"{PROXY_HEADER_ENV} is set but {TRUSTED_PROXIES_ENV} is not: "
+                                       "say which addresses the header is believed from")
+        return None
+    try:
+        return ProxyTrust.parse(trusted, header or None)
+    except ValueError as e:
+        raise DashboardConfigError(f"{TRUSTED_PROXIES_ENV}: {e}") from None
 
 
 def _import_pages() -> None:
@@ -93,17 +121,22 @@ def _guarded(layout: Any, page: str) -> Any:
 
 def create_app(store_url: str | None = None, slo_file: str | Path | None = None, *, store: Store | None = None,
                password: str | None = None, username: str | None = None, live_interval_s: float = 5.0,
-               max_points: int = 1000, clock: Any = None, title: str = "triscope") -> Any:
+               max_points: int = 1000, clock: Any = None, title: str = "triscope",
+               trusted_proxies: str | None = None, proxy_user_header: str | None = None) -> Any:
     """The Dash app over the store at ``store_url`` (or an open ``store``).
 
     ``password`` (default ``$TRISCOPE_DASHBOARD_PASSWORD``) turns on HTTP basic auth for every
-    request (user ``username``, default ``$TRISCOPE_DASHBOARD_USER`` or ``triscope``).
+    request (user ``username``, default ``$TRISCOPE_DASHBOARD_USER`` or ``triscope``);
+    ``trusted_proxies`` (default ``$TRISCOPE_DASHBOARD_TRUSTED_PROXIES``) believes the proxy's
+    ``proxy_user_header`` (default ``$TRISCOPE_DASHBOARD_PROXY_USER_HEADER`` or X-Forwarded-User)
+    from those addresses only (``dashboard/auth.py``).
     """
     import dash
     from dash import dcc, html
 
     from triscope.dashboard import auth, registry, timeview
 
+    proxy = proxy_trust(trusted_proxies, proxy_user_header)   # refused before the store is opened
     if store is None:
         from triscope.store import Store
 
@@ -140,8 +173,9 @@ def create_app(store_url: str | None = None, slo_file: str | Path | None = None,
             return f"store unavailable: {str(e).splitlines()[0][:200]}\n", 503, {"Content-Type": "text/plain"}
         return "ok\n", 200, {"Content-Type": "text/plain"}
     pw = password if password is not None else os.environ.get(PASSWORD_ENV) or None
-    if pw:
-        auth.install_basic_auth(app.server, username or os.environ.get(USER_ENV) or "triscope", pw)
+    if pw or proxy is not None:
+        auth.install_auth(app.server, username=username or os.environ.get(USER_ENV) or "triscope", password=pw,
+                          proxy=proxy)
     return app
 
 
@@ -151,11 +185,12 @@ class ServerHandle:
     port: int
     thread: threading.Thread
     server: Any
+    scheme: str = "http"
 
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/"
+        return f"{self.scheme}://{host}:{self.port}/"
 
     def stop(self, timeout: float = 5.0) -> None:
         self.server.shutdown()
@@ -164,9 +199,10 @@ class ServerHandle:
 
 
 def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 8050, *, password: str | None = None,
-                    trust_proxy_auth: bool = False) -> ServerHandle:
-    """Serve ``app`` from a daemon thread (werkzeug, threaded).  Port 0 picks a free port.
-    Refuses a non-loopback host without authentication (see ``check_bind``)."""
+                    ssl_context: Any = None) -> ServerHandle:
+    """Serve ``app`` from a daemon thread (werkzeug, threaded; HTTPS with ``ssl_context``, from
+    ``--web.config.file``).  Port 0 picks a free port.  Refuses a non-loopback host without
+    authentication (see ``check_bind``)."""
     from werkzeug.serving import WSGIRequestHandler, make_server
 
     class _Handler(WSGIRequestHandler):
@@ -175,12 +211,8 @@ def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 8050, *, pass
 
     pw = password if password is not None else os.environ.get(PASSWORD_ENV)
     has_auth = bool(pw) or bool(getattr(app.server, "triscope_basic_auth", False))
-    check_bind(host, "set" if has_auth else None, trust_proxy_auth or _env_flag(PROXY_ENV))
-    srv = make_server(host, port, app.server, threaded=True, request_handler=_Handler)
+    check_bind(host, "set" if has_auth else None, bool(getattr(app.server, "triscope_proxy_auth", False)))
+    srv = make_server(host, port, app.server, threaded=True, request_handler=_Handler, ssl_context=ssl_context)
     t = threading.Thread(target=srv.serve_forever, name="triscope-dashboard", daemon=True)
     t.start()
-    return ServerHandle(host, int(srv.server_port), t, srv)
-
-
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+    return ServerHandle(host, int(srv.server_port), t, srv, "https" if ssl_context is not None else "http")

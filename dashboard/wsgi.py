@@ -4,26 +4,34 @@ Configuration from the environment (the app is built at import time, once per wo
 
 * ``TRISCOPE_DB_URL`` -- the store (required unless ./triscope.db is the store);
 * ``TRISCOPE_SLO_FILE`` -- the SLO file (optional);
-* ``TRISCOPE_DASHBOARD_PASSWORD`` / ``TRISCOPE_DASHBOARD_USER`` -- HTTP basic auth.
+* ``TRISCOPE_DASHBOARD_PASSWORD`` / ``TRISCOPE_DASHBOARD_USER`` -- HTTP basic auth;
+* ``TRISCOPE_DASHBOARD_TRUSTED_PROXIES`` / ``TRISCOPE_DASHBOARD_PROXY_USER_HEADER`` -- an
+  authenticating proxy's user header, believed from those addresses only (dashboard/auth.py).
 
 gunicorn binds where it is told and this module cannot see where, so it refuses to load without
-``TRISCOPE_DASHBOARD_PASSWORD`` or ``TRISCOPE_DASHBOARD_TRUST_PROXY_AUTH=1`` (an authenticating
-proxy such as oauth2-proxy in front; docs/dashboard.md).  Example::
+a password or trusted proxies (docs/dashboard.md).  TLS is gunicorn's: ``--certfile`` and
+``--keyfile``.  Example::
 
     TRISCOPE_DB_URL=postgresql://triscope@db/triscope TRISCOPE_DASHBOARD_PASSWORD=... \\
-        gunicorn -w 4 -b 0.0.0.0:8050 'triscope.dashboard.wsgi:server'
+        gunicorn -w 4 -b 0.0.0.0:8050 --certfile tls.crt --keyfile tls.key 'triscope.dashboard.wsgi:server'
 """
 
 from __future__ import annotations
 
 import os
 
-from triscope.dashboard.app import PASSWORD_ENV, PROXY_ENV, DashboardConfigError, _env_flag, create_app
+from triscope.dashboard.app import (
+    PASSWORD_ENV,
+    TRUSTED_PROXIES_ENV,
+    DashboardConfigError,
+    create_app,
+    proxy_trust,
+)
 from triscope.store.db import default_url
 
-if not os.environ.get(PASSWORD_ENV) and not _env_flag(PROXY_ENV):
-    raise DashboardConfigError(f"triscope.dashboard.wsgi: set {PASSWORD_ENV} (basic auth) or {PROXY_ENV}=1 "
-                               "(an authenticating proxy in front) before serving it")
+if not os.environ.get(PASSWORD_ENV) and proxy_trust() is None:
+    raise DashboardConfigError(f"triscope.dashboard.wsgi: set {PASSWORD_ENV} (basic auth) or {TRUSTED_PROXIES_ENV} "
+                               "(the addresses of an authenticating proxy in front) before serving it")
 
 app = create_app(default_url(), os.environ.get("TRISCOPE_SLO_FILE") or None)
 server = app.server

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import ssl
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -72,7 +73,7 @@ class EngineHandle:
         if self.server is None:
             return None
         host, port = self.server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"{getattr(self.server, 'scheme', 'http')}://{host}:{port}"
 
     def stop(self) -> None:
         if self.server is not None:
@@ -89,8 +90,9 @@ class EngineHandle:
 
 def start(store: Store, policy: Policy, *, listen: tuple[str, int] | None = None, dry_run: bool = False,
           token: str | None = None, kube: k.KubeAdapter | None = None, owns_store: bool = False,
-          max_body: int = 1 << 20) -> EngineHandle:
-    """Build and start an engine: leader election, scheduler jobs and (with ``listen``) the webhook."""
+          max_body: int = 1 << 20, ssl_context: ssl.SSLContext | None = None) -> EngineHandle:
+    """Build and start an engine: leader election, scheduler jobs and (with ``listen``) the webhook
+    (over TLS with ``ssl_context``: ``--web.config.file``)."""
     from triscope.remediation.webhook import serve
 
     if kube is None:
@@ -108,7 +110,8 @@ def start(store: Store, policy: Policy, *, listen: tuple[str, int] | None = None
         engine.resume()  # actions a crash left in progress, triggers accepted but not decided
     sched = build_scheduler(engine)
     sched.start()
-    server = serve(engine, listen[0], listen[1], token=token, max_body=max_body) if listen else None
+    server = (serve(engine, listen[0], listen[1], token=token, max_body=max_body, ssl_context=ssl_context)
+              if listen else None)
     return EngineHandle(engine, sched, server, owns_store)
 
 

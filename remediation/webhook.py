@@ -17,6 +17,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import ssl
 import time
 from typing import Annotated, Any, Literal
 
@@ -137,15 +138,17 @@ class WebhookServer:
     records the alerts, on a small pool of its own."""
 
     def __init__(self, addr: tuple[str, int], engine: Any, token: str | None, max_body: int,
-                 limits: Limits | None = None) -> None:
+                 limits: Limits | None = None, ssl_context: ssl.SSLContext | None = None) -> None:
         self.engine = engine
         self.token = normalise_token(token)
         self.max_body = max_body
         lim = limits or WEBHOOK_LIMITS
         lim = Limits(**{**lim.__dict__, "max_body": max_body})
         self.http = HttpServer(addr, self.handle, limits=lim, workers=8, name="remediation-webhook",
-                               methods=("GET", "HEAD", "POST"), error=lambda code, msg: _json(code, {"error": msg}))
+                               methods=("GET", "HEAD", "POST"), error=lambda code, msg: _json(code, {"error": msg}),
+                               ssl_context=ssl_context)
         self.server_address = self.http.server_address
+        self.scheme = "https" if ssl_context is not None else "http"
 
     def serve_forever(self) -> None:   # the server runs on its own thread once started
         self.http.start()
@@ -216,8 +219,9 @@ def _json(status: int, payload: dict[str, Any], *, close: bool = False, head: bo
                     head=head)
 
 
-def serve(engine: Any, host: str, port: int, *, token: str | None, max_body: int = 1 << 20) -> WebhookServer:
-    """Start the webhook on its own thread; ``shutdown()`` to stop."""
-    srv = WebhookServer((host, port), engine, token, max_body)
+def serve(engine: Any, host: str, port: int, *, token: str | None, max_body: int = 1 << 20,
+          ssl_context: ssl.SSLContext | None = None) -> WebhookServer:
+    """Start the webhook on its own thread (TLS with ``ssl_context``); ``shutdown()`` to stop."""
+    srv = WebhookServer((host, port), engine, token, max_body, ssl_context=ssl_context)
     srv.http.start()
     return srv

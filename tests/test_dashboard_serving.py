@@ -59,7 +59,7 @@ def test_check_bind() -> None:
         with pytest.raises(DashboardConfigError, match="without authentication"):
             check_bind(host, None)
         check_bind(host, "pw")
-        check_bind(host, None, trust_proxy_auth=True)
+        check_bind(host, None, proxy=True)
 
 
 def test_cli_refuses_public_bind_without_password(seeded_url: str) -> None:

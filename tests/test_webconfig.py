@@ -238,3 +238,41 @@ def test_mutual_tls_requires_a_client_certificate(tmp_path: Path, certs: Certs, 
             http.client.HTTPSConnection("127.0.0.1", unused_port, context=old, timeout=5).request("GET", "/")
     finally:
         srv.shutdown()
+
+
+# ---------------------------------------------------------------------------------------------- the webhook
+def test_webhook_over_tls(tmp_path: Path, certs: Certs) -> None:
+    """``triscope remediate --web.config.file``: Alertmanager posts over HTTPS with its bearer token."""
+    import json
+
+    from conftest import free_port, wait_for_port
+    from kube_server import alert_payload, open_store, policy_text
+
+    pol = tmp_path / "p.yaml"
+    pol.write_text(policy_text("  - name: cmd\n    trigger: {alert: Storm}\n    action: command\n"
+                               "    target: {node: {label: node}}\n    params: {argv: [\"true\"]}\n"))
+    (tmp_path / "token").write_text("tls-token-0123456789\n")
+    web = _write(tmp_path, f"tls_server_config:\n  cert_file: {certs.cert}\n  key_file: {certs.key}\n")
+    db = f"sqlite:///{tmp_path / 't.db'}"
+    open_store(db).close()
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "triscope", "remediate", "--db", db, "--policy", str(pol),
+                             "--listen", f"127.0.0.1:{port}", "--token-file", str(tmp_path / "token"),
+                             "--web.config.file", str(web)], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_port(port, timeout=30)
+        body = json.dumps(alert_payload([{"labels": {"alertname": "Storm", "node": "n1"}}])).encode()
+        for token, want in (("wrong-token-0123456789", 401), ("tls-token-0123456789", 202)):
+            conn = http.client.HTTPSConnection("127.0.0.1", port, context=certs.client_context(), timeout=10)
+            conn.request("POST", "/api/v1/alerts", body=body,
+                         headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
+            assert conn.getresponse().status == want
+            conn.close()
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:   # plain HTTP: nothing
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert b"HTTP/1.1 200" not in _read_all(s)
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+    assert f"webhook: POST https://127.0.0.1:{port}/api/v1/alerts (bearer token)" in out

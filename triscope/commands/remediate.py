@@ -9,7 +9,14 @@ import os
 import signal
 import threading
 
-from triscope.commands.common import add_db_option, db_url, fmt_ts, parse_hostport, parse_time
+from triscope.commands.common import (
+    add_db_option,
+    add_web_config_option,
+    db_url,
+    fmt_ts,
+    parse_hostport,
+    parse_time,
+)
 
 TOKEN_ENV = "TRISCOPE_WEBHOOK_TOKEN"
 DEFAULT_LISTEN = "127.0.0.1:9095"
@@ -39,6 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="run the webhook without a token (refused unless it listens on loopback)")
     p.add_argument("--max-body", type=int, default=1 << 20, metavar="BYTES",
                    help="largest webhook body accepted (default 1 MiB; larger -> 400)")
+    add_web_config_option(p, "the webhook (TLS only: basic_auth_users is refused, the bearer token is its auth)")
     p.set_defaults(func=cmd_run)
     rsub = p.add_subparsers(dest="remediate_command", metavar="ACTION")
 
@@ -197,10 +205,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise UserError(f"--insecure-no-auth is only allowed on loopback, not {listen[0]}")
     if args.max_body < 1024:
         raise UserError("--max-body must be at least 1024 bytes")
+    from triscope.webconfig import load_for_cli
+
+    web = load_for_cli(args.web_config_file, allow_auth=False)   # the bearer token is the webhook's auth
     st = _open_store(db_url(args))
     try:
         handle = start(st, policy, listen=listen, dry_run=args.dry_run, token=token, owns_store=True,
-                       max_body=args.max_body)
+                       max_body=args.max_body, ssl_context=web.ssl_context() if web is not None else None)
     except k.KubeError as e:
         st.close()
         raise UserError(str(e)) from None
