@@ -9,6 +9,7 @@ PKGS=(
   prometheus prometheus-alertmanager prometheus-node-exporter   # promtool, amtool, the e2e tests, the node_exporter baseline
   python3-bpfcc libbpfcc bpfcc-tools   # BCC for the eBPF probes (used from a short-lived child process only)
   chromium chromium-driver          # the dashboard's browser tests
+  openssl                          # throwaway CA and certificates for the TLS tests (tests/tls_support.py)
 )
 
 missing=()

@@ -468,9 +468,23 @@ def test_every_secret_key_the_workloads_read_is_created_by_the_example(
                 if "secret" in v:
                     for item in v["secret"].get("items", []):
                         wanted.add((v["secret"]["secretName"], item["key"]))
+                for src in v.get("projected", {}).get("sources", []):
+                    for item in src.get("secret", {}).get("items", []):
+                        wanted.add((src["secret"]["name"], item["key"]))
+        for sm in by_kind(rendered[overlay], "ServiceMonitor"):
+            for ep in sm["spec"]["endpoints"]:
+                for ref in ep.get("basicAuth", {}).values():
+                    wanted.add((ref["name"], ref["key"]))
     assert ("triscope-webhook", "token") in wanted and ("triscope-db", "agent-url") in wanted
+    assert ("triscope-agent-web", "web-config.yml") in wanted and ("triscope-agent-scrape", "password") in wanted
     for name, key in wanted:
+        if name in MADE_ELSEWHERE:   # a private key: never in the repository (docs/deploy.md says how)
+            assert name in (REPO / "docs" / "deploy.md").read_text()
+            continue
         assert key in secrets.get(name, set()), f"secret {name} key {key} is read but not created"
+
+
+MADE_ELSEWHERE = {"triscope-agent-tls", "triscope-dashboard-tls"}   # kubernetes.io/tls: cert-manager or kubectl create secret
 
 
 def test_network_policy_denies_by_default_and_opens_only_triscope_ports(
@@ -549,3 +563,92 @@ def test_agent_reads_pod_resources_and_pod_names_read_only(rendered: dict[str, l
     assert "--no-workloads" not in args
     if "--pod-resources-socket" in args:
         assert "--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock" in args
+
+
+# ---------------------------------------------------------------------------------------------
+# the agent's port: hostNetwork, so TLS and basic auth on /metrics (docs/deploy.md)
+
+
+def _agent(objs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    spec = one(objs, "DaemonSet", "triscope-agent")["spec"]["template"]["spec"]
+    return spec, next(c for c in spec["containers"] if c["name"] == "agent")
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_agent_metrics_need_tls_and_basic_auth(rendered: dict[str, list[dict[str, Any]]], overlay: str,
+                                               tmp_path: Path) -> None:
+    from tls_support import make_certs
+
+    from triscope.webconfig import load
+
+    objs = rendered[overlay]
+    spec, agent = _agent(objs)
+    assert spec["hostNetwork"] is True
+    assert "--web.config.file=/etc/triscope/web/web-config.yml" in agent["args"]
+    mount = next(m for m in agent["volumeMounts"] if m["mountPath"] == "/etc/triscope/web")
+    assert mount["readOnly"] is True
+    vol = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+    sources = {src["secret"]["name"]: {i["key"]: i["path"] for i in src["secret"]["items"]}
+               for src in vol["projected"]["sources"]}
+    assert sources == {"triscope-agent-web": {"web-config.yml": "web-config.yml"},
+                       "triscope-agent-tls": {"tls.crt": "tls.crt", "tls.key": "tls.key"}}
+    # no probe asks for /metrics without credentials (it would get 401)
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert "httpGet" not in agent[probe], probe
+    # the dashboard's gunicorn serves TLS from its own Secret
+    dash = one(objs, "Deployment", "triscope-dashboard")["spec"]["template"]["spec"]
+    args = dash["containers"][0]["args"]
+    assert "--certfile=/etc/triscope/tls/tls.crt" in args and "--keyfile=/etc/triscope/tls/tls.key" in args
+    assert any(v.get("secret", {}).get("secretName") == "triscope-dashboard-tls" for v in dash["volumes"])
+    # Prometheus scrapes with https, the CA of the agent's certificate and the scrape password
+    ep = one(objs, "ServiceMonitor", "triscope-agent")["spec"]["endpoints"][0]
+    assert ep["scheme"] == "https" and ep["tlsConfig"]["serverName"] == "triscope-agent"
+    assert ep["tlsConfig"]["ca"]["secret"] == {"name": "triscope-agent-tls", "key": "ca.crt"}
+    assert ep["basicAuth"]["password"] == {"name": "triscope-agent-scrape", "key": "password"}
+    # the example Secret's web config loads next to a certificate pair, and its hash is the scrape password's
+    import base64
+
+    secrets = {s["metadata"]["name"]: s["data"] for s in by_kind(rendered["secrets-example"], "Secret")}
+    certs = make_certs(tmp_path / "certs")
+    folder = tmp_path / "web"
+    folder.mkdir()
+    (folder / "tls.crt").write_bytes(certs.cert.read_bytes())
+    (folder / "tls.key").write_bytes(certs.key.read_bytes())
+    (folder / "web-config.yml").write_bytes(base64.b64decode(secrets["triscope-agent-web"]["web-config.yml"]))
+    web = load(folder / "web-config.yml")
+    scrape = {k: base64.b64decode(v).decode() for k, v in secrets["triscope-agent-scrape"].items()}
+    header = "Basic " + base64.b64encode(f"{scrape['username']}:{scrape['password']}".encode()).decode()
+    assert web.scheme == "https" and web.auth is not None and web.auth.check(header)
+
+
+def test_agent_liveness_probe_passes_on_a_live_tls_server_only(rendered: dict[str, list[dict[str, Any]]],
+                                                              tmp_path: Path) -> None:
+    """Run the probe's own command (as the kubelet would, with HOST_IP) against the real /metrics
+    server with TLS and basic auth, and against a port where nothing listens."""
+    import os
+    import sys
+
+    from conftest import free_port
+    from tls_support import bcrypt_hash, make_certs
+
+    from triscope.agent.exporter import make_sources, serve
+    from triscope.webconfig import load
+
+    _, agent = _agent(rendered["base"])
+    cmd = agent["livenessProbe"]["exec"]["command"]
+    assert cmd[0] == "python3" and "9464" in cmd[-1]
+    certs = make_certs(tmp_path / "certs")
+    cfg = tmp_path / "web.yml"
+    cfg.write_text(f"tls_server_config:\n  cert_file: {certs.cert}\n  key_file: {certs.key}\n"
+                   f"basic_auth_users:\n  prometheus: '{bcrypt_hash('pw')}'\n")
+    port = free_port()
+    probe = [sys.executable, *cmd[1:-1], cmd[-1].replace("9464", str(port))]
+    env = {**os.environ, "HOST_IP": "127.0.0.1"}
+    assert subprocess.run(probe, env=env, capture_output=True, timeout=20).returncode != 0   # nothing listens
+    process, tick = make_sources()
+    server, _ = serve(process, "127.0.0.1", port, tick, web=load(cfg))
+    try:
+        r = subprocess.run(probe, env=env, capture_output=True, text=True, timeout=20)
+        assert r.returncode == 0, r.stderr
+    finally:
+        server.shutdown()

@@ -154,7 +154,7 @@ def load(path: str | os.PathLike[str], *, allow_auth: bool = True) -> WebConfig:
     if model.basic_auth_users and not allow_auth:
         raise fail(doc, ("basic_auth_users",), "not used by this listener, which has its own authentication: "
                    "leave it out of this file", error=WebConfigError)
-    base = Path(name).resolve().parent
+    base = Path(os.path.abspath(name)).parent   # not resolved: a Secret volume links the file into a dated folder
     cfg = WebConfig(file=name)
     if model.tls_server_config is not None:
         tls = model.tls_server_config
