@@ -276,3 +276,42 @@ def test_webhook_over_tls(tmp_path: Path, certs: Certs) -> None:
         proc.terminate()
         out, _ = proc.communicate(timeout=30)
     assert f"webhook: POST https://127.0.0.1:{port}/api/v1/alerts (bearer token)" in out
+
+
+def test_tls_keeps_the_slow_client_cuts(tmp_path: Path, certs: Certs, unused_port: int) -> None:
+    """A client that opens the TLS port and never says hello, and one that shakes hands and then
+    trickles its request a byte at a time, are both cut at their deadlines while scrapes go on."""
+    from triscope.agent.exporter import EXPORTER_LIMITS, MetricsServer
+    from triscope.httpd import Limits
+
+    web = load(_write(tmp_path, f"tls_server_config:\n  cert_file: {certs.cert}\n  key_file: {certs.key}\n"))
+    lim = Limits(**{**EXPORTER_LIMITS.__dict__, "header_timeout": 1.0, "request_timeout": 1.5})
+    process, tick = make_sources()
+    server = MetricsServer(("127.0.0.1", unused_port), process, tick, limits=lim, web=web)
+    server.http.start()
+    try:
+        silent = socket.create_connection(("127.0.0.1", unused_port), timeout=5)
+        hello = certs.client_context().wrap_socket(socket.create_connection(("127.0.0.1", unused_port), timeout=5),
+                                                   server_hostname="localhost")
+        t0 = time.monotonic()
+        trickled = 0
+        try:
+            for b in b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 100:
+                hello.sendall(bytes([b]))
+                trickled += 1
+                assert _get(certs, unused_port, None)[0] == 200 if trickled % 20 == 0 else True
+                time.sleep(0.1)
+        except (ConnectionError, ssl.SSLError):
+            pass
+        assert time.monotonic() - t0 < 4.0 and trickled < 40, (trickled, time.monotonic() - t0)
+        assert _read_all(silent) == b""     # closed without a byte once the handshake deadline passed
+        assert time.monotonic() - t0 < 5.0
+        silent.close()
+        hello.close()
+        with socket.create_connection(("127.0.0.1", unused_port), timeout=5) as quiet:   # the cut is the deadline
+            t1 = time.monotonic()
+            assert _read_all(quiet) == b""
+            assert 0.8 <= time.monotonic() - t1 < 3.0, time.monotonic() - t1
+        assert _get(certs, unused_port, None)[0] == 200
+    finally:
+        server.shutdown()
