@@ -26,7 +26,7 @@ from triscope.agent.collectors.base import OpenFiles
 from triscope.httpd import HttpServer, Limits, Request, Response
 from triscope.metrics import CATALOGUE, kind_of
 from triscope.samples import Sample
-from triscope.webauth import UNAUTHORIZED_HEADERS, WebConfig
+from triscope.webauth import RELOAD_EVERY, UNAUTHORIZED_HEADERS, WebConfig
 
 log = logging.getLogger(__name__)
 
@@ -175,10 +175,10 @@ class MetricsServer:
         self._last_scrape: float | None = None
         self.scrape_gap: float | None = None   # seconds between the last two scrapes
         self.web = web
-        self.headers = list(web.headers) if web is not None else []
         self.http = HttpServer(addr, self._handle, limits=limits or EXPORTER_LIMITS, name="metrics-http",
                                methods=("GET", "HEAD"), workers=2 if web is not None and web.auth else 0,
-                               ssl_context=web.ssl_context() if web is not None else None)
+                               ssl_context=web.ssl_context() if web is not None else None,
+                               every=(RELOAD_EVERY, web.refresh) if web is not None else None)
         self.server_address = self.http.server_address
 
     def render(self) -> bytes:
@@ -204,7 +204,8 @@ class MetricsServer:
 
     def _handle(self, req: Request) -> Response:
         resp = self._answer(req)
-        resp.headers.extend(self.headers)
+        if self.web is not None:
+            resp.headers.extend(self.web.headers)
         return resp
 
     def _answer(self, req: Request) -> Response:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import ssl
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +17,7 @@ from triscope.remediation import kube as k
 from triscope.remediation.engine import DEFAULT_POLICY, Engine
 from triscope.remediation.leader import LeaderElector
 from triscope.remediation.policy import Policy, load_policy
+from triscope.webauth import WebConfig
 
 if TYPE_CHECKING:
     from triscope.store.api import Store
@@ -90,9 +90,9 @@ class EngineHandle:
 
 def start(store: Store, policy: Policy, *, listen: tuple[str, int] | None = None, dry_run: bool = False,
           token: str | None = None, kube: k.KubeAdapter | None = None, owns_store: bool = False,
-          max_body: int = 1 << 20, ssl_context: ssl.SSLContext | None = None) -> EngineHandle:
+          max_body: int = 1 << 20, web: WebConfig | None = None) -> EngineHandle:
     """Build and start an engine: leader election, scheduler jobs and (with ``listen``) the webhook
-    (over TLS with ``ssl_context``: ``--web.config.file``)."""
+    (over TLS with ``web``: ``--web.config.file``)."""
     from triscope.remediation.webhook import serve
 
     if kube is None:
@@ -110,7 +110,7 @@ def start(store: Store, policy: Policy, *, listen: tuple[str, int] | None = None
         engine.resume()  # actions a crash left in progress, triggers accepted but not decided
     sched = build_scheduler(engine)
     sched.start()
-    server = (serve(engine, listen[0], listen[1], token=token, max_body=max_body, ssl_context=ssl_context)
+    server = (serve(engine, listen[0], listen[1], token=token, max_body=max_body, web=web)
               if listen else None)
     return EngineHandle(engine, sched, server, owns_store)
 

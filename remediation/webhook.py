@@ -17,7 +17,6 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-import ssl
 import time
 from typing import Annotated, Any, Literal
 
@@ -28,6 +27,7 @@ from triscope.httpd import HttpServer, Limits, Request, Response
 from triscope.remediation import metrics
 from triscope.remediation.triggers import parse_rfc3339
 from triscope.textsafe import one_line
+from triscope.webauth import RELOAD_EVERY, WebConfig
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ class WebhookServer:
     records the alerts, on a small pool of its own."""
 
     def __init__(self, addr: tuple[str, int], engine: Any, token: str | None, max_body: int,
-                 limits: Limits | None = None, ssl_context: ssl.SSLContext | None = None) -> None:
+                 limits: Limits | None = None, web: WebConfig | None = None) -> None:
         self.engine = engine
         self.token = normalise_token(token)
         self.max_body = max_body
@@ -146,9 +146,10 @@ class WebhookServer:
         lim = Limits(**{**lim.__dict__, "max_body": max_body})
         self.http = HttpServer(addr, self.handle, limits=lim, workers=8, name="remediation-webhook",
                                methods=("GET", "HEAD", "POST"), error=lambda code, msg: _json(code, {"error": msg}),
-                               ssl_context=ssl_context)
+                               ssl_context=web.ssl_context() if web is not None else None,
+                               every=(RELOAD_EVERY, web.refresh) if web is not None and web.tls else None)
         self.server_address = self.http.server_address
-        self.scheme = "https" if ssl_context is not None else "http"
+        self.scheme = web.scheme if web is not None else "http"
 
     def serve_forever(self) -> None:   # the server runs on its own thread once started
         self.http.start()
@@ -220,8 +221,8 @@ def _json(status: int, payload: dict[str, Any], *, close: bool = False, head: bo
 
 
 def serve(engine: Any, host: str, port: int, *, token: str | None, max_body: int = 1 << 20,
-          ssl_context: ssl.SSLContext | None = None) -> WebhookServer:
-    """Start the webhook on its own thread (TLS with ``ssl_context``); ``shutdown()`` to stop."""
-    srv = WebhookServer((host, port), engine, token, max_body, ssl_context=ssl_context)
+          web: WebConfig | None = None) -> WebhookServer:
+    """Start the webhook on its own thread (TLS with ``web``: ``--web.config.file``); ``shutdown()`` to stop."""
+    srv = WebhookServer((host, port), engine, token, max_body, web=web)
     srv.http.start()
     return srv

@@ -315,3 +315,60 @@ def test_tls_keeps_the_slow_client_cuts(tmp_path: Path, certs: Certs, unused_por
         assert _get(certs, unused_port, None)[0] == 200
     finally:
         server.shutdown()
+
+
+def _served_cert(port: int) -> bytes:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    with ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=5)) as s:
+        der = s.getpeercert(binary_form=True)
+    assert der is not None
+    return der
+
+
+def test_rotated_certificate_and_password_are_picked_up_without_a_restart(
+        tmp_path: Path, certs: Certs, unused_port: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    import triscope.agent.exporter as exporter
+
+    monkeypatch.setattr(exporter, "RELOAD_EVERY", 0.2)
+    other = make_certs(tmp_path / "renewed")
+    live = tmp_path / "live"
+    live.mkdir()
+    (live / "tls.crt").write_bytes(certs.cert.read_bytes())
+    (live / "tls.key").write_bytes(certs.key.read_bytes())
+    cfg = live / "web.yml"
+    tls = "tls_server_config:\n  cert_file: tls.crt\n  key_file: tls.key\n"
+    cfg.write_text(tls + f"basic_auth_users:\n  prometheus: '{bcrypt_hash('one')}'\n")
+    web = load(cfg)
+    process, tick = make_sources()
+    server, _ = serve(process, "127.0.0.1", unused_port, tick, web=web)
+    insecure = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    insecure.check_hostname, insecure.verify_mode = False, ssl.CERT_NONE
+
+    def status(pw: str) -> int:
+        conn = http.client.HTTPSConnection("127.0.0.1", unused_port, context=insecure, timeout=5)
+        conn.request("GET", "/metrics", headers={"Authorization": _basic("prometheus", pw)})
+        code = conn.getresponse().status
+        conn.close()
+        return code
+
+    try:
+        first = _served_cert(unused_port)
+        assert first == ssl.PEM_cert_to_DER_cert(certs.cert.read_text()) and status("one") == 200
+        # cert-manager renews: new pair and a new password, written in place
+        (live / "tls.key").write_bytes(other.key.read_bytes())
+        (live / "tls.crt").write_bytes(other.cert.read_bytes())
+        cfg.write_text(tls + f"basic_auth_users:\n  prometheus: '{bcrypt_hash('two')}'\n")
+        renewed = ssl.PEM_cert_to_DER_cert(other.cert.read_text())
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _served_cert(unused_port) != renewed:
+            time.sleep(0.1)
+        assert _served_cert(unused_port) == renewed and web.reloads == 1
+        assert (status("one"), status("two")) == (401, 200)
+        # a broken file: logged, the running config stays
+        cfg.write_text(tls + "basic_auth_users:\n  prometheus: plain-text\n")
+        time.sleep(1.0)
+        assert web.reloads == 1 and status("two") == 200 and _served_cert(unused_port) == renewed
+    finally:
+        server.shutdown()

@@ -22,7 +22,8 @@ Here one thread runs an asyncio loop for all connections:
 The handler is a plain function ``Request -> Response``: run on the loop itself when it is quick
 and never blocks (``/metrics`` sends a body rendered at the tick), or on a bounded thread pool
 (``workers``) when it writes to a database (the webhook).  ``ssl_context`` serves TLS on the same
-listener.
+listener; ``every=(seconds, fn)`` runs ``fn`` on the loop's thread that often (a certificate
+reload: the TLS context is only touched from the thread that does the handshakes).
 """
 
 from __future__ import annotations
@@ -124,13 +125,15 @@ class HttpServer:
     def __init__(self, addr: tuple[str, int], handler: Handler, *, limits: Limits | None = None,
                  workers: int = 0, name: str = "http", ssl_context: ssl.SSLContext | None = None,
                  methods: tuple[str, ...] | None = None,
-                 error: Callable[[int, str], Response] | None = None) -> None:
+                 error: Callable[[int, str], Response] | None = None,
+                 every: tuple[float, Callable[[], object]] | None = None) -> None:
         self.handler = handler
         self.methods = methods     # others get 405 before any body is read
         self.error = error or (lambda status, message: Response.text(status, message))  # framing errors
         self.limits = limits or Limits()
         self.name = name
         self.ssl_context = ssl_context
+        self.every = every      # (seconds, fn): fn runs on the loop thread that often (a TLS reload)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"{name}-worker") if workers else None
         self._conns: dict[_Conn, None] = {}    # insertion order = age
         self.refused = 0                       # connections answered 503 because every slot was busy
@@ -158,12 +161,22 @@ class HttpServer:
             limit=self.limits.max_header_bytes + 2,
             ssl_handshake_timeout=self.limits.header_timeout if self.ssl_context else None))
         self._ready.set()
+        if self.every is not None:
+            self._loop.call_later(self.every[0], self._tick)
         try:
             self._loop.run_forever()
         finally:
             with contextlib.suppress(Exception):
                 self._loop.run_until_complete(self._loop.shutdown_asyncgens())
             self._loop.close()
+
+    def _tick(self) -> None:
+        assert self.every is not None
+        try:
+            self.every[1]()
+        except Exception:  # noqa: BLE001 - the periodic job never stops the server
+            log.exception("%s: periodic job failed", self.name)
+        self._loop.call_later(self.every[0], self._tick)
 
     def shutdown(self, timeout: float = 5.0) -> None:
         """Stop accepting, close every connection, stop the loop and its thread."""

@@ -25,7 +25,8 @@ does: a verified (user, hash, password) is cached, so Prometheus scraping every 
 entries, least recently used dropped), keyed by a SHA-256 of the three (no password is kept in
 memory as given), and remembers failures too, so a client repeating a wrong password costs nothing
 either.  An unknown user is compared against a dummy hash, so a probe cannot tell users apart by
-time; bcrypt itself runs one at a time (a lock), as in exporter-toolkit.
+time; bcrypt itself runs one at a time (a lock), as in exporter-toolkit.  A changed file, certificate
+or key is picked up while running (``WebConfig.refresh``, every 15 s).
 
 Differences from exporter-toolkit, all refused with a clear error rather than silently changed:
 ``RequestClientCert`` and ``RequireAnyClientCert`` (asking for a certificate without verifying it:
@@ -170,6 +171,8 @@ def load(path: str | os.PathLike[str], *, allow_auth: bool = True) -> WebConfig:
                         "the clear", name)
     if model.http_server_config and model.http_server_config.headers:
         cfg.headers = list(model.http_server_config.headers.items())
+    cfg.reloader = lambda: load(path, allow_auth=allow_auth)
+    cfg.stamps = cfg.stamp()
     return cfg
 
 

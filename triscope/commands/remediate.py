@@ -211,7 +211,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     st = _open_store(db_url(args))
     try:
         handle = start(st, policy, listen=listen, dry_run=args.dry_run, token=token, owns_store=True,
-                       max_body=args.max_body, ssl_context=web.ssl_context() if web is not None else None)
+                       max_body=args.max_body, web=web)
     except k.KubeError as e:
         st.close()
         raise UserError(str(e)) from None
