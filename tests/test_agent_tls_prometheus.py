@@ -1,7 +1,8 @@
 """The real Prometheus (Debian ``prometheus``) scrapes the real agent over TLS with basic auth, as a
 ServiceMonitor with ``scheme: https``, ``tlsConfig`` and ``basicAuth`` makes it do: the target is up
 and a triscope metric arrives; a second job with a wrong password sees the target down (401), and
-one speaking plain HTTP to the TLS port gets nothing."""
+one speaking plain HTTP to the TLS port gets nothing.  And the real Alertmanager delivers to the
+remediation webhook over TLS."""
 
 from __future__ import annotations
 
@@ -107,6 +108,73 @@ def test_prometheus_scrapes_the_agent_over_tls_with_basic_auth(tmp_path: Path) -
         r = conn.getresponse()
         assert (r.status, r.getheader("WWW-Authenticate")) == (401, "Basic") and b"triscope_" not in r.read()
         conn.close()
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def test_alertmanager_posts_to_the_webhook_over_tls(tmp_path: Path) -> None:
+    """The real Alertmanager delivers to ``triscope remediate --web.config.file`` over HTTPS with its
+    bearer token and the CA in ``tls_config``; the engine records and acts on the alert."""
+    from kube_server import open_store, policy_text
+
+    from triscope.store import audit
+
+    alertmanager = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+    assert alertmanager, "prometheus-alertmanager is not installed (make test installs it)"
+    certs = make_certs(tmp_path / "certs")
+    web = tmp_path / "web.yml"
+    web.write_text(f"tls_server_config:\n  cert_file: {certs.cert}\n  key_file: {certs.key}\n")
+    token = tmp_path / "token"
+    token.write_text("am-tls-token-0123456789\n")
+    pol = tmp_path / "p.yaml"
+    pol.write_text(policy_text("  - name: cmd\n    trigger: {alert: TlsStorm}\n    action: command\n"
+                               "    target: {node: {label: node}}\n    params: {argv: [\"true\"]}\n"))
+    db = f"sqlite:///{tmp_path / 'engine.db'}"
+    open_store(db).close()
+    hook_port, am_port = free_port(), free_port()
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "triscope", "remediate", "--db", db, "--policy", str(pol), "--listen",
+             f"127.0.0.1:{hook_port}", "--token-file", str(token), "--web.config.file", str(web)],
+            cwd=REPO, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "engine.log", "wb")))  # noqa: SIM115
+        am_cfg = {"route": {"receiver": "triscope", "group_wait": "0s", "group_interval": "1s",
+                            "repeat_interval": "1h"},
+                  "receivers": [{"name": "triscope", "webhook_configs": [{
+                      "url": f"https://localhost:{hook_port}/api/v1/alerts",
+                      "http_config": {"authorization": {"type": "Bearer", "credentials_file": str(token)},
+                                      "tls_config": {"ca_file": str(certs.ca)}}}]}]}
+        (tmp_path / "am.yml").write_text(yaml.safe_dump(am_cfg))
+        procs.append(subprocess.Popen(
+            [alertmanager, f"--config.file={tmp_path / 'am.yml'}", f"--storage.path={tmp_path / 'am-data'}",
+             f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address="],
+            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "am.log", "wb")))  # noqa: SIM115
+
+        def post_alert() -> bool:
+            body = json.dumps([{"labels": {"alertname": "TlsStorm", "node": "n1"}}]).encode()
+            req = urllib.request.Request(f"http://127.0.0.1:{am_port}/api/v2/alerts", data=body,
+                                         headers={"Content-Type": "application/json"}, method="POST")
+            with urllib.request.urlopen(req, timeout=5) as r:
+                return r.status == 200
+
+        _wait(post_alert, 30, "Alertmanager to take an alert")
+        st = open_store(db)
+        try:
+            rows = _wait(lambda: [r for r in audit.audit_log(st) if r.outcome != "in_progress"], 30,
+                         "the engine to act on the alert Alertmanager delivered over TLS")
+        except AssertionError:
+            raise AssertionError(f"{(tmp_path / 'am.log').read_text()[-2000:]}\n"
+                                 f"{(tmp_path / 'engine.log').read_text()[-2000:]}") from None
+        finally:
+            st.close()
+        assert [r.outcome for r in rows] == ["acted"]
     finally:
         for p in procs:
             p.terminate()
