@@ -204,6 +204,7 @@ class MetricsServer:
 
     def _handle(self, req: Request) -> Response:
         resp = self._answer(req)
+        resp.head = req.method == "HEAD"   # a HEAD gets the head of any answer (401, 404) and no body
         if self.web is not None:
             resp.headers.extend(self.web.headers)
         return resp

@@ -161,6 +161,18 @@ def test_metrics_over_tls_with_basic_auth(tmp_path: Path, certs: Certs, unused_p
         for auth in (None, _basic("prometheus", "wrong"), _basic("nobody", "s3cret"), "Bearer s3cret"):
             status, headers, body = _get(certs, unused_port, auth)
             assert status == 401 and headers["WWW-Authenticate"] == "Basic" and b"triscope_" not in body
+        # a HEAD without credentials (the DaemonSet's liveness probe): 401, a head and no body, and the
+        # kept-alive connection then serves the next request whole
+        with certs.client_context().wrap_socket(socket.create_connection(("127.0.0.1", unused_port), timeout=5),
+                                                server_hostname="localhost") as tls:
+            tls.sendall(b"HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            time.sleep(0.3)
+            head = tls.recv(65536)
+            assert head.startswith(b"HTTP/1.1 401 ") and head.endswith(b"\r\n\r\n"), head
+            tls.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: "
+                        + _basic("prometheus", "s3cret").encode() + b"\r\n\r\n")
+            got = _read_all(tls)
+            assert got.startswith(b"HTTP/1.1 200 ") and b"triscope_tcp_retransmits_total 42.0" in got
         # plain HTTP to the TLS port: the handshake fails, no metrics, and the server lives on
         with socket.create_connection(("127.0.0.1", unused_port), timeout=5) as s:
             s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: " + _basic("prometheus", "s3cret").encode()
