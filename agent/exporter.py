@@ -161,8 +161,9 @@ class MetricsServer:
 
     ``web`` (``--web.config.file``, ``triscope.webconfig``): TLS on the same listener (a plain HTTP
     request to it fails the handshake and gets nothing) and basic auth on every path (``401`` with
-    ``WWW-Authenticate: Basic``).  With basic auth the handler runs on two worker threads, so a
-    bcrypt check (the first scrape with a password, a wrong one) never stalls the event loop.
+    ``WWW-Authenticate: Basic``).  Credentials already verified (cached) are answered on the loop;
+    only a bcrypt check (the first scrape with a password, a new wrong one) goes to two worker
+    threads, so it never stalls the loop nor a scrape whose password is known.
     """
 
     def __init__(self, addr: tuple[str, int], process: ProcessMetrics | None, tick: TickCollector | None,
@@ -178,7 +179,8 @@ class MetricsServer:
         self.http = HttpServer(addr, self._handle, limits=limits or EXPORTER_LIMITS, name="metrics-http",
                                methods=("GET", "HEAD"), workers=2 if web is not None and web.auth else 0,
                                ssl_context=web.ssl_context() if web is not None else None,
-                               every=(RELOAD_EVERY, web.refresh) if web is not None else None)
+                               every=(RELOAD_EVERY, web.refresh) if web is not None else None,
+                               inline=(lambda req: web.quick(req.header("authorization"))) if web is not None else None)
         self.server_address = self.http.server_address
 
     def render(self) -> bytes:

@@ -21,7 +21,9 @@ Here one thread runs an asyncio loop for all connections:
 
 The handler is a plain function ``Request -> Response``: run on the loop itself when it is quick
 and never blocks (``/metrics`` sends a body rendered at the tick), or on a bounded thread pool
-(``workers``) when it writes to a database (the webhook).  ``ssl_context`` serves TLS on the same
+(``workers``) when it writes to a database (the webhook); with ``inline``, a request it calls quick
+runs on the loop all the same (a scrape whose credentials are already verified: only a bcrypt
+check goes to the pool).  ``ssl_context`` serves TLS on the same
 listener; ``every=(seconds, fn)`` runs ``fn`` on the loop's thread that often (a certificate
 reload: the TLS context is only touched from the thread that does the handshakes).
 """
@@ -126,7 +128,8 @@ class HttpServer:
                  workers: int = 0, name: str = "http", ssl_context: ssl.SSLContext | None = None,
                  methods: tuple[str, ...] | None = None,
                  error: Callable[[int, str], Response] | None = None,
-                 every: tuple[float, Callable[[], object]] | None = None) -> None:
+                 every: tuple[float, Callable[[], object]] | None = None,
+                 inline: Callable[[Request], bool] | None = None) -> None:
         self.handler = handler
         self.methods = methods     # others get 405 before any body is read
         self.error = error or (lambda status, message: Response.text(status, message))  # framing errors
@@ -134,6 +137,7 @@ class HttpServer:
         self.name = name
         self.ssl_context = ssl_context
         self.every = every      # (seconds, fn): fn runs on the loop thread that often (a TLS reload)
+        self.inline = inline    # with workers: requests it says are quick run on the loop all the same
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"{name}-worker") if workers else None
         self._conns: dict[_Conn, None] = {}    # insertion order = age
         self.refused = 0                       # connections answered 503 because every slot was busy
@@ -290,7 +294,7 @@ class HttpServer:
             if time.monotonic() - started > lim.request_timeout:   # pragma: no cover - wait_for covers it
                 return
             try:
-                if self._pool is None:
+                if self._pool is None or (self.inline is not None and self.inline(req)):
                     resp = self.handler(req)
                 else:
                     resp = await asyncio.get_running_loop().run_in_executor(self._pool, self.handler, req)

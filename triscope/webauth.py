@@ -45,16 +45,29 @@ class BasicAuth:
         self._dummy = bcrypt.hashpw(b"triscope-no-such-user", bcrypt.gensalt(10))
         self.bcrypt_calls = 0                  # how often bcrypt actually ran (tests, the bench)
 
-    def check(self, header: str | None) -> bool:
-        creds = parse_basic(header)
-        if creds is None:
-            return False
-        user, password = creds
+    def _key(self, user: str, password: str) -> tuple[bytes, bytes, bool]:
         hashed = self.users.get(user)
         known = hashed is not None
         hashed = hashed if hashed is not None else self._dummy
         key = hashlib.sha256(b"\0".join((user.encode("utf-8", "surrogatepass"), hashed,
                                          password.encode("utf-8", "surrogatepass")))).digest()
+        return key, hashed, known
+
+    def quick(self, header: str | None) -> bool:
+        """Whether ``check(header)`` answers without bcrypt (malformed, or its result cached)."""
+        creds = parse_basic(header)
+        if creds is None:
+            return True
+        key = self._key(*creds)[0]
+        with self._lock:
+            return key in self._cache
+
+    def check(self, header: str | None) -> bool:
+        creds = parse_basic(header)
+        if creds is None:
+            return False
+        user, password = creds
+        key, hashed, known = self._key(user, password)
         with self._lock:
             ok = self._cache.get(key)
             if ok is not None:
@@ -165,6 +178,10 @@ class WebConfig:
 
     def authorized(self, header: str | None) -> bool:
         return self.auth is None or self.auth.check(header)
+
+    def quick(self, header: str | None) -> bool:
+        """Whether ``authorized(header)`` answers without running bcrypt."""
+        return self.auth is None or self.auth.quick(header)
 
     def cert_and_key(self) -> tuple[str, str] | None:
         """The certificate and key paths (resolved), for servers that take files (werkzeug)."""
