@@ -397,7 +397,14 @@ def test_agent_service_account_has_no_api_access(rendered: dict[str, list[dict[s
         for b in by_kind(objs, "RoleBinding") + by_kind(objs, "ClusterRoleBinding"):
             assert not any(s.get("name") == "triscope-agent" or s.get("kind") == "Group"
                            for s in b.get("subjects", [])), b["metadata"]["name"]
-        assert not any(v.get("projected") or v.get("secret") for v in spec["volumes"]), "no token by another route"
+        # no token by another route: no projected serviceAccountToken, no Secret but the web config's
+        # (the /metrics TLS certificate and basic-auth file)
+        for v in spec["volumes"]:
+            sources = (v.get("projected") or {}).get("sources", [])
+            assert not any("serviceAccountToken" in src for src in sources), v["name"]
+            secrets = [src["secret"]["name"] for src in sources if "secret" in src]
+            secrets += [v["secret"]["secretName"]] if v.get("secret") else []
+            assert set(secrets) <= {"triscope-agent-web", "triscope-agent-tls"}, (v["name"], secrets)
 
 
 def test_engine_is_leader_elected_and_highly_available(rendered: dict[str, list[dict[str, Any]]]) -> None:
