@@ -11,10 +11,11 @@ per-accelerator states where that function is missing.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from triscope.dashboard.export import Series
 from triscope.dashboard.workload_data import (
     HEALTHY,
     Accel,
@@ -240,3 +241,20 @@ def fallback_timeline(store: StoreReader, node: str, start: float, end: float,
 
 def _accel_name(a: Accel) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(a.labels.items()))
+
+
+def episode_series(episodes: Sequence[EpisodeView], a: float, b: float) -> list[Series]:
+    """The episode timeline for its download: one series per episode drawn (clipped to the window),
+    its one point at the episode's start, valued its length in seconds; the accelerator, state,
+    workload, whether it is a bad one and its top cause as labels."""
+    out: list[Series] = []
+    for e in episodes:
+        s0, s1 = max(e.start, a), min(e.end, b)
+        if s1 < s0 or (e.kind == "state" and s1 == s0):
+            continue
+        wl = e.workload.display if e.workload is not None and e.workload.display else ""
+        out.append(Series(f"{e.where}: {e.state}", {
+            "accelerator": e.accelerator, "state": e.state, "kind": e.kind, "workload": wl,
+            "bad": "true" if e.bad else "false", "top_cause": e.causes[0].key if e.causes else ""},
+            "seconds (episode length, at its start)", [(s0, round(s1 - s0, 3))]))
+    return out

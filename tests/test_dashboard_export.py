@@ -109,3 +109,27 @@ def test_series_attached_to_a_chart_whose_x_is_not_time() -> None:
     assert [(s.name, s.labels, s.unit, s.points) for s in back] == [(s.name, s.labels, s.unit, s.points) for s in series]
     assert export.render_csv(back) == \
         "ts,series,node,state,value\n2027-01-15T08:00:00.000Z,n1: io-saturated,n1,io-saturated,25.0\n"
+
+
+def test_the_episode_timeline_downloads_its_episodes() -> None:
+    """The Root cause page's episode timeline (bars, not time series): each episode drawn is one
+    series, its start and length, its accelerator, state, workload and top cause as labels; clipped
+    to the window; the chart's figure carries them, in UTC whatever the zone it is drawn in."""
+    from triscope.dashboard.rca_view import EpisodeCause, EpisodeView, episode_series
+    from triscope.dashboard.workload_data import Accel, WorkloadRef
+
+    t0 = 1_796_140_000.0
+    eps = [EpisodeView(t0 - 50, t0 + 30, "staging-bound", "gpu=0", Accel("gpu", "0"),
+                       WorkloadRef(workload="cmd:inference-b"), bad=True,
+                       causes=[EpisodeCause("host_staging", "Host staging", 0.8)]),
+           EpisodeView(t0 + 30, t0 + 90, "idle", "gpu=0", Accel("gpu", "0"), None),
+           EpisodeView(t0 + 200, t0 + 300, "idle", "gpu=1", Accel("gpu", "1"), None)]   # after the window
+    series = episode_series(eps, t0, t0 + 120)
+    assert [(s.name, s.points) for s in series] == [("GPU 0: staging-bound", [(t0, 30.0)]), ("GPU 0: idle", [(t0 + 30, 60.0)])]
+    assert series[0].labels == {"accelerator": "gpu=0", "state": "staging-bound", "kind": "state",
+                                "workload": "cmd:inference-b", "bad": "true", "top_cause": "host_staging"}
+    fig = export.attach_series(figures.episode_timeline_figure(eps[:2], (t0, t0 + 120)), series)
+    timeview.localize_figure(fig, ZoneInfo("Asia/Tokyo"))
+    rows = list(csv.DictReader(io.StringIO(export.render_csv(export.series_from_figure(fig)))))
+    assert [(r["ts"], r["state"], r["value"]) for r in rows] == [
+        (export.iso(t0), "staging-bound", "30.0"), (export.iso(t0 + 30), "idle", "60.0")]

@@ -115,10 +115,11 @@ def _episodes(c: Any, node: str, a: float, b: float, zone: Any = None) -> list[A
     from triscope.dashboard.workload_data import workload_owners
 
     tv = rca_view.timeline(c.store, node, a, b, owners=functools.partial(workload_owners, c.store))
+    fig = export.attach_series(figures.episode_timeline_figure(tv.episodes, (a, b), zone=zone),
+                               rca_view.episode_series(tv.episodes, a, b))
     out: list[Any] = [html.H3("Episodes: one state per accelerator"),
-                      dcc.Graph(id="rootcause-timeline", figure=timeview.localize_figure(
-                          figures.episode_timeline_figure(tv.episodes, (a, b), zone=zone).to_plotly_json(), zone),
-                                config={"displaylogo": False})]
+                      html.Div(export.chart("rootcause-timeline", fig, "rootcause-timeline", node, a, b, zone,
+                                            config={"displaylogo": False}), id="rootcause-timeline")]
     for n in tv.notes:
         out.append(note(n, "info"))
     bad = [e for e in tv.bad if e.end > a and e.start < b]
