@@ -122,3 +122,17 @@ def test_recording_paths_are_not_this_machines(tmp_path: Path) -> None:
     for node in RUNS:
         text = (TRACES / f"{node}.timeline.jsonl").read_text()
         assert "/work/" not in text and "/root/" not in text
+
+
+def test_the_host_evidence_the_docs_quote(run: tuple[str, Any, dict[str, Any]]) -> None:
+    """docs/inference-validation.md's figures, from the report's per-scenario host evidence: at full
+    load both services wait for a CPU alike (a host short for both); 2 GiB uploads at 20/s fill
+    two thirds of the link; the copy hog fills both directions."""
+    rep = run[2]
+    full = _row(rep, "healthy_full")["host"]
+    waits = [full["workloads"][w]["cpu_wait"] for w in ("cmd:inference-a", "cmd:inference-b")]
+    assert all(0.3 <= w <= 0.45 for w in waits) and full["sm_active"] <= 0.15, full
+    up = _row(rep, "pcie_saturation")["host"]["pcie_rx_gbps"]
+    assert 35 <= up <= 44, up
+    hog = _row(rep, "neighbour_copy")["host"]
+    assert hog["pcie_rx_gbps"] >= 44 and hog["pcie_tx_gbps"] >= 47, hog

@@ -264,12 +264,46 @@ def audit_rows(store: Any, since: float, until: float) -> list[dict[str, Any]]:
             for r in audit_mod.audit_log(store, since=since, until=until, limit=100_000)]
 
 
+EVIDENCE = {   # per-workload series: (key in the report, metric); counters are read as per-second rates
+    "cores": "triscope_workload_cpu_seconds_total",
+    "busiest_thread": "triscope_workload_feeder_busy_ratio",
+    "cpu_wait": "triscope_workload_cpu_wait_ratio",
+}
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    vals = [v for v in values if v is not None and v == v]
+    return round(sum(vals) / len(vals), 3) if vals else None
+
+
+def host_evidence(store: Any, node: str, a: float, b: float, gpu: str) -> dict[str, Any]:
+    """What the verdict weighed over [a, b] on one GPU, as window means: per workload its cores
+    (CPU seconds per second), its busiest thread's share of a core and its threads' CPU wait; the
+    GPU's SM activity and PCIe receive/transmit GB/s.  The figures docs/inference-validation.md
+    cites come from here."""
+    wl: dict[str, dict[str, Any]] = {}
+    for key, metric in EVIDENCE.items():
+        for sd in store.query(metric, node=node, labels={"gpu": gpu}, start=a, end=b, max_points=None):
+            name = sd.info.labels.get("workload", "") or "(none)"
+            wl.setdefault(name, {})[key] = _mean(list(sd.values))
+    out: dict[str, Any] = {"workloads": {k: v for k, v in sorted(wl.items()) if any(x is not None for x in v.values())}}
+    for key, metric, scale in (("sm_active", "triscope_gpu_sm_active_ratio", 1.0),
+                               ("pcie_rx_gbps", "triscope_gpu_pcie_rx_bytes_total", 1e-9),
+                               ("pcie_tx_gbps", "triscope_gpu_pcie_tx_bytes_total", 1e-9)):
+        sds = store.query(metric, node=node, labels={"gpu": gpu}, start=a, end=b, max_points=None)
+        m = _mean(list(sds[0].values)) if sds else None
+        out[key] = None if m is None else round(m * scale, 3)
+    return out
+
+
 def build_report(store: Any, node: str, lines: Sequence[dict[str, Any]],
                  audit: Sequence[dict[str, Any]] | None = None) -> dict[str, Any]:
     start = min(float(ln["start"]) for ln in lines)
     end = max(float(ln["end"]) for ln in lines)
     rows = scenario_rows(store, node, lines)
     rca_rows(store, node, rows, start - 60, end)
+    for r in rows:
+        r["host"] = host_evidence(store, node, r["start"] + 15.0, r["end"], str(r["gpu_b"]))
     for r in rows:
         if r["scenario"] in ("pin_churn", "loop_closed"):
             r["dma"] = dma_check(store, node, r)
