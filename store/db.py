@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from sqlalchemy import create_engine, event, text
@@ -22,9 +23,30 @@ def default_url() -> str:
     return os.environ.get(ENV_DB_URL) or f"sqlite:///{Path.cwd() / DEFAULT_DB_FILE}"
 
 
+# libpq's multi-host form, ``postgresql://u@h1:5432,h2:5432/db``: SQLAlchemy's URL parser refuses it
+# (it reads one host and one port), so it becomes SQLAlchemy's spelling of the same thing,
+# ``postgresql+psycopg://u@/db?host=h1:5432&host=h2:5432``, which psycopg 3 gets as libpq's
+# ``host=h1,h2 port=5432,5432`` (libpq then tries each in turn; ``target_session_attrs`` chooses).
+_MULTI_HOST = re.compile(r"^(?P<scheme>postgres(?:ql)?(?:\+\w+)?://)(?P<auth>[^@/?#]*@)?"
+                         r"(?P<hosts>[^@/?#]*,[^/?#]*)(?P<rest>[/?#].*)?$")
+
+
+def multi_host_as_query(url: str) -> str:
+    """``scheme://user@h1:p1,h2:p2/db?opts`` → ``scheme://user@/db?host=h1:p1&host=h2:p2&opts``;
+    any other URL unchanged."""
+    m = _MULTI_HOST.match(url)
+    if m is None:
+        return url
+    hosts = [h for h in m["hosts"].split(",") if h]
+    path, _, query = (m["rest"] or "/").partition("?")
+    params = "&".join(f"host={h}" for h in hosts)
+    return f"{m['scheme']}{m['auth'] or ''}{path or '/'}?{params}{'&' + query if query else ''}"
+
+
 def normalise_url(url: str) -> str:
-    """Accept the URLs people paste: plain ``postgresql://`` means psycopg 3, a bare path SQLite."""
-    url = url.strip()
+    """Accept the URLs people paste: plain ``postgresql://`` means psycopg 3, a bare path SQLite,
+    libpq's multi-host ``h1:p1,h2:p2`` becomes ``?host=h1:p1&host=h2:p2``."""
+    url = multi_host_as_query(url.strip())
     if "://" not in url:
         if url.endswith((".db", ".sqlite", ".sqlite3")) or "/" in url:
             return f"sqlite:///{Path(url).resolve()}"

@@ -154,9 +154,12 @@ class PgWriter(TickWriter):
         if self.direct is None:
             import psycopg
 
-            url = self.engine.url.set(drivername="postgresql")
-            self.direct = psycopg.connect(url.render_as_string(hide_password=False), autocommit=True,
-                                          connect_timeout=5, options=PG_OPTIONS)
+            # the connect arguments SQLAlchemy's dialect gives psycopg for the pool's connections:
+            # a multi-host URL (``?host=h1:p1&host=h2:p2&target_session_attrs=read-write``) reaches
+            # the same server, the leader, as they do
+            _args, kw = self.engine.dialect.create_connect_args(self.engine.url)
+            kw.update(autocommit=True, connect_timeout=5, options=PG_OPTIONS)
+            self.direct = psycopg.connect(**kw)
         return self.direct
 
     def close(self) -> None:
