@@ -167,11 +167,20 @@ def create_app(store_url: str | None = None, slo_file: str | Path | None = None,
 
     @app.server.route(auth.HEALTH_PATH)
     def _healthz() -> Any:  # for probes: 200 while the store answers, 503 with the reason otherwise
+        from triscope.store.ha import server_role
+
         try:
             store.nodes()
+            role = server_role(store.engine)
         except Exception as e:  # noqa: BLE001
             return f"store unavailable: {str(e).splitlines()[0][:200]}\n", 503, {"Content-Type": "text/plain"}
-        return "ok\n", 200, {"Content-Type": "text/plain"}
+        head = {"Content-Type": "text/plain", "X-Triscope-Store-Role": "standby" if role.standby else "leader"}
+        if not role.standby:
+            return "ok\n", 200, head
+        # reading from a replica (target_session_attrs=prefer-standby): how stale the pages may be
+        lag = "unknown" if role.replay_lag_s is None else f"{role.replay_lag_s:.3f}"
+        head["X-Triscope-Store-Replay-Lag-Seconds"] = lag
+        return f"ok (standby, replay lag {lag} s)\n", 200, head
     pw = password if password is not None else os.environ.get(PASSWORD_ENV) or None
     if pw or proxy is not None:
         auth.install_auth(app.server, username=username or os.environ.get(USER_ENV) or "triscope", password=pw,

@@ -10,6 +10,7 @@ than its cut.
 
 from __future__ import annotations
 
+import logging
 import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -20,6 +21,9 @@ from sqlalchemy.engine import Engine
 
 from triscope.store import partitions
 from triscope.store.dialects import SqlDialect
+from triscope.store.ha import is_standby
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,11 +41,18 @@ def apply_retention(engine: Engine, sql: SqlDialect, policy: RetentionPolicy | N
     """Remove data older than the policy allows.  Returns rows (or partitions) removed per table:
     ``samples`` counts raw rows deleted on both dialects (on PostgreSQL those are node-tick rows),
     ``samples_partitions_dropped`` the day partitions dropped.  ``write_lock`` is held around the
-    deletes (not around the partition DDL, which waits at most its own lock timeout)."""
+    deletes (not around the partition DDL, which waits at most its own lock timeout).
+
+    Upkeep runs on the leader only: on a hot standby (a client that reached a replica) it does
+    nothing, says so in the log, and returns ``{"skipped_standby": 1}``."""
     policy = policy or RetentionPolicy()
     now = now if now is not None else time.time()
     out: dict[str, int] = {}
     with engine.connect() as conn:
+        if is_standby(conn):
+            log.info("retention and partition upkeep skipped: %s is a standby (it runs on the leader)",
+                     engine.url.render_as_string(hide_password=True))
+            return {"skipped_standby": 1}
         partitioned = partitions.is_partitioned(conn)   # False on SQLite
     tables = [("rollup_1m", policy.rollup_1m, "bucket"), ("rollup_1h", policy.rollup_1h, "bucket"),
               ("events", policy.rollup_1h, "ts")]

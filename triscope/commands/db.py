@@ -41,6 +41,9 @@ def cmd_retention(args: argparse.Namespace) -> int:
     st.require_schema()
     removed = st.apply_retention(RetentionPolicy(args.raw_days * 86400, args.rollup_1m_days * 86400,
                                                  args.rollup_1h_days * 86400))
+    if removed.get("skipped_standby"):
+        print("the database is a standby: retention runs on the leader (use a read-write URL)")
+        return 0
     for table, n in removed.items():
         print(f"{table}: removed {n} rows")
     return 0
