@@ -44,6 +44,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from sqlalchemy.exc import OperationalError
+
 from triscope import defaults
 from triscope.remediation import actions as act
 from triscope.remediation import kube as k
@@ -67,6 +69,7 @@ from triscope.samples import EventRecord, parse_label_key
 from triscope.store import audit
 from triscope.store import workloads as wstore
 from triscope.store.audit import DecisionWindow
+from triscope.store.db import error_line
 
 if TYPE_CHECKING:
     from triscope.store.api import Store
@@ -171,7 +174,8 @@ class Engine:
         try:
             return self.handle(ev)
         except Exception as e:  # never lose a worker; the failure is audited when the store takes it
-            log.exception("remediation: rule %s failed", ev.rule.name)
+            # a database error (the store failing over) in one line; anything else with its traceback
+            log.error("remediation: rule %s failed: %s", ev.rule.name, error_line(e), exc_info=not isinstance(e, OperationalError))
             reason = f"internal error: {type(e).__name__}: {e}"
             try:
                 if audit.is_claimed(self.store, ev.key, dry_run=self.dry_run or ev.rule.dry_run):
@@ -290,14 +294,18 @@ class Engine:
         finally:
             with self._state:
                 self._in_flight -= 1
-                self._running.discard(audit_id)
                 metrics.IN_FLIGHT.set(self._in_flight)
         issued_ts = issued[0] if issued else result.issued_ts
         if result.outcome == "dry_run" and issued_ts is None:
             issued_ts = time.time()
         reason = f"{result.reason} (re-run after the engine restarted)" if resumed else result.reason
-        return self._record(ev, tinfo, result.outcome, result.rail, reason, result.response,
-                            audit_id=audit_id, issued_ts=issued_ts, dry=dry)
+        try:
+            return self._record(ev, tinfo, result.outcome, result.rail, reason, result.response,
+                                audit_id=audit_id, issued_ts=issued_ts, dry=dry)
+        finally:
+            # if storing the outcome fails (a failover), the periodic resume re-runs the idempotent action
+            with self._state:
+                self._running.discard(audit_id)
 
     def _rails(self, ev: TriggerEvent, rule: Rule, tinfo: dict[str, Any], now: float,
                dry: bool) -> tuple[str | None, str, str | None]:
@@ -448,18 +456,18 @@ class Engine:
         if self.leader is not None and not self.leader.is_leader:
             return 0, 0
         rerun = 0
+        before = None if older_than is None else time.time() - older_than
         if actions:
             with self._decide:  # a decision between its in_progress row and _running is not taken for a crashed one
                 rows = audit.in_progress(self.store)
                 with self._state:
-                    rows = [r for r in rows if r.id not in self._running]
+                    rows = [r for r in rows if r.id not in self._running and (before is None or r.ts < before)]
                     self._running.update(r.id for r in rows)
                     self._pending += len(rows)
             for row in rows:
                 self._pool.submit(self._resume_counted, row)
             rerun = len(rows)
         queued = 0
-        before = None if older_than is None else time.time() - older_than
         for entry in audit.inbox(self.store, before=before):
             try:
                 rule = self.policy.rule(entry.rule)
@@ -657,8 +665,10 @@ class Engine:
                 self.resume()  # and may have left actions in progress or triggers undecided
 
     def resume_inbox(self) -> int:
-        """Scheduler job: decide inbox entries nobody here is deciding (their first attempt's store write failed)."""
-        return self.resume(actions=False, older_than=max(30.0, 2 * self.settings.evaluate_interval_s))[1]
+        """Scheduler job: decide inbox entries nobody here is deciding (their first attempt's store write
+        failed), and re-run actions left ``in_progress`` that no worker here runs (their outcome could not
+        be stored: the database failed over under them).  Both only once older than 30 s."""
+        return self.resume(actions=True, older_than=max(30.0, 2 * self.settings.evaluate_interval_s))[1]
 
     # lifecycle ---------------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:

@@ -40,21 +40,40 @@ def build_scheduler(engine: Engine) -> Any:
                                                             "misfire_grace_time": max(5, int(s.evaluate_interval_s))})
     now = datetime.now(UTC)
     if engine.leader is not None:
-        sched.add_job(engine.leader_step, "interval", seconds=s.leader_election.renew_every_s, id="leader-election",
+        sched.add_job(_db_guarded(engine.leader_step), "interval", seconds=s.leader_election.renew_every_s, id="leader-election",
                       name="acquire or renew the leader Lease", next_run_time=now)
     if engine.data_rules:
-        sched.add_job(engine.evaluate_triggers, "interval", seconds=s.evaluate_interval_s, id="evaluate-triggers",
+        sched.add_job(_db_guarded(engine.evaluate_triggers), "interval", seconds=s.evaluate_interval_s, id="evaluate-triggers",
                       name="evaluate stored-data triggers", next_run_time=now)
-    sched.add_job(engine.revert_fallbacks, "interval", seconds=s.evaluate_interval_s, id="fallback-reverts",
+    sched.add_job(_db_guarded(engine.revert_fallbacks), "interval", seconds=s.evaluate_interval_s, id="fallback-reverts",
                   name="revert dependency fallbacks", next_run_time=now)
-    sched.add_job(engine.resume_inbox, "interval", seconds=max(5.0, s.evaluate_interval_s), id="resume-inbox",
+    sched.add_job(_db_guarded(engine.resume_inbox), "interval", seconds=max(5.0, s.evaluate_interval_s), id="resume-inbox",
                   name="decide triggers left undecided in the inbox")
-    sched.add_job(engine.prune, "interval", seconds=3600, id="prune-deliveries", name="forget old deliveries")
+    sched.add_job(_db_guarded(engine.prune), "interval", seconds=3600, id="prune-deliveries", name="forget old deliveries")
     if engine.kube is not None:
-        sched.add_job(engine.refresh_workloads, "interval", seconds=max(30.0, s.evaluate_interval_s),
+        sched.add_job(_db_guarded(engine.refresh_workloads), "interval", seconds=max(30.0, s.evaluate_interval_s),
                       id="resolve-workloads", name="resolve the pods of stored series to their workloads",
                       next_run_time=now)
     return sched
+
+
+def _db_guarded(job: Any) -> Any:
+    """A scheduler job whose database error (the store failing over, unreachable) is one log line and
+    a retry at the next run, not a traceback; anything else still propagates to APScheduler's log."""
+    import functools
+
+    from sqlalchemy.exc import OperationalError
+
+    from triscope.store.db import error_line
+
+    @functools.wraps(job)
+    def run() -> Any:
+        try:
+            return job()
+        except OperationalError as e:
+            log.warning("remediation: %s skipped this run, the store failed: %s", job.__name__, error_line(e))
+            return None
+    return run
 
 
 def kube_from_settings(policy: Policy) -> k.KubeAdapter | None:
