@@ -10,6 +10,7 @@ PKGS=(
   python3-bpfcc libbpfcc bpfcc-tools   # BCC for the eBPF probes (used from a short-lived child process only)
   chromium chromium-driver          # the dashboard's browser tests
   openssl                          # throwaway CA and certificates for the TLS tests (tests/tls_support.py)
+  patroni etcd-server               # the HA store tests: Patroni + etcd over PostgreSQL 15 (tests/ha_cluster.py)
 )
 
 missing=()
@@ -41,6 +42,15 @@ if [[ $(id -u) -eq 0 ]]; then
   for svc in prometheus prometheus-alertmanager prometheus-node-exporter; do
     if command -v systemctl >/dev/null && systemctl is-active --quiet "$svc" 2>/dev/null; then
       systemctl stop "$svc" || true
+    fi
+  done
+  # etcd (2379/2380) and Patroni (8008) as services would hold ports and a DCS the HA tests start
+  # themselves: stopped and disabled (without systemd, the init script's daemon is stopped)
+  for svc in etcd patroni; do
+    if command -v systemctl >/dev/null && systemctl is-enabled --quiet "$svc" 2>/dev/null; then
+      systemctl disable --now "$svc" >/dev/null 2>&1 || true
+    elif [[ -x /etc/init.d/$svc && -e /run/$svc.pid ]]; then
+      "/etc/init.d/$svc" stop >/dev/null 2>&1 || true
     fi
   done
 fi
