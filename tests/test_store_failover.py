@@ -7,9 +7,11 @@ stream of alerts (tests/ha_failover.py), all through the multi-host URL with
 * the leader's postmaster is SIGKILLed: Patroni promotes the synchronous standby;
 * the leader's Patroni is SIGSTOPped (a partition from the DCS while its PostgreSQL lives on):
   its leader key expires, the synchronous standby is promoted, and a client still connected to the
-  old leader gets no commit acknowledged that the new leader lacks (strict synchronous mode: the
-  old leader's commits wait for a standby that no longer follows it); when its Patroni runs again
-  it demotes the old leader, which rejoins as a replica.
+  old leader acknowledges no commit once its standby is promoted (strict synchronous mode: its
+  commits wait for a standby that no longer follows it); when its Patroni runs again the cluster
+  settles on one leader with two streaming replicas (Patroni 3.0.2 on etcd3 sometimes lets the
+  resumed old leader keep its key and demotes the fresh one: docs/scaling.md), and every commit
+  either leader acknowledged is on the leader that remains.
 
 Afterwards every tick of every agent is stored exactly once (no gap, no double), every alert has
 exactly one decision, acted, whose restart reached the Kubernetes test server with its own
