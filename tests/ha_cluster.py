@@ -235,6 +235,11 @@ class HACluster:
         hosts = "&".join(f"host=127.0.0.1:{n.pg_port}" for n in self.nodes)
         return f"postgresql+psycopg://postgres@/{db}?{hosts}&target_session_attrs={attrs}"
 
+    def libpq_url(self, db: str = "postgres", attrs: str = "read-write") -> str:
+        """The same as ``url()`` in libpq's own multi-host spelling (``h1:p1,h2:p2``), which triscope rewrites."""
+        hosts = ",".join(f"127.0.0.1:{n.pg_port}" for n in self.nodes)
+        return f"postgresql://postgres@{hosts}/{db}?target_session_attrs={attrs}"
+
     def node_url(self, n: Node, db: str = "postgres") -> str:
         return f"postgresql+psycopg://postgres@127.0.0.1:{n.pg_port}/{db}"
 

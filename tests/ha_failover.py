@@ -101,7 +101,9 @@ def run_scenario(cluster: HACluster, tmp: Path, fault: Callable[[HACluster], dic
                      "a healthy cluster (a leader, two streaming replicas, one of them synchronous)")
     url = cluster.create_database(db)
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    up = subprocess.run([sys.executable, "-m", "triscope", "db", "upgrade", "--db", url], cwd=tmp, env=env,
+    # the migration and the first agent take libpq's spelling (h1:p1,h2:p2,...), the rest SQLAlchemy's (?host=...)
+    libpq_url = cluster.libpq_url(db)
+    up = subprocess.run([sys.executable, "-m", "triscope", "db", "upgrade", "--db", libpq_url], cwd=tmp, env=env,
                         capture_output=True, text=True, timeout=120)
     assert up.returncode == 0, up.stdout + up.stderr
     kube = KubeTestServer(rollout_delay=0.2).start()
@@ -117,7 +119,7 @@ def run_scenario(cluster: HACluster, tmp: Path, fault: Callable[[HACluster], dic
     out: dict[str, Any] = {"url": url}
     try:
         eng.start()
-        agents = [_agent(url, n, tmp, duration, env) for n in NODES]
+        agents = [_agent(libpq_url if i == 0 else url, n, tmp, duration, env) for i, n in enumerate(NODES)]
         poller.start()
         # alerts paced over the fault: a third before it, the rest during and after
         accepted: set[int] = set()
