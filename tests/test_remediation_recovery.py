@@ -275,3 +275,35 @@ def test_follower_leaves_the_trigger_to_the_leader(env: Env) -> None:
     assert [(r.outcome, r.rail) for r in audit.audit_log(env.store, newest_first=False)] == [
         ("suppressed", "leader"), ("acted", None)]
     assert audit.inbox(env.store) == [] and len(env.restart_patches()) == 1
+
+
+def test_an_outcome_the_store_could_not_take_is_re_run_without_a_restart(env: Env,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The database fails over while an action runs: its outcome cannot be stored, the row stays
+    ``in_progress``.  The same engine (no restart) re-runs it from the periodic resume job once it
+    is 30 s old: one PATCH, with the decision's own stamp."""
+    from sqlalchemy.exc import OperationalError
+
+    real = audit.update_decision
+    fails = [1]
+
+    def update_once_failing(*a: Any, **kw: Any) -> Any:
+        if fails and fails.pop():
+            raise OperationalError("COMMIT", {}, Exception("server closed the connection unexpectedly"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(audit, "update_decision", update_once_failing)
+    eng = env.engine()
+    eng.submit_alerts(alert_payload([storm()]))
+    assert eng.drain()
+    [row] = audit.audit_log(env.store)
+    assert row.outcome == "in_progress" and env.restart_patches() == [row.params["restartedAt"]]
+    assert eng.resume_inbox() == 0 and eng.drain()
+    assert audit.audit_log(env.store)[0].outcome == "in_progress"   # younger than 30 s: left alone
+    with env.store.engine.begin() as c:
+        c.execute(text("UPDATE remediation_audit SET ts = ts - 40"))
+    eng.resume_inbox()
+    assert eng.drain()
+    [row] = audit.audit_log(env.store)
+    assert row.outcome == "acted"
+    assert env.restart_patches() == [row.params["restartedAt"]]
