@@ -1,6 +1,6 @@
 """A real high-availability PostgreSQL for the failover tests and the HA benchmark.
 
-One etcd member (Debian ``etcd-server``) and three Patroni nodes (Debian ``patroni``) that run
+One etcd member (Debian ``etcd-server``, its v2 API: see ``config``) and three Patroni nodes (Debian ``patroni``) that run
 PostgreSQL 15 from ``/usr/lib/postgresql/15/bin``, all on free loopback ports in a temp dir, as the
 ``postgres`` user when we are root.  Patroni's loop is made short (ttl 10 s, loop_wait 1 s,
 retry_timeout 4 s) so a failover takes seconds, and the cluster runs in **synchronous mode, strict**:
@@ -92,7 +92,7 @@ class HACluster:
             "--listen-peer-urls", f"http://127.0.0.1:{self.etcd_peer}",
             "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.etcd_peer}",
             "--initial-cluster", f"e0=http://127.0.0.1:{self.etcd_peer}",
-            "--heartbeat-interval", "100", "--election-timeout", "1000"], self.dir / "etcd.log")
+            "--heartbeat-interval", "100", "--election-timeout", "1000", "--enable-v2=true"], self.dir / "etcd.log")
         wait_for_port(self.etcd_port, timeout=20)
         first, *rest = self.nodes
         self.start_node(first)
@@ -109,7 +109,11 @@ class HACluster:
             "scope": SCOPE, "name": n.name,
             "log": {"level": "INFO"},
             "restapi": {"listen": f"127.0.0.1:{n.api_port}", "connect_address": f"127.0.0.1:{n.api_port}"},
-            "etcd3": {"hosts": [f"127.0.0.1:{self.etcd_port}"]},
+            # etcd's v2 API: Patroni 3.0.2's etcd3 client renews a leader key with an unconditional
+            # put, so a leader whose Patroni was paused past its ttl overwrites the key of the node
+            # promoted meanwhile (seen here: the promoted node demoted, its acknowledged commits
+            # gone); the v2 client renews with compare-and-swap on its own name (prevValue)
+            "etcd": {"hosts": [f"127.0.0.1:{self.etcd_port}"]},
             "bootstrap": {
                 "dcs": {
                     "ttl": self.ttl, "loop_wait": self.loop_wait, "retry_timeout": self.retry_timeout,
