@@ -146,14 +146,21 @@ def forbidden_explained(message: str, body: Any = None) -> Forbidden:
     grants = SHIPPED_GRANTS.get((group, res), [])
     granted = [w for verbs, w in grants if verb in verbs]
     said = " and ".join(f"{', '.join(verbs)} on {gr} ({w})" for verbs, w in grants) or f"nothing on {gr}"
+    # the engine's own namespace (its ServiceAccount's): there the leader Role grants, never the
+    # workloads' role (binding that one there would hand the engine its own namespace's pods)
+    own_ns = user.split(":")[2] if user.startswith("system:serviceaccount:") and user.count(":") >= 3 else ""
+    leader = any(w.startswith(_LEADER) for w in granted)
     if not granted:
         todo = (f"add {verb} on {gr} to the engine's role in {RBAC_FILE}: the engine calls it and the shipped "
                 "RBAC does not grant it")
+    elif leader and ns and ns == own_ns:
+        todo = (f"re-apply {RBAC_FILE}: Role triscope-engine-leader and its RoleBinding in namespace {ns} (the "
+                "engine's own) grant this; do not bind triscope-engine-workloads there")
     elif any(w == _WORKLOADS for w in granted) and ns:
         todo = (f"add a RoleBinding of triscope-engine-workloads in namespace {ns} (copy "
                 "deploy/kustomize/targets/rolebinding-inference.yaml and list it in that kustomization), or "
                 f"remove {ns} from the policy's namespaces; if it is bound there, re-apply {RBAC_FILE}")
-    elif any(w.startswith(_LEADER) for w in granted):
+    elif leader:
         todo = (f"re-apply {RBAC_FILE}; the policy's leader_election.namespace and kubernetes.events_namespace "
                 "must be the engine's own namespace, where that Role is bound")
     else:
