@@ -134,7 +134,7 @@ def create_app(store_url: str | None = None, slo_file: str | Path | None = None,
     import dash
     from dash import dcc, html
 
-    from triscope.dashboard import auth, registry, timeview
+    from triscope.dashboard import auth, registry, storerole, timeview
 
     proxy = proxy_trust(trusted_proxies, proxy_user_header)   # refused before the store is opened
     if store is None:
@@ -160,10 +160,11 @@ def create_app(store_url: str | None = None, slo_file: str | Path | None = None,
     nav = html.Nav([html.Span("triscope", className="brand")]
                    + [dcc.Link(p["name"], href=p["relative_path"], className="nav-link", id=f"nav-{p['module'].split('.')[-1]}")
                       for p in pages if not p.get("nav_hidden")]
-                   + [timeview.toggle()], className="topnav")
+                   + [storerole.badge(), timeview.toggle()], className="topnav")
     app.layout = html.Div([nav, html.Main(dash.page_container, className="page")], className="app")
     registry.attach(app)
     timeview.attach(app)
+    storerole.attach(app, store)
 
     @app.server.route(auth.HEALTH_PATH)
     def _healthz() -> Any:  # for probes: 200 while the store answers, 503 with the reason otherwise

@@ -221,3 +221,15 @@ def test_database_outage_is_said_in_the_page(pg_server: Any, pg_url: str) -> Non
     assert c.get("/healthz").status_code == 200
     with app.server.test_request_context("/"):
         assert "failed" not in str(layout_of["fleet"]())
+
+
+def test_the_store_badge_says_how_stale_a_standby_is() -> None:
+    """The top bar's badge: empty on the leader (and SQLite), the replay lag on a standby; the real
+    standby is exercised by tests/test_store_failover.py's /healthz check of the same query."""
+    from triscope.dashboard.storerole import describe
+    from triscope.store.ha import ServerRole
+
+    assert describe(ServerRole(False, None))[0] == ""
+    assert describe(ServerRole(True, 2.345))[0] == "store: standby, 2.3 s behind"
+    assert describe(ServerRole(True, None))[0] == "store: standby, lag unknown"
+    assert describe(None, "connection refused") == ("store unavailable", "connection refused")

@@ -1,0 +1,43 @@
+"""The top bar's store badge: when the dashboard reads a PostgreSQL standby (a ``prefer-standby``
+URL on a Patroni cluster, docs/scaling.md#high-availability), how far behind the leader its pages
+may be; nothing on the leader or SQLite.  Refreshed every ``REFRESH_MS`` by one small query
+(``triscope.store.ha.server_role``); ``/healthz`` answers the same in its headers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dash import Input, Output, dcc, html
+
+from triscope.store.ha import ServerRole
+
+ROLE_ID = "store-role"
+TICK_ID = "store-role-tick"
+REFRESH_MS = 15_000
+
+
+def badge() -> html.Span:
+    return html.Span([dcc.Interval(id=TICK_ID, interval=REFRESH_MS), html.Span(id=ROLE_ID)], className="store-role")
+
+
+def describe(role: ServerRole | None, error: str = "") -> tuple[str, str]:
+    """(badge text, its tooltip)."""
+    if role is None:
+        return "store unavailable", error
+    if not role.standby:
+        return "", "reading the leader"
+    lag = "lag unknown" if role.replay_lag_s is None else f"{role.replay_lag_s:.1f} s behind"
+    return (f"store: standby, {lag}",
+            "this dashboard reads a standby (prefer-standby): the pages show what the leader had committed "
+            "this long ago (seconds since the newest transaction the standby replayed)")
+
+
+def attach(app: Any, store: Any) -> None:
+    from triscope.store.ha import server_role
+
+    @app.callback(Output(ROLE_ID, "children"), Output(ROLE_ID, "title"), Input(TICK_ID, "n_intervals"))
+    def _refresh(_n: int | None) -> tuple[str, str]:
+        try:
+            return describe(server_role(store.engine))
+        except Exception as e:  # noqa: BLE001 - the badge says so; the pages say their own
+            return describe(None, str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
