@@ -4,7 +4,8 @@ Every overlay is rendered with kustomize (``kubectl kustomize``), and every obje
 against the OpenAPI schema of a current Kubernetes release that the ``kubernetes-validate``
 package ships (strict: unknown fields are errors), and against the oldest release we support.
 ServiceMonitor / PrometheusRule are checked against the Prometheus Operator CRD schemas kept in
-deploy/schemas (with the API server's structural pruning emulated: undeclared fields are errors).
+deploy/schemas, the HA store's ``postgresql`` against the Zalando postgres-operator's (with the API
+server's structural pruning emulated: undeclared fields are errors).
 Then the security and wiring properties the docs promise are asserted one by one.
 """
 
@@ -27,12 +28,14 @@ REPO = Path(__file__).resolve().parent.parent
 KUSTOMIZE = REPO / "deploy" / "kustomize"
 SCHEMAS = REPO / "deploy" / "schemas"
 OVERLAYS = ["overlays/nvidia", "overlays/ascend"]
-ALL_ROOTS = ["base", "targets", "secrets-example", *OVERLAYS]
+HA_PG = "ha-postgres"
+ALL_ROOTS = ["base", "targets", "secrets-example", *OVERLAYS, HA_PG]
 K8S_LATEST = "1.37.0"   # the newest release kubernetes-validate ships
 K8S_OLDEST = "1.31.0"   # oldest release we claim (recursiveReadOnly is beta there, GA in 1.33)
 CRD_SCHEMAS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor.v1.schema.yaml",
     ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrule.v1.schema.yaml",
+    ("acid.zalan.do/v1", "postgresql"): "postgresql.v1.schema.yaml",
 }
 
 
@@ -659,3 +662,106 @@ def test_agent_liveness_probe_passes_on_a_live_tls_server_only(rendered: dict[st
         assert r.returncode == 0, r.stderr
     finally:
         server.shutdown()
+
+
+# ---------------------------------------------------------------------------------------------
+# the HA store: a Zalando postgres-operator cluster (docs/scaling.md, high availability)
+
+
+WRITER_KEYS = ("owner-url", "agent-url", "engine-url")
+
+
+def _pg_cluster(rendered: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    (pg,) = by_kind(rendered[HA_PG], "postgresql")
+    return pg
+
+
+def _db_urls(rendered: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
+    import base64
+
+    secret = one(rendered["secrets-example"], "Secret", "triscope-db")
+    return {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+
+
+def test_ha_store_is_three_instances_in_strict_synchronous_mode(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    pg = _pg_cluster(rendered)
+    meta, spec = pg["metadata"], pg["spec"]
+    assert (pg["apiVersion"], meta["namespace"]) == ("acid.zalan.do/v1", "triscope-db")
+    assert meta["name"].startswith(spec["teamId"] + "-"), "the operator wants the cluster named <teamId>-..."
+    assert spec["numberOfInstances"] == 3
+    assert spec["postgresql"]["version"] == "15"          # what tests/ha_cluster.py runs
+    patroni = spec["patroni"]
+    assert patroni["synchronous_mode"] is True and patroni["synchronous_mode_strict"] is True
+    assert patroni.get("synchronous_node_count", 1) == 1
+    assert spec["postgresql"]["parameters"]["synchronous_commit"] == "on"
+    # the roles the URLs log in as, and the database they name, are the operator's to create
+    assert spec["databases"] == {"triscope": "triscope_owner"}
+    assert set(spec["users"]) == {"triscope_owner", "triscope_agent", "triscope_engine", "triscope_reader"}
+    res = spec["resources"]
+    assert res["requests"]["cpu"] and res["requests"]["memory"] == res["limits"]["memory"]
+    assert "cpu" not in res["limits"], "a CPU limit would throttle the leader, and every commit with it"
+    # the operator makes the primary PodDisruptionBudget itself (postgres-<cluster>-pdb); a second one
+    # over the same pods would make the eviction API refuse every eviction of them
+    assert not by_kind(rendered[HA_PG], "PodDisruptionBudget")
+    ns = one(rendered[HA_PG], "Namespace", "triscope-db")
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "baseline"
+
+
+def test_triscope_urls_name_the_operators_services(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    """Writers on the leader's Service with target_session_attrs=read-write, the dashboard on the
+    replicas' Service first with prefer-standby; every URL in the form the store accepts."""
+    from sqlalchemy.engine import make_url
+
+    from triscope.store.db import normalise_url
+
+    pg = _pg_cluster(rendered)
+    cluster, ns = pg["metadata"]["name"], pg["metadata"]["namespace"]
+    leader, replicas = f"{cluster}.{ns}.svc:5432", f"{cluster}-repl.{ns}.svc:5432"
+    urls = _db_urls(rendered)
+    assert set(urls) == {*WRITER_KEYS, "dashboard-url"}
+    for key, url in urls.items():
+        u = make_url(normalise_url(url))
+        assert u.drivername == "postgresql+psycopg", key
+        assert u.username in pg["spec"]["users"], (key, u.username)
+        assert u.database in pg["spec"]["databases"], (key, u.database)
+        hosts = u.query.get("host") or f"{u.host}:{u.port}"
+        hosts = (hosts,) if isinstance(hosts, str) else tuple(hosts)
+        if key in WRITER_KEYS:
+            assert hosts == (leader,), (key, hosts)
+            assert u.query["target_session_attrs"] == "read-write", key
+        else:
+            assert hosts == (replicas, leader), hosts
+            assert u.query["target_session_attrs"] == "prefer-standby"
+    assert make_url(normalise_url(urls["dashboard-url"])).username == "triscope_reader"
+
+
+def test_ha_store_schema_validation_rejects_mistakes(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    pg = _pg_cluster(rendered)
+    validate_object(pg, K8S_LATEST)
+    typo = yaml.safe_load(yaml.safe_dump(pg))
+    typo["spec"]["patroni"]["synchronous_mode_stict"] = True
+    with pytest.raises(jsonschema.ValidationError, match="synchronous_mode_stict"):
+        validate_object(typo, K8S_LATEST)
+    for path, value in ((("numberOfInstances",), "3"), (("postgresql", "version"), "13"),
+                        (("patroni", "synchronous_mode"), "true"), (("resources", "limits", "memory"), "4 GB")):
+        bad = yaml.safe_load(yaml.safe_dump(pg))
+        node = bad["spec"]
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+        with pytest.raises(jsonschema.ValidationError):
+            validate_object(bad, K8S_LATEST)
+    missing = yaml.safe_load(yaml.safe_dump(pg))
+    del missing["spec"]["volume"]
+    with pytest.raises(jsonschema.ValidationError, match="volume"):
+        validate_object(missing, K8S_LATEST)
+
+
+def test_ha_store_docs_say_how_to_apply_it() -> None:
+    scaling = (REPO / "docs" / "scaling.md").read_text()
+    deploy = (REPO / "docs" / "deploy.md").read_text()
+    for doc in (scaling, deploy):
+        assert "kubectl apply -k deploy/kustomize/ha-postgres" in doc
+    assert "postgres-triscope-pg-pdb" in scaling and "pdb_master_label_selector" in scaling
+    readme = (SCHEMAS / "README.md").read_text()
+    assert "postgresql.v1.schema.yaml" in readme and "postgres-operator" in readme
