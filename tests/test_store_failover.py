@@ -16,12 +16,19 @@ stream of alerts (tests/ha_failover.py), all through the multi-host URL with
 Afterwards every tick of every agent is stored exactly once (no gap, no double), every alert has
 exactly one decision, acted, whose restart reached the Kubernetes test server with its own
 ``restartedAt``, the inbox and the actions in progress are empty, and every re-delivered alert is
-recognised as a duplicate (the de-duplication keys survived).  Prints ``HA {...}`` figures.
+recognised as a duplicate (the de-duplication keys survived).  The remediation circuit breaker
+survives the kill too: opened by a real engine's trip before it (on a database of its own, so the
+alert stream still acts), it is open for a fresh engine on the new leader, which rebuilds the same
+breaker window from the audit log and suppresses the next alert; ``triscope remediate reset-breaker``
+closes it there, and the next alert acts.  Prints ``HA {...}`` figures.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -34,6 +41,7 @@ from ha_cluster import HACluster, missing_parts
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.timeout(300)]
 
 _WHY = missing_parts()
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -73,14 +81,136 @@ def _check(out: dict[str, Any]) -> None:
 def test_leader_postgres_sigkill_loses_and_doubles_nothing(ha: HACluster, tmp_path: Path) -> None:
     from ha_failover import run_scenario
 
+    from triscope.store import Store, audit
+
+    breaker = BreakerCheck(ha).trip()
+    windows: dict[str, set[str]] = {}
+
     def kill(cluster: HACluster) -> dict[str, Any]:
+        windows["before"] = _window_targets(cluster.url("ha_kill"))   # what the alert stream's breaker counts
         return {"old_leader": cluster.kill_leader_postgres()}
 
-    out = run_scenario(ha, tmp_path, kill, db="ha_kill")
-    _check(out)
+    try:
+        out = run_scenario(ha, tmp_path, kill, db="ha_kill")
+        _check(out)
+        # the breaker window the engine rebuilds from the audit log on the new leader holds every target
+        # acted on before the kill, and every one of the stream's (one deployment per alert)
+        after = _window_targets(out["url"])
+        assert windows["before"] and windows["before"] <= after, windows["before"] - after
+        assert len(after) == out["actions"]["alerts"], len(after)
+        breaker.after_failover(out["fault"]["old_leader"])
+    finally:
+        breaker.close()
+    st = Store.open(out["url"])
+    try:
+        assert not audit.breaker_state(st).is_open    # the stream never tripped its own (max_targets 10^6)
+    finally:
+        st.close()
     # the killed node comes back as a replica of the new leader (Patroni restarts it and rewinds)
     old = out["fault"]["old_leader"]
     ha.wait_for(lambda: old in ha.streaming(), 60, f"{old} to rejoin as a replica")
+
+
+def _window_targets(url: str) -> set[str]:
+    """The targets the engine's breaker counts, as an engine starting (or becoming leader) now loads them."""
+    from triscope.store import Store
+    from triscope.store.audit import DecisionWindow
+
+    st = Store.open(url)
+    try:
+        w = DecisionWindow(3600.0)
+        w.load(st, time.time())
+        return w.hit(0.0)[0]
+    finally:
+        st.close()
+
+
+BREAKER_SETTINGS = "  namespaces: [inference]\n  breaker: {window: 10m, max_targets: 2, max_percent: 100}\n"
+
+
+class BreakerCheck:
+    """An engine trips the breaker on its own database before the kill; after the promotion a fresh
+    engine (as a restarted or newly elected replica would be) sees it open with the same window, and
+    the CLI's reset-breaker works on the new leader."""
+
+    def __init__(self, cluster: HACluster) -> None:
+        from kube_server import KubeTestServer
+
+        self.cluster = cluster
+        self.srv = KubeTestServer(rollout_delay=0.05).start()
+        for d in ("web", "api", "db", "cache", "queue"):
+            self.srv.add_deployment("inference", d, replicas=1)
+        self.engines: list[Any] = []
+        self.stores: list[Any] = []
+
+    def _engine(self) -> Any:
+        from kube_server import open_store, policy_text
+        from test_remediation_rails import RESTART
+
+        from triscope.remediation.engine import Engine
+        from triscope.remediation.kube import KubeAdapter
+        from triscope.remediation.policy import parse_policy
+
+        st = open_store(self.url)
+        self.stores.append(st)
+        pol = parse_policy(policy_text(RESTART.format(cooldown="0s", max_actions=100), BREAKER_SETTINGS), "ha.yaml")
+        eng = Engine(st, pol, kube=KubeAdapter.connect(url=self.srv.url))
+        self.engines.append(eng)
+        return eng
+
+    def trip(self) -> BreakerCheck:
+        from test_remediation_rails import fire, storm
+
+        from triscope.store import audit
+
+        self.url = self.cluster.create_database("ha_breaker")
+        eng = self._engine()
+        rows = fire(eng, storm("web"), storm("api"), storm("db"))
+        assert [(r.outcome, r.rail) for r in rows].count(("acted", None)) == 2, rows
+        assert [r.rail for r in rows if r.outcome == "suppressed"] == ["breaker"], rows
+        self.before = audit.breaker_state(eng.store)
+        assert self.before.is_open and "3 targets" in self.before.reason, self.before
+        self.targets = eng.window.hit(0.0)[0]
+        assert len(self.targets) == 2, self.targets
+        self.close_engines()                # the engine that tripped it is gone before the kill
+        return self
+
+    def after_failover(self, old_leader: str) -> None:
+        from test_remediation_rails import fire, storm
+
+        from triscope.store import audit
+
+        assert self.cluster.leader() not in (None, old_leader)
+        eng = self._engine()              # a fresh engine on the new leader
+        st = eng.store
+        assert audit.breaker_state(st) == self.before, (audit.breaker_state(st), self.before)
+        assert eng.window.hit(0.0)[0] == self.targets
+        rows = fire(eng, storm("cache"))
+        assert [(r.outcome, r.rail) for r in rows] == [("suppressed", "breaker")], rows
+        assert "circuit breaker open since" in rows[0].reason
+        patches = len(self.srv.calls("PATCH", "/deployments/"))
+        assert patches == 2
+        res = subprocess.run([sys.executable, "-m", "triscope", "remediate", "reset-breaker",
+                              "--db", self.cluster.libpq_url("ha_breaker"), "--by", "sre"],
+                             capture_output=True, text=True, timeout=60,
+                             env=dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")))
+        assert res.returncode == 0 and "circuit breaker closed by sre" in res.stdout, res.stdout + res.stderr
+        assert "was open since" in res.stdout, res.stdout
+        state = audit.breaker_state(st)
+        assert not state.is_open and state.reset_by == "sre", state
+        rows = fire(eng, storm("queue"))   # a fresh window after the reset: one target, it acts
+        assert [(r.outcome, r.rail) for r in rows] == [("acted", None)], rows[0].reason
+        assert len(self.srv.calls("PATCH", "/deployments/")) == patches + 1
+
+    def close_engines(self) -> None:
+        while self.engines:
+            self.engines.pop().close(2)
+        while self.stores:
+            self.stores.pop().close()
+
+    def close(self) -> None:
+        self.close_engines()
+        self.srv.stop()
 
 
 def _fence_writer(cluster: HACluster, node_name: str, acked: list[int], tried: list[float],
