@@ -83,7 +83,7 @@ def test_leader_postgres_sigkill_loses_and_doubles_nothing(ha: HACluster, tmp_pa
 
     from triscope.store import Store, audit
 
-    breaker = BreakerCheck(ha).trip()
+    breaker = BreakerCheck(ha)
     windows: dict[str, set[str]] = {}
 
     def kill(cluster: HACluster) -> dict[str, Any]:
@@ -91,6 +91,7 @@ def test_leader_postgres_sigkill_loses_and_doubles_nothing(ha: HACluster, tmp_pa
         return {"old_leader": cluster.kill_leader_postgres()}
 
     try:
+        breaker.trip()
         out = run_scenario(ha, tmp_path, kill, db="ha_kill")
         _check(out)
         # the breaker window the engine rebuilds from the audit log on the new leader holds every target
@@ -158,7 +159,7 @@ class BreakerCheck:
         self.engines.append(eng)
         return eng
 
-    def trip(self) -> BreakerCheck:
+    def trip(self) -> None:
         from test_remediation_rails import fire, storm
 
         from triscope.store import audit
@@ -173,7 +174,6 @@ class BreakerCheck:
         self.targets = eng.window.hit(0.0)[0]
         assert len(self.targets) == 2, self.targets
         self.close_engines()                # the engine that tripped it is gone before the kill
-        return self
 
     def after_failover(self, old_leader: str) -> None:
         from test_remediation_rails import fire, storm
