@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import ipaddress
 import json
 import logging
 import threading
@@ -72,15 +71,6 @@ class OtlpOptions:
     series_ttl: float = 600.0      # seconds without an update before a series is forgotten
     proc: str = "/proc"
     pods_log_dir: str = attribution.DEFAULT_PODS_LOG_DIR
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class _Series:

@@ -14,7 +14,6 @@ those addresses only; ``dashboard/auth.py``, docs/dashboard.md for oauth2-proxy)
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import threading
@@ -24,6 +23,7 @@ from typing import Any
 
 from triscope.dashboard.context import CONFIG_KEY, DashboardContext
 from triscope.errors import UserError
+from triscope.loopback import is_loopback
 from triscope.store.api import Store
 
 log = logging.getLogger(__name__)
@@ -44,15 +44,6 @@ PAGE_MODULES = ("fleet", "node", "mismatch", "slos", "remediation", "rootcause")
 
 class DashboardConfigError(UserError):
     """A setting that keeps the dashboard from starting (one clear line)."""
-
-
-def is_loopback(host: str) -> bool:
-    if host in ("localhost", "ip6-localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def check_bind(host: str, password: str | None, proxy: Any = None) -> None:

@@ -13,6 +13,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from triscope.loopback import is_loopback
 from triscope.remediation import kube as k
 from triscope.remediation.engine import DEFAULT_POLICY, Engine
 from triscope.remediation.leader import LeaderElector
@@ -158,7 +159,7 @@ def start_embedded(store_url: str, policy_path: str | Path | None = None,
         else:
             addr = (listen[0], int(listen[1]))
         token = token or os.environ.get("TRISCOPE_WEBHOOK_TOKEN") or None
-        if token is None and addr[0] not in ("127.0.0.1", "localhost", "::1"):
+        if token is None and not is_loopback(addr[0]):
             st.close()
             raise ValueError("the webhook needs a bearer token when it listens beyond loopback")
         if token is None:

@@ -1,4 +1,6 @@
-"""Real TCP retransmits on loopback, without root tricks (tests, benchmarks, demos).
+"""Loopback: whether a listen address is loopback (one answer for every part that refuses a
+non-loopback bind without authentication), and real TCP retransmits on loopback, without root
+tricks (tests, benchmarks, demos).
 
 A listener with a backlog of 0 that never accepts: once its queue is full the kernel drops new
 SYNs, and the connecting sockets retransmit them (1 s, 3 s, 7 s ... after the first try).
@@ -7,10 +9,32 @@ SYNs, and the connecting sockets retransmit them (1 s, 3 s, 7 s ... after the fi
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+
+LOOPBACK_NAMES = frozenset(("localhost", "ip6-localhost", "ip6-loopback"))
+
+
+def is_loopback(host: str) -> bool:
+    """True for a loopback listen address: ``127.0.0.0/8``, ``::1`` (also bracketed, ``[::1]``, or
+    with a zone), an IPv4-mapped loopback (``::ffff:127.0.0.1``) and the names Debian's
+    ``/etc/hosts`` gives loopback (``localhost``, ``ip6-localhost``, ``ip6-loopback``; any case, a
+    trailing dot).  ``0.0.0.0`` / ``::`` (every address) and any other name are not: a name is not
+    resolved, since what it resolves to may change after the check."""
+    h = host.strip()
+    if h.startswith("[") and h.endswith("]"):
+        h = h[1:-1]
+    if h.lower().rstrip(".") in LOOPBACK_NAMES:
+        return True
+    try:
+        ip = ipaddress.ip_address(h)
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return bool(ip.is_loopback or (mapped is not None and mapped.is_loopback))
 
 
 def read_retranssegs(proc: str = "/proc") -> int:

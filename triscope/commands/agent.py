@@ -130,7 +130,8 @@ def otlp_options(args: argparse.Namespace):
 
     if args.otlp_listen == "off":
         return None
-    from triscope.agent.otlp import OtlpOptions, is_loopback
+    from triscope.agent.otlp import OtlpOptions
+    from triscope.loopback import is_loopback
 
     addr = parse_hostport(args.otlp_listen)
     if not is_loopback(addr[0]) and not args.otlp_allow_remote:

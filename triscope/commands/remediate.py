@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import json
 import os
 import signal
@@ -17,6 +16,7 @@ from triscope.commands.common import (
     parse_hostport,
     parse_time,
 )
+from triscope.loopback import is_loopback
 
 TOKEN_ENV = "TRISCOPE_WEBHOOK_TOKEN"
 DEFAULT_LISTEN = "127.0.0.1:9095"
@@ -91,15 +91,6 @@ def _open_store(url: str):
         raise UserError(f"database {url} has no table {missing[0]} (its schema is older than this triscope): "
                         f"run 'triscope db upgrade --db {url}'")
     return st
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -201,7 +192,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not args.insecure_no_auth:
             raise UserError(f"no webhook token: use --token-file FILE or ${TOKEN_ENV} "
                             "(or --insecure-no-auth on a loopback address)")
-        if not _is_loopback(listen[0]):
+        if not is_loopback(listen[0]):
             raise UserError(f"--insecure-no-auth is only allowed on loopback, not {listen[0]}")
     if args.max_body < 1024:
         raise UserError("--max-body must be at least 1024 bytes")
