@@ -32,6 +32,7 @@ import logging
 import threading
 import time
 import zlib
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -74,10 +75,11 @@ class OtlpOptions:
 
 
 class _Series:
-    __slots__ = ("buckets", "bounds", "count", "created_ns", "kind", "labels", "name", "total", "touched", "zero_first")
+    __slots__ = ("buckets", "bounds", "count", "created_ns", "forgot_ns", "kind", "labels", "name", "total", "touched",
+                 "zero_first")
 
     def __init__(self, name: str, kind: str, labels: dict[str, str], bounds: tuple[float, ...], now: float,
-                 zero_first: bool) -> None:
+                 zero_first: bool, mono: float) -> None:
         self.name, self.kind, self.labels, self.bounds = name, kind, labels, bounds
         # a series born of spans or delta points is stored as 0 at its first tick and with what was
         # added from the next one: a counter's first point is its baseline (increase() starts
@@ -88,22 +90,64 @@ class _Series:
         self.buckets = [0.0] * (len(bounds) + 1) if bounds else []   # per bucket, not cumulative
         self.count = self.total = 0.0
         self.created_ns = int(now * 1e9)
-        self.touched = time.monotonic()
+        self.forgot_ns = 0     # the latest start time of a stream of this series forgotten (evicted, idle)
+        self.touched = mono
 
 
 Key = tuple[str, tuple[tuple[str, str], ...]]
+# a cumulative stream: its series, the identity of its sender (the resource attributes the agent
+# reads) and its start time
+StreamKey = tuple[Key, tuple[tuple[str, str], ...], int]
+# a stream's last report: count, sum, bucket counts, when it was updated (monotonic)
+_Last = tuple[float, float, tuple[float, ...], float]
+
+
+@dataclass(slots=True)
+class _Agg:
+    """Delta points or spans of one series in one request, summed before the lock is taken."""
+
+    key: Key
+    labels: dict[str, str]
+    kind: str
+    bounds: tuple[float, ...]
+    n: int = 0
+    count: float = 0.0
+    total: float = 0.0
+    buckets: list[float] | None = None
+
+
+@dataclass(slots=True)
+class _Chain:
+    """The reports of one cumulative stream in one request, in order, each not below the one
+    before (a report below is a conflict, dropped before the lock is taken)."""
+
+    key: Key
+    labels: dict[str, str]
+    kind: str
+    bounds: tuple[float, ...]
+    ident: tuple[tuple[str, str], ...]
+    start_ns: int
+    points: list[Point]
+
+
+def _ge(p: Point, count: float, buckets: tuple[float, ...]) -> bool:
+    """``p`` is at or above a stream's earlier report (every running total, buckets included)."""
+    return p.count >= count and all(a >= b for a, b in zip(p.buckets, buckets, strict=False))
 
 
 class StageSeries:
-    """The series OTLP feeds, their running totals, and the receiver's own counters.  Requests add
-    under one lock (work per request: its series, not its spans); each tick reads under it."""
+    """The series OTLP feeds, their running totals, and the receiver's own counters.  A request is
+    reduced without the lock (spans and delta points to one sum per series, cumulative reports to
+    one chain per stream); the lock is held to apply those (work per series and stream, not per
+    point); each tick reads under it."""
 
     def __init__(self, opts: OtlpOptions, clock: Callable[[], float] = time.time) -> None:
         self.opts = opts
         self.clock = clock
         self._lock = threading.Lock()
         self._series: dict[Key, _Series] = {}
-        self._streams: dict[tuple[Key, int], tuple[float, float, tuple[float, ...], float]] = {}
+        self._streams: OrderedDict[StreamKey, _Last] = OrderedDict()   # least recently updated first
+        self._tick_mono = time.monotonic()    # when the last tick read the series
         self._taken = 0
         self.counts: dict[tuple[str, ...], float] = {}   # (metric, label values...) -> value
 
@@ -127,12 +171,55 @@ class StageSeries:
         self.count("received", signal, n=dec.received)
         for reason, n in dec.ignored.items():
             self.count("ignored", signal, reason, n=n)
-        self.count("dropped", signal, "invalid", n=dec.invalid)
+        dropped: dict[str, int] = dict(dec.dropped)
+        if dec.invalid:
+            dropped["invalid"] = dec.invalid
         wanted = sum(len(g.spans) + len(g.points) for g in dec.groups)
         take = self._reserve(wanted)
-        # per-request aggregate first (no lock): spans -> (count, sum, buckets) per series
-        spans: dict[Key, tuple[dict[str, str], list[float]]] = {}
-        points: list[tuple[Key, dict[str, str], Point]] = []
+        if wanted > take:
+            dropped["buffer_full"] = wanted - take
+        aggs, chains, early = self._reduce(dec, take, labels_of)
+        for reason, n in early.items():
+            dropped[reason] = dropped.get(reason, 0) + n
+        now, mono = self.clock(), time.monotonic()
+        late: dict[str, int] = {}     # refused under the lock
+        with self._lock:
+            for a in aggs:
+                s = self._get(a.key, a.kind, a.labels, a.bounds, now, True, mono)
+                if s is None:
+                    late["series_limit"] = late.get("series_limit", 0) + a.n
+                elif s.bounds != a.bounds or s.kind != a.kind:
+                    late["bounds_mismatch"] = late.get("bounds_mismatch", 0) + a.n
+                else:
+                    s.count += a.count
+                    s.total += a.total
+                    if a.buckets is not None:
+                        for i, c in enumerate(a.buckets):
+                            s.buckets[i] += c
+            for ch in chains:
+                for reason, n in self._apply_chain(ch, now, mono).items():
+                    late[reason] = late.get(reason, 0) + n
+            for reason, n in late.items():
+                dropped[reason] = dropped.get(reason, 0) + n
+            for reason, n in dropped.items():
+                ck: tuple[str, ...] = ("dropped", signal, reason)
+                self.counts[ck] = self.counts.get(ck, 0.0) + n
+            ck = ("accepted", signal)
+            self.counts[ck] = self.counts.get(ck, 0.0) + take - sum(early.values()) - sum(late.values())
+        rejected = sum(dropped.values())
+        why = ", ".join(f"{n} {r.replace('_', ' ')}" for r, n in sorted(dropped.items()) if n)
+        return rejected, why
+
+    def _reduce(self, dec: Decoded, take: int, labels_of: Callable[[dict[str, str]], dict[str, str]],
+                ) -> tuple[list[_Agg], list[_Chain], dict[str, int]]:
+        """The first ``take`` spans and points of a request, without the lock: spans and delta
+        points summed per series, cumulative reports chained per stream; and the points refused
+        already: a cumulative report without a start time (``no_start_time``: a restart could not
+        be told from another sender's totals), one below its stream's previous report in this
+        request (``stream_conflict``)."""
+        aggs: dict[tuple[Key, str, tuple[float, ...]], _Agg] = {}
+        chains: dict[tuple[StreamKey, tuple[float, ...]], _Chain] = {}
+        early: dict[str, int] = {}
         left = take
         for g in dec.groups:
             if left <= 0:
@@ -141,77 +228,114 @@ class StageSeries:
             for stage, seconds in g.spans[:left]:
                 labels = {"stage": stage, **base}
                 key = (STAGE_METRIC, tuple(sorted(labels.items())))
-                acc = spans.get(key)
-                if acc is None:
-                    acc = spans[key] = (labels, [0.0, 0.0] + [0.0] * (len(STAGE_BUCKETS) + 1))
-                v = acc[1]
-                v[0] += 1
-                v[1] += seconds
-                v[2 + bisect.bisect_left(STAGE_BUCKETS, seconds)] += 1
+                ak: tuple[Key, str, tuple[float, ...]] = (key, "histogram", STAGE_BUCKETS)
+                a = aggs.get(ak)
+                if a is None:
+                    a = aggs[ak] = _Agg(key, labels, "histogram", STAGE_BUCKETS,
+                                        buckets=[0.0] * (len(STAGE_BUCKETS) + 1))
+                a.n += 1
+                a.count += 1
+                a.total += seconds
+                a.buckets[bisect.bisect_left(STAGE_BUCKETS, seconds)] += 1   # type: ignore[index]
             left -= min(left, len(g.spans))
+            ident = tuple(sorted(g.resource.items()))
             for p in g.points[:max(0, left)]:
                 labels = {(f"exported_{k}" if k in RESERVED else k): v for k, v in p.labels.items()}
                 labels.update(base)
-                points.append(((p.name, tuple(sorted(labels.items()))), labels, p))
+                key = (p.name, tuple(sorted(labels.items())))
+                if p.temporality == TEMPORALITY_CUMULATIVE:
+                    if p.start_ns <= 0:
+                        early["no_start_time"] = early.get("no_start_time", 0) + 1
+                        continue
+                    ck = ((key, ident, p.start_ns), p.bounds)
+                    ch = chains.get(ck)
+                    if ch is None:
+                        chains[ck] = _Chain(key, labels, p.kind, p.bounds, ident, p.start_ns, [p])
+                    elif _ge(p, ch.points[-1].count, ch.points[-1].buckets):
+                        ch.points.append(p)
+                    else:
+                        early["stream_conflict"] = early.get("stream_conflict", 0) + 1
+                    continue
+                ak = (key, p.kind, p.bounds)    # one series, one shape: another is refused under the lock
+                a = aggs.get(ak)
+                if a is None:
+                    a = aggs[ak] = _Agg(key, labels, p.kind, p.bounds, buckets=[0.0] * len(p.buckets) if p.buckets else None)
+                a.n += 1
+                a.count += p.count
+                a.total += p.total
+                if a.buckets is not None:
+                    for i, c in enumerate(p.buckets):
+                        a.buckets[i] += c
             left -= min(left, len(g.points))
-        dropped: dict[str, int] = {}
-        if wanted > take:
-            dropped["buffer_full"] = wanted - take
-        now = self.clock()
-        with self._lock:
-            for key, (labels, v) in spans.items():
-                s = self._get(key, "histogram", labels, STAGE_BUCKETS, now, True)
-                if s is None:
-                    dropped["series_limit"] = dropped.get("series_limit", 0) + int(v[0])
-                    continue
-                s.count += v[0]
-                s.total += v[1]
-                for i, c in enumerate(v[2:]):
-                    s.buckets[i] += c
-            for key, labels, p in points:
-                s = self._get(key, p.kind, labels, p.bounds, now, p.temporality != TEMPORALITY_CUMULATIVE)
-                if s is None:
-                    dropped["series_limit"] = dropped.get("series_limit", 0) + 1
-                    continue
-                self._add_point(key, s, p)
-            for reason, n in dropped.items():
-                ck: tuple[str, ...] = ("dropped", signal, reason)
-                self.counts[ck] = self.counts.get(ck, 0.0) + n
-            ck = ("accepted", signal)
-            self.counts[ck] = self.counts.get(ck, 0.0) + take - dropped.get("series_limit", 0)
-        rejected = sum(dropped.values()) + dec.invalid
-        why = ", ".join(f"{n} {r.replace('_', ' ')}" for r, n in sorted({**dropped, "invalid": dec.invalid}.items()) if n)
-        return rejected, why
+        return list(aggs.values()), list(chains.values()), early
 
     def _get(self, key: Key, kind: str, labels: dict[str, str], bounds: tuple[float, ...], now: float,
-             zero_first: bool) -> _Series | None:
+             zero_first: bool, mono: float) -> _Series | None:
         s = self._series.get(key)
         if s is None:
             if len(self._series) >= self.opts.max_series:
                 return None
-            s = self._series[key] = _Series(key[0], kind, labels, bounds, now, zero_first)
-        s.touched = time.monotonic()
+            s = self._series[key] = _Series(key[0], kind, labels, bounds, now, zero_first, mono)
+        s.touched = mono
         return s
 
-    def _add_point(self, key: Key, s: _Series, p: Point) -> None:
-        count, total, buckets = p.count, p.total, p.buckets
-        if p.temporality == TEMPORALITY_CUMULATIVE:
-            # the sender's running totals since start_ns: what is new since its last report is added
-            skey = (key, p.start_ns)
-            last = self._streams.get(skey)
-            if last is None and len(self._streams) >= 4 * self.opts.max_series:
-                return
-            self._streams[skey] = (count, total, buckets, time.monotonic())
-            if last is not None and count >= last[0]:
-                count, total = count - last[0], total - last[1]
-                buckets = tuple(a - b for a, b in zip(buckets, last[2], strict=False)) if len(last[2]) == len(buckets) else ()
-            elif last is None and s.count > 0 and p.start_ns and p.start_ns < s.created_ns:
-                return   # a stream older than the series it joins: its past is not this series' increase
-        s.count += count
-        s.total += total
-        if s.bounds == p.bounds and len(buckets) == len(s.buckets):
-            for i, c in enumerate(buckets):
-                s.buckets[i] += c
+    def _room_for_stream(self) -> bool:
+        """Whether one more stream can be kept: under the cap, or by forgetting the least recently
+        updated one when it was not updated since the last tick (a stream that reported in this
+        interval is never evicted: a point that would need its room is refused instead)."""
+        if len(self._streams) < 4 * self.opts.max_series:
+            return True
+        oldest = next(iter(self._streams))
+        if self._streams[oldest][3] >= self._tick_mono:
+            return False
+        self._forget(oldest)
+        return True
+
+    def _forget(self, skey: StreamKey) -> None:
+        """Drop a stream's last report; its series remembers the start time, so that the stream,
+        should it report again, is a baseline and its past is not counted twice."""
+        del self._streams[skey]
+        s = self._series.get(skey[0])
+        if s is not None:
+            s.forgot_ns = max(s.forgot_ns, skey[2])
+
+    def _apply_chain(self, ch: _Chain, now: float, mono: float) -> dict[str, int]:
+        """One stream's reports of one request, under the lock: what is new since its last report
+        (the stream's previous report, or for a new stream its first report when the stream is
+        older than a series that already counts, else zero) is added.  Returns the points refused
+        by reason."""
+        n = len(ch.points)
+        key = ch.key
+        skey: StreamKey = (key, ch.ident, ch.start_ns)
+        last = self._streams.get(skey)
+        if last is None and not self._room_for_stream():
+            return {"stream_limit": n}
+        s = self._get(key, ch.kind, ch.labels, ch.bounds, now, False, mono)
+        if s is None:
+            return {"series_limit": n}
+        if s.bounds != ch.bounds or s.kind != ch.kind:
+            return {"bounds_mismatch": n}
+        first, end = ch.points[0], ch.points[-1]
+        refused = 0
+        if last is None:
+            older = s.count > 0 and (ch.start_ns < s.created_ns or ch.start_ns <= s.forgot_ns)
+            base = (first.count, first.total, first.buckets) if older else (0.0, 0.0, ())
+        else:
+            # reports below the stream's last one: another sender with the same identity and start
+            # time (or a sender that broke the data model): dropped, the series never goes back
+            while refused < n and not _ge(ch.points[refused], last[0], last[2]):
+                refused += 1
+            if refused == n:
+                return {"stream_conflict": n}
+            base = (last[0], last[1], last[2])
+        s.count += end.count - base[0]
+        s.total += end.total - base[1]
+        if s.buckets:
+            for i, c in enumerate(end.buckets):
+                s.buckets[i] += c - (base[2][i] if base[2] else 0.0)
+        self._streams[skey] = (end.count, end.total, end.buckets, mono)
+        self._streams.move_to_end(skey)
+        return {"stream_conflict": refused} if refused else {}
 
     def samples(self) -> list[Sample]:
         """Every live series' running totals and the receiver's counters; opens the next interval."""
@@ -219,10 +343,11 @@ class StageSeries:
         cutoff = time.monotonic() - self.opts.series_ttl
         with self._lock:
             self._taken = 0
+            self._tick_mono = time.monotonic()
             for key in [k for k, s in self._series.items() if s.touched < cutoff]:
                 del self._series[key]
             for skey in [k for k, v in self._streams.items() if v[3] < cutoff]:
-                del self._streams[skey]
+                self._forget(skey)
             for s in self._series.values():
                 zero = s.zero_first
                 s.zero_first = False

@@ -12,7 +12,10 @@ What is kept (docs/otlp.md): per resource, the attributes that name the sender
 (``RESOURCE_KEYS``); per span, its stage (the ``triscope.stage`` attribute, else a span name in
 ``STAGE_NAMES``) and its duration; per metric, histograms, exponential histograms and monotonic
 sums whose data points carry a stage.  Everything else is counted (``ignored``) and dropped here,
-before any aggregation.  A body that is not what its content type says raises ``DecodeError``.
+before any aggregation, and so is what cannot be used soundly (``dropped``: a span longer than
+``MAX_SPAN_S``, a metric named like the agent's own; and ``invalid``: bucket counts that are negative or do not add up to the count ...).  An attribute
+whose name Prometheus reserves (``__name__``, anything starting with ``__``) never becomes a label.
+A body that is not what its content type says raises ``DecodeError``.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ RESOURCE_KEYS = ("service.name", "service.namespace", "service.instance.id", "k8
                  "k8s.pod.name", "k8s.container.name", "process.pid")
 MAX_ATTRS = 16          # data point attributes kept as labels (the rest dropped)
 MAX_VALUE = 128         # characters of a label value
+MAX_SPAN_S = 3600.0     # a stage span longer than this is dropped (too_long): a clock jump, not a stage
+RESERVED_PREFIXES = ("triscope_", "__")   # metric names the receiver does not feed (the agent's own)
 TEMPORALITY_DELTA, TEMPORALITY_CUMULATIVE = 1, 2
 _TEMPORALITY_NAMES = {"AGGREGATION_TEMPORALITY_DELTA": 1, "AGGREGATION_TEMPORALITY_CUMULATIVE": 2}
 _LABEL_BAD = re.compile(r"[^a-zA-Z0-9_]")
@@ -78,11 +83,16 @@ class Decoded:
     groups: list[Group] = field(default_factory=list)
     received: int = 0                # spans or data points in the body
     invalid: int = 0                 # stage spans/points that cannot be used (end before start, NaN ...)
-    ignored: dict[str, int] = field(default_factory=dict)   # reason -> spans or points
+    ignored: dict[str, int] = field(default_factory=dict)   # reason -> spans or points (attributes: reserved_label)
+    dropped: dict[str, int] = field(default_factory=dict)   # reason -> stage spans or points refused here
 
     def ignore(self, reason: str, n: int = 1) -> None:
         if n:
             self.ignored[reason] = self.ignored.get(reason, 0) + n
+
+    def drop(self, reason: str, n: int = 1) -> None:
+        if n:
+            self.dropped[reason] = self.dropped.get(reason, 0) + n
 
 
 def clean(text: str, limit: int = MAX_VALUE) -> str:
@@ -90,8 +100,13 @@ def clean(text: str, limit: int = MAX_VALUE) -> str:
     return "".join(ch if ch.isprintable() else "?" for ch in text[:limit])
 
 
-def label_name(key: str) -> str:
+def label_name(key: str) -> str | None:
+    """The Prometheus label name for an attribute key (``[a-zA-Z_][a-zA-Z0-9_]*``: other characters
+    become ``_``, a leading digit or an empty key gets ``key_``); None when it would start with
+    ``__``, which Prometheus reserves (``__name__`` would make the whole /metrics unreadable)."""
     name = _LABEL_BAD.sub("_", key)[:64]
+    if name.startswith("__"):
+        return None
     return "key_" + name if not name or name[0].isdigit() else name
 
 
@@ -176,8 +191,8 @@ def _traces_pb(req: Any) -> Decoded:
     return res
 
 
-def _labels_pb(attrs: Iterable[Any]) -> dict[str, str]:
-    return _labels((kv.key, _any_pb(kv.value)) for kv in attrs)
+def _labels_pb(attrs: Iterable[Any], res: Decoded) -> dict[str, str]:
+    return _labels(((kv.key, _any_pb(kv.value)) for kv in attrs), res)
 
 
 def _metrics_pb(req: Any) -> Decoded:
@@ -189,12 +204,12 @@ def _metrics_pb(req: Any) -> Decoded:
                 which = m.WhichOneof("data")
                 if which in ("histogram", "exponential_histogram"):
                     data = getattr(m, which)
-                    pts = [(_labels_pb(p.attributes), p.start_time_unix_nano, p.count, p.sum,
+                    pts = [(_labels_pb(p.attributes, res), p.start_time_unix_nano, p.count, p.sum,
                             tuple(p.explicit_bounds) if which == "histogram" else (),
                             tuple(p.bucket_counts) if which == "histogram" else ()) for p in data.data_points]
                     _add_points(res, group, m.name, m.unit, "histogram", data.aggregation_temporality, pts)
                 elif which == "sum" and m.sum.is_monotonic:
-                    pts = [(_labels_pb(p.attributes), p.start_time_unix_nano,
+                    pts = [(_labels_pb(p.attributes, res), p.start_time_unix_nano,
                             p.as_double if p.WhichOneof("value") == "as_double" else p.as_int, 0.0, (), ())
                            for p in m.sum.data_points]
                     _add_points(res, group, m.name, m.unit, "counter", m.sum.aggregation_temporality, pts)
@@ -318,7 +333,7 @@ def _metrics_json(doc: Any) -> Decoded:
                     explicit = "histogram" in m
                     data = _dict(m, "histogram" if explicit else "exponentialHistogram")
                     pts: list[PointTuple] = [
-                        (_labels(_attrs_json(p)), _int(p.get("startTimeUnixNano"), "startTimeUnixNano"),
+                        (_labels(_attrs_json(p), res), _int(p.get("startTimeUnixNano"), "startTimeUnixNano"),
                          float(_int(p.get("count"), "count")), _num(p.get("sum"), "sum"),
                          tuple(_num(b, "explicitBounds") for b in _list(p, "explicitBounds")) if explicit else (),
                          tuple(float(_int(c, "bucketCounts")) for c in _list(p, "bucketCounts")) if explicit else ())
@@ -326,7 +341,7 @@ def _metrics_json(doc: Any) -> Decoded:
                     _add_points(res, group, name, unit, "histogram", _temporality_json(data), pts)
                 elif "sum" in m and _dict(m, "sum").get("isMonotonic") is True:
                     data = _dict(m, "sum")
-                    pts = [(_labels(_attrs_json(p)), _int(p.get("startTimeUnixNano"), "startTimeUnixNano"),
+                    pts = [(_labels(_attrs_json(p), res), _int(p.get("startTimeUnixNano"), "startTimeUnixNano"),
                             _num(p["asDouble"], "asDouble") if "asDouble" in p else float(_int(p.get("asInt"), "asInt")),
                             0.0, (), ()) for p in _points_json(data)]
                     _add_points(res, group, name, unit, "counter", _temporality_json(data), pts)
@@ -358,15 +373,22 @@ def _add_span(res: Decoded, group: Group, stage: str | None, name: str, start: i
     if start <= 0 or end < start:
         res.invalid += 1
         return
+    if end - start > MAX_SPAN_S * 1e9:
+        res.drop("too_long")
+        return
     group.spans.append((clean(stage.strip(), 64), (end - start) / 1e9))
 
 
-def _labels(attrs: Iterable[tuple[str, str | None]]) -> dict[str, str]:
+def _labels(attrs: Iterable[tuple[str, str | None]], res: Decoded) -> dict[str, str]:
     out: dict[str, str] = {}
     for key, value in attrs:
         if value is None or len(out) >= MAX_ATTRS:
             continue
-        out["stage" if key == STAGE_ATTR else label_name(key)] = clean(value)
+        name = "stage" if key == STAGE_ATTR else label_name(key)
+        if name is None:
+            res.ignore("reserved_label")     # counts attributes, not points: the point is kept without it
+            continue
+        out[name] = clean(value)
     return out
 
 
@@ -382,11 +404,15 @@ def _add_points(res: Decoded, group: Group, name: str, unit: str, kind: str, tem
         res.invalid += len(staged)
         return
     base, scale = named
+    if base.startswith(RESERVED_PREFIXES):
+        res.drop("reserved_name", len(staged))
+        return
     if kind == "counter" and not base.endswith(("_total", "_sum", "_count")):
         base += "_total"
     for labels, start_ns, count, total, bounds, buckets in staged:
         if count < 0 or total != total or abs(total) == float("inf") or (bounds or buckets) and (
-                len(buckets) != len(bounds) + 1 or list(bounds) != sorted(bounds)):
+                len(buckets) != len(bounds) + 1 or list(bounds) != sorted(bounds)
+                or any(c < 0 for c in buckets) or sum(buckets) != count):
             res.invalid += 1
             continue
         if kind == "counter":

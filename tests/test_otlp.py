@@ -313,7 +313,8 @@ def test_self_metrics_are_in_the_catalogue(receiver: OtlpReceiver) -> None:
 def test_cumulative_streams_add_what_is_new() -> None:
     """Cumulative points: one stream per (series, start time); each adds its increase since its last
     report; a stream that started after the series existed adds its whole count; one older than the
-    series is a baseline; a count that went down without a new start time is taken whole."""
+    series is a baseline; a count that went down without a new start time is a conflict (another
+    sender with the same identity and start time): dropped, never added."""
     from triscope.agent.otlp import StageSeries
     from triscope.agent.otlp_decode import TEMPORALITY_CUMULATIVE, Decoded, Group, Point
 
@@ -334,6 +335,7 @@ def test_cumulative_streams_add_what_is_new() -> None:
     assert send(born + 1, 2, 0.2) == 10      # a stream started after the series: all of it is new
     assert send(50, 100, 10.0) == 10         # an older stream joining: a baseline
     assert send(50, 104, 10.4) == 14         # +4
-    assert send(100, 1, 0.1) == 15           # went down without a new start: a reset, taken whole
+    assert send(100, 1, 0.1) == 14           # went down without a new start: dropped (stream_conflict)
+    assert send(100, 9, 0.9) == 15           # +1 from the stream's last report (8)
     [b] = [s.value for s in state.samples() if s.name == "x_seconds_bucket" and s.labels["le"] == "0.1"]
     assert b == 15

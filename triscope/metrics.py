@@ -129,8 +129,8 @@ _SPECS = [
     MetricSpec("triscope_otlp_requests_total", "counter", "OTLP/HTTP requests answered, by signal (traces, metrics; empty when refused before the path was read) and HTTP status code.", ("signal", "code")),
     MetricSpec("triscope_otlp_received_total", "counter", "Spans or data points in OTLP requests that decoded.", ("signal",)),
     MetricSpec("triscope_otlp_accepted_total", "counter", "Stage spans or data points added to the stage-duration series.", ("signal",)),
-    MetricSpec("triscope_otlp_ignored_total", "counter", "Spans or data points not used: no stage (no_stage), a metric type that is not taken (unsupported_type).", ("signal", "reason")),
-    MetricSpec("triscope_otlp_dropped_total", "counter", "Stage spans or data points dropped: buffer_full (more than --otlp-max-items between two ticks), series_limit, invalid.", ("signal", "reason")),
+    MetricSpec("triscope_otlp_ignored_total", "counter", "Spans or data points not used: no stage (no_stage), a metric type that is not taken (unsupported_type); and point attributes not made labels because Prometheus reserves their name (reserved_label: __name__, any name starting with __).", ("signal", "reason")),
+    MetricSpec("triscope_otlp_dropped_total", "counter", "Stage spans or data points dropped (and reported in the partial success): buffer_full (more than --otlp-max-items between two ticks), series_limit, stream_limit (more cumulative streams than 4 x the series cap, none idle since the last tick), stream_conflict (a cumulative report below its stream's last one: two senders with one identity and start time), no_start_time (a cumulative point without a start time), bounds_mismatch (other bucket boundaries or another type than the series'), too_long (a span over an hour), reserved_name (a metric named triscope_* or __*), invalid.", ("signal", "reason")),
     MetricSpec("triscope_otlp_series", "gauge", "Stage-duration series the OTLP receiver feeds now.", ()),
 ]
 
