@@ -225,18 +225,23 @@ class StageSeries:
             if left <= 0:
                 break
             base = labels_of(g.resource)
+            by_stage: dict[str, tuple[_Agg, list[float]]] = {}   # this resource's spans: labels built once a stage
             for stage, seconds in g.spans[:left]:
-                labels = {"stage": stage, **base}
-                key = (STAGE_METRIC, tuple(sorted(labels.items())))
-                ak: tuple[Key, str, tuple[float, ...]] = (key, "histogram", STAGE_BUCKETS)
-                a = aggs.get(ak)
-                if a is None:
-                    a = aggs[ak] = _Agg(key, labels, "histogram", STAGE_BUCKETS,
-                                        buckets=[0.0] * (len(STAGE_BUCKETS) + 1))
+                hit = by_stage.get(stage)
+                if hit is None:
+                    labels = {"stage": stage, **base}
+                    key = (STAGE_METRIC, tuple(sorted(labels.items())))
+                    ak: tuple[Key, str, tuple[float, ...]] = (key, "histogram", STAGE_BUCKETS)
+                    a = aggs.get(ak)
+                    if a is None:
+                        a = aggs[ak] = _Agg(key, labels, "histogram", STAGE_BUCKETS,
+                                            buckets=[0.0] * (len(STAGE_BUCKETS) + 1))
+                    hit = by_stage[stage] = (a, a.buckets or [])
+                a, buckets = hit
                 a.n += 1
                 a.count += 1
                 a.total += seconds
-                a.buckets[bisect.bisect_left(STAGE_BUCKETS, seconds)] += 1   # type: ignore[index]
+                buckets[bisect.bisect_left(STAGE_BUCKETS, seconds)] += 1
             left -= min(left, len(g.spans))
             ident = tuple(sorted(g.resource.items()))
             for p in g.points[:max(0, left)]:

@@ -249,3 +249,32 @@ def test_self_metric_reasons_are_documented() -> None:
                    "reserved_name", "reserved_label"):
         assert reason in text, reason
     _ = time
+
+
+# -- 5. work under the lock -----------------------------------------------------------------------------
+
+def test_a_large_request_is_applied_per_series_and_stream_under_the_lock() -> None:
+    """50,000 points on 200 series (delta) and 200 streams (cumulative): the lock sees one update a
+    series or stream, not one a point (measured: 40 ms / 100 ms held before, 0.3 / 0.7 ms after)."""
+    from triscope.agent.otlp_decode import TEMPORALITY_DELTA
+
+    for temporality in (TEMPORALITY_DELTA, TEMPORALITY_CUMULATIVE):
+        state = StageSeries(OtlpOptions(max_items=100_000, max_series=256), clock=lambda: 1.0)
+        calls = [0]
+        inner = state._get
+
+        def counted(*args: Any, _inner: Any = inner, calls: list[int] = calls) -> Any:
+            calls[0] += 1
+            return _inner(*args)
+
+        state._get = counted   # type: ignore[method-assign]
+        pts = [Point("x_seconds", "histogram", {"stage": f"s{i % 200}"}, temporality, T0,
+                     float(1 + i // 200), 0.01, (0.1,), (float(1 + i // 200), 0.0)) for i in range(50_000)]
+        assert state.add("metrics", Decoded([Group({"service.name": "s"}, points=pts)], received=50_000),
+                         lambda r: {"job": "s"}) == (0, "")
+        assert calls[0] == 200, temporality
+        got = state.samples()
+        if temporality == TEMPORALITY_DELTA:   # born at 0, then the totals
+            got = state.samples()
+        want = 250 * 251 / 2 if temporality == TEMPORALITY_DELTA else 250.0
+        assert value(got, "x_seconds_count", stage="s7") == want
