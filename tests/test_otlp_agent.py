@@ -246,6 +246,51 @@ def test_sdk_histograms_become_a_stage_metric_analysis_finds(agent: RunningAgent
         assert skew.durations[stage] == pytest.approx(sum(values) / len(values) / 1000, rel=1e-6), stage
 
 
+def test_reserved_label_names_reach_neither_metrics_nor_the_store(agent: RunningAgent) -> None:
+    """A point with ``__name__`` among its attributes, one named like the agent's own metrics: the
+    agent's /metrics stays readable by promtool and prometheus_client, the store holds no ``__`` label."""
+    import shutil
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    t_start = time.time() - 1
+    t0 = time.time_ns() - 10**9
+    attrs = [{"key": k, "value": {"stringValue": v}} for k, v in
+             (("stage", "h2d"), ("__name__", "up"), ("__address__", "x"), ("job", "evil"))]
+    point = {"attributes": attrs, "startTimeUnixNano": str(t0), "timeUnixNano": str(t0 + 10**9), "count": "2",
+             "sum": 0.3, "explicitBounds": [0.1], "bucketCounts": ["1", "1"]}
+    metrics = [{"name": name, "unit": "s", "histogram": {"aggregationTemporality": 1, "dataPoints": [point]}}
+               for name in ("triscope_stage", "reserved.check")]
+    body = json.dumps({"resourceMetrics": [{"resource": {"attributes": [
+        {"key": "service.name", "value": {"stringValue": "reserved-svc"}}]},
+        "scopeMetrics": [{"metrics": metrics}]}]}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{agent.otlp}/v1/metrics", data=body, method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        assert json.loads(resp.read())["partialSuccess"]["rejectedDataPoints"] == "1"   # triscope_stage
+    agent.wait("the reserved name counted",
+               lambda: agent.value('triscope_otlp_dropped_total{reason="reserved_name",signal="metrics"}') >= 1)
+    seen = agent.ticks()
+    agent.wait("two ticks written", lambda: agent.ticks() >= seen + 3)
+    text = agent.metrics()
+    assert "triscope_stage" not in text
+    assert not [ln for ln in text.splitlines() if "__name__=" in ln or "__address__=" in ln]
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool missing: 'make test' installs Debian's prometheus package"
+    res = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert [f for f in text_string_to_metric_families(text) if f.name == "triscope_otlp_ignored"]
+    st = Store.open(agent.db)
+    try:
+        [series] = st.query("reserved_check_seconds_count", node=NODE, labels={"job": "reserved-svc"},
+                            start=t_start, end=time.time(), max_points=None, rate=False)
+        assert series.values[-1] == 2
+    finally:
+        st.close()
+    assert series.info.labels["exported_job"] == "evil"
+    assert not [k for k in series.info.labels if k.startswith("__")], series.info.labels
+
+
 def test_a_flood_keeps_the_tick_and_memory_bounded_then_sigterm_writes_it_all(agent: RunningAgent) -> None:
     stages = {"preprocess": [0.001] * 1100, "h2d": [0.002] * 1100, "compute": [0.003] * 1100, "d2h": [0.001] * 1100}
     body = json_body("flood-svc", stages)    # 4,400 stage spans (~1 MB): the 5th request of a tick is taken in part
