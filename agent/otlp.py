@@ -19,8 +19,9 @@ Bounded: a body over ``max_body`` (as sent, and again once decompressed: a gzip 
 is refused with 413; at most ``max_items`` spans and points are taken between two ticks (the
 rest of that request is dropped and reported as a partial success, and later requests in that
 interval get 429 with ``Retry-After: 1``, before any decoding); at most ``max_series`` series
-(new ones beyond are dropped); series idle for ``series_ttl`` are forgotten.  Every drop is
-counted in ``triscope_otlp_dropped_total{signal,reason}``.
+(new ones beyond are dropped); at most 4 x ``max_series`` cumulative streams (series, sender,
+start time); series and streams idle for ``series_ttl`` are forgotten.  Every stage span or point
+not taken is counted in ``triscope_otlp_dropped_total{signal,reason}`` and in the partial success.
 """
 
 from __future__ import annotations

@@ -13,8 +13,9 @@ What is kept (docs/otlp.md): per resource, the attributes that name the sender
 ``STAGE_NAMES``) and its duration; per metric, histograms, exponential histograms and monotonic
 sums whose data points carry a stage.  Everything else is counted (``ignored``) and dropped here,
 before any aggregation, and so is what cannot be used soundly (``dropped``: a span longer than
-``MAX_SPAN_S``, a metric named like the agent's own; and ``invalid``: bucket counts that are negative or do not add up to the count ...).  An attribute
-whose name Prometheus reserves (``__name__``, anything starting with ``__``) never becomes a label.
+``MAX_SPAN_S``, a metric named like the agent's own; ``invalid``: bucket counts that are negative
+or do not add up to the count, ...).  An attribute whose name Prometheus reserves (``__name__``,
+anything starting with ``__``) never becomes a label.
 A body that is not what its content type says raises ``DecodeError``.
 """
 
