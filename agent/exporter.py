@@ -161,9 +161,11 @@ class MetricsServer:
 
     ``web`` (``--web.config.file``, ``triscope.webconfig``): TLS on the same listener (a plain HTTP
     request to it fails the handshake and gets nothing) and basic auth on every path (``401`` with
-    ``WWW-Authenticate: Basic``).  Credentials already verified (cached) are answered on the loop;
-    only a bcrypt check (the first scrape with a password, a new wrong one) goes to two worker
-    threads, so it never stalls the loop nor a scrape whose password is known.
+    ``WWW-Authenticate: Basic``).  Credentials already verified (cached) are answered on the loop
+    from one cache lookup (``WebConfig.lookup``, whose answer the handler then uses); only a bcrypt
+    check (the first scrape with a password, a new wrong one) goes to two worker threads, so it
+    never stalls the loop nor a scrape whose password is known.  The workers exist whenever a web
+    config is given, so users added by a reload are checked off the loop too.
     """
 
     def __init__(self, addr: tuple[str, int], process: ProcessMetrics | None, tick: TickCollector | None,
@@ -177,10 +179,10 @@ class MetricsServer:
         self.scrape_gap: float | None = None   # seconds between the last two scrapes
         self.web = web
         self.http = HttpServer(addr, self._handle, limits=limits or EXPORTER_LIMITS, name="metrics-http",
-                               methods=("GET", "HEAD"), workers=2 if web is not None and web.auth else 0,
-                               ssl_context=web.ssl_context() if web is not None else None,
+                               methods=("GET", "HEAD"), workers=2 if web is not None else 0,
+                               ssl_context=web.ssl_context if web is not None else None,
                                every=(RELOAD_EVERY, web.refresh) if web is not None else None,
-                               inline=(lambda req: web.quick(req.header("authorization"))) if web is not None else None)
+                               inline=self._inline if web is not None else None)
         self.server_address = self.http.server_address
 
     def render(self) -> bytes:
@@ -211,8 +213,17 @@ class MetricsServer:
             resp.headers.extend(self.web.headers)
         return resp
 
+    def _inline(self, req: Request) -> bool:
+        """On the loop: the credentials' answer if cached (kept on the request), else to a worker."""
+        assert self.web is not None
+        req.verdict = self.web.lookup(req.header("authorization"))
+        return req.verdict is not None
+
     def _answer(self, req: Request) -> Response:
-        if self.web is not None and not self.web.authorized(req.header("authorization")):
+        ok = req.verdict
+        if ok is None and self.web is not None:
+            ok = self.web.authorized(req.header("authorization"))
+        if ok is False:
             return Response.text(401, "Unauthorized", headers=list(UNAUTHORIZED_HEADERS))
         if req.method not in ("GET", "HEAD"):
             return Response.text(405, "only GET /metrics is served here", headers=[("Allow", "GET, HEAD")])

@@ -146,7 +146,7 @@ class WebhookServer:
         lim = Limits(**{**lim.__dict__, "max_body": max_body})
         self.http = HttpServer(addr, self.handle, limits=lim, workers=8, name="remediation-webhook",
                                methods=("GET", "HEAD", "POST"), error=lambda code, msg: _json(code, {"error": msg}),
-                               ssl_context=web.ssl_context() if web is not None else None,
+                               ssl_context=web.ssl_context if web is not None else None,
                                every=(RELOAD_EVERY, web.refresh) if web is not None and web.tls else None)
         self.server_address = self.http.server_address
         self.scheme = web.scheme if web is not None else "http"

@@ -108,14 +108,18 @@ def test_basic_auth_caches_verified_credentials_bounded() -> None:
     assert auth.bcrypt_calls == 2
     assert not auth.check(_basic("nobody", "s3cret"))     # unknown user: bcrypt against a dummy, refused
     assert auth.bcrypt_calls == 3 and auth.cached == 3
-    assert not auth.check(_basic("other", "y"))          # a fourth entry evicts the least recently used
-    assert auth.cached == 3
-    assert auth.check(_basic("prometheus", "s3cret"))    # was used last before "wrong": evicted
-    assert auth.bcrypt_calls == 5
+    # right and wrong ones are bounded apart: a fourth wrong one evicts the oldest wrong one only
+    assert not auth.check(_basic("other", "y"))
+    assert not auth.check(_basic("other", "z"))
+    assert auth.bcrypt_calls == 5 and auth.cached == 4
+    assert auth.check(_basic("prometheus", "s3cret"))    # still cached
+    assert not auth.check(_basic("prometheus", "wrong"))  # the oldest wrong one: evicted, bcrypt again
+    assert auth.bcrypt_calls == 6
     # malformed headers never reach bcrypt
     for bad in (None, "", "Bearer abc", "Basic !!!", "Basic " + base64.b64encode(b"no-colon").decode()):
         assert not auth.check(bad)
-    assert auth.bcrypt_calls == 5
+        assert auth.lookup(bad) is False
+    assert auth.bcrypt_calls == 6
     assert parse_basic(_basic("a", "b:c")) == ("a", "b:c")
 
 

@@ -24,8 +24,11 @@ and never blocks (``/metrics`` sends a body rendered at the tick), or on a bound
 (``workers``) when it writes to a database (the webhook); with ``inline``, a request it calls quick
 runs on the loop all the same (a scrape whose credentials are already verified: only a bcrypt
 check goes to the pool).  ``ssl_context`` serves TLS on the same
-listener; ``every=(seconds, fn)`` runs ``fn`` on the loop's thread that often (a certificate
-reload: the TLS context is only touched from the thread that does the handshakes).
+listener: a context, or a function giving the context for each new connection (a reloaded
+``--web.config.file`` swaps in a new one: new connections take it, open ones keep theirs); the
+handshake counts against ``max_connections`` and must finish within ``header_timeout``.
+``every=(seconds, fn)`` runs ``fn`` that often on a thread of its own, never on the loop (a config
+reload parses YAML and may hash with bcrypt), the next run ``seconds`` after the last one ended.
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ class Request:
     headers: list[tuple[str, str]]     # (lower-case name, value) in arrival order
     body: bytes
     peer: tuple[str, int] | None
+    verdict: bool | None = None     # set by ``inline``: the answer it found (e.g. cached credentials)
 
     @property
     def path(self) -> str:
@@ -125,7 +129,8 @@ class HttpServer:
     """``HttpServer((host, port), handler, limits=Limits(...), workers=0).start()``; ``shutdown()``."""
 
     def __init__(self, addr: tuple[str, int], handler: Handler, *, limits: Limits | None = None,
-                 workers: int = 0, name: str = "http", ssl_context: ssl.SSLContext | None = None,
+                 workers: int = 0, name: str = "http",
+                 ssl_context: ssl.SSLContext | Callable[[], ssl.SSLContext | None] | None = None,
                  methods: tuple[str, ...] | None = None,
                  error: Callable[[int, str], Response] | None = None,
                  every: tuple[float, Callable[[], object]] | None = None,
@@ -136,7 +141,7 @@ class HttpServer:
         self.limits = limits or Limits()
         self.name = name
         self.ssl_context = ssl_context
-        self.every = every      # (seconds, fn): fn runs on the loop thread that often (a TLS reload)
+        self.every = every      # (seconds, fn): fn runs on a thread that often (a config reload)
         self.inline = inline    # with workers: requests it says are quick run on the loop all the same
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"{name}-worker") if workers else None
         self._conns: dict[_Conn, None] = {}    # insertion order = age
@@ -160,10 +165,9 @@ class HttpServer:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
+        # TLS is started per connection (``_accept``), so each new one takes the current context
         self._server = self._loop.run_until_complete(asyncio.start_server(
-            self._accept, sock=self.sock, backlog=self.limits.backlog, ssl=self.ssl_context,
-            limit=self.limits.max_header_bytes + 2,
-            ssl_handshake_timeout=self.limits.header_timeout if self.ssl_context else None))
+            self._accept, sock=self.sock, backlog=self.limits.backlog, limit=self.limits.max_header_bytes + 2))
         self._ready.set()
         if self.every is not None:
             self._loop.call_later(self.every[0], self._tick)
@@ -176,11 +180,16 @@ class HttpServer:
 
     def _tick(self) -> None:
         assert self.every is not None
+        seconds = self.every[0]
+        fut = self._loop.run_in_executor(None, self._job)
+        fut.add_done_callback(lambda _: self._loop.is_closed() or self._loop.call_later(seconds, self._tick))
+
+    def _job(self) -> None:
+        assert self.every is not None
         try:
             self.every[1]()
         except Exception:  # noqa: BLE001 - the periodic job never stops the server
             log.exception("%s: periodic job failed", self.name)
-        self._loop.call_later(self.every[0], self._tick)
 
     def shutdown(self, timeout: float = 5.0) -> None:
         """Stop accepting, close every connection, stop the loop and its thread."""
@@ -229,6 +238,11 @@ class HttpServer:
             with contextlib.suppress(OSError):
                 sockobj.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
+            if self.ssl_context is not None:
+                ctx = self.ssl_context() if callable(self.ssl_context) else self.ssl_context
+                if ctx is None:
+                    return
+                await writer.start_tls(ctx, ssl_handshake_timeout=self.limits.header_timeout)
             await self._serve(conn, reader, writer)
         except (asyncio.CancelledError, ConnectionError, asyncio.IncompleteReadError, ssl.SSLError, OSError):
             pass

@@ -1,12 +1,14 @@
 """What a listener holds of its ``--web.config.file`` at run time (loaded and checked by
-``triscope.webconfig``): the TLS context, basic auth against bcrypt hashes with a bounded cache of
+``triscope.webconfig``): the TLS context, basic auth against bcrypt hashes with bounded caches of
 verified credentials, extra response headers.  No pydantic here: the agent imports this.
 
-``WebConfig.refresh()`` (called by the HTTP server's loop every ``RELOAD_EVERY`` seconds) picks up
-a changed file, certificate, key or CA, as exporter-toolkit re-reads its file: a rotated
-certificate (cert-manager renewing a Secret) or a new password needs no restart.  The new file is
-checked in full first; a broken one is logged once and the running config stays.  Turning TLS on
-or off, or changing ``client_auth_type``, needs a restart (said in the log).
+``WebConfig.refresh()`` (called every ``RELOAD_EVERY`` seconds from a thread of the HTTP server,
+never on its event loop) picks up a changed file, certificate, key or CA, as exporter-toolkit
+re-reads its file: a rotated certificate (cert-manager renewing a Secret), a new client CA, a new
+``min_version`` or a new password needs no restart.  The new file is checked in full and a new
+``SSLContext`` built from it; new connections get the new context (``ssl_context()``), open ones
+keep the one they were made with.  A broken file is logged once and the running config stays.
+Turning TLS on or off needs a restart (said in the log).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import base64
 import hashlib
 import logging
 import os
+import re
 import ssl
 import threading
 from collections import OrderedDict
@@ -24,14 +27,45 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 RELOAD_EVERY = 15.0
-"""Seconds between two looks at the web config's files (a few ``stat`` calls)."""
+"""Seconds between two looks at the web config's files (a ``stat`` of each; a changed one is then
+parsed and checked again, off the server's loop)."""
 CACHE_SIZE = 256
-"""Verified credentials remembered by :class:`BasicAuth` (exporter-toolkit keeps 100)."""
+"""Verified credentials remembered by :class:`BasicAuth`, right ones and wrong ones each
+(exporter-toolkit keeps 100): wrong ones never push a right one out."""
+BCRYPT_MAX_BYTES = 72
+"""bcrypt reads at most 72 bytes of a password; longer ones are cut there, as htpasswd and Go's
+bcrypt (exporter-toolkit) do (the ``bcrypt`` package from 5.0 raises instead)."""
+
+_COST = re.compile(r"^\$2[aby]\$(\d\d)\$")
+_DUMMIES: dict[int, bytes] = {}
+_DUMMIES_LOCK = threading.Lock()
+
+
+def dummy_hash(cost: int) -> bytes:
+    """A bcrypt hash of a password nobody sends, at ``cost``: what an unknown user is checked
+    against, so that it takes as long as a known one.  Made once per process and cost."""
+    with _DUMMIES_LOCK:
+        h = _DUMMIES.get(cost)
+        if h is None:
+            import bcrypt
+
+            h = _DUMMIES[cost] = bcrypt.hashpw(b"triscope-no-such-user", bcrypt.gensalt(cost))
+        return h
+
+
+def hash_cost(hashed: str | bytes) -> int:
+    m = _COST.match(hashed.decode() if isinstance(hashed, bytes) else hashed)
+    return int(m.group(1)) if m else 10
 
 
 # ---------------------------------------------------------------------------------------------- basic auth
 class BasicAuth:
-    """``check(authorization_header) -> bool`` against bcrypt hashes, results cached (bounded)."""
+    """``check(header) -> bool`` against bcrypt hashes; ``lookup(header)`` answers from the caches
+    alone (never bcrypt: what the event loop may call).
+
+    Two bounded caches (least recently used dropped): verified right credentials and verified wrong
+    ones.  A spray of wrong passwords fills the second only, so Prometheus's password stays
+    cached and its scrapes stay on the loop."""
 
     def __init__(self, users: dict[str, str], cache_size: int = CACHE_SIZE) -> None:
         import bcrypt
@@ -39,11 +73,14 @@ class BasicAuth:
         self._bcrypt = bcrypt
         self.users = {u: h.encode() for u, h in users.items()}
         self.cache_size = cache_size
-        self._cache: OrderedDict[bytes, bool] = OrderedDict()
-        self._lock = threading.Lock()          # the cache
+        self._good: OrderedDict[bytes, None] = OrderedDict()
+        self._bad: OrderedDict[bytes, None] = OrderedDict()
+        self._lock = threading.Lock()          # the caches
         self._bcrypt_lock = threading.Lock()   # one bcrypt at a time, as exporter-toolkit
-        self._dummy = bcrypt.hashpw(b"triscope-no-such-user", bcrypt.gensalt(10))
+        # an unknown user costs what the dearest known one does
+        self._dummy = dummy_hash(max((hash_cost(h) for h in self.users.values()), default=10))
         self.bcrypt_calls = 0                  # how often bcrypt actually ran (tests, the bench)
+        self._warned = False
 
     def _key(self, user: str, password: str) -> tuple[bytes, bytes, bool]:
         hashed = self.users.get(user)
@@ -53,42 +90,54 @@ class BasicAuth:
                                          password.encode("utf-8", "surrogatepass")))).digest()
         return key, hashed, known
 
-    def quick(self, header: str | None) -> bool:
-        """Whether ``check(header)`` answers without bcrypt (malformed, or its result cached)."""
-        creds = parse_basic(header)
-        if creds is None:
-            return True
-        key = self._key(*creds)[0]
-        with self._lock:
-            return key in self._cache
-
-    def check(self, header: str | None) -> bool:
+    def lookup(self, header: str | None) -> bool | None:
+        """The answer if known without bcrypt (malformed: False; cached: its result), else None."""
         creds = parse_basic(header)
         if creds is None:
             return False
+        key = self._key(*creds)[0]
+        with self._lock:
+            if key in self._good:
+                self._good.move_to_end(key)
+                return True
+            if key in self._bad:
+                self._bad.move_to_end(key)
+                return False
+        return None
+
+    def quick(self, header: str | None) -> bool:
+        """Whether ``check(header)`` would answer without bcrypt (now)."""
+        return self.lookup(header) is not None
+
+    def check(self, header: str | None) -> bool:
+        cached = self.lookup(header)
+        if cached is not None:
+            return cached
+        creds = parse_basic(header)
+        assert creds is not None
         user, password = creds
         key, hashed, known = self._key(user, password)
-        with self._lock:
-            ok = self._cache.get(key)
-            if ok is not None:
-                self._cache.move_to_end(key)
-                return ok
+        raw = password.encode("utf-8", "surrogatepass")[:BCRYPT_MAX_BYTES]
         with self._bcrypt_lock:
             self.bcrypt_calls += 1
             try:
-                ok = self._bcrypt.checkpw(password.encode("utf-8", "surrogatepass"), hashed) and known
-            except ValueError:
+                ok = self._bcrypt.checkpw(raw, hashed) and known
+            except ValueError as e:
                 ok = False
+                if not self._warned:
+                    self._warned = True
+                    log.warning("basic auth: bcrypt refused a check (answered 401): %s", e)
         with self._lock:
-            self._cache[key] = ok
-            self._cache.move_to_end(key)
-            while len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
+            cache = self._good if ok else self._bad
+            cache[key] = None
+            cache.move_to_end(key)
+            while len(cache) > self.cache_size:
+                cache.popitem(last=False)
         return ok
 
     @property
     def cached(self) -> int:
-        return len(self._cache)
+        return len(self._good) + len(self._bad)
 
 
 def parse_basic(header: str | None) -> tuple[str, str] | None:
@@ -150,23 +199,16 @@ class WebConfig:
         except Exception as e:  # noqa: BLE001 - a broken new file never stops the listener
             log.error("%s changed but cannot be used, still serving the previous one: %s", self.file, e)
             return f"kept: {e}"
-        if (new.tls is None) != (self.tls is None) or (
-                new.tls is not None and new.tls.client_auth_type != self.tls.client_auth_type):
-            log.error("%s: turning TLS on or off, or a new client_auth_type, needs a restart", self.file)
+        if (new.tls is None) != (self.tls is None):
+            log.error("%s: turning TLS on or off needs a restart, still serving the previous config", self.file)
             return "kept: needs a restart"
-        if new.tls is not None and self._context is not None:
-            try:
-                self._context.load_cert_chain(new.tls.cert_file, new.tls.key_file)
-                if new.tls.client_ca_file:
-                    self._context.load_verify_locations(cafile=new.tls.client_ca_file)
-            except (ssl.SSLError, OSError) as e:   # changed again between the check and now
-                log.error("%s: the new certificate did not load, still serving the previous one: %s", self.file, e)
-                return f"kept: {e}"
-            self.tls = new.tls
+        # a new context, built from the new file alone (certificate, client CA, versions, client
+        # auth): taken by the next connection; nothing of the old one carries over
+        self.tls, self._context = new.tls, new._context
         self.auth, self.headers = new.auth, new.headers
         self.stamps = new.stamps or self.stamps
         self.reloads += 1
-        log.warning("%s: reloaded (certificate, users and headers)", self.file)
+        log.warning("%s: reloaded (certificate, client CA, TLS versions, users, headers)", self.file)
         return "reloaded"
 
     @property
@@ -174,14 +216,20 @@ class WebConfig:
         return "https" if self.tls is not None else "http"
 
     def ssl_context(self) -> ssl.SSLContext | None:
+        """The context for a new connection: the latest loaded (ask again for each connection)."""
         return self._context
 
     def authorized(self, header: str | None) -> bool:
         return self.auth is None or self.auth.check(header)
 
     def quick(self, header: str | None) -> bool:
-        """Whether ``authorized(header)`` answers without running bcrypt."""
-        return self.auth is None or self.auth.quick(header)
+        """Whether ``authorized(header)`` would answer without running bcrypt."""
+        return self.lookup(header) is not None
+
+    def lookup(self, header: str | None) -> bool | None:
+        """``authorized(header)`` if known without bcrypt (no auth, malformed, cached), else None."""
+        auth = self.auth
+        return True if auth is None else auth.lookup(header)
 
     def cert_and_key(self) -> tuple[str, str] | None:
         """The certificate and key paths (resolved), for servers that take files (werkzeug)."""

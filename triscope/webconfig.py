@@ -13,8 +13,9 @@ Prometheus exporter-toolkit (node_exporter, Prometheus itself), so one file and 
       headers:
         Strict-Transport-Security: max-age=31536000
 
-The file is read once at start (``load``) by the project's YAML loader and pydantic models, so a
-mistake is one line, ``FILE:LINE: field: what is wrong``, before anything listens.  What it gives
+The file is read at start (``load``) by the project's YAML loader and pydantic models, so a
+mistake is one line, ``FILE:LINE: field: what is wrong``, before anything listens; the agent and
+the webhook read it again when it changes (``WebConfig.refresh``).  What it gives
 is a ``triscope.webauth.WebConfig``: ``ssl_context()`` for the listener (the certificate pair, the
 client CA and the minimum version already loaded and checked) and ``BasicAuth``.  The models here
 need pydantic; what a listener holds at run time (``triscope.webauth``) does not.
@@ -23,10 +24,12 @@ need pydantic; what a listener holds at run time (``triscope.webauth``) does not
 does: a verified (user, hash, password) is cached, so Prometheus scraping every 15 s pays bcrypt
 (tens of milliseconds at cost 10) once, not per scrape; the cache is bounded (``CACHE_SIZE``
 entries, least recently used dropped), keyed by a SHA-256 of the three (no password is kept in
-memory as given), and remembers failures too, so a client repeating a wrong password costs nothing
-either.  An unknown user is compared against a dummy hash, so a probe cannot tell users apart by
-time; bcrypt itself runs one at a time (a lock), as in exporter-toolkit.  A changed file, certificate
-or key is picked up while running (``WebConfig.refresh``, every 15 s).
+memory as given), and remembers failures too (in a cache of their own, so a spray of wrong
+passwords never pushes the right one out), so a client repeating a wrong password costs nothing
+either.  An unknown user is compared against a dummy hash of the highest configured cost, so a
+probe cannot tell users apart by time; bcrypt itself runs one at a time (a lock), as in
+exporter-toolkit.  A password is cut at 72 bytes, as htpasswd and Go's bcrypt do.  A changed file,
+certificate, key or CA is picked up while running (``WebConfig.refresh``, every 15 s).
 
 Differences from exporter-toolkit, all refused with a clear error rather than silently changed:
 ``RequestClientCert`` and ``RequireAnyClientCert`` (asking for a certificate without verifying it:
@@ -53,7 +56,7 @@ from triscope.webauth import BasicAuth, WebConfig
 log = logging.getLogger(__name__)
 
 FLAG = "--web.config.file"
-_BCRYPT = re.compile(r"^\$2[aby]?\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}$")
+_BCRYPT = re.compile(r"^\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}$")
 # the headers exporter-toolkit lets a web config set on every answer
 ALLOWED_HEADERS = ("Strict-Transport-Security", "X-Content-Type-Options", "X-Frame-Options", "X-XSS-Protection",
                    "Content-Security-Policy")
@@ -133,6 +136,9 @@ class WebConfigFile(ConfigModel):
         for user, hashed in (v or {}).items():
             if not user or ":" in user or any(not c.isprintable() for c in user):
                 raise problem("a user name must be non-empty, printable, without ':'", user)
+            if hashed.startswith("$2$"):
+                raise problem("a $2$ hash (the first bcrypt version) cannot be checked here: make it again "
+                              "with htpasswd -nBC 10 USER ($2y$) or Python's bcrypt ($2b$)", user)
             if not _BCRYPT.match(hashed):
                 raise problem("must be a bcrypt hash ($2y$10$... , 60 characters; e.g. htpasswd -nBC 10 USER), "
                               "not a password", user)
