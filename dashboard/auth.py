@@ -3,7 +3,8 @@ proxy's user header, trusted only from the proxy's own addresses.
 
 * ``TRISCOPE_DASHBOARD_PASSWORD`` (user ``TRISCOPE_DASHBOARD_USER``, default ``triscope``): every
   request needs ``Authorization: Basic``.
-* ``TRISCOPE_DASHBOARD_TRUSTED_PROXIES`` (``10.0.0.0/8,127.0.0.1``: addresses and CIDRs) and
+* ``TRISCOPE_DASHBOARD_TRUSTED_PROXIES`` (``127.0.0.1`` for a proxy sidecar: addresses and CIDRs;
+  ``0.0.0.0/0`` and ``::/0`` are refused, they would trust every client) and
   ``TRISCOPE_DASHBOARD_PROXY_USER_HEADER`` (default ``X-Forwarded-User``): a request whose TCP peer
   is one of those addresses and that carries the header is the header's user.  The same header
   from any other address is ignored: such a request needs the password, or gets 401.  The peer is
@@ -15,12 +16,13 @@ proxy's user header, trusted only from the proxy's own addresses.
 
 from __future__ import annotations
 
-import base64
 import hmac
 import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from triscope.webauth import parse_basic
 
 HEALTH_PATH = "/healthz"
 DEFAULT_USER_HEADER = "X-Forwarded-User"
@@ -28,12 +30,10 @@ _Net = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 def _check(header: str | None, username: str, password: str) -> bool:
-    if not header or not header.lower().startswith("basic "):
+    creds = parse_basic(header)   # the agent's parser: one reading of Authorization: Basic
+    if creds is None:
         return False
-    try:
-        user, _, pw = base64.b64decode(header[6:].strip()).decode("utf-8").partition(":")
-    except (ValueError, UnicodeDecodeError):
-        return False
+    user, pw = creds
     # compare both, always, in constant time
     ok_user = hmac.compare_digest(user.encode(), username.encode())
     ok_pw = hmac.compare_digest(pw.encode(), password.encode())
@@ -57,6 +57,9 @@ class ProxyTrust:
                 nets.append(ipaddress.ip_network(item, strict=False))
             except ValueError:
                 raise ValueError(f"{item!r} is not an IP address or CIDR") from None
+            if nets[-1].prefixlen == 0:
+                raise ValueError(f"{item!r} trusts every address: any client could send the user header and be "
+                                 "that user; name the proxy's own addresses (127.0.0.1 for a sidecar)")
         if not nets:
             raise ValueError("no proxy address given")
         name = (header or DEFAULT_USER_HEADER).strip()

@@ -159,3 +159,28 @@ def test_gunicorn_with_certfile_and_trusted_proxies(seeded_url: str, certs: Cert
     finally:
         p.terminate()
         p.wait(20)
+
+
+# ---------------------------------------------------------------------------------------------- dashboard proxies
+@pytest.mark.parametrize("everything", ["0.0.0.0/0", "::/0", "127.0.0.1, 0.0.0.0/0"])
+def test_trusting_every_address_is_refused(everything: str) -> None:
+    from triscope.dashboard.app import DashboardConfigError, proxy_trust
+    from triscope.dashboard.auth import ProxyTrust
+
+    with pytest.raises(ValueError, match="trusts every address"):
+        ProxyTrust.parse(everything)
+    with pytest.raises(DashboardConfigError, match="trusts every address"):
+        proxy_trust(everything)
+    assert ProxyTrust.parse("127.0.0.1").trusts("127.0.0.1")
+
+
+def test_dashboard_password_uses_the_shared_parser() -> None:
+    from triscope.dashboard.auth import _check
+
+    def _basic(user: str, password: str) -> str:
+        return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+    assert _check(_basic("triscope", "pw:with:colons"), "triscope", "pw:with:colons")
+    assert not _check(_basic("triscope", "other"), "triscope", "pw")
+    assert not _check("Basic !!!", "triscope", "pw") and not _check(None, "triscope", "pw")
+    assert not _check("basic  " + base64.b64encode(b"no-colon").decode(), "triscope", "no-colon")
