@@ -223,3 +223,30 @@ def test_a_2_hash_is_refused_at_load_with_its_line(tmp_path: Path) -> None:
     with pytest.raises(WebConfigError) as e:
         load(cfg)
     assert f"{cfg}:3:" in str(e.value) and "old" in str(e.value) and "$2$" in str(e.value)
+
+
+def test_a_tls_client_refused_at_capacity_gets_its_503_over_tls(tmp_path: Path) -> None:
+    """TLS starts per connection (for the reloaded context): a refusal still speaks TLS."""
+    from triscope.httpd import Limits
+
+    c = make_certs(tmp_path / "c")
+    cfg = tmp_path / "web.yml"
+    _touch_later(cfg, f"tls_server_config:\n  cert_file: {c.cert}\n  key_file: {c.key}\n")
+    web = load(cfg)
+    srv = HttpServer(("127.0.0.1", 0), lambda req: Response.text(200, "ok"), limits=Limits(max_connections=1),
+                     ssl_context=web.ssl_context).start()
+    port = srv.server_address[1]
+    try:
+        import socket
+
+        with c.client_context().wrap_socket(socket.create_connection(("127.0.0.1", port), 5),
+                                            server_hostname="127.0.0.1") as busy:
+            busy.sendall(b"GET / HTTP/1.1\r\n")   # a request under way: not idle, not evicted
+            time.sleep(0.2)
+            assert _scrape(port, c.client_context()) == 503
+        deadline = time.monotonic() + 5
+        while srv.connections and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _scrape(port, c.client_context()) == 200
+    finally:
+        srv.shutdown()

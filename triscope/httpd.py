@@ -225,6 +225,10 @@ class HttpServer:
         if len(self._conns) >= self.limits.max_connections and not self._evict_idle():
             self.refused += 1
             with contextlib.suppress(Exception):
+                if self.ssl_context is not None:   # the 503 goes over TLS, as every answer does
+                    ctx = self.ssl_context() if callable(self.ssl_context) else self.ssl_context
+                    assert ctx is not None
+                    await writer.start_tls(ctx, ssl_handshake_timeout=1.0)
                 writer.write(_head(503, "text/plain; charset=utf-8", 0, close=True,
                                    extra=[("Retry-After", "1")]))
                 await asyncio.wait_for(writer.drain(), 1.0)
@@ -240,8 +244,7 @@ class HttpServer:
         try:
             if self.ssl_context is not None:
                 ctx = self.ssl_context() if callable(self.ssl_context) else self.ssl_context
-                if ctx is None:
-                    return
+                assert ctx is not None
                 await writer.start_tls(ctx, ssl_handshake_timeout=self.limits.header_timeout)
             await self._serve(conn, reader, writer)
         except (asyncio.CancelledError, ConnectionError, asyncio.IncompleteReadError, ssl.SSLError, OSError):
