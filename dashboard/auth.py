@@ -49,7 +49,7 @@ class ProxyTrust:
 
     @classmethod
     def parse(cls, addresses: str | Sequence[str], header: str | None = None) -> ProxyTrust:
-        """``"10.0.0.0/8, 127.0.0.1"`` (or a list); ValueError naming the bad entry."""
+        """``"127.0.0.1, ::1"`` (or a list); ValueError naming the bad entry (or trusting every address)."""
         items = [a.strip() for a in (addresses.split(",") if isinstance(addresses, str) else addresses)]
         nets = []
         for item in filter(None, items):

@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trusted-proxies", metavar="CIDRS", default=None,
                    help="addresses or CIDRs of an authenticating proxy (oauth2-proxy), comma-separated: a request "
                         "from one of them carrying the user header is that user; the header from anywhere else "
-                        "is ignored (default $TRISCOPE_DASHBOARD_TRUSTED_PROXIES)")
+                        "is ignored; 127.0.0.1 for a sidecar, 0.0.0.0/0 refused (default $TRISCOPE_DASHBOARD_TRUSTED_PROXIES)")
     p.add_argument("--proxy-user-header", metavar="NAME", default=None,
                    help="the proxy's user header (default $TRISCOPE_DASHBOARD_PROXY_USER_HEADER or X-Forwarded-User)")
     p.add_argument("--trust-proxy-auth", action="store_true", help=argparse.SUPPRESS)   # refused: see OLD_PROXY_SETTING
