@@ -100,6 +100,19 @@ def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'triscope.db'}"
 
 
+@pytest.fixture
+def seeded_url(sqlite_url: str) -> str:
+    """A SQLite store with the dashboard's demo seed (one cycle of 30 s phases, ending now)."""
+    from triscope.dashboard.seed import seed_demo
+    from triscope.store import Store
+
+    st = Store.open(sqlite_url)
+    st.upgrade()
+    seed_demo(st, time.time(), phase_s=30, cycles=1)
+    st.close()
+    return sqlite_url
+
+
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """Run the test on SQLite and on the real PostgreSQL server."""

@@ -109,14 +109,7 @@ def test_prometheus_scrapes_the_agent_over_tls_with_basic_auth(tmp_path: Path) -
         assert (r.status, r.getheader("WWW-Authenticate")) == (401, "Basic") and b"triscope_" not in r.read()
         conn.close()
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        _stop(procs)
 
 
 def test_alertmanager_posts_to_the_webhook_over_tls(tmp_path: Path) -> None:
@@ -176,11 +169,15 @@ def test_alertmanager_posts_to_the_webhook_over_tls(tmp_path: Path) -> None:
             st.close()
         assert [r.outcome for r in rows] == ["acted"]
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        _stop(procs)
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

@@ -36,18 +36,6 @@ def _get(url: str, auth: tuple[str, str] | None = None, timeout: float = 20) -> 
         return e.code, e.read()
 
 
-@pytest.fixture
-def seeded_url(sqlite_url: str) -> str:
-    from triscope.dashboard.seed import seed_demo
-    from triscope.store import Store
-
-    st = Store.open(sqlite_url)
-    st.upgrade()
-    seed_demo(st, time.time(), phase_s=30, cycles=1)
-    st.close()
-    return sqlite_url
-
-
 def test_check_bind() -> None:
     from triscope.dashboard.app import DashboardConfigError, check_bind, is_loopback
 

@@ -28,18 +28,6 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
     return make_certs(tmp_path_factory.mktemp("certs"))
 
 
-@pytest.fixture
-def seeded_url(sqlite_url: str) -> str:
-    from triscope.dashboard.seed import seed_demo
-    from triscope.store import Store
-
-    st = Store.open(sqlite_url)
-    st.upgrade()
-    seed_demo(st, time.time(), phase_s=30, cycles=1)
-    st.close()
-    return sqlite_url
-
-
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRISCOPE_DASHBOARD_")}
     env.update(extra)
