@@ -37,6 +37,16 @@ if ((${#missing[@]})); then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# POSIX shared memory as every Debian system has it (/dev/shm, a tmpfs with mode 1777): a chroot or a
+# minimal container may lack it, and Patroni's semaphores (the HA store tests, run as postgres) need it.
+if [[ $(id -u) -eq 0 ]] && command -v mountpoint >/dev/null; then
+  if ! mountpoint -q /dev/shm; then
+    mkdir -p /dev/shm
+    mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /dev/shm && echo "setup: mounted a tmpfs on /dev/shm" >&2 || true
+  fi
+  [[ $(stat -c %a /dev/shm 2>/dev/null) == 1777 ]] || chmod 1777 /dev/shm || true
+fi
+
 # The Debian services must not hold the ports our tests use: they run their own instances.
 if [[ $(id -u) -eq 0 ]]; then
   for svc in prometheus prometheus-alertmanager prometheus-node-exporter; do

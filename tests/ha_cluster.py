@@ -67,11 +67,27 @@ class HACluster:
         if os.geteuid() == 0:
             shutil.chown(self.dir, "postgres", "postgres")
             self.as_user = ["runuser", "-u", "postgres", "--"]
+        why = self.semaphores_refused()
+        if why:
+            raise RuntimeError(why)
         self.etcd_port, self.etcd_peer = free_port(), free_port()
         self.ttl, self.loop_wait, self.retry_timeout = ttl, loop_wait, retry_timeout
         self.nodes = [Node(f"pg{i}", free_port(), free_port(), self.dir / f"pg{i}" / "data",
                            self.dir / f"pg{i}.log") for i in range(nodes)]
         self.etcd: subprocess.Popen[bytes] | None = None
+
+    def semaphores_refused(self) -> str | None:
+        """Patroni's thread pools take POSIX semaphores (/dev/shm) as the user it runs as; a chroot or a
+        minimal container whose /dev/shm is not a world-writable tmpfs refuses them, and Patroni then
+        fails every failover with a PermissionError: say so at once instead."""
+        r = subprocess.run(self.as_user + ["/usr/bin/python3", "-c", "import multiprocessing as m; m.Lock()"],
+                           capture_output=True, text=True, timeout=30, cwd=self.dir)
+        if r.returncode == 0:
+            return None
+        mode = oct(os.stat("/dev/shm").st_mode & 0o7777) if os.path.isdir("/dev/shm") else "missing"
+        return (f"POSIX semaphores are refused to {'postgres' if self.as_user else 'this user'} (/dev/shm: {mode}, "
+                f"needs a tmpfs with mode 1777; scripts/setup-system.sh, run by make test as root, mounts one): "
+                f"{r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}")
 
     # ------------------------------------------------------------------ start / stop
     def _popen(self, cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
