@@ -171,9 +171,10 @@ def cmd_agent(args: argparse.Namespace) -> int:
     if args.duration < 0:
         raise UserError("--duration must be >= 0")
     cfg = build_config(args, listen)
-    from triscope.webconfig import load_for_cli
+    if args.web_config_file:   # pydantic and the web config's models only when asked (~4 MB of RSS)
+        from triscope.webconfig import load_for_cli
 
-    cfg.web = load_for_cli(args.web_config_file)   # a bad file is one line, before the store is touched
+        cfg.web = load_for_cli(args.web_config_file)   # a bad file is one line, before the store is touched
     logging.getLogger("triscope.agent").setLevel(logging.INFO)
     if cfg.huge_pages:   # before the agent starts any thread: the code is swapped while nothing else runs
         from triscope.agent import hugepages
