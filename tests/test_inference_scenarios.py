@@ -50,9 +50,10 @@ def test_table_covers_the_issue_and_uses_known_states_and_causes():
 def test_short_run_writes_the_timeline(tmp_path):
     timeline = tmp_path / "timeline.jsonl"
     only = ["healthy_low", "one_core", "pin_churn", "net_drop", "neighbour_copy"]
+    env = {k: v for k, v in ENV.items() if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     p = subprocess.run([sys.executable, "-m", "examples.inference.scenarios", "--short", "--timeline", str(timeline),
                         "--only", ",".join(only), "--server-arg=--net-tool=off"],
-                       cwd=REPO, env=ENV, capture_output=True, text=True, timeout=240)
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert p.returncode == 0, p.stderr[-3000:]
     assert json.loads(p.stdout.strip().splitlines()[-1]) == {"scenarios": 5, "lines": 11, "timeline": str(timeline)}
     lines = [json.loads(x) for x in timeline.read_text().splitlines()]
@@ -91,6 +92,11 @@ def test_short_run_writes_the_timeline(tmp_path):
     log_b = (tmp_path / "inference-b.log").read_text()
     assert '"source": "admin"' in log_b and '"noisy_neighbour": "copy"' in log_b
     assert '{"neighbour": "start"' in log_b and '{"neighbour": "stop"' in log_b
+    # each service runs one BLAS thread per preprocessing worker (its ready line says so)
+    for name in ("inference-a", "inference-b"):
+        ready = next(json.loads(x) for x in (tmp_path / f"{name}.log").read_text().splitlines()
+                     if x.startswith('{"event": "ready"'))
+        assert ready["blas_threads"] == {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
 
 
 def test_command_line_refuses_a_short_hold_and_unknown_scenarios(tmp_path):
@@ -107,3 +113,16 @@ def test_command_line_refuses_a_short_hold_and_unknown_scenarios(tmp_path):
                        capture_output=True, text=True, timeout=60)
     names = [json.loads(x)["scenario"] for x in p.stdout.splitlines()]
     assert names == [s.name for s in SCENARIOS]
+
+
+def test_prep_cost_measures_the_preprocessing_cpu():
+    """``calibrate --prep``: the server's own preprocessing at a set rate on worker threads, and its CPU."""
+    env = dict(ENV, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, "-m", "examples.inference.calibrate", "--prep", "--seconds", "1.5",
+                        "--rate", "10", "--workers", "2"], cwd=REPO, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["requests"] == 15 and out["workers"] == 2 and out["wall_s"] >= 1.5
+    assert out["cores"] > 0 and out["cpu_ms_per_request"] > 0.5   # a JPEG decode alone costs milliseconds
+    assert out["blas_threads"] == {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}

@@ -88,8 +88,8 @@ SCENARIOS: tuple[Scenario, ...] = (
              Expect(("staging-bound",), "dma_mapping", True,
                     "cudaHostRegister/Unregister per batch: the dma:dma_map_* rate jumps from ~0 "
                     "(DMA maps fire when memory is pinned, not per copy)"), HEALTHY_LOW),
-    Scenario("pcie_saturation", "b: large pinned batches at the link's limit (2 GiB more per batch)",
-             {"upload_mib": 2048, "batch_size": 64}, "light", "full",
+    Scenario("pcie_saturation", "b: large pinned batches at the link's limit (4 GiB more per batch)",
+             {"upload_mib": 4096, "batch_size": 64}, "light", "full",
              Expect(("io-saturated",), "pcie_load", True,
                     "H2D near ~55-60 GB/s, the link's ceiling, the SMs mostly idle"), HEALTHY_LOW),
     Scenario("net_drop", "b drops 5 % of its port's packets", {"net_drop": 0.05}, "light", "full",
@@ -166,6 +166,12 @@ class Instance:
                "--gpu", str(gpu), "--workload", self.workload, "--knobs-file", str(self.knobs_file), *extra]
         env = dict(os.environ)
         env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        # One BLAS thread per preprocessing worker (unless the caller says otherwise), as a service on a shared
+        # host is deployed: numpy's OpenBLAS pool is as wide as the host and its threads spin after every call
+        # (the log-mel's matrix product), so each instance burned 1.7-2.5 cores at 4 requests/s and 6.5-7.6 at
+        # 20/s in the second session's recordings, the host's 16 cores full with no fault at all.
+        for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            env.setdefault(var, "1")
         self.log_path = workdir / f"{self.workload}.log"
         self._log = self.log_path.open("ab")
         self.proc = subprocess.Popen(cmd, cwd=str(REPO), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

@@ -509,6 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, _stop)
     print(json.dumps({"event": "ready", "url": srv.url, "pid": os.getpid(), "backend": svc.backend.info(),
                       "workload": args.workload, "knobs": svc.store.knobs.as_dict(),
+                      "blas_threads": {v: os.environ.get(v) for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")},
                       "net_fault": {"method": svc.netfault.method if svc.netfault else "off",
                                     "available": bool(svc.netfault and svc.netfault.available),
                                     "reason": svc.netfault.reason() if svc.netfault else "switched off"}}),
