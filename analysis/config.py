@@ -73,8 +73,17 @@ class MismatchThresholds:
     slowest pageable copy measured on the H200 host ran at 8.6-9.9 % of the link (4.8-5.5 GB/s,
     the recorded trace; 23 GB/s when the copy loop does nothing else), a lightly loaded serving
     GPU (2.5 GB/s on Gen5 x16) at 4.2-4.7 %: 0.06 (3.2 GB/s on Gen5 x16) lies between them.  With
-    per-workload series this floor is not used: the feeders and the CPU wait say whether the host
-    is the limit."""
+    per-workload series the floor alone is not evidence: it counts when a workload on the
+    accelerator also keeps ``host_copy_cores`` busy (the host doing the copies' work)."""
+    host_copy_cores: float = 1.0
+    """With per-workload series: a starved accelerator whose link carries between
+    ``staging_link_floor`` and ``io_saturated_link`` of its ceiling while one of its workloads keeps
+    at least this many cores busy (``triscope_workload_cpu_seconds_total`` per second) is fed by
+    host copies.  A pageable copy is the CPU's work: the driver copies every byte into its pinned
+    staging buffers, on whichever thread issued the copy, so no single thread need be pegged.  On
+    the H200 host, a service copying 512 MiB per batch from pageable memory kept 1.24-1.43 cores
+    busy with the link at 12-14 % (four threads taking turns, none above 0.45 of a core); the same
+    service healthy at 20 requests/s used 0.5-0.7 cores and 0.1 % of the link.  0 switches it off."""
     cpu_busy: float = 0.50
     """Host CPU busy (all CPUs) at or above this is host staging evidence (recordings without
     per-workload evidence; with the link moving data).  Node-wide, so weak on a many-core host:

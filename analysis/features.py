@@ -45,8 +45,9 @@ WORKLOAD_SM = "triscope_workload_sm_ratio"
 WORKLOAD_FEEDER = "triscope_workload_feeder_busy_ratio"
 WORKLOAD_CPU_WAIT = "triscope_workload_cpu_wait_ratio"
 WORKLOAD_CPU_PRESSURE = "triscope_workload_cpu_pressure_ratio"
+WORKLOAD_CPU = "triscope_workload_cpu_seconds_total"       # a counter: read as cores (CPU seconds per second)
 WORKLOAD_METRICS = (WORKLOAD_INFO, WORKLOAD_PROCESSES, WORKLOAD_SM, WORKLOAD_FEEDER, WORKLOAD_CPU_WAIT,
-                    WORKLOAD_CPU_PRESSURE)
+                    WORKLOAD_CPU_PRESSURE, WORKLOAD_CPU)
 INPUT_METRICS = (GPU_BUSY, NPU_BUSY, PCIE_RX, PCIE_TX, CPU_BUSY, PRESSURE, DMA_MAPS, RETRANSMITS,
                  *LINK_CAPACITY, *LINK_SPEED, *LINK_WIDTH, *WORKLOAD_METRICS)
 ACCELERATOR_LABELS = ("chip", "gpu", "npu")              # sorted: label_name order
@@ -89,6 +90,8 @@ class AcceleratorFeatures:
     workloads: int = 0                      # workloads seen on the accelerator in the window
     # each workload's own window means: (key, feeder busy, CPU wait, cgroup CPU pressure); None: no series
     per_workload: list[tuple[WorkloadKey, float | None, float | None, float | None]] = field(default_factory=list)
+    # each workload's cores (CPU seconds per second of its processes, window mean); empty: no series
+    workload_cores: dict[WorkloadKey, float] = field(default_factory=dict)
 
     @property
     def has_workload_evidence(self) -> bool:
@@ -132,6 +135,7 @@ class WorkloadWindow:
     feeder: Sequence[float] = ()            # triscope_workload_feeder_busy_ratio
     cpu_wait: Sequence[float] = ()          # triscope_workload_cpu_wait_ratio
     cpu_pressure: Sequence[float] = ()      # triscope_workload_cpu_pressure_ratio
+    cores: Sequence[float] = ()             # triscope_workload_cpu_seconds_total, per second
 
 
 @dataclass(slots=True)
@@ -244,6 +248,7 @@ def window_features(values: WindowValues) -> WindowFeatures:
             f.workload = dominant_workload(ws)
             f.workloads = len(ws)
             f.per_workload = [(w.key, mean(w.feeder), mean(w.cpu_wait), mean(w.cpu_pressure)) for w in ws]
+            f.workload_cores = {w.key: c for w in ws if (c := mean(w.cores)) is not None}
         accs.append(f)
     return WindowFeatures(accs, cpu_busy=mean(values.cpu_busy), pressure=_highest_mean(values.pressure),
                           dma_map_rate=node_dma, retransmit_rate=_summed_means(values.retransmit_rates))

@@ -57,6 +57,7 @@ from triscope.analysis.features import (  # noqa: F401 - the detector's names, r
     PCIE_TX,
     PRESSURE,
     RETRANSMITS,
+    WORKLOAD_CPU,
     WORKLOAD_CPU_PRESSURE,
     WORKLOAD_CPU_WAIT,
     WORKLOAD_FEEDER,
@@ -181,7 +182,7 @@ def _cut_last(sp: SeriesPoints, start: float, w: float, n: int
 
 
 _WORKLOAD_FIELD = {WORKLOAD_SM: "sm", WORKLOAD_PROCESSES: "processes", WORKLOAD_FEEDER: "feeder",
-                   WORKLOAD_CPU_WAIT: "cpu_wait", WORKLOAD_CPU_PRESSURE: "cpu_pressure"}
+                   WORKLOAD_CPU_WAIT: "cpu_wait", WORKLOAD_CPU_PRESSURE: "cpu_pressure", WORKLOAD_CPU: "cores"}
 
 
 def _workload_windows(series: Sequence[SeriesPoints], start: float, w: float, n: int

@@ -9,7 +9,7 @@ mismatch detector uses for it (``MismatchThresholds``), as a strength (1 = at th
 | cause | figure | threshold |
 | --- | --- | --- |
 | ``pcie_load`` | link utilisation (typical tick: upper median), busier direction, of the effective ceiling | ``io_saturated_link`` |
-| ``host_staging`` | host CPU busy; PSI cpu some; the workload's feeder thread busy, its run-queue wait, its cgroup's CPU pressure (means); the pageable signature (typical tick: accelerator starved, link between ``staging_link_floor`` and saturation, no pin churn; only without per-workload feeder series, as the detector) | ``cpu_busy``, ``cpu_pressure``, ``feeder_busy``, ``cpu_wait``, ``workload_cpu_pressure``; the signature counts 1 |
+| ``host_staging`` | host CPU busy; PSI cpu some; the workload's feeder thread busy, its run-queue wait, its cgroup's CPU pressure (means); the pageable signature (typical tick: accelerator starved, link between ``staging_link_floor`` and saturation, no pin churn; with per-workload series only while a workload keeps ``host_copy_cores`` busy, as the detector) | ``cpu_busy``, ``cpu_pressure``, ``feeder_busy``, ``cpu_wait``, ``workload_cpu_pressure``; the signature counts 1 |
 | ``dma_mapping`` | DMA maps/s on the accelerators' own devices (pin churn); the pageable signature when pin churn explains it | ``pin_churn_rate`` |
 | ``network`` | TCP retransmits/s | ``retransmit_rate`` |
 | ``host_memory`` / ``host_io`` | PSI memory / io some | ``cpu_pressure`` |
@@ -58,6 +58,7 @@ FEEDER_BUSY = 0.9          # defaults where MismatchThresholds has no such field
 CPU_WAIT = 0.20
 FEEDER = "triscope_workload_feeder_busy_ratio"
 WAIT = "triscope_workload_cpu_wait_ratio"
+WORKLOAD_CPU = "triscope_workload_cpu_seconds_total"    # read as a rate: cores
 WL_PRESSURE = "triscope_workload_cpu_pressure_ratio"
 
 
@@ -211,10 +212,16 @@ def figures(ctx: EvidenceContext, acc: str, a: float, b: float) -> dict[str, lis
     starved = busy is not None and busy < th.starved_busy
     feeders = any(_mine(sp, acc, ctx) for m in (FEEDER, WAIT) for sp in ctx.by_metric.get(m, ()))
     floor = getattr(th, "staging_link_floor", th.idle_link)
-    if starved and not feeders and util is not None and floor <= util[0] < th.io_saturated_link:
+    copy_cores = getattr(th, "host_copy_cores", 0.0)
+    cores = [m for sp in ctx.by_metric.get(WORKLOAD_CPU, ()) if _mine(sp, acc, ctx)
+             for m in [_mean(sp, a, b)] if m is not None]
+    # with per-workload series the signature also needs a workload doing the copies' CPU work (as the detector)
+    fed = not feeders or (copy_cores > 0 and bool(cores) and max(cores) >= copy_cores)
+    if starved and fed and util is not None and floor <= util[0] < th.io_saturated_link:
         where = "dma_mapping" if churn else "host_staging"
+        by = f", a workload keeping {max(cores):.2f} cores busy" if feeders else ""
         add(where, "pageable_signature", util[0], th.io_saturated_link,
-            f"accelerator starved (busy {busy:.0%}) while the link carries only {util[0]:.0%} of its ceiling: "
+            f"accelerator starved (busy {busy:.0%}) while the link carries only {util[0]:.0%} of its ceiling{by}: "
             + ("pinning host memory per transfer" if churn else "the host stages the copies (pageable memory)"),
             strength=1.0)
 

@@ -9,7 +9,8 @@ States (docs/workloads.md section 2):
   ``io-saturated`` (link near its ceiling), ``network-bound`` (TCP retransmits), ``staging-bound``
   (the host limits it, with the link moving data).  Staging evidence comes from the accelerator's
   workloads when the agent publishes them (a pegged feeder thread, run-queue wait, cgroup CPU
-  pressure, pin churn on the accelerator's own device), else, for older recordings, from the link's
+  pressure, pin churn on the accelerator's own device, a workload keeping ``host_copy_cores`` busy
+  while the link carries more than ``staging_link_floor``), else, for older recordings, from the link's
   utilisation (above ``staging_link_floor``: a pageable copy), node CPU busy, node PSI and pin
   churn.  Without evidence a starved accelerator is ``idle`` (nothing runs: quiet link, busy below
   ``idle_busy``) or ``demand-limited`` (its workload is not asking for more).
@@ -110,8 +111,14 @@ def _staging(acc: AcceleratorFeatures, f: WindowFeatures, th: MismatchThresholds
         if acc.cpu_pressure is not None and wpsi >= th.workload_cpu_pressure:
             found.append(f"CPU pressure of {workload_text(acc.cpu_pressure_of)}'s cgroup {_pct(wpsi)} "
                          f"(>= {_pct(th.workload_cpu_pressure)})")
+        cores, cores_of = _copy_feeder(acc, th, u)
+        if cores_of is not None:
+            found.append(f"copies fed by the host: link at {_pct(u or 0.0)} of its ceiling (>= "
+                         f"{_pct(th.staging_link_floor)}) while {workload_text(cores_of)} keeps {cores:.2f} cores busy "
+                         f"(>= {th.host_copy_cores:g})")
         strength = max(ratio(feeder, th.feeder_busy), ratio(wait, th.cpu_wait),
-                       ratio(wpsi, th.workload_cpu_pressure), ratio(dma, th.pin_churn_rate))
+                       ratio(wpsi, th.workload_cpu_pressure), ratio(dma, th.pin_churn_rate),
+                       ratio(cores, th.host_copy_cores) if cores_of is not None else 0.0)
         floor = False
     else:   # a recording without per-workload evidence: the link, the node's CPU and PSI
         cpu, psi = f.cpu_busy or 0.0, f.pressure or 0.0
@@ -141,6 +148,22 @@ def _staging(acc: AcceleratorFeatures, f: WindowFeatures, th: MismatchThresholds
     if found:   # the host is busy but the link is quiet: it is not feeding this accelerator
         reasons += found + [f"but the link is quiet ({_pct(u or 0.0)} < {_pct(th.idle_link)})"]
     return False, strength, reasons
+
+
+def _copy_feeders(acc: AcceleratorFeatures, th: MismatchThresholds, u: float | None
+                  ) -> list[tuple[float, WorkloadKey]]:
+    """The workloads that keep ``host_copy_cores`` busy while the link carries between
+    ``staging_link_floor`` and ``io_saturated_link`` of its ceiling (busiest first); none when the
+    link is outside that band or the threshold is off."""
+    if u is None or th.host_copy_cores <= 0 or not th.staging_link_floor <= u < th.io_saturated_link:
+        return []
+    return sorted(((c, k) for k, c in acc.workload_cores.items() if c >= th.host_copy_cores), reverse=True)
+
+
+def _copy_feeder(acc: AcceleratorFeatures, th: MismatchThresholds, u: float | None
+                 ) -> tuple[float, WorkloadKey | None]:
+    found = _copy_feeders(acc, th, u)
+    return found[0] if found else (0.0, None)
 
 
 def classify_accelerator(acc: AcceleratorFeatures, f: WindowFeatures,
@@ -199,6 +222,8 @@ def accelerator_evidence(acc: AcceleratorFeatures) -> dict[str, Any]:
     if acc.has_workload_evidence or acc.workloads:
         out.update(feeder_busy=_r(acc.feeder_busy), cpu_wait=_r(acc.cpu_wait), cpu_pressure=_r(acc.cpu_pressure),
                    workloads=acc.workloads)
+        if acc.workload_cores:
+            out["workload_cores_max"] = _r(max(acc.workload_cores.values()), 3)
     return out
 
 
@@ -248,6 +273,11 @@ def _named_workload(acc: AcceleratorFeatures, state: str, th: MismatchThresholds
             return NO_WORKLOAD, "host-wide"
         if cands:
             return cands[0][1], "host evidence"
+        feeders = _copy_feeders(acc, th, acc.link_util_typical)
+        if len(feeders) >= 2 and feeders[0][0] < HOST_WIDE_MARGIN * feeders[1][0]:
+            return NO_WORKLOAD, "host-wide"
+        if feeders:
+            return feeders[0][1], "host evidence: its threads feed the copies"
     if state == "io-saturated" and acc.workloads >= 2:
         return _link_workload(acc, th)
     return _workload_of(acc), "SM share"

@@ -161,13 +161,15 @@ def _jittery_two_gpu_ticks(workloads: bool = False) -> list[Tick]:
     """Synthetic phases (plus a network-bound one and a lightly loaded one) on GPU 0 with a second,
     busy GPU, a NIC that maps per packet, PSI, retransmits, and ticks 0.97-1.03 s apart.  With
     ``workloads``: the per-workload series, GPU 0's workload coming and going, two workloads (one
-    pegged by turns) on GPU 1."""
+    pegged by turns) on GPU 1, and a GPU 2 whose workload feeds pageable copies by turns (its
+    ``triscope_workload_cpu_seconds_total``: a rate per tick in the tracker, per point in the store)."""
     rnd = random.Random(11)
     phases = (*H200_PHASES, PhaseShape("net", "network-bound", 0.0, 0.2 * GB, 0.01 * GB, 0.05, 0.0,
                                        retransmits=60.0, psi=0.02), LIGHT_SERVING)
     out: list[Tick] = []
     t = 1_800_000_000.0
-    rx1 = nic = 0.0
+    rx1 = nic = rx2 = 0.0
+    cpu2 = 40_000.0
     for i, (_ts, samples, _ev) in enumerate(h200_phase_ticks(phases=phases, phase_s=25,
                                                              workload=WORKLOAD if workloads else None)):
         t += 1.0 + rnd.uniform(-0.03, 0.03)
@@ -189,6 +191,20 @@ def _jittery_two_gpu_ticks(workloads: bool = False) -> list[Tick]:
                           Sample("triscope_workload_sm_ratio", sm * (0.9 if i % 40 < 30 else 0.1), wl),
                           Sample("triscope_workload_feeder_busy_ratio", feeder, wl),
                           Sample("triscope_workload_cpu_wait_ratio", 0.02, wl)]
+            # GPU 2: the pageable fault measured on the H200 by turns (link 13 %, SM 6 %, no thread
+            # pegged, the service's CPU counter growing 1.3 s per second), then 0.4 cores
+            rx2 += 7.0 * GB
+            cpu2 += 1.3 if i % 60 < 30 else 0.4
+            wl = {"gpu": "2", "namespace": "", "pod": "", "container": "", "workload": "cmd:inference-b"}
+            extra += [Sample("triscope_gpu_sm_active_ratio", 0.06, {"gpu": "2"}),
+                      Sample("triscope_gpu_pcie_rx_bytes_total", rx2, {"gpu": "2"}, "counter"),
+                      Sample("triscope_gpu_info", 1.0, {"gpu": "2", "bus_id": "0000:3b:00.0"}),
+                      Sample("triscope_pcie_link_speed_gts", 32.0, {"device": "0000:3b:00.0", "kind": "current"}),
+                      Sample("triscope_pcie_link_width", 16.0, {"device": "0000:3b:00.0", "kind": "current"}),
+                      Sample("triscope_accelerator_workload_info", 1.0, {**wl, "uuid": "GPU-2"}),
+                      Sample("triscope_workload_feeder_busy_ratio", 0.4, wl),
+                      Sample("triscope_workload_cpu_wait_ratio", 0.0, wl),
+                      Sample("triscope_workload_cpu_seconds_total", cpu2, wl, "counter")]
         out.append(Tick(t, list(samples) + extra))
     return out
 
@@ -228,3 +244,7 @@ def test_exactly_aligned_with_per_workload_series(tmp_path: Path) -> None:
     assert {("gpu=0", "llm-0"), ("gpu=0", ""), ("gpu=1", "a"), ("gpu=1", "b")} <= pods
     states = {(a.accelerator, a.state) for v in verdicts for a in v.accelerators}  # type: ignore[attr-defined]
     assert {("gpu=0", "demand-limited"), ("gpu=0", "staging-bound"), ("gpu=1", "compute-bound")} <= states
+    assert {("gpu=2", "staging-bound"), ("gpu=2", "demand-limited")} <= states
+    named = {a.evidence.get("workload_named_by") for v in verdicts for a in v.accelerators  # type: ignore[attr-defined]
+             if a.accelerator == "gpu=2" and a.state == "staging-bound"}
+    assert named == {"host evidence: its threads feed the copies"}

@@ -16,11 +16,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from triscope.analysis.config import MismatchThresholds, load_thresholds
-from triscope.analysis.features import INPUT_METRICS, WorkloadWindow, dominant_workload
+from triscope.analysis.features import INPUT_METRICS, WorkloadKey, WorkloadWindow, dominant_workload
 from triscope.analysis.mismatch import (
     IO_STATES,
     STATES,
@@ -43,6 +44,7 @@ from triscope.analysis.synthetic import (
     h200_phase_ticks,
     phase_intervals,
 )
+from triscope.analysis.verdict import AcceleratorVerdict
 from triscope.metrics import CATALOGUE
 from triscope.samples import Sample, Tick
 from triscope.store import Store
@@ -63,6 +65,7 @@ class Wl:
     namespace: str = "inference"
     container: str = "server"
     workload: str = ""
+    cores: float | None = None      # CPU seconds per second (None: no triscope_workload_cpu_seconds_total)
 
 
 @dataclass
@@ -79,6 +82,7 @@ def node_ticks(shapes: dict[str, Gpu] | Callable[[int], dict[str, Gpu]], n: int 
     workloads' series."""
     rx: dict[str, float] = {}
     dma: dict[str, float] = {}
+    cpu_s: dict[tuple[str, str, str], float] = {}
     rtx = 0.0
     out = []
     for i in range(n):
@@ -112,6 +116,9 @@ def node_ticks(shapes: dict[str, Gpu] | Callable[[int], dict[str, Gpu]], n: int 
                     s.append(Sample("triscope_workload_sm_ratio", w.sm, wl))
                 if w.pressure is not None:
                     s.append(Sample("triscope_workload_cpu_pressure_ratio", w.pressure, wl))
+                if w.cores is not None:     # a cumulative counter from an arbitrary start
+                    c = cpu_s[(g, w.pod, w.workload)] = cpu_s.get((g, w.pod, w.workload), 5000.0) + w.cores
+                    s.append(Sample("triscope_workload_cpu_seconds_total", c, wl, "counter"))
         out.append(Tick(ts, s))
     return out
 
@@ -182,6 +189,9 @@ PAGEABLE_LOOKING = 5.0   # GB/s: 9 % of a Gen5 x16 link with the SM idle, like t
     (Wl("llm-0", sm=0.02, wait=0.45), True, "staging-bound", "waits for a CPU 45%"),
     (Wl("llm-0", sm=0.02, pressure=0.3), True, "staging-bound", "CPU pressure of inference/llm-0/server's cgroup"),
     (Wl("llm-0", sm=0.02, pressure=None), True, "demand-limited", "no pegged feeder"),   # no cgroup v2: no PSI series
+    # the pageable copy's host work: no thread pegged, but the workload keeps 1.3 cores busy
+    (Wl("llm-0", sm=0.02, feeder=0.40, wait=0.0, cores=1.3), True, "staging-bound", "copies fed by the host"),
+    (Wl("llm-0", sm=0.02, feeder=0.40, wait=0.0, cores=0.6), True, "demand-limited", "no pegged feeder"),
 ])
 def test_the_workloads_evidence_decides_not_the_link(sqlite_url: str, wl: Wl, with_workloads: bool, state: str,
                                                       reason: str) -> None:
@@ -282,6 +292,125 @@ def test_pin_churn_counts_on_the_accelerators_own_device() -> None:
     assert by["gpu=1"].pin_churn and not by["gpu=0"].pin_churn
     assert by["gpu=1"].evidence["device_dma_map_rate"] == pytest.approx(80.0)
     assert tr.state == "staging-bound" and tr.last.evidence["accelerator"] == "gpu=1"
+
+
+# ------------------------------------------------------------------------------------ host copies: a workload's cores
+INF_A: WorkloadKey = ("", "", "", "cmd:inference-a")
+INF_B: WorkloadKey = ("", "", "", "cmd:inference-b")
+H200_CEILING = 58.6e9
+
+
+def _shared_gpu(link: float, cores: dict[WorkloadKey, float], busy: float = 0.06,
+                feeders: dict[WorkloadKey, float] | None = None, th: MismatchThresholds = TH) -> AcceleratorVerdict:
+    """One H200 shared by inference-a and inference-b (the recorded pageable fault: SM 0.056-0.063,
+    b's busiest thread 0.35-0.42, no CPU wait, no cgroup pressure), its link at ``link`` of the
+    ceiling, each workload keeping ``cores`` busy: the accelerator's verdict."""
+    feeders = feeders or {INF_A: 0.12, INF_B: 0.40}
+    per: list[tuple[WorkloadKey, float | None, float | None, float | None]] = [
+        (k, feeders[k], 0.0, 0.0) for k in (INF_A, INF_B)]
+    top = max(feeders, key=lambda k: feeders[k])
+    acc = AcceleratorFeatures("gpu=0", busy, link * H200_CEILING, H200_CEILING, 1.0, busy, link * H200_CEILING,
+                              dma_map_rate=0.0, feeder_busy=feeders[top], cpu_wait=0.0, cpu_pressure=0.0,
+                              feeder_of=top, cpu_wait_of=INF_A, cpu_pressure_of=INF_A, workload=INF_A,
+                              workloads=2, per_workload=per, workload_cores=cores)
+    v = classify_window(WindowFeatures([acc], cpu_busy=0.1, pressure=0.0, dma_map_rate=0.0, retransmit_rate=0.0), th)
+    assert v is not None
+    return v.accelerators[0]
+
+
+def test_a_workload_feeding_pageable_copies_is_staging_bound_and_named() -> None:
+    """Measured on the H200: the pageable fault keeps inference-b at 1.24-1.43 cores with the link at
+    12-14 % and no thread pegged; inference-a, healthy, at 0.09-0.13 cores."""
+    for link, b_cores in ((0.12, 1.24), (0.14, 1.43)):
+        a = _shared_gpu(link, {INF_A: 0.11, INF_B: b_cores})
+        assert a.state == "staging-bound", a.evidence["reasons"]
+        assert a.workload["workload"] == "cmd:inference-b"
+        assert a.evidence["workload_named_by"] == "host evidence: its threads feed the copies"
+        assert any(r.startswith("copies fed by the host") and "cmd:inference-b" in r for r in a.evidence["reasons"])
+        assert a.score == pytest.approx(0.94)
+        assert a.evidence["workload_cores_max"] == pytest.approx(b_cores)
+
+
+@pytest.mark.parametrize("link, b_cores, th, state", [
+    (0.001, 1.33, TH, "demand-limited"),                                  # the link quiet: no copies to feed
+    (TH.staging_link_floor - 0.001, 1.33, TH, "demand-limited"),          # just below the floor
+    (TH.io_saturated_link, 1.33, TH, "io-saturated"),                     # the link's own ceiling decides
+    (0.13, 1.33, MismatchThresholds(host_copy_cores=0), "demand-limited"),     # the rule switched off
+    (0.13, 1.33, TH.with_overrides({"host_copy_cores": 1.5}), "demand-limited"),  # 1.33 < 1.5
+    (0.13, 0.6, TH, "demand-limited"),     # the healthy service at full load: 0.5-0.7 cores
+    (0.13, TH.host_copy_cores, TH, "staging-bound"),                      # at the threshold
+])
+def test_host_copy_cores_needs_the_link_band_and_the_cores(link: float, b_cores: float, th: MismatchThresholds,
+                                                           state: str) -> None:
+    a = _shared_gpu(link, {INF_A: 0.11, INF_B: b_cores}, th=th)
+    assert a.state == state, a.evidence["reasons"]
+    assert any(r.startswith("copies fed by the host") for r in a.evidence["reasons"]) == (state == "staging-bound")
+
+
+def test_the_healthy_service_at_full_load_is_demand_limited() -> None:
+    """inference-a at full load, measured: 0.5-0.7 cores, link 0.1 %, SM 0.09-0.10; even with the
+    link at 12 % its 0.6 cores are no host copy evidence."""
+    for link in (0.001, 0.12):
+        a = _shared_gpu(link, {INF_A: 0.6, INF_B: 0.11}, busy=0.095, feeders={INF_A: 0.35, INF_B: 0.05})
+        assert a.state == "demand-limited", (link, a.evidence["reasons"])
+        assert not any("copies fed by the host" in r for r in a.evidence["reasons"])
+
+
+def test_two_workloads_feeding_copies_alike_name_none() -> None:
+    a = _shared_gpu(0.13, {INF_A: 1.2, INF_B: 1.3})
+    assert a.state == "staging-bound"
+    assert a.workload == dict.fromkeys(ACC_KEYS, "") and a.evidence["workload_named_by"] == "host-wide"
+    # one clearly the busier (>= 1.5 x): named
+    a = _shared_gpu(0.13, {INF_A: 1.2, INF_B: 1.8})
+    assert a.workload["workload"] == "cmd:inference-b"
+    assert a.evidence["workload_named_by"] == "host evidence: its threads feed the copies"
+
+
+def test_a_pegged_feeder_names_its_workload_before_the_cores() -> None:
+    """The per-thread rules name first: a's pegged feeder beats b's cores."""
+    a = _shared_gpu(0.13, {INF_A: 0.3, INF_B: 1.4}, feeders={INF_A: 0.99, INF_B: 0.40})
+    assert a.state == "staging-bound"
+    assert a.workload["workload"] == "cmd:inference-a" and a.evidence["workload_named_by"] == "host evidence"
+
+
+def test_tracker_reads_the_cpu_counter_as_cores() -> None:
+    """The recorded pageable fault fed tick by tick: b's counter grows 1.3 s per 1 s tick, its busiest
+    thread at 0.40; the tracker's state names b from its cores."""
+    a = Wl("", sm=0.05, feeder=0.12, wait=0.0, workload="cmd:inference-a", namespace="", container="", cores=0.11)
+    b = Wl("", sm=0.01, feeder=0.40, wait=0.0, workload="cmd:inference-b", namespace="", container="", cores=1.3)
+    link = 0.13 * 53.6                      # GB/s: 13 % of the Gen5 x16 link
+    tr, out = _replay(node_ticks({"0": Gpu(0.06, link, [a, b])}))
+    assert tr.accelerator_states == {"gpu=0": "staging-bound"}
+    on = [o for o in out if o.name == "triscope_mismatch_state" and "gpu" in o.labels and o.value == 1.0]
+    assert [(o.labels["state"], o.labels["workload"]) for o in on] == [("staging-bound", "cmd:inference-b")]
+    assert tr.last is not None
+    ev = tr.last.accelerators[0].evidence
+    assert ev["workload_cores_max"] == pytest.approx(1.3)
+    assert ev["workload_named_by"] == "host evidence: its threads feed the copies"
+    # the same without the counter: nothing says the host copies
+    a.cores = b.cores = None
+    tr, _ = _replay(node_ticks({"0": Gpu(0.06, link, [a, b])}))
+    assert tr.accelerator_states == {"gpu=0": "demand-limited"}
+
+
+def test_a_workloads_first_counter_point_gives_no_rate() -> None:
+    """A counter that started long ago (12345 CPU seconds) gives no rate on its first point, then
+    the per-second increase; a reset counts from zero."""
+    tr = MismatchTracker(TH)
+    wl = {"gpu": "0", "namespace": "", "pod": "", "container": "", "workload": "cmd:inference-b"}
+
+    def tick(ts: float, cpu: float) -> dict[str, Any]:
+        tr.process(ts, [Sample("triscope_gpu_sm_active_ratio", 0.06, {"gpu": "0"}),
+                        Sample("triscope_accelerator_workload_info", 1.0, {**wl, "uuid": "GPU-0"}),
+                        Sample("triscope_workload_feeder_busy_ratio", 0.4, wl),
+                        Sample("triscope_workload_cpu_seconds_total", cpu, wl, "counter")])
+        assert tr.last is not None
+        return tr.last.accelerators[0].evidence
+
+    assert "workload_cores_max" not in tick(1000.0, 12345.0)
+    assert tick(1001.0, 12346.3)["workload_cores_max"] == pytest.approx(1.3)
+    assert tick(1003.0, 12347.3)["workload_cores_max"] == pytest.approx((1.3 + 0.5) / 2)
+    assert tick(1004.0, 0.9)["workload_cores_max"] == pytest.approx((1.3 + 0.5 + 0.9) / 3)  # restarted
 
 
 # ------------------------------------------------------------------------------------ per accelerator, roll-up
@@ -469,10 +598,24 @@ def test_new_thresholds_come_from_the_file_and_the_environment(tmp_path: Path) -
     p.write_text("mismatch:\n  staging_link_floor: 0.03\n  feeder_busy: 0.8\n")
     th = load_thresholds(p, environ={"TRISCOPE_MISMATCH_CPU_WAIT": "0.5", "TRISCOPE_MISMATCH_WORKLOAD_CPU_PRESSURE": "0.2"})
     assert (th.staging_link_floor, th.feeder_busy, th.cpu_wait, th.workload_cpu_pressure) == (0.03, 0.8, 0.5, 0.2)
+    assert th.host_copy_cores == TH.host_copy_cores == 1.0
     # the floor moves the lightly loaded GPU of an old recording across the line
     f = WindowFeatures([AcceleratorFeatures("gpu=0", 0.04, 2.5e9, 53.6e9)], cpu_busy=0.05)
     assert classify_window(f, TH).state == "demand-limited"  # type: ignore[union-attr]
     assert classify_window(f, th).state == "staging-bound"  # type: ignore[union-attr]
+
+
+def test_host_copy_cores_comes_from_the_file_and_the_environment(tmp_path: Path) -> None:
+    p = tmp_path / "m.yaml"
+    p.write_text("mismatch:\n  host_copy_cores: 1.5\n")
+    th = load_thresholds(p, environ={})
+    assert th.host_copy_cores == 1.5
+    assert load_thresholds(None, environ={"TRISCOPE_MISMATCH_HOST_COPY_CORES": "0"}).host_copy_cores == 0.0
+    # 1.33 cores: the pageable fault at the default, not at 1.5 nor switched off
+    assert _shared_gpu(0.13, {INF_A: 0.11, INF_B: 1.33}).state == "staging-bound"
+    assert _shared_gpu(0.13, {INF_A: 0.11, INF_B: 1.33}, th=th).state == "demand-limited"
+    p.write_text("mismatch:\n  host_copy_cores: 0\n")
+    assert _shared_gpu(0.13, {INF_A: 0.11, INF_B: 1.33}, th=load_thresholds(p, environ={})).state == "demand-limited"
 
 
 def test_catalogue_lists_the_states_and_the_labels() -> None:
