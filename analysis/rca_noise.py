@@ -114,21 +114,36 @@ def is_agent_metric(metric: str) -> bool:
     return metric.startswith(AGENT_PREFIXES)
 
 
+def is_application_collector(name: str) -> bool:
+    """A collector that reads a workload's own endpoint (``--scrape``), not the host or the agent."""
+    return name.startswith("scrape:")
+
+
 def agent_trouble(series: Iterable[Any], events: Iterable[Any], start: float, end: float) -> list[str]:
     """Why the agent was unhealthy in [start, end), one line per reason (empty: it was fine).
 
     ``series``: ``SeriesPoints``-like objects (``metric``, ``labels``, ``ts``, ``values``, counters as
-    rates); ``events``: ``EventRow``-like (``kind``, ``ts``, ``details``, ``message``)."""
+    rates); ``events``: ``EventRow``-like (``kind``, ``ts``, ``details``, ``message``).
+
+    A scrape collector (``scrape:HOST:PORT``) reads a workload's own ``/metrics``: when it is down the
+    workload answered late or not at all — on the H200, a service under a fault missed the tick's
+    0.25 s budget while every kernel and NVML collector ran — which is the workload's symptom, not
+    the agent's trouble, and ranking ``agent`` above the fault's own evidence would send the SRE to
+    the wrong place.  Its collector-down episode stays on the timeline."""
     import bisect
 
     out: list[str] = []
     for e in events:
         if e.kind == "collector" and start <= e.ts < end and (e.details or {}).get("up") is False:
-            out.append(f"collector {(e.details or {}).get('collector', '?')} down")
+            name = str((e.details or {}).get("collector", "?"))
+            if not is_application_collector(name):
+                out.append(f"collector {name} down")
     for sp in series:
         m = sp.metric
         if m not in ("triscope_collector_up", "triscope_store_write_errors_total", "triscope_dropped_samples_total",
                      "triscope_probe_lost_events_total", "triscope_spool_pending_samples"):
+            continue
+        if m == "triscope_collector_up" and is_application_collector(sp.labels.get("collector", "")):
             continue
         i, j = bisect.bisect_left(sp.ts, start), bisect.bisect_left(sp.ts, end)
         vals = [v for v in sp.values[i:j] if v == v]

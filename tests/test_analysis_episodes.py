@@ -154,8 +154,13 @@ def test_agent_trouble() -> None:
     assert agent_trouble([up, never, errs], [], 0, 40) == []
     assert agent_trouble([up, never, errs], [], 40, 70) == ["collector nvml not up"]
     assert agent_trouble([up, never, errs], [], 70, 100) == ["collector nvml not up", "store write errors"]
-    down = _ev(20, "collector", {"collector": "scrape:x", "up": False})
-    assert agent_trouble([], [down], 0, 40) == ["collector scrape:x down"]
+    down = _ev(20, "collector", {"collector": "ebpf", "up": False})
+    assert agent_trouble([], [down], 0, 40) == ["collector ebpf down"]
+    # a workload's own /metrics answering late (a service under a fault) is its symptom, not the agent's trouble
+    late = _ev(20, "collector", {"collector": "scrape:127.0.0.1:9602", "up": False})
+    scrape_up = _sp("triscope_collector_up", {"collector": "scrape:127.0.0.1:9602"}, ts, [1.0, 0.0] * 50)
+    assert agent_trouble([scrape_up], [late], 0, 40) == []
+    assert agent_trouble([scrape_up, up], [late, down], 40, 70) == ["collector nvml not up"]
 
 
 def test_throttle_bits_power_cap_is_no_fault() -> None:
