@@ -1,12 +1,15 @@
-"""The second and third H200 recordings of the inference scenarios, held to docs/inference-validation.md.
+"""The H200 recordings of the inference scenarios after the first, held to docs/inference-validation.md.
 
-``examples/traces/h200-inference-2.jsonl.gz`` and ``-3`` are two runs of
+``examples/traces/h200-inference-N.jsonl.gz`` (N = 2..5) are runs of
 ``examples/inference/h200_record.sh`` (one H200, both service instances on it, full load 20
-requests/s per instance), each with its timeline.  Run 2's inputs are replayed through this
-revision's tracker (the run itself published verdicts before the shared-link naming rule); run 3
-ran this revision's code.  Both end with the closed loop on the hardware: the engine, acting, wrote
-the faulty instance's knobs file and the service switched to it.  These tests import each trace as
-a user would and score it with ``examples/inference/report.py``.
+requests/s per instance), each with its timeline.  Run 2's inputs are replayed through the tracker
+of its session (the run itself published verdicts before the shared-link naming rule); runs 3, 4
+and 5 are as published.  Runs 4 and 5 (third session) run the services with one BLAS thread per
+preprocessing worker; run 4 found the pageable fault read ``demand-limited`` once the host had CPUs
+to spare (the host-copy evidence came from it), run 5 ran the fixed verdict.  Runs 2, 3 and 5 end
+with the closed loop on the hardware: the engine, acting, wrote the faulty instance's knobs file and
+the service switched to it.  These tests import each trace as a user would and score it with
+``examples/inference/report.py``; run 4 is also replayed through this revision's tracker.
 """
 
 from __future__ import annotations
@@ -23,11 +26,14 @@ from triscope.store import Store, audit
 from triscope.trace import import_trace, read_trace
 
 TRACES = REPO / "examples" / "traces"
+ALL_FAULTS = ("pageable", "one_core", "pin_churn", "pcie_saturation", "net_drop")
 RUNS = {
     # node: (least right windows of all, scenarios whose every window is right and names inference-b)
     "h200-inference-2": (22, ("pageable", "one_core", "pin_churn")),
     "h200-inference-3": (12, ("pageable", "pin_churn", "net_drop")),
+    "h200-inference-5": (27, ALL_FAULTS),
 }
+DEMO = ("h200-inference-1", "h200-inference-2", "h200-inference-3", "h200-inference-4", "h200-inference-5")
 
 
 def _lines(node: str) -> list[dict[str, Any]]:
@@ -57,13 +63,17 @@ def _row(rep: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def test_the_recordings_make_the_demo() -> None:
-    """Three runs from two sessions, each its own node, together past 20 minutes."""
+    """Five runs from three sessions, each its own node, together past 20 minutes; the third
+    session's runs at least 8 minutes each."""
     total = 0.0
-    for node in ("h200-inference-1", *RUNS):
+    for node in DEMO:
         tr = read_trace(TRACES / f"{node}.jsonl.gz")
         assert tr.header["node"] == node and (TRACES / f"{node}.jsonl.gz").stat().st_size < 3 * 1024 * 1024
-        total += tr.header["end"] - tr.header["start"]
-        assert {ln["scenario"] for ln in _lines(node)} >= {"pageable", "loop_closed"}
+        length = tr.header["end"] - tr.header["start"]
+        total += length
+        assert {ln["scenario"] for ln in _lines(node)} >= {"pageable"}
+        if node in ("h200-inference-4", "h200-inference-5"):
+            assert length >= 8 * 60, (node, length)
     assert total >= 20 * 60, total
 
 
@@ -90,7 +100,9 @@ def test_the_healthy_instance_is_never_named(run: tuple[str, Any, dict[str, Any]
         assert "cmd:inference-a" not in r["io_named"], r["scenario"]
         assert all(e["workload"] != "cmd:inference-a" for e in r["episodes"]), r["scenario"]
     hog = _row(rep, "neighbour_copy")
-    assert set(hog["states"]) == {"io-saturated"} and set(hog["io_named"]) == {""}
+    # the shared link names no one, or the hog once its copying thread clearly outworks the services'
+    # (run 5: 1.00 of a core against 0.23-0.26; runs 2 and 3: 0.72-0.82 against 0.45-0.60)
+    assert set(hog["states"]) == {"io-saturated"} and set(hog["io_named"]) <= {"", "cmd:python3"}
     assert set(_row(rep, "healthy_full")["io_named"]) <= {""}          # host-wide: no workload named
 
 
@@ -112,27 +124,71 @@ def test_the_loop_closed_on_the_hardware(run: tuple[str, Any, dict[str, Any]]) -
     assert not any("inference-a" in (r.target_key or "") or "python3" in (r.target_key or "") for r in rows)
 
 
-def test_pin_churn_maps_counted_exactly_bytes_overestimated(run: tuple[str, Any, dict[str, Any]]) -> None:
+def test_pin_churn_maps_counted_exactly_bytes_only_estimated(run: tuple[str, Any, dict[str, Any]]) -> None:
+    """Maps are counted exactly; bytes past the tracepoint's 128 entry lengths are an estimate that
+    missed both ways on the H200 (1.62-1.64x in runs 2 and 3, 0.48x in run 5: docs)."""
     dma = _row(run[2], "pin_churn")["dma"]
     assert dma["registrations"] > 500 and abs(dma["maps"] - dma["registrations"]) <= 0.01 * dma["registrations"]
-    assert 1.3 <= dma["mapped_over_pinned"] <= 2.1
+    assert 0.3 <= dma["mapped_over_pinned"] <= 2.1
+    assert (dma["mapped_over_pinned"] < 0.7) == (run[0] == "h200-inference-5")
 
 
 def test_recording_paths_are_not_this_machines(tmp_path: Path) -> None:
-    for node in RUNS:
+    for node in DEMO:
         text = (TRACES / f"{node}.timeline.jsonl").read_text()
         assert "/work/" not in text and "/root/" not in text
 
 
 def test_the_host_evidence_the_docs_quote(run: tuple[str, Any, dict[str, Any]]) -> None:
-    """docs/inference-validation.md's figures, from the report's per-scenario host evidence: at full
-    load both services wait for a CPU alike (a host short for both); 2 GiB uploads at 20/s fill
-    two thirds of the link; the copy hog fills both directions."""
-    rep = run[2]
+    """docs/inference-validation.md's figures, from the report's per-scenario host evidence.  Runs 2
+    and 3 (BLAS pools as wide as the host): at full load both services wait for a CPU alike, 2 GiB
+    uploads at 20/s fill two thirds of the link.  Run 5 (one BLAS thread per worker): full load costs
+    each service under a core and no CPU wait, 4 GiB uploads fill the link, pageable copies keep the
+    faulty service above a core with no thread pegged.  The copy hog fills both directions in all."""
+    node, _, rep = run
     full = _row(rep, "healthy_full")["host"]
-    waits = [full["workloads"][w]["cpu_wait"] for w in ("cmd:inference-a", "cmd:inference-b")]
-    assert all(0.3 <= w <= 0.45 for w in waits) and full["sm_active"] <= 0.15, full
+    services = [full["workloads"][w] for w in ("cmd:inference-a", "cmd:inference-b")]
     up = _row(rep, "pcie_saturation")["host"]["pcie_rx_gbps"]
-    assert 35 <= up <= 44, up
+    if node == "h200-inference-5":
+        assert all(w["cores"] <= 1.0 and (w["cpu_wait"] or 0.0) <= 0.05 for w in services), full
+        assert up >= 52, up
+        pg = _row(rep, "pageable")["host"]["workloads"]["cmd:inference-b"]
+        assert pg["cores"] >= 1.2 and pg["busiest_thread"] < 0.6, pg
+    else:
+        assert all(0.3 <= w["cpu_wait"] <= 0.45 and w["cores"] >= 5 for w in services) and full["sm_active"] <= 0.15
+        assert 35 <= up <= 44, up
     hog = _row(rep, "neighbour_copy")["host"]
     assert hog["pcie_rx_gbps"] >= 44 and hog["pcie_tx_gbps"] >= 47, hog
+
+
+def test_run_4_missed_pageable_copies_and_this_revision_finds_them(tmp_path: Path) -> None:
+    """Run 4 published ``demand-limited`` for b's pageable copies (no thread pegged, no CPU wait once
+    the host had cores to spare) and its loop never acted; replayed through this revision's tracker,
+    every window is right, the pageable ones ``staging-bound`` on inference-b."""
+    from examples.inference.replay import replay
+    from examples.inference.report import build_report
+    from triscope.commands.trace import import_decisions
+
+    node = "h200-inference-4"
+    trace = TRACES / f"{node}.jsonl.gz"
+    src = f"sqlite:///{tmp_path / 'rec.db'}"
+    st = Store.open(src)
+    st.upgrade()
+    tr = read_trace(trace)
+    import_decisions(st, tr, import_trace(st, trace, trace=tr))
+    recorded = build_report(st, node, _lines(node))
+    st.close()
+    assert recorded["summary"]["right"] == 24 and recorded["summary"]["windows"] == 27
+    assert _row(recorded, "pageable")["states"] == {"demand-limited": 3}
+    assert recorded["loop"] is None                                   # the engine never acted
+    out = f"sqlite:///{tmp_path / 'replayed.db'}"
+    replay(src, node, out)
+    st = Store.open(out)
+    try:
+        rep = build_report(st, node, _lines(node), audit=[])
+    finally:
+        st.close()
+    assert rep["summary"]["right"] == 27 and rep["summary"]["pages_on_healthy"] == 0, rep["summary"]
+    for name in ALL_FAULTS:
+        assert set(_row(rep, name)["io_named"]) == {"cmd:inference-b"}, name
+    assert _row(rep, "pageable")["states"] == {"staging-bound": 3}

@@ -69,14 +69,6 @@ sleep 1
 python3 -m triscope remediate audit --db "$DB" --since -2h --limit 100000 --json > "$OUT/$NODE.audit.jsonl" 2>"$OUT/audit.err"
 python3 -m triscope export-trace --db "$DB" --node "$NODE" -o "$OUT/$NODE.jsonl.gz"
 python3 -c "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); c.execute('PRAGMA wal_checkpoint(TRUNCATE)'); c.execute('PRAGMA journal_mode=DELETE'); c.close()" "$OUT/$NODE.db"
-# the preprocessing's CPU cost alone at full load, BLAS pools as wide as the host against one thread
-# each (the servers run with one: scenarios.py), if the run left time for it
-if [ "$(left)" -gt 40 ]; then
-  { env -u OPENBLAS_NUM_THREADS -u OMP_NUM_THREADS -u MKL_NUM_THREADS \
-      timeout 15 python3 -m examples.inference.calibrate --prep --seconds 6 --rate 20
-    OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 \
-      timeout 15 python3 -m examples.inference.calibrate --prep --seconds 6 --rate 20; } > "$OUT/prep.txt" 2>&1
-fi
 ls -la "$OUT" "$KN"
 echo "elapsed $(( $(date +%s) - T0 )) s"
 tail -30 "$OUT/agent.log"
