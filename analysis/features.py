@@ -90,7 +90,8 @@ class AcceleratorFeatures:
     workloads: int = 0                      # workloads seen on the accelerator in the window
     # each workload's own window means: (key, feeder busy, CPU wait, cgroup CPU pressure); None: no series
     per_workload: list[tuple[WorkloadKey, float | None, float | None, float | None]] = field(default_factory=list)
-    # each workload's cores (CPU seconds per second of its processes, window mean); empty: no series
+    # each workload's cores (CPU seconds per second of its processes, window mean), shared equally among
+    # the accelerators it is on in the window (``window_features``); empty: no series
     workload_cores: dict[WorkloadKey, float] = field(default_factory=dict)
 
     @property
@@ -230,6 +231,14 @@ def window_features(values: WindowValues) -> WindowFeatures:
     """The features of one window.  Accelerators without busy values in the window are left out
     (no verdict from them); the classifier drops those below ``min_coverage``."""
     node_dma = _summed_means(values.dma_map_rates)
+    # a workload's processes are listed under every accelerator they hold, each time with all their
+    # CPU: one process driving eight GPUs would count its cores eight times.  Shared equally among
+    # them (a pod running one process per GPU is then under-counted: the side that pages no one)
+    spread: dict[WorkloadKey, int] = {}
+    for a in values.accelerators:
+        for w in a.workloads:
+            if w.cores:
+                spread[w.key] = spread.get(w.key, 0) + 1
     accs: list[AcceleratorFeatures] = []
     for a in values.accelerators:
         if not a.busy:
@@ -248,7 +257,7 @@ def window_features(values: WindowValues) -> WindowFeatures:
             f.workload = dominant_workload(ws)
             f.workloads = len(ws)
             f.per_workload = [(w.key, mean(w.feeder), mean(w.cpu_wait), mean(w.cpu_pressure)) for w in ws]
-            f.workload_cores = {w.key: c for w in ws if (c := mean(w.cores)) is not None}
+            f.workload_cores = {w.key: c / spread.get(w.key, 1) for w in ws if (c := mean(w.cores)) is not None}
         accs.append(f)
     return WindowFeatures(accs, cpu_busy=mean(values.cpu_busy), pressure=_highest_mean(values.pressure),
                           dma_map_rate=node_dma, retransmit_rate=_summed_means(values.retransmit_rates))

@@ -31,6 +31,7 @@ from typing import Any
 from triscope.analysis.config import MismatchThresholds
 from triscope.analysis.features import (
     NO_WORKLOAD,
+    OTHER_WORKLOAD,
     AcceleratorFeatures,
     WindowFeatures,
     WorkloadKey,
@@ -116,9 +117,11 @@ def _staging(acc: AcceleratorFeatures, f: WindowFeatures, th: MismatchThresholds
             found.append(f"copies fed by the host: link at {_pct(u or 0.0)} of its ceiling (>= "
                          f"{_pct(th.staging_link_floor)}) while {workload_text(cores_of)} keeps {cores:.2f} cores busy "
                          f"(>= {th.host_copy_cores:g})")
+        # capped: past the threshold more cores say more CPU work, not a stronger case for the copies
+        # (a CPU-heavy service must not outweigh retransmits by its size)
         strength = max(ratio(feeder, th.feeder_busy), ratio(wait, th.cpu_wait),
                        ratio(wpsi, th.workload_cpu_pressure), ratio(dma, th.pin_churn_rate),
-                       ratio(cores, th.host_copy_cores) if cores_of is not None else 0.0)
+                       min(COPY_STRENGTH_CAP, ratio(cores, th.host_copy_cores)) if cores_of is not None else 0.0)
         floor = False
     else:   # a recording without per-workload evidence: the link, the node's CPU and PSI
         cpu, psi = f.cpu_busy or 0.0, f.pressure or 0.0
@@ -154,10 +157,12 @@ def _copy_feeders(acc: AcceleratorFeatures, th: MismatchThresholds, u: float | N
                   ) -> list[tuple[float, WorkloadKey]]:
     """The workloads that keep ``host_copy_cores`` busy while the link carries between
     ``staging_link_floor`` and ``io_saturated_link`` of its ceiling (busiest first); none when the
-    link is outside that band or the threshold is off."""
+    link is outside that band or the threshold is off.  The agent's ``other`` (a sum of small
+    workloads) is never one: no one process's copies are in it."""
     if u is None or th.host_copy_cores <= 0 or not th.staging_link_floor <= u < th.io_saturated_link:
         return []
-    return sorted(((c, k) for k, c in acc.workload_cores.items() if c >= th.host_copy_cores), reverse=True)
+    return sorted(((c, k) for k, c in acc.workload_cores.items()
+                   if c >= th.host_copy_cores and k[3] != OTHER_WORKLOAD), reverse=True)
 
 
 def _copy_feeder(acc: AcceleratorFeatures, th: MismatchThresholds, u: float | None
@@ -242,6 +247,10 @@ next workload's with host evidence; closer than that, the host is short for all 
 verdict names none (an action on one of them would be a guess)."""
 
 
+COPY_STRENGTH_CAP = 1.5
+"""The host-copy evidence's strength (cores over ``host_copy_cores``) counts at most this much."""
+
+
 LINK_FEEDER_FLOOR = 0.5
 """An ``io-saturated`` verdict on a shared accelerator names a workload only when its busiest thread
 is busy at least this share of the window (issuing copies and waiting on them keeps a thread busy:
@@ -271,9 +280,12 @@ def _named_workload(acc: AcceleratorFeatures, state: str, th: MismatchThresholds
         if len(cands) >= 2 and cands[0][0] < HOST_WIDE_MARGIN * cands[1][0]:
             # several workloads wait alike (a saturated host): naming one would be a guess
             return NO_WORKLOAD, "host-wide"
-        if cands:
-            return cands[0][1], "host evidence"
         feeders = _copy_feeders(acc, th, acc.link_util_typical)
+        if cands:
+            if feeders and feeders[0][1] != cands[0][1]:
+                # one workload's threads starve while another's feed the copies: which to act on is a guess
+                return NO_WORKLOAD, "host-wide"
+            return cands[0][1], "host evidence"
         if len(feeders) >= 2 and feeders[0][0] < HOST_WIDE_MARGIN * feeders[1][0]:
             return NO_WORKLOAD, "host-wide"
         if feeders:

@@ -21,7 +21,15 @@ from typing import Any
 import pytest
 
 from triscope.analysis.config import MismatchThresholds, load_thresholds
-from triscope.analysis.features import INPUT_METRICS, WorkloadKey, WorkloadWindow, dominant_workload
+from triscope.analysis.features import (
+    INPUT_METRICS,
+    AcceleratorWindow,
+    WindowValues,
+    WorkloadKey,
+    WorkloadWindow,
+    dominant_workload,
+    window_features,
+)
 from triscope.analysis.mismatch import (
     IO_STATES,
     STATES,
@@ -366,11 +374,53 @@ def test_two_workloads_feeding_copies_alike_name_none() -> None:
     assert a.evidence["workload_named_by"] == "host evidence: its threads feed the copies"
 
 
-def test_a_pegged_feeder_names_its_workload_before_the_cores() -> None:
-    """The per-thread rules name first: a's pegged feeder beats b's cores."""
+def test_a_pegged_feeder_and_another_workloads_copies_name_none() -> None:
+    """a's thread pegged while b's threads feed the copies: two workloads with evidence of two kinds,
+    and acting on either would be a guess (host-wide); a pegged and feeding the copies: a."""
     a = _shared_gpu(0.13, {INF_A: 0.3, INF_B: 1.4}, feeders={INF_A: 0.99, INF_B: 0.40})
     assert a.state == "staging-bound"
+    assert a.workload == dict.fromkeys(ACC_KEYS, "") and a.evidence["workload_named_by"] == "host-wide"
+    a = _shared_gpu(0.13, {INF_A: 1.4, INF_B: 0.3}, feeders={INF_A: 0.99, INF_B: 0.40})
     assert a.workload["workload"] == "cmd:inference-a" and a.evidence["workload_named_by"] == "host evidence"
+
+
+def test_the_agents_other_sum_never_feeds_the_copies() -> None:
+    """``other`` sums the workloads past the agent's per-accelerator limit: many small services add up
+    past a core, and naming it would page no one in particular."""
+    other: WorkloadKey = ("", "", "", "other")
+    a = _shared_gpu(0.08, {INF_A: 0.3, other: 1.4})
+    assert a.state == "demand-limited", a.evidence["reasons"]
+    a = _shared_gpu(0.08, {INF_B: 1.3, other: 1.4})
+    assert a.state == "staging-bound" and a.workload["workload"] == "cmd:inference-b"
+
+
+def test_a_cpu_heavy_workload_does_not_outweigh_retransmits() -> None:
+    """The host-copy strength is capped: 4 cores beside 10 retransmits/s (twice their threshold) is
+    network-bound, as it is with 1.3 cores."""
+    for cores in (1.3, 4.0):
+        acc = AcceleratorFeatures("gpu=0", 0.06, 0.08 * H200_CEILING, H200_CEILING, 1.0, 0.06, 0.08 * H200_CEILING,
+                                  dma_map_rate=0.0, feeder_busy=0.4, cpu_wait=0.0, cpu_pressure=0.0, feeder_of=INF_B,
+                                  cpu_wait_of=INF_B, cpu_pressure_of=INF_B, workload=INF_B, workloads=1,
+                                  per_workload=[(INF_B, 0.4, 0.0, 0.0)], workload_cores={INF_B: cores})
+        v = classify_window(WindowFeatures([acc], cpu_busy=0.1, pressure=0.0, dma_map_rate=0.0, retransmit_rate=10.0))
+        assert v is not None and v.state == "network-bound", (cores, v.evidence["reasons"])
+
+
+def test_a_process_on_several_accelerators_shares_its_cores_among_them() -> None:
+    """The agent lists a process under every accelerator it holds, each time with all its CPU: one
+    process at 1.6 cores on two GPUs is 0.8 on each, under ``host_copy_cores``; alone on one, 1.6."""
+    def acc(name: str) -> AcceleratorWindow:
+        return AcceleratorWindow(name, [0.06] * 10, [0.12 * H200_CEILING] * 10, H200_CEILING, 10.0,
+                                 workloads=[WorkloadWindow(INF_B, 10.0, feeder=[0.4] * 10, cpu_wait=[0.0] * 10,
+                                                           cores=[1.6] * 10)])
+    two = window_features(WindowValues([acc("gpu=0"), acc("gpu=1")]))
+    assert [a.workload_cores[INF_B] for a in two.accelerators] == [pytest.approx(0.8)] * 2
+    v = classify_window(two)
+    assert v is not None and {a.state for a in v.accelerators} == {"demand-limited"}
+    one = window_features(WindowValues([acc("gpu=0")]))
+    assert one.accelerators[0].workload_cores[INF_B] == pytest.approx(1.6)
+    v = classify_window(one)
+    assert v is not None and v.state == "staging-bound"
 
 
 def test_tracker_reads_the_cpu_counter_as_cores() -> None:
