@@ -33,7 +33,8 @@ RUNS = {
     "h200-inference-3": (12, ("pageable", "pin_churn", "net_drop")),
     "h200-inference-5": (27, ALL_FAULTS),
 }
-DEMO = ("h200-inference-1", "h200-inference-2", "h200-inference-3", "h200-inference-4", "h200-inference-5")
+DEMO = ("h200-inference-1", "h200-inference-2", "h200-inference-3", "h200-inference-4", "h200-inference-5",
+        "h200-inference-6")
 
 
 def _lines(node: str) -> list[dict[str, Any]]:
@@ -63,8 +64,8 @@ def _row(rep: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def test_the_recordings_make_the_demo() -> None:
-    """Five runs from three sessions, each its own node, together past 20 minutes; the third
-    session's runs at least 8 minutes each."""
+    """Six runs from three sessions, each its own node, together past 20 minutes; runs 4 and 5 at
+    least 8 minutes each (run 6, the last of the session's device time, is shorter)."""
     total = 0.0
     for node in DEMO:
         tr = read_trace(TRACES / f"{node}.jsonl.gz")
@@ -192,3 +193,34 @@ def test_run_4_missed_pageable_copies_and_this_revision_finds_them(tmp_path: Pat
     for name in ALL_FAULTS:
         assert set(_row(rep, name)["io_named"]) == {"cmd:inference-b"}, name
     assert _row(rep, "pageable")["states"] == {"staging-bound": 3}
+
+
+def test_run_6_the_final_revision_on_the_hardware(tmp_path: Path) -> None:
+    """Run 6 ran this revision's final verdict (after the review of the host-copy rule): every window
+    right, none naming the healthy instance, and the acting engine wrote inference-b's knobs file
+    36.3 s after the loop's fault (the run hit its time limit before the loop's p99 was measured, so
+    its timeline has no loop line; the decision is in the trace)."""
+    from examples.inference.report import build_report
+    from triscope.commands.trace import import_decisions
+
+    node = "h200-inference-6"
+    trace = TRACES / f"{node}.jsonl.gz"
+    st = Store.open(f"sqlite:///{tmp_path / 'rec.db'}")
+    st.upgrade()
+    try:
+        tr = read_trace(trace)
+        import_decisions(st, tr, import_trace(st, trace, trace=tr))
+        rep = build_report(st, node, _lines(node))
+        rows = audit.audit_log(st, since=0, limit=1000)
+    finally:
+        st.close()
+    assert rep["summary"]["windows"] == 24 and rep["summary"]["right"] == 24 and rep["summary"]["pages_on_healthy"] == 0
+    for name in ALL_FAULTS:
+        assert set(_row(rep, name)["io_named"]) == {"cmd:inference-b"}, name
+    for r in rep["scenarios"]:
+        assert all(e["workload"] != "cmd:inference-a" for e in r["episodes"]), r["scenario"]
+    acted = [r for r in rows if r.outcome == "acted"]
+    assert len(acted) == 1 and acted[0].target_key.endswith("inference-b.yaml")
+    assert not any("inference-a" in (r.target_key or "") for r in rows)
+    last = max(ln["end"] for ln in _lines(node))      # the loop began after the last scenario
+    assert 0 < acted[0].ts - last < 120

@@ -80,7 +80,8 @@ def test_installed_outside_the_repo_only_triscope_imports_and_defaults_are_found
     assert re.search(r"^policy .*site-packages/triscope/defaults/policy\.example\.yaml \d+$", out, re.M), out
     assert re.search(r"^slo .*site-packages/triscope/defaults/slo\.example\.yaml \d+$", out, re.M), out
     assert ("traces ['h200-inference-1.jsonl.gz', 'h200-inference-2.jsonl.gz', 'h200-inference-3.jsonl.gz', "
-            "'h200-inference-4.jsonl.gz', 'h200-inference-5.jsonl.gz', 'h200-phases.jsonl.gz']") in out, out
+            "'h200-inference-4.jsonl.gz', 'h200-inference-5.jsonl.gz', 'h200-inference-6.jsonl.gz', "
+            "'h200-phases.jsonl.gz']") in out, out
     assert "ebpf True" in out
     assert re.search(r"^migrations .*site-packages/triscope/migrations$", out, re.M), out
     assert "others []" in out, out
