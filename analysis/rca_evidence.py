@@ -41,6 +41,10 @@ from triscope.analysis.features import (
     PCIE_TX,
     PRESSURE,
     RETRANSMITS,
+    WORKLOAD_CPU,
+    WORKLOAD_CPU_PRESSURE,
+    WORKLOAD_CPU_WAIT,
+    WORKLOAD_FEEDER,
     buses_of_gpus,
     effective_ceiling,
     link_ids,
@@ -56,10 +60,7 @@ LIMIT_FLOOR = 0.25         # what a suspect far from its limit keeps of its rela
 GPU_HOT_C = 85.0           # GPU temperature that counts as a health figure (H100/H200 slow down near 87-90 C)
 FEEDER_BUSY = 0.9          # defaults where MismatchThresholds has no such field
 CPU_WAIT = 0.20
-FEEDER = "triscope_workload_feeder_busy_ratio"
-WAIT = "triscope_workload_cpu_wait_ratio"
-WORKLOAD_CPU = "triscope_workload_cpu_seconds_total"    # read as a rate: cores
-WL_PRESSURE = "triscope_workload_cpu_pressure_ratio"
+FEEDER, WAIT, WL_PRESSURE = WORKLOAD_FEEDER, WORKLOAD_CPU_WAIT, WORKLOAD_CPU_PRESSURE
 
 
 @dataclass(slots=True)

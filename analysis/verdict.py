@@ -112,7 +112,8 @@ def _staging(acc: AcceleratorFeatures, f: WindowFeatures, th: MismatchThresholds
         if acc.cpu_pressure is not None and wpsi >= th.workload_cpu_pressure:
             found.append(f"CPU pressure of {workload_text(acc.cpu_pressure_of)}'s cgroup {_pct(wpsi)} "
                          f"(>= {_pct(th.workload_cpu_pressure)})")
-        cores, cores_of = _copy_feeder(acc, th, u)
+        feeders = _copy_feeders(acc, th, u)
+        cores, cores_of = feeders[0] if feeders else (0.0, None)
         if cores_of is not None:
             found.append(f"copies fed by the host: link at {_pct(u or 0.0)} of its ceiling (>= "
                          f"{_pct(th.staging_link_floor)}) while {workload_text(cores_of)} keeps {cores:.2f} cores busy "
@@ -163,12 +164,6 @@ def _copy_feeders(acc: AcceleratorFeatures, th: MismatchThresholds, u: float | N
         return []
     return sorted(((c, k) for k, c in acc.workload_cores.items()
                    if c >= th.host_copy_cores and k[3] != OTHER_WORKLOAD), reverse=True)
-
-
-def _copy_feeder(acc: AcceleratorFeatures, th: MismatchThresholds, u: float | None
-                 ) -> tuple[float, WorkloadKey | None]:
-    found = _copy_feeders(acc, th, u)
-    return found[0] if found else (0.0, None)
 
 
 def classify_accelerator(acc: AcceleratorFeatures, f: WindowFeatures,
