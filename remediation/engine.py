@@ -180,6 +180,13 @@ class Engine:
             try:
                 if audit.is_claimed(self.store, ev.key, dry_run=self.dry_run or ev.rule.dry_run):
                     return Decision("failed", None, reason)  # decided: an in_progress action is re-run on restart
+                if isinstance(e, OperationalError):
+                    # the store failed under the decision (a failover, a dropped connection), not the rule:
+                    # undecided, the trigger stays in the inbox and the periodic resume decides it again
+                    # (concluding it "failed" would drop an alert for a database blip)
+                    log.warning("remediation: %s stays in the inbox, decided again by the resume: %s",
+                                ev.key, error_line(e))
+                    return Decision("failed", None, reason)
                 return self._conclude(ev, None, "failed", None, reason, {})
             except Exception:
                 log.warning("remediation: %s stays in the inbox (the store failed): %s", ev.key, reason)

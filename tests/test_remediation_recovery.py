@@ -307,3 +307,32 @@ def test_an_outcome_the_store_could_not_take_is_re_run_without_a_restart(env: En
     [row] = audit.audit_log(env.store)
     assert row.outcome == "acted"
     assert env.restart_patches() == [row.params["restartedAt"]]
+
+
+def test_a_decision_the_store_failed_under_is_decided_again_not_failed(env: Env,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The database fails over while a trigger is being decided, before its claim (seen in the HA
+    failover test: an alert concluded ``failed`` with "server closed the connection unexpectedly", so
+    it never acted).  Undecided, it stays in the inbox; the periodic resume decides it: one PATCH."""
+    from sqlalchemy.exc import OperationalError
+
+    real = audit.is_claimed
+    fails = [1]
+
+    def claimed_once_failing(*a: Any, **kw: Any) -> Any:
+        if fails and fails.pop():
+            raise OperationalError("SELECT", {}, Exception("server closed the connection unexpectedly"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(audit, "is_claimed", claimed_once_failing)
+    eng = env.engine()
+    eng.submit_alerts(alert_payload([storm()]))
+    assert eng.drain()
+    assert audit.audit_log(env.store) == [] and env.restart_patches() == []      # no "failed" decision
+    assert len(audit.inbox(env.store)) == 1
+    with env.store.engine.begin() as c:
+        c.execute(text("UPDATE remediation_inbox SET ts = ts - 40"))
+    assert eng.resume_inbox() == 1 and eng.drain()
+    [row] = audit.audit_log(env.store)
+    assert row.outcome == "acted" and audit.inbox(env.store) == []
+    assert env.restart_patches() == [row.params["restartedAt"]]
