@@ -108,14 +108,49 @@ class MismatchThresholds:
     """A workload's cgroup ``cpu.pressure`` ``some avg10`` (``triscope_workload_cpu_pressure_ratio``)
     at or above this: its tasks stalled waiting for a CPU (or on their CPU limit's throttling) 10 %
     of the last 10 s; the same bar as the node's ``cpu_pressure``."""
+    cpu_throttled: float = 0.25
+    """A workload whose cgroup has a CPU limit (``cpu.max`` / ``cpu.cfs_quota_us``) and was throttled
+    in at least this share of its CFS enforcement periods over the window
+    (``triscope_workload_cpu_throttled_periods_total`` over ``_periods_total``) runs at its limit: the
+    host, not demand, sets its pace.  25 % is the bar of kubernetes-mixin's ``CPUThrottlingHigh``
+    alert, the one most clusters already run; a pod kept at its limit reads far above it (746 of 751
+    periods, 99 %, for eight loader workers under a 1-CPU limit on the H200 host), one that bursts
+    now and then far below."""
     pin_churn_rate: float = 10.0
     """DMA map operations per second at or above this: pin churn (the node's flag: the accelerators'
     own PCI devices when known; an accelerator's staging evidence: its own device when known).  Maps happen when host memory is pinned, not per copy, so a healthy
     steady state (cached pinned buffers) maps ~0/s; the H200 trace's pin-churn phase (a fresh
     64 MiB buffer registered per request) maps ~55/s, pinning page by page ~1,100/s."""
+    workload_retransmit_ratio: float = 0.01
+    """A workload whose own TCP sockets retransmit at least this share of the segments they send
+    (``triscope_workload_tcp_retransmits_total`` over ``_segments_sent_total``) loses packets on its
+    own connections: ``network-bound`` for its starved accelerator.  A healthy data-centre path
+    retransmits well under 0.1 % of segments; at 1 % loss TCP's throughput is already bounded far
+    below the link (Mathis et al.: rate ~ MSS / (RTT x sqrt(loss))) and every lost request segment
+    costs a retransmission timeout (>= 200 ms on Linux) of tail latency."""
+    workload_retransmit_rate: float = 0.3
+    """... and at least this many of its own segments retransmitted per second (3 in a 10 s window):
+    one retransmit among a dozen segments of a quiet connection is no loss rate."""
     retransmit_rate: float = 5.0
-    """TCP retransmits per second at or above this: network trouble (``network-bound`` for a starved
-    accelerator, unless the host evidence is stronger)."""
+    """Node-wide TCP retransmits per second at or above this: network trouble — read **only** for
+    accelerators whose workloads have no per-workload TCP series (recordings and agents from before
+    them, NPUs without processes); such a verdict names no workload (whose packets they were is not
+    known).  With per-workload series, other processes' retransmits never make an accelerator
+    ``network-bound`` (they are a node-level cause in root cause)."""
+    host_wide_margin: float = 1.5
+    """A staging verdict names a workload only when its busiest thread works this much harder than the
+    next workload's with host evidence; closer than that, the host is short for all of them and the
+    verdict names none (an action on one of them would be a guess).  A workload held at its own CPU
+    limit is named before ones that only wait."""
+    copy_strength_cap: float = 1.5
+    """The host-copy evidence's strength (cores over ``host_copy_cores``) counts at most this much:
+    past the threshold more cores say more CPU work, not a stronger case for the copies (a CPU-heavy
+    service must not outweigh retransmits by its size)."""
+    link_feeder_floor: float = 0.5
+    """An ``io-saturated`` verdict on a shared accelerator names a workload only when its busiest
+    thread is busy at least this share of the window (issuing copies and waiting on them keeps a
+    thread busy: measured on an H200, 0.55-0.69 for a service uploading 2 GiB batches, 0.72-0.80 for
+    a copy hog)."""
     state_dwell_s: float = 2.0
     """Per-tick tracker: a new state is reported once the window has shown it this long in a row
     (0: at once).  Transition ticks (a GPM sample half idle, half copying) do not make states."""

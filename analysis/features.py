@@ -46,8 +46,21 @@ WORKLOAD_FEEDER = "triscope_workload_feeder_busy_ratio"
 WORKLOAD_CPU_WAIT = "triscope_workload_cpu_wait_ratio"
 WORKLOAD_CPU_PRESSURE = "triscope_workload_cpu_pressure_ratio"
 WORKLOAD_CPU = "triscope_workload_cpu_seconds_total"       # a counter: read as cores (CPU seconds per second)
-WORKLOAD_METRICS = (WORKLOAD_INFO, WORKLOAD_PROCESSES, WORKLOAD_SM, WORKLOAD_FEEDER, WORKLOAD_CPU_WAIT,
-                    WORKLOAD_CPU_PRESSURE, WORKLOAD_CPU)
+# CFS bandwidth control of the workload's cgroup (cpu.stat): enforcement periods and throttled ones
+WORKLOAD_CPU_PERIODS = "triscope_workload_cpu_periods_total"
+WORKLOAD_CPU_THROTTLED = "triscope_workload_cpu_throttled_periods_total"
+# the workload's own TCP sockets: segments they retransmitted and segments they sent
+WORKLOAD_TCP_RETRANSMITS = "triscope_workload_tcp_retransmits_total"
+WORKLOAD_TCP_SEGMENTS = "triscope_workload_tcp_segments_sent_total"
+WORKLOAD_FIELDS: dict[str, str | None] = {
+    WORKLOAD_INFO: None, WORKLOAD_PROCESSES: "processes", WORKLOAD_SM: "sm", WORKLOAD_FEEDER: "feeder",
+    WORKLOAD_CPU_WAIT: "cpu_wait", WORKLOAD_CPU_PRESSURE: "cpu_pressure", WORKLOAD_CPU: "cores",
+    WORKLOAD_CPU_PERIODS: "periods", WORKLOAD_CPU_THROTTLED: "throttled",
+    WORKLOAD_TCP_RETRANSMITS: "retransmits", WORKLOAD_TCP_SEGMENTS: "segments"}
+"""Per-workload metric -> its ``WorkloadWindow`` field (the info series only says the workload is there)."""
+WORKLOAD_COUNTER_FIELDS = frozenset({"cores", "periods", "throttled", "retransmits", "segments"})
+"""Fields read from counters: per-second rates (the tracker's consecutive ticks, the store's rate read)."""
+WORKLOAD_METRICS = tuple(WORKLOAD_FIELDS)
 INPUT_METRICS = (GPU_BUSY, NPU_BUSY, PCIE_RX, PCIE_TX, CPU_BUSY, PRESSURE, DMA_MAPS, RETRANSMITS,
                  *LINK_CAPACITY, *LINK_SPEED, *LINK_WIDTH, *WORKLOAD_METRICS)
 ACCELERATOR_LABELS = ("chip", "gpu", "npu")              # sorted: label_name order
@@ -62,6 +75,44 @@ LINK_FACT_METRICS: tuple[tuple[str, tuple[str, ...]], ...] = (("speed", LINK_SPE
 
 
 # ---------------------------------------------------------------------------------------------- features
+@dataclass(slots=True, frozen=True)
+class WorkloadEvidence:
+    """One workload's host and network evidence on one accelerator over one window (window means,
+    counters as per-second rates).  ``None``: no such series in the window."""
+
+    key: WorkloadKey
+    feeder: float | None = None          # its busiest thread's share of a core
+    cpu_wait: float | None = None        # run-queue wait over (run + wait) of its threads
+    cpu_pressure: float | None = None    # its cgroup's cpu.pressure some avg10
+    cores: float | None = None           # CPU seconds per second of its whole process set
+    periods: float | None = None         # CFS enforcement periods per second (its cgroup has a CPU limit)
+    throttled_periods: float | None = None   # ... of which throttled, per second
+    retransmits: float | None = None     # its own sockets' retransmitted segments per second
+    segments: float | None = None        # ... segments sent per second
+
+    @property
+    def throttled(self) -> float | None:
+        """Share of its CFS periods throttled (``None``: no CPU limit, or no period in the window)."""
+        if self.periods is None or self.throttled_periods is None or self.periods <= 0:
+            return None
+        return min(1.0, self.throttled_periods / self.periods)
+
+    @property
+    def loss(self) -> float | None:
+        """Its retransmitted segments over segments sent (``None``: no TCP series, or nothing sent)."""
+        if self.retransmits is None or self.segments is None or self.segments <= 0:
+            return None
+        return self.retransmits / self.segments
+
+    @property
+    def has_host(self) -> bool:
+        return self.feeder is not None or self.cpu_wait is not None or self.cpu_pressure is not None
+
+    @property
+    def has_tcp(self) -> bool:
+        return self.retransmits is not None and self.segments is not None
+
+
 @dataclass(slots=True)
 class AcceleratorFeatures:
     """One accelerator over one window.  ``None``: no data."""
@@ -88,15 +139,21 @@ class AcceleratorFeatures:
     cpu_pressure_of: WorkloadKey | None = None
     workload: WorkloadKey = NO_WORKLOAD     # the dominant workload (docs/workloads.md section 2)
     workloads: int = 0                      # workloads seen on the accelerator in the window
-    # each workload's own window means: (key, feeder busy, CPU wait, cgroup CPU pressure); None: no series
-    per_workload: list[tuple[WorkloadKey, float | None, float | None, float | None]] = field(default_factory=list)
+    # each workload's own evidence over the window
+    per_workload: list[WorkloadEvidence] = field(default_factory=list)
     # each workload's cores (CPU seconds per second of its processes, window mean), shared equally among
     # the accelerators it is on in the window (``window_features``); empty: no series
     workload_cores: dict[WorkloadKey, float] = field(default_factory=dict)
 
     @property
     def has_workload_evidence(self) -> bool:
-        return self.feeder_busy is not None or self.cpu_wait is not None or self.cpu_pressure is not None
+        return (self.feeder_busy is not None or self.cpu_wait is not None or self.cpu_pressure is not None
+                or any(w.has_host or w.throttled is not None for w in self.per_workload))
+
+    @property
+    def has_workload_tcp(self) -> bool:
+        """The agent attributed TCP sockets to this accelerator's workloads in the window."""
+        return any(w.has_tcp for w in self.per_workload)
 
     @property
     def link_util(self) -> float | None:
@@ -121,13 +178,14 @@ class WindowFeatures:
     cpu_busy: float | None = None           # 0..1, all CPUs
     pressure: float | None = None           # max of PSI cpu/memory "some" avg10, 0..1
     dma_map_rate: float | None = None       # DMA maps/s, the accelerators' devices
-    retransmit_rate: float | None = None    # TCP retransmits/s
+    retransmit_rate: float | None = None    # TCP retransmits/s, node-wide (every process's)
 
 
 # ---------------------------------------------------------------------------------------------- input shape
 @dataclass(slots=True)
 class WorkloadWindow:
-    """One workload's series on one accelerator over one window, one value per tick."""
+    """One workload's series on one accelerator over one window, one value per tick (counters as
+    per-second rates)."""
 
     key: WorkloadKey
     last_ts: float                          # its newest point in the window (any of its series)
@@ -137,6 +195,10 @@ class WorkloadWindow:
     cpu_wait: Sequence[float] = ()          # triscope_workload_cpu_wait_ratio
     cpu_pressure: Sequence[float] = ()      # triscope_workload_cpu_pressure_ratio
     cores: Sequence[float] = ()             # triscope_workload_cpu_seconds_total, per second
+    periods: Sequence[float] = ()           # triscope_workload_cpu_periods_total, per second
+    throttled: Sequence[float] = ()         # triscope_workload_cpu_throttled_periods_total, per second
+    retransmits: Sequence[float] = ()       # triscope_workload_tcp_retransmits_total, per second
+    segments: Sequence[float] = ()          # triscope_workload_tcp_segments_sent_total, per second
 
 
 @dataclass(slots=True)
@@ -256,8 +318,10 @@ def window_features(values: WindowValues) -> WindowFeatures:
             f.cpu_pressure, f.cpu_pressure_of = _highest_of(ws, "cpu_pressure")
             f.workload = dominant_workload(ws)
             f.workloads = len(ws)
-            f.per_workload = [(w.key, mean(w.feeder), mean(w.cpu_wait), mean(w.cpu_pressure)) for w in ws]
             f.workload_cores = {w.key: c / spread.get(w.key, 1) for w in ws if (c := mean(w.cores)) is not None}
+            f.per_workload = [WorkloadEvidence(w.key, mean(w.feeder), mean(w.cpu_wait), mean(w.cpu_pressure),
+                                               f.workload_cores.get(w.key), mean(w.periods), mean(w.throttled),
+                                               mean(w.retransmits), mean(w.segments)) for w in ws]
         accs.append(f)
     return WindowFeatures(accs, cpu_busy=mean(values.cpu_busy), pressure=_highest_mean(values.pressure),
                           dma_map_rate=node_dma, retransmit_rate=_summed_means(values.retransmit_rates))

@@ -26,7 +26,10 @@ Inputs (metric names from ``triscope.metrics``):
 * per workload (docs/workloads.md): ``triscope_accelerator_workload_info``,
   ``triscope_workload_processes``, ``triscope_workload_sm_ratio`` (which workload a verdict is
   labelled with), ``triscope_workload_feeder_busy_ratio``, ``triscope_workload_cpu_wait_ratio``,
-  ``triscope_workload_cpu_pressure_ratio`` (whether the host limits the accelerator).
+  ``triscope_workload_cpu_pressure_ratio``, ``triscope_workload_cpu_seconds_total``,
+  ``triscope_workload_cpu_periods_total`` / ``_throttled_periods_total`` (whether the host limits the
+  accelerator), ``triscope_workload_tcp_retransmits_total`` / ``_segments_sent_total`` (whether its
+  own network does).
 
 States (``STATES``): ``idle``, ``demand-limited``, ``compute-bound``, ``balanced``, ``io-saturated``,
 ``staging-bound``, ``network-bound``, decided per accelerator (``triscope.analysis.verdict``); the
@@ -58,13 +61,18 @@ from triscope.analysis.features import (  # noqa: F401 - the detector's names, r
     PRESSURE,
     RETRANSMITS,
     WORKLOAD_CPU,
+    WORKLOAD_CPU_PERIODS,
     WORKLOAD_CPU_PRESSURE,
+    WORKLOAD_CPU_THROTTLED,
     WORKLOAD_CPU_WAIT,
     WORKLOAD_FEEDER,
+    WORKLOAD_FIELDS,
     WORKLOAD_INFO,
     WORKLOAD_METRICS,
     WORKLOAD_PROCESSES,
     WORKLOAD_SM,
+    WORKLOAD_TCP_RETRANSMITS,
+    WORKLOAD_TCP_SEGMENTS,
     AcceleratorFeatures,
     AcceleratorWindow,
     WindowFeatures,
@@ -181,10 +189,6 @@ def _cut_last(sp: SeriesPoints, start: float, w: float, n: int
             [tt[b[i + 1] - 1] if b[i + 1] > b[i] else None for i in range(n)])
 
 
-_WORKLOAD_FIELD = {WORKLOAD_SM: "sm", WORKLOAD_PROCESSES: "processes", WORKLOAD_FEEDER: "feeder",
-                   WORKLOAD_CPU_WAIT: "cpu_wait", WORKLOAD_CPU_PRESSURE: "cpu_pressure", WORKLOAD_CPU: "cores"}
-
-
 def _workload_windows(series: Sequence[SeriesPoints], start: float, w: float, n: int
                       ) -> dict[str, list[list[WorkloadWindow]]]:
     """Accelerator -> for each window, its workloads' values (``WorkloadWindow``)."""
@@ -204,7 +208,7 @@ def _workload_windows(series: Sequence[SeriesPoints], start: float, w: float, n:
                     continue
                 ww = WorkloadWindow(key, max(x for x in last if x is not None))
                 for metric, vals, _lt in cuts:
-                    fld = _WORKLOAD_FIELD.get(metric)
+                    fld = WORKLOAD_FIELDS.get(metric)
                     if fld is not None and vals[i]:
                         setattr(ww, fld, vals[i])
                 per[i].append(ww)

@@ -46,13 +46,8 @@ from triscope.analysis.features import (
     PCIE_TX,
     PRESSURE,
     RETRANSMITS,
-    WORKLOAD_CPU,
-    WORKLOAD_CPU_PRESSURE,
-    WORKLOAD_CPU_WAIT,
-    WORKLOAD_FEEDER,
-    WORKLOAD_INFO,
-    WORKLOAD_PROCESSES,
-    WORKLOAD_SM,
+    WORKLOAD_COUNTER_FIELDS,
+    WORKLOAD_FIELDS,
     AcceleratorWindow,
     LinkFacts,
     WindowValues,
@@ -75,11 +70,7 @@ from triscope.analysis.verdict import IO_STATES, STATES, Verdict, classify_windo
 from triscope.samples import EventRecord, Sample
 
 _KIND = {GPU_INFO: "info", GPU_BUSY: "busy", NPU_BUSY: "busy", PCIE_RX: "rx", PCIE_TX: "tx", CPU_BUSY: "cpu", PRESSURE: "psi",
-         DMA_MAPS: "dma", RETRANSMITS: "rtx", WORKLOAD_INFO: "wl", WORKLOAD_PROCESSES: "wl", WORKLOAD_SM: "wl",
-         WORKLOAD_FEEDER: "wl", WORKLOAD_CPU_WAIT: "wl", WORKLOAD_CPU_PRESSURE: "wl", WORKLOAD_CPU: "wl"}
-# per-workload metric -> its WorkloadWindow field (the info series only says the workload is there)
-_WL_FIELD = {WORKLOAD_INFO: None, WORKLOAD_PROCESSES: "processes", WORKLOAD_SM: "sm", WORKLOAD_FEEDER: "feeder",
-             WORKLOAD_CPU_WAIT: "cpu_wait", WORKLOAD_CPU_PRESSURE: "cpu_pressure", WORKLOAD_CPU: "cores"}
+         DMA_MAPS: "dma", RETRANSMITS: "rtx", **dict.fromkeys(WORKLOAD_FIELDS, "wl")}
 _FACT: dict[str, tuple[str, int]] = {}   # link-fact metric -> (fact, preference: lower wins)
 for _fact, _metrics in LINK_FACT_METRICS:
     for _rank, _m in enumerate(_metrics):
@@ -116,7 +107,7 @@ class _Workload:
     key: WorkloadKey
     last: float = float("-inf")     # its newest tick
     series: dict[str, _Rolling] = field(default_factory=dict)   # WorkloadWindow field -> points
-    cpu_prev: tuple[float, float] | None = None     # (ts, CPU seconds): its counter's previous point
+    prev: dict[str, tuple[float, float]] = field(default_factory=dict)   # counter field -> (ts, value)
 
 
 @dataclass(slots=True)
@@ -245,9 +236,10 @@ class MismatchTracker:
                         continue
                     w = self._wl[ident] = _Workload(acc, workload_key(s.labels))
                 w.last = now
-                fld = _WL_FIELD[s.name]
-                if fld == "cores":      # a counter: its rate is the workload's cores
-                    prev, w.cpu_prev = w.cpu_prev, (now, v)
+                fld = WORKLOAD_FIELDS[s.name]
+                if fld in WORKLOAD_COUNTER_FIELDS:      # a counter: its per-second rate
+                    prev = w.prev.get(fld)
+                    w.prev[fld] = (now, v)
                     if prev is None or now <= prev[0]:
                         continue
                     v = (v - prev[1] if v >= prev[1] else v) / (now - prev[0])

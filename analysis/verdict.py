@@ -34,6 +34,7 @@ from triscope.analysis.features import (
     OTHER_WORKLOAD,
     AcceleratorFeatures,
     WindowFeatures,
+    WorkloadEvidence,
     WorkloadKey,
     accelerator_labels,
     workload_labels,
@@ -90,68 +91,124 @@ def _device_dma(acc: AcceleratorFeatures, f: WindowFeatures) -> float:
     return x or 0.0
 
 
+def _ratio(x: float, t: float) -> float:
+    return x / t if t > 0 else 0.0
+
+
+def host_findings(w: WorkloadEvidence, th: MismatchThresholds) -> list[tuple[float, str]]:
+    """Each sign that one workload's host side is saturated, whatever its accelerator's link does:
+    (strength against its threshold, reason).  Its cgroup throttled at its CPU limit, its cgroup
+    under CPU pressure, its busiest thread pegged (a loader worker, a feeder, a launch loop: a
+    single thread cannot go faster), its threads waiting for a CPU.  Empty: the host side is quiet."""
+    out: list[tuple[float, str]] = []
+    who = workload_text(w.key)
+    t = w.throttled
+    if t is not None and th.cpu_throttled > 0 and t >= th.cpu_throttled:
+        out.append((_ratio(t, th.cpu_throttled), f"{who} throttled in {_pct(t)} of its CPU periods "
+                                                  f"(>= {_pct(th.cpu_throttled)}): held at its CPU limit"))
+    if w.feeder is not None and th.feeder_busy > 0 and w.feeder >= th.feeder_busy:
+        out.append((_ratio(w.feeder, th.feeder_busy), f"feeder pegged: the busiest thread of {who} at "
+                                                       f"{_pct(w.feeder)} of a core (>= {_pct(th.feeder_busy)})"))
+    if w.cpu_wait is not None and th.cpu_wait > 0 and w.cpu_wait >= th.cpu_wait:
+        out.append((_ratio(w.cpu_wait, th.cpu_wait), f"{who} waits for a CPU {_pct(w.cpu_wait)} of its runnable "
+                                                      f"time (>= {_pct(th.cpu_wait)})"))
+    if w.cpu_pressure is not None and th.workload_cpu_pressure > 0 and w.cpu_pressure >= th.workload_cpu_pressure:
+        out.append((_ratio(w.cpu_pressure, th.workload_cpu_pressure),
+                    f"CPU pressure of {who}'s cgroup {_pct(w.cpu_pressure)} (>= {_pct(th.workload_cpu_pressure)})"))
+    return out
+
+
+def network_finding(w: WorkloadEvidence, th: MismatchThresholds) -> tuple[float, str] | None:
+    """One workload's own connections losing packets: (strength, reason), or None.  Its own sockets'
+    retransmits over the segments they sent, and enough of them to be a rate."""
+    loss, rtx = w.loss, w.retransmits
+    if loss is None or rtx is None or th.workload_retransmit_ratio <= 0:
+        return None
+    if loss < th.workload_retransmit_ratio or rtx < th.workload_retransmit_rate:
+        return None
+    return (_ratio(loss, th.workload_retransmit_ratio),
+            f"{workload_text(w.key)} retransmits {_pct(loss)} of the segments its own sockets send "
+            f"({rtx:.1f}/s; >= {_pct(th.workload_retransmit_ratio)} and {th.workload_retransmit_rate:g}/s)")
+
+
+def _workload_evidence(acc: AcceleratorFeatures) -> list[WorkloadEvidence]:
+    """Each workload's evidence; features built by hand with only the highest values (no
+    per-workload list) read as one workload, the feeder's."""
+    if acc.per_workload:
+        return acc.per_workload
+    if acc.feeder_busy is None and acc.cpu_wait is None and acc.cpu_pressure is None:
+        return []
+    return [WorkloadEvidence(acc.feeder_of or acc.cpu_wait_of or acc.cpu_pressure_of or NO_WORKLOAD,
+                             acc.feeder_busy, acc.cpu_wait, acc.cpu_pressure)]
+
+
 def _staging(acc: AcceleratorFeatures, f: WindowFeatures, th: MismatchThresholds, u: float | None
              ) -> tuple[bool, float, list[str]]:
     """Is there evidence that the host limits this starved accelerator?  (staging, strength of the
-    host evidence against its thresholds, reasons)."""
+    host evidence against its thresholds, reasons).
+
+    With per-workload evidence a saturated host side decides alone (``host_findings``): a host that
+    cannot produce data leaves the link quiet, so no moving link is asked for.  Copies fed by the
+    host (a workload keeping ``host_copy_cores`` busy while the link carries a pageable copy's share
+    of its ceiling) and pin churn on the accelerator's own device count with the link moving.
+    Without per-workload evidence (older recordings, NPUs without processes): the link's own load,
+    the node's CPU and PSI, with the link moving."""
     dma = _device_dma(acc, f)
     moving = u is None or u >= th.idle_link        # no link data (NPUs): the host evidence decides alone
-    found: list[str] = []
-
-    def ratio(x: float, t: float) -> float:
-        return x / t if t > 0 else 0.0
-
     if acc.has_workload_evidence:
-        feeder, wait, wpsi = acc.feeder_busy or 0.0, acc.cpu_wait or 0.0, acc.cpu_pressure or 0.0
-        if acc.feeder_busy is not None and feeder >= th.feeder_busy:
-            found.append(f"feeder pegged: the busiest thread of {workload_text(acc.feeder_of)} at {_pct(feeder)} of a "
-                         f"core (>= {_pct(th.feeder_busy)})")
-        if acc.cpu_wait is not None and wait >= th.cpu_wait:
-            found.append(f"{workload_text(acc.cpu_wait_of)} waits for a CPU {_pct(wait)} of its runnable time "
-                         f"(>= {_pct(th.cpu_wait)})")
-        if acc.cpu_pressure is not None and wpsi >= th.workload_cpu_pressure:
-            found.append(f"CPU pressure of {workload_text(acc.cpu_pressure_of)}'s cgroup {_pct(wpsi)} "
-                         f"(>= {_pct(th.workload_cpu_pressure)})")
+        found: list[tuple[float, str]] = [x for w in _workload_evidence(acc) for x in host_findings(w, th)]
         feeders = _copy_feeders(acc, th, u)
         cores, cores_of = feeders[0] if feeders else (0.0, None)
         if cores_of is not None:
-            found.append(f"copies fed by the host: link at {_pct(u or 0.0)} of its ceiling (>= "
-                         f"{_pct(th.staging_link_floor)}) while {workload_text(cores_of)} keeps {cores:.2f} cores busy "
-                         f"(>= {th.host_copy_cores:g})")
-        # capped: past the threshold more cores say more CPU work, not a stronger case for the copies
-        # (a CPU-heavy service must not outweigh retransmits by its size)
-        strength = max(ratio(feeder, th.feeder_busy), ratio(wait, th.cpu_wait),
-                       ratio(wpsi, th.workload_cpu_pressure), ratio(dma, th.pin_churn_rate),
-                       min(COPY_STRENGTH_CAP, ratio(cores, th.host_copy_cores)) if cores_of is not None else 0.0)
-        floor = False
-    else:   # a recording without per-workload evidence: the link, the node's CPU and PSI
-        cpu, psi = f.cpu_busy or 0.0, f.pressure or 0.0
-        if cpu >= th.cpu_busy:
-            found.append(f"host CPU busy {_pct(cpu)}")
-        if psi >= th.cpu_pressure:
-            found.append(f"host pressure {_pct(psi)}")
-        strength = max(ratio(cpu, th.cpu_busy), ratio(psi, th.cpu_pressure), ratio(dma, th.pin_churn_rate))
-        floor = u is not None and u >= th.staging_link_floor
+            found.append((min(th.copy_strength_cap, _ratio(cores, th.host_copy_cores)),
+                          f"copies fed by the host: link at {_pct(u or 0.0)} of its ceiling (>= "
+                          f"{_pct(th.staging_link_floor)}) while {workload_text(cores_of)} keeps {cores:.2f} cores busy "
+                          f"(>= {th.host_copy_cores:g})"))
+        if dma >= th.pin_churn_rate and (moving or found):
+            found.append((_ratio(dma, th.pin_churn_rate), f"pin churn: {dma:.0f} DMA maps/s"))
+        strength = max((x[0] for x in found), default=0.0)
+        reasons = [x[1] for x in found]
+        if found and u is not None:
+            reasons.insert(0, f"link at {_pct(u)} of its ceiling")
+        return bool(found), strength, reasons
+    # a recording without per-workload evidence: the link, the node's CPU and PSI
+    old: list[str] = []
+    cpu, psi = f.cpu_busy or 0.0, f.pressure or 0.0
+    if cpu >= th.cpu_busy:
+        old.append(f"host CPU busy {_pct(cpu)}")
+    if psi >= th.cpu_pressure:
+        old.append(f"host pressure {_pct(psi)}")
     if dma >= th.pin_churn_rate:
-        found.append(f"pin churn: {dma:.0f} DMA maps/s")
+        old.append(f"pin churn: {dma:.0f} DMA maps/s")
+    strength = max(_ratio(cpu, th.cpu_busy), _ratio(psi, th.cpu_pressure), _ratio(dma, th.pin_churn_rate))
+    floor = u is not None and u >= th.staging_link_floor
     reasons: list[str] = []
     if floor:
         reasons.append(f"link only at {_pct(u or 0.0)} of its ceiling (>= {_pct(th.staging_link_floor)}, "
                        f"< {_pct(th.io_saturated_link)}): copies staged by the host")
-    # the workload's own threads waiting for a CPU decide alone: a thread spinning on the GPU or
-    # busy-polling is running, not waiting, so the link need not move (a feeder confined to a
-    # busy core starves the accelerator with the link quiet)
-    waiting = acc.has_workload_evidence and acc.cpu_wait is not None and (acc.cpu_wait or 0.0) >= th.cpu_wait
-    if found and (moving or waiting):
-        if u is not None and not floor:
+        return True, strength, reasons + old
+    if old and moving:
+        if u is not None:
             reasons.append(f"link moving data at {_pct(u)} of its ceiling")
-        reasons += found
-        return True, strength, reasons
-    if floor:
-        return True, strength, reasons + found
-    if found:   # the host is busy but the link is quiet: it is not feeding this accelerator
-        reasons += found + [f"but the link is quiet ({_pct(u or 0.0)} < {_pct(th.idle_link)})"]
+        return True, strength, reasons + old
+    if old:   # the node is busy but the link is quiet: it is not feeding this accelerator
+        reasons += old + [f"but the link is quiet ({_pct(u or 0.0)} < {_pct(th.idle_link)})"]
     return False, strength, reasons
+
+
+def _network(acc: AcceleratorFeatures, f: WindowFeatures, th: MismatchThresholds) -> tuple[float, list[str]]:
+    """Network evidence for this accelerator: (strength, reasons).  Its workloads' own sockets when
+    the agent attributes them (other processes' retransmits never count); the node's retransmit
+    rate only where no workload on it has TCP series (older recordings)."""
+    if acc.has_workload_tcp:
+        found = [x for w in acc.per_workload if (x := network_finding(w, th)) is not None]
+        return max((x[0] for x in found), default=0.0), [x[1] for x in found]
+    rtx = f.retransmit_rate or 0.0
+    strength = _ratio(rtx, th.retransmit_rate)
+    if strength >= 1:
+        return strength, [f"{rtx:.1f} TCP retransmits/s on the node >= {th.retransmit_rate:g} (whose is not known: "
+                          "no per-workload TCP evidence)"]
+    return strength, []
 
 
 def _copy_feeders(acc: AcceleratorFeatures, th: MismatchThresholds, u: float | None
@@ -176,8 +233,6 @@ def classify_accelerator(acc: AcceleratorFeatures, f: WindowFeatures,
     u0 = 0.0 if u is None else u
     bm = max(0.0, min(1.0, acc.busy or 0.0))  # means: the score
     um = acc.link_util or 0.0
-    rtx = f.retransmit_rate or 0.0
-    net_strength = rtx / th.retransmit_rate if th.retransmit_rate > 0 else 0.0
     link_share = min(1.0, um / th.io_saturated_link) if th.io_saturated_link > 0 else 0.0
     saturated = u is not None and u0 >= th.io_saturated_link
     moving = u is not None and u0 >= th.idle_link
@@ -188,22 +243,33 @@ def classify_accelerator(acc: AcceleratorFeatures, f: WindowFeatures,
                 f">= {_pct(th.io_saturated_link)}: both near their ceilings"]
         return "compute-bound", (1 - bm) * link_share, [f"accelerator busy {_pct(b)} >= {_pct(th.compute_busy)}"]
     link = "no link data" if u is None else f"link {_pct(u0)} of its ceiling"
-    if b >= th.starved_busy:
+    starved = b < th.starved_busy
+    if saturated and starved:
+        return "io-saturated", 1 - bm, [f"accelerator starved: busy {_pct(b)} < {_pct(th.starved_busy)}",
+                                        f"link at {_pct(u0)} of its ceiling >= {_pct(th.io_saturated_link)}"]
+    # partly busy with per-workload evidence, or starved: what holds it back?  (A partly busy
+    # accelerator without per-workload evidence keeps the older reading: the link or nothing.)
+    if starved or acc.has_workload_evidence or acc.has_workload_tcp:
+        waits = (f"accelerator starved: busy {_pct(b)} < {_pct(th.starved_busy)}" if starved else
+                 f"accelerator waits: busy {_pct(b)} < {_pct(th.compute_busy)}")
+        net_strength, net_why = _network(acc, f, th)
+        staging, host_strength, why = _staging(acc, f, th, u)
+        if not starved and not acc.has_workload_evidence:
+            staging = False
+        if net_strength >= 1 and net_why and (net_strength >= host_strength or not staging):
+            return "network-bound", 1 - bm, [waits, *net_why]
+        if staging:
+            return "staging-bound", 1 - bm, [waits, *why]
+    else:
+        why = []
+    if not starved:
         if saturated or moving:
             return "balanced", (1 - bm) * link_share, [f"accelerator busy {_pct(b)}, {link}"]
         return "demand-limited", 0.0, [f"accelerator busy {_pct(b)}, {link}: not asked for more"]
-    starved = f"accelerator starved: busy {_pct(b)} < {_pct(th.starved_busy)}"
-    if saturated:
-        return "io-saturated", 1 - bm, [starved, f"link at {_pct(u0)} of its ceiling >= {_pct(th.io_saturated_link)}"]
-    network = f"{rtx:.1f} TCP retransmits/s >= {th.retransmit_rate:g}"
-    staging, host_strength, why = _staging(acc, f, th, u)
-    if net_strength >= 1 and (net_strength >= host_strength or not staging):
-        return "network-bound", 1 - bm, [starved, network]
-    if staging:
-        return "staging-bound", 1 - bm, [starved, *why]
     if b < th.idle_busy and not moving:
         return "idle", 0.0, [f"accelerator busy {_pct(b)}, {link}: nothing to do", *why]
-    quiet = ("no pegged feeder, no CPU wait, no pin churn, no retransmits" if acc.has_workload_evidence else
+    quiet = ("its workloads' host side quiet (no pegged feeder, no CPU wait, no CPU pressure, no throttling), "
+             "no loss on their own connections, no pin churn" if acc.has_workload_evidence else
              f"link below {_pct(th.staging_link_floor)} of its ceiling, no host pressure, no pin churn, no retransmits")
     return "demand-limited", 0.0, [f"accelerator busy {_pct(b)}, {link}: {quiet}", *why]
 
@@ -224,6 +290,13 @@ def accelerator_evidence(acc: AcceleratorFeatures) -> dict[str, Any]:
                    workloads=acc.workloads)
         if acc.workload_cores:
             out["workload_cores_max"] = _r(max(acc.workload_cores.values()), 3)
+        throttled = [t for w in acc.per_workload if (t := w.throttled) is not None]
+        if throttled:
+            out["cpu_throttled_max"] = _r(max(throttled))
+        losses = [x for w in acc.per_workload if (x := w.loss) is not None]
+        if acc.has_workload_tcp:
+            out["tcp_loss_max"] = _r(max(losses, default=0.0), 5)
+            out["tcp_retransmits_per_second"] = _r(sum(w.retransmits or 0.0 for w in acc.per_workload), 3)
     return out
 
 
@@ -236,55 +309,51 @@ def _key(labels: dict[str, str]) -> WorkloadKey:
             labels.get("workload", ""))
 
 
-HOST_WIDE_MARGIN = 1.5
-"""A staging verdict names a workload only when its busiest thread works this much harder than the
-next workload's with host evidence; closer than that, the host is short for all of them and the
-verdict names none (an action on one of them would be a guess)."""
-
-
-COPY_STRENGTH_CAP = 1.5
-"""The host-copy evidence's strength (cores over ``host_copy_cores``) counts at most this much."""
-
-
-LINK_FEEDER_FLOOR = 0.5
-"""An ``io-saturated`` verdict on a shared accelerator names a workload only when its busiest thread
-is busy at least this share of the window (issuing copies and waiting on them keeps a thread busy:
-measured on an H200, 0.55-0.69 for a service uploading 2 GiB batches, 0.72-0.80 for a copy hog)."""
-
-
 def _named_workload(acc: AcceleratorFeatures, state: str, th: MismatchThresholds) -> tuple[WorkloadKey, str]:
     """The workload a verdict names, and why.
 
     ``staging-bound`` decided on per-workload host evidence names the workload the host is failing
-    to feed: of the workloads whose own evidence crosses a threshold (a pegged feeder, threads
-    waiting for a CPU, their cgroup's CPU pressure), the one whose busiest thread works hardest.  A
-    neighbour that only waits — a light service whose few threads queue behind a heavy one's on a
-    saturated host, or one sharing the heavy one's cgroup and so its pressure — is the victim, not
-    the workload to act on; on a shared GPU the starved workload is often not the one with the
-    larger SM share either.  Several workloads with evidence and none clearly the hardest-working
-    (``HOST_WIDE_MARGIN``): the host is short for all of them, and the verdict names none.
-    Everything else names the dominant workload (SM share, processes)."""
-    if state == "staging-bound" and acc.has_workload_evidence and acc.per_workload:
-        def crosses(v: float | None, t: float) -> bool:
-            return v is not None and t > 0 and v >= t
-
-        cands = [(feeder if feeder is not None else 0.0, key) for key, feeder, wait, psi in acc.per_workload
-                 if crosses(feeder, th.feeder_busy) or crosses(wait, th.cpu_wait)
-                 or crosses(psi, th.workload_cpu_pressure)]
-        cands.sort(key=lambda c: (c[0], c[1]), reverse=True)
-        if len(cands) >= 2 and cands[0][0] < HOST_WIDE_MARGIN * cands[1][0]:
+    to feed: of the workloads with a host finding (``host_findings``), one held at its own CPU limit
+    first, else the one whose busiest thread works hardest.  A neighbour that only waits — a light
+    service whose few threads queue behind a heavy one's on a saturated host, or one sharing the
+    heavy one's cgroup and so its pressure — is the victim, not the workload to act on; on a shared
+    GPU the starved workload is often not the one with the larger SM share either.  Several
+    workloads with findings and none clearly the hardest-working (``host_wide_margin``): the host
+    is short for all of them, and the verdict names none.  ``network-bound`` on per-workload TCP
+    evidence names the workload whose own sockets lose the most; on the node's retransmits alone,
+    none.  Everything else names the dominant workload (SM share, processes)."""
+    if state == "staging-bound" and acc.has_workload_evidence:
+        cands: list[tuple[bool, float, WorkloadKey]] = []
+        for w in _workload_evidence(acc):
+            if host_findings(w, th):
+                limited = w.throttled is not None and th.cpu_throttled > 0 and w.throttled >= th.cpu_throttled
+                cands.append((limited, w.feeder if w.feeder is not None else 0.0, w.key))
+        cands.sort(reverse=True)
+        limited = [c for c in cands if c[0]]
+        if len(limited) == 1:
+            return limited[0][2], "host evidence: held at its CPU limit"
+        if limited:
+            cands = limited
+        if len(cands) >= 2 and cands[0][1] < th.host_wide_margin * cands[1][1]:
             # several workloads wait alike (a saturated host): naming one would be a guess
             return NO_WORKLOAD, "host-wide"
         feeders = _copy_feeders(acc, th, acc.link_util_typical)
         if cands:
-            if feeders and feeders[0][1] != cands[0][1]:
+            if feeders and feeders[0][1] != cands[0][2]:
                 # one workload's threads starve while another's feed the copies: which to act on is a guess
                 return NO_WORKLOAD, "host-wide"
-            return cands[0][1], "host evidence"
-        if len(feeders) >= 2 and feeders[0][0] < HOST_WIDE_MARGIN * feeders[1][0]:
+            return cands[0][2], "host evidence"
+        if len(feeders) >= 2 and feeders[0][0] < th.host_wide_margin * feeders[1][0]:
             return NO_WORKLOAD, "host-wide"
         if feeders:
             return feeders[0][1], "host evidence: its threads feed the copies"
+    if state == "network-bound":
+        if not acc.has_workload_tcp:
+            return NO_WORKLOAD, "node-wide retransmits: whose is not known"
+        lossy = [(w.retransmits or 0.0, w.key) for w in acc.per_workload if network_finding(w, th) is not None]
+        if lossy:
+            return max(lossy)[1], "its own connections lose packets"
+        return NO_WORKLOAD, "network"
     if state == "io-saturated" and acc.workloads >= 2:
         return _link_workload(acc, th)
     return _workload_of(acc), "SM share"
@@ -297,16 +366,16 @@ def _link_workload(acc: AcceleratorFeatures, th: MismatchThresholds) -> tuple[Wo
     loader) has none, and naming the busiest computer would name its victim (measured on an H200:
     a copy hog beside two services, the verdict named the healthy one).  No per-process link bytes
     exist (NVML's PCIe counters are per device), so the evidence is the thread that issues the
-    copies: the workload whose busiest thread is busy at least ``LINK_FEEDER_FLOOR`` of the window
-    and works clearly harder than every other workload's (``HOST_WIDE_MARGIN``).  Otherwise, or
+    copies: the workload whose busiest thread is busy at least ``link_feeder_floor`` of the window
+    and works clearly harder than every other workload's (``host_wide_margin``).  Otherwise, or
     where a workload on it has no thread evidence, the verdict names none: a shared link, and
     acting on one of them would be a guess."""
-    known = [(feeder, key) for key, feeder, _wait, _psi in acc.per_workload if feeder is not None]
+    known = [(w.feeder, w.key) for w in acc.per_workload if w.feeder is not None]
     if not known or len(known) < acc.workloads:
         return NO_WORKLOAD, "shared link (no thread evidence for every workload)"
     known.sort(key=lambda c: (c[0], c[1]), reverse=True)
     top = known[0]
-    if top[0] >= LINK_FEEDER_FLOOR and (len(known) == 1 or top[0] >= HOST_WIDE_MARGIN * known[1][0]):
+    if top[0] >= th.link_feeder_floor and (len(known) == 1 or top[0] >= th.host_wide_margin * known[1][0]):
         return top[1], "shared link: its thread issues the copies"
     return NO_WORKLOAD, "shared link"
 

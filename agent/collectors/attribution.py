@@ -29,11 +29,11 @@ from dataclasses import dataclass
 
 from triscope.agent.collectors.cgroups import CgroupOwner, owner_of
 from triscope.agent.collectors.podresources import DeviceOwner
+from triscope.vocabulary import WORKLOAD_LABELS  # noqa: F401 - re-exported for the collector
 
 Workload = tuple[str, str, str, str]     # namespace, pod, container, workload
 SHARED: Workload = ("", "", "", "shared")
 OTHER: Workload = ("", "", "", "other")
-WORKLOAD_LABELS = ("namespace", "pod", "container", "workload")
 DEFAULT_PODS_LOG_DIR = "/var/log/pods"
 
 

@@ -54,7 +54,9 @@ from triscope.agent.collectors.attribution import (
 from triscope.agent.collectors.base import Availability, BaseCollector
 from triscope.agent.collectors.cgroups import resolve_v2_dir, unified_root
 from triscope.agent.collectors.podresources import DEFAULT_SOCKET, DeviceOwner, PodResourcesWatch
+from triscope.agent.collectors.processset import CgroupCpu, CgroupDirs, ProcessTree, cgroup_dirs, process_set
 from triscope.agent.collectors.procstat import ProcSample, ProcStats
+from triscope.agent.collectors.workload_tcp import WorkloadTcp
 from triscope.samples import EventRecord, Sample
 
 log = logging.getLogger(__name__)
@@ -67,7 +69,8 @@ PSI_EVERY = 2.0     # the kernel recomputes PSI averages every 2 s
 class _Accel:
     labels: Labels
     uuid: str
-    groups: tuple[tuple[Workload, tuple[int, ...]], ...]     # each workload on it and its processes
+    groups: tuple[tuple[Workload, tuple[int, ...]], ...]     # each workload on it and its whole process set
+    cpu_stat: tuple[tuple[Workload, tuple[str, str]], ...] = ()   # each workload's cgroup cpu.stat (path, v1|v2)
 
 
 @dataclass(frozen=True)
@@ -93,14 +96,24 @@ class WorkloadsCollector(BaseCollector):
                  pod_resources_socket: str = DEFAULT_SOCKET, pods_log_dir: str = DEFAULT_PODS_LOG_DIR,
                  max_workloads_per_accelerator: int = 8, busy_cores: float = 0.5,
                  process_every: float = 5.0, share_every: float = 1.0, pod_resources_every: float = 30.0,
+                 max_processes_per_workload: int = 64, tcp_every: float = 5.0,
                  background: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
         if max_workloads_per_accelerator < 1:
             raise ValueError("max_workloads_per_accelerator must be >= 1")
+        if max_processes_per_workload < 1:
+            raise ValueError("max_processes_per_workload must be >= 1")
         self.sources = list(sources)
         self.proc = proc
         self.sys = sys
         self.pods_log_dir = pods_log_dir
         self.max_workloads = max_workloads_per_accelerator
+        self.max_processes = max_processes_per_workload
+        self.tree = ProcessTree(proc)
+        self.tcp = WorkloadTcp(proc, every=tcp_every, clock=clock) if tcp_every > 0 else None
+        self._members: dict[int, list[int]] = {}     # a listed process -> its whole process set (itself first)
+        self._cg_text: dict[int, tuple[str, float]] = {}   # listed process -> its /proc/PID/cgroup text, when read
+        self._cpu_stat: dict[str, CgroupCpu] = {}     # cpu.stat path -> kept-open reader
+        self._cpu_prev: dict[tuple[Labels, Workload], tuple[int, int, float]] = {}
         self.process_every = process_every
         self.share_every = share_every
         self.background = background
@@ -185,6 +198,9 @@ class WorkloadsCollector(BaseCollector):
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._psi_fds.clear()
+        for c in self._cpu_stat.values():
+            c.close()
+        self._cpu_stat.clear()
 
     # ------------------------------------------------------------------ refresh worker (off the tick)
     def _start(self) -> None:
@@ -198,7 +214,8 @@ class WorkloadsCollector(BaseCollector):
                 self.refresh()
             except Exception as e:  # noqa: BLE001 - the worker never dies; the next round tries again
                 log.error("workload attribution failed: %s", e)
-            nxt = min(self._next_procs, self._next_shares, self._next_psi)
+            nxt = min(self._next_procs, self._next_shares, self._next_psi,
+                      self.tcp.next_due if self.tcp is not None else float("inf"))
             nxt = min(nxt, self.pod_resources.next_due)
             self._stop.wait(max(0.05, nxt - self.clock()))
 
@@ -234,6 +251,12 @@ class WorkloadsCollector(BaseCollector):
             plan = Plan(plan.accels, plan.pids, plan.shares, self._pressure(), plan.problem)
         elif old is not None:
             plan = Plan(plan.accels, plan.pids, plan.shares, old.pressure, plan.problem)
+        if self.tcp is not None and (force or changed or self.tcp.due()):
+            groups: dict[Workload, list[int]] = {}
+            for acc in plan.accels:
+                for wl, pids in acc.groups:
+                    groups.setdefault(wl, []).extend(p for p in pids if p not in groups.get(wl, ()))
+            self.tcp.read(groups)
         with self._lock:
             self._plan = plan
         return plan
@@ -260,12 +283,46 @@ class WorkloadsCollector(BaseCollector):
             rows += got
         self._rows = rows
         self._info = self._known.get({r.pid for r in rows})
+        self._members = self._process_sets()
         hidden = sum(1 for i in self._info.values() if i is None)
         if rows and hidden == len(self._info) and not self._hidden_said:
             self._hidden_said = True   # said once: the PIDs are the root namespace's, not ours
             log.warning("workloads: none of the %d processes on the accelerators is in %s (a PID namespace of "
                         "its own? the agent needs hostPID): no per-process CPU evidence, pods from "
                         "pod-resources only", hidden, self.proc)
+
+    def _leader_dirs(self, pid: int) -> CgroupDirs | None:
+        """A listed process's cgroup directories (its /proc/PID/cgroup read again every minute)."""
+        now = self.clock()
+        got = self._cg_text.get(pid)
+        if got is None or now - got[1] > 60.0:
+            try:
+                with open(f"{self.proc}/{pid}/cgroup", "rb") as f:
+                    got = (f.read(8192).decode("utf-8", "replace"), now)
+            except OSError:
+                return None
+            self._cg_text[pid] = got
+        if self._cg_root is False:
+            self._cg_root = unified_root(self.sys)
+        return cgroup_dirs(self.sys, got[0], self._cg_root if isinstance(self._cg_root, str) else None)
+
+    def _process_sets(self) -> dict[int, list[int]]:
+        """Each listed process's whole process set: its container's or service's cgroup members and
+        its descendants (``processset.process_set``), the other listed processes left to their own."""
+        listed = {r.pid for r in self._rows if self._info.get(r.pid) is not None}
+        for pid in [p for p in self._cg_text if p not in listed]:
+            del self._cg_text[pid]
+        if not listed:
+            return {}
+        self.tree.refresh()
+        out: dict[int, list[int]] = {}
+        for pid in listed:
+            info = self._info.get(pid)
+            dirs = self._leader_dirs(pid)
+            members = process_set(pid, info.owner if info is not None else None, dirs, self.tree,
+                                  self.max_processes + len(listed))
+            out[pid] = [p for p in members if p == pid or p not in listed][:self.max_processes]
+        return out
 
     def _read_shares(self) -> dict[Labels, dict[int, float]]:
         out: dict[Labels, dict[int, float]] = {}
@@ -288,16 +345,28 @@ class WorkloadsCollector(BaseCollector):
                 if key is not None:
                     owners_by_key.setdefault(key, []).append(o)
         by_accel: dict[Labels, tuple[str, dict[Workload, dict[int, None]]]] = {}
+        stat_of: dict[Labels, dict[Workload, tuple[str, str]]] = {}
         for r in self._rows:
             info = self._info.get(r.pid)
             owners: list[DeviceOwner] = []
             for k in device_keys(r):
                 owners += owners_by_key.get(k, ())
             wl = attribute(info, owners, self.pods)
-            by_accel.setdefault(r.labels, (r.uuid, {}))[1].setdefault(wl, {})[r.pid] = None
-        accels = tuple(_Accel(labels, uuid, tuple((wl, tuple(pids)) for wl, pids in groups.items()))
+            group = by_accel.setdefault(r.labels, (r.uuid, {}))[1].setdefault(wl, {})
+            for pid in self._members.get(r.pid, (r.pid,)):
+                if len(group) < self.max_processes or pid == r.pid:
+                    group[pid] = None
+            if wl not in stat_of.get(r.labels, {}) and info is not None:
+                dirs = self._leader_dirs(r.pid)
+                cs = dirs.cpu_stat if dirs is not None else None
+                if cs is not None:
+                    stat_of.setdefault(r.labels, {})[wl] = cs
+        accels = tuple(_Accel(labels, uuid, tuple((wl, tuple(pids)) for wl, pids in groups.items()),
+                              tuple(sorted(stat_of.get(labels, {}).items())))
                        for labels, (uuid, groups) in sorted(by_accel.items()))
-        pids = frozenset(r.pid for r in self._rows if self._info.get(r.pid) is not None)
+        # every process of every set; a listed one the agent cannot see (another PID namespace) is left out
+        pids = frozenset(p for a in accels for _wl, ps in a.groups for p in ps
+                         if p not in self._info or self._info[p] is not None)
         if self._plan is not None and self._plan.pids == pids:
             pids = self._plan.pids      # the same processes: the tick has nothing to open or close
         self._dirs = self._cgroup_dirs(pids)
@@ -391,6 +460,8 @@ class WorkloadsCollector(BaseCollector):
         now = self.clock()
         add = out.append
         state = self._state
+        cfs = {wl: self._cfs(acc.labels, wl, where) for wl, where in acc.cpu_stat if wl in groups}
+        tcp = self.tcp
         for wl, (n, sm, cpu, best, known, run, wait, waited, psi) in groups.items():
             key = (acc.labels, wl)
             st = state.get(key)
@@ -411,6 +482,44 @@ class WorkloadsCollector(BaseCollector):
                 add(Sample("triscope_workload_cpu_wait_ratio", wait / (run + wait) if run + wait else 0.0, labels))
             if psi >= 0:
                 add(Sample("triscope_workload_cpu_pressure_ratio", psi, labels))
+            c = cfs.get(wl)
+            if c is not None:
+                periods, throttled, secs, limit = c
+                add(Sample("triscope_workload_cpu_periods_total", float(periods), labels, "counter"))
+                add(Sample("triscope_workload_cpu_throttled_periods_total", float(throttled), labels, "counter"))
+                add(Sample("triscope_workload_cpu_throttled_seconds_total", secs, labels, "counter"))
+                if limit is not None:
+                    add(Sample("triscope_workload_cpu_limit_cores", limit, labels))
+            if tcp is not None and not tcp.problem:
+                got = tcp.counters(wl)
+                if got is not None:
+                    add(Sample("triscope_workload_tcp_retransmits_total", float(got[0]), labels, "counter"))
+                    add(Sample("triscope_workload_tcp_segments_sent_total", float(got[1]), labels, "counter"))
+
+    def _cfs(self, acc: Labels, wl: Workload, where: tuple[str, str]) -> tuple[int, int, float, float | None] | None:
+        """The workload's cgroup CFS counters since the agent began reading them (a baseline at
+        the first read, so a counter never starts with the cgroup's past): (periods, throttled
+        periods, throttled seconds, the limit in cores); None when the cgroup has no CPU limit
+        (no enforcement periods) or cannot be read."""
+        path, kind = where
+        reader = self._cpu_stat.get(path)
+        if reader is None:
+            try:
+                reader = self._cpu_stat[path] = CgroupCpu(path, kind)
+            except OSError:
+                return None
+        got = reader.read()
+        if got is None:
+            reader.close()
+            del self._cpu_stat[path]
+            return None
+        key = (acc, wl)
+        base = self._cpu_prev.get(key)
+        if base is None or got[0] < base[0]:        # first read, or another cgroup behind the path
+            base = self._cpu_prev[key] = got
+        if reader.limit is None and got[0] == base[0]:
+            return None
+        return got[0] - base[0], got[1] - base[1], got[2] - base[2], reader.limit
 
     def _forget_old(self, keep_s: float = 600.0) -> None:
         """Counters of workloads gone for ``keep_s`` are forgotten (a workload that comes back later
@@ -418,6 +527,10 @@ class WorkloadsCollector(BaseCollector):
         now = self.clock()
         for key in [k for k, st in self._state.items() if now - st[3] > keep_s]:
             del self._state[key]
+            self._cpu_prev.pop(key, None)
+        used = {path for path, _kind in (w for a in (self._plan.accels if self._plan else ()) for _wl, w in a.cpu_stat)}
+        for path in [p for p in self._cpu_stat if p not in used]:
+            self._cpu_stat.pop(path).close()
 
 
 class _Known:

@@ -126,13 +126,19 @@ def alert_holds(track: Track, a: float, b: float) -> dict[str, dict[str, Any]]:
 def scenario_rows(store: Any, node: str, lines: Sequence[dict[str, Any]], settle: float = 15.0,
                   window: float = 10.0) -> list[dict[str, Any]]:
     """One row per scenario: the faulty instance's expectation, the windows' verdicts, pages on the
-    healthy instance, the alerts."""
+    healthy instance, the alerts (the verdicts the store holds)."""
     scen = [ln for ln in lines if ln.get("scenario") != "loop_closed"]
     if not scen:
         return []
     t0 = min(float(ln["start"]) for ln in lines)
     t1 = max(float(ln["end"]) for ln in lines)
-    trs = tracks(store, node, t0 - 30, t1 + 30)
+    return score_tracks(tracks(store, node, t0 - 30, t1 + 30), lines, settle, window)
+
+
+def score_tracks(trs: dict[str, Track], lines: Sequence[dict[str, Any]], settle: float = 15.0,
+                 window: float = 10.0) -> list[dict[str, Any]]:
+    """``scenario_rows`` over verdicts already in hand (a replay's ``Track`` per accelerator)."""
+    scen = [ln for ln in lines if ln.get("scenario") != "loop_closed"]
     rows: list[dict[str, Any]] = []
     for name in dict.fromkeys(ln["scenario"] for ln in scen):
         mine = {ln["instance"]: ln for ln in scen if ln["scenario"] == name}

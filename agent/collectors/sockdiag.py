@@ -1,0 +1,151 @@
+"""TCP sockets' own counters, per socket, from the kernel's sock_diag netlink interface.
+
+``tcp_counters()`` asks ``NETLINK_SOCK_DIAG`` for every TCP socket of the caller's network namespace
+(IPv4 and IPv6, every state) with ``INET_DIAG_INFO``, and returns, per socket inode, the two
+``struct tcp_info`` counters the verdict reads: ``tcpi_total_retrans`` (segments this socket
+retransmitted over its life) and ``tcpi_segs_out`` (segments it sent).  This is what ``ss -ti``
+prints as ``retrans:x/<total>`` and ``segs_out``.  It needs no kprobe, no BPF and no privilege
+beyond the namespace: a socket's owner is joined in user space from ``/proc/PID/fd``
+(``socket_inodes``).  Sockets without an inode (``TIME_WAIT``, request sockets) are left out: no
+process holds them.
+
+``netns_tcp_totals(proc, pid)`` reads a network namespace's own totals (``/proc/PID/net/snmp``,
+``Tcp: RetransSegs OutSegs``): the route for a process in a namespace of its own (a pod's), where
+the namespace's sockets are its pod's.
+
+Offsets of ``struct tcp_info`` (include/uapi/linux/tcp.h): ``tcpi_total_retrans`` at byte 100
+(since 2.6), ``tcpi_segs_out`` at 136 (since 4.2); a shorter answer (an older kernel) gives None for
+what it lacks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import struct
+
+NETLINK_SOCK_DIAG = 4
+SOCK_DIAG_BY_FAMILY = 20
+NLM_F_REQUEST = 0x1
+NLM_F_DUMP = 0x300
+NLMSG_ERROR = 2
+NLMSG_DONE = 3
+INET_DIAG_INFO = 2
+_NLMSG = struct.Struct("=IHHII")            # len, type, flags, seq, pid
+_REQ = struct.Struct("=BBBxI48x")            # family, protocol, ext, pad, states, inet_diag_sockid (zeros)
+_MSG_INODE = 4 + 48 + 16                     # inet_diag_msg: family..retrans, id, expires, rqueue, wqueue, uid
+_RTA = struct.Struct("=HH")
+TOTAL_RETRANS_AT = 100
+SEGS_OUT_AT = 136
+MAX_ANSWER = 64 << 20                        # a dump larger than this is cut (a host with millions of sockets)
+
+
+class SockDiagError(OSError):
+    """sock_diag cannot be asked here (no netlink, a kernel without inet_diag)."""
+
+
+def _request(family: int, seq: int) -> bytes:
+    body = _REQ.pack(family, socket.IPPROTO_TCP, 1 << (INET_DIAG_INFO - 1), 0xFFFFFFFF)
+    return _NLMSG.pack(_NLMSG.size + len(body), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + body
+
+
+def parse_dump(data: bytes, out: dict[int, tuple[int, int]]) -> bool:
+    """Parse one buffer of a sock_diag answer into ``out`` (inode -> (total_retrans, segs_out));
+    True once the dump's end (``NLMSG_DONE``) is in it.  Raises ``SockDiagError`` on an error answer."""
+    off, n = 0, len(data)
+    while off + _NLMSG.size <= n:
+        length, mtype, _flags, _seq, _pid = _NLMSG.unpack_from(data, off)
+        if length < _NLMSG.size or off + length > n:
+            return True         # malformed: stop here rather than loop
+        if mtype == NLMSG_DONE:
+            return True
+        if mtype == NLMSG_ERROR:
+            (err,) = struct.unpack_from("=i", data, off + _NLMSG.size)
+            if err:
+                raise SockDiagError(-err, os.strerror(-err))
+            return True
+        body = off + _NLMSG.size
+        if mtype == SOCK_DIAG_BY_FAMILY and length >= _NLMSG.size + _MSG_INODE + 4:
+            (inode,) = struct.unpack_from("=I", data, body + _MSG_INODE)
+            a = body + _MSG_INODE + 4
+            end = off + length
+            while inode and a + _RTA.size <= end:
+                alen, atype = _RTA.unpack_from(data, a)
+                if alen < _RTA.size:
+                    break
+                if atype == INET_DIAG_INFO:
+                    info = a + _RTA.size
+                    size = alen - _RTA.size
+                    if size >= SEGS_OUT_AT + 4:
+                        (retrans,) = struct.unpack_from("=I", data, info + TOTAL_RETRANS_AT)
+                        (segs,) = struct.unpack_from("=I", data, info + SEGS_OUT_AT)
+                        out[inode] = (retrans, segs)
+                    break
+                a += (alen + 3) & ~3
+        off += (length + 3) & ~3
+    return False
+
+
+def tcp_counters(families: tuple[int, ...] = (socket.AF_INET, socket.AF_INET6)) -> dict[int, tuple[int, int]]:
+    """Every TCP socket of this network namespace with an inode: inode -> (total_retrans, segs_out)."""
+    out: dict[int, tuple[int, int]] = {}
+    try:
+        s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_SOCK_DIAG)
+    except OSError as e:
+        raise SockDiagError(e.errno or 0, f"no sock_diag netlink socket: {e.strerror or e}") from None
+    with contextlib.closing(s):
+        s.settimeout(2.0)
+        for seq, fam in enumerate(families, 1):
+            s.send(_request(fam, seq))
+            got = 0
+            while True:
+                data = s.recv(1 << 16)
+                got += len(data)
+                if not data or parse_dump(data, out) or got > MAX_ANSWER:
+                    break
+    return out
+
+
+def socket_inodes(proc: str, pid: int) -> set[int] | None:
+    """The socket inodes a process holds (``/proc/PID/fd`` links ``socket:[N]``); None when it is gone."""
+    d = f"{proc}/{pid}/fd"
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return None
+    out: set[int] = set()
+    for name in names:
+        try:
+            link = os.readlink(f"{d}/{name}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            with contextlib.suppress(ValueError):
+                out.add(int(link[8:-1]))
+    return out
+
+
+def netns_id(proc: str, pid: int) -> int | None:
+    """The inode of a process's network namespace (``/proc/PID/ns/net``); None when unreadable."""
+    try:
+        return os.stat(f"{proc}/{pid}/ns/net").st_ino
+    except OSError:
+        return None
+
+
+def netns_tcp_totals(proc: str, pid: int) -> tuple[int, int] | None:
+    """(RetransSegs, OutSegs) of the network namespace ``pid`` runs in (``/proc/PID/net/snmp``)."""
+    try:
+        with open(f"{proc}/{pid}/net/snmp", "rb") as f:
+            text = f.read(16384).decode("ascii", "replace")
+    except OSError:
+        return None
+    rows = [ln.split() for ln in text.splitlines() if ln.startswith("Tcp:")]
+    if len(rows) < 2:
+        return None
+    named = dict(zip(rows[0][1:], rows[1][1:], strict=False))
+    try:
+        return int(named["RetransSegs"]), int(named["OutSegs"])
+    except (KeyError, ValueError):
+        return None

@@ -1,0 +1,160 @@
+"""Each workload's own TCP: segments its sockets retransmitted and segments they sent.
+
+Node-wide retransmits say that some connection on the node loses packets, not whose: a lossy
+stream of a process that never touches a GPU must not make a GPU service ``network-bound``, and a
+low-rate service losing 10 % of its own packets retransmits too few segments to move a node-wide
+rate.  So the loss is read per workload, two ways by where its processes run:
+
+* **the agent's own network namespace** (processes off Kubernetes, ``hostNetwork`` pods): every
+  TCP socket's ``tcp_info`` counters from sock_diag (``sockdiag.tcp_counters``: one netlink dump,
+  ~1 ms per address family on the CPU machines whatever the socket count: the kernel walks its
+  whole hash table), joined to the sockets each process holds (``/proc/PID/fd``).  A socket's
+  counters are summed as deltas between reads: one first seen in a process already read counts
+  whole (it was opened since), one of a process read for the first time is a baseline.  A socket
+  that opens and closes between two reads is not seen.
+* **a namespace of its own** (a pod): the namespace's totals (``/proc/PID/net/snmp``
+  ``RetransSegs`` / ``OutSegs``) are its pod's sockets: exact, and one file read.
+
+Cost is kept off the tick: the workloads worker calls ``read`` every ``every`` seconds (5); a
+process's descriptors are listed at most every ``fds_every`` seconds (15), staggered, and at once
+when it is new.  ``counters(workload)`` gives the running totals the tick publishes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from triscope.agent.collectors.sockdiag import (
+    SockDiagError,
+    netns_id,
+    netns_tcp_totals,
+    socket_inodes,
+    tcp_counters,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Proc:
+    netns: int | None
+    inodes: set[int]
+    listed_at: float
+
+
+class WorkloadTcp:
+    """Per-workload TCP counters.  ``read(groups)`` with ``groups``: workload key -> its processes."""
+
+    def __init__(self, proc: str = "/proc", *, every: float = 5.0, fds_every: float = 15.0,
+                 clock: Callable[[], float] = time.monotonic,
+                 dump: Callable[[], dict[int, tuple[int, int]]] = tcp_counters) -> None:
+        self.proc = proc
+        self.every = every
+        self.fds_every = fds_every
+        self.clock = clock
+        self.dump = dump
+        self.next_due = 0.0
+        self.problem = ""                       # why sock_diag cannot be read here ("" when it can)
+        self._own_ns = netns_id(proc, os.getpid())
+        self._procs: dict[int, _Proc] = {}
+        self._sockets: dict[int, tuple[int, int]] = {}     # inode -> counters at the last read
+        self._ns_last: dict[int, tuple[int, int]] = {}     # foreign netns -> totals at the last read
+        self._totals: dict[object, list[int]] = {}         # workload -> [retransmits, segments]
+        self._reads = 0
+
+    def due(self) -> bool:
+        return self.clock() >= self.next_due
+
+    def counters(self, workload: object) -> tuple[int, int] | None:
+        t = self._totals.get(workload)
+        return None if t is None else (t[0], t[1])
+
+    def read(self, groups: Mapping[Any, Sequence[int]]) -> None:
+        now = self.clock()
+        self.next_due = now + self.every
+        self._reads += 1
+        alive: set[int] = set()
+        host: dict[object, list[int]] = {}
+        foreign: dict[int, tuple[int, list[object]]] = {}      # netns -> (a pid in it, workloads)
+        for wl, pids in groups.items():
+            self._totals.setdefault(wl, [0, 0])
+            for pid in pids:
+                alive.add(pid)
+                p = self._procs.get(pid)
+                if p is None:
+                    p = self._procs[pid] = _Proc(netns_id(self.proc, pid), set(), -1e18)
+                if p.netns is None:
+                    continue
+                if p.netns == self._own_ns or self._own_ns is None:
+                    host.setdefault(wl, []).append(pid)
+                else:
+                    entry = foreign.setdefault(p.netns, (pid, []))
+                    if wl not in entry[1]:
+                        entry[1].append(wl)
+        for pid in [p for p in self._procs if p not in alive]:
+            del self._procs[pid]
+        if host:
+            self._read_host(host, now)
+        for ns, (pid, wls) in foreign.items():
+            got = netns_tcp_totals(self.proc, pid)
+            if got is None:
+                continue
+            prev = self._ns_last.get(ns)
+            self._ns_last[ns] = got
+            if prev is None:
+                continue
+            d_rtx, d_segs = max(0, got[0] - prev[0]), max(0, got[1] - prev[1])
+            for wl in wls:
+                t = self._totals[wl]
+                t[0] += d_rtx
+                t[1] += d_segs
+        for ns in [n for n in self._ns_last if n not in foreign]:
+            del self._ns_last[ns]
+        for wl in [w for w in self._totals if w not in groups]:
+            del self._totals[wl]
+
+    def _read_host(self, host: dict[object, list[int]], now: float) -> None:
+        try:
+            socks = self.dump()
+        except (SockDiagError, OSError) as e:
+            if not self.problem:
+                log.warning("workloads: no per-workload TCP evidence in the agent's network namespace: %s", e)
+            self.problem = str(e) or type(e).__name__
+            return
+        self.problem = ""
+        n_all = sum(len(v) for v in host.values())
+        seen: set[int] = set()
+        for wl, pids in host.items():
+            t = self._totals[wl]
+            mine: set[int] = set()
+            baseline: set[int] = set()      # sockets of a process listed for the first time
+            for pid in pids:
+                p = self._procs[pid]
+                first = p.listed_at < -1e17
+                # descriptors listed again every fds_every seconds, staggered by PID; new ones at once
+                if first or n_all <= 4 or now - p.listed_at >= self.fds_every * (1.0 + (pid % 7) / 14.0):
+                    got = socket_inodes(self.proc, pid)
+                    if got is None:
+                        continue
+                    if first:
+                        baseline |= got
+                    p.inodes, p.listed_at = got, now
+                mine |= p.inodes
+            for ino in mine - seen:     # a socket two workloads hold counts for the first one only
+                c = socks.get(ino)
+                if c is None:
+                    continue
+                prev = self._sockets.get(ino)
+                if prev is not None:
+                    t[0] += max(0, c[0] - prev[0])
+                    t[1] += max(0, c[1] - prev[1])
+                elif ino not in baseline:   # opened since the last listing: its whole life counts
+                    t[0] += c[0]
+                    t[1] += c[1]
+            seen |= mine
+        self._sockets = {ino: c for ino, c in socks.items() if ino in seen}

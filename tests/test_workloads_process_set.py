@@ -1,0 +1,326 @@
+"""A workload is its whole process set, its CPU limit and its own TCP, on this machine's real kernel.
+
+Real processes stand in for the serving code the issue measured on the H200: a GPU process (the
+only one a stand-in NVML list names) with DataLoader-style worker processes that hold no GPU; a
+container whose other process is no child of it; a cgroup v1 CPU limit that really throttles (CFS
+bandwidth control); connections that really retransmit (SYNs to a listener that never accepts, the
+kernel's own retransmission); a pod-like network namespace of its own.  What is asserted is what the
+workloads collector publishes for the verdict.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_workloads_collector import GPU_A, WL, row, series, ticks
+from workloads_helpers import Cgroups, cgroup_skip_reason, kube_path, spawn, stop, writable_cgroup_root
+
+from triscope.agent.collectors.accelprocs import ListedProcessSource
+from triscope.agent.collectors.processset import CgroupCpu, ProcessTree, parse_cpu_stat, read_cpu_limit
+from triscope.agent.collectors.sockdiag import netns_tcp_totals, socket_inodes, tcp_counters
+from triscope.agent.collectors.workload_tcp import WorkloadTcp
+from triscope.agent.collectors.workloads import WorkloadsCollector
+from triscope.samples import Sample
+
+ROOT = writable_cgroup_root()
+needs_cgroups = pytest.mark.skipif(ROOT is None, reason=cgroup_skip_reason())
+V1_CPU = next((p for p in ("/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup/cpu")
+               if os.path.exists(f"{p}/cpu.cfs_quota_us")), None)
+
+# a serving process with DataLoader-style workers: separate processes that never touch the GPU
+LOADER = r"""
+import hashlib, multiprocessing as mp, sys, time
+def work(spin):
+    buf = b"x" * (1 << 20)
+    while True:
+        if spin:
+            hashlib.sha256(buf).digest()
+        else:
+            time.sleep(0.5)
+if __name__ == "__main__":
+    n_spin, n_idle = int(sys.argv[1]), int(sys.argv[2])
+    ps = [mp.Process(target=work, args=(i < n_spin,), daemon=True) for i in range(n_spin + n_idle)]
+    for p in ps:
+        p.start()
+    print(" ".join(str(p.pid) for p in ps), flush=True)
+    time.sleep(3600)
+"""
+
+
+def loader(n_spin: int, n_idle: int) -> tuple[subprocess.Popen[str], list[int]]:
+    p = subprocess.Popen([sys.executable, "-c", LOADER, str(n_spin), str(n_idle)], stdout=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    assert p.stdout is not None
+    kids = [int(x) for x in p.stdout.readline().split()]
+    assert len(kids) == n_spin + n_idle
+    return p, kids
+
+
+def stop_loader(p: subprocess.Popen[str]) -> None:
+    """The loader and its workers (a killed parent leaves its daemon workers running)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(p.pid, signal.SIGKILL)
+    p.wait(10)
+
+
+@pytest.fixture
+def cgroups() -> Iterator[Cgroups]:
+    assert ROOT is not None
+    cg = Cgroups(ROOT)
+    yield cg
+    cg.cleanup()
+
+
+def one(items: list, name: str) -> float:
+    got = series(items, name)
+    assert len(got) == 1, (name, got)
+    return next(iter(got.values()))
+
+
+def test_the_process_tree_finds_descendants_reading_each_pid_once() -> None:
+    p, kids = loader(0, 3)
+    try:
+        tree = ProcessTree()
+        tree.refresh()
+        assert set(tree.descendants(p.pid)) >= set(kids)
+        first = tree.read
+        tree.refresh()
+        assert tree.read < first and tree.read <= 5     # only PIDs new since the last refresh are read
+        assert tree.descendants(kids[0]) == []
+    finally:
+        stop_loader(p)
+
+
+def test_loader_workers_are_the_gpu_process_s_workload() -> None:
+    """Off Kubernetes: the GPU process's children are its workload.  Two pegged workers make the
+    workload's busiest thread a full core and its cores more than one, though the GPU process itself
+    sleeps; without the process set (the agent before) it read an idle process."""
+    p, kids = loader(2, 2)
+    try:
+        c = WorkloadsCollector([ListedProcessSource([row(0, GPU_A, p.pid, 0.05)])], background=False)
+        try:
+            c.refresh(force=True)
+            items = ticks(c, 4)
+        finally:
+            c.close()
+        assert one(items, "triscope_workload_processes") == 5
+        assert one(items, "triscope_workload_feeder_busy_ratio") >= 0.9
+        assert not any(isinstance(s, Sample) and s.labels.get("workload") != series_workload(items) for s in items
+                       if isinstance(s, Sample) and s.name.startswith("triscope_workload_"))
+        # only the GPU process is followed without the process set
+        alone = WorkloadsCollector([ListedProcessSource([row(0, GPU_A, p.pid, 0.05)])], background=False,
+                                   max_processes_per_workload=1)
+        try:
+            alone.refresh(force=True)
+            items = ticks(alone, 3)
+        finally:
+            alone.close()
+        assert one(items, "triscope_workload_processes") == 1
+        assert one(items, "triscope_workload_feeder_busy_ratio") < 0.2
+    finally:
+        stop_loader(p)
+
+
+def series_workload(items: list) -> str:
+    return next(s.labels["workload"] for s in items if isinstance(s, Sample) and s.name == "triscope_workload_processes")
+
+
+@needs_cgroups
+def test_a_containers_other_processes_are_its_workload_without_parentage(cgroups: Cgroups) -> None:
+    """On Kubernetes the container's cgroup holds the workload: a process that is no child of the GPU
+    process (a sidecar-started feeder, a re-parented worker) is in it too."""
+    gpu, feeder, outsider = spawn(1), spawn(0, 1), spawn(1)
+    try:
+        path = kube_path(str(uuid.uuid4()), uuid.uuid4().hex + uuid.uuid4().hex)
+        cgroups.put(path, gpu.pid)
+        cgroups.put(path, feeder.pid)
+        c = WorkloadsCollector([ListedProcessSource([row(0, GPU_A, gpu.pid, 0.1)])], background=False)
+        try:
+            c.refresh(force=True)
+            items = ticks(c, 3)
+        finally:
+            c.close()
+        assert one(items, "triscope_workload_processes") == 2        # the outsider is not in it
+        assert one(items, "triscope_workload_feeder_busy_ratio") >= 0.6
+    finally:
+        stop(gpu, feeder, outsider)
+
+
+@pytest.mark.skipif(V1_CPU is None or os.geteuid() != 0, reason="needs root and a cgroup v1 cpu hierarchy")
+def test_a_cpu_limit_that_throttles_is_read_from_cpu_stat() -> None:
+    """CFS bandwidth control for real: two workers spinning under a 0.2-CPU limit are throttled in
+    nearly every period; the counters start at the agent's first read and the limit is published."""
+    assert V1_CPU is not None
+    d = Path(V1_CPU, f"triscope-test-{uuid.uuid4().hex[:8]}")
+    d.mkdir()
+    p, kids = loader(2, 0)
+    try:
+        (d / "cpu.cfs_period_us").write_text("100000")
+        (d / "cpu.cfs_quota_us").write_text("20000")
+        for pid in (p.pid, *kids):
+            (d / "cgroup.procs").write_text(str(pid))
+        assert read_cpu_limit(str(d), "v1") == pytest.approx(0.2)
+        c = WorkloadsCollector([ListedProcessSource([row(0, GPU_A, p.pid, 0.05)])], background=False)
+        try:
+            c.refresh(force=True)
+            first = ticks(c, 1)
+            time.sleep(2.0)
+            last = list(c.collect(time.time()))
+        finally:
+            c.close()
+        assert one(first, "triscope_workload_cpu_periods_total") == 0          # a baseline, not the cgroup's past
+        periods = one(last, "triscope_workload_cpu_periods_total")
+        throttled = one(last, "triscope_workload_cpu_throttled_periods_total")
+        assert periods >= 10 and throttled / periods >= 0.8, (periods, throttled)
+        assert one(last, "triscope_workload_cpu_throttled_seconds_total") > 0.5
+        assert one(last, "triscope_workload_cpu_limit_cores") == pytest.approx(0.2)
+        # the cores the workload got are the limit's, not the two cores it asks for
+        assert one(last, "triscope_workload_cpu_seconds_total") < 1.0
+    finally:
+        stop_loader(p)
+        for _ in range(50):
+            try:
+                d.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def test_cpu_stat_parses_both_versions() -> None:
+    v2 = b"usage_usec 10\nuser_usec 5\nsystem_usec 5\nnr_periods 751\nnr_throttled 746\nthrottled_usec 2500000\n"
+    assert parse_cpu_stat(v2, "v2") == (751, 746, 2.5)
+    v1 = b"nr_periods 20\nnr_throttled 19\nthrottled_time 1500000000\n"
+    assert parse_cpu_stat(v1, "v1") == (20, 19, 1.5)
+    assert parse_cpu_stat(b"usage_usec 10\n", "v2") is None       # no cpu controller: no bandwidth control
+
+
+def _syn_retransmitter(n: int) -> tuple[socket.socket, list[socket.socket]]:
+    """A listener that never accepts and ``n`` connects to it: the SYNs past its backlog are dropped
+    and retransmitted by the kernel (1 s, 3 s, 7 s ...)."""
+    lst = socket.socket()
+    lst.bind(("127.0.0.1", 0))
+    lst.listen(0)
+    cs = []
+    for _ in range(n):
+        c = socket.socket()
+        c.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            c.connect(lst.getsockname())
+        cs.append(c)
+    return lst, cs
+
+
+RETRANSMITTER = r"""
+import socket, sys, time
+lst = socket.socket(); lst.bind(("127.0.0.1", 0)); lst.listen(0)
+cs = []
+for _ in range(int(sys.argv[1])):
+    c = socket.socket(); c.setblocking(False)
+    try:
+        c.connect(lst.getsockname())
+    except BlockingIOError:
+        pass
+    cs.append(c)
+print("ready", flush=True)
+time.sleep(3600)
+"""
+
+
+def test_sock_diag_reads_each_sockets_own_counters() -> None:
+    lst, cs = _syn_retransmitter(4)
+    try:
+        time.sleep(3.5)
+        got = tcp_counters()
+        mine = socket_inodes("/proc", os.getpid())
+        assert mine is not None
+        retrans = [got[os.fstat(c.fileno()).st_ino][0] for c in cs if os.fstat(c.fileno()).st_ino in got]
+        assert retrans and max(retrans) >= 2 and all(os.fstat(c.fileno()).st_ino in mine for c in cs)
+    finally:
+        for s in (lst, *cs):
+            s.close()
+
+
+def test_a_workloads_own_retransmits_and_never_another_process_s() -> None:
+    """The GPU process's own connections retransmit: its workload counts them (and its segments);
+    another process on the node retransmitting more is not in it."""
+    me = subprocess.Popen([sys.executable, "-c", RETRANSMITTER, "3"], stdout=subprocess.PIPE, text=True)
+    other = subprocess.Popen([sys.executable, "-c", RETRANSMITTER, "12"], stdout=subprocess.PIPE, text=True)
+    try:
+        for p in (me, other):
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        tcp = WorkloadTcp(every=0.0)
+        tcp.read({"svc": [me.pid]})                   # the baseline: its sockets' past is not counted
+        time.sleep(3.6)
+        tcp.read({"svc": [me.pid]})
+        got = tcp.counters("svc")
+        assert got is not None
+        retrans, segs = got
+        # each of the 3 SYNs retransmitted at ~1 s and ~3 s; the other process's 12 are not here
+        assert 3 <= retrans <= 6 and segs >= retrans, got
+    finally:
+        for p in (me, other):
+            p.kill()
+            p.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root for a network namespace")
+def test_a_pod_s_own_network_namespace_is_read_whole() -> None:
+    """A process in a network namespace of its own (a pod): the namespace's TCP totals are its own."""
+    p = subprocess.Popen(["unshare", "-n", "sh", "-c", f"ip link set lo up && exec {sys.executable} -c '{RETRANSMITTER}' 5"],
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        assert netns_tcp_totals("/proc", p.pid) is not None
+        tcp = WorkloadTcp(every=0.0)
+        tcp.read({"pod": [p.pid]})
+        time.sleep(3.6)
+        tcp.read({"pod": [p.pid]})
+        got = tcp.counters("pod")
+        # each of the 5 SYNs retransmitted at ~1 s and ~3 s (one may be queued once more by the
+        # backlog); the namespace's OutSegs does not count SYNs, so its segments stay near 0 here
+        assert got is not None and 5 <= got[0] <= 15, got
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_the_collector_publishes_the_workloads_tcp() -> None:
+    me = subprocess.Popen([sys.executable, "-c", RETRANSMITTER, "2"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert me.stdout is not None and me.stdout.readline().strip() == "ready"
+        c = WorkloadsCollector([ListedProcessSource([row(0, GPU_A, me.pid, 0.0)])], background=False, tcp_every=0.5)
+        try:
+            c.refresh(force=True)
+            time.sleep(3.6)
+            c.refresh()
+            items = list(c.collect(time.time()))
+        finally:
+            c.close()
+        assert one(items, "triscope_workload_tcp_retransmits_total") >= 2
+        assert one(items, "triscope_workload_tcp_segments_sent_total") >= 2
+        assert {tuple(s.labels[k] for k in WL) for s in items if isinstance(s, Sample)
+                and s.name.startswith("triscope_workload_tcp_")} == {("", "", "", series_workload(items))}
+    finally:
+        me.kill()
+        me.wait()
+
+
+def test_a_kept_open_cpu_stat_reader_survives_reads(tmp_path: Path) -> None:
+    f = tmp_path / "cpu.stat"
+    f.write_text("nr_periods 1\nnr_throttled 0\nthrottled_usec 0\n")
+    (tmp_path / "cpu.max").write_text("50000 100000\n")
+    r = CgroupCpu(str(f), "v2")
+    try:
+        assert r.limit == pytest.approx(0.5) and r.read() == (1, 0, 0.0)
+    finally:
+        r.close()
