@@ -13,7 +13,8 @@ What is kept (docs/otlp.md): per resource, the attributes that name the sender
 ``STAGE_NAMES``) and its duration; per metric, histograms, exponential histograms and monotonic
 sums whose data points carry a stage.  Everything else is counted (``ignored``) and dropped here,
 before any aggregation, and so is what cannot be used soundly (``dropped``: a span longer than
-``MAX_SPAN_S``, a metric named like the agent's own; ``invalid``: bucket counts that are negative
+``MAX_SPAN_S``, a metric named like the agent's own, a histogram point with more than ``MAX_BOUNDS``
+bucket bounds; ``invalid``: bucket counts that are negative
 or do not add up to the count, ...).  An attribute whose name Prometheus reserves (``__name__``,
 anything starting with ``__``) never becomes a label.
 A body that is not what its content type says raises ``DecodeError``.
@@ -38,6 +39,8 @@ STAGE_NAMES = frozenset(("decode", "preprocess", "queue", "h2d", "compute", "mod
 RESOURCE_KEYS = ("service.name", "service.namespace", "service.instance.id", "k8s.namespace.name",
                  "k8s.pod.name", "k8s.container.name", "process.pid")
 MAX_ATTRS = 16          # data point attributes kept as labels (the rest dropped)
+MAX_BOUNDS = 64         # explicit bucket bounds of one histogram point (OTel's default has 15): each is a
+                        # series written every tick, so one point of 100,000 buckets would be 100,000 series
 MAX_VALUE = 128         # characters of a label value
 MAX_SPAN_S = 3600.0     # a stage span longer than this is dropped (too_long): a clock jump, not a stage
 RESERVED_PREFIXES = ("triscope_", "__")   # metric names the receiver does not feed (the agent's own)
@@ -411,6 +414,9 @@ def _add_points(res: Decoded, group: Group, name: str, unit: str, kind: str, tem
     if kind == "counter" and not base.endswith(("_total", "_sum", "_count")):
         base += "_total"
     for labels, start_ns, count, total, bounds, buckets in staged:
+        if len(bounds) > MAX_BOUNDS or len(buckets) > MAX_BOUNDS + 1:
+            res.drop("too_many_buckets")
+            continue
         if count < 0 or total != total or abs(total) == float("inf") or (bounds or buckets) and (
                 len(buckets) != len(bounds) + 1 or list(bounds) != sorted(bounds)
                 or any(c < 0 for c in buckets) or sum(buckets) != count):

@@ -88,6 +88,7 @@ class Agent:
             Sample("triscope_spooled_samples_total", float(self.spool.spooled_samples_total), kind="counter"),
             Sample("triscope_dropped_samples_total", float(self.spool.dropped_samples), kind="counter"),
             Sample("triscope_store_write_errors_total", float(self.writer.write_errors), kind="counter"),
+            Sample("triscope_store_queue_spilled_ticks_total", float(self.writer.spilled_ticks), kind="counter"),
         ]
 
     def _on_tick(self, tick: Tick) -> None:

@@ -58,11 +58,16 @@ class FileIdentity:
         self.ident = self._stat()
 
 
+MAX_QUEUED_SAMPLES = 250_000
+"""Samples queued in memory for the writer at most (~40-60 MB of ``Sample`` objects); past it
+ticks go to the on-disk spool, which has its own size cap."""
+
+
 class StoreWriter:
     def __init__(self, store: Store, node: str, spool: Spool, *, retry_interval: float = 2.0,
                  retention: RetentionPolicy | None = None, retention_every: float = 3600.0,
                  batch_ticks: int = 1, sqlite_file: Path | None = None,
-                 reopen: Callable[[Store], Store] | None = None) -> None:
+                 reopen: Callable[[Store], Store] | None = None, max_queued_samples: int = MAX_QUEUED_SAMPLES) -> None:
         if batch_ticks < 1:
             raise ValueError("batch_ticks must be >= 1")
         self.store = store
@@ -75,6 +80,11 @@ class StoreWriter:
         self._batch: list[Tick] = []          # ticks submitted, not yet handed to the writer thread
         self._batch_lock = threading.Lock()
         self._q: queue.Queue[list[Tick] | None] = queue.Queue(maxsize=max(1, 10000 // batch_ticks))
+        # the queue is bounded in samples too: ticks are not all alike (one hostile OTLP sender can
+        # make a tick of 100,000 series), and memory goes by samples
+        self.max_queued_samples = max(1, max_queued_samples)
+        self._queued_samples = 0
+        self.spilled_ticks = 0                # ticks sent to the spool because the queue was full
         self._thread = threading.Thread(target=self._run, name="store-writer", daemon=True)
         self.write_errors = 0
         self.written_samples = 0
@@ -105,10 +115,25 @@ class StoreWriter:
         self._hand_over(batch)
 
     def _hand_over(self, batch: list[Tick]) -> None:
+        n = sum(len(t.samples) for t in batch)
+        with self._batch_lock:
+            room = self._queued_samples + n <= self.max_queued_samples or self._queued_samples == 0
+            if room:
+                self._queued_samples += n
         try:
+            if not room:
+                raise queue.Full
             self._q.put_nowait(batch)
-        except queue.Full:  # the writer is wedged: keep the samples on disk instead
+        except queue.Full:  # the writer is behind or wedged: keep the samples on disk instead
+            if room:
+                with self._batch_lock:
+                    self._queued_samples -= n
+            self.spilled_ticks += len(batch)
+            if self.spilled_ticks == len(batch) or self.spilled_ticks % 100 < len(batch):
+                log.warning("store writer behind: %d samples queued (cap %d); %d ticks kept in the spool %s instead",
+                            self._queued_samples, self.max_queued_samples, self.spilled_ticks, self.spool.dir)
             self.spool.append(batch)
+            self.outage = True      # drained from the spool (in order) once the writer catches up
 
     def _send_partial(self) -> None:
         with self._batch_lock:
@@ -182,6 +207,8 @@ class StoreWriter:
                     if self.outage:
                         self._try_drain(force=True)
                     return
+                with self._batch_lock:
+                    self._queued_samples = max(0, self._queued_samples - sum(len(t.samples) for t in item))
                 self._current = item
                 self._handle(item)
                 self._current = None

@@ -73,3 +73,32 @@ def test_batch_of_zero_ticks_is_refused(sqlite_url: str, tmp_path: Path) -> None
     upgrade(sqlite_url)
     with pytest.raises(ValueError, match="batch_ticks"):
         StoreWriter(Store.open(sqlite_url), "n", Spool(tmp_path / "s", 1 << 20), batch_ticks=0)
+
+
+def test_the_queue_is_bounded_in_samples_and_sheds_to_the_spool(sqlite_url: str, tmp_path: Path) -> None:
+    """A store that cannot keep up (here: another connection holds SQLite's write lock) and ticks of
+    very different sizes: the in-memory queue holds at most its cap of samples, the rest go to the
+    on-disk spool (counted), and once the store answers every tick is stored once."""
+    import sqlite3
+
+    upgrade(sqlite_url)
+    st = Store.open(sqlite_url)
+    path = sqlite_url.removeprefix("sqlite:///")
+    lock = sqlite3.connect(path, timeout=0.1)
+    lock.execute("BEGIN EXCLUSIVE")
+    w = StoreWriter(st, "n", Spool(tmp_path / "spool", 64 << 20), batch_ticks=1, max_queued_samples=5_000)
+    w.start()
+    try:
+        big = [Tick(T0 + i, [Sample("triscope_ticks_total", float(i + 1), kind="counter")]
+                    + [Sample("triscope_wide", 1.0, {"k": str(j)}) for j in range(2_000)]) for i in range(10)]
+        for t in big:
+            w.submit(t)
+        assert w._queued_samples <= 5_000 + 2_001           # at most one tick past the cap (the first one is always taken)
+        assert w.spilled_ticks >= 6
+    finally:
+        lock.rollback()
+        lock.close()
+    assert w.flush(60)
+    w.close()
+    assert _stored(st) == [float(i + 1) for i in range(10)]
+    st.close()

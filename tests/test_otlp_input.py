@@ -278,3 +278,24 @@ def test_a_large_request_is_applied_per_series_and_stream_under_the_lock() -> No
             got = state.samples()
         want = 250 * 251 / 2 if temporality == TEMPORALITY_DELTA else 250.0
         assert value(got, "x_seconds_count", stage="s7") == want
+
+
+# -- bounded by construction ---------------------------------------------------------------------------
+
+def test_a_histogram_point_with_too_many_buckets_is_refused_not_made_into_series(receiver: OtlpReceiver) -> None:
+    """One point of 100,000 buckets was 100,000 series written every tick (the agent grew past 1.7 GB
+    in two minutes).  Refused with its reason in the partial success; a normal point beside it is kept."""
+    from triscope.agent.otlp_decode import MAX_BOUNDS
+
+    n = 100_000
+    huge = hpoint(n, 1.0, [i * 1e-6 for i in range(n)], [1] * n + [0], model="huge")
+    ok = hpoint(2, 0.3, [0.1, 1.0], [1, 1, 0], model="ok")
+    edge = hpoint(1, 0.1, [i * 1e-3 for i in range(MAX_BOUNDS)], [1] + [0] * MAX_BOUNDS, model="edge")
+    out = post_json(receiver, histogram("stage.latency", [huge, ok, edge]))
+    assert out["partialSuccess"]["rejectedDataPoints"] == "1" or out["partialSuccess"]["rejectedDataPoints"] == 1
+    assert "too many buckets" in out["partialSuccess"]["errorMessage"]
+    got = samples(receiver)
+    assert not any(s.labels.get("model") == "huge" for s in got)
+    assert any(s.labels.get("model") == "ok" for s in got) and any(s.labels.get("model") == "edge" for s in got)
+    assert len(got) < 200
+    assert value(got, "triscope_otlp_dropped_total", signal="metrics", reason="too_many_buckets") == 1
