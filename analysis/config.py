@@ -96,14 +96,16 @@ class MismatchThresholds:
     the tick) at or above this is pegged: a single-threaded feeder (copy, decode, tokenise, launch)
     cannot go faster, so a starved accelerator waits on it.  A thread that feeds on demand sits
     far below (0.05-0.3); a pegged one reads 0.95-1.0, and 0.9 leaves room for the tick's scheduling
-    noise.  (A thread spin-waiting on the GPU also reads ~1: this counts only with a starved
-    accelerator and a link that moves data.)"""
+    noise.  Over the workload's whole process set: a DataLoader worker pegged decoding images counts.
+    It counts with a quiet link too (a host that cannot produce data leaves the link quiet); a thread
+    spin-waiting on a GPU that is idle most of the time cannot fill itself with the spin, so a pegged
+    thread there is its own serial work the GPU waits on."""
     cpu_wait: float = 0.20
     """A workload's run-queue wait over (run + wait) of its threads
     (``triscope_workload_cpu_wait_ratio``) at or above this: its threads are runnable but get no
     CPU a fifth of the time, so the host, not the workload's demand, sets its pace.  An
     uncontended host keeps this near 0 (a runnable thread waits microseconds).  It counts with a
-    quiet link too: a thread that spins on the GPU or busy-polls is running, not waiting."""
+    quiet link too."""
     workload_cpu_pressure: float = 0.10
     """A workload's cgroup ``cpu.pressure`` ``some avg10`` (``triscope_workload_cpu_pressure_ratio``)
     at or above this: its tasks stalled waiting for a CPU (or on their CPU limit's throttling) 10 %

@@ -35,6 +35,7 @@ from typing import Any
 
 from triscope.analysis.mismatch import IO_STATES
 from triscope.analysis.reader import SeriesPoints, label_name
+from triscope.vocabulary import NO_WORKLOAD, WORKLOAD_LABELS, WORST_FIRST, WorkloadKey
 
 MIN_EPISODE_S = 10.0          # the one flicker threshold: shorter runs are merged into a neighbour
 MIN_EPISODE_STEPS = 2         # ... or two sampling steps, on coarse (rollup) points
@@ -43,17 +44,13 @@ HEALTH_MERGE_S = 60.0         # health events of one kind and place closer than 
 STATE_METRIC = "triscope_mismatch_state"
 SCORE_METRIC = "triscope_mismatch_score"
 WORKLOAD_INFO = "triscope_accelerator_workload_info"
-ACCELERATOR_LABELS = ("gpu", "npu", "chip")
-WORKLOAD_LABELS = ("namespace", "pod", "container", "workload")
 NODE = "node"
 # worst first: which state a mixed sample takes
-STATE_ORDER = ("io-saturated", "staging-bound", "network-bound", "balanced", "compute-bound", "demand-limited",
-               "idle")
+STATE_ORDER = WORST_FIRST
 HEALTH_EVENTS = {"xid": "gpu_health", "gpu_lost": "gpu_health", "npu_health": "gpu_health", "aer": "pcie_errors",
                  "iommu_fault": "iommu_faults", "collector": "agent"}
 
-Workload = tuple[str, str, str, str]
-NO_WORKLOAD: Workload = ("", "", "", "")
+Workload = WorkloadKey
 
 
 def is_bad(state: str) -> bool:

@@ -24,6 +24,15 @@ from dataclasses import dataclass, field
 
 from triscope.analysis.config import MismatchThresholds
 from triscope.pcie import link_capacity_bytes_per_second
+from triscope.vocabulary import (  # noqa: F401 - the vocabulary, re-exported for analysis's callers
+    ACCELERATOR_LABELS,
+    NO_WORKLOAD,
+    WORKLOAD_LABELS,
+    WorkloadKey,
+    accelerator_labels,
+    workload_key,
+    workload_labels,
+)
 
 # metric names the detector reads
 GPU_BUSY = "triscope_gpu_sm_active_ratio"
@@ -63,11 +72,6 @@ WORKLOAD_COUNTER_FIELDS = frozenset({"cores", "periods", "throttled", "retransmi
 WORKLOAD_METRICS = tuple(WORKLOAD_FIELDS)
 INPUT_METRICS = (GPU_BUSY, NPU_BUSY, PCIE_RX, PCIE_TX, CPU_BUSY, PRESSURE, DMA_MAPS, RETRANSMITS,
                  *LINK_CAPACITY, *LINK_SPEED, *LINK_WIDTH, *WORKLOAD_METRICS)
-ACCELERATOR_LABELS = ("chip", "gpu", "npu")              # sorted: label_name order
-WORKLOAD_LABELS = ("namespace", "pod", "container", "workload")
-WorkloadKey = tuple[str, str, str, str]
-"""(namespace, pod, container, workload): empty strings when unknown."""
-NO_WORKLOAD: WorkloadKey = ("", "", "", "")
 OTHER_WORKLOAD = "other"     # the agent's sum of the workloads past max_workloads_per_accelerator
 # link fact metrics by kind, each tuple in order of preference
 LINK_FACT_METRICS: tuple[tuple[str, tuple[str, ...]], ...] = (("speed", LINK_SPEED), ("width", LINK_WIDTH),
@@ -417,26 +421,6 @@ def accelerator_key(labels: Mapping[str, str]) -> str | None:
     ``chip=0,npu=1``); None when the series carries no accelerator label."""
     parts = [f"{k}={labels[k]}" for k in ACCELERATOR_LABELS if k in labels]
     return ",".join(parts) if parts else None
-
-
-def accelerator_labels(name: str) -> dict[str, str]:
-    """``gpu=0`` -> {"gpu": "0"}; ``chip=0,npu=1`` -> {"chip": "0", "npu": "1"}."""
-    out: dict[str, str] = {}
-    for part in name.split(","):
-        k, _, v = part.partition("=")
-        if k:
-            out[k] = v
-    return out
-
-
-def workload_key(labels: Mapping[str, str]) -> WorkloadKey:
-    """(namespace, pod, container, workload) of a per-workload series; empty strings when unknown."""
-    g = labels.get
-    return (g("namespace", ""), g("pod", ""), g("container", ""), g("workload", ""))
-
-
-def workload_labels(key: WorkloadKey) -> dict[str, str]:
-    return dict(zip(WORKLOAD_LABELS, key, strict=True))
 
 
 def workload_text(key: WorkloadKey | None) -> str:

@@ -5,16 +5,19 @@ States (docs/workloads.md section 2):
 
 * ``compute-bound``: the accelerator is busy (``compute_busy``); ``balanced`` when its link is
   also near its ceiling (``io_saturated_link``), whatever the SM activity.
-* A starved accelerator (busy < ``starved_busy``) is in an **I/O state only on evidence**:
-  ``io-saturated`` (link near its ceiling), ``network-bound`` (TCP retransmits), ``staging-bound``
-  (the host limits it, with the link moving data).  Staging evidence comes from the accelerator's
-  workloads when the agent publishes them (a pegged feeder thread, run-queue wait, cgroup CPU
-  pressure, pin churn on the accelerator's own device, a workload keeping ``host_copy_cores`` busy
-  while the link carries more than ``staging_link_floor``), else, for older recordings, from the link's
-  utilisation (above ``staging_link_floor``: a pageable copy), node CPU busy, node PSI and pin
-  churn.  Without evidence a starved accelerator is ``idle`` (nothing runs: quiet link, busy below
-  ``idle_busy``) or ``demand-limited`` (its workload is not asking for more).
-* Partly busy (between the two): ``balanced`` when the link moves data, else ``demand-limited``.
+* A starved accelerator (busy < ``starved_busy``) with its link near its ceiling is
+  ``io-saturated``.  Otherwise an I/O state needs **evidence about its workloads** (each one its
+  whole process set): ``staging-bound`` when a workload's host side is saturated — its cgroup
+  throttled at its CPU limit, under CPU pressure, a thread pegged, threads waiting for a CPU
+  (``host_findings``; no moving link asked for: a host that cannot produce data leaves the link
+  quiet) — or it feeds host copies / churns pins with the link moving; ``network-bound`` when a
+  workload's own sockets lose packets (``network_finding``), never on other processes'
+  retransmits.  A partly busy accelerator (between the two busy bars) with such evidence reads
+  the same.  Recordings without per-workload series fall back to the link's utilisation, node CPU
+  busy and PSI; without per-workload TCP series to the node's retransmit rate, naming no workload.
+* Without evidence a starved accelerator is ``idle`` (nothing runs: quiet link, busy below
+  ``idle_busy``) or ``demand-limited`` (its workload is not asking for more: its whole host side
+  quiet); a partly busy one ``balanced`` when the link moves data, else ``demand-limited``.
 
 Score: share of the accelerator's time lost to I/O over the window: ``1 - busy`` for the I/O
 states, ``(1 - busy) x min(1, link / io_saturated_link)`` for ``balanced`` / ``compute-bound``, 0
@@ -40,13 +43,10 @@ from triscope.analysis.features import (
     workload_labels,
     workload_text,
 )
+from triscope.vocabulary import IO_STATES, STATES, WORST_FIRST  # noqa: F401 - STATES re-exported
 
-STATES: tuple[str, ...] = ("idle", "demand-limited", "compute-bound", "balanced", "io-saturated", "staging-bound",
-                           "network-bound")
-IO_STATES = frozenset({"io-saturated", "staging-bound", "network-bound"})
 # roll-up order among equal scores: I/O states first, then the busiest
-_TIE_ORDER = {s: i for i, s in enumerate(("io-saturated", "staging-bound", "network-bound", "balanced",
-                                          "compute-bound", "demand-limited", "idle"))}
+_TIE_ORDER = {s: i for i, s in enumerate(WORST_FIRST)}
 
 
 @dataclass(slots=True)
@@ -182,7 +182,7 @@ def _staging(acc: AcceleratorFeatures, f: WindowFeatures, th: MismatchThresholds
         old.append(f"pin churn: {dma:.0f} DMA maps/s")
     strength = max(_ratio(cpu, th.cpu_busy), _ratio(psi, th.cpu_pressure), _ratio(dma, th.pin_churn_rate))
     floor = u is not None and u >= th.staging_link_floor
-    reasons: list[str] = []
+    reasons = []
     if floor:
         reasons.append(f"link only at {_pct(u or 0.0)} of its ceiling (>= {_pct(th.staging_link_floor)}, "
                        f"< {_pct(th.io_saturated_link)}): copies staged by the host")
@@ -326,14 +326,14 @@ def _named_workload(acc: AcceleratorFeatures, state: str, th: MismatchThresholds
         cands: list[tuple[bool, float, WorkloadKey]] = []
         for w in _workload_evidence(acc):
             if host_findings(w, th):
-                limited = w.throttled is not None and th.cpu_throttled > 0 and w.throttled >= th.cpu_throttled
-                cands.append((limited, w.feeder if w.feeder is not None else 0.0, w.key))
+                at_limit = w.throttled is not None and th.cpu_throttled > 0 and w.throttled >= th.cpu_throttled
+                cands.append((at_limit, w.feeder if w.feeder is not None else 0.0, w.key))
         cands.sort(reverse=True)
-        limited = [c for c in cands if c[0]]
-        if len(limited) == 1:
-            return limited[0][2], "host evidence: held at its CPU limit"
-        if limited:
-            cands = limited
+        held = [c for c in cands if c[0]]
+        if len(held) == 1:
+            return held[0][2], "host evidence: held at its CPU limit"
+        if held:
+            cands = held
         if len(cands) >= 2 and cands[0][1] < th.host_wide_margin * cands[1][1]:
             # several workloads wait alike (a saturated host): naming one would be a guess
             return NO_WORKLOAD, "host-wide"

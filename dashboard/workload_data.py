@@ -24,14 +24,15 @@ from typing import TYPE_CHECKING, Any
 
 from triscope.analysis.mismatch import IO_STATES, STATES
 from triscope.store.reader import SeriesInfo, StoreReader
+from triscope.vocabulary import ACCELERATOR_LABELS, WORKLOAD_LABELS
 
 if TYPE_CHECKING:   # the workloads table is read with the store's own functions (like the audit log)
     from triscope.store.api import Store
 
 log = logging.getLogger(__name__)
 
-ACCEL_KEYS = ("gpu", "npu", "chip")
-WORKLOAD_KEYS = ("namespace", "pod", "container", "workload")
+ACCEL_KEYS = ACCELERATOR_LABELS
+WORKLOAD_KEYS = WORKLOAD_LABELS
 STATE_METRIC = "triscope_mismatch_state"
 SCORE_METRIC = "triscope_mismatch_score"
 INFO_METRIC = "triscope_accelerator_workload_info"

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from triscope.remediation import kube as k
 from triscope.store import workloads as wstore
+from triscope.vocabulary import ACCELERATOR_LABELS, QUIET_STATES, WORKLOAD_LABELS  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:
     from triscope.remediation.policy import TargetField
@@ -35,9 +36,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ACCELERATOR_LABELS = ("gpu", "npu", "chip")
-WORKLOAD_LABELS = ("namespace", "pod", "container", "workload")
-QUIET_STATES = frozenset({"idle", "demand-limited"})   # an accelerator in these states never triggers
 SHARED_WORKLOADS = frozenset({"shared", "other"})      # the agent's labels for "several workloads"
 NEGATIVE_TTL_S = 30.0                                  # a pod the API did not know is asked again after this
 

@@ -29,6 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from triscope.vocabulary import accelerator_name
+
+from .peers import PEER_SAYS_IO, PeerRecorder, peer_windows
 from .report import IO_STATES, Track, load_timeline, score_tracks
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,8 +65,9 @@ node's retransmits name no workload).  All are reported as ``fitted``; a recordi
 revision is the first ``held_out`` one."""
 
 
-def replay_tracks(trace: Path, thresholds: Any = None) -> dict[str, Track]:
-    """Every accelerator's (state, workload) per tick from the recorded inputs through today's tracker."""
+def replay_tracks(trace: Path, thresholds: Any = None, peers: PeerRecorder | None = None) -> dict[str, Track]:
+    """Every accelerator's (state, workload) per tick from the recorded inputs through today's tracker
+    (and, with ``peers``, the inputs the peer rules read)."""
     from triscope.analysis.online import MismatchTracker
     from triscope.samples import Sample
     from triscope.trace import iter_ticks, read_trace
@@ -73,11 +77,13 @@ def replay_tracks(trace: Path, thresholds: Any = None) -> dict[str, Track]:
     out: dict[str, Track] = {}
     for tick in iter_ticks(rec, 0.0):
         samples = [s for s in tick.samples if not (isinstance(s, Sample) and s.name.startswith(MISMATCH_PREFIX))]
+        if peers is not None:
+            peers.add(tick.ts, samples)
         for s in tr.process(tick.ts, samples):
             if not isinstance(s, Sample) or s.name not in ("triscope_mismatch_state", "triscope_mismatch_score"):
                 continue
             lab = s.labels
-            acc = ",".join(f"{k}={lab[k]}" for k in ("chip", "gpu", "npu") if lab.get(k))
+            acc = accelerator_name(lab)
             if not acc:
                 continue        # the node's roll-up
             track = out.setdefault(acc, Track(acc, {}, {}))
@@ -93,9 +99,15 @@ def score(node: str, thresholds: Any = None, traces: Path = TRACES) -> dict[str,
     """One recording replayed and scored: per scenario (class) windows, right, pages on the healthy
     instance, states and the workloads I/O states named."""
     lines = load_timeline(traces / f"{node}.timeline.jsonl")
-    rows = score_tracks(replay_tracks(traces / f"{node}.jsonl.gz", thresholds), lines)
+    gpus = {str(ln["gpu"]) for ln in lines if ln.get("instance") == "b" and "gpu" in ln}
+    rec = PeerRecorder(min(gpus) if gpus else "0")
+    rows = score_tracks(replay_tracks(traces / f"{node}.jsonl.gz", thresholds, rec), lines)
+    peer = peer_windows(rec.data, lines)
     classes = {r["scenario"]: {"windows": r["windows"], "right": r["right"], "pages_on_healthy": r["pages_on_healthy"],
-                               "expected": r["expected_b"], "states": r["states"], "io_named": r["io_named"]}
+                               "expected": r["expected_b"], "states": r["states"], "io_named": r["io_named"],
+                               "peers": peer.get(r["scenario"], {}),
+                               "io_only_right": sum(int((w["state"] in IO_STATES) == any(e in IO_STATES for e in r["expected_b"]))
+                                                    for w in r["window_detail"])}
                for r in rows}
     wins = sum(c["windows"] for c in classes.values())
     right = sum(c["right"] for c in classes.values())
@@ -122,9 +134,14 @@ def per_class(results: Sequence[dict[str, Any]], use: str | None = None) -> dict
         if use is not None and r.get("use") != use:
             continue
         for name, c in r["classes"].items():
-            agg = out.setdefault(name, {"windows": 0, "right": 0, "pages_on_healthy": 0})
-            for k in agg:
+            agg = out.setdefault(name, {"windows": 0, "right": 0, "pages_on_healthy": 0,
+                                        "io_only_right": 0,
+                                        **{f"{p}_windows": 0 for p in PEER_SAYS_IO}, **{f"{p}_right": 0 for p in PEER_SAYS_IO}})
+            for k in ("windows", "right", "pages_on_healthy", "io_only_right"):
                 agg[k] += c[k]
+            for p, got in c.get("peers", {}).items():
+                agg[f"{p}_windows"] += got["windows"]
+                agg[f"{p}_right"] += got["right"]
     return out
 
 
@@ -137,10 +154,16 @@ def markdown(results: Sequence[dict[str, Any]]) -> str:
         lines.append("")
         if not cls:
             continue
-        lines += ["| class | windows | right | share | I/O naming the healthy instance |", "|---|---|---|---|---|"]
+        lines += ["| class | windows | triscope right (state + workload) | I/O naming the healthy instance | "
+                  "triscope, I/O-ness only | DCGM-only, I/O-ness only | SageMaker Debugger, I/O-ness only |",
+                  "|---|---|---|---|---|---|---|"]
+
+        def pct(n: int, d: int) -> str:
+            return f"{n}/{d} ({100 * n / d:.0f} %)" if d else "—"
+
         for name, c in cls.items():
-            share = f"{100 * c['right'] / c['windows']:.0f} %" if c["windows"] else "—"
-            lines.append(f"| `{name}` | {c['windows']} | {c['right']} | {share} | {c['pages_on_healthy']} |")
+            lines.append(f"| `{name}` | {c['windows']} | {pct(c['right'], c['windows'])} | {c['pages_on_healthy']} | "
+                         f"{pct(c['io_only_right'], c['windows'])} | {pct(c['dcgm_right'], c['dcgm_windows'])} | {pct(c['sagemaker_right'], c['sagemaker_windows'])} |")
         lines.append("")
     return "\n".join(lines)
 

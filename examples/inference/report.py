@@ -38,7 +38,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-IO_STATES = ("io-saturated", "staging-bound", "network-bound")
+from triscope.vocabulary import IO_STATES as _IO
+from triscope.vocabulary import accelerator_name
+
+IO_STATES = tuple(sorted(_IO))
 HEALTHY_STATES = ("idle", "demand-limited", "compute-bound", "balanced")
 # the shipped accelerator alerts (deploy/prometheus/triscope-rules.yaml): state, for
 ALERTS = {"TriscopeIOSaturated": ("io-saturated", 300.0), "TriscopeStagingBound": ("staging-bound", 600.0),
@@ -68,7 +71,7 @@ def tracks(store: Any, node: str, start: float, end: float) -> dict[str, Track]:
     out: dict[str, Track] = {}
     for sd in store.query("triscope_mismatch_state", node=node, start=start, end=end, max_points=None):
         lab = sd.info.labels
-        acc = ",".join(f"{k}={lab[k]}" for k in ("chip", "gpu", "npu") if lab.get(k))
+        acc = accelerator_name(lab)
         if not acc:
             continue        # the node's roll-up
         tr = out.setdefault(acc, Track(acc, {}, {}))
@@ -77,7 +80,7 @@ def tracks(store: Any, node: str, start: float, end: float) -> dict[str, Track]:
                 tr.points[round(t, 3)] = (lab.get("state", ""), lab.get("workload", ""))
     for sd in store.query("triscope_mismatch_score", node=node, start=start, end=end, max_points=None):
         lab = sd.info.labels
-        acc = ",".join(f"{k}={lab[k]}" for k in ("chip", "gpu", "npu") if lab.get(k))
+        acc = accelerator_name(lab)
         if acc in out:
             for t, v in zip(sd.ts, sd.values, strict=True):
                 out[acc].scores[round(t, 3)] = v
@@ -188,7 +191,10 @@ def score_tracks(trs: dict[str, Track], lines: Sequence[dict[str, Any]], settle:
 
 
 def _faulty(line: dict[str, Any]) -> bool:
-    """Did b carry a fault (any knob off its start-up default) in this scenario?"""
+    """Did b carry a fault (any knob off its start-up default) in this scenario?  A timeline that
+    says so itself (``faulty``: the host lab's) is taken at its word."""
+    if "faulty" in line:
+        return bool(line["faulty"])
     k = line.get("knobs") or {}
     return (k.get("pinned") is False or k.get("pin_churn") is True or (k.get("workers") or 4) < 2
             or bool(k.get("cpu_affinity")) or (k.get("upload_mib") or 0) > 0 or (k.get("net_drop") or 0) > 0

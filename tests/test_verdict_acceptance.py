@@ -1,0 +1,89 @@
+"""Acceptance of the verdict: every recording's inputs replayed through today's classifier
+(``examples/inference/acceptance.py``), scored against what its timeline expected before it was
+recorded; and the mutation check: the same acceptance with the per-accelerator classifier replaced
+by a constant ``idle``, a constant ``compute-bound``, or with "name the largest SM share" in place
+of the evidence's workload, must fail.
+
+Every recording so far was made before this revision's rules (whole process set, CFS throttling,
+per-workload TCP) and earlier rules were fitted on them: they are held to what they show today, as
+a floor (docs/inference-validation.md reports them apart).  None carries per-workload TCP series,
+so their ``net_drop`` windows read the node's retransmits and name no workload.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+from unittest import mock
+
+import pytest
+
+from examples.inference.acceptance import RECORDINGS, score_all
+from triscope.analysis import verdict as verdict_mod
+
+# recordings with per-workload host evidence (the agent published it): every class right, net_drop
+# by its state (no per-workload TCP in them: named none)
+FULL = ("h200-inference-4", "h200-inference-5", "h200-inference-6")
+# the first three (no per-workload CPU counters; BLAS pools as wide as the host made the healthy
+# full load wait for CPUs): today's right windows are their floor
+FLOOR = {"h200-inference-1": 15, "h200-inference-2": 20, "h200-inference-3": 10}
+
+
+def failures(results: list[dict[str, Any]]) -> list[str]:
+    """What the acceptance finds wrong; empty when it holds."""
+    out: list[str] = []
+    for r in results:
+        node, s = r["node"], r["summary"]
+        if s["pages_on_healthy"]:
+            out.append(f"{node}: {s['pages_on_healthy']} I/O windows name the healthy instance")
+        if node in FULL:
+            for name, c in r["classes"].items():
+                if name == "net_drop":
+                    if c["states"] != {"network-bound": c["windows"]} or set(c["io_named"]) != {""}:
+                        out.append(f"{node}: net_drop read {c['states']} naming {c['io_named']}")
+                elif c["right"] != c["windows"]:
+                    out.append(f"{node}: {name} {c['right']}/{c['windows']} right ({c['states']}, {c['io_named']})")
+        elif s["right"] < FLOOR[node]:
+            out.append(f"{node}: {s['right']}/{s['windows']} right, below its floor {FLOOR[node]}")
+    return out
+
+
+@pytest.fixture(scope="module")
+def today() -> list[dict[str, Any]]:
+    return score_all()
+
+
+def test_every_recording_replayed_through_today_s_classifier(today: list[dict[str, Any]]) -> None:
+    assert [r["node"] for r in today] == [r.node for r in RECORDINGS]
+    assert failures(today) == []
+    # the faults the per-workload evidence decides, on the recordings that have it
+    for r in today:
+        if r["node"] in FULL:
+            c = r["classes"]
+            assert c["pageable"]["states"] == {"staging-bound": 3} and set(c["pageable"]["io_named"]) == {"cmd:inference-b"}
+            assert c["one_core"]["states"] == {"staging-bound": 3}
+            assert c["pcie_saturation"]["states"] == {"io-saturated": 3}
+
+
+@contextmanager
+def constant(state: str) -> Iterator[None]:
+    with mock.patch.object(verdict_mod, "classify_accelerator", lambda acc, f, th: (state, 0.0, [f"mutant: {state}"])):
+        yield
+
+
+@contextmanager
+def largest_sm_share() -> Iterator[None]:
+    def named(acc: Any, state: str, th: Any) -> tuple[Any, str]:
+        return acc.workload or ("", "", "", ""), "mutant: largest SM share"
+
+    with mock.patch.object(verdict_mod, "_named_workload", named):
+        yield
+
+
+@pytest.mark.parametrize("mutant", [lambda: constant("idle"), lambda: constant("compute-bound"), largest_sm_share],
+                         ids=["constant-idle", "constant-compute-bound", "largest-sm-share"])
+def test_the_acceptance_fails_every_mutant(mutant: Callable[[], Any]) -> None:
+    with mutant():
+        got = failures(score_all())
+    assert got, "the acceptance passed a mutant classifier"
