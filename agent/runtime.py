@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from triscope.agent.exporter import make_sources, serve
 from triscope.agent.registry import AgentOptions, build_collectors, build_post_processors, split_available
 from triscope.agent.sampler import Sampler
-from triscope.agent.spool import Spool
+from triscope.agent.spool import Spool, default_spool_root, spool_dir_for, survey
 from triscope.agent.writer import StoreWriter
 from triscope.samples import Sample, Tick
 from triscope.store import Store
@@ -35,7 +33,7 @@ class AgentConfig:
     interval: float = 1.0
     write_every: float = 5.0   # seconds of ticks per store transaction (at least one tick)
     listen: tuple[str, int] | None = ("127.0.0.1", 9464)
-    spool_dir: str = "triscope-spool"
+    spool_dir: str = field(default_factory=lambda: str(default_spool_root()))   # the root: per node and database below
     spool_max_bytes: int = 256 << 20
     migrate: bool = True
     retention: bool = True  # run the store's retention job hourly from this agent
@@ -53,7 +51,16 @@ class Agent:
             migrate_in_child(cfg.db_url)
         # the store may be down at start: the spool takes the ticks until it returns
         self.store = Store.open(cfg.db_url, check=False)
-        self.spool = Spool(Path(cfg.spool_dir) / _safe(cfg.node), cfg.spool_max_bytes)
+        own = spool_dir_for(cfg.spool_dir, cfg.node, cfg.db_url)
+        self.spool = Spool(own, cfg.spool_max_bytes, database=cfg.db_url)
+        elsewhere = survey(cfg.spool_dir, own)
+        if elsewhere:
+            log.warning("spooled ticks for another database left in place, not replayed here: %s",
+                        "; ".join(f"{e.path} ({e.database}; node {e.node}: {e.segments} segments, "
+                                  f"{e.bytes / 1e6:.1f} MB)" for e in elsewhere))
+        if not self.spool.empty():
+            log.info("spool %s: %d samples an earlier run kept for this database, replayed in slices while the "
+                     "store answers", own, self.spool.pending_samples)
         self.writer = StoreWriter(self.store, cfg.node, self.spool,
                                   retention_every=3600.0 if cfg.retention else float("inf"),
                                   batch_ticks=batch_ticks(cfg.write_every, cfg.interval),
@@ -88,6 +95,7 @@ class Agent:
             Sample("triscope_spooled_samples_total", float(self.spool.spooled_samples_total), kind="counter"),
             Sample("triscope_dropped_samples_total", float(self.spool.dropped_samples), kind="counter"),
             Sample("triscope_store_write_errors_total", float(self.writer.write_errors), kind="counter"),
+            Sample("triscope_spool_replayed_samples_total", float(self.spool.replayed_samples), kind="counter"),
             Sample("triscope_store_queue_spilled_ticks_total", float(self.writer.spilled_ticks), kind="counter"),
         ]
 
@@ -203,9 +211,6 @@ def migrate_in_child(url: str) -> None:
     raise StoreError(msg)
 
 
-def _safe(name: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name) or "node"
-
-
 def default_spool_dir() -> str:
-    return os.environ.get("TRISCOPE_SPOOL_DIR", "triscope-spool")
+    """The spool's root: ``$TRISCOPE_SPOOL_DIR``, else a state directory (``agent/spool.py``)."""
+    return str(default_spool_root())

@@ -1,17 +1,32 @@
 """A bounded on-disk spool for ticks the store could not take.
 
-Ticks are appended as JSON lines to segment files; ``drain()`` hands them back oldest first.
+Ticks are appended as JSON lines to segment files; ``segments()`` hands them back oldest first.
 When the spool would exceed ``max_bytes`` the oldest segment is dropped and its samples counted
 as dropped (the only way samples are ever lost, and it is counted and exported).
+
+**A spooled tick belongs to the database it was meant for.**  The folder of one agent's spool is
+``<root>/<node>/db-<id>/`` (``spool_dir_for``): ``<id>`` names the database by its URL without
+credentials (``database_identity``: dialect, host, port and database name; a SQLite file by its
+absolute path), and ``db.json`` in the folder says which one in words.  An agent replays only its
+own database's folder; ``survey`` lists what waits for other databases (and segments of spools
+from before this layout, whose database is unknown), so the agent can say so at start — never
+replayed, never deleted.  The same URL is the same database: a backup restored at that URL takes
+what was spooled for it.
+
+The default root is a state directory, not the working directory of whoever started the agent
+(``default_spool_root``): ``$TRISCOPE_SPOOL_DIR``, else ``/var/lib/triscope/spool`` as root (the
+DaemonSet's hostPath), else ``$XDG_STATE_HOME/triscope/spool`` (``~/.local/state/triscope/spool``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from triscope.samples import EventRecord, Sample, Tick
@@ -19,6 +34,94 @@ from triscope.samples import EventRecord, Sample, Tick
 log = logging.getLogger(__name__)
 
 SEGMENT_BYTES = 1 << 20
+IDENTITY_FILE = "db.json"
+
+
+def database_identity(url: str) -> tuple[str, str]:
+    """(id, description) of the database a URL points at, credentials left out: the same for every
+    spelling of one database (user, password, query options, a relative SQLite path), different
+    for another host, port, database or file."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        u = make_url(url)
+    except Exception:  # noqa: BLE001 - an unparsable URL is its own identity (the agent refuses it later)
+        desc = url.split("@")[-1]
+    else:
+        backend = u.get_backend_name()
+        if backend == "sqlite":
+            db = u.database or ""
+            desc = f"sqlite:{os.path.realpath(db) if db and db != ':memory:' else db or ':memory:'}"
+        else:
+            host = (u.host or "").lower()
+            hosts = u.query.get("host")      # libpq's multi-host form
+            if hosts and not host:
+                host = ",".join(hosts) if isinstance(hosts, tuple) else str(hosts)
+            desc = f"{backend}://{host}:{u.port or ''}/{u.database or ''}"
+    return hashlib.sha256(desc.encode()).hexdigest()[:12], desc
+
+
+def safe_name(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name) or "node"
+
+
+def spool_dir_for(root: str | os.PathLike[str], node: str, url: str) -> Path:
+    """The folder of one agent's spool: ``<root>/<node>/db-<id>``."""
+    return Path(root) / safe_name(node) / f"db-{database_identity(url)[0]}"
+
+
+def default_spool_root() -> Path:
+    env = os.environ.get("TRISCOPE_SPOOL_DIR")
+    if env:
+        return Path(env)
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        return Path("/var/lib/triscope/spool")
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(state) / "triscope" / "spool"
+
+
+@dataclass(frozen=True)
+class Elsewhere:
+    """Spooled ticks that are not this agent's database's."""
+
+    path: Path
+    database: str          # its description ("unknown": a spool from before the per-database layout)
+    node: str
+    segments: int
+    bytes: int
+
+
+def survey(root: str | os.PathLike[str], own: Path) -> list[Elsewhere]:
+    """Every spool folder under ``root`` other than ``own`` that holds segments."""
+    out: list[Elsewhere] = []
+    base = Path(root)
+    if not base.is_dir():
+        return out
+    own_r = own.resolve() if own.exists() else own
+    for node_dir in sorted(p for p in base.iterdir() if p.is_dir()):
+        legacy = sorted(node_dir.glob("seg-*.jsonl"))
+        if legacy:
+            out.append(Elsewhere(node_dir, "unknown (spooled before spools were kept per database)", node_dir.name,
+                                 len(legacy), sum(_size(p) for p in legacy)))
+        for d in sorted(node_dir.glob("db-*")):
+            if not d.is_dir() or (d.resolve() == own_r):
+                continue
+            segs = sorted(d.glob("seg-*.jsonl"))
+            if not segs:
+                continue
+            try:
+                desc = str(json.loads((d / IDENTITY_FILE).read_text()).get("database", "unknown"))
+            except (OSError, ValueError, AttributeError):
+                desc = "unknown"
+            out.append(Elsewhere(d, desc, node_dir.name, len(segs), sum(_size(p) for p in segs)))
+    return out
+
+
+def _size(p: Path) -> int:
+    try:
+        return p.stat().st_size
+    except OSError:
+        return 0
 
 
 def tick_to_json(t: Tick) -> str:
@@ -39,10 +142,21 @@ def tick_from_json(line: str) -> Tick:
 
 
 class Spool:
-    def __init__(self, directory: str | os.PathLike[str], max_bytes: int = 256 << 20) -> None:
+    def __init__(self, directory: str | os.PathLike[str], max_bytes: int = 256 << 20, database: str | None = None) -> None:
+        """``database``: the URL this spool's ticks are for; its description is written to the
+        folder's ``db.json`` (for ``survey`` and for people)."""
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
+        if database is not None:
+            ident, desc = database_identity(database)
+            path = self.dir / IDENTITY_FILE
+            try:
+                if not path.exists():
+                    path.write_text(json.dumps({"id": ident, "database": desc}) + "\n")
+            except OSError as e:
+                log.warning("spool %s: cannot record its database: %s", self.dir, e)
         self.max_bytes = max_bytes
+        self.replayed_samples = 0
         self.dropped_samples = 0
         self.spooled_samples_total = 0
         self._lock = threading.Lock()
@@ -111,7 +225,11 @@ class Spool:
                     log.error("spool segment %s line %d is corrupt; skipped", p.name, i + 1)
             yield p, ticks
 
-    def commit(self, path: Path, ticks: list[Tick]) -> None:
+    def commit(self, path: Path, ticks: list[Tick], replayed: bool = False) -> None:
+        """The segment at ``path`` is in the store: removed (``replayed``: counted as written back)."""
+        n = sum(len(t.samples) for t in ticks)
         with self._lock:
             path.unlink(missing_ok=True)
-            self._pending -= sum(len(t.samples) for t in ticks)
+            self._pending -= n
+            if replayed:
+                self.replayed_samples += n

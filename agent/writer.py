@@ -88,7 +88,12 @@ class StoreWriter:
         self._thread = threading.Thread(target=self._run, name="store-writer", daemon=True)
         self.write_errors = 0
         self.written_samples = 0
-        self.outage = not spool.empty()
+        # ticks an earlier run spooled for this database: replayed in slices while the store answers,
+        # never ahead of this run's own ticks (``_replay_slice``)
+        self.outage = False
+        self.backlog = not spool.empty()
+        self.replay_budget = 0.5          # seconds of replay at a time
+        self._draining = False
         self._last_retry = 0.0
         self._last_still_logged = 0.0
         self._last_retention = time.monotonic()
@@ -186,6 +191,8 @@ class StoreWriter:
     def _wait_seconds(self) -> float | None:
         """How long the thread may sleep with nothing queued: until the next retry while the store
         is down, until the next retention run otherwise (no wake-up that has nothing to do)."""
+        if self._draining or (self.backlog and not self.outage):
+            return 0.05                 # the spool is being written back: the next slice soon
         if self.outage:
             return self.retry_interval
         if self.retention_every == float("inf"):
@@ -200,12 +207,14 @@ class StoreWriter:
                 item = None
                 if self.outage:
                     self._try_drain()
+                elif self.backlog:
+                    self._replay_slice()
                 self._maybe_retention()
                 continue
             try:
                 if item is None:
-                    if self.outage:
-                        self._try_drain(force=True)
+                    if self.outage:      # this run's own ticks wait in the spool: all of them now
+                        self._try_drain(force=True, budget=float("inf"))
                     return
                 with self._batch_lock:
                     self._queued_samples = max(0, self._queued_samples - sum(len(t.samples) for t in item))
@@ -257,17 +266,45 @@ class StoreWriter:
         log.error("SQLite file %s was %s under the running agent: recreated it with the schema; writing "
                   "continues there (what the old file held is gone with it)", self.file.path, what)
 
-    def _try_drain(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._last_retry < self.retry_interval:
+    def _replay_slice(self) -> None:
+        """Write back segments an earlier run spooled for this database, for at most
+        ``replay_budget`` seconds; this run's ticks are written directly meanwhile (they never
+        wait behind the backlog).  A failure is an outage like any other."""
+        if self.outage:
             return
-        self._last_retry = now
-        drained = 0
+        t0 = time.monotonic()
         try:
             for path, ticks in self.spool.segments():
                 self.written_samples += self._write(ticks)
-                self.spool.commit(path, ticks)
+                self.spool.commit(path, ticks, replayed=True)
+                if time.monotonic() - t0 >= self.replay_budget:
+                    return
+        except Exception as e:  # noqa: BLE001 - any store failure means: keep it on disk
+            self.write_errors += 1
+            self.outage = True
+            log.warning("store write failed while replaying the spool (%d samples left): %s",
+                        self.spool.pending_samples, _one_line(e))
+            return
+        if self.spool.empty():
+            self.backlog = False
+            log.info("spool replayed: %d samples an earlier run kept for this database are stored",
+                     self.spool.replayed_samples)
+
+    def _try_drain(self, force: bool = False, budget: float = 2.0) -> None:
+        now = time.monotonic()
+        if not force and not self._draining and now - self._last_retry < self.retry_interval:
+            return
+        self._last_retry = now
+        drained = 0
+        self._draining = False
+        try:
+            for path, ticks in self.spool.segments():
+                self.written_samples += self._write(ticks)
+                self.spool.commit(path, ticks, replayed=True)
                 drained += sum(len(t.samples) for t in ticks)
+                if time.monotonic() - now >= budget:
+                    self._draining = True    # more to write: the next slice soon, new ticks behind it
+                    return
         except Exception as e:  # noqa: BLE001
             self.write_errors += 1
             if now - self._last_still_logged >= 60.0:   # once a minute, not at every retry
@@ -279,6 +316,7 @@ class StoreWriter:
             if self.outage:
                 log.warning("store is back: wrote %d spooled samples, direct writes resume", drained)
             self.outage = False
+            self.backlog = False
 
     def _maybe_retention(self) -> None:
         if self.outage or time.monotonic() - self._last_retention < self.retention_every:

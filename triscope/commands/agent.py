@@ -41,8 +41,9 @@ def add_agent_options(p: argparse.ArgumentParser) -> None:
                    help="spans + data points taken between two ticks (default 50000); the rest are dropped and "
                         "counted in triscope_otlp_dropped_total, later requests in that tick get 429")
     p.add_argument("--spool", default=None, metavar="DIR",
-                   help="where ticks wait while the database is unreachable (default ./triscope-spool or "
-                        "$TRISCOPE_SPOOL_DIR)")
+                   help="the spool's root: ticks wait under DIR/<node>/db-<id>/ while their database is "
+                        "unreachable, and are replayed only into that database (default $TRISCOPE_SPOOL_DIR, "
+                        "else /var/lib/triscope/spool as root, else $XDG_STATE_HOME/triscope/spool)")
     p.add_argument("--spool-max-mb", type=float, default=256, help="spool size bound; beyond it the oldest "
                    "ticks are dropped and counted (default 256)")
     p.add_argument("--no-ebpf", action="store_true", help="do not load the eBPF probes (procfs fallbacks only)")

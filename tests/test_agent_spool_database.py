@@ -1,0 +1,149 @@
+"""A spooled tick belongs to the database it was meant for: never replayed into another store.
+
+The real agent (the console entry point), a real PostgreSQL behind a TCP forwarder the test opens
+and closes (the database "down", then "back", at the same URL), and a SQLite file: agent A spools
+while its PostgreSQL does not answer; agent B, on another database from the same spool folder,
+stores none of A's ticks and says what it left; A started again with its database back replays
+every one of its ticks once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy.engine import make_url
+
+from triscope.agent.spool import Spool, database_identity, default_spool_root, spool_dir_for
+from triscope.store import Store
+from triscope.store.db import upgrade
+
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+
+
+class Forwarder:
+    """127.0.0.1:<port> -> the real server, while open."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        self.port = s.getsockname()[1]
+        s.close()
+        self.lst: socket.socket | None = None
+
+    def open(self) -> None:
+        lst = socket.socket()
+        lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        lst.bind(("127.0.0.1", self.port))
+        lst.listen(16)
+        self.lst = lst
+        threading.Thread(target=self._accept, args=(lst,), daemon=True).start()
+
+    def _accept(self, lst: socket.socket) -> None:
+        while True:
+            try:
+                c, _ = lst.accept()
+            except OSError:
+                return
+            u = socket.create_connection(self.target)
+            for a, b in ((c, u), (u, c)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        if self.lst is not None:
+            self.lst.close()
+            self.lst = None
+
+
+def agent(db: str, spool: Path, node: str, seconds: int, cwd: Path) -> str:
+    res = subprocess.run(
+        [sys.executable, "-m", "triscope", "agent", "--db", db, "--spool", str(spool), "--node", node,
+         "--interval", "0.5", "--duration", str(seconds), "--listen", "off", "--no-ebpf", "--no-nvml", "--no-npu"],
+        cwd=cwd, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res.stdout + res.stderr
+
+
+def ticks(url: str, node: str) -> list[float]:
+    st = Store.open(url)
+    try:
+        got = st.query("triscope_ticks_total", node=node, start=0, end=time.time() + 10, max_points=None, rate=False)
+        return sorted(v for sd in got for v in sd.values)
+    finally:
+        st.close()
+
+
+def test_a_spooled_tick_is_replayed_only_into_its_own_database(pg_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    real = make_url(pg_server.create_database("spool_a"))
+    fwd = Forwarder((real.host or "127.0.0.1", int(real.port or 5432)))
+    url_a = real.set(host="127.0.0.1", port=fwd.port).render_as_string(hide_password=False)
+    spool = tmp_path / "spool"
+    # A: its database does not answer; its ticks wait in the spool, in A's database's folder
+    out_a = agent(url_a, spool, "node-x", 4, tmp_path)
+    mine = spool_dir_for(spool, "node-x", url_a)
+    k1 = sum(len(t) for _p, t in Spool(mine).segments())
+    assert k1 >= 4, out_a                                   # 4 s at 2 Hz, every tick kept
+    # B: another database, same folder, same node name: none of A's ticks, and it says so
+    url_b = f"sqlite:///{tmp_path / 'b.db'}"
+    upgrade(url_b)
+    out_b = agent(url_b, spool, "node-x", 3, tmp_path)
+    got_b = ticks(url_b, "node-x")
+    assert got_b == [float(i) for i in range(1, len(got_b) + 1)], got_b    # its own run only: 1..n once
+    assert "spooled ticks for another database" in out_b and str(mine) in out_b, out_b
+    assert sum(len(t) for _p, t in Spool(mine).segments()) == k1           # never touched, never deleted
+    # A again with its database back: every spooled tick of A's stored once, beside the new run's
+    fwd.open()
+    try:
+        upgrade(url_a)
+        out_a2 = agent(url_a, spool, "node-x", 4, tmp_path)
+    finally:
+        fwd.close()
+    got_a = ticks(real.render_as_string(hide_password=False), "node-x")
+    k2 = len(got_a) - k1
+    assert k2 >= 4 and sorted(got_a) == sorted([float(i) for i in range(1, k1 + 1)] +
+                                               [float(i) for i in range(1, k2 + 1)]), (k1, got_a)
+    assert Spool(mine).empty(), out_a2
+    assert "replayed" in out_a2, out_a2
+
+
+def test_the_identity_of_a_database_leaves_out_its_credentials(tmp_path: Path) -> None:
+    a = database_identity("postgresql://alice:secret@db.example:5432/triscope")
+    b = database_identity("postgresql://bob:other@db.example:5432/triscope")
+    c = database_identity("postgresql://alice:secret@db.example:5432/other")
+    assert a == b and a != c and "secret" not in a[1] and "alice" not in a[1]
+    s1 = database_identity(f"sqlite:///{tmp_path}/x.db")
+    os.chdir(tmp_path)
+    s2 = database_identity("sqlite:///x.db")
+    assert s1 == s2                                      # the same file, however it is written
+    assert spool_dir_for(tmp_path, "n", "sqlite:///x.db").name.startswith("db-")
+
+
+def test_the_default_spool_folder_is_a_state_directory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("TRISCOPE_SPOOL_DIR", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    if os.geteuid() == 0:
+        assert default_spool_root() == Path("/var/lib/triscope/spool")
+    else:
+        assert default_spool_root() == tmp_path / "state" / "triscope" / "spool"
+    monkeypatch.setenv("TRISCOPE_SPOOL_DIR", str(tmp_path / "mine"))
+    assert default_spool_root() == tmp_path / "mine"
