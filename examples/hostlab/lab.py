@@ -1,6 +1,6 @@
 """The host lab: the production-like classes of the verdict on this machine's real kernel, the GPU simulated.
 
-    sudo .venv/bin/python -m examples.hostlab.lab --node cpu-lab-2 --out examples/traces   # ~5 minutes
+    sudo .venv/bin/python -m examples.hostlab.lab --node cpu-lab-3        # ~5 minutes, into examples/hostlab/traces
 
 No GPU is needed, and only the GPU is stood in for.  Two stand-in services (``service.py``: a real
 DataLoader-style host side, worker processes that decode on the CPU, payloads fetched over TCP;
@@ -147,11 +147,14 @@ def nft(*cmd: str) -> None:
 
 
 def drop(port: int, share: float) -> None:
-    """Drop ``share`` of the packets to or from ``port`` (loopback passes the output hook both ways)."""
+    """Drop ``share`` of the packets to or from ``port`` on the **input** hook: the sender's segment
+    has left (a drop on the output hook is returned to the sending socket as a local error and
+    re-sent at once, never counted as a retransmission), so the sender retransmits it after a
+    timeout as it would for a packet lost on the wire."""
     pct = int(round(share * 100))
-    nft("add", "rule", "inet", NFT_TABLE, "out", "tcp", "dport", str(port), "numgen", "random", "mod", "100", "<",
+    nft("add", "rule", "inet", NFT_TABLE, "in", "tcp", "dport", str(port), "numgen", "random", "mod", "100", "<",
         str(pct), "drop")
-    nft("add", "rule", "inet", NFT_TABLE, "out", "tcp", "sport", str(port), "numgen", "random", "mod", "100", "<",
+    nft("add", "rule", "inet", NFT_TABLE, "in", "tcp", "sport", str(port), "numgen", "random", "mod", "100", "<",
         str(pct), "drop")
 
 
@@ -304,7 +307,7 @@ def record(node: str, out: Path, hold: float) -> Path:
     with contextlib.suppress(subprocess.CalledProcessError):
         nft("delete", "table", "inet", NFT_TABLE)
     nft("add", "table", "inet", NFT_TABLE)
-    nft("add", "chain", "inet", NFT_TABLE, "out", "{ type filter hook output priority 0; }")
+    nft("add", "chain", "inet", NFT_TABLE, "in", "{ type filter hook input priority 0; }")
     limit = CpuLimit(f"triscope-lab-{os.getpid()}")
     base, _ = split_available(build_collectors(AgentOptions(ebpf=False, nvml=False, npu=False, workloads=False)))
     wl = WorkloadsCollector([lab.source], pods_log_dir=str(tmp / "no-pods"), pod_resources_socket=str(tmp / "no.sock"))
@@ -347,7 +350,7 @@ def record(node: str, out: Path, hold: float) -> Path:
                         "knobs": sc.knobs if who == "b" else {}, "faulty": sc.faulty and who == "b",
                         "expected_state": list(sc.expect), "note": sc.note})
                 lab.stop_all()
-                nft("flush", "chain", "inet", NFT_TABLE, "out")
+                nft("flush", "chain", "inet", NFT_TABLE, "in")
                 limit.limit(None)
                 time.sleep(3.0)          # the services gone before the next starts
         finally:
@@ -388,7 +391,7 @@ def record(node: str, out: Path, hold: float) -> Path:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m examples.hostlab.lab", description=__doc__.split("\n\n")[0])
     ap.add_argument("--node", required=True, help="the recording's node name (cpu-lab-N)")
-    ap.add_argument("--out", type=Path, default=REPO / "examples" / "traces")
+    ap.add_argument("--out", type=Path, default=REPO / "examples" / "hostlab" / "traces")
     ap.add_argument("--hold", type=float, default=45.0, help="seconds per scenario (default 45)")
     args = ap.parse_args(argv)
     trace = record(args.node, args.out, args.hold)

@@ -150,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
                     break
             a = time.monotonic()
             time.sleep(args.gpu_ms / 1000.0)        # the simulated GPU: its work for this batch
-            busy.add(a, time.monotonic())
+            # the GPU works gpu_ms whatever the host does: a throttled or descheduled process wakes
+            # late from the wait, and that delay is the host's, not GPU time
+            busy.add(a, a + args.gpu_ms / 1000.0)
             if outstanding is not None:
                 for _ in items:
                     outstanding.release()

@@ -39,12 +39,16 @@ TRACES = REPO / "examples" / "traces"
 MISMATCH_PREFIX = "triscope_mismatch_"
 
 
+LAB_TRACES = REPO / "examples" / "hostlab" / "traces"
+
+
 @dataclass(frozen=True)
 class Recording:
     node: str
     made: str            # when and where
     use: str             # "fitted": a rule's figures came from it; "held_out": recorded after the rules were fixed
     note: str = ""
+    folder: Path = TRACES
 
 
 RECORDINGS: tuple[Recording, ...] = (
@@ -58,6 +62,9 @@ RECORDINGS: tuple[Recording, ...] = (
               "scored the host-copy rule after it was fixed; no per-workload TCP or CFS series"),
     Recording("h200-inference-6", "2026-12-03, H200, session 4", "fitted",
               "scored the host-copy rule after it was fixed; no per-workload TCP or CFS series"),
+    Recording("cpu-lab-2", "2026-12-04, the CPU machine, host lab (examples/hostlab: GPU simulated)", "held_out",
+              "recorded after this revision's rules were fixed; real process sets, CFS throttling and packet loss, "
+              "the GPU a stand-in", LAB_TRACES),
 )
 """Every recording so far came before the whole-process-set, CFS-throttling and per-workload
 network evidence: none of them holds those series, so on them the verdict runs its older paths (a
@@ -121,7 +128,7 @@ def score(node: str, thresholds: Any = None, traces: Path = TRACES) -> dict[str,
 def score_all(recordings: Iterable[Recording] = RECORDINGS, thresholds: Any = None) -> list[dict[str, Any]]:
     out = []
     for rec in recordings:
-        got = score(rec.node, thresholds)
+        got = score(rec.node, thresholds, rec.folder)
         got["use"] = rec.use
         out.append(got)
     return out
