@@ -29,6 +29,7 @@ from typing import Any
 
 from triscope.analysis.config import MismatchThresholds, default_thresholds
 from triscope.analysis.episodes import (
+    GAP_STEPS,
     HEALTH_EVENTS,
     NODE,
     SCORE_METRIC,
@@ -91,7 +92,8 @@ def classifier_window(span: float, tier: str | None, th: MismatchThresholds) -> 
 @dataclass(slots=True)
 class TimelineInputs:
     rca: RCAInputs                         # the node's series over [lookback start, end], events in [start, end]
-    states: list[SeriesPoints]             # stored state / score series over the same range
+    states: list[SeriesPoints]             # stored state / score series over the same range (no verdict history)
+    runs: list[Any] = field(default_factory=list)   # the verdict history (store.verdict_runs) over the range
     mismatch: MismatchInputs | None = None  # the classifier's inputs when no state series and rollups
     given: tuple[float, float] | None = None
     window_s: float = 10.0
@@ -115,20 +117,32 @@ def fetch_timeline_inputs(store: StoreReader, node: str, start: float, end: floa
     lookback = baseline or (start - max(end - start, MIN_LOOKBACK_S), start)
     rca = fetch_rca_inputs(store, node, start, end, lookback, TIMELINE_MAX_POINTS)
     lo = min(lookback[0], start)
-    tier, mp = state_read_plan(end - lo)
-    states = [points_of(sd) for m in (STATE_METRIC, SCORE_METRIC)
-              for sd in store.query(m, node=node, start=lo, end=end, max_points=mp, tier=tier)]
+    # the verdict history: every run at full resolution whatever the range (store/verdicts.py); the
+    # state series only for stores without it
+    runs = list(store.verdict_runs(node, lo, end))
+    states: list[SeriesPoints] = []
+    if not runs:
+        tier, mp = state_read_plan(end - lo)
+        states = [points_of(sd) for m in (STATE_METRIC, SCORE_METRIC)
+                  for sd in store.query(m, node=node, start=lo, end=end, max_points=mp, tier=tier)]
     w = classifier_window(end - lo, rca.tier, th)
     mismatch = None
-    if not any(sp.metric == STATE_METRIC for sp in states) and rca.tier == "1h":
+    if not runs and not any(sp.metric == STATE_METRIC for sp in states) and rca.tier == "1h":
         mismatch = fetch_mismatch_inputs(store, node, lo, end, w)
-    return TimelineInputs(rca, states, mismatch, baseline, w, list(slos))
+    return TimelineInputs(rca, states, runs, mismatch, baseline, w, list(slos))
 
 
 # ---------------------------------------------------------------------------------------------- episodes
 def timeline_episodes(inputs: TimelineInputs, ctx: EvidenceContext,
                       th: MismatchThresholds) -> tuple[list[Episode], str, float]:
     """(state episodes over the whole range read, where the states came from, sampling step)."""
+    if inputs.runs:
+        eps, source, step = history_episodes(inputs.runs, th, inputs.rca.series)
+        if source.endswith("(node roll-up)") and len(ctx.accelerators) == 1:
+            for e in eps:                 # the roll-up of a one-accelerator node is that accelerator
+                if e.accelerator == NODE:
+                    e.accelerator = ctx.accelerators[0]
+        return eps, source, step
     source, samples, step = stored_state_samples(inputs.states)
     lo, end = inputs.lookback_start, inputs.rca.end
     lag = tracker_lag(th)
@@ -158,6 +172,39 @@ def timeline_episodes(inputs: TimelineInputs, ctx: EvidenceContext,
     # none: a host short for every workload); only node-level states and the classifier need it
     assign_workloads(eps if source != "per-accelerator state series" else [], inputs.rca.series)
     return eps, source, step
+
+
+def history_episodes(runs: Sequence[Any], th: MismatchThresholds, series: Sequence[SeriesPoints] = ()
+                     ) -> tuple[list[Episode], str, float]:
+    """Episodes from the verdict history: each run (``VerdictRun``: accelerator, workload, state,
+    first and last tick) moved back by the tracker's lag like stored states, ending where the next
+    run of its accelerator begins (or a step after its last tick where the data stopped), flickers
+    merged at the raw step.  The runs are the same whatever the range read, so are the episodes."""
+    per_acc = [r for r in runs if r.accelerator]
+    use = per_acc or [r for r in runs if not r.accelerator]
+    source = "verdict history" if per_acc else "verdict history (node roll-up)"
+    steps = sorted((r.end - r.start) / (r.ticks - 1) for r in use if r.ticks > 1 and r.end > r.start)
+    step = steps[len(steps) // 2] if steps else 1.0
+    lag = tracker_lag(th)
+    first = min((r.start for r in use), default=0.0)
+    by_acc: dict[str, list[Any]] = {}
+    for r in sorted(use, key=lambda r: (r.accelerator, r.start)):
+        by_acc.setdefault(r.accelerator or NODE, []).append(r)
+    eps: list[Episode] = []
+    for acc, rs in by_acc.items():
+        for i, r in enumerate(rs):
+            start = max(first, r.start - lag)
+            nxt = rs[i + 1] if i + 1 < len(rs) else None
+            if nxt is not None and nxt.start - r.end <= GAP_STEPS * step + 1e-6:
+                end = max(start, nxt.start - lag)
+            else:
+                end = r.end + step          # the data stopped: the state held until then
+            eps.append(Episode(start, end, r.state, acc, tuple(r.workload), score=r.score_mean, samples=r.ticks))
+    eps = [e for e in eps if e.end > e.start]
+    merged = merge_flickers(eps, min_episode_s(step))
+    if not per_acc:
+        assign_workloads(merged, series)
+    return merged, source, step
 
 
 # ---------------------------------------------------------------------------------------------- result
@@ -219,9 +266,11 @@ def episode_dict(e: Episode, window_start: float) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------- pure part
 def timeline_from(inputs: TimelineInputs, thresholds: MismatchThresholds | None = None, top: int | None = 5,
                   workload_refs: Mapping[tuple[str, float], Reference] | None = None,
-                  prepared: tuple[EvidenceContext, list[Episode], str, float] | None = None) -> Timeline:
-    """The timeline from what was read.  Pure: no store, no clock.  ``prepared``: the evidence
-    context and ``timeline_episodes`` already computed from these inputs (``rca_timeline``)."""
+                  prepared: tuple[EvidenceContext, list[Episode], str, float] | None = None,
+                  local: LocalEvidence | None = None) -> Timeline:
+    """The timeline from what was read.  Pure but for ``local`` (the reads around each bad
+    episode, ``rca_timeline`` passes them where the range was read from rollups).  ``prepared``:
+    the evidence context and ``timeline_episodes`` already computed from these inputs."""
     th = thresholds or default_thresholds()
     r = inputs.rca
     start, end, lo = r.start, r.end, inputs.lookback_start
@@ -246,7 +295,12 @@ def timeline_from(inputs: TimelineInputs, thresholds: MismatchThresholds | None 
             ref = choose_reference(e, eps, r.node, given, given_has_data, workload_refs or {},
                                    reference_guard(step, th))
             e.reference = ref.as_dict()
-            e.causes = explain(e, ref, ctx, index, data_start, top)
+            around = local.around(e, ref, r.events) if local is not None else None
+            if around is not None:
+                e.causes = explain(e, ref, around[0], around[1], around[2], top)
+                e.detail["evidence_read"] = "raw points around the episode"
+            else:
+                e.causes = explain(e, ref, ctx, index, data_start, top)
             e.detail["verdict"] = _verdict(e, r.events)
     for h in health_episodes(r.events, ctx.accelerator_of_device()):
         h.causes = [_health_cause(h)]
@@ -300,6 +354,39 @@ def _attach_overlap(s: Episode, eps: Sequence[Episode]) -> None:
         s.reference = {"kind": "none", "why": "no bad coordination episode overlaps this burn period"}
 
 
+# ---------------------------------------------------------------------------------------------- evidence around an episode
+class LocalEvidence:
+    """The evidence of each bad episode read around it at the resolution a query of the last half
+    hour would use — whatever range the timeline covers — so an episode's causes do not change with
+    the look-back.  The read spans the episode, its reference and ``MIN_LOOKBACK_S`` before both,
+    raw points up to an hour (``fetch_rca_inputs``); overlapping spans share one read; at most
+    ``max_reads`` reads, the rest explained from the range's own read."""
+
+    def __init__(self, store: StoreReader, node: str, th: MismatchThresholds, max_reads: int = 24) -> None:
+        self.store, self.node, self.th, self.max_reads = store, node, th, max_reads
+        self._reads: list[tuple[float, float, EvidenceContext, Any, float | None]] = []
+
+    def around(self, e: Episode, ref: Reference, events: Sequence[Any]
+               ) -> tuple[EvidenceContext, Any, float | None] | None:
+        lo = e.start
+        if ref.series is None:      # the reference is on this node: its ranges are read too
+            for a, _b in ref.ranges:
+                lo = min(lo, a)
+        lo -= MIN_LOOKBACK_S
+        hi = e.end + self.th.window_s
+        for a, b, ctx, index, ds in self._reads:
+            if a <= lo and hi <= b:
+                return ctx, index, ds
+        if hi - lo > 3600 or len(self._reads) >= self.max_reads:
+            return None
+        rca = fetch_rca_inputs(self.store, self.node, lo, hi, (lo, lo), TIMELINE_MAX_POINTS)
+        ctx = evidence_context(rca.series, events, self.th)
+        index = index_series(rca.series)
+        ds = data_start_of(rca.series, lo)
+        self._reads.append((lo, hi, ctx, index, ds))
+        return ctx, index, ds
+
+
 # ---------------------------------------------------------------------------------------------- entry point
 def rca_timeline(store: StoreReader, node: str, start: float, end: float, baseline: tuple[float, float] | None = None,
                  thresholds: MismatchThresholds | None = None, top: int | None = 5,
@@ -314,4 +401,5 @@ def rca_timeline(store: StoreReader, node: str, start: float, end: float, baseli
     if needs:
         metrics = sorted({sp.metric for sp in inputs.rca.series})
         refs = fetch_workload_references(store, needs, metrics, reference_guard(step, th))
-    return timeline_from(inputs, th, top, refs, (ctx, eps, source, step))
+    local = LocalEvidence(store, node, th) if inputs.rca.tier is not None else None
+    return timeline_from(inputs, th, top, refs, (ctx, eps, source, step), local)

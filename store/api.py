@@ -20,6 +20,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
 from triscope.samples import EventRecord, Tick
@@ -29,6 +30,8 @@ from triscope.store.reader import EventRow, LatestValue, NodeInfo, SeriesData, S
 from triscope.store.reads import StoreReads, minmax_downsample
 from triscope.store.retention import RetentionPolicy, apply_retention
 from triscope.store.rollups import ROLLUP_SPREAD_S, TIERS, Rollups, rollup_delay
+from triscope.store.verdicts import STATE_METRIC as VERDICT_METRIC
+from triscope.store.verdicts import VerdictRecorder, VerdictRun
 from triscope.store.write import (
     LAST_SEEN_STEP_S,
     MAX_EVENT_DETAILS,
@@ -50,6 +53,7 @@ class Store(StoreReads):
         self.rollups = Rollups(self.sql, self.cache)
         writer = PgWriter if self.dialect == "postgresql" else SqliteWriter
         self.writer: TickWriter = writer(engine, self.cache, self.rollups)
+        self.verdicts = VerdictRecorder()
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
@@ -90,10 +94,31 @@ class Store(StoreReads):
             return 0
         with self._lock:
             try:
-                return self.writer.write_ticks(node, ticks, rollup)
+                n = self.writer.write_ticks(node, ticks, rollup)
             except BaseException:
                 self.cache.clear()   # a failed transaction cleared it already; anything else too
                 raise
+            self._record_verdicts(node, ticks)
+            return n
+
+    def _record_verdicts(self, node: str, ticks: Sequence[Tick]) -> None:
+        """The verdict history (store/verdicts.py) from the ticks just written: its own transaction,
+        after theirs (a failure raises like a failed write, and the re-sent ticks change nothing
+        already recorded)."""
+        if not any(s.name == VERDICT_METRIC for t in ticks for s in t.samples):
+            return
+        try:
+            with self.engine.begin() as conn:
+                nid = self.cache.node_ids.get(node)
+                if nid is None:
+                    row = conn.execute(text("SELECT id FROM nodes WHERE name = :n"), {"n": node}).first()
+                    if row is None:
+                        return
+                    nid = int(row[0])
+                self.verdicts.record(conn, nid, ticks)
+        except BaseException:
+            self.verdicts.reset()
+            raise
 
     def add_events(self, node: str, events: Sequence[EventRecord], ts: float | None = None) -> None:
         with self._lock:
@@ -130,4 +155,4 @@ def _reads_as_store_reader(store: Store) -> StoreReader:
 
 __all__ = ["LAST_SEEN_STEP_S", "MAX_EVENT_DETAILS", "MAX_EVENT_KIND", "MAX_EVENT_MESSAGE", "ROLLUP_SPREAD_S", "TIERS",
            "EventRow", "LatestValue", "NodeInfo", "RetentionPolicy", "SeriesData", "SeriesInfo", "Store", "StoreError",
-           "StoreReader", "minmax_downsample", "normalise_url", "rollup_delay"]
+           "StoreReader", "VerdictRun", "minmax_downsample", "normalise_url", "rollup_delay"]

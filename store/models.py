@@ -125,3 +125,25 @@ class Event(Base):
     severity: Mapped[str] = mapped_column(String(16), default="info")
     message: Mapped[str] = mapped_column(Text, default="")
     details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class VerdictRun(Base):
+    """The verdict history: one row per run of one accelerator's published state (store/verdicts.py)."""
+
+    __tablename__ = "verdict_runs"
+    __table_args__ = (Index("ix_verdict_runs_node_end", "node_id", "end_ts"),
+                      Index("ix_verdict_runs_node_acc_end", "node_id", "accelerator", "end_ts"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
+    accelerator: Mapped[str] = mapped_column(String(64))       # "gpu=0", "chip=0,npu=1"; "" the node's roll-up
+    namespace: Mapped[str] = mapped_column(String(253), default="")
+    pod: Mapped[str] = mapped_column(String(253), default="")
+    container: Mapped[str] = mapped_column(String(253), default="")
+    workload: Mapped[str] = mapped_column(String(253), default="")
+    state: Mapped[str] = mapped_column(String(32))
+    start_ts: Mapped[float] = mapped_column(Float)
+    end_ts: Mapped[float] = mapped_column(Float)
+    ticks: Mapped[int] = mapped_column(Integer, default=1)
+    score_sum: Mapped[float] = mapped_column(Float, default=0.0)
+    score_max: Mapped[float] = mapped_column(Float, default=0.0)

@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from triscope.vocabulary import WorkloadKey
+
 # A series within its node: (metric name, canonical label key, ``triscope.samples.label_key``).
 SeriesKey = tuple[str, str]
 # ``fleet_latest``: node -> {(metric, label key): (ts, value)} of each series' newest point.
@@ -63,6 +65,22 @@ class EventRow:
     severity: str
     message: str
     details: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class VerdictRun:
+    """One run of one accelerator's published state."""
+
+    node: str
+    accelerator: str            # "gpu=0"; "" the node's roll-up
+    workload: WorkloadKey
+    state: str
+    start: float                # its first tick
+    end: float                  # its last tick
+    ticks: int
+    score_mean: float
+    score_max: float
+
 
 
 class StoreReader(Protocol):
@@ -122,6 +140,11 @@ class StoreReader(Protocol):
         """Events (of ``node``, in [start, end], of ``kinds``) in time order, at most ``limit``."""
         ...
 
+    def verdict_runs(self, node: str, start: float, end: float) -> list[VerdictRun]:
+        """The verdict history of ``node``: every run of an accelerator's published state that
+        overlaps [start, end], at full resolution whatever the range (store/verdicts.py)."""
+        ...
+
 
 __all__ = ["EventRow", "FleetLatest", "LatestValue", "NodeInfo", "SeriesData", "SeriesInfo", "SeriesKey",
-           "StoreReader"]
+           "StoreReader", "VerdictRun"]

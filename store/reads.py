@@ -29,7 +29,9 @@ from triscope.store.reader import (
     SeriesData,
     SeriesInfo,
     SeriesKey,
+    VerdictRun,
 )
+from triscope.store.verdicts import read_runs
 
 RAW_POINTS_PER_OUTPUT_POINT = 50   # the tier choice: raw while a range holds at most this many per point (1 Hz)
 
@@ -96,6 +98,10 @@ class StoreReads:
             for name, m, lk in rows:
                 out.setdefault(name, set()).add((m, lk))
         return out
+
+    def verdict_runs(self, node: str, start: float, end: float) -> list[VerdictRun]:
+        with self.engine.connect() as conn:
+            return read_runs(conn, node, start, end)
 
     def events(self, node: str | None = None, start: float | None = None, end: float | None = None,
                kinds: Sequence[str] | None = None, limit: int = 10000) -> list[EventRow]:

@@ -55,7 +55,7 @@ def apply_retention(engine: Engine, sql: SqlDialect, policy: RetentionPolicy | N
             return {"skipped_standby": 1}
         partitioned = partitions.is_partitioned(conn)   # False on SQLite
     tables = [("rollup_1m", policy.rollup_1m, "bucket"), ("rollup_1h", policy.rollup_1h, "bucket"),
-              ("events", policy.rollup_1h, "ts")]
+              ("events", policy.rollup_1h, "ts"), ("verdict_runs", policy.rollup_1h, "end_ts")]
     if partitioned:
         partitions.ensure_partitions(engine, now)
         out["samples_partitions_dropped"] = len(partitions.drop_expired_partitions(engine, now - policy.raw))

@@ -63,7 +63,7 @@ def test_workload_history_on_another_node(st: Store) -> None:
     record(st, "a", [P["matmul"], P["matmul"]], T0, pod="infer-7d9f8c6b5-aaaaa")
     record(st, "b", [P["pageable_h2d"], P["matmul"]], T0 + 7200, pod="infer-7d9f8c6b5-bbbbb")
     tl = rca_timeline(st, "b", T0 + 7200, T0 + 7320)
-    assert tl.source == "per-accelerator state series"
+    assert tl.source == "verdict history"
     e = _bad(tl)[0]
     assert e.state == "staging-bound" and e.workload == ("ml", "infer-7d9f8c6b5-bbbbb", "server", "Deployment/infer")
     ref = e.reference

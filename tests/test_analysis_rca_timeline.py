@@ -107,7 +107,7 @@ def _score_cuts(st: Store, info: Any) -> tuple[int, int, list[str], set[str]]:
 def test_top_cause_of_bad_episodes_on_the_recording(trace_store, source: str) -> None:  # type: ignore[no-untyped-def]
     st, infos = trace_store
     info = infos[source]
-    want = {"stored": "node state series", "classifier": "classifier", "replayed": "per-accelerator state series"}
+    want = {"stored": "verdict history (node roll-up)", "classifier": "classifier", "replayed": "verdict history"}
     assert rca_timeline(st, info.node, info.start, info.end + 1).source == want[source]
     right, total, wrong, seen = _score_cuts(st, info)
     share = right / total
@@ -123,7 +123,7 @@ def test_the_whole_recording_as_a_timeline(trace_store) -> None:  # type: ignore
     st, infos = trace_store
     info = infos["stored"]
     tl = rca_timeline(st, info.node, info.start, info.end + 1)
-    assert tl.source == "node state series"
+    assert tl.source == "verdict history (node roll-up)"
     states = [(e.state, e.accelerator) for e in tl.episodes if e.kind == "state"]
     # one accelerator on the node: the roll-up is that GPU; flickers merged, one run per phase group
     assert states == [("idle", "gpu=0"), ("io-saturated", "gpu=0"), ("staging-bound", "gpu=0"),
@@ -215,7 +215,7 @@ def test_cli_timeline_json_and_text(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert {"node", "start", "end", "episodes"} <= set(d) and d["node"] == "h200"
-    assert d["states_from"] == "node state series"
+    assert d["states_from"] == "verdict history (node roll-up)"
     for e in d["episodes"]:
         assert {"start", "end", "state", "accelerator", "workload", "causes", "reference"} <= set(e), e
         assert set(e["workload"]) == {"namespace", "pod", "container", "workload"}
