@@ -8,21 +8,35 @@ PYTHON ?= /usr/bin/python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+RUN_STAMP := $(VENV)/.installed-run
 
-.PHONY: run test bench lint typecheck setup system clean
+.PHONY: run test bench lint typecheck setup setup-run system system-run clean
 
+# make run installs what the demo runs (BCC and the kernel headers where the kernel allows, the
+# virtualenv); make test installs the whole test stack (PostgreSQL, Prometheus, Chromium, Patroni, ...)
 system:
-	@bash scripts/setup-system.sh
+	@bash scripts/setup-system.sh test
+
+system-run:
+	@bash scripts/setup-system.sh run
 
 $(STAMP): pyproject.toml | system
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install -q --upgrade pip
 	@$(PY) -m pip install -q -e '.[test]'
-	@touch $(STAMP)
+	@touch $(STAMP) $(RUN_STAMP)
+
+$(RUN_STAMP): pyproject.toml | system-run
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install -q --upgrade pip
+	@$(PY) -m pip install -q -e .
+	@touch $(RUN_STAMP)
 
 setup: system $(STAMP)
 
-run: setup
+setup-run: system-run $(RUN_STAMP)
+
+run: setup-run
 	@$(VENV)/bin/triscope run
 
 test: setup

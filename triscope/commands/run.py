@@ -131,7 +131,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UserError(f"cannot listen on {args.dashboard} for the dashboard: {e.strerror or e}") from None
     if dash is not None:
         lines.append(f"dashboard:   http://{dash_addr[0]}:{dash_addr[1]}/")
-    lines.append(f"look at it:  triscope query --db {cfg.db_url} --metric triscope_tcp_retransmits_total --since 5m")
+    lines.append(f"look at it:  {_prog()} query --db {cfg.db_url} --metric triscope_tcp_retransmits_total --since 5m")
+    lines.append(f"             {_prog()} rca --db {cfg.db_url} --start -30m   (root cause, as an incident timeline)")
     print("triscope is running (Ctrl-C to stop)\n  " + "\n  ".join(lines), flush=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -176,3 +177,20 @@ def import_for_demo(url: str, path: Path | str, node: str | None = None, now: fl
         return trace_node
     finally:
         st.close()
+
+
+def _prog() -> str:
+    """How to run triscope again as this was run: ``.venv/bin/triscope`` after ``make run`` (not on
+    PATH), ``triscope`` when it is on PATH."""
+    import os
+    import shutil
+    import sys
+
+    argv0 = sys.argv[0]
+    if os.path.basename(argv0) == "triscope" and os.sep in argv0:
+        here = os.path.abspath(argv0)
+        if shutil.which("triscope") and os.path.abspath(shutil.which("triscope") or "") == here:
+            return "triscope"
+        rel = os.path.relpath(here)
+        return rel if not rel.startswith("..") else here
+    return "triscope" if shutil.which("triscope") else f"{sys.executable} -m triscope"
