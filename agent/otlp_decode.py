@@ -23,6 +23,7 @@ A body that is not what its content type says raises ``DecodeError``.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -416,6 +417,11 @@ def _add_points(res: Decoded, group: Group, name: str, unit: str, kind: str, tem
     for labels, start_ns, count, total, bounds, buckets in staged:
         if len(bounds) > MAX_BOUNDS or len(buckets) > MAX_BOUNDS + 1:
             res.drop("too_many_buckets")
+            continue
+        if not math.isfinite(count) or not math.isfinite(total) or any(not math.isfinite(b) for b in bounds):
+            # NaN or an infinity would poison the series' cumulative state for good (every later
+            # point compared against it): refused per point, with its reason
+            res.drop("not_finite")
             continue
         if count < 0 or total != total or abs(total) == float("inf") or (bounds or buckets) and (
                 len(buckets) != len(bounds) + 1 or list(bounds) != sorted(bounds)

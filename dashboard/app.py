@@ -25,6 +25,7 @@ from triscope.dashboard.context import CONFIG_KEY, DashboardContext
 from triscope.errors import UserError
 from triscope.loopback import is_loopback
 from triscope.store.api import Store
+from triscope.textsafe import one_line
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +166,11 @@ def create_app(store_url: str | None = None, slo_file: str | Path | None = None,
             store.nodes()
             role = server_role(store.engine)
         except Exception as e:  # noqa: BLE001
-            return f"store unavailable: {str(e).splitlines()[0][:200]}\n", 503, {"Content-Type": "text/plain"}
+            # the probe needs no password: it says that the store does not answer, not the driver's
+            # text (host names, user, paths); the reason goes to the log for the operator
+            log.warning("healthz: store unavailable: %s", one_line(str(e).splitlines()[0][:200] if str(e) else
+                                                                    type(e).__name__))
+            return "store unavailable\n", 503, {"Content-Type": "text/plain"}
         head = {"Content-Type": "text/plain", "X-Triscope-Store-Role": "standby" if role.standby else "leader"}
         if not role.standby:
             return "ok\n", 200, head

@@ -51,6 +51,7 @@ class PodResourcesServer:
         self.pods: list[dict[str, Any]] = []
         self.calls = 0
         self.delay = 0.0
+        self.abort: tuple[Any, str] | None = None     # (grpc.StatusCode, details): answer with that status
         server = self
 
         class Lister(pb2_grpc.PodResourcesListerServicer):  # type: ignore[misc, name-defined]
@@ -60,6 +61,8 @@ class PodResourcesServer:
                 server.calls += 1
                 if server.delay:
                     time.sleep(server.delay)
+                if server.abort is not None:
+                    context.abort(*server.abort)
                 return server._response()
 
         self._grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=4))

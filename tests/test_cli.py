@@ -92,6 +92,9 @@ def test_malformed_urls_are_one_line(tmp_path: Path) -> None:
     assert res.returncode == 2 and "--scrape 'ftp://host/metrics'" in res.stderr and "Traceback" not in res.stderr
     res = triscope("agent", "--db", f"sqlite:///{tmp_path}/a.db", "--listen", "localhost:http", "--duration", "1")
     assert res.returncode == 2 and "not HOST:PORT" in res.stderr
+    for bad in ("-5", "0", "nan"):
+        res = triscope("agent", "--db", f"sqlite:///{tmp_path}/a.db", "--spool-max-mb", bad, "--duration", "1")
+        assert res.returncode == 2 and "--spool-max-mb must be a size of at least 1 MB" in res.stderr, res.stderr
 
 
 def test_schema_missing_says_what_to_run(tmp_path: Path) -> None:
@@ -128,3 +131,24 @@ def test_output_into_a_closed_pipe_is_quiet(sqlite_url: str) -> None:
     err = proc.stderr.read().decode()
     proc.wait(30)
     assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_sigint_stops_the_agent_even_when_inherited_ignored(tmp_path: Path) -> None:
+    """A shell that starts a job in the background leaves SIGINT ignored; the agent sets its own."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    p = subprocess.Popen([sys.executable, "-m", "triscope", "agent", "--db", f"sqlite:///{tmp_path}/a.db", "--listen",
+                          "off", "--no-ebpf", "--no-nvml", "--no-npu", "--spool", str(tmp_path / "spool"),
+                          "--duration", "60"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        time.sleep(4)
+        p.send_signal(signal.SIGINT)
+        out, _ = p.communicate(timeout=20)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, out

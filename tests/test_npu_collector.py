@@ -136,6 +136,20 @@ def test_timeout_kills_the_whole_process_group(tmp_path):
     assert not status.exists() or "zombie" in status.read_text().lower(), "grandchild sleep survived"
 
 
+def test_an_endless_npu_smi_output_is_cut_not_held(tmp_path):
+    """100 MB of output used to be read whole (250 MB of RSS): it is read as it comes and the run is
+    killed past the cap, with one line saying so."""
+    import resource
+
+    exe = _fake_smi(tmp_path, "yes 'NPU     Name      | Health  ' | head -c 100000000\n")
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.monotonic()
+    with pytest.raises(SmiError, match="wrote more than 4 MiB"):
+        run_smi([str(exe), "info"], 10.0)
+    assert time.monotonic() - t0 < 5.0
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 40_000      # KiB: far from 100 MB
+
+
 def test_failing_npu_smi_reports_why(tmp_path):
     exe, state = _switchable(tmp_path)
     state.write_text("fail")

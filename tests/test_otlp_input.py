@@ -299,3 +299,26 @@ def test_a_histogram_point_with_too_many_buckets_is_refused_not_made_into_series
     assert any(s.labels.get("model") == "ok" for s in got) and any(s.labels.get("model") == "edge" for s in got)
     assert len(got) < 200
     assert value(got, "triscope_otlp_dropped_total", signal="metrics", reason="too_many_buckets") == 1
+
+
+def test_a_nan_or_infinite_point_is_refused_and_the_series_goes_on(receiver: OtlpReceiver) -> None:
+    """A NaN or infinite counter point used to poison its cumulative stream for good (accepted with
+    200, every later valid point refused as older).  Refused per point, with its reason; the valid
+    points around it are stored."""
+
+    def counter(value: Any, t: int) -> dict[str, Any]:
+        return {"resourceMetrics": [{"resource": {"attributes": [attr("service.name", "svc")]}, "scopeMetrics": [{
+            "metrics": [{"name": "stage.items", "unit": "1", "sum": {
+                "aggregationTemporality": 2, "isMonotonic": True, "dataPoints": [{
+                    "attributes": [attr("stage", "h2d")], "startTimeUnixNano": str(T0),
+                    "timeUnixNano": str(T0 + t * 10**9), "asDouble": value}]}}]}]}]}
+
+    assert "rejectedDataPoints" not in post_json(receiver, counter(5.0, 1)).get("partialSuccess", {})
+    for bad in ("NaN", "Infinity", "-Infinity"):
+        out = post_json(receiver, counter(bad, 2))
+        assert str(out["partialSuccess"]["rejectedDataPoints"]) == "1" and "not finite" in out["partialSuccess"]["errorMessage"]
+    out = post_json(receiver, counter(9.0, 3))
+    assert "rejectedDataPoints" not in out.get("partialSuccess", {}), out
+    got = samples(receiver)
+    assert value(got, "stage_items_total") == 9.0                       # the stream goes on
+    assert value(got, "triscope_otlp_dropped_total", signal="metrics", reason="not_finite") == 3

@@ -64,6 +64,12 @@ def test_config_errors_name_file_line_and_field(tmp_path: Path, certs: Certs) ->
     assert _error(tmp_path, "basic_auth_users:\n  alice: hunter2\n") == \
         (f"{f}:2: basic_auth_users.alice: must be a bcrypt hash ($2y$10$... , 60 characters; e.g. "
          "htpasswd -nBC 10 USER), not a password")
+    # a cost start-up could never afford (2^31 rounds: days) is refused, at once, in one line
+    dear = "$2y$31$" + "a" * 53
+    t0 = time.monotonic()
+    msg = _error(tmp_path, f"basic_auth_users:\n  alice: '{dear}'\n")
+    assert time.monotonic() - t0 < 2
+    assert msg.startswith(f"{f}:2: basic_auth_users.alice: bcrypt cost 31 is too dear to check") and "at most 14" in msg
     assert _error(tmp_path, "http_server_config:\n  headers:\n    Server: x\n").startswith(
         f"{f}:3: http_server_config.headers.Server: header 'Server' may not be set here")
     # files: missing, not a pair, not YAML

@@ -172,3 +172,19 @@ def test_doctor_row(server: PodResourcesServer, sockdir: Path) -> None:
     rows = {r["name"]: r for r in json.loads(res.stdout)}
     assert rows["pod-resources"]["ok"] is True and "5 pod(s)" in rows["pod-resources"]["reason"]
     assert "workloads" in rows          # the collector's own row: off here without NVML or npu-smi
+
+
+def test_a_kubelets_error_text_reaches_no_log_raw(server: PodResourcesServer) -> None:
+    """The kubelet's grpc-message (its own text, percent-encoded on the wire) with terminal escape,
+    bell and bidi control characters: decoded, every control character escaped in the error that
+    goes to logs and stored events."""
+    import grpc
+
+    from triscope.agent.collectors.podresources import PodResourcesError
+
+    server.abort = (grpc.StatusCode.UNAVAILABLE, "pods \x1b[31mgone\x07 \u202eevil\u202c")
+    with pytest.raises(PodResourcesError) as e:
+        list_pod_resources(server.path)
+    text = str(e.value)
+    assert "gRPC status 14" in text and "gone" in text and "evil" in text, text
+    assert text.isprintable() and "\\x1b" in text and "\\x07" in text and "\\u202e" in text, text

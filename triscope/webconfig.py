@@ -56,6 +56,7 @@ from triscope.webauth import BasicAuth, WebConfig
 log = logging.getLogger(__name__)
 
 FLAG = "--web.config.file"
+MAX_BCRYPT_COST = 14    # ~1 s a check at cost 14 on a server core; Prometheus' own docs use 10
 _BCRYPT = re.compile(r"^\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}$")
 # the headers exporter-toolkit lets a web config set on every answer
 ALLOWED_HEADERS = ("Strict-Transport-Security", "X-Content-Type-Options", "X-Frame-Options", "X-XSS-Protection",
@@ -142,6 +143,11 @@ class WebConfigFile(ConfigModel):
             if not _BCRYPT.match(hashed):
                 raise problem("must be a bcrypt hash ($2y$10$... , 60 characters; e.g. htpasswd -nBC 10 USER), "
                               "not a password", user)
+            cost = int(hashed[4:6])
+            if cost > MAX_BCRYPT_COST:
+                raise problem(f"bcrypt cost {cost} is too dear to check: one check takes ~{2 ** (cost - 10) * 0.06:,.0f} s "
+                              f"(cost 10 ~0.06 s, each step doubles it), and start-up checks it once; make it again "
+                              f"with a cost of at most {MAX_BCRYPT_COST} (htpasswd -nBC 10 USER)", user)
         return v
 
 

@@ -297,21 +297,63 @@ class SmiError(Exception):
     pass
 
 
-def run_smi(argv: Sequence[str], timeout: float) -> str:
-    """Run npu-smi; its whole process group is killed when ``timeout`` expires.  Raises SmiError."""
+MAX_SMI_OUTPUT = 4 << 20     # bytes: npu-smi's tables for a 16-chip host are a few KiB
+
+
+def run_smi(argv: Sequence[str], timeout: float, max_output: int = MAX_SMI_OUTPUT) -> str:
+    """Run npu-smi; its whole process group is killed when ``timeout`` expires or its output passes
+    ``max_output`` bytes (read as it comes, never more than that held).  Raises SmiError."""
+    import selectors
+
     try:
         proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 start_new_session=True, env={**os.environ, "LC_ALL": "C"})
     except OSError as e:
         raise SmiError(f"cannot run {argv[0]}: {e.strerror or e}") from None
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
+    assert proc.stdout is not None and proc.stderr is not None
+    out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
+    bufs: dict[int, bytearray] = {out_fd: bytearray(), err_fd: bytearray()}
+    deadline = time.monotonic() + timeout
+    problem = ""
+    with selectors.DefaultSelector() as sel:
+        for f in (proc.stdout, proc.stderr):
+            sel.register(f, selectors.EVENT_READ)
+        while sel.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                problem = f"{' '.join(argv[1:])}: npu-smi did not answer within {timeout:g} s (killed)"
+                break
+            for key, _ev in sel.select(left):
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    continue
+                buf = bufs[key.fd]
+                buf += chunk
+                if len(buf) > max_output:
+                    problem = (f"{' '.join(argv[1:])}: npu-smi wrote more than {max_output >> 20} MiB "
+                               "(killed; its tables are a few KiB)")
+                    break
+            if problem:
+                break
+    if problem:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.communicate(timeout=2.0)
-        raise SmiError(f"{' '.join(argv[1:])}: npu-smi did not answer within {timeout:g} s (killed)") from None
+            proc.wait(timeout=2.0)
+        for f in (proc.stdout, proc.stderr):
+            f.close()
+        raise SmiError(problem)
+    for f in (proc.stdout, proc.stderr):
+        f.close()
+    try:
+        proc.wait(timeout=max(0.5, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=2.0)
+        raise SmiError(f"{' '.join(argv[1:])}: npu-smi did not exit within {timeout:g} s (killed)") from None
+    out, err = bytes(bufs[out_fd]), bytes(bufs[err_fd])
     if proc.returncode != 0:
         msg = (err or out).decode(errors="replace").strip().splitlines()
         raise SmiError(f"npu-smi {' '.join(argv[1:])} exited {proc.returncode}: {msg[-1] if msg else 'no output'}")

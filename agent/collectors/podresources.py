@@ -25,6 +25,9 @@ import struct
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from urllib.parse import unquote
+
+from triscope.textsafe import one_line
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +244,9 @@ def list_pod_resources(path: str = DEFAULT_SOCKET, timeout: float = 2.0) -> PodR
         raise PodResourcesError(f"kubelet pod-resources socket {path}: no answer within {timeout:g} s "
                                 f"(the kubelet's deadline passed)")
     if status not in (None, "0"):
-        raise PodResourcesError(f"kubelet pod-resources: gRPC status {status} {message}".strip())
+        # grpc-message is percent-encoded (gRPC's HTTP/2 spec) and the kubelet's text: decoded, then
+        # every control character escaped before it reaches a log line or a stored event
+        raise PodResourcesError(f"kubelet pod-resources: gRPC status {status} {one_line(unquote(message), 200)}".strip())
     if len(body) < 5:
         raise PodResourcesError("kubelet pod-resources: empty answer")
     compressed, length = body[0], struct.unpack(">I", bytes(body[1:5]))[0]

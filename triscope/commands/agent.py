@@ -101,6 +101,9 @@ def build_config(args: argparse.Namespace, listen: tuple[str, int] | None):
         raise UserError(f"--interval must be > 0 (got {args.interval})")
     if args.write_every < 0:
         raise UserError(f"--write-every must be >= 0 seconds (got {args.write_every})")
+    if not args.spool_max_mb >= 1 or args.spool_max_mb == float("inf"):
+        raise UserError(f"--spool-max-mb must be a size of at least 1 MB (got {args.spool_max_mb:g}): the spool "
+                        "keeps ticks while the database is unreachable, the oldest dropped past it")
     from triscope.names import node_name_problem
 
     problem = node_name_problem(args.node)
@@ -187,6 +190,9 @@ def cmd_agent(args: argparse.Namespace) -> int:
             logging.getLogger("triscope.agent").warning("huge pages for the interpreter's code: %s", e)
     agent = Agent(cfg)
     signal.signal(signal.SIGTERM, lambda *_: agent.stop())
+    # set, not inherited: a shell that started the agent in the background (``&`` in a script,
+    # nohup) leaves SIGINT ignored, and Python then never turns it into KeyboardInterrupt
+    signal.signal(signal.SIGINT, lambda *_: agent.stop())
     try:
         agent.start_exporter()
     except OSError as e:

@@ -136,6 +136,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print("triscope is running (Ctrl-C to stop)\n  " + "\n  ".join(lines), flush=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())     # set even when inherited ignored (a background job)
     t = agent.start_background()
     try:
         deadline = time.monotonic() + args.duration if args.duration else None
