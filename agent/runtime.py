@@ -96,6 +96,7 @@ class Agent:
             Sample("triscope_dropped_samples_total", float(self.spool.dropped_samples), kind="counter"),
             Sample("triscope_store_write_errors_total", float(self.writer.write_errors), kind="counter"),
             Sample("triscope_spool_replayed_samples_total", float(self.spool.replayed_samples), kind="counter"),
+            Sample("triscope_store_last_write_age_seconds", max(0.0, time.monotonic() - self.writer.last_write)),
             Sample("triscope_store_queue_spilled_ticks_total", float(self.writer.spilled_ticks), kind="counter"),
         ]
 

@@ -20,11 +20,13 @@ DaemonSet's hostPath), else ``$XDG_STATE_HOME/triscope/spool`` (``~/.local/state
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,6 +159,7 @@ class Spool:
                 log.warning("spool %s: cannot record its database: %s", self.dir, e)
         self.max_bytes = max_bytes
         self.replayed_samples = 0
+        self._last_error_log = -1e18
         self.dropped_samples = 0
         self.spooled_samples_total = 0
         self._lock = threading.Lock()
@@ -185,28 +188,53 @@ class Spool:
     def size_bytes(self) -> int:
         return sum(p.stat().st_size for p in self._segments() if p.exists())
 
-    def append(self, ticks: list[Tick]) -> None:
+    def append(self, ticks: list[Tick]) -> bool:
+        """Keep ``ticks`` on disk; False when they could not be kept (counted as dropped: the disk is
+        full even after shedding the oldest segment, or the folder cannot be written).  Never raises:
+        the writer thread that calls it must outlive a full disk."""
         data = "".join(tick_to_json(t) + "\n" for t in ticks)
         n = sum(len(t.samples) for t in ticks)
         with self._lock:
-            segs = self._segments()
-            cur = segs[-1] if segs and segs[-1].stat().st_size < SEGMENT_BYTES else None
-            if cur is None:
-                seq = int(segs[-1].stem.split("-")[1]) + 1 if segs else 1
-                cur = self.dir / f"seg-{seq:09d}.jsonl"
-            with open(cur, "a") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+            for attempt in range(3):
+                try:
+                    self._write(data)
+                    break
+                except OSError as e:
+                    full = e.errno in (errno.ENOSPC, errno.EDQUOT)
+                    if full and attempt < 2 and len(self._segments()) > 1:
+                        self._drop_oldest(f"disk full ({e.strerror})")    # shed the oldest, then try again
+                        continue
+                    self.dropped_samples += n
+                    now = time.monotonic()
+                    if now - self._last_error_log >= 60.0:
+                        self._last_error_log = now
+                        log.error("spool %s cannot keep %d samples (%s): dropped and counted in "
+                                  "triscope_dropped_samples_total", self.dir, n, e.strerror or e)
+                    return False
             self._pending += n
             self.spooled_samples_total += n
             while self.size_bytes() > self.max_bytes and len(self._segments()) > 1:
-                oldest = self._segments()[0]
-                lost = self._count_samples(oldest)
-                oldest.unlink()
-                self._pending -= lost
-                self.dropped_samples += lost
-                log.error("spool over %d bytes: dropped the oldest segment (%d samples)", self.max_bytes, lost)
+                self._drop_oldest(f"spool over {self.max_bytes} bytes")
+        return True
+
+    def _write(self, data: str) -> None:
+        segs = self._segments()
+        cur = segs[-1] if segs and segs[-1].stat().st_size < SEGMENT_BYTES else None
+        if cur is None:
+            seq = int(segs[-1].stem.split("-")[1]) + 1 if segs else 1
+            cur = self.dir / f"seg-{seq:09d}.jsonl"
+        with open(cur, "a") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _drop_oldest(self, why: str) -> None:
+        oldest = self._segments()[0]
+        lost = self._count_samples(oldest)
+        oldest.unlink()
+        self._pending -= lost
+        self.dropped_samples += lost
+        log.error("%s: dropped the oldest spool segment (%d samples)", why, lost)
 
     def segments(self) -> Iterator[tuple[Path, list[Tick]]]:
         """Oldest segment first; the caller calls ``commit(path)`` after writing it to the store."""

@@ -88,6 +88,8 @@ class StoreWriter:
         self._thread = threading.Thread(target=self._run, name="store-writer", daemon=True)
         self.write_errors = 0
         self.written_samples = 0
+        self.last_write = time.monotonic()     # the last write that reached the store (start: now)
+        self._last_crash_log = -1e18
         # ticks an earlier run spooled for this database: replayed in slices while the store answers,
         # never ahead of this run's own ticks (``_replay_slice``)
         self.outage = False
@@ -200,30 +202,47 @@ class StoreWriter:
         return max(0.1, self._last_retention + self.retention_every - time.monotonic())
 
     def _run(self) -> None:
+        """The writer thread: it never dies.  Anything a step raises (a full disk under the spool, a
+        bug) is logged, counted in ``write_errors`` and the loop goes on; the ticks of a failed step
+        stay where they were (queued, spooled) or are counted as dropped by the spool."""
         while True:
             try:
-                item = self._q.get(timeout=self._wait_seconds())
-            except queue.Empty:
-                item = None
-                if self.outage:
-                    self._try_drain()
-                elif self.backlog:
-                    self._replay_slice()
-                self._maybe_retention()
-                continue
-            try:
-                if item is None:
-                    if self.outage:      # this run's own ticks wait in the spool: all of them now
-                        self._try_drain(force=True, budget=float("inf"))
+                if self._step():
                     return
-                with self._batch_lock:
-                    self._queued_samples = max(0, self._queued_samples - sum(len(t.samples) for t in item))
-                self._current = item
-                self._handle(item)
+            except Exception as e:  # noqa: BLE001 - the thread must outlive any one failure
+                self.write_errors += 1
                 self._current = None
-                self._maybe_retention()
-            finally:
-                self._q.task_done()
+                now = time.monotonic()
+                if now - self._last_crash_log >= 60.0:
+                    self._last_crash_log = now
+                    log.error("store writer: %s (going on)", _one_line(e), exc_info=True)
+                time.sleep(min(1.0, self.retry_interval))
+
+    def _step(self) -> bool:
+        """One wait-and-handle; True when the writer is to stop."""
+        try:
+            item = self._q.get(timeout=self._wait_seconds())
+        except queue.Empty:
+            if self.outage:
+                self._try_drain()
+            elif self.backlog:
+                self._replay_slice()
+            self._maybe_retention()
+            return False
+        try:
+            if item is None:
+                if self.outage:      # this run's own ticks wait in the spool: all of them now
+                    self._try_drain(force=True, budget=float("inf"))
+                return True
+            with self._batch_lock:
+                self._queued_samples = max(0, self._queued_samples - sum(len(t.samples) for t in item))
+            self._current = item
+            self._handle(item)
+            self._current = None
+            self._maybe_retention()
+            return False
+        finally:
+            self._q.task_done()
 
     def _handle(self, ticks: list[Tick]) -> None:
         if self.outage:
@@ -232,6 +251,7 @@ class StoreWriter:
             return
         try:
             self.written_samples += self._write(ticks)
+            self.last_write = time.monotonic()
         except Exception as e:  # noqa: BLE001 - any store failure means: keep it on disk
             self.write_errors += 1
             self.spool.append(ticks)
@@ -300,6 +320,7 @@ class StoreWriter:
         try:
             for path, ticks in self.spool.segments():
                 self.written_samples += self._write(ticks)
+                self.last_write = time.monotonic()
                 self.spool.commit(path, ticks, replayed=True)
                 drained += sum(len(t.samples) for t in ticks)
                 if time.monotonic() - now >= budget:

@@ -129,6 +129,7 @@ _SPECS = [
     MetricSpec("triscope_ticks_total", "counter", "Sampler ticks run.", ()),
     MetricSpec("triscope_spool_pending_samples", "gauge", "Samples waiting in the on-disk spool for the store to return.", ()),
     MetricSpec("triscope_spool_replayed_samples_total", "counter", "Spooled samples written back to the store (an earlier run's backlog for this database, or this run's after an outage).", ()),
+    MetricSpec("triscope_store_last_write_age_seconds", "gauge", "Seconds since the writer last wrote to the store (ticks or spooled ones); it grows while the store does not answer.", ()),
     MetricSpec("triscope_spooled_samples_total", "counter", "Samples written to the on-disk spool because the store was unreachable.", ()),
     MetricSpec("triscope_dropped_samples_total", "counter", "Samples dropped because the spool was full.", ()),
     MetricSpec("triscope_store_write_errors_total", "counter", "Failed store writes (the tick went to the spool).", ()),
