@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from triscope.analysis.mismatch import STATES, link_capacity_bytes_per_second
 from triscope.dashboard import workload_data as wd
 from triscope.store.reader import StoreReader
+from triscope.vocabulary import accelerator_name
 
 if TYPE_CHECKING:   # the audit tables are read with the store's engine: the whole store, not the read interface
     from triscope.store.api import Store
@@ -379,9 +380,32 @@ def segments_from_points(points: Iterable[tuple[float, str]], end: float, max_ga
 
 def mismatch_segments(store: StoreReader, node: str, window: Window, max_points: int,
                       present: set[str] | None = None, accel: Any = None) -> tuple[list[Segment], str]:
-    """The ribbon: the state the agent stored (``triscope_mismatch_state``: the node roll-up, or
-    with ``accel`` that accelerator's own), else the detector run over the stored series
+    """The ribbon: the verdict history (``store.verdict_runs``: the node's roll-up, or with ``accel``
+    that accelerator's own runs) — the same record root cause reads, at full resolution whatever the
+    range; else, for stores written before it, the state the agent stored
+    (``triscope_mismatch_state``), else the detector run over the stored series
     (``triscope.analysis.mismatch.node_states``, the node's roll-up)."""
+    runs = store.verdict_runs(node, window.start, window.end)
+    if runs:
+        want = (accelerator_name(accel.labels) or "") if accel is not None else ""
+        mine = [r for r in runs if r.accelerator == want]
+        if not mine and accel is None:
+            accs = sorted({r.accelerator for r in runs})
+            if len(accs) == 1:        # one accelerator and no roll-up runs: that accelerator is the node
+                mine = [r for r in runs if r.accelerator == accs[0]]
+        if mine:
+            steps = sorted((r.end - r.start) / (r.ticks - 1) for r in mine if r.ticks > 1 and r.end > r.start)
+            step = steps[len(steps) // 2] if steps else 1.0
+            segs: list[Segment] = []
+            for r in sorted(mine, key=lambda r: r.start):
+                a, b = max(r.start, window.start), min(r.end + step, window.end)
+                if b > a:
+                    segs.append(Segment(a, b, r.state, r.score_mean))
+            # the same words as for the stored state series: the runs are that state, kept as runs
+            what = f"{accel.name}'s state stored by the agent" if accel is not None else "state stored by the agent"
+            return segs, what
+        if accel is not None:
+            return [], f"no stored state for {accel.name} in this range"
     present = present if present is not None else {s.metric for s in store.series(node=node, prefix="triscope_")}
     if "triscope_mismatch_state" in present:
         pts: list[tuple[float, str]] = []
