@@ -620,22 +620,47 @@ class MismatchPoint:
 
 
 def mismatch_points(store: StoreReader, nodes: Sequence[str], window: Window, max_windows: int = 400) -> tuple[list[MismatchPoint], dict[str, dict[str, float]]]:
+    """The scatter's windows (accelerator busy and link load, from the stored series) and each
+    node's share of time in each state.  Where a node has a verdict history the state is the
+    history's — the share its runs' time in each state, each point coloured by the run it falls in —
+    so this page says what the Node page and root cause say for the same minutes; the detector's
+    own state over the window only for stores written before the history."""
+    from triscope.analysis.config import MismatchThresholds
+    from triscope.analysis.rca_timeline import tracker_lag
+
+    lag = tracker_lag(MismatchThresholds())
     pts: list[MismatchPoint] = []
     shares: dict[str, dict[str, float]] = {}
     for node in nodes:
         states = computed_states(store, node, window, max_windows=max_windows)
-        if not states:
-            continue
+        segs, _note = mismatch_segments(store, node, window, max_windows) if states else ([], "")
+        history = bool(segs) and bool(store.verdict_runs(node, window.start, window.end))
+
         counts: dict[str, float] = {}
+        if history:
+            for sg in segs:
+                counts[sg.state] = counts.get(sg.state, 0.0) + (sg.end - sg.start)
         for s in states:
-            counts[s.state] = counts.get(s.state, 0.0) + (s.end - s.start)
+            # the state published for a window's middle comes the tracker's lag after it
+            st = _state_at(segs, (s.start + s.end) / 2 + lag, s.state) if history else s.state
+            if not history:
+                counts[st] = counts.get(st, 0.0) + (s.end - s.start)
             busy = s.evidence.get("busy")
             lu = s.evidence.get("link_util")
             if busy is not None:
-                pts.append(MismatchPoint(node, s.start, float(busy), float(lu or 0.0), s.state, s.score))
+                pts.append(MismatchPoint(node, s.start, float(busy), float(lu or 0.0), st, s.score))
+        if not counts:
+            continue
         tot = sum(counts.values()) or 1.0
         shares[node] = {k: counts.get(k, 0.0) / tot for k in STATES if counts.get(k)}
     return pts, shares
+
+
+def _state_at(segs: Sequence[Segment], t: float, default: str) -> str:
+    for sg in segs:
+        if sg.start <= t < sg.end:
+            return sg.state
+    return default
 
 
 @dataclass
