@@ -25,6 +25,7 @@ import pytest
 from test_workloads_collector import GPU_A, WL, row, series, ticks
 from workloads_helpers import Cgroups, cgroup_skip_reason, kube_path, spawn, stop, writable_cgroup_root
 
+from examples.hostlab.lab import CpuLimit, cpu_limit_available
 from triscope.agent.collectors.accelprocs import ListedProcessSource
 from triscope.agent.collectors.processset import CgroupCpu, ProcessTree, parse_cpu_stat, read_cpu_limit
 from triscope.agent.collectors.sockdiag import netns_tcp_totals, socket_inodes, tcp_counters
@@ -34,8 +35,6 @@ from triscope.samples import Sample
 
 ROOT = writable_cgroup_root()
 needs_cgroups = pytest.mark.skipif(ROOT is None, reason=cgroup_skip_reason())
-V1_CPU = next((p for p in ("/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup/cpu")
-               if os.path.exists(f"{p}/cpu.cfs_quota_us")), None)
 
 # a serving process with DataLoader-style workers: separate processes that never touch the GPU
 LOADER = r"""
@@ -156,20 +155,17 @@ def test_a_containers_other_processes_are_its_workload_without_parentage(cgroups
         stop(gpu, feeder, outsider)
 
 
-@pytest.mark.skipif(V1_CPU is None or os.geteuid() != 0, reason="needs root and a cgroup v1 cpu hierarchy")
+@pytest.mark.skipif(not cpu_limit_available(), reason="needs root and a cgroup with the cpu controller (v1 or v2)")
 def test_a_cpu_limit_that_throttles_is_read_from_cpu_stat() -> None:
-    """CFS bandwidth control for real: two workers spinning under a 0.2-CPU limit are throttled in
-    nearly every period; the counters start at the agent's first read and the limit is published."""
-    assert V1_CPU is not None
-    d = Path(V1_CPU, f"triscope-test-{uuid.uuid4().hex[:8]}")
-    d.mkdir()
+    """CFS bandwidth control for real (cgroup v1 or v2, whichever this host has): two workers
+    spinning under a 0.2-CPU limit are throttled in nearly every period; the counters start at the
+    agent's first read and the limit is published."""
+    limit = CpuLimit(f"triscope-test-{uuid.uuid4().hex[:8]}")
     p, kids = loader(2, 0)
     try:
-        (d / "cpu.cfs_period_us").write_text("100000")
-        (d / "cpu.cfs_quota_us").write_text("20000")
-        for pid in (p.pid, *kids):
-            (d / "cgroup.procs").write_text(str(pid))
-        assert read_cpu_limit(str(d), "v1") == pytest.approx(0.2)
+        limit.limit(0.2)
+        limit.put([p.pid, *kids])
+        assert read_cpu_limit(str(limit.dir), "v2" if limit.v2 else "v1") == pytest.approx(0.2)
         c = WorkloadsCollector([ListedProcessSource([row(0, GPU_A, p.pid, 0.05)])], background=False)
         try:
             c.refresh(force=True)
@@ -188,12 +184,7 @@ def test_a_cpu_limit_that_throttles_is_read_from_cpu_stat() -> None:
         assert one(last, "triscope_workload_cpu_seconds_total") < 1.0
     finally:
         stop_loader(p)
-        for _ in range(50):
-            try:
-                d.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
+        limit.remove()
 
 
 def test_cpu_stat_parses_both_versions() -> None:

@@ -166,8 +166,10 @@ class CpuLimit:
                    if os.path.exists(f"{p}/cpu.cfs_quota_us")), None)
         if v1 is not None:
             self.dir, self.v2, self.root = Path(v1, name), False, Path(v1)
-        elif os.path.exists("/sys/fs/cgroup/cpu.max") or "cpu" in Path("/sys/fs/cgroup/cgroup.controllers").read_text():
+        elif "cpu" in _read("/sys/fs/cgroup/cgroup.controllers").split():
             self.dir, self.v2, self.root = Path("/sys/fs/cgroup", name), True, Path("/sys/fs/cgroup")
+            with contextlib.suppress(OSError):     # the cpu controller for the root's children
+                Path("/sys/fs/cgroup/cgroup.subtree_control").write_text("+cpu")
         else:
             raise SystemExit("hostlab: no cgroup with the cpu controller here")
         self.dir.mkdir(exist_ok=True)
@@ -194,6 +196,21 @@ class CpuLimit:
                 return
             except OSError:
                 time.sleep(0.1)
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def cpu_limit_available() -> bool:
+    """A cgroup v1 ``cpu`` hierarchy, or cgroup v2 with the cpu controller, and root."""
+    if os.geteuid() != 0:
+        return False
+    return any(os.path.exists(f"{p}/cpu.cfs_quota_us") for p in ("/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup/cpu")) \
+        or "cpu" in _read("/sys/fs/cgroup/cgroup.controllers").split()
 
 
 def _family(pid: int) -> list[int]:
