@@ -124,7 +124,9 @@ def _workload(w: dict[str, str]) -> str:
 def timeline_lines(d: dict[str, Any], evidence: int = 3) -> list[str]:
     """The timeline as text: a header, then one block per episode in time order."""
     day = datetime.fromtimestamp(d["start"], UTC).strftime("%Y-%m-%d")
-    src = {"per-accelerator state series": "the agent's per-accelerator states",
+    src = {"verdict history": "the verdict history (each accelerator's published states, as runs)",
+           "verdict history (node roll-up)": "the verdict history (the node's roll-up: the node as one accelerator)",
+           "per-accelerator state series": "the agent's per-accelerator states",
            "node state series": "the agent's node-level state (the node as one accelerator)",
            "classifier": "the stored-window classifier"}.get(d.get("states_from") or "", "no coordination states")
     out = [f"node {d['node']}  {day} {_clock(d['start'], day)} .. {_clock(d['end'], day)} UTC",
