@@ -301,6 +301,7 @@ def health_episodes(events: Iterable[Any], accelerator_of_device: Mapping[str, s
     ``accelerator_of_device``), else the device or collector, else the node."""
     dev_map = accelerator_of_device or {}
     open_: dict[tuple[str, str], Episode] = {}
+    closed: dict[tuple[str, str], Episode] = {}     # a collector's last episode that came back up
     out: list[Episode] = []
     for e in sorted(events, key=lambda e: e.ts):
         if e.kind not in HEALTH_EVENTS:
@@ -316,10 +317,15 @@ def health_episodes(events: Iterable[Any], accelerator_of_device: Mapping[str, s
                 if ep is not None:
                     ep.end = e.ts
                     ep.events.append(e)
+                    closed[key] = ep
                 continue
             if d.get("up") is not False:
                 continue
             ep = open_.get(key)
+            if ep is None and key in closed and e.ts - closed[key].end <= HEALTH_MERGE_S:
+                # down again soon after coming back: one flapping episode, not a new one per blip
+                ep = open_[key] = closed.pop(key)
+                ep.detail["blips"] = ep.detail.get("blips", 1) + 1
             if ep is None:
                 ep = open_[key] = Episode(e.ts, e.ts, "collector-down", NODE, kind="health")
                 ep.detail["collector"] = d.get("collector", "?")

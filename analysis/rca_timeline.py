@@ -56,10 +56,12 @@ from triscope.analysis.rca import CATEGORY_BY_KEY, Cause, bisect_any
 from triscope.analysis.rca_evidence import EvidenceContext, evidence_context
 from triscope.analysis.rca_explain import explain, index_series
 from triscope.analysis.rca_inputs import RCAInputs, data_start_of, fetch_rca_inputs
+from triscope.analysis.rca_noise import is_application_collector
 from triscope.analysis.rca_reference import Reference, choose_reference, fetch_workload_references, needs_of
 from triscope.analysis.reader import SeriesPoints, StoreReader, points_of
 
 MIN_LOOKBACK_S = 600.0
+APPLICATION_BLIP_SCORE = 0.3   # a scrape target's late /metrics: context, below any explained episode
 DETECTOR_METRICS = frozenset(INPUT_METRICS) | {GPU_INFO}
 TIMELINE_MAX_POINTS = 1800     # raw reads up to an hour hold every 1 Hz tick
 
@@ -329,7 +331,17 @@ def _verdict(e: Episode, events: Sequence[Any]) -> list[str]:
 
 
 def _health_cause(h: Episode) -> Cause:
-    key = HEALTH_EVENTS[h.events[0].kind]
+    first = h.events[0]
+    collector = str((first.details or {}).get("collector", ""))
+    if first.kind == "collector" and is_application_collector(collector):
+        # a workload's own /metrics answering late is that workload's symptom, not the agent's
+        # trouble: shown as context on the timeline, never outranking a coordination episode
+        ev = [{"type": "event", "ts": x.ts, "kind": x.kind, "severity": x.severity, "message": x.message,
+               "details": x.details} for x in h.events[:10]]
+        target = collector.removeprefix("scrape:")
+        return Cause("application", f"the workload's own /metrics ({target}) answered late or not at all",
+                     APPLICATION_BLIP_SCORE, h.start, f"{len(h.events)} event(s): {first.message}", ev)
+    key = HEALTH_EVENTS[first.kind]
     cat = CATEGORY_BY_KEY[key]
     severe = any(x.severity in ("error", "critical") for x in h.events)
     score = min(1.0, 0.5 + 0.1 * len(h.events) + (0.2 if severe else 0.0)) + (1.0 if severe else 0.5)

@@ -148,9 +148,11 @@ def test_the_whole_recording_as_a_timeline(trace_store) -> None:  # type: ignore
     assert top.key == "pcie_load" and top.evidence[0]["figure"] == "link_util" and top.evidence[0]["value"] > 0.75
     host = next((c for c in io.causes if c.key == "host_staging"), None)
     assert host is None or host.score < 0.5 * top.score
-    # the recorded app exits at the end: the scrape collector going down is a health episode
+    # the recorded app exits at the end: the scrape collector going down is a health episode, the
+    # workload's own symptom (its /metrics), never "the agent itself", and below the real episodes
     down = [e for e in tl.episodes if e.kind == "health"]
-    assert [e.state for e in down] == ["collector-down"] and down[0].causes[0].key == "agent"
+    assert [e.state for e in down] == ["collector-down"] and down[0].causes[0].key == "application"
+    assert down[0].causes[0].score < min(e.causes[0].score for e in tl.episodes if e.kind == "state" and e.bad)
     # every cause key is one of the stable keys
     assert {c.key for e in tl.episodes for c in e.causes} <= CAUSE_KEYS
 
