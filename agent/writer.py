@@ -59,7 +59,7 @@ class FileIdentity:
 
 
 MAX_QUEUED_SAMPLES = 250_000
-"""Samples queued in memory for the writer at most (~40-60 MB of ``Sample`` objects); past it
+"""Samples queued in memory for the writer at most; past it
 ticks go to the on-disk spool, which has its own size cap."""
 
 

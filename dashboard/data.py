@@ -378,6 +378,33 @@ def segments_from_points(points: Iterable[tuple[float, str]], end: float, max_ga
     return out
 
 
+def history_segments(store: StoreReader, node: str, window: Window, accel: Any = None
+                     ) -> tuple[list[Segment], str] | None:
+    """The ribbon from the verdict history (``store.verdict_runs``): the node's roll-up runs, or with
+    ``accel`` that accelerator's own (a node with one accelerator and no roll-up: that one's); None
+    when the node has no history in the range (a store written before it)."""
+    runs = store.verdict_runs(node, window.start, window.end)
+    if not runs:
+        return None
+    want = (accelerator_name(accel.labels) or "") if accel is not None else ""
+    mine = [r for r in runs if r.accelerator == want]
+    if not mine and accel is None:
+        accs = sorted({r.accelerator for r in runs})
+        if len(accs) == 1:        # one accelerator and no roll-up runs: that accelerator is the node
+            mine = [r for r in runs if r.accelerator == accs[0]]
+    if not mine:
+        return ([], f"no stored state for {accel.name} in this range") if accel is not None else None
+    steps = sorted((r.end - r.start) / (r.ticks - 1) for r in mine if r.ticks > 1 and r.end > r.start)
+    step = steps[len(steps) // 2] if steps else 1.0
+    segs: list[Segment] = []
+    for r in sorted(mine, key=lambda r: r.start):
+        a, b = max(r.start, window.start), min(r.end + step, window.end)
+        if b > a:
+            segs.append(Segment(a, b, r.state, r.score_mean))
+    # the same words as for the stored state series: the runs are that state, kept as runs
+    return segs, (f"{accel.name}'s state stored by the agent" if accel is not None else "state stored by the agent")
+
+
 def mismatch_segments(store: StoreReader, node: str, window: Window, max_points: int,
                       present: set[str] | None = None, accel: Any = None) -> tuple[list[Segment], str]:
     """The ribbon: the verdict history (``store.verdict_runs``: the node's roll-up, or with ``accel``
@@ -385,27 +412,9 @@ def mismatch_segments(store: StoreReader, node: str, window: Window, max_points:
     range; else, for stores written before it, the state the agent stored
     (``triscope_mismatch_state``), else the detector run over the stored series
     (``triscope.analysis.mismatch.node_states``, the node's roll-up)."""
-    runs = store.verdict_runs(node, window.start, window.end)
-    if runs:
-        want = (accelerator_name(accel.labels) or "") if accel is not None else ""
-        mine = [r for r in runs if r.accelerator == want]
-        if not mine and accel is None:
-            accs = sorted({r.accelerator for r in runs})
-            if len(accs) == 1:        # one accelerator and no roll-up runs: that accelerator is the node
-                mine = [r for r in runs if r.accelerator == accs[0]]
-        if mine:
-            steps = sorted((r.end - r.start) / (r.ticks - 1) for r in mine if r.ticks > 1 and r.end > r.start)
-            step = steps[len(steps) // 2] if steps else 1.0
-            segs: list[Segment] = []
-            for r in sorted(mine, key=lambda r: r.start):
-                a, b = max(r.start, window.start), min(r.end + step, window.end)
-                if b > a:
-                    segs.append(Segment(a, b, r.state, r.score_mean))
-            # the same words as for the stored state series: the runs are that state, kept as runs
-            what = f"{accel.name}'s state stored by the agent" if accel is not None else "state stored by the agent"
-            return segs, what
-        if accel is not None:
-            return [], f"no stored state for {accel.name} in this range"
+    got = history_segments(store, node, window, accel)
+    if got is not None:
+        return got
     present = present if present is not None else {s.metric for s in store.series(node=node, prefix="triscope_")}
     if "triscope_mismatch_state" in present:
         pts: list[tuple[float, str]] = []
@@ -633,8 +642,9 @@ def mismatch_points(store: StoreReader, nodes: Sequence[str], window: Window, ma
     shares: dict[str, dict[str, float]] = {}
     for node in nodes:
         states = computed_states(store, node, window, max_windows=max_windows)
-        segs, _note = mismatch_segments(store, node, window, max_windows) if states else ([], "")
-        history = bool(segs) and bool(store.verdict_runs(node, window.start, window.end))
+        got = history_segments(store, node, window) if states else None
+        segs = got[0] if got is not None else []
+        history = bool(segs)
 
         counts: dict[str, float] = {}
         if history:

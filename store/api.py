@@ -30,7 +30,6 @@ from triscope.store.reader import EventRow, LatestValue, NodeInfo, SeriesData, S
 from triscope.store.reads import StoreReads, minmax_downsample
 from triscope.store.retention import RetentionPolicy, apply_retention
 from triscope.store.rollups import ROLLUP_SPREAD_S, TIERS, Rollups, rollup_delay
-from triscope.store.verdicts import STATE_METRIC as VERDICT_METRIC
 from triscope.store.verdicts import VerdictRecorder, VerdictRun
 from triscope.store.write import (
     LAST_SEEN_STEP_S,
@@ -105,7 +104,8 @@ class Store(StoreReads):
         """The verdict history (store/verdicts.py) from the ticks just written: its own transaction,
         after theirs (a failure raises like a failed write, and the re-sent ticks change nothing
         already recorded)."""
-        if not any(s.name == VERDICT_METRIC for t in ticks for s in t.samples):
+        points = self.verdicts.points(ticks)
+        if not points:
             return
         try:
             with self.engine.begin() as conn:
@@ -115,7 +115,7 @@ class Store(StoreReads):
                     if row is None:
                         return
                     nid = int(row[0])
-                self.verdicts.record(conn, nid, ticks)
+                self.verdicts.record(conn, nid, points)
         except BaseException:
             self.verdicts.reset()
             raise

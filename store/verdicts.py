@@ -72,12 +72,19 @@ class VerdictRecorder:
     def reset(self) -> None:
         self._open.clear()
 
-    def record(self, conn: Connection, node_id: int, ticks: Sequence[Tick]) -> int:
-        """Fold ``ticks`` (one node's) into the runs; returns the rows written."""
+    @staticmethod
+    def points(ticks: Sequence[Tick]) -> dict[str, list[tuple[float, str, WorkloadKey, float]]]:
+        """accelerator -> (ts, state, workload, score) of every tick, in time order; empty when the
+        ticks publish no verdict (then there is nothing to record)."""
         by_acc: dict[str, list[tuple[float, str, WorkloadKey, float]]] = {}
         for t in sorted(ticks, key=lambda t: t.ts):
             for acc, (state, wl, score) in tick_verdicts(t).items():
                 by_acc.setdefault(acc, []).append((t.ts, state, wl, score))
+        return by_acc
+
+    def record(self, conn: Connection, node_id: int,
+               by_acc: dict[str, list[tuple[float, str, WorkloadKey, float]]]) -> int:
+        """Fold one node's ``points`` into the runs; returns the rows written."""
         written = 0
         for acc, points in by_acc.items():
             key = (node_id, acc)
@@ -121,13 +128,10 @@ class VerdictRecorder:
                   "w": run.workload[3], "st": run.state, "s": run.start, "e": run.end, "k": run.ticks,
                   "ss": run.score_sum, "sm": run.score_max}
         if run.id is None:
-            conn.execute(text(
+            run.id = int(conn.execute(text(
                 "INSERT INTO verdict_runs (node_id, accelerator, namespace, pod, container, workload, state, start_ts, "
-                "end_ts, ticks, score_sum, score_max) VALUES (:n, :a, :ns, :pod, :c, :w, :st, :s, :e, :k, :ss, :sm)"),
-                params)
-            row = conn.execute(text("SELECT id FROM verdict_runs WHERE node_id = :n AND accelerator = :a AND "
-                                    "start_ts = :s ORDER BY id DESC LIMIT 1"), params).first()
-            run.id = int(row[0]) if row is not None else None
+                "end_ts, ticks, score_sum, score_max) VALUES (:n, :a, :ns, :pod, :c, :w, :st, :s, :e, :k, :ss, :sm) "
+                "RETURNING id"), params).scalar_one())
         else:
             conn.execute(text("UPDATE verdict_runs SET end_ts = :e, ticks = :k, score_sum = :ss, score_max = :sm "
                               "WHERE id = :id"), {**params, "id": run.id})

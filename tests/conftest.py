@@ -136,3 +136,17 @@ def wait_for_port(port: int, host: str = "127.0.0.1", timeout: float = 15.0) -> 
 @pytest.fixture
 def unused_port() -> int:
     return free_port()
+
+
+@pytest.fixture
+def cgroups():  # type: ignore[no-untyped-def]
+    """cgroup v2 directories a test makes under this machine's hierarchy (tests/workloads_helpers.py),
+    removed afterwards; the tests that take it are skipped where none can be made (they say why)."""
+    from workloads_helpers import Cgroups, cgroup_skip_reason, writable_cgroup_root
+
+    root = writable_cgroup_root()
+    if root is None:
+        pytest.skip(cgroup_skip_reason())
+    cg = Cgroups(root)
+    yield cg
+    cg.cleanup()

@@ -68,13 +68,6 @@ def sockdir() -> Iterator[Path]:
     shutil.rmtree(d, ignore_errors=True)
 
 
-@pytest.fixture
-def cgroups() -> Iterator[Cgroups]:
-    assert ROOT is not None
-    cg = Cgroups(ROOT)
-    yield cg
-    cg.cleanup()
-
 
 @needs_cgroups
 def test_real_processes_in_real_cgroups_are_attributed(cgroups: Cgroups, sockdir: Path, tmp_path: Path) -> None:

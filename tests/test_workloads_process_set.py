@@ -18,8 +18,8 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_workloads_collector import GPU_A, WL, row, series, ticks
@@ -72,12 +72,15 @@ def stop_loader(p: subprocess.Popen[str]) -> None:
     p.wait(10)
 
 
-@pytest.fixture
-def cgroups() -> Iterator[Cgroups]:
-    assert ROOT is not None
-    cg = Cgroups(ROOT)
-    yield cg
-    cg.cleanup()
+
+def collect(pid: int, n: int, **kw: Any) -> list:
+    """``n`` ticks (1 s apart) of a workloads collector whose stand-in NVML lists ``pid`` on GPU 0."""
+    c = WorkloadsCollector([ListedProcessSource([row(0, GPU_A, pid, 0.05)])], background=False, **kw)
+    try:
+        c.refresh(force=True)
+        return ticks(c, n)
+    finally:
+        c.close()
 
 
 def one(items: list, name: str) -> float:
@@ -106,24 +109,13 @@ def test_loader_workers_are_the_gpu_process_s_workload() -> None:
     sleeps; without the process set (the agent before) it read an idle process."""
     p, kids = loader(2, 2)
     try:
-        c = WorkloadsCollector([ListedProcessSource([row(0, GPU_A, p.pid, 0.05)])], background=False)
-        try:
-            c.refresh(force=True)
-            items = ticks(c, 4)
-        finally:
-            c.close()
+        items = collect(p.pid, 4)
         assert one(items, "triscope_workload_processes") == 5
         assert one(items, "triscope_workload_feeder_busy_ratio") >= 0.9
         assert not any(isinstance(s, Sample) and s.labels.get("workload") != series_workload(items) for s in items
                        if isinstance(s, Sample) and s.name.startswith("triscope_workload_"))
         # only the GPU process is followed without the process set
-        alone = WorkloadsCollector([ListedProcessSource([row(0, GPU_A, p.pid, 0.05)])], background=False,
-                                   max_processes_per_workload=1)
-        try:
-            alone.refresh(force=True)
-            items = ticks(alone, 3)
-        finally:
-            alone.close()
+        items = collect(p.pid, 3, max_processes_per_workload=1)
         assert one(items, "triscope_workload_processes") == 1
         assert one(items, "triscope_workload_feeder_busy_ratio") < 0.2
     finally:
@@ -143,12 +135,7 @@ def test_a_containers_other_processes_are_its_workload_without_parentage(cgroups
         path = kube_path(str(uuid.uuid4()), uuid.uuid4().hex + uuid.uuid4().hex)
         cgroups.put(path, gpu.pid)
         cgroups.put(path, feeder.pid)
-        c = WorkloadsCollector([ListedProcessSource([row(0, GPU_A, gpu.pid, 0.1)])], background=False)
-        try:
-            c.refresh(force=True)
-            items = ticks(c, 3)
-        finally:
-            c.close()
+        items = collect(gpu.pid, 3)
         assert one(items, "triscope_workload_processes") == 2        # the outsider is not in it
         assert one(items, "triscope_workload_feeder_busy_ratio") >= 0.6
     finally:

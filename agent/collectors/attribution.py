@@ -27,7 +27,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from triscope.agent.collectors.cgroups import CgroupOwner, owner_of
+from triscope.agent.collectors.cgroups import CgroupOwner, owner_of, parse_proc_cgroup
 from triscope.agent.collectors.podresources import DeviceOwner
 from triscope.vocabulary import WORKLOAD_LABELS  # noqa: F401 - re-exported for the collector
 
@@ -49,6 +49,7 @@ class ProcessInfo:
     pid: int
     comm: str
     owner: CgroupOwner | None      # None: /proc/PID/cgroup could not be read
+    cgroups: tuple[tuple[str, str], ...] = ()   # its /proc/PID/cgroup: (hierarchy, path), "" the v2 one
 
 
 def read_pod_dirs(path: str = DEFAULT_PODS_LOG_DIR) -> dict[str, PodDir] | None:
@@ -82,10 +83,10 @@ def read_process(proc: str, pid: int) -> ProcessInfo | None:
         return None
     try:
         with open(f"{proc}/{pid}/cgroup", "rb") as f:
-            owner: CgroupOwner | None = owner_of(f.read().decode("utf-8", "replace"))
+            text = f.read().decode("utf-8", "replace")
     except OSError:
-        owner = None
-    return ProcessInfo(pid, comm, owner)
+        return ProcessInfo(pid, comm, None)
+    return ProcessInfo(pid, comm, owner_of(text), tuple(parse_proc_cgroup(text).items()))
 
 
 def clean(text: str, limit: int = 64) -> str:

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from triscope.agent.collectors.cgroups import CgroupOwner, parse_proc_cgroup, resolve_v2_dir
+from triscope.agent.collectors.cgroups import CgroupOwner, resolve_v2_dir
 
 V1_CPU_HIERARCHIES = ("cpu,cpuacct", "cpu", "cpuacct,cpu")
 V1_MEMBER_HIERARCHIES = (*V1_CPU_HIERARCHIES, "pids", "name=systemd")
@@ -107,9 +107,10 @@ class CgroupDirs:
         return None
 
 
-def cgroup_dirs(sys: str, proc_cgroup_text: str, v2_root: str | None) -> CgroupDirs:
-    """The directories of a process's cgroups (``/proc/PID/cgroup``'s text), on a v2, v1 or hybrid host."""
-    paths = parse_proc_cgroup(proc_cgroup_text)
+def cgroup_dirs(sys: str, hierarchies: Mapping[str, str], v2_root: str | None) -> CgroupDirs:
+    """The directories of a process's cgroups (``/proc/PID/cgroup`` as ``parse_proc_cgroup`` reads
+    it: hierarchy -> path, ``""`` the v2 one), on a v2, v1 or hybrid host."""
+    paths = hierarchies
     v2 = None
     v2_path = paths.get("")
     if v2_root and v2_path and v2_path != "/":

@@ -6,9 +6,9 @@ low-rate service losing 10 % of its own packets retransmits too few segments to 
 rate.  So the loss is read per workload, two ways by where its processes run:
 
 * **the agent's own network namespace** (processes off Kubernetes, ``hostNetwork`` pods): every
-  TCP socket's ``tcp_info`` counters from sock_diag (``sockdiag.tcp_counters``: one netlink dump,
-  ~1 ms per address family on the CPU machines whatever the socket count: the kernel walks its
-  whole hash table), joined to the sockets each process holds (``/proc/PID/fd``).  A socket's
+  TCP socket's ``tcp_info`` counters from sock_diag (``sockdiag.tcp_counters``: one netlink dump
+  per address family, whose cost hardly depends on the socket count: the kernel walks its whole
+  hash table), joined to the sockets each process holds (``/proc/PID/fd``).  A socket's
   counters are summed as deltas between reads: one first seen in a process already read counts
   whole (it was opened since), one of a process read for the first time is a baseline.  A socket
   that opens and closes between two reads is not seen.
@@ -65,7 +65,6 @@ class WorkloadTcp:
         self._sockets: dict[int, tuple[int, int]] = {}     # inode -> counters at the last read
         self._ns_last: dict[int, tuple[int, int]] = {}     # foreign netns -> totals at the last read
         self._totals: dict[object, list[int]] = {}         # workload -> [retransmits, segments]
-        self._reads = 0
 
     def due(self) -> bool:
         return self.clock() >= self.next_due
@@ -77,7 +76,6 @@ class WorkloadTcp:
     def read(self, groups: Mapping[Any, Sequence[int]]) -> None:
         now = self.clock()
         self.next_due = now + self.every
-        self._reads += 1
         alive: set[int] = set()
         host: dict[object, list[int]] = {}
         foreign: dict[int, tuple[int, list[object]]] = {}      # netns -> (a pid in it, workloads)

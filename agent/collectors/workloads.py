@@ -111,7 +111,6 @@ class WorkloadsCollector(BaseCollector):
         self.tree = ProcessTree(proc)
         self.tcp = WorkloadTcp(proc, every=tcp_every, clock=clock) if tcp_every > 0 else None
         self._members: dict[int, list[int]] = {}     # a listed process -> its whole process set (itself first)
-        self._cg_text: dict[int, tuple[str, float]] = {}   # listed process -> its /proc/PID/cgroup text, when read
         self._cpu_stat: dict[str, CgroupCpu] = {}     # cpu.stat path -> kept-open reader
         self._cpu_prev: dict[tuple[Labels, Workload], tuple[int, int, float]] = {}
         self.process_every = process_every
@@ -252,11 +251,11 @@ class WorkloadsCollector(BaseCollector):
         elif old is not None:
             plan = Plan(plan.accels, plan.pids, plan.shares, old.pressure, plan.problem)
         if self.tcp is not None and (force or changed or self.tcp.due()):
-            groups: dict[Workload, list[int]] = {}
+            groups: dict[Workload, dict[int, None]] = {}      # a workload on several accelerators: once
             for acc in plan.accels:
                 for wl, pids in acc.groups:
-                    groups.setdefault(wl, []).extend(p for p in pids if p not in groups.get(wl, ()))
-            self.tcp.read(groups)
+                    groups.setdefault(wl, {}).update(dict.fromkeys(pids))
+            self.tcp.read({wl: list(pids) for wl, pids in groups.items()})
         with self._lock:
             self._plan = plan
         return plan
@@ -292,26 +291,19 @@ class WorkloadsCollector(BaseCollector):
                         "pod-resources only", hidden, self.proc)
 
     def _leader_dirs(self, pid: int) -> CgroupDirs | None:
-        """A listed process's cgroup directories (its /proc/PID/cgroup read again every minute)."""
-        now = self.clock()
-        got = self._cg_text.get(pid)
-        if got is None or now - got[1] > 60.0:
-            try:
-                with open(f"{self.proc}/{pid}/cgroup", "rb") as f:
-                    got = (f.read(8192).decode("utf-8", "replace"), now)
-            except OSError:
-                return None
-            self._cg_text[pid] = got
+        """A listed process's cgroup directories, from the /proc/PID/cgroup its info holds (read with
+        it, again every minute: ``_Known``)."""
+        info = self._info.get(pid)
+        if info is None or not info.cgroups:
+            return None
         if self._cg_root is False:
             self._cg_root = unified_root(self.sys)
-        return cgroup_dirs(self.sys, got[0], self._cg_root if isinstance(self._cg_root, str) else None)
+        return cgroup_dirs(self.sys, dict(info.cgroups), self._cg_root if isinstance(self._cg_root, str) else None)
 
     def _process_sets(self) -> dict[int, list[int]]:
         """Each listed process's whole process set: its container's or service's cgroup members and
         its descendants (``processset.process_set``), the other listed processes left to their own."""
         listed = {r.pid for r in self._rows if self._info.get(r.pid) is not None}
-        for pid in [p for p in self._cg_text if p not in listed]:
-            del self._cg_text[pid]
         if not listed:
             return {}
         self.tree.refresh()
@@ -356,7 +348,7 @@ class WorkloadsCollector(BaseCollector):
             for pid in self._members.get(r.pid, (r.pid,)):
                 if len(group) < self.max_processes or pid == r.pid:
                     group[pid] = None
-            if wl not in stat_of.get(r.labels, {}) and info is not None:
+            if wl not in stat_of.get(r.labels, {}):
                 dirs = self._leader_dirs(r.pid)
                 cs = dirs.cpu_stat if dirs is not None else None
                 if cs is not None:
@@ -528,7 +520,8 @@ class WorkloadsCollector(BaseCollector):
         for key in [k for k, st in self._state.items() if now - st[3] > keep_s]:
             del self._state[key]
             self._cpu_prev.pop(key, None)
-        used = {path for path, _kind in (w for a in (self._plan.accels if self._plan else ()) for _wl, w in a.cpu_stat)}
+        accels = self._plan.accels if self._plan is not None else ()
+        used = {path for a in accels for _wl, (path, _kind) in a.cpu_stat}
         for path in [p for p in self._cpu_stat if p not in used]:
             self._cpu_stat.pop(path).close()
 

@@ -190,9 +190,11 @@ class CpuLimit:
         for pid in (self.dir / "cgroup.procs").read_text().split():
             with contextlib.suppress(OSError):
                 (self.root / "cgroup.procs").write_text(pid)
-        for _ in range(50):
+        for _ in range(150):      # a killed process leaves its cgroup once it is reaped
             try:
                 self.dir.rmdir()
+                return
+            except FileNotFoundError:
                 return
             except OSError:
                 time.sleep(0.1)

@@ -187,11 +187,11 @@ def _prog() -> str:
     import shutil
     import sys
 
-    argv0 = sys.argv[0]
+    argv0, on_path = sys.argv[0], shutil.which("triscope")
     if os.path.basename(argv0) == "triscope" and os.sep in argv0:
         here = os.path.abspath(argv0)
-        if shutil.which("triscope") and os.path.abspath(shutil.which("triscope") or "") == here:
+        if on_path and os.path.abspath(on_path) == here:
             return "triscope"
         rel = os.path.relpath(here)
-        return rel if not rel.startswith("..") else here
-    return "triscope" if shutil.which("triscope") else f"{sys.executable} -m triscope"
+        return here if rel.startswith("..") else rel
+    return "triscope" if on_path else f"{sys.executable} -m triscope"
