@@ -163,6 +163,9 @@ class Spool:
         self.dropped_samples = 0
         self.spooled_samples_total = 0
         self._lock = threading.Lock()
+        # segments handed to a reader (``segments``): never appended to again, so that ``commit``
+        # cannot remove ticks another thread appended after the reader read the file
+        self._sealed: set[str] = set()
         self._pending = sum(self._count_samples(p) for p in self._segments())
 
     def _segments(self) -> list[Path]:
@@ -219,7 +222,8 @@ class Spool:
 
     def _write(self, data: str) -> None:
         segs = self._segments()
-        cur = segs[-1] if segs and segs[-1].stat().st_size < SEGMENT_BYTES else None
+        cur = (segs[-1] if segs and segs[-1].name not in self._sealed and segs[-1].stat().st_size < SEGMENT_BYTES
+               else None)
         if cur is None:
             seq = int(segs[-1].stem.split("-")[1]) + 1 if segs else 1
             cur = self.dir / f"seg-{seq:09d}.jsonl"
@@ -232,6 +236,7 @@ class Spool:
         oldest = self._segments()[0]
         lost = self._count_samples(oldest)
         oldest.unlink()
+        self._sealed.discard(oldest.name)
         self._pending -= lost
         self.dropped_samples += lost
         log.error("%s: dropped the oldest spool segment (%d samples)", why, lost)
@@ -239,10 +244,12 @@ class Spool:
     def segments(self) -> Iterator[tuple[Path, list[Tick]]]:
         """Oldest segment first; the caller calls ``commit(path)`` after writing it to the store."""
         for p in self._segments():
-            try:
-                lines = p.read_text().splitlines()
-            except FileNotFoundError:
-                continue
+            with self._lock:     # read whole and sealed: later appends go to a new segment
+                try:
+                    lines = p.read_text().splitlines()
+                except FileNotFoundError:
+                    continue
+                self._sealed.add(p.name)
             ticks = []
             for i, line in enumerate(lines):
                 if not line.strip():
@@ -258,6 +265,7 @@ class Spool:
         n = sum(len(t.samples) for t in ticks)
         with self._lock:
             path.unlink(missing_ok=True)
+            self._sealed.discard(path.name)
             self._pending -= n
             if replayed:
                 self.replayed_samples += n

@@ -102,3 +102,18 @@ def test_the_queue_is_bounded_in_samples_and_sheds_to_the_spool(sqlite_url: str,
     w.close()
     assert _stored(st) == [float(i + 1) for i in range(10)]
     st.close()
+
+
+def test_ticks_appended_while_a_segment_is_written_back_are_kept(tmp_path: Path) -> None:
+    """The drain reads a segment, writes it to the store, then removes it; a tick another thread
+    spools in between (the agent's tick thread sheds to the spool while the writer drains it) must
+    land in a new segment, not in the one about to be removed."""
+    sp = Spool(tmp_path / "spool", 64 << 20)
+    sp.append([_tick(0)])
+    it = sp.segments()
+    path, ticks = next(it)
+    sp.append([_tick(1)])              # arrives while segment 1 is being written to the store
+    sp.commit(path, ticks, replayed=True)
+    left = [t for _, ts in sp.segments() for t in ts]
+    assert [s.value for t in left for s in t.samples] == [2.0]
+    assert sp.pending_samples == 1
