@@ -174,9 +174,16 @@ class Spool:
     @staticmethod
     def _count_samples(path: Path) -> int:
         try:
-            return sum(len(json.loads(line)["s"]) for line in path.read_text().splitlines() if line.strip())
-        except (OSError, ValueError):
+            lines = path.read_text().splitlines()
+        except OSError:
             return 0
+        n = 0
+        for line in lines:       # a corrupt line (a write cut short by a full disk) counts nothing
+            try:
+                n += len(json.loads(line)["s"])
+            except (ValueError, KeyError, TypeError):
+                continue
+        return n
 
     @property
     def pending_samples(self) -> int:
@@ -259,6 +266,11 @@ class Spool:
                 except (ValueError, KeyError, TypeError):
                     log.error("spool segment %s line %d is corrupt; skipped", p.name, i + 1)
             yield p, ticks
+
+    def release(self) -> None:
+        """The reader gave up (the store failed): the segments it read may be appended to again."""
+        with self._lock:
+            self._sealed.clear()
 
     def commit(self, path: Path, ticks: list[Tick], replayed: bool = False) -> None:
         """The segment at ``path`` is in the store: removed (``replayed``: counted as written back)."""

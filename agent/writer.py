@@ -300,6 +300,7 @@ class StoreWriter:
                 if time.monotonic() - t0 >= self.replay_budget:
                     return
         except Exception as e:  # noqa: BLE001 - any store failure means: keep it on disk
+            self.spool.release()
             self.write_errors += 1
             self.outage = True
             log.warning("store write failed while replaying the spool (%d samples left): %s",
@@ -327,6 +328,7 @@ class StoreWriter:
                     self._draining = True    # more to write: the next slice soon, new ticks behind it
                     return
         except Exception as e:  # noqa: BLE001
+            self.spool.release()
             self.write_errors += 1
             if now - self._last_still_logged >= 60.0:   # once a minute, not at every retry
                 self._last_still_logged = now
