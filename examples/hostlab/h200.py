@@ -1,0 +1,238 @@
+"""The host lab on the H200: the verdict's production classes with stock PyTorch serving code and a real GPU.
+
+    python -m examples.hostlab.h200 --node h200-lab-1 --out OUTDIR      # on the H200 machine, as root
+
+Nothing is stood in for.  Two services (``torch_service.py``: a stock ``torch.utils.data.DataLoader``
+with worker processes decoding JPEGs with PIL, payloads fetched over TCP per item, a torchvision
+model on the GPU) share GPU 0; the real agent (``triscope agent``: eBPF where BCC is there, NVML and
+GPM, the host collectors, the workloads collector with its process sets, CFS and per-workload TCP)
+records into a SQLite store; the trace and its timeline are exported at the end, and the agent's own
+CPU time over the run is written to ``<node>.agent.json``.
+
+Service ``a`` is the heavier one on the GPU and always healthy; ``b`` is the lighter one and carries
+each scenario's fault.  The classes are the host lab's (``lab.py``), with **other models, loaders,
+limits and loss rates** than the CPU recording the rules were checked on: a DataLoader with too few
+workers for big JPEGs; loader workers confined to one core; the whole pod (GPU process included)
+under a 0.5-CPU CFS limit in a cgroup v2; a low-rate service whose own connection loses 6 % of its
+packets; a non-GPU process losing 15 % beside two healthy services; a healthy service at ~2 % load; a
+GPU kept busy by GPU-resident inputs.
+
+**The expectations are in ``SCENARIOS`` below, written before the recording and never edited after.**
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .lab import A_PORT, B_PORT, BLOB, HEALTHY, NFT_TABLE, STREAMER, U_PORT, CpuLimit, _family, drop, nft
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class TorchService:
+    model: str = "resnet18"
+    batch: int = 8
+    workers: int = 2
+    image: int = 256
+    rate: float = 16.0
+    fetch: int = 0
+    fetch_bytes: int = 65536
+    worker_cpus: str = ""
+    gpu_input: bool = False
+
+    def argv(self) -> list[str]:
+        out = ["--model", self.model, "--batch", str(self.batch), "--workers", str(self.workers),
+               "--image", str(self.image), "--rate", str(self.rate), "--fetch-bytes", str(self.fetch_bytes)]
+        if self.fetch:
+            out += ["--fetch", f"127.0.0.1:{self.fetch}"]
+        if self.worker_cpus:
+            out += ["--worker-cpus", self.worker_cpus]
+        if self.gpu_input:
+            out += ["--gpu-input"]
+        return out
+
+
+A_HEALTHY = TorchService(model="resnet50", batch=64, workers=6, image=384, rate=640, fetch=A_PORT)
+B_LIGHT = TorchService(model="resnet18", batch=8, workers=2, image=256, rate=16, fetch=B_PORT)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    title: str
+    a: TorchService
+    b: TorchService
+    expect: tuple[str, ...]
+    faulty: bool
+    b_cpu_limit: float | None = None
+    b_loss: float | None = None
+    unrelated_loss: float | None = None
+    note: str = ""
+    knobs: dict[str, Any] = field(default_factory=dict)
+
+
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario("healthy_2pct", "a resnet50 at 640 img/s, b resnet18 at 16 img/s (~2 % load); host sides quiet",
+             A_HEALTHY, B_LIGHT, HEALTHY, False, note="nothing limits either: never an I/O state"),
+    Scenario("loader_too_few_workers", "b: 2 DataLoader workers decoding 1024 px JPEGs, as fast as they deliver",
+             A_HEALTHY, TorchService(model="resnet18", batch=32, workers=2, image=1024, rate=0, fetch=B_PORT),
+             ("staging-bound",), True, knobs={"workers": 2, "image": 1024},
+             note="b's GPU work waits on its two pegged workers; b has the smaller SM share"),
+    Scenario("workers_on_one_core", "b: 6 DataLoader workers confined to CPU 15, 640 px JPEGs",
+             A_HEALTHY, TorchService(model="resnet18", batch=32, workers=6, image=640, rate=0, fetch=B_PORT,
+                                     worker_cpus="15"),
+             ("staging-bound",), True, knobs={"worker_cpus": "15"},
+             note="six workers share one core: each waits for it most of the time"),
+    Scenario("pod_cpu_limit", "b's cgroup (GPU process and workers) limited to 0.5 CPU by cpu.max",
+             A_HEALTHY, TorchService(model="resnet18", batch=16, workers=4, image=512, rate=0, fetch=B_PORT),
+             ("staging-bound",), True, b_cpu_limit=0.5, knobs={"cpu_limit": 0.5},
+             note="throttled in most CFS periods; the GPU process itself is under the limit"),
+    Scenario("own_loss_6pct", "b's own payload connections lose 6 % of their packets, 400 kB per request at 5/s",
+             A_HEALTHY, TorchService(model="resnet18", batch=1, workers=2, image=256, rate=5, fetch=B_PORT,
+                                     fetch_bytes=400_000),
+             ("network-bound",), True, b_loss=0.06, knobs={"net_drop": 0.06},
+             note="a low-rate service: its loss ratio is high, its retransmit count small"),
+    Scenario("foreign_loss_15pct", "a process with no GPU streams over a connection losing 15 %; a and b healthy",
+             A_HEALTHY, B_LIGHT, HEALTHY, False, unrelated_loss=0.15,
+             note="the node retransmits, none of it a GPU service's: no network-bound"),
+    Scenario("gpu_full", "a runs resnet50 at batch 256 on GPU-resident inputs: the GPU busy",
+             TorchService(model="resnet50", batch=256, workers=0, gpu_input=True), B_LIGHT,
+             ("compute-bound", "balanced"), False, note="the GPU is the limit (SM activity >= 0.7 expected)"),
+)
+
+
+def _cpu_seconds(pid: int) -> float:
+    data = Path(f"/proc/{pid}/stat").read_bytes()
+    f = data[data.rindex(b")") + 2:].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def record(node: str, out: Path, hold: float, only: list[str] | None = None) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    db = out / f"{node}.db"
+    url = f"sqlite:///{db}"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    subprocess.run([sys.executable, "-m", "triscope", "db", "upgrade", "--db", url], check=True, cwd=REPO, env=env)
+    blob = subprocess.Popen([sys.executable, "-c", BLOB, str(A_PORT), str(B_PORT), str(U_PORT)],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert blob.stdout is not None and blob.stdout.readline().strip() == "ready"
+    with contextlib.suppress(subprocess.CalledProcessError):
+        nft("delete", "table", "inet", NFT_TABLE)
+    nft("add", "table", "inet", NFT_TABLE)
+    nft("add", "chain", "inet", NFT_TABLE, "in", "{ type filter hook input priority 0; }")
+    limit = CpuLimit(f"triscope-lab-{os.getpid()}")
+    agent_log = open(out / "agent.log", "w")  # noqa: SIM115 - open for the agent's whole life
+    agent = subprocess.Popen([sys.executable, "-m", "triscope", "-v", "agent", "--db", url, "--interval", "1",
+                              "--node", node, "--listen", "127.0.0.1:9464", "--spool", str(out / "spool")],
+                             cwd=REPO, env=env, stdout=agent_log, stderr=subprocess.STDOUT)
+    procs: dict[str, subprocess.Popen[str]] = {}
+    extra: list[subprocess.Popen[str]] = []
+    timeline: list[dict[str, Any]] = []
+    logs = {w: open(out / f"service-{w}.log", "a") for w in ("a", "b")}  # noqa: SIM115
+
+    def start(who: str, svc: TorchService) -> subprocess.Popen[str]:
+        p = subprocess.Popen([sys.executable, "-m", "examples.hostlab.torch_service", "--name", f"lab-{who}",
+                              *svc.argv()], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=logs[who], text=True,
+                             start_new_session=True)
+        assert p.stdout is not None
+        line = p.stdout.readline().strip()
+        if line != "ready":
+            raise SystemExit(f"h200 lab: service {who} did not start (see service-{who}.log)")
+        procs[who] = p
+        return p
+
+    def stop_all() -> None:
+        for p in [*procs.values(), *extra]:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            with contextlib.suppress(Exception):
+                p.wait(10)
+        procs.clear()
+        extra.clear()
+
+    try:
+        for _ in range(60):          # the agent's exporter answers: it ticks
+            with contextlib.suppress(OSError):
+                urllib.request.urlopen("http://127.0.0.1:9464/metrics", timeout=2).read()
+                break
+            time.sleep(0.5)
+        cpu0, wall0 = _cpu_seconds(agent.pid), time.monotonic()
+        for sc in SCENARIOS:
+            if only and sc.name not in only:
+                continue
+            start("a", sc.a)
+            b = start("b", sc.b)
+            if sc.b_cpu_limit is not None:
+                limit.limit(sc.b_cpu_limit)
+                time.sleep(0.3)
+                limit.put(_family(b.pid))
+            if sc.b_loss is not None:
+                drop(B_PORT, sc.b_loss)
+            if sc.unrelated_loss is not None:
+                drop(U_PORT, sc.unrelated_loss)
+                s = subprocess.Popen([sys.executable, "-c", STREAMER, str(U_PORT)], stdout=subprocess.PIPE,
+                                     text=True, start_new_session=True)
+                assert s.stdout is not None and s.stdout.readline().strip() == "ready"
+                extra.append(s)
+            t0 = time.time()
+            print(f"h200 lab: {sc.name}: {sc.title}", file=sys.stderr, flush=True)
+            time.sleep(hold)
+            t1 = time.time()
+            for who, svc in (("a", sc.a), ("b", sc.b)):
+                timeline.append({
+                    "scenario": sc.name, "title": sc.title, "start": round(t0, 3), "end": round(t1, 3),
+                    "instance": who, "role": "faulty" if who == "b" and sc.faulty else "healthy",
+                    "workload": f"lab-{who}", "gpu": 0, "service": asdict(svc),
+                    "knobs": sc.knobs if who == "b" else {}, "faulty": sc.faulty and who == "b",
+                    "expected_state": list(sc.expect), "note": sc.note})
+            stop_all()
+            nft("flush", "chain", "inet", NFT_TABLE, "in")
+            limit.limit(None)
+            time.sleep(3.0)
+        cpu1, wall1 = _cpu_seconds(agent.pid), time.monotonic()
+        (out / f"{node}.agent.json").write_text(json.dumps({
+            "agent_cpu_seconds": round(cpu1 - cpu0, 3), "wall_seconds": round(wall1 - wall0, 3),
+            "agent_core_share": round((cpu1 - cpu0) / (wall1 - wall0), 5), "nproc": os.cpu_count()}) + "\n")
+    finally:
+        stop_all()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(blob.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.CalledProcessError):
+            nft("delete", "table", "inet", NFT_TABLE)
+        limit.remove()
+        with contextlib.suppress(OSError):
+            (out / "agent_metrics.txt").write_bytes(
+                urllib.request.urlopen("http://127.0.0.1:9464/metrics", timeout=5).read())
+        agent.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            agent.wait(60)
+        (out / f"{node}.timeline.jsonl").write_text("".join(json.dumps(ln) + "\n" for ln in timeline))
+    subprocess.run([sys.executable, "-m", "triscope", "export-trace", "--db", url, "--node", node,
+                    "-o", str(out / f"{node}.jsonl.gz")], check=True, cwd=REPO, env=env)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m examples.hostlab.h200", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--node", required=True, help="the recording's node name (h200-lab-N)")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--hold", type=float, default=45.0, help="seconds per scenario (default 45)")
+    ap.add_argument("--only", default="", help="comma-separated scenario names (default: all)")
+    args = ap.parse_args(argv)
+    record(args.node, args.out, args.hold, [s for s in args.only.split(",") if s] or None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
