@@ -60,9 +60,24 @@ def _kube_name(value: str) -> str:
 KubeName = Annotated[str, AfterValidator(_kube_name)]
 """A Kubernetes object name as a policy writes it (namespace, Deployment, ConfigMap, node)."""
 
+PER_WORKLOAD = "{deployment}"
+"""In a ConfigMap fallback's ``configmap`` or ``key``: the name of the workload the trigger names."""
+
+
+def per_workload(template: str, target: dict[str, str]) -> str:
+    """``template`` with ``{deployment}`` replaced by the target's deployment."""
+    return template.replace(PER_WORKLOAD, target.get("deployment", ""))
+
+
+def _kube_name_template(value: str) -> str:
+    if not _KUBE_NAME.match(value.replace(PER_WORKLOAD, "x")):
+        raise ValueError(f"{show(value)} is not a valid Kubernetes name (with {PER_WORKLOAD} for the workload's)")
+    return value
+"""A Kubernetes object name as a policy writes it (namespace, Deployment, ConfigMap, node)."""
+
 
 def _configmap_key(value: str) -> str:
-    if not _CONFIGMAP_KEY.match(value):
+    if not _CONFIGMAP_KEY.match(value.replace(PER_WORKLOAD, "x")):
         raise ValueError(f"{show(value)} is not a valid ConfigMap key")
     return value
 
@@ -97,7 +112,7 @@ class DependencyFallbackParams(ConfigModel):
     """``dependency_fallback``: set ``key`` of ConfigMap ``configmap`` to ``value``; revert after
     ``hold`` clear, or ``ttl`` at the latest."""
 
-    configmap: KubeName
+    configmap: Annotated[str, AfterValidator(_kube_name_template)]
     key: Annotated[str, AfterValidator(_configmap_key)]
     value: Annotated[str, BeforeValidator(_text)] = "fallback"
     ttl: Annotated[Duration, AfterValidator(_positive)] = 1800.0
@@ -241,7 +256,7 @@ def dependency_fallback(ctx: ActionContext) -> ActionResult:
         return filefallback.switch(ctx)
     ns = ctx.target["namespace"]
     p = ctx.params
-    cm, key, value = p["configmap"], p["key"], p["value"]
+    cm, key, value = per_workload(p["configmap"], ctx.target), per_workload(p["key"], ctx.target), p["value"]
     now = _decided(ctx)
     expires = now + float(p["ttl"])
     existing = audit.active_fallbacks(ctx.store, ctx.target_key)
@@ -391,7 +406,8 @@ def post_decision_event(kube: k.KubeAdapter, events_namespace: str, action: str,
         involved = {"kind": "Node", "apiVersion": "v1", "name": fields["node"]}
     elif "namespace" in fields and action == "dependency_fallback":
         ns = fields["namespace"]
-        involved = {"kind": "ConfigMap", "apiVersion": "v1", "namespace": ns, "name": params["configmap"]}
+        involved = {"kind": "ConfigMap", "apiVersion": "v1", "namespace": ns,
+                    "name": per_workload(params["configmap"], fields)}
     else:
         return
     reason = {"acted": "RemediationActed", "dry_run": "RemediationDryRun", "suppressed": "RemediationSuppressed",

@@ -36,7 +36,9 @@ from triscope.configfile import validate as validate_config
 from triscope.durations import Duration
 from triscope.labels import Matcher
 from triscope.remediation.actions import (
+    PER_WORKLOAD,
     CommandParams,
+    DependencyFallbackParams,
     KubeName,
     RescheduleParams,
     RollingRestartParams,
@@ -69,6 +71,19 @@ TARGET_FIELDS = ("namespace", "deployment", "node", "workload")   # workload: a 
 MISMATCH_STATES = ("idle", "demand-limited", "compute-bound", "balanced", "io-saturated", "staging-bound",
                    "network-bound")
 NODE_ACTIONS = ("reschedule",)   # actions that cordon or drain a Kubernetes node: bounded by the node allow-list
+_ACCELERATOR_LABELS = ("gpu", "npu", "workload")
+
+
+def metric_scope(metric: str) -> str:
+    """``accelerator`` (a catalogued metric with a ``gpu``, ``npu`` or ``workload`` label: it fires for
+    one accelerator or workload), ``node`` (a catalogued metric with none: node-wide, it names no
+    workload) or ``application`` (not in the catalogue: a scraped application's own metric)."""
+    from triscope.metrics import spec
+
+    sp = spec(metric)
+    if sp is None:
+        return "application"
+    return "accelerator" if any(lab in sp.labels for lab in _ACCELERATOR_LABELS) else "node"
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9_.-]{0,126}[a-z0-9])?$")
 _MATCHER = re.compile(r"^\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*\"?(.*?)\"?\s*$")
 _METRIC = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
@@ -405,11 +420,73 @@ class _RuleModel(ConfigModel):
             raise trouble
         if on_file:
             return self   # named by the trigger's workload label only (checked above)
+        scope = self._trigger_scope()
+        if scope == "node":
+            self._node_wide_trigger()
         for need in ACTION_TARGETS.get(self.action, ()):
             if getattr(self.target, need) is None:
                 raise problem(f"action {self.action} needs target.{need} (a name or {{label: LABEL}})", "target")
+        if scope == "verdict":
+            self._targets_from_the_verdict()
         self._target_can_resolve()
         return self
+
+    def _trigger_scope(self) -> str:
+        """``verdict``: the trigger fires for one accelerator or workload (a mismatch state, an XID, a
+        per-accelerator or per-workload metric) and may act only on what it names; ``node``: a
+        node-wide metric; ``free``: an alert, an SLO or an application's metric (explicit targets,
+        inside the allow-lists)."""
+        t = self.trigger
+        if isinstance(t, MismatchTrigger | XidTrigger):
+            return "verdict"
+        if isinstance(t, MetricTrigger):
+            return {"accelerator": "verdict", "node": "node"}.get(metric_scope(t.metric), "free")
+        return "free"
+
+    def _what_fires(self) -> str:
+        t = self.trigger
+        if isinstance(t, MismatchTrigger):
+            return "a mismatch trigger"
+        if isinstance(t, XidTrigger):
+            return "an xid trigger"
+        return f"a per-accelerator metric trigger ({t.metric})" if isinstance(t, MetricTrigger) else "this trigger"
+
+    def _node_wide_trigger(self) -> None:
+        """A node-wide metric names no workload: only the node itself may be acted on (``command``)."""
+        assert isinstance(self.trigger, MetricTrigger)
+        if self.action != "command":
+            raise problem(f"{self.trigger.metric} is node-wide (no gpu, npu or workload label): it names no workload, "
+                          f"so it cannot drive {self.action}; only a node-scoped action (command) on the firing "
+                          "node, or trigger on the verdict (mismatch) or an alert", "action")
+        node = self.target.node
+        if node is not None and not (isinstance(node, TargetReference) and node.label == "node"
+                                     and node.default is None):
+            raise problem("a node-wide trigger acts on the node it fired on: node: {label: node} (no name, no "
+                          "default)", "target", "node")
+
+    def _targets_from_the_verdict(self) -> None:
+        """Every target field from what the trigger names: the workload, its namespace, the node."""
+        what = self._what_fires()
+        dep, ns, node = self.target.deployment, self.target.namespace, self.target.node
+        if dep is not None and not isinstance(dep, WorkloadReference):
+            raise problem(f"{what} acts only on the workload it names: deployment: {{from: workload}} (a name or "
+                          "another label could act on a workload the verdict did not name)", "target", "deployment")
+        if ns is not None and not (isinstance(ns, TargetReference) and ns.label == "namespace"):
+            raise problem(f"{what} acts only in its workload's namespace: namespace: {{label: namespace}} (not a name "
+                          "or another label)", "target", "namespace")
+        if node is not None and not (isinstance(node, TargetReference) and node.label == "node"
+                                     and node.default is None):
+            raise problem(f"{what} acts only on the node it fired on: node: {{label: node}} (no name, no default)",
+                          "target", "node", *(("default",) if getattr(node, "default", None) else ()))
+        if self.action == "dependency_fallback" and isinstance(self.params, DependencyFallbackParams):
+            p = self.params
+            if dep is None:
+                raise problem(f"{what} acts only on the workload it names: a ConfigMap fallback needs "
+                              "deployment: {from: workload}", "target")
+            if PER_WORKLOAD not in p.configmap and PER_WORKLOAD not in p.key:
+                raise problem(f"{what} switches one workload's dependency, not a namespace's: put "
+                              f"{PER_WORKLOAD} in params.configmap or params.key (e.g. key: "
+                              f"'{PER_WORKLOAD}.mode'), or use a knobs file", "params")
 
     def _target_can_resolve(self) -> None:
         """Refuse a target that could act on a workload the trigger did not name, or could name none."""

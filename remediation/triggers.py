@@ -30,6 +30,7 @@ from datetime import datetime
 from typing import Any
 
 from triscope.remediation import filefallback
+from triscope.remediation.actions import per_workload
 from triscope.remediation.policy import OPS, Matcher, Rule, Trigger
 from triscope.remediation.workloads import (
     ACCELERATOR_LABELS,
@@ -160,8 +161,8 @@ def target_key(rule: Rule, target: dict[str, str]) -> tuple[str, str]:
         return filefallback.target_key(target)
     if a == "dependency_fallback":
         p = rule.params
-        return (f"configmap/{target['namespace']}/{p['configmap']}/{p['key']}",
-                f"configmap {target['namespace']}/{p['configmap']} key {p['key']}")
+        cm, key = per_workload(p["configmap"], target), per_workload(p["key"], target)
+        return f"configmap/{target['namespace']}/{cm}/{key}", f"configmap {target['namespace']}/{cm} key {key}"
     if a == "reschedule":
         return (f"node/{target['node']}/deployment/{target['namespace']}/{target['deployment']}",
                 f"deployment {target['namespace']}/{target['deployment']} off node {target['node']}")

@@ -31,7 +31,7 @@ RULES = {
       follow: true
 """,
     "dependency_fallback": """  - name: r
-    trigger: {mismatch: network-bound}
+    trigger: {alert: DepSlow}
     action: dependency_fallback
     target: {namespace: inference}
     params:
@@ -44,7 +44,7 @@ RULES = {
     "reschedule": """  - name: r
     trigger: {xid: 79}
     action: reschedule
-    target: {node: {label: node}, namespace: inference, deployment: web}
+    target: {node: {label: node}, namespace: {label: namespace}, deployment: {from: workload}}
     params:
       weights: {compute: 1, link: 1, storage: 0.5}
       eviction_timeout: 2m

@@ -153,6 +153,14 @@ def test_dependency_fallback_ttl_revert_and_conflict_retry(store: Any, srv: Kube
     assert "time-to-live" in audit.audit_log(store, limit=1)[0].reason
 
 
+def _verdict_on(store: Any, node: str, now: float) -> None:
+    """GPU 0 of ``node`` held by Deployment inference/llm, as the agent's verdict says: what an XID
+    trigger acts on."""
+    store.write_ticks(node, [Tick(now - 2, [Sample("triscope_mismatch_state", 1.0, {
+        "gpu": "0", "state": "demand-limited", "namespace": "inference", "pod": "llm-0",
+        "workload": "Deployment/llm"})])], rollup=False)
+
+
 def test_reschedule_cordons_prefers_cheapest_node_and_evicts_through_pdb(store: Any, srv: KubeTestServer) -> None:
     srv.add_deployment("inference", "llm", replicas=2, nodes=["node-a"])
     srv.add_node("node-d", unschedulable=True)  # cordoned by someone else: never a candidate
@@ -164,10 +172,11 @@ def test_reschedule_cordons_prefers_cheapest_node_and_evicts_through_pdb(store: 
     store.write_ticks("node-c", [Tick(now - 1, [Sample("triscope_gpu_utilization_ratio", 0.1, {"gpu": "0"}),
                                                 Sample("triscope_pressure_ratio", 0.05, {"resource": "io", "kind": "some"})])])
     store.add_events("node-a", [EventRecord("xid", "GPU fell off the bus", "critical", {"gpu": "0", "xid": 79})])
+    _verdict_on(store, "node-a", now)
     eng = engine(store, srv, """  - name: xid
     trigger: {xid: [79]}
     action: reschedule
-    target: {node: {label: node}, namespace: inference, deployment: llm}
+    target: {node: {label: node}, namespace: {label: namespace}, deployment: {from: workload}}
     params: {eviction_timeout: 20s, weights: {compute: 1, link: 1, storage: 1}}
 """, settings=NODES)
     t = __import__("threading").Timer(1.5, lambda: srv.set_pdb_allowed("inference", "llm-pdb", 5))
@@ -197,10 +206,11 @@ def test_reschedule_blocked_by_pdb_times_out(store: Any, srv: KubeTestServer) ->
     srv.add_pdb("inference", "llm-pdb", {"app": "llm"}, disruptions_allowed=0)
     srv.stuck_rollouts = True  # the affinity change's rollout does not move the pod by itself
     store.add_events("node-a", [EventRecord("xid", "xid 48", "critical", {"gpu": "0", "xid": 48})])
+    _verdict_on(store, "node-a", time.time())
     eng = engine(store, srv, """  - name: xid
     trigger: {xid: [48]}
     action: reschedule
-    target: {node: {label: node}, namespace: inference, deployment: llm}
+    target: {node: {label: node}, namespace: {label: namespace}, deployment: {from: workload}}
     params: {eviction_timeout: 1s, cordon: false}
 """, settings=NODES)
     eng.evaluate_triggers()
@@ -346,17 +356,18 @@ def test_fallback_on_mismatch_state_reverts_when_state_clears(store: Any, srv: K
     eng = engine(store, srv, """  - name: netbound
     trigger: {mismatch: network-bound, for: 4s}
     action: dependency_fallback
-    target: {namespace: inference}
-    params: {configmap: deps, key: mode, ttl: 1h, hold: 3s}
+    target: {namespace: {label: namespace}, deployment: {from: workload}}
+    params: {configmap: deps, key: "{deployment}.mode", ttl: 1h, hold: 3s}
 """)
     t0 = time.time() - 20
-    store.write_ticks("gpu-1", [Tick(t0 + i, [Sample("triscope_mismatch_state", 1.0, {"state": "network-bound", "gpu": "0"})])
+    wl = {"namespace": "inference", "workload": "Deployment/web"}
+    store.write_ticks("gpu-1", [Tick(t0 + i, [Sample("triscope_mismatch_state", 1.0, {"state": "network-bound", "gpu": "0", **wl})])
                                 for i in range(10)], rollup=False)
     assert eng.evaluate_triggers(t0 + 10) == 1
     assert eng.drain()
-    assert srv.get("configmaps", "inference", "deps")["data"] == {"mode": "fallback"}
+    assert srv.get("configmaps", "inference", "deps")["data"] == {"web.mode": "fallback"}   # that workload's key only
     # the state clears: the hold period starts at the first evaluation that sees it clear
-    store.write_ticks("gpu-1", [Tick(t0 + 10 + i, [Sample("triscope_mismatch_state", 0.0, {"state": "network-bound", "gpu": "0"})])
+    store.write_ticks("gpu-1", [Tick(t0 + 10 + i, [Sample("triscope_mismatch_state", 0.0, {"state": "network-bound", "gpu": "0", **wl})])
                                 for i in range(6)], rollup=False)
     assert eng.evaluate_triggers(t0 + 15) == 0
     assert audit.active_fallbacks(store)[0].clear_since == pytest.approx(t0 + 15)

@@ -114,3 +114,82 @@ def test_engine_refuses_malformed_policy_at_start(tmp_path: Path) -> None:
                          timeout=60)
     assert res.returncode == 2
     assert f"policy refused: {bad}:12: rules[0].dry_run: must be true or false" in res.stderr
+
+
+# Targets only from the verdict: a per-accelerator trigger acts on what it names, or not at all -----
+NODES = "  namespaces: [inference]\n  node_names: [gpu-*]\n"
+FROM_VERDICT = "{namespace: {label: namespace}, deployment: {from: workload}}"
+
+
+def _rule(trigger: str, action: str, target: str, params: str = "") -> str:
+    return (f"  - name: v\n    trigger: {trigger}\n    action: {action}\n    target: {target}\n"
+            + (f"    params: {params}\n" if params else ""))
+
+
+@pytest.mark.parametrize("trigger,action,target,params,needle", [
+    # the workload: from the verdict, never a name or another label
+    ("{mismatch: staging-bound}", "rolling_restart", "{namespace: {label: namespace}, deployment: web}", "",
+     "target.deployment: a mismatch trigger acts only on the workload it names"),
+    ("{mismatch: staging-bound}", "rolling_restart", "{namespace: {label: namespace}, deployment: {label: app}}", "",
+     "target.deployment: a mismatch trigger acts only on the workload it names"),
+    ("{metric: triscope_gpu_pcie_replays_total, threshold: 1}", "rolling_restart",
+     "{namespace: {label: namespace}, deployment: web}", "",
+     "a per-accelerator metric trigger (triscope_gpu_pcie_replays_total) acts only on the workload it names"),
+    ("{xid: [79]}", "rolling_restart", "{namespace: inference, deployment: {label: deployment}}", "",
+     "target.deployment: an xid trigger acts only on the workload it names"),
+    # its namespace: the verdict's
+    ("{mismatch: network-bound}", "rolling_restart", "{namespace: inference, deployment: {from: workload}}", "",
+     "target.namespace: a mismatch trigger acts only in its workload's namespace"),
+    ("{mismatch: network-bound}", "rolling_restart", "{namespace: {label: team}, deployment: {from: workload}}", "",
+     "target.namespace: a mismatch trigger acts only in its workload's namespace"),
+    # the node: the one it fired on, never a name or a default
+    ("{xid: [79]}", "reschedule", "{node: gpu-1, " + FROM_VERDICT[1:], "",
+     "target.node: an xid trigger acts only on the node it fired on"),
+    ("{xid: [79]}", "reschedule", "{node: {label: node, default: gpu-1}, " + FROM_VERDICT[1:], "",
+     "target.node.default: an xid trigger acts only on the node it fired on"),
+    # a ConfigMap fallback switches that workload's dependency, not the namespace's
+    ("{mismatch: network-bound}", "dependency_fallback", "{namespace: {label: namespace}}",
+     "{configmap: deps, key: mode}", "a ConfigMap fallback needs deployment: {from: workload}"),
+    ("{mismatch: network-bound}", "dependency_fallback", FROM_VERDICT, "{configmap: deps, key: mode}",
+     "params: a mismatch trigger switches one workload's dependency, not a namespace's"),
+    # a node-wide metric names no workload
+    ("{metric: triscope_tcp_retransmits_total, threshold: 50}", "rolling_restart", FROM_VERDICT, "",
+     "action: triscope_tcp_retransmits_total is node-wide (no gpu, npu or workload label): it names no workload"),
+    ("{metric: triscope_tcp_retransmits_total, threshold: 50}", "command", "{node: gpu-1}", "{argv: ['true']}",
+     "target.node: a node-wide trigger acts on the node it fired on"),
+])
+def test_a_per_accelerator_trigger_takes_its_targets_from_the_verdict(trigger: str, action: str, target: str,
+                                                                      params: str, needle: str) -> None:
+    with pytest.raises(PolicyError) as e:
+        parse_policy(policy_text(_rule(trigger, action, target, params), NODES), "p.yaml")
+    assert str(e.value).startswith("p.yaml:") and e.value.line > 0
+    assert needle in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("trigger,action,target,params", [
+    ("{mismatch: staging-bound}", "rolling_restart", FROM_VERDICT, ""),
+    ("{mismatch: network-bound}", "dependency_fallback", FROM_VERDICT, "{configmap: deps, key: '{deployment}.mode'}"),
+    ("{mismatch: network-bound}", "dependency_fallback", FROM_VERDICT, "{configmap: '{deployment}-deps', key: mode}"),
+    ("{xid: [79]}", "reschedule", "{node: {label: node}, " + FROM_VERDICT[1:], ""),
+    ("{metric: triscope_tcp_retransmits_total, threshold: 50}", "command", "{node: {label: node}}", "{argv: ['true']}"),
+    # explicit targets stay for alerts and an application's own metrics, inside the allow-lists
+    ("{alert: A}", "rolling_restart", "{namespace: inference, deployment: web}", ""),
+    ("{metric: http_requests_in_flight, threshold: 100}", "rolling_restart", "{namespace: inference, deployment: web}",
+     ""),
+])
+def test_targets_the_trigger_names_are_accepted(trigger: str, action: str, target: str, params: str) -> None:
+    pol = parse_policy(policy_text(_rule(trigger, action, target, params), NODES), "p.yaml")
+    assert pol.rule("v").action == action
+
+
+def test_a_per_workload_fallback_switches_only_that_workloads_key() -> None:
+    from triscope.remediation.actions import per_workload
+    from triscope.remediation.triggers import target_key
+
+    pol = parse_policy(policy_text(_rule("{mismatch: network-bound}", "dependency_fallback", FROM_VERDICT,
+                                         "{configmap: deps, key: '{deployment}.mode'}"), NODES), "p.yaml")
+    r = pol.rule("v")
+    a = target_key(r, {"namespace": "inference", "deployment": "web"})
+    b = target_key(r, {"namespace": "inference", "deployment": "ocr"})
+    assert a[0] == "configmap/inference/deps/web.mode" and a != b     # own cooldowns, own fallbacks
+    assert per_workload("{deployment}-deps", {"deployment": "ocr"}) == "ocr-deps"
