@@ -68,6 +68,7 @@ from triscope.analysis.features import (
 from triscope.analysis.reader import label_name
 from triscope.analysis.verdict import IO_STATES, STATES, Verdict, classify_window
 from triscope.samples import EventRecord, Sample
+from triscope.vocabulary import accelerator_name
 
 _KIND = {GPU_INFO: "info", GPU_BUSY: "busy", NPU_BUSY: "busy", PCIE_RX: "rx", PCIE_TX: "tx", CPU_BUSY: "cpu", PRESSURE: "psi",
          DMA_MAPS: "dma", RETRANSMITS: "rtx", **dict.fromkeys(WORKLOAD_FIELDS, "wl")}
@@ -350,8 +351,12 @@ class MismatchTracker:
             d = self._acc_dwell.get(av.accelerator)
             if d is None:
                 d = self._acc_dwell[av.accelerator] = _Dwell()
+            before = d.state
             reported = d.update(now, av.state, dwell)
             labels = {**av.labels, **av.workload}
+            if reported != before and (before is not None or reported in IO_STATES):
+                out.append(accelerator_event(now, before, reported, av.score, labels,
+                                             av.evidence.get("reasons", []) if reported == av.state else []))
             out.append(Sample("triscope_mismatch_score", av.score, labels, "gauge"))
             out.extend(Sample("triscope_mismatch_state", 1.0 if st == reported else 0.0, {"state": st, **labels}, "gauge")
                        for st in STATES)
@@ -381,6 +386,19 @@ class MismatchTracker:
             self.pin_churn = verdict.pin_churn
         self.last = verdict
         return out
+
+
+def accelerator_event(now: float, before: str | None, state: str, score: float, labels: dict[str, str],
+                      reasons: Sequence[str]) -> EventRecord:
+    """``accelerator_state``: one accelerator's reported state changed; its labels (accelerator and
+    the workload the verdict names) and the verdict's own reasons, which the engine's Kubernetes
+    Events quote (remediation/verdict_events.py)."""
+    acc = accelerator_name(labels) or "accelerator"
+    wl = labels.get("workload") or (f"{labels.get('namespace', '')}/{labels['pod']}" if labels.get("pod") else "")
+    msg = f"{acc} {before or 'unknown'} -> {state}" + (f" ({wl})" if wl else "") + f", score {score:.2f}"
+    return EventRecord("accelerator_state", msg, "warning" if state in IO_STATES else "info",
+                       {"from": before, "to": state, "score": round(score, 3), "labels": dict(labels),
+                        "reasons": list(reasons)[:4]}, now)
 
 
 def run_over(ticks: Sequence[tuple[float, Sequence[Sample]]], thresholds: MismatchThresholds | None = None

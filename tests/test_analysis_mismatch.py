@@ -157,9 +157,15 @@ def test_online_tracker_follows_the_phases() -> None:
         share = got.count(exp) / len(got)
         assert share >= 0.9, (name, exp, state_fractions_list(got))
     assert all(churn_flags["pin_churn"]) and not any(churn_flags["matmul"])
-    assert all(e.kind == "mismatch_state" for e in events)
-    assert {e.details["to"] for e in events} >= {"idle", "io-saturated", "staging-bound", "compute-bound"}
-    assert any(e.details["pin_churn"] for e in events)
+    assert {e.kind for e in events} == {"mismatch_state", "accelerator_state"}
+    node = [e for e in events if e.kind == "mismatch_state"]
+    assert {e.details["to"] for e in node} >= {"idle", "io-saturated", "staging-bound", "compute-bound"}
+    assert any(e.details["pin_churn"] for e in node)
+    # each accelerator's own changes, with the verdict's reasons for an I/O state
+    acc = [e for e in events if e.kind == "accelerator_state"]
+    assert {e.details["to"] for e in acc} >= {"io-saturated", "staging-bound", "compute-bound"}
+    assert all(e.details["reasons"] for e in acc if e.details["to"] in ("io-saturated", "staging-bound"))
+    assert all(e.details["labels"].get("gpu") == "0" for e in acc)
     assert statistics.median(durations) < 1e-3
 
 
@@ -301,7 +307,7 @@ def test_tracker_goes_straight_from_idle_to_io_saturated() -> None:
                                       Sample("triscope_pcie_link_speed_gts", 32.0, {"device": "0000:00:06.0", "kind": "current"}),
                                       Sample("triscope_pcie_link_width", 16.0, {"device": "0000:00:06.0", "kind": "current"})])
         seen.append(tr.state)
-        events += [o for o in out if isinstance(o, EventRecord)]
+        events += [o for o in out if isinstance(o, EventRecord) and o.kind == "mismatch_state"]
     assert "staging-bound" not in seen and seen[-1] == "io-saturated"
     assert [e.details["to"] for e in events] == ["idle", "io-saturated"]
     # the state follows the window's median tick: idle here, although the mean link load is 30 %

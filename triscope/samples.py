@@ -63,6 +63,7 @@ EVENT_KINDS = {
     "iommu_fault": "IOMMU I/O page fault",
     "retransmit_burst": "TCP retransmits above the burst threshold in one tick (top peers in details)",
     "mismatch_state": "the node's coordination-mismatch state changed",
+    "accelerator_state": "one accelerator's verdict changed (its workload, the verdict's reasons in details)",
     "remediation": "a remediation decision (acted, dry-run, suppressed, failed)",
     "collector": "a collector or probe changed state (went down, came back)",
     "gpu_lost": "a GPU fell off the bus / stopped answering",
