@@ -64,6 +64,7 @@ from triscope.remediation.triggers import (
     stored_data_events,
     target_key,
 )
+from triscope.remediation.verdict_events import VerdictEvents
 from triscope.remediation.workloads import WorkloadResolver, pods_in_series
 from triscope.samples import EventRecord, parse_label_key
 from triscope.store import audit
@@ -132,6 +133,10 @@ class Engine:
             audit.active_fallbacks(store))
         self._nodes_cache: tuple[float, int] = (0.0, 0)
         self.workloads = WorkloadResolver(store, kube, ttl_s=policy.settings.workload_ttl_s)
+        ks = policy.settings.kubernetes
+        self.verdict_events = VerdictEvents(store, kube, namespaces=policy.settings.namespaces,
+                                            events_namespace=ks.events_namespace, stale_s=self.stale_s) \
+            if kube is not None and ks.events and ks.verdict_events else None
 
     # intake ------------------------------------------------------------------------------------------
     def _mark(self, events: list[TriggerEvent], delta: int) -> None:
@@ -630,6 +635,13 @@ class Engine:
                 audit.update_fallback(self.store, fb.id, clear_since=now)
             elif held and fb.clear_since is not None:
                 audit.update_fallback(self.store, fb.id, clear_since=None)
+
+    def announce_verdicts(self, now: float | None = None) -> int:
+        """Scheduler job: Kubernetes Events on the pod and node for each verdict that would page, and
+        when it ends (remediation/verdict_events.py); the leader only."""
+        if self.verdict_events is None or (self.leader is not None and not self.leader.is_leader):
+            return 0
+        return self.verdict_events.evaluate(now)
 
     def refresh_workloads(self, now: float | None = None) -> int:
         """Scheduler job: resolve the pods the agent's per-accelerator series name (workload label left

@@ -14,3 +14,7 @@ BREAKER_OPEN = Gauge("triscope_remediation_breaker_open", "1 while the remediati
 IN_FLIGHT = Gauge("triscope_remediation_actions_in_flight", "Remediation actions running now.", registry=REGISTRY)
 LEADER = Gauge("triscope_remediation_leader", "1 while this engine holds the leader lease (or runs alone).",
                registry=REGISTRY)
+VERDICT_EVENTS = Counter(
+    "triscope_remediation_verdict_events", "Kubernetes Events about the verdict (remediation/verdict_events.py) by "
+    "outcome: posted, deduplicated (the same Event within 10 minutes), rate_limited (the object's token bucket), "
+    "failed.", ["outcome"], registry=REGISTRY)

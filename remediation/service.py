@@ -51,6 +51,10 @@ def build_scheduler(engine: Engine) -> Any:
     sched.add_job(_db_guarded(engine.resume_inbox), "interval", seconds=max(5.0, s.evaluate_interval_s), id="resume-inbox",
                   name="decide triggers left undecided in the inbox")
     sched.add_job(_db_guarded(engine.prune), "interval", seconds=3600, id="prune-deliveries", name="forget old deliveries")
+    if engine.verdict_events is not None:
+        sched.add_job(_db_guarded(engine.announce_verdicts), "interval", seconds=s.evaluate_interval_s,
+                      id="verdict-events", name="post the verdicts that would page as Kubernetes Events",
+                      next_run_time=now)
     if engine.kube is not None:
         sched.add_job(_db_guarded(engine.refresh_workloads), "interval", seconds=max(30.0, s.evaluate_interval_s),
                       id="resolve-workloads", name="resolve the pods of stored series to their workloads",

@@ -78,6 +78,7 @@ class KubeSettings:
     verify_ssl: bool = True
     events: bool = True
     events_namespace: str = "default"
+    verdict_events: bool = True     # Events on the pod and node when a verdict would page (verdict_events.py)
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,7 @@ class KubernetesModel(ConfigModel):
     verify_ssl: bool = True
     events: bool = True
     events_namespace: Text = "default"
+    verdict_events: bool = True
 
     @model_validator(mode="after")
     def _url_given(self) -> KubernetesModel:
@@ -201,7 +203,7 @@ class SettingsModel(ConfigModel):
             evaluate_interval_s=max(0.2, self.evaluate_interval), dedupe_retention_s=self.dedupe_retention,
             engine_id=self.engine_id or f"{socket.gethostname()}-{os.getpid()}",
             kubernetes=KubeSettings(k.mode, k.kubeconfig, k.context, k.url, k.token_file, k.ca_file, k.verify_ssl,
-                                    k.events, k.events_namespace),
+                                    k.events, k.events_namespace, k.verdict_events),
             leader_election=LeaderSettings(le.enabled, le.namespace, le.lease, le.lease_duration, le.renew_every),
             workers=self.workers, slo_file=slo_file, node_names=tuple(self.node_names or ()),
             node_selector=self.node_selector, workload_ttl_s=self.workload_ttl)
