@@ -142,6 +142,16 @@ class RescheduleParams(ConfigModel):
     cordon: bool = True
 
 
+class IsolateAcceleratorParams(ConfigModel):
+    """``isolate_accelerator``: take the one accelerator the trigger names out of service — evict the
+    pods that hold it (``evict``, PodDisruptionBudgets respected for ``eviction_timeout``) and mark it
+    tainted on its node; untainted once its verdict has been healthy for ``untaint_after``."""
+
+    eviction_timeout: Duration = 120.0
+    untaint_after: Annotated[Duration, AfterValidator(_positive)] = 600.0
+    evict: bool = True
+
+
 class CommandParams(ConfigModel):
     """``command``: the argv fixed in the policy (no shell), killed after ``timeout``."""
 
@@ -153,6 +163,7 @@ ACTION_PARAMS: dict[str, type[ConfigModel]] = {
     "rolling_restart": RollingRestartParams,
     "dependency_fallback": DependencyFallbackParams,
     "reschedule": RescheduleParams,
+    "isolate_accelerator": IsolateAcceleratorParams,
     "command": CommandParams,
 }
 """Each action's params model."""
@@ -580,6 +591,105 @@ def reschedule(ctx: ActionContext) -> ActionResult:
                         resp, issued_ts=time.time())
 
 
+# one accelerator out of service ------------------------------------------------------------------
+def pods_on_accelerator(store: StoreReader, node: str, accelerator: str, now: float,
+                        stale_s: float = 120.0) -> list[tuple[str, str]]:
+    """(namespace, pod) of every pod the agent attributed to ``accelerator`` of ``node`` (from the kubelet's
+    pod-resources, on its per-accelerator verdict series) within the last ``stale_s``."""
+    from triscope.vocabulary import accelerator_labels
+
+    out: set[tuple[str, str]] = set()
+    acc = accelerator_labels(accelerator)
+    for sd in store.query("triscope_mismatch_state", node=node, labels=acc, start=now - stale_s, end=now + 5.0,
+                          max_points=None):
+        lab = sd.info.labels
+        if all(lab.get(a) == v for a, v in acc.items()) and lab.get("pod") and lab.get("namespace") and sd.ts:
+            out.add((str(lab["namespace"]), str(lab["pod"])))
+    return sorted(out)
+
+
+def isolate_accelerator(ctx: ActionContext) -> ActionResult:
+    node_name, acc = ctx.target["node"], ctx.target["accelerator"]
+    p = ctx.params
+    if ctx.settings is not None and not ctx.settings.node_name_allowed(node_name):
+        return ActionResult("suppressed", f"node {node_name} is not in the node allow-list "
+                            f"({ctx.settings.describe_nodes()})", {"node": node_name}, rail="node")
+    now = _decided(ctx)
+    allowed = tuple(getattr(ctx.settings, "namespaces", ()) or ())
+    holders = pods_on_accelerator(ctx.store, node_name, acc, now)
+    pods = [(ns, pod) for ns, pod in holders if not allowed or ns in allowed] if p.get("evict", True) else []
+    resp: dict[str, Any] = {"node": node_name, "accelerator": acc, "pods": [f"{ns}/{pod}" for ns, pod in pods],
+                            "outside_allow_list": [f"{ns}/{pod}" for ns, pod in holders
+                                                   if allowed and ns not in allowed]}
+    what = f"{acc} on {node_name}"
+    if ctx.dry_run and ctx.kube is None:
+        return ActionResult("dry_run", f"would taint {what} and evict {len(pods)} pod(s) holding it (live state not "
+                            "checked: no Kubernetes API configured)", {**resp, "checked": False})
+    kube = ctx.need_kube()
+    try:
+        node = kube.get_node(node_name)
+    except k.NotFound:
+        return ActionResult("suppressed", f"there is no node {node_name}", {"node": node_name}, rail="node")
+    refusal = _node_refusal(ctx, node)
+    if refusal:
+        return ActionResult("suppressed", refusal, {"node": node_name}, rail="node")
+    if ctx.dry_run:
+        return ActionResult("dry_run", f"would taint {what} and evict {len(pods)} pod(s) holding it: "
+                            + (", ".join(resp["pods"]) or "none"), resp)
+    taint = {"effect": "NoSchedule", "state": ctx.target.get("state", ""), "since": _iso(now), "since_ts": now,
+             "rule": ctx.rule_name, "untaint_after": float(p.get("untaint_after", 600.0)), "by": CORDON_OWNER}
+    resp["taint"] = kube.set_device_taint(node_name, acc, taint)
+    ctx.on_issued(time.time())
+    evictions = []
+    deadline = time.monotonic() + float(p.get("eviction_timeout", 120.0))
+    for ns, pod in pods:
+        try:
+            evictions.append({"namespace": ns, **kube.evict(ns, pod, timeout=max(0.5, deadline - time.monotonic()))})
+        except k.EvictionBlocked as e:
+            evictions.append({"namespace": ns, "pod": pod, "evicted": False, "error": str(e)})
+            resp["evictions"] = evictions
+            return ActionResult("failed", str(e), resp, issued_ts=time.time())
+    resp["evictions"] = evictions
+    return ActionResult("acted", f"tainted {what}, evicted {len(pods)} pod(s) holding it"
+                        + (f" ({', '.join(resp['pods'])})" if pods else "") + "; the node's other accelerators and "
+                        "their pods untouched", resp, issued_ts=time.time())
+
+
+def untaint_healthy_accelerators(store: StoreReader, kube: k.KubeAdapter, now: float, stale_s: float,
+                                 events_namespace: str | None) -> list[dict[str, Any]]:
+    """Remove each device taint triscope set whose accelerator's verdict has been healthy (no I/O state)
+    for its ``untaint_after`` and is still published; an Event on the node for each."""
+    from triscope.vocabulary import IO_STATES
+
+    out = []
+    for node in kube.list_nodes():
+        name = node["metadata"]["name"]
+        for acc, entry in kube.device_taints(node).items():
+            if entry.get("by") != CORDON_OWNER:
+                continue
+            after = float(entry.get("untaint_after") or 600.0)
+            since = float(entry.get("since_ts") or 0.0)
+            if now - since < after:
+                continue
+            runs = [r for r in store.verdict_runs(name, now - after, now) if r.accelerator == acc]
+            bad = [r for r in runs if r.state in IO_STATES and r.end >= now - after]
+            published = any(r.end >= now - stale_s for r in runs)
+            if bad or not published:
+                continue
+            res = kube.set_device_taint(name, acc, None)
+            state = runs[-1].state if runs else "?"
+            msg = f"{acc}: verdict healthy ({state}) for {after:g}s: untainted"
+            log.info("remediation: node %s %s", name, msg)
+            if events_namespace is not None:
+                try:
+                    kube.post_event(events_namespace, {"kind": "Node", "apiVersion": "v1", "name": name},
+                                    reason="AcceleratorUntainted", message=msg)
+                except k.KubeError as e:
+                    log.warning("remediation: Event for the untaint of %s on %s: %s", acc, name, e)
+            out.append({**res, "message": msg})
+    return out
+
+
 # command -----------------------------------------------------------------------------------------
 def command(ctx: ActionContext) -> ActionResult:
     argv = list(ctx.params["argv"])
@@ -606,5 +716,5 @@ def command(ctx: ActionContext) -> ActionResult:
 
 RUNNERS: dict[str, Callable[[ActionContext], ActionResult]] = {
     "rolling_restart": rolling_restart, "dependency_fallback": dependency_fallback,
-    "reschedule": reschedule, "command": command,
+    "reschedule": reschedule, "isolate_accelerator": isolate_accelerator, "command": command,
 }

@@ -335,7 +335,8 @@ class Engine:
         if br.reset_at is not None and ev.started_at < br.reset_at:
             return "stale", "trigger started before the last circuit-breaker reset: not replayed", None
         ns = tinfo.get("namespace")
-        on_host = rule.action == "command" or rule.knobs_file   # no Kubernetes object: bound only when it names one
+        # no namespaced object: bound only when it names one (isolate_accelerator evicts pods of allowed namespaces only)
+        on_host = rule.action in ("command", "isolate_accelerator") or rule.knobs_file
         if not on_host and ns not in s.namespaces:
             return "namespace", f"namespace {ns!r} is not in the allow-list {list(s.namespaces)}", None
         if on_host and ns and s.namespaces and ns not in s.namespaces:
@@ -642,6 +643,15 @@ class Engine:
         if self.verdict_events is None or (self.leader is not None and not self.leader.is_leader):
             return 0
         return self.verdict_events.evaluate(now)
+
+    def untaint_accelerators(self, now: float | None = None) -> int:
+        """Scheduler job: untaint each accelerator ``isolate_accelerator`` took out of service once its verdict
+        has been healthy for the rule's ``untaint_after`` (remediation/actions.py); the leader only."""
+        if self.kube is None or self.dry_run or (self.leader is not None and not self.leader.is_leader):
+            return 0
+        events = self.settings.kubernetes.events_namespace if self.settings.kubernetes.events else None
+        return len(act.untaint_healthy_accelerators(self.store, self.kube, time.time() if now is None else now,
+                                                    self.stale_s, events))
 
     def refresh_workloads(self, now: float | None = None) -> int:
         """Scheduler job: resolve the pods the agent's per-accelerator series name (workload label left

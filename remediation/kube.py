@@ -25,6 +25,10 @@ log = logging.getLogger(__name__)
 RESTARTED_AT = "kubectl.kubernetes.io/restartedAt"  # what `kubectl rollout restart` sets
 CORDONED_BY = "triscope.io/cordoned-by"
 CORDONED_AT = "triscope.io/cordoned-at"
+DEVICE_TAINTS = "triscope.io/device-taints"
+"""A Node annotation: JSON ``{accelerator: {effect, state, since, rule, untaint_after, by}}``, the devices of
+that node triscope took out of service (``isolate_accelerator``).  What a scheduler extender or a device
+plugin's health check reads; removed entry by entry once the verdict has been healthy long enough."""
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 CONTROL_PLANE_KEYS = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
 BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
@@ -507,6 +511,44 @@ class KubeAdapter:
                 continue
             return {"node": name, "result": "cordoned"}
         raise Conflict(f"node {name} kept changing while cordoning it", status=409)
+
+    def device_taints(self, node: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        """The devices of ``node`` triscope tainted (its ``DEVICE_TAINTS`` annotation; {} when none or unreadable)."""
+        raw = (node.get("metadata", {}).get("annotations") or {}).get(DEVICE_TAINTS)
+        try:
+            got = json.loads(raw) if raw else {}
+        except ValueError:
+            return {}
+        return {str(a): v for a, v in got.items() if isinstance(v, dict)} if isinstance(got, dict) else {}
+
+    def set_device_taint(self, name: str, accelerator: str, taint: dict[str, Any] | None) -> dict[str, Any]:
+        """Add (``taint``) or remove (None) one device's entry in the node's ``DEVICE_TAINTS`` annotation;
+        read-modify-replace on resourceVersion, retried on a conflict.  The node's own taints, cordon
+        and other annotations are left as they are."""
+        for _ in range(5):
+            node = self.get_node(name)
+            taints = self.device_taints(node)
+            before = taints.get(accelerator)
+            if taint is None and before is None:
+                return {"node": name, "accelerator": accelerator, "result": "not_tainted"}
+            if taint is not None and before is not None:
+                return {"node": name, "accelerator": accelerator, "result": "already_tainted", "taint": before}
+            if taint is None:
+                taints.pop(accelerator, None)
+            else:
+                taints[accelerator] = taint
+            ann = dict(node.get("metadata", {}).get("annotations") or {})
+            if taints:
+                ann[DEVICE_TAINTS] = json.dumps(taints, sort_keys=True)
+            else:
+                ann.pop(DEVICE_TAINTS, None)
+            node["metadata"]["annotations"] = ann
+            try:
+                self._call(self.core.replace_node, name, node)
+            except Conflict:
+                continue
+            return {"node": name, "accelerator": accelerator, "result": "tainted" if taint is not None else "untainted"}
+        raise Conflict(f"node {name} kept changing while setting its device taints", status=409)
 
     def uncordon(self, name: str, *, by: str) -> dict[str, Any]:
         """Undo our own cordon; never uncordons a node cordoned by someone else."""

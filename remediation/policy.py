@@ -39,6 +39,7 @@ from triscope.remediation.actions import (
     PER_WORKLOAD,
     CommandParams,
     DependencyFallbackParams,
+    IsolateAcceleratorParams,
     KubeName,
     RescheduleParams,
     RollingRestartParams,
@@ -57,20 +58,21 @@ from triscope.remediation.settings import (
 )
 from triscope.remediation.workloads import QUIET_STATES
 
-ACTIONS = ("rolling_restart", "dependency_fallback", "reschedule", "command")
+ACTIONS = ("rolling_restart", "dependency_fallback", "reschedule", "isolate_accelerator", "command")
 TRIGGER_KINDS = ("alert", "metric", "mismatch", "slo", "xid")
 # target fields each action needs
 ACTION_TARGETS: dict[str, tuple[str, ...]] = {
     "rolling_restart": ("namespace", "deployment"),
     "dependency_fallback": ("namespace",),
     "reschedule": ("node", "namespace", "deployment"),
+    "isolate_accelerator": ("node",),        # + the accelerator the trigger names (resolve_rule_target)
     "command": (),
 }
 TARGET_FIELDS = ("namespace", "deployment", "node", "workload")   # workload: a knobs file's (filefallback.py)
 # states of the per-accelerator verdict (docs/workloads.md section 2); the quiet ones never trigger
 MISMATCH_STATES = ("idle", "demand-limited", "compute-bound", "balanced", "io-saturated", "staging-bound",
                    "network-bound")
-NODE_ACTIONS = ("reschedule",)   # actions that cordon or drain a Kubernetes node: bounded by the node allow-list
+NODE_ACTIONS = ("reschedule", "isolate_accelerator")   # actions that cordon, drain or taint on a node: node allow-list
 _ACCELERATOR_LABELS = ("gpu", "npu", "workload")
 
 
@@ -423,6 +425,9 @@ class _RuleModel(ConfigModel):
         scope = self._trigger_scope()
         if scope == "node":
             self._node_wide_trigger()
+        if self.action == "isolate_accelerator" and scope != "verdict":
+            raise problem("isolate_accelerator acts on the one accelerator a trigger names: use a mismatch, xid or "
+                          "per-accelerator metric trigger (an alert or a node-wide metric names none)", "action")
         for need in ACTION_TARGETS.get(self.action, ()):
             if getattr(self.target, need) is None:
                 raise problem(f"action {self.action} needs target.{need} (a name or {{label: LABEL}})", "target")
@@ -526,6 +531,11 @@ class RescheduleRule(_RuleModel):
     params: RescheduleParams = RescheduleParams()
 
 
+class IsolateAcceleratorRule(_RuleModel):
+    action: Literal["isolate_accelerator"]
+    params: IsolateAcceleratorParams = IsolateAcceleratorParams()
+
+
 class CommandRule(_RuleModel):
     action: Literal["command"]
     params: CommandParams
@@ -549,7 +559,8 @@ def _rule_action(value: Any) -> str:
 RuleModel = Annotated[
     Annotated[RollingRestartRule, variant("rolling_restart")]
     | Annotated[DependencyFallbackRule, variant("dependency_fallback")]
-    | Annotated[RescheduleRule, variant("reschedule")] | Annotated[CommandRule, variant("command")]
+    | Annotated[RescheduleRule, variant("reschedule")]
+    | Annotated[IsolateAcceleratorRule, variant("isolate_accelerator")] | Annotated[CommandRule, variant("command")]
     | Annotated[_UnknownActionRule, variant("unknown action")],
     Discriminator(_rule_action)]
 

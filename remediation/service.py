@@ -51,6 +51,9 @@ def build_scheduler(engine: Engine) -> Any:
     sched.add_job(_db_guarded(engine.resume_inbox), "interval", seconds=max(5.0, s.evaluate_interval_s), id="resume-inbox",
                   name="decide triggers left undecided in the inbox")
     sched.add_job(_db_guarded(engine.prune), "interval", seconds=3600, id="prune-deliveries", name="forget old deliveries")
+    if engine.kube is not None and any(r.action == "isolate_accelerator" for r in engine.policy.rules):
+        sched.add_job(_db_guarded(engine.untaint_accelerators), "interval", seconds=max(5.0, s.evaluate_interval_s),
+                      id="untaint-accelerators", name="untaint accelerators whose verdict is healthy again")
     if engine.verdict_events is not None:
         sched.add_job(_db_guarded(engine.announce_verdicts), "interval", seconds=s.evaluate_interval_s,
                       id="verdict-events", name="post the verdicts that would page as Kubernetes Events",

@@ -42,6 +42,7 @@ from triscope.remediation.workloads import (
     target_owner,
 )
 from triscope.store.reader import SeriesData, StoreReader
+from triscope.vocabulary import accelerator_name
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +136,12 @@ def resolve_rule_target(rule: Rule, labels: dict[str, str], resolver: WorkloadRe
     target, err = resolve_target(rule, labels)
     if err:
         return TargetResolution(target, err)
+    if rule.action == "isolate_accelerator":
+        acc = accelerator_name(labels)
+        if not acc:
+            return TargetResolution(target, "the trigger names no accelerator (no gpu or npu label): nothing to isolate")
+        target["accelerator"] = acc
+        target["state"] = str(labels.get("state") or rule.trigger.state or rule.trigger.kind)
     fld = rule.workload_field
     if fld is None:
         return TargetResolution(target)
@@ -163,6 +170,9 @@ def target_key(rule: Rule, target: dict[str, str]) -> tuple[str, str]:
         p = rule.params
         cm, key = per_workload(p["configmap"], target), per_workload(p["key"], target)
         return f"configmap/{target['namespace']}/{cm}/{key}", f"configmap {target['namespace']}/{cm} key {key}"
+    if a == "isolate_accelerator":
+        return (f"accelerator/{target['node']}/{target['accelerator']}",
+                f"{target['accelerator']} on node {target['node']}")
     if a == "reschedule":
         return (f"node/{target['node']}/deployment/{target['namespace']}/{target['deployment']}",
                 f"deployment {target['namespace']}/{target['deployment']} off node {target['node']}")

@@ -9,6 +9,7 @@ verdict's reasons)."""
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -192,3 +193,68 @@ def test_page_after_is_the_shipped_alerts_for() -> None:
             if "alert" in r}
     assert {"io-saturated": fors["TriscopeIOSaturated"], "staging-bound": fors["TriscopeStagingBound"],
                             "network-bound": fors["TriscopeNetworkBound"]} == PAGE_AFTER_S
+
+
+# One accelerator out of service: its pods drained, it alone tainted, untainted once healthy ------------
+ISOLATE = """  - name: isolate
+    trigger: {mismatch: staging-bound, for: 60s}
+    action: isolate_accelerator
+    target: {node: {label: node}}
+    params: {eviction_timeout: 10s, untaint_after: 120s}
+"""
+
+
+def test_a_staging_verdict_on_gpu_1_drains_and_taints_gpu_1_only(store: Any, srv: KubeTestServer) -> None:
+    from triscope.remediation import actions as act
+    from triscope.store import audit
+
+    srv.add_deployment("inference", "web", replicas=1, nodes=["node-a"])     # holds GPU 0
+    srv.add_deployment("inference", "llm", replicas=1, nodes=["node-a"])     # holds GPU 1
+    web = srv.pods_of("inference", "web")[0]["metadata"]["name"]
+    llm = srv.pods_of("inference", "llm")[0]["metadata"]["name"]
+    now = time.time()       # the engine checks at decision time that the condition still holds
+    ticks = [Tick(now - 90 + i * 5, [
+        Sample("triscope_mismatch_state", 1.0, {"gpu": "0", "state": "demand-limited", "namespace": "inference",
+                                                 "pod": web, "workload": "Deployment/web"}),
+        Sample("triscope_mismatch_state", 1.0, {"gpu": "1", "state": "staging-bound", "namespace": "inference",
+                                                 "pod": llm, "workload": "Deployment/llm"})]) for i in range(19)]
+    store.write_ticks("node-a", ticks, rollup=False)
+    kube = k.KubeAdapter.connect(url=srv.url, token=TOKEN)
+    eng = Engine(store, parse_policy(policy_text(ISOLATE, SETTINGS + "  node_names: [node-*]\n"), "p.yaml"), kube=kube)
+    try:
+        assert eng.evaluate_triggers(now) == 1            # one episode: GPU 1's
+        assert eng.drain(30)
+        row = audit.audit_log(store, limit=1)[0]
+        assert row.outcome == "acted", row.reason
+        assert row.target == "gpu=1 on node node-a"
+        evicted = [r.path.split("/pods/")[1].split("/")[0] for r in srv.calls("POST", "/eviction")]
+        assert evicted == [llm]                            # the GPU 0 pod is untouched
+        assert [p["metadata"]["name"] for p in srv.pods_of("inference", "web")] == [web]
+        node = srv.get("nodes", "", "node-a")
+        taints = kube.device_taints(node)
+        assert set(taints) == {"gpu=1"} and taints["gpu=1"]["state"] == "staging-bound"
+        assert not node["spec"].get("unschedulable")      # not cordoned: a GPU-sized fault
+        assert [(e.involved_object.kind, e.reason) for e in _kubectl_events(srv, "triscope")] == [
+            ("Node", "RemediationActed")]
+        # GPU 1 healthy again (its pod gone: idle) for less than untaint_after: the taint stays ...
+        store.write_ticks("node-a", [Tick(now + 5 + i * 5, [Sample("triscope_mismatch_state", 1.0, {
+            "gpu": "1", "state": "idle"})]) for i in range(30)], rollup=False)
+        assert eng.untaint_accelerators(now + 100) == 0
+        # ... then it goes, and the node says so
+        assert eng.untaint_accelerators(now + 150) == 1
+        assert kube.device_taints(srv.get("nodes", "", "node-a")) == {}
+        assert "AcceleratorUntainted" in {e.reason for e in _kubectl_events(srv, "triscope")}
+        assert srv.forbidden() == []                       # within the shipped RBAC
+        assert act.pods_on_accelerator(store, "node-a", "gpu=0", now) == [("inference", web)]
+    finally:
+        eng.close()
+
+
+def test_isolate_accelerator_needs_a_trigger_that_names_one() -> None:
+    from triscope.remediation.policy import PolicyError
+
+    with pytest.raises(PolicyError, match="isolate_accelerator acts on the one accelerator a trigger names"):
+        parse_policy(policy_text(ISOLATE.replace("{mismatch: staging-bound, for: 60s}", "{alert: GpuSlow}"),
+                                 SETTINGS + "  node_names: [node-*]\n"), "p.yaml")
+    with pytest.raises(PolicyError, match="node allow-list"):
+        parse_policy(policy_text(ISOLATE, SETTINGS), "p.yaml")
