@@ -399,27 +399,41 @@ class _TooLarge(Exception):
     pass
 
 
+MAX_GZIP_MEMBERS = 64
+"""A gzip body is one member from every OTLP client seen; concatenated members are legal, so a few are
+taken, but not the hundreds of thousands of empty ones a hostile sender packs into 4 MiB."""
+_CHUNK = 1 << 16
+
+
 def inflate(body: bytes, encoding: str, cap: int) -> bytes:
     """The body decoded per ``Content-Encoding``, at most ``cap`` bytes (``_TooLarge`` beyond:
-    decompression stops there); ``zlib.error`` for a corrupt or truncated stream."""
+    decompression stops there); ``zlib.error`` for a corrupt or truncated stream or more than
+    ``MAX_GZIP_MEMBERS`` gzip members.  Linear in the body: each member is fed in chunks of 64 KiB from
+    an offset (never a copy of the rest of the body per member)."""
     if encoding in ("", "identity"):
         return body
     out = bytearray()
-    data = body
+    view = memoryview(body)
     gzip = encoding in ("gzip", "x-gzip")
     wbits = 16 + zlib.MAX_WBITS if gzip else zlib.MAX_WBITS
     if not gzip and body[:1] and (body[0] & 0x0F) != 8:   # raw deflate, as some clients send it
         wbits = -zlib.MAX_WBITS
-    while data:
+    pos, members = 0, 0
+    while pos < len(body):
+        members += 1
+        if members > MAX_GZIP_MEMBERS:
+            raise zlib.error(f"more than {MAX_GZIP_MEMBERS} gzip members")
         d = zlib.decompressobj(wbits)
-        out += d.decompress(data, cap + 1 - len(out))
-        if len(out) > cap:
-            raise _TooLarge
-        if not d.eof:
-            if d.unconsumed_tail:
+        while not d.eof:
+            if pos >= len(body):
+                raise zlib.error("truncated compressed body")
+            chunk = view[pos:pos + _CHUNK]
+            out += d.decompress(chunk, cap + 1 - len(out))
+            if len(out) > cap or d.unconsumed_tail:
                 raise _TooLarge
-            raise zlib.error("truncated compressed body")
-        data = d.unused_data if gzip else b""   # gzip: further members follow
+            pos += len(chunk) - len(d.unused_data)
+        if not gzip:
+            break      # zlib / raw deflate: one stream, trailing bytes ignored as before
     return bytes(out)
 
 
