@@ -188,3 +188,34 @@ def test_a_kubelets_error_text_reaches_no_log_raw(server: PodResourcesServer) ->
     text = str(e.value)
     assert "gRPC status 14" in text and "gone" in text and "evil" in text, text
     assert text.isprintable() and "\\x1b" in text and "\\x07" in text and "\\u202e" in text, text
+
+
+def test_an_answer_past_the_caps_is_refused_quickly_and_said_once(server: PodResourcesServer,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """A misbehaving kubelet: an answer over 4 MiB, or one of more than 20,000 container devices, is
+    refused within the timeout with one warning and one event; the last good answer stands meanwhile."""
+    import time
+
+    from triscope.agent.collectors.podresources import MAX_OWNERS
+
+    w = PodResourcesWatch(server.path, timeout=2.0)
+    assert w.refresh() == [] and w.state == "ok"
+    # 25,000 devices of one container each, ~1.5 MiB: under the size cap, over the entries cap
+    many = [{"namespace": "ns", "name": f"p-{i}", "containers": [
+        {"name": "c", "devices": [{"resource_name": "nvidia.com/gpu", "device_ids": [f"GPU-{i:08d}"]}]}]}
+        for i in range(MAX_OWNERS + 5000)]
+    server.set_pods(many)
+    t0 = time.monotonic()
+    with caplog.at_level(logging.WARNING):
+        changes = w.refresh()
+    assert time.monotonic() - t0 < 2.5
+    assert changes == [("warning", f"kubelet pod-resources unavailable: pod-resources answer lists more than "
+                                   f"{MAX_OWNERS} devices of containers: not taken")]
+    assert GPU_A in w.owners                          # the last good answer stands in
+    # ~6 MiB: over the size cap, refused while it is read
+    huge = [{"namespace": "ns", "name": "p" * 200 + str(i), "containers": [
+        {"name": "c" * 200, "devices": [{"resource_name": "nvidia.com/gpu", "device_ids": ["G" * 1000]}]}]}
+        for i in range(4500)]
+    server.set_pods(huge)
+    with pytest.raises(PodResourcesError, match="larger than 4 MiB: not taken"):
+        list_pod_resources(server.path, timeout=5.0)
