@@ -147,6 +147,41 @@ def test_users_added_by_a_reload_are_checked_off_the_loop(tmp_path: Path) -> Non
         server.shutdown()
 
 
+def test_a_failed_reload_is_tried_again_without_a_file_change(tmp_path: Path,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """What made a reload fail need not show in a file's mtime or size (a key made readable, a client
+    CA created behind a symlink, a certificate and key written one after the other): the reload is
+    tried again every ``retry_s``, logged once, and taken as soon as it works."""
+    c = make_certs(tmp_path / "c")
+    cfg = tmp_path / "web.yml"
+    base = f"tls_server_config:\n  cert_file: {c.cert}\n  key_file: {c.key}\n"
+    _touch_later(cfg, base)
+    web = load(cfg)
+    web.retry_s = 0.2
+    real = web.reloader
+    calls = {"n": 0}
+
+    def flaky():  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        if calls["n"] <= 2:
+            raise WebConfigError(str(cfg), 1, "key file not readable yet")
+        return real()
+
+    web.reloader = flaky
+    hashed = bcrypt_hash("pw", rounds=4)
+    _touch_later(cfg, base + f"basic_auth_users:\n  prometheus: '{hashed}'\n")
+    with caplog.at_level(logging.ERROR):
+        assert web.refresh().startswith("kept:")
+        assert web.refresh() is None                 # within retry_s: not tried again yet
+        time.sleep(0.25)
+        assert web.refresh().startswith("kept:")     # tried again, no file changed
+        time.sleep(0.25)
+        assert web.refresh() == "reloaded" and web.auth is not None
+    assert calls["n"] == 3
+    assert len([r for r in caplog.records if "cannot be used" in r.getMessage()]) == 1
+    assert web.refresh() is None                     # working again: no more retries
+
+
 # ---------------------------------------------------------------------------------------------- caches
 def test_a_spray_of_wrong_passwords_keeps_the_right_one_cached(tmp_path: Path) -> None:
     c = make_certs(tmp_path / "c")

@@ -20,6 +20,7 @@ import os
 import re
 import ssl
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -171,6 +172,9 @@ class WebConfig:
     reloader: Any = None      # () -> WebConfig: the file loaded and checked again (triscope.webconfig)
     stamps: dict[str, tuple[int, int] | None] = field(default_factory=dict)
     reloads: int = 0
+    retry_s: float = 10.0     # a reload that failed is tried again this often, changed files or not
+    _failed_at: float | None = None
+    _failed_logged: float = -1e18
 
     def files(self) -> list[str]:
         extra = [] if self.tls is None else [self.tls.cert_file, self.tls.key_file, self.tls.client_ca_file]
@@ -191,14 +195,23 @@ class WebConfig:
         if self.reloader is None:
             return None
         now = self.stamp()
-        if now == self.stamps:
+        t = time.monotonic()
+        if now == self.stamps and (self._failed_at is None or t - self._failed_at < self.retry_s):
             return None
+        changed = now != self.stamps
         self.stamps = now
         try:
             new = self.reloader()
         except Exception as e:  # noqa: BLE001 - a broken new file never stops the listener
-            log.error("%s changed but cannot be used, still serving the previous one: %s", self.file, e)
+            # tried again every retry_s: what failed may not show in a file's mtime or size (a
+            # permission fixed, a certificate and key written one after the other, a CA file created)
+            self._failed_at = t
+            if changed or t - self._failed_logged >= 300.0:
+                self._failed_logged = t
+                log.error("%s changed but cannot be used, still serving the previous one (tried again every "
+                          "%gs): %s", self.file, self.retry_s, e)
             return f"kept: {e}"
+        self._failed_at = None
         if (new.tls is None) != (self.tls is None):
             log.error("%s: turning TLS on or off needs a restart, still serving the previous config", self.file)
             return "kept: needs a restart"
