@@ -100,3 +100,19 @@ def test_read_process_of_this_process_and_a_gone_one() -> None:
     assert me is not None and me.comm and me.owner is not None
     assert read_process("/proc", 2 ** 22 + 12345) is None
     assert clean("py\x1b[31mthon\n") == "py?[31mthon?"
+
+
+def test_names_from_outside_reach_no_page_with_bidi_or_control_characters(tmp_path: Path) -> None:
+    """A directory under /var/log/pods, a scraped target's label, a kubelet's pod name: a right-to-left
+    override (U+202E) or an escape would make the dashboard show a name reversed or coloured; each
+    becomes '?' before it is a label."""
+    from triscope.agent.collectors.scrape import ScrapeCollector
+    from triscope.textsafe import label_text
+
+    (tmp_path / f"batch_evil\u202egpj.exe_{UA}" / "w\x1b[31m").mkdir(parents=True)
+    got = read_pod_dirs(str(tmp_path))
+    assert got == {UA: PodDir("batch", "evil?gpj.exe", ("w?[31m",))}
+    sc = ScrapeCollector("http://127.0.0.1:1/metrics")
+    (s,) = sc.parse('req_total{route="/a\u202eb",code="2\u206600"} 3\n')
+    assert s.labels["route"] == "/a?b" and s.labels["code"] == "2?00"
+    assert label_text("plain-name") == "plain-name" and label_text("x" * 300) == "x" * 256

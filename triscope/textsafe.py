@@ -15,3 +15,12 @@ def one_line(text: object, limit: int = 300) -> str:
     if len(s) > limit:
         s = s[: max(0, limit - 1)] + "…"
     return s
+
+
+def label_text(text: str, limit: int = 256) -> str:
+    """A label value from outside (a scraped target, the kubelet, a log directory's name) as stored
+    and shown: every non-printable character — controls, and bidi overrides and isolates such as
+    U+202E, which would make a page show a name reversed — replaced by ``?``, cut to ``limit``."""
+    if text.isprintable() and len(text) <= limit:
+        return text
+    return "".join(ch if ch.isprintable() else "?" for ch in text[:limit])

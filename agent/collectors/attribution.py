@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from triscope.agent.collectors.cgroups import CgroupOwner, owner_of, parse_proc_cgroup
 from triscope.agent.collectors.podresources import DeviceOwner
+from triscope.textsafe import label_text
 from triscope.vocabulary import WORKLOAD_LABELS  # noqa: F401 - re-exported for the collector
 
 Workload = tuple[str, str, str, str]     # namespace, pod, container, workload
@@ -70,7 +71,7 @@ def read_pod_dirs(path: str = DEFAULT_PODS_LOG_DIR) -> dict[str, PodDir] | None:
                                       if os.path.isdir(os.path.join(path, e, c))))
         except OSError:
             containers = ()
-        out[parts[2].lower()] = PodDir(parts[0], parts[1], containers)
+        out[parts[2].lower()] = PodDir(clean(parts[0], 253), clean(parts[1], 253), tuple(clean(c) for c in containers))
     return out
 
 
@@ -90,8 +91,8 @@ def read_process(proc: str, pid: int) -> ProcessInfo | None:
 
 
 def clean(text: str, limit: int = 64) -> str:
-    """A label value from a process's own bytes: printable, bounded."""
-    return "".join(ch if ch.isprintable() else "?" for ch in text)[:limit]
+    """A label value from a process's own bytes or a directory's name: printable, bounded."""
+    return label_text(text, limit)
 
 
 def host_workload(info: ProcessInfo) -> Workload:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from urllib.parse import unquote
 
-from triscope.textsafe import one_line
+from triscope.textsafe import label_text, one_line
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,9 @@ def _fields(buf: bytes) -> Iterator[tuple[int, int, int | bytes]]:
 
 
 def _text(v: int | bytes) -> str:
-    return v.decode("utf-8", "replace") if isinstance(v, bytes) else ""
+    """A string field of the answer, as a label value: non-printable characters (controls, bidi
+    overrides) replaced, bounded."""
+    return label_text(v.decode("utf-8", "replace")) if isinstance(v, bytes) else ""
 
 
 def _decode_devices(buf: bytes) -> tuple[str, list[str]]:

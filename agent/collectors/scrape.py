@@ -30,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from triscope.agent.collectors.base import Availability, BaseCollector, CollectorUnavailable
 from triscope.samples import Sample
+from triscope.textsafe import label_text
 
 ACCEPT = "text/plain;version=0.0.4;q=1.0,*/*;q=0.1"
 COUNTER_SUFFIXES = {
@@ -189,7 +190,7 @@ class ScrapeCollector(BaseCollector):
                     kind = "counter" if s.name.endswith("_total") else "gauge"
                 else:
                     kind = "gauge"
-                labels = dict(s.labels)
+                labels = {k: v if v.isprintable() else label_text(v) for k, v in s.labels.items()}
                 for key, value_ in (("job", self.job), ("instance", self.instance)):
                     if key in labels:
                         labels[f"exported_{key}"] = labels.pop(key)
