@@ -26,7 +26,7 @@ from triscope.agent.collectors.base import OpenFiles
 from triscope.httpd import HttpServer, Limits, Request, Response
 from triscope.metrics import CATALOGUE, kind_of
 from triscope.samples import Sample
-from triscope.webauth import RELOAD_EVERY, UNAUTHORIZED_HEADERS, WebConfig
+from triscope.webauth import RELOAD_EVERY, UNAUTHORIZED_HEADERS, SourceLimiter, WebConfig
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +182,9 @@ class MetricsServer:
                                methods=("GET", "HEAD"), workers=2 if web is not None else 0,
                                ssl_context=web.ssl_context if web is not None else None,
                                every=(RELOAD_EVERY, web.refresh) if web is not None else None,
-                               inline=self._inline if web is not None else None)
+                               inline=self._inline if web is not None else None,
+                               admit=self._admit if web is not None else None)
+        self.checks = SourceLimiter()
         self.server_address = self.http.server_address
 
     def render(self) -> bytes:
@@ -218,6 +220,14 @@ class MetricsServer:
         assert self.web is not None
         req.verdict = self.web.lookup(req.header("authorization"))
         return req.verdict is not None
+
+    def _admit(self, req: Request, queued: int) -> Response | None:
+        """On the loop, before a password check is queued for bcrypt: per source and in all, bounded."""
+        why = self.checks.take(req.peer[0] if req.peer else "?", queued)
+        if why is None:
+            return None
+        return Response.text(429, f"too many password checks: {why}; retry in a second",
+                             headers=[("Retry-After", "1")])
 
     def _answer(self, req: Request) -> Response:
         ok = req.verdict

@@ -134,7 +134,8 @@ class HttpServer:
                  methods: tuple[str, ...] | None = None,
                  error: Callable[[int, str], Response] | None = None,
                  every: tuple[float, Callable[[], object]] | None = None,
-                 inline: Callable[[Request], bool] | None = None) -> None:
+                 inline: Callable[[Request], bool] | None = None,
+                 admit: Callable[[Request, int], Response | None] | None = None) -> None:
         self.handler = handler
         self.methods = methods     # others get 405 before any body is read
         self.error = error or (lambda status, message: Response.text(status, message))  # framing errors
@@ -143,6 +144,11 @@ class HttpServer:
         self.ssl_context = ssl_context
         self.every = every      # (seconds, fn): fn runs on a thread that often (a config reload)
         self.inline = inline    # with workers: requests it says are quick run on the loop all the same
+        # with workers: asked on the loop before a request is queued for them (with how many wait now);
+        # a Response it gives is the answer at once and the connection is closed, its slot freed
+        self.admit = admit
+        self.queued = 0                        # requests handed to the workers and not answered yet
+        self.turned_away = 0                   # requests answered by ``admit`` instead of queued
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"{name}-worker") if workers else None
         self._conns: dict[_Conn, None] = {}    # insertion order = age
         self.refused = 0                       # connections answered 503 because every slot was busy
@@ -313,8 +319,16 @@ class HttpServer:
             try:
                 if self._pool is None or (self.inline is not None and self.inline(req)):
                     resp = self.handler(req)
+                elif self.admit is not None and (refusal := self.admit(req, self.queued)) is not None:
+                    self.turned_away += 1
+                    resp = refusal
+                    resp.close = True
                 else:
-                    resp = await asyncio.get_running_loop().run_in_executor(self._pool, self.handler, req)
+                    self.queued += 1
+                    try:
+                        resp = await asyncio.get_running_loop().run_in_executor(self._pool, self.handler, req)
+                    finally:
+                        self.queued -= 1
             except Exception as e:  # noqa: BLE001 - a handler bug is a 500 and one log line
                 log.exception("%s: %s %s failed", self.name, req.method, req.path)
                 resp = Response.text(500, f"internal error: {type(e).__name__}", close=True)

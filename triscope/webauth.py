@@ -159,6 +159,38 @@ def parse_basic(header: str | None) -> tuple[str, str] | None:
 UNAUTHORIZED_HEADERS = [("WWW-Authenticate", "Basic")]
 
 
+class SourceLimiter:
+    """Password checks (bcrypt) per client address: a token bucket of ``burst`` checks refilled at
+    ``rate`` a second, and at most ``max_queued`` checks waiting at all.  A check refused here is
+    answered ``429`` at once and its connection closed (``admit``), so a spray of wrong passwords
+    holds no connection slot while it waits for bcrypt; credentials already verified never reach it
+    (they are answered from the cache on the loop)."""
+
+    def __init__(self, rate: float = 2.0, burst: float = 6.0, max_queued: int = 8, max_sources: int = 4096,
+                 clock: Any = time.monotonic) -> None:
+        self.rate, self.burst, self.max_queued, self.max_sources = rate, burst, max_queued, max_sources
+        self.clock = clock
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()   # source -> (tokens, at)
+        self.refused = 0
+
+    def take(self, source: str, queued: int) -> str | None:
+        """None when a check from ``source`` may be queued now, else why not."""
+        if queued >= self.max_queued:
+            self.refused += 1
+            return f"{queued} password checks are waiting already"
+        now = self.clock()
+        tokens, at = self._buckets.pop(source, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - at) * self.rate)
+        if tokens < 1.0:
+            self._buckets[source] = (tokens, now)
+            self.refused += 1
+            return f"more than {self.rate:g} password checks a second from {source}"
+        self._buckets[source] = (tokens - 1.0, now)
+        while len(self._buckets) > self.max_sources:
+            self._buckets.popitem(last=False)
+        return None
+
+
 # ---------------------------------------------------------------------------------------------- loaded
 @dataclass
 class WebConfig:
