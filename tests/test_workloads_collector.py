@@ -383,3 +383,50 @@ def test_promtool_accepts_the_real_output(tmp_path: Path) -> None:
     assert f'container="",gpu="0",namespace="",pod="",workload="{PY}"' in text   # empty labels: there, never missing
     res = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_loader_workers_sharing_one_core_show_their_wait() -> None:
+    """Four multi-threaded workers (a main thread that works, an idle helper thread: a DataLoader
+    worker's shape) confined to one CPU each use about a quarter of it, below busy_cores, so their
+    threads are not split; their main threads' run-queue wait is read all the same."""
+    code = ("import threading, time\n"
+            "threading.Thread(target=time.sleep, args=(1e6,), daemon=True).start()\n"
+            "while True:\n    pass\n")
+    cpu = {sorted(os.sched_getaffinity(0))[-1]}
+    kids = [subprocess.Popen([sys.executable, "-c", code], preexec_fn=lambda: os.sched_setaffinity(0, cpu))
+            for _ in range(4)]
+    try:
+        c = WorkloadsCollector([ListedProcessSource([row(0, GPU_A, kids[0].pid)])], background=False,
+                               pod_resources_socket="/nonexistent/kubelet.sock")
+        c.refresh(force=True)
+        items = ticks(c, 4)
+        c.close()
+        key = ("0", "", "", "", PY)
+        assert series(items, "triscope_workload_feeder_busy_ratio")[key] < 0.5
+        wait = series(items, "triscope_workload_cpu_wait_ratio")[key]
+        assert wait > 0.5, wait              # four on one core: each waits about three quarters
+    finally:
+        for k in kids:
+            k.kill()
+            k.wait()
+
+
+def test_a_cgroup_two_workloads_share_gives_neither_its_pressure(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One cgroup for every service (a container or VM cgroup): its cpu.pressure is nobody's own, so
+    neither workload reports it; a workload alone in its cgroup keeps it."""
+    a, own = spawn(), spawn()
+    b = subprocess.Popen(["sleep", "600"], text=True)      # another command: another workload
+    try:
+        c = WorkloadsCollector([ListedProcessSource([row(0, GPU_A, a.pid), row(0, GPU_A, b.pid),
+                                                     row(1, GPU_B, own.pid)])], background=False,
+                               pod_resources_socket="/nonexistent/kubelet.sock")
+        shared = {a.pid: "/sys/fs/cgroup/machine.slice", b.pid: "/sys/fs/cgroup/machine.slice",
+                  own.pid: "/sys/fs/cgroup/own.slice"}
+        monkeypatch.setattr(c, "_cgroup_dirs", lambda pids: {p: shared[p] for p in pids if p in shared})
+        c.refresh(force=True)
+        assert c._dirs == {own.pid: "/sys/fs/cgroup/own.slice"}
+        c.close()
+    finally:
+        stop(a, own)
+        b.kill()
+        b.wait()

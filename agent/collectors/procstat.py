@@ -20,8 +20,8 @@ counter stays exact over time) and its last share.  A quiet process that wakes u
 next read, and from then on every tick.
 
 A multi-threaded process below ``busy_cores`` is not split: its busiest thread is bounded by its
-own share (``ProcSample.busiest`` is that bound, ``exact`` False) and its threads' wait is not
-read.  A busy process's threads are read in order of their last known CPU and only until the
+own share (``ProcSample.busiest`` is that bound, ``exact`` False) and only its main thread's wait is
+read (``/proc/PID/schedstat``, one ``pread``: where a DataLoader worker decodes).  A busy process's threads are read in order of their last known CPU and only until the
 process's CPU not yet accounted to a read thread cannot beat the busiest one (``_read_threads``).
 Descriptors stay open between ticks and are read with ``pread`` from offset 0 (procfs
 regenerates the text on such a read, as ``base.OpenFiles`` does); a descriptor of an exited
@@ -196,11 +196,18 @@ class ProcStats:
                 if t - p.tids_at > self.tids_every:   # threads come and go: listed again every few seconds
                     self._list_threads(p, t)
                 self._read_threads(p, s, prev_t, t)
+            else:
+                # below busy_cores: its threads are not split, but its main thread's run-queue wait
+                # is read (one pread): a DataLoader worker does its work there, and eight of them
+                # confined to one core each use a sixth of it while waiting the rest
+                self._read_leader(p, s, prev_t, t, single=False)
             out[pid] = s
         return out
 
-    def _read_leader(self, p: _Proc, s: ProcSample, prev_t: float, t: float) -> None:
-        """A single-threaded process: its own schedstat is its thread's."""
+    def _read_leader(self, p: _Proc, s: ProcSample, prev_t: float, t: float, single: bool = True) -> None:
+        """A process's own schedstat (its main thread's): for a single-threaded process its one
+        thread's run and wait (and busiest share); for another, the main thread's run and wait only
+        (its busiest thread stays bounded by the process's share)."""
         if not self.schedstat:
             return
         th = p.leader
@@ -218,7 +225,8 @@ class ProcStats:
         if got is not None and s.interval > 0 and not s.first:
             s.run_ns, s.wait_ns = got
             s.waited = True
-            s.busiest = min(1.0, got[0] / 1e9 / s.interval)
+            if single:
+                s.busiest = min(1.0, got[0] / 1e9 / s.interval)
 
     def _read_schedstat(self, th: _Thread, prev_t: float, t: float) -> tuple[int, int] | None:
         """(run, wait) ns since the previous tick; None on an error or when the thread was not read

@@ -361,7 +361,17 @@ class WorkloadsCollector(BaseCollector):
                          if p not in self._info or self._info[p] is not None)
         if self._plan is not None and self._plan.pids == pids:
             pids = self._plan.pids      # the same processes: the tick has nothing to open or close
-        self._dirs = self._cgroup_dirs(pids)
+        dirs = self._cgroup_dirs(pids)
+        # a cgroup that holds processes of two workloads (one container or VM cgroup for every
+        # service) is not either's own: its CPU pressure names no workload, so it is left out
+        held: dict[str, set[Workload]] = {}
+        for a in accels:
+            for wl, ps in a.groups:
+                for p in ps:
+                    d = dirs.get(p)
+                    if d is not None:
+                        held.setdefault(d, set()).add(wl)
+        self._dirs = {p: d for p, d in dirs.items() if len(held.get(d, ())) <= 1}
         return Plan(accels, pids, shares)
 
     def _cgroup_dirs(self, pids: Iterable[int]) -> dict[int, str]:
