@@ -61,13 +61,18 @@ WORKLOAD_CPU_THROTTLED = "triscope_workload_cpu_throttled_periods_total"
 # the workload's own TCP sockets: segments they retransmitted and segments they sent
 WORKLOAD_TCP_RETRANSMITS = "triscope_workload_tcp_retransmits_total"
 WORKLOAD_TCP_SEGMENTS = "triscope_workload_tcp_segments_sent_total"
+# ... and on the way in: packets that arrived after a gap (the peer retransmits them), data segments received
+WORKLOAD_TCP_OOO_IN = "triscope_workload_tcp_out_of_order_received_total"
+WORKLOAD_TCP_SEGMENTS_IN = "triscope_workload_tcp_data_segments_received_total"
 WORKLOAD_FIELDS: dict[str, str | None] = {
     WORKLOAD_INFO: None, WORKLOAD_PROCESSES: "processes", WORKLOAD_SM: "sm", WORKLOAD_FEEDER: "feeder",
     WORKLOAD_CPU_WAIT: "cpu_wait", WORKLOAD_CPU_PRESSURE: "cpu_pressure", WORKLOAD_CPU: "cores",
     WORKLOAD_CPU_PERIODS: "periods", WORKLOAD_CPU_THROTTLED: "throttled",
-    WORKLOAD_TCP_RETRANSMITS: "retransmits", WORKLOAD_TCP_SEGMENTS: "segments"}
+    WORKLOAD_TCP_RETRANSMITS: "retransmits", WORKLOAD_TCP_SEGMENTS: "segments",
+    WORKLOAD_TCP_OOO_IN: "ooo_in", WORKLOAD_TCP_SEGMENTS_IN: "segments_in"}
 """Per-workload metric -> its ``WorkloadWindow`` field (the info series only says the workload is there)."""
-WORKLOAD_COUNTER_FIELDS = frozenset({"cores", "periods", "throttled", "retransmits", "segments"})
+WORKLOAD_COUNTER_FIELDS = frozenset({"cores", "periods", "throttled", "retransmits", "segments", "ooo_in",
+                                     "segments_in"})
 """Fields read from counters: per-second rates (the tracker's consecutive ticks, the store's rate read)."""
 WORKLOAD_METRICS = tuple(WORKLOAD_FIELDS)
 INPUT_METRICS = (GPU_BUSY, NPU_BUSY, PCIE_RX, PCIE_TX, CPU_BUSY, PRESSURE, DMA_MAPS, RETRANSMITS,
@@ -93,6 +98,8 @@ class WorkloadEvidence:
     throttled_periods: float | None = None   # ... of which throttled, per second
     retransmits: float | None = None     # its own sockets' retransmitted segments per second
     segments: float | None = None        # ... segments sent per second
+    ooo_in: float | None = None          # packets its sockets received out of order (after a gap) per second
+    segments_in: float | None = None     # ... data segments received per second
 
     @property
     def throttled(self) -> float | None:
@@ -107,6 +114,14 @@ class WorkloadEvidence:
         if self.retransmits is None or self.segments is None or self.segments <= 0:
             return None
         return self.retransmits / self.segments
+
+    @property
+    def loss_in(self) -> float | None:
+        """Packets its sockets received out of order over data segments received: loss on the way in,
+        which the peer retransmits (``None``: no such series, or nothing received)."""
+        if self.ooo_in is None or self.segments_in is None or self.segments_in <= 0:
+            return None
+        return min(1.0, self.ooo_in / self.segments_in)
 
     @property
     def has_host(self) -> bool:
@@ -203,6 +218,8 @@ class WorkloadWindow:
     throttled: Sequence[float] = ()         # triscope_workload_cpu_throttled_periods_total, per second
     retransmits: Sequence[float] = ()       # triscope_workload_tcp_retransmits_total, per second
     segments: Sequence[float] = ()          # triscope_workload_tcp_segments_sent_total, per second
+    ooo_in: Sequence[float] = ()            # triscope_workload_tcp_out_of_order_received_total, per second
+    segments_in: Sequence[float] = ()       # triscope_workload_tcp_data_segments_received_total, per second
 
 
 @dataclass(slots=True)
@@ -325,7 +342,8 @@ def window_features(values: WindowValues) -> WindowFeatures:
             f.workload_cores = {w.key: c / spread.get(w.key, 1) for w in ws if (c := mean(w.cores)) is not None}
             f.per_workload = [WorkloadEvidence(w.key, mean(w.feeder), mean(w.cpu_wait), mean(w.cpu_pressure),
                                                f.workload_cores.get(w.key), mean(w.periods), mean(w.throttled),
-                                               mean(w.retransmits), mean(w.segments)) for w in ws]
+                                               mean(w.retransmits), mean(w.segments), mean(w.ooo_in),
+                                               mean(w.segments_in)) for w in ws]
         accs.append(f)
     return WindowFeatures(accs, cpu_busy=mean(values.cpu_busy), pressure=_highest_mean(values.pressure),
                           dma_map_rate=node_dma, retransmit_rate=_summed_means(values.retransmit_rates))

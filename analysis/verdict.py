@@ -121,14 +121,24 @@ def host_findings(w: WorkloadEvidence, th: MismatchThresholds) -> list[tuple[flo
 def network_finding(w: WorkloadEvidence, th: MismatchThresholds) -> tuple[float, str] | None:
     """One workload's own connections losing packets: (strength, reason), or None.  Its own sockets'
     retransmits over the segments they sent, and enough of them to be a rate."""
+    if th.workload_retransmit_ratio <= 0:
+        return None
+    found: list[tuple[float, str]] = []
     loss, rtx = w.loss, w.retransmits
-    if loss is None or rtx is None or th.workload_retransmit_ratio <= 0:
-        return None
-    if loss < th.workload_retransmit_ratio or rtx < th.workload_retransmit_rate:
-        return None
-    return (_ratio(loss, th.workload_retransmit_ratio),
-            f"{workload_text(w.key)} retransmits {_pct(loss)} of the segments its own sockets send "
-            f"({rtx:.1f}/s; >= {_pct(th.workload_retransmit_ratio)} and {th.workload_retransmit_rate:g}/s)")
+    if loss is not None and rtx is not None and loss >= th.workload_retransmit_ratio \
+            and rtx >= th.workload_retransmit_rate:
+        found.append((_ratio(loss, th.workload_retransmit_ratio),
+                      f"{workload_text(w.key)} retransmits {_pct(loss)} of the segments its own sockets send "
+                      f"({rtx:.1f}/s; >= {_pct(th.workload_retransmit_ratio)} and {th.workload_retransmit_rate:g}/s)"))
+    # the way in (a service fetching its inputs): the peer retransmits, the workload sees the gaps
+    loss_in, ooo = w.loss_in, w.ooo_in
+    if loss_in is not None and ooo is not None and loss_in >= th.workload_retransmit_ratio \
+            and ooo >= th.workload_retransmit_rate:
+        found.append((_ratio(loss_in, th.workload_retransmit_ratio),
+                      f"{workload_text(w.key)} receives {_pct(loss_in)} of its data segments out of order, after "
+                      f"a loss ({ooo:.1f}/s; >= {_pct(th.workload_retransmit_ratio)} and "
+                      f"{th.workload_retransmit_rate:g}/s)"))
+    return max(found) if found else None
 
 
 def _workload_evidence(acc: AcceleratorFeatures) -> list[WorkloadEvidence]:

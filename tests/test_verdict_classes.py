@@ -141,3 +141,21 @@ def test_recordings_without_per_workload_tcp_read_the_node_and_name_none() -> No
     v = verdict(0.04, wl(A, sm=0.04, rtx=None), node_rtx=12.0)
     assert v.state == "network-bound" and named(v) == ("", "", "", "")
     assert v.evidence["workload_named_by"] == "node-wide retransmits: whose is not known"
+
+
+@pytest.mark.parametrize("loss_in, segs_in", [(0.02, 60.0), (0.05, 200.0), (0.12, 30.0)])
+def test_loss_on_the_way_in_is_the_workloads_own_network(loss_in: float, segs_in: float) -> None:
+    """A service fetching its inputs over a lossy path: the sender retransmits, so its own sockets send
+    few retransmits (0.6 % of a handful of request segments), but they receive data out of order."""
+    b = wl(B, sm=0.0, rtx=0.3, segs=50.0)
+    b.ooo_in, b.segments_in = [loss_in * segs_in] * N, [segs_in] * N
+    a = wl(A, sm=0.05, rtx=0.0, segs=1300.0)
+    a.ooo_in, a.segments_in = [0.0] * N, [900.0] * N
+    v = verdict(0.04, a, b)
+    assert v.state == "network-bound" and named(v) == B, v.evidence["reasons"]
+    assert any("out of order" in r for r in v.evidence["reasons"])
+    # clean on the way in, and a quiet connection's one gap, are no loss rate
+    b.ooo_in = [0.0] * N
+    assert verdict(0.04, a, b).state != "network-bound"
+    b.ooo_in, b.segments_in = [0.1] * N, [2.0] * N
+    assert verdict(0.04, a, b).state != "network-bound"

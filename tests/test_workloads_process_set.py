@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -242,7 +243,7 @@ def test_a_workloads_own_retransmits_and_never_another_process_s() -> None:
         tcp.read({"svc": [me.pid]})
         got = tcp.counters("svc")
         assert got is not None
-        retrans, segs = got
+        retrans, segs, _ooo, _data_in = got
         # each of the 3 SYNs retransmitted at ~1 s and ~3 s; the other process's 12 are not here
         assert 3 <= retrans <= 6 and segs >= retrans, got
     finally:
@@ -302,3 +303,52 @@ def test_a_kept_open_cpu_stat_reader_survives_reads(tmp_path: Path) -> None:
         assert r.limit == pytest.approx(0.5) and r.read() == (1, 0, 0.0)
     finally:
         r.close()
+
+
+DOWNLOADER = r"""
+import socket, sys, threading
+lst = socket.socket(); lst.bind(("127.0.0.1", 0)); lst.listen(1)
+def serve():
+    c, _ = lst.accept()
+    buf = b"x" * (1 << 16)
+    try:
+        while True:
+            c.sendall(buf)
+    except OSError:
+        pass
+threading.Thread(target=serve, daemon=True).start()
+cli = socket.create_connection(lst.getsockname())
+print(lst.getsockname()[1], flush=True)
+while True:
+    if not cli.recv(1 << 16):
+        break
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("nft") is None, reason="needs root and nftables")
+def test_loss_on_the_way_in_shows_as_out_of_order_arrivals() -> None:
+    """A service downloading its inputs over a lossy path: the sender retransmits, the workload's own
+    sockets see the gaps (tcp_info rcv_ooopack over data_segs_in), not retransmits of their own."""
+    table = f"triscope_ooo_{os.getpid()}"
+    p = subprocess.Popen([sys.executable, "-c", DOWNLOADER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None
+        port = int(p.stdout.readline())
+        subprocess.run(["nft", "add", "table", "inet", table], check=True)
+        subprocess.run(["nft", "add", "chain", "inet", table, "in", "{ type filter hook input priority 0; }"],
+                       check=True)
+        subprocess.run(["nft", "add", "rule", "inet", table, "in", "tcp", "sport", str(port), "numgen", "random",
+                        "mod", "100", "<", "5", "drop"], check=True)
+        tcp = WorkloadTcp(every=0.0)
+        tcp.read({"svc": [p.pid]})
+        time.sleep(3.0)
+        tcp.read({"svc": [p.pid]})
+        got = tcp.counters("svc")
+        assert got is not None
+        _retrans, _segs, ooo, data_in = got
+        assert data_in > 100 and ooo > 0, got
+        assert 0.001 < ooo / data_in < 0.5, got
+    finally:
+        subprocess.run(["nft", "delete", "table", "inet", table], check=False, capture_output=True)
+        p.kill()
+        p.wait()

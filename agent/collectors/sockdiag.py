@@ -13,9 +13,13 @@ process holds them.
 ``Tcp: RetransSegs OutSegs``): the route for a process in a namespace of its own (a pod's), where
 the namespace's sockets are its pod's.
 
+Loss on the way **in** (a service downloading its inputs: the sender retransmits, not the
+workload) shows as ``tcpi_rcv_ooopack``, packets that arrived after a gap, over
+``tcpi_data_segs_in``.
+
 Offsets of ``struct tcp_info`` (include/uapi/linux/tcp.h): ``tcpi_total_retrans`` at byte 100
-(since 2.6), ``tcpi_segs_out`` at 136 (since 4.2); a shorter answer (an older kernel) gives None for
-what it lacks.
+(since 2.6), ``tcpi_segs_out`` at 136 (since 4.2), ``tcpi_data_segs_in`` at 152 (4.6),
+``tcpi_rcv_ooopack`` at 224 (5.4); a shorter answer (an older kernel) gives 0 for what it lacks.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ _MSG_INODE = 4 + 48 + 16                     # inet_diag_msg: family..retrans, i
 _RTA = struct.Struct("=HH")
 TOTAL_RETRANS_AT = 100
 SEGS_OUT_AT = 136
+DATA_SEGS_IN_AT = 152      # tcpi_data_segs_in (4.6)
+RCV_OOOPACK_AT = 224       # tcpi_rcv_ooopack (5.4): packets that arrived out of order (a gap before them)
 MAX_ANSWER = 64 << 20                        # a dump larger than this is cut (a host with millions of sockets)
 
 
@@ -50,8 +56,12 @@ def _request(family: int, seq: int) -> bytes:
     return _NLMSG.pack(_NLMSG.size + len(body), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + body
 
 
-def parse_dump(data: bytes, out: dict[int, tuple[int, int]]) -> bool:
-    """Parse one buffer of a sock_diag answer into ``out`` (inode -> (total_retrans, segs_out));
+Counters = tuple[int, int, int, int]
+"""(total_retrans, segs_out, rcv_ooopack, data_segs_in) of one socket (the last two 0 before 5.4)."""
+
+
+def parse_dump(data: bytes, out: dict[int, Counters]) -> bool:
+    """Parse one buffer of a sock_diag answer into ``out`` (inode -> ``Counters``);
     True once the dump's end (``NLMSG_DONE``) is in it.  Raises ``SockDiagError`` on an error answer."""
     off, n = 0, len(data)
     while off + _NLMSG.size <= n:
@@ -80,16 +90,20 @@ def parse_dump(data: bytes, out: dict[int, tuple[int, int]]) -> bool:
                     if size >= SEGS_OUT_AT + 4:
                         (retrans,) = struct.unpack_from("=I", data, info + TOTAL_RETRANS_AT)
                         (segs,) = struct.unpack_from("=I", data, info + SEGS_OUT_AT)
-                        out[inode] = (retrans, segs)
+                        ooo = data_in = 0
+                        if size >= RCV_OOOPACK_AT + 4:
+                            (data_in,) = struct.unpack_from("=I", data, info + DATA_SEGS_IN_AT)
+                            (ooo,) = struct.unpack_from("=I", data, info + RCV_OOOPACK_AT)
+                        out[inode] = (retrans, segs, ooo, data_in)
                     break
                 a += (alen + 3) & ~3
         off += (length + 3) & ~3
     return False
 
 
-def tcp_counters(families: tuple[int, ...] = (socket.AF_INET, socket.AF_INET6)) -> dict[int, tuple[int, int]]:
-    """Every TCP socket of this network namespace with an inode: inode -> (total_retrans, segs_out)."""
-    out: dict[int, tuple[int, int]] = {}
+def tcp_counters(families: tuple[int, ...] = (socket.AF_INET, socket.AF_INET6)) -> dict[int, Counters]:
+    """Every TCP socket of this network namespace with an inode: inode -> ``Counters``."""
+    out: dict[int, Counters] = {}
     try:
         s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_SOCK_DIAG)
     except OSError as e:
@@ -134,18 +148,29 @@ def netns_id(proc: str, pid: int) -> int | None:
         return None
 
 
-def netns_tcp_totals(proc: str, pid: int) -> tuple[int, int] | None:
-    """(RetransSegs, OutSegs) of the network namespace ``pid`` runs in (``/proc/PID/net/snmp``)."""
+def _named(text: str, prefix: str) -> dict[str, str]:
+    rows = [ln.split() for ln in text.splitlines() if ln.startswith(prefix)]
+    return dict(zip(rows[0][1:], rows[1][1:], strict=False)) if len(rows) >= 2 else {}
+
+
+def netns_tcp_totals(proc: str, pid: int) -> Counters | None:
+    """(RetransSegs, OutSegs, TCPOFOQueue, InSegs) of the network namespace ``pid`` runs in
+    (``/proc/PID/net/snmp`` and ``netstat``): a pod's own sockets, out-of-order arrivals included."""
     try:
         with open(f"{proc}/{pid}/net/snmp", "rb") as f:
             text = f.read(16384).decode("ascii", "replace")
     except OSError:
         return None
-    rows = [ln.split() for ln in text.splitlines() if ln.startswith("Tcp:")]
-    if len(rows) < 2:
-        return None
-    named = dict(zip(rows[0][1:], rows[1][1:], strict=False))
+    named = _named(text, "Tcp:")
     try:
-        return int(named["RetransSegs"]), int(named["OutSegs"])
+        rtx, out = int(named["RetransSegs"]), int(named["OutSegs"])
+        segs_in = int(named.get("InSegs", 0))
     except (KeyError, ValueError):
         return None
+    ofo = 0
+    try:
+        with open(f"{proc}/{pid}/net/netstat", "rb") as f:
+            ofo = int(_named(f.read(65536).decode("ascii", "replace"), "TcpExt:").get("TCPOFOQueue", 0))
+    except (OSError, ValueError):
+        pass
+    return rtx, out, ofo, segs_in

@@ -1,4 +1,5 @@
-"""Each workload's own TCP: segments its sockets retransmitted and segments they sent.
+"""Each workload's own TCP: segments its sockets retransmitted and sent, and packets that reached
+them out of order (a loss on the way in) over the data segments they received.
 
 Node-wide retransmits say that some connection on the node loses packets, not whose: a lossy
 stream of a process that never touches a GPU must not make a GPU service ``network-bound``, and a
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from triscope.agent.collectors.sockdiag import (
+    Counters,
     SockDiagError,
     netns_id,
     netns_tcp_totals,
@@ -52,7 +54,7 @@ class WorkloadTcp:
 
     def __init__(self, proc: str = "/proc", *, every: float = 5.0, fds_every: float = 15.0,
                  clock: Callable[[], float] = time.monotonic,
-                 dump: Callable[[], dict[int, tuple[int, int]]] = tcp_counters) -> None:
+                 dump: Callable[[], dict[int, Counters]] = tcp_counters) -> None:
         self.proc = proc
         self.every = every
         self.fds_every = fds_every
@@ -62,16 +64,16 @@ class WorkloadTcp:
         self.problem = ""                       # why sock_diag cannot be read here ("" when it can)
         self._own_ns = netns_id(proc, os.getpid())
         self._procs: dict[int, _Proc] = {}
-        self._sockets: dict[int, tuple[int, int]] = {}     # inode -> counters at the last read
-        self._ns_last: dict[int, tuple[int, int]] = {}     # foreign netns -> totals at the last read
-        self._totals: dict[object, list[int]] = {}         # workload -> [retransmits, segments]
+        self._sockets: dict[int, Counters] = {}            # inode -> counters at the last read
+        self._ns_last: dict[int, Counters] = {}            # foreign netns -> totals at the last read
+        self._totals: dict[object, list[int]] = {}         # workload -> [retransmits, segments, ooo, data in]
 
     def due(self) -> bool:
         return self.clock() >= self.next_due
 
-    def counters(self, workload: object) -> tuple[int, int] | None:
+    def counters(self, workload: object) -> Counters | None:
         t = self._totals.get(workload)
-        return None if t is None else (t[0], t[1])
+        return None if t is None else (t[0], t[1], t[2], t[3])
 
     def read(self, groups: Mapping[Any, Sequence[int]]) -> None:
         now = self.clock()
@@ -80,7 +82,7 @@ class WorkloadTcp:
         host: dict[object, list[int]] = {}
         foreign: dict[int, tuple[int, list[object]]] = {}      # netns -> (a pid in it, workloads)
         for wl, pids in groups.items():
-            self._totals.setdefault(wl, [0, 0])
+            self._totals.setdefault(wl, [0, 0, 0, 0])
             for pid in pids:
                 alive.add(pid)
                 p = self._procs.get(pid)
@@ -106,11 +108,11 @@ class WorkloadTcp:
             self._ns_last[ns] = got
             if prev is None:
                 continue
-            d_rtx, d_segs = max(0, got[0] - prev[0]), max(0, got[1] - prev[1])
+            d = [max(0, got[i] - prev[i]) for i in range(4)]
             for wl in wls:
                 t = self._totals[wl]
-                t[0] += d_rtx
-                t[1] += d_segs
+                for i in range(4):
+                    t[i] += d[i]
         for ns in [n for n in self._ns_last if n not in foreign]:
             del self._ns_last[ns]
         for wl in [w for w in self._totals if w not in groups]:
@@ -149,10 +151,10 @@ class WorkloadTcp:
                     continue
                 prev = self._sockets.get(ino)
                 if prev is not None:
-                    t[0] += max(0, c[0] - prev[0])
-                    t[1] += max(0, c[1] - prev[1])
+                    for i in range(4):
+                        t[i] += max(0, c[i] - prev[i])
                 elif ino not in baseline:   # opened since the last listing: its whole life counts
-                    t[0] += c[0]
-                    t[1] += c[1]
+                    for i in range(4):
+                        t[i] += c[i]
             seen |= mine
         self._sockets = {ino: c for ino, c in socks.items() if ino in seen}

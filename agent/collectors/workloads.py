@@ -361,17 +361,17 @@ class WorkloadsCollector(BaseCollector):
                          if p not in self._info or self._info[p] is not None)
         if self._plan is not None and self._plan.pids == pids:
             pids = self._plan.pids      # the same processes: the tick has nothing to open or close
-        dirs = self._cgroup_dirs(pids)
+        v2dirs = self._cgroup_dirs(pids)
         # a cgroup that holds processes of two workloads (one container or VM cgroup for every
         # service) is not either's own: its CPU pressure names no workload, so it is left out
         held: dict[str, set[Workload]] = {}
         for a in accels:
             for wl, ps in a.groups:
                 for p in ps:
-                    d = dirs.get(p)
+                    d = v2dirs.get(p)
                     if d is not None:
                         held.setdefault(d, set()).add(wl)
-        self._dirs = {p: d for p, d in dirs.items() if len(held.get(d, ())) <= 1}
+        self._dirs = {p: d for p, d in v2dirs.items() if len(held.get(d, ())) <= 1}
         return Plan(accels, pids, shares)
 
     def _cgroup_dirs(self, pids: Iterable[int]) -> dict[int, str]:
@@ -497,6 +497,10 @@ class WorkloadsCollector(BaseCollector):
                 if got is not None:
                     add(Sample("triscope_workload_tcp_retransmits_total", float(got[0]), labels, "counter"))
                     add(Sample("triscope_workload_tcp_segments_sent_total", float(got[1]), labels, "counter"))
+                    add(Sample("triscope_workload_tcp_out_of_order_received_total", float(got[2]), labels,
+                               "counter"))
+                    add(Sample("triscope_workload_tcp_data_segments_received_total", float(got[3]), labels,
+                               "counter"))
 
     def _cfs(self, acc: Labels, wl: Workload, where: tuple[str, str]) -> tuple[int, int, float, float | None] | None:
         """The workload's cgroup CFS counters since the agent began reading them (a baseline at

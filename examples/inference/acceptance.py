@@ -65,6 +65,13 @@ RECORDINGS: tuple[Recording, ...] = (
     Recording("cpu-lab-2", "2026-12-04, the CPU machine, host lab (examples/hostlab: GPU simulated)", "held_out",
               "recorded after this revision's rules were fixed; real process sets, CFS throttling and packet loss, "
               "the GPU a stand-in", LAB_TRACES),
+    Recording("h200-lab-1", "2026-12-05, H200, examples/hostlab/h200.py (stock PyTorch DataLoader services, the real "
+              "agent)", "fitted",
+              "held out when made: scored on the device by the rules of that commit (66134a8), 15/21 windows right, "
+              "4 naming the healthy instance; three collector fixes were then made from what it showed (a worker "
+              "below busy_cores reports its main thread's wait; a cgroup two workloads share gives neither its "
+              "pressure; loss on the way in), so it is a fitted recording from here on, and its recorded inputs "
+              "lack the evidence those fixes add: its replay stays where it was", LAB_TRACES),
 )
 """Every recording so far came before the whole-process-set, CFS-throttling and per-workload
 network evidence: none of them holds those series, so on them the verdict runs its older paths (a
