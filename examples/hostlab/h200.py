@@ -110,7 +110,29 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("gpu_full", "a runs resnet50 at batch 256 on GPU-resident inputs: the GPU busy",
              TorchService(model="resnet50", batch=256, workers=0, gpu_input=True), B_LIGHT,
              ("compute-bound", "balanced"), False, note="the GPU is the limit (SM activity >= 0.7 expected)"),
+    # second set (h200-lab-2, written after h200-lab-1's fixes and before its run): other loaders,
+    # limits and loss rates for the same classes
+    Scenario("workers_on_two_cores", "b: 8 DataLoader workers confined to CPUs 14-15, 512 px JPEGs",
+             A_HEALTHY, TorchService(model="mobilenet_v3_large", batch=24, workers=8, image=512, rate=0,
+                                     fetch=B_PORT, worker_cpus="14,15"),
+             ("staging-bound",), True, knobs={"worker_cpus": "14,15"},
+             note="eight workers on two cores: each waits for a CPU most of the time"),
+    Scenario("own_loss_4pct_download", "b downloads 600 kB per request at 4/s over a path losing 4 % of packets",
+             A_HEALTHY, TorchService(model="resnet34", batch=1, workers=3, image=320, rate=4, fetch=B_PORT,
+                                     fetch_bytes=600_000),
+             ("network-bound",), True, b_loss=0.04, knobs={"net_drop": 0.04},
+             note="the loss is on the way in: the sender retransmits, b sees the gaps"),
+    Scenario("pod_cpu_limit_0_3", "b's cgroup limited to 0.3 CPU, 3 workers, 384 px JPEGs",
+             A_HEALTHY, TorchService(model="efficientnet_b0", batch=16, workers=3, image=384, rate=0, fetch=B_PORT),
+             ("staging-bound",), True, b_cpu_limit=0.3, knobs={"cpu_limit": 0.3},
+             note="throttled in most periods"),
+    Scenario("healthy_1pct", "a at its load, b resnet18 at 8 img/s: both healthy", A_HEALTHY,
+             TorchService(model="resnet18", batch=4, workers=2, image=256, rate=8, fetch=B_PORT), HEALTHY, False,
+             note="nothing limits either"),
 )
+FIRST_SET = ("healthy_2pct", "loader_too_few_workers", "workers_on_one_core", "pod_cpu_limit", "own_loss_6pct",
+             "foreign_loss_15pct", "gpu_full")
+SECOND_SET = ("workers_on_two_cores", "own_loss_4pct_download", "pod_cpu_limit_0_3", "healthy_1pct")
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -228,9 +250,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--node", required=True, help="the recording's node name (h200-lab-N)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--hold", type=float, default=45.0, help="seconds per scenario (default 45)")
-    ap.add_argument("--only", default="", help="comma-separated scenario names (default: all)")
+    ap.add_argument("--only", default="", help="comma-separated scenario names (default: the first set; "
+                    "'second': the second set)")
     args = ap.parse_args(argv)
-    record(args.node, args.out, args.hold, [s for s in args.only.split(",") if s] or None)
+    only = list(SECOND_SET) if args.only == "second" else [s for s in args.only.split(",") if s] or list(FIRST_SET)
+    record(args.node, args.out, args.hold, only)
     return 0
 
 
