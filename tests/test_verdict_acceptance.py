@@ -76,6 +76,12 @@ def test_every_recording_replayed_through_today_s_classifier(today: list[dict[st
         assert lab[name]["states"] == {"staging-bound": 3} and set(lab[name]["io_named"]) == {"cmd:lab-b"}, name
     assert lab["own_lossy_connection"]["states"] == {"network-bound": 3}
     assert not {"network-bound", "staging-bound", "io-saturated"} & set(lab["unrelated_retransmits"]["states"])
+    # the H200's held-out run (stock PyTorch): workers sharing two cores and a lossy download, on the lighter one
+    h200 = next(r for r in today if r["node"] == "h200-lab-2")["classes"]
+    assert h200["workers_on_two_cores"]["states"] == {"staging-bound": 2}
+    assert h200["own_loss_4pct_download"]["states"] == {"network-bound": 2}
+    for name in ("workers_on_two_cores", "own_loss_4pct_download", "pod_cpu_limit_0_3"):
+        assert set(h200[name]["io_named"]) == {"cmd:lab-b"}, name
     # the faults the per-workload evidence decides, on the recordings that have it
     for r in today:
         if r["node"] in FULL:

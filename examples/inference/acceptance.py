@@ -72,6 +72,10 @@ RECORDINGS: tuple[Recording, ...] = (
               "below busy_cores reports its main thread's wait; a cgroup two workloads share gives neither its "
               "pressure; loss on the way in), so it is a fitted recording from here on, and its recorded inputs "
               "lack the evidence those fixes add: its replay stays where it was", LAB_TRACES),
+    Recording("h200-lab-2", "2026-12-05, H200, examples/hostlab/h200.py --only second (scenarios written after "
+              "h200-lab-1's fixes, before this run)", "held_out",
+              "the held-out score of those fixes: other loaders (8 workers on two cores), another loss (4 % on a "
+              "download), another limit (0.3 CPU), 1 % load; 40 s a class, so 2 windows each", LAB_TRACES),
 )
 """Every recording so far came before the whole-process-set, CFS-throttling and per-workload
 network evidence: none of them holds those series, so on them the verdict runs its older paths (a
