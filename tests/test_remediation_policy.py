@@ -193,3 +193,12 @@ def test_a_per_workload_fallback_switches_only_that_workloads_key() -> None:
     b = target_key(r, {"namespace": "inference", "deployment": "ocr"})
     assert a[0] == "configmap/inference/deps/web.mode" and a != b     # own cooldowns, own fallbacks
     assert per_workload("{deployment}-deps", {"deployment": "ocr"}) == "ocr-deps"
+
+
+def test_the_shipped_and_example_policies_pass_check(tmp_path: Path) -> None:
+    """Every policy the project ships or runs (the H200 loop's, its knobs folder filled in as its
+    record script does) passes the same checks as `remediate check`, verdict-only targets included."""
+    load_policy(EXAMPLE)
+    text = (REPO / "examples" / "inference" / "policy.yaml").read_text().replace("@KNOBS_DIR@", str(tmp_path))
+    pol = parse_policy(text, "examples/inference/policy.yaml")
+    assert all(r.trigger.kind == "mismatch" for r in pol.rules)
