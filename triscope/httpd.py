@@ -12,7 +12,8 @@ Here one thread runs an asyncio loop for all connections:
   first byte and the body within ``request_timeout``; a keep-alive connection may sit idle
   ``idle_timeout``; a response must be taken within ``write_timeout``;
 * **bounded connections**: at ``max_connections`` the oldest *idle* connection (nothing received
-  yet) is closed to make room, and when none is idle a new one gets ``503`` at once;
+  yet) is closed to make room, else the one whose request head has trickled in longest (past
+  ``slow_head``), and when there is neither a new one gets ``503`` at once;
 * **small limits**: ``max_header_bytes`` for the request line and headers together (``431``),
   ``max_headers`` header lines, ``max_body`` for the body (``413``); a body needs a valid,
   single ``Content-Length`` (negative, non-numeric or repeated → ``400``; missing → ``411``) or
@@ -64,6 +65,7 @@ class Limits:
     max_header_bytes: int = 8192
     max_headers: int = 64
     max_body: int = 0               # 0: requests with a body are refused (413)
+    slow_head: float = 0.5          # at capacity, a request still arriving after this long gives up its slot
     backlog: int = 1024
 
 
@@ -117,11 +119,12 @@ class _BadRequest(Exception):
 
 
 class _Conn:
-    __slots__ = ("idle", "task", "writer")
+    __slots__ = ("idle", "started", "task", "writer")
 
     def __init__(self, writer: asyncio.StreamWriter) -> None:
         self.writer = writer
         self.idle = True      # nothing of a request received yet: may be closed to make room
+        self.started: float | None = None   # when the request being read began (None: not reading one)
         self.task: asyncio.Task[None] | None = None
 
 
@@ -153,6 +156,7 @@ class HttpServer:
         self._conns: dict[_Conn, None] = {}    # insertion order = age
         self.refused = 0                       # connections answered 503 because every slot was busy
         self.timed_out = 0                     # requests or idle connections closed at a deadline
+        self.evicted_slow = 0                  # trickling requests closed at capacity to make room
         # bind here, in the caller's thread, so an address in use is the caller's error at once
         self.sock = socket.create_server(addr, backlog=self.limits.backlog, reuse_port=False)
         self.sock.setblocking(False)
@@ -281,11 +285,27 @@ class HttpServer:
                 dropped += len(chunk)
 
     def _evict_idle(self) -> bool:
+        """Make room for a new connection: close the oldest idle one (nothing received), else the one
+        whose request head has trickled in longest, past ``slow_head`` seconds — a client that sends a
+        whole request at once takes its head in milliseconds, so slots held by trickling clients are
+        given to those that send whole requests (the request deadline alone would let 128 tricklers
+        refuse everyone for 5 s at a time)."""
         for c in self._conns:
             if c.idle and c.task is not None:
                 c.task.cancel()
                 self._conns.pop(c, None)
                 return True
+        now = time.monotonic()
+        slowest: _Conn | None = None
+        for c in self._conns:
+            if c.started is not None and c.task is not None and now - c.started >= self.limits.slow_head \
+                    and (slowest is None or c.started < (slowest.started or now)):
+                slowest = c
+        if slowest is not None and slowest.task is not None:
+            slowest.task.cancel()
+            self._conns.pop(slowest, None)
+            self.evicted_slow += 1
+            return True
         return False
 
     async def _serve(self, conn: _Conn, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -302,10 +322,11 @@ class HttpServer:
             if not first:
                 return
             conn.idle = False
-            started = time.monotonic()
+            started = conn.started = time.monotonic()
             try:
                 req = await asyncio.wait_for(self._read_request(first, reader, writer, peer),
                                              max(0.0, lim.request_timeout))
+                conn.started = None
             except TimeoutError:
                 self.timed_out += 1
                 await self._write(writer, self._error(408, "request not received in time"))

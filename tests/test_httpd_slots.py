@@ -1,0 +1,71 @@
+"""Slots at capacity: clients that trickle a request head in cannot keep out the ones that send whole
+requests (the shared HTTP server of /metrics, the webhook and OTLP, ``triscope.httpd``)."""
+
+from __future__ import annotations
+
+import http.client
+import time
+
+from hostile import Slowloris
+
+from triscope.httpd import HttpServer, Limits, Request, Response
+
+
+def _get(port: int) -> int | str:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.request("GET", "/metrics")
+        r = conn.getresponse()
+        r.read()
+        return r.status
+    except (OSError, http.client.HTTPException) as e:
+        return type(e).__name__
+    finally:
+        conn.close()
+
+
+def test_trickling_clients_give_their_slots_to_whole_requests() -> None:
+    """40 clients each sending a request head a byte a second, on a server of 16 slots: every slot is
+    taken by one within a second, and none of them is idle; a scrape that sends its whole request at
+    once still gets its answer (each time the longest trickler is closed for it), where it got 503
+    for up to the 5 s request deadline before."""
+    srv = HttpServer(("127.0.0.1", 0), lambda req: Response(200, b"ok\n", "text/plain"),
+                     limits=Limits(max_connections=16, header_timeout=5.0, request_timeout=5.0),
+                     name="slots").start()
+    port = srv.server_address[1]
+    slow = []
+    try:
+        for _ in range(40):
+            slow.append(Slowloris("127.0.0.1", port, gap=1.0))
+            time.sleep(0.01)
+        time.sleep(1.0)                       # every slot now holds a trickler past slow_head
+        got = []
+        for _ in range(60):
+            got.append(_get(port))
+            time.sleep(0.03)
+        ok = got.count(200) / len(got)
+        assert ok >= 0.99, {x: got.count(x) for x in set(got)}
+        assert srv.evicted_slow > 0
+        assert srv.connections <= 16
+    finally:
+        for s in slow:
+            s.close()
+        srv.shutdown()
+
+
+def test_a_prompt_client_is_never_evicted() -> None:
+    """Only a request still arriving after slow_head gives up its slot: requests that arrive whole
+    are never cut, even at capacity."""
+    seen: list[str] = []
+
+    def handler(req: Request) -> Response:
+        seen.append(req.path)
+        return Response(200, b"ok\n", "text/plain")
+
+    srv = HttpServer(("127.0.0.1", 0), handler, limits=Limits(max_connections=4), name="slots2").start()
+    port = srv.server_address[1]
+    try:
+        assert [_get(port) for _ in range(20)] == [200] * 20
+        assert srv.evicted_slow == 0 and len(seen) == 20
+    finally:
+        srv.shutdown()
