@@ -38,10 +38,19 @@ def _pg_bindir() -> Path | None:
     return versions[-1] / "bin" if versions else None
 
 
-class PostgresServer:
-    """A throw-away PostgreSQL cluster in a temp dir.  ``stop()`` / ``start()`` for outage tests."""
+FAST_SETTINGS = "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n"
+"""Not durable: an acknowledged commit may be lost when the server crashes.  For tests that never
+crash the server (the session's ``pg_server``)."""
+DURABLE_SETTINGS = "fsync = on\nsynchronous_commit = on\nfull_page_writes = on\n"
+"""As production runs it: for tests that crash the server and count what survived
+(``durable_pg_server``)."""
 
-    def __init__(self) -> None:
+
+class PostgresServer:
+    """A throw-away PostgreSQL cluster in a temp dir.  ``stop()`` / ``start()`` for outage tests;
+    ``durable``: configured as production (``DURABLE_SETTINGS``), else fast (``FAST_SETTINGS``)."""
+
+    def __init__(self, durable: bool = False) -> None:
         bindir = _pg_bindir()
         if bindir is None:
             raise RuntimeError("PostgreSQL server binaries not found: run 'make test' (it installs postgresql)")
@@ -56,7 +65,7 @@ class PostgresServer:
         self._run([str(bindir / "initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8"])
         with open(self.data / "postgresql.conf", "a") as f:
             f.write(f"\nport = {self.port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{self.dir}'\n"
-                    "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\nmax_connections = 200\n"
+                    + (DURABLE_SETTINGS if durable else FAST_SETTINGS) + "max_connections = 200\n"
                     "shared_buffers = 256MB\n")
         self.start()
 
@@ -85,6 +94,15 @@ class PostgresServer:
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[PostgresServer]:
     server = PostgresServer()
+    yield server
+    server.destroy()
+
+
+@pytest.fixture(scope="session")
+def durable_pg_server() -> Iterator[PostgresServer]:
+    """A PostgreSQL configured as production (fsync, synchronous_commit, full_page_writes on): for
+    the tests that crash it and count what an acknowledged commit kept."""
+    server = PostgresServer(durable=True)
     yield server
     server.destroy()
 

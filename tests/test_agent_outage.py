@@ -16,16 +16,11 @@ from triscope.store.db import upgrade
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
 
-def test_postgres_outage_loses_no_tick(pg_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_postgres_outage_loses_no_tick(durable_pg_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # a server configured as production (fsync, synchronous_commit on): an acknowledged commit must
+    # survive the crash below (an immediate stop: no checkpoint, no clean shutdown)
+    pg_server = durable_pg_server
     url = pg_server.create_database("outage")
-    # the test cluster trades durability for speed (synchronous_commit off); an acknowledged commit
-    # must survive the crash-like stop below, as on a production server
-    from sqlalchemy import create_engine, text
-
-    eng = create_engine(url, isolation_level="AUTOCOMMIT")
-    with eng.connect() as c:
-        c.execute(text("ALTER DATABASE outage SET synchronous_commit = on"))
-    eng.dispose()
     upgrade(url)
     env = dict(os.environ, TRISCOPE_SPOOL_DIR=str(tmp_path / "spool"))
     agent = subprocess.Popen(
