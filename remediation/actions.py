@@ -499,6 +499,19 @@ def _node_refusal(ctx: ActionContext, node: dict[str, Any]) -> str:
     return ""
 
 
+def _checked_node(ctx: ActionContext, kube: k.KubeAdapter, name: str) -> dict[str, Any] | ActionResult:
+    """The node an action is about to touch, or the ``suppressed`` result saying why it may not
+    (gone, a control-plane node, outside the node allow-list)."""
+    try:
+        node = kube.get_node(name)
+    except k.NotFound:
+        return ActionResult("suppressed", f"there is no node {name}", {"node": name}, rail="node")
+    refusal = _node_refusal(ctx, node)
+    if refusal:
+        return ActionResult("suppressed", refusal, {"node": name}, rail="node")
+    return node
+
+
 def _candidate_refusal(ctx: ActionContext, node: dict[str, Any], pod_spec: dict[str, Any]) -> str:
     """Why ``node`` cannot take the workload's pods ('' when it can)."""
     if node.get("spec", {}).get("unschedulable"):
@@ -529,13 +542,9 @@ def reschedule(ctx: ActionContext) -> ActionResult:
         return ActionResult("dry_run", f"would move {ns}/{dep_name} off {bad} (live state not checked: no Kubernetes "
                             "API configured)", {"checked": False})
     kube = ctx.need_kube()
-    try:
-        node = kube.get_node(bad)
-    except k.NotFound:
-        return ActionResult("suppressed", f"there is no node {bad}", {"node": bad}, rail="node")
-    refusal = _node_refusal(ctx, node)
-    if refusal:
-        return ActionResult("suppressed", refusal, {"node": bad}, rail="node")
+    node = _checked_node(ctx, kube, bad)
+    if isinstance(node, ActionResult):
+        return node
     dep = kube.get_deployment(ns, dep_name)
     pod_spec = dep.get("spec", {}).get("template", {}).get("spec", {}) or {}
     sel = dep.get("spec", {}).get("selector", {}).get("matchLabels", {}) or {}
@@ -626,13 +635,9 @@ def isolate_accelerator(ctx: ActionContext) -> ActionResult:
         return ActionResult("dry_run", f"would taint {what} and evict {len(pods)} pod(s) holding it (live state not "
                             "checked: no Kubernetes API configured)", {**resp, "checked": False})
     kube = ctx.need_kube()
-    try:
-        node = kube.get_node(node_name)
-    except k.NotFound:
-        return ActionResult("suppressed", f"there is no node {node_name}", {"node": node_name}, rail="node")
-    refusal = _node_refusal(ctx, node)
-    if refusal:
-        return ActionResult("suppressed", refusal, {"node": node_name}, rail="node")
+    checked = _checked_node(ctx, kube, node_name)
+    if isinstance(checked, ActionResult):
+        return checked
     if ctx.dry_run:
         return ActionResult("dry_run", f"would taint {what} and evict {len(pods)} pod(s) holding it: "
                             + (", ".join(resp["pods"]) or "none"), resp)

@@ -31,11 +31,11 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .lab import A_PORT, B_PORT, BLOB, HEALTHY, NFT_TABLE, STREAMER, U_PORT, CpuLimit, _family, drop, nft
+from .lab import A_PORT, B_PORT, BLOB, HEALTHY, NFT_TABLE, U_PORT, CpuLimit, apply_faults, nft, timeline_lines
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -196,29 +196,11 @@ def record(node: str, out: Path, hold: float, only: list[str] | None = None) -> 
                 continue
             start("a", sc.a)
             b = start("b", sc.b)
-            if sc.b_cpu_limit is not None:
-                limit.limit(sc.b_cpu_limit)
-                time.sleep(0.3)
-                limit.put(_family(b.pid))
-            if sc.b_loss is not None:
-                drop(B_PORT, sc.b_loss)
-            if sc.unrelated_loss is not None:
-                drop(U_PORT, sc.unrelated_loss)
-                s = subprocess.Popen([sys.executable, "-c", STREAMER, str(U_PORT)], stdout=subprocess.PIPE,
-                                     text=True, start_new_session=True)
-                assert s.stdout is not None and s.stdout.readline().strip() == "ready"
-                extra.append(s)
+            extra += apply_faults(sc, b.pid, limit)
             t0 = time.time()
             print(f"h200 lab: {sc.name}: {sc.title}", file=sys.stderr, flush=True)
             time.sleep(hold)
-            t1 = time.time()
-            for who, svc in (("a", sc.a), ("b", sc.b)):
-                timeline.append({
-                    "scenario": sc.name, "title": sc.title, "start": round(t0, 3), "end": round(t1, 3),
-                    "instance": who, "role": "faulty" if who == "b" and sc.faulty else "healthy",
-                    "workload": f"lab-{who}", "gpu": 0, "service": asdict(svc),
-                    "knobs": sc.knobs if who == "b" else {}, "faulty": sc.faulty and who == "b",
-                    "expected_state": list(sc.expect), "note": sc.note})
+            timeline += timeline_lines(sc, t0, time.time())
             stop_all()
             nft("flush", "chain", "inet", NFT_TABLE, "in")
             limit.limit(None)

@@ -226,6 +226,35 @@ def _family(pid: int) -> list[int]:
     return out
 
 
+def apply_faults(sc: Any, b_pid: int, limit: CpuLimit) -> list[subprocess.Popen[str]]:
+    """Scenario ``sc``'s faults on b (pid ``b_pid``): its CPU limit, its connection's loss, an unrelated
+    lossy streamer; returns the processes started (to be stopped with the services)."""
+    extra = []
+    if sc.b_cpu_limit is not None:
+        limit.limit(sc.b_cpu_limit)
+        time.sleep(0.3)
+        limit.put(_family(b_pid))
+    if sc.b_loss is not None:
+        drop(B_PORT, sc.b_loss)
+    if sc.unrelated_loss is not None:
+        drop(U_PORT, sc.unrelated_loss)
+        s = subprocess.Popen([sys.executable, "-c", STREAMER, str(U_PORT)], stdout=subprocess.PIPE,
+                             text=True, start_new_session=True)
+        assert s.stdout is not None and s.stdout.readline().strip() == "ready"
+        extra.append(s)
+    return extra
+
+
+def timeline_lines(sc: Any, t0: float, t1: float) -> list[dict[str, Any]]:
+    """The timeline's two lines of scenario ``sc`` (held from ``t0`` to ``t1``): a and b, what was expected."""
+    return [{"scenario": sc.name, "title": sc.title, "start": round(t0, 3), "end": round(t1, 3),
+             "instance": who, "role": "faulty" if who == "b" and sc.faulty else "healthy",
+             "workload": f"lab-{who}", "gpu": 0, "service": asdict(svc),
+             "knobs": sc.knobs if who == "b" else {}, "faulty": sc.faulty and who == "b",
+             "expected_state": list(sc.expect), "note": sc.note}
+            for who, svc in (("a", sc.a), ("b", sc.b))]
+
+
 class Lab:
     """The services, the GPU stand-in and the collectors of one recording."""
 
@@ -345,29 +374,11 @@ def record(node: str, out: Path, hold: float) -> Path:
             for sc in SCENARIOS:
                 lab.start("a", sc.a)
                 b = lab.start("b", sc.b)
-                if sc.b_cpu_limit is not None:
-                    limit.limit(sc.b_cpu_limit)
-                    time.sleep(0.3)
-                    limit.put(_family(b.pid))
-                if sc.b_loss is not None:
-                    drop(B_PORT, sc.b_loss)
-                if sc.unrelated_loss is not None:
-                    drop(U_PORT, sc.unrelated_loss)
-                    s = subprocess.Popen([sys.executable, "-c", STREAMER, str(U_PORT)], stdout=subprocess.PIPE,
-                                         text=True, start_new_session=True)
-                    assert s.stdout is not None and s.stdout.readline().strip() == "ready"
-                    lab.extra.append(s)
+                lab.extra += apply_faults(sc, b.pid, limit)
                 t0 = time.time()
                 print(f"hostlab: {sc.name}: {sc.title}", file=sys.stderr, flush=True)
                 time.sleep(hold)
-                t1 = time.time()
-                for who, svc in (("a", sc.a), ("b", sc.b)):
-                    timeline.append({
-                        "scenario": sc.name, "title": sc.title, "start": round(t0, 3), "end": round(t1, 3),
-                        "instance": who, "role": "faulty" if who == "b" and sc.faulty else "healthy",
-                        "workload": f"lab-{who}", "gpu": 0, "service": asdict(svc),
-                        "knobs": sc.knobs if who == "b" else {}, "faulty": sc.faulty and who == "b",
-                        "expected_state": list(sc.expect), "note": sc.note})
+                timeline.extend(timeline_lines(sc, t0, time.time()))
                 lab.stop_all()
                 nft("flush", "chain", "inet", NFT_TABLE, "in")
                 limit.limit(None)
