@@ -423,6 +423,10 @@ def test_a_cgroup_two_workloads_share_gives_neither_its_pressure(monkeypatch: py
         shared = {a.pid: "/sys/fs/cgroup/machine.slice", b.pid: "/sys/fs/cgroup/machine.slice",
                   own.pid: "/sys/fs/cgroup/own.slice"}
         monkeypatch.setattr(c, "_cgroup_dirs", lambda pids: {p: shared[p] for p in pids if p in shared})
+        # named by their commands whatever unit the test runs in (under a systemd service, all three
+        # would be that one unit's: one workload)
+        monkeypatch.setattr("triscope.agent.collectors.workloads.attribute",
+                            lambda info, owners, pods: ("", "", "", f"cmd:{info.comm}" if info else ""))
         c.refresh(force=True)
         assert c._dirs == {own.pid: "/sys/fs/cgroup/own.slice"}
         c.close()
