@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .lab import A_PORT, B_PORT, BLOB, HEALTHY, NFT_TABLE, U_PORT, CpuLimit, apply_faults, nft, timeline_lines
+from .lab import A_PORT, B_PORT, HEALTHY, NFT_TABLE, apply_faults, lab_network, nft, timeline_lines
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -147,14 +147,7 @@ def record(node: str, out: Path, hold: float, only: list[str] | None = None) -> 
     url = f"sqlite:///{db}"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     subprocess.run([sys.executable, "-m", "triscope", "db", "upgrade", "--db", url], check=True, cwd=REPO, env=env)
-    blob = subprocess.Popen([sys.executable, "-c", BLOB, str(A_PORT), str(B_PORT), str(U_PORT)],
-                            stdout=subprocess.PIPE, text=True, start_new_session=True)
-    assert blob.stdout is not None and blob.stdout.readline().strip() == "ready"
-    with contextlib.suppress(subprocess.CalledProcessError):
-        nft("delete", "table", "inet", NFT_TABLE)
-    nft("add", "table", "inet", NFT_TABLE)
-    nft("add", "chain", "inet", NFT_TABLE, "in", "{ type filter hook input priority 0; }")
-    limit = CpuLimit(f"triscope-lab-{os.getpid()}")
+    blob, limit = lab_network()
     agent_log = open(out / "agent.log", "w")  # noqa: SIM115 - open for the agent's whole life
     agent = subprocess.Popen([sys.executable, "-m", "triscope", "-v", "agent", "--db", url, "--interval", "1",
                               "--node", node, "--listen", "127.0.0.1:9464", "--spool", str(out / "spool")],

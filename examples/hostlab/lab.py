@@ -226,6 +226,22 @@ def _family(pid: int) -> list[int]:
     return out
 
 
+def lab_network() -> tuple[subprocess.Popen[str], CpuLimit]:
+    """What every lab scenario runs on: the blob server (a, b and the unrelated streamer's ports), the
+    nftables table whose input chain the losses go into, the cgroup a CPU limit goes on.  Needs root
+    and nftables (said in one line otherwise)."""
+    if os.geteuid() != 0 or shutil.which("nft") is None:
+        raise SystemExit("hostlab: needs root and nftables (apt-get install nftables)")
+    blob = subprocess.Popen([sys.executable, "-c", BLOB, str(A_PORT), str(B_PORT), str(U_PORT)],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert blob.stdout is not None and blob.stdout.readline().strip() == "ready"
+    with contextlib.suppress(subprocess.CalledProcessError):
+        nft("delete", "table", "inet", NFT_TABLE)
+    nft("add", "table", "inet", NFT_TABLE)
+    nft("add", "chain", "inet", NFT_TABLE, "in", "{ type filter hook input priority 0; }")
+    return blob, CpuLimit(f"triscope-lab-{os.getpid()}")
+
+
 def apply_faults(sc: Any, b_pid: int, limit: CpuLimit) -> list[subprocess.Popen[str]]:
     """Scenario ``sc``'s faults on b (pid ``b_pid``): its CPU limit, its connection's loss, an unrelated
     lossy streamer; returns the processes started (to be stopped with the services)."""
@@ -345,18 +361,9 @@ def record(node: str, out: Path, hold: float) -> Path:
     from triscope.store import Store
     from triscope.trace import export_trace
 
-    if os.geteuid() != 0 or shutil.which("nft") is None:
-        raise SystemExit("hostlab: needs root and nftables (apt-get install nftables)")
+    blob, limit = lab_network()
     tmp = Path(tempfile.mkdtemp(prefix="hostlab-"))
     lab = Lab(tmp)
-    blob = subprocess.Popen([sys.executable, "-c", BLOB, str(A_PORT), str(B_PORT), str(U_PORT)],
-                            stdout=subprocess.PIPE, text=True, start_new_session=True)
-    assert blob.stdout is not None and blob.stdout.readline().strip() == "ready"
-    with contextlib.suppress(subprocess.CalledProcessError):
-        nft("delete", "table", "inet", NFT_TABLE)
-    nft("add", "table", "inet", NFT_TABLE)
-    nft("add", "chain", "inet", NFT_TABLE, "in", "{ type filter hook input priority 0; }")
-    limit = CpuLimit(f"triscope-lab-{os.getpid()}")
     base, _ = split_available(build_collectors(AgentOptions(ebpf=False, nvml=False, npu=False, workloads=False)))
     wl = WorkloadsCollector([lab.source], pods_log_dir=str(tmp / "no-pods"), pod_resources_socket=str(tmp / "no.sock"))
     ticks: list[Tick] = []
