@@ -423,6 +423,9 @@ def test_a_cgroup_two_workloads_share_gives_neither_its_pressure(monkeypatch: py
         shared = {a.pid: "/sys/fs/cgroup/machine.slice", b.pid: "/sys/fs/cgroup/machine.slice",
                   own.pid: "/sys/fs/cgroup/own.slice"}
         monkeypatch.setattr(c, "_cgroup_dirs", lambda pids: {p: shared[p] for p in pids if p in shared})
+        # each process alone (in a container whose one cgroup holds every process, as on a fresh machine,
+        # each process set would be all of them)
+        monkeypatch.setattr(c, "_process_sets", lambda: {p: [p] for p in shared})
         # named by their commands whatever unit the test runs in (under a systemd service, all three
         # would be that one unit's: one workload)
         monkeypatch.setattr("triscope.agent.collectors.workloads.attribute",
