@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -298,7 +299,9 @@ def test_webhook_over_tls(tmp_path: Path, certs: Certs) -> None:
             assert b"HTTP/1.1 200" not in _read_all(s)
     finally:
         proc.terminate()
-        out, _ = proc.communicate(timeout=30)
+        out, err = proc.communicate(timeout=60)   # the engine bounds its own stop (20 s)
+    if "did not stop within" in err:   # said in the run's summary with the stacks, which the stop tests own
+        warnings.warn(f"triscope remediate hung in its stop: {err[-6000:]}", stacklevel=1)
     assert f"webhook: POST https://127.0.0.1:{port}/api/v1/alerts (bearer token)" in out
 
 

@@ -17,6 +17,7 @@ from triscope.commands.common import (
     parse_time,
 )
 from triscope.loopback import is_loopback
+from triscope.stopping import bound_the_stop
 
 TOKEN_ENV = "TRISCOPE_WEBHOOK_TOKEN"
 DEFAULT_LISTEN = "127.0.0.1:9095"
@@ -174,6 +175,9 @@ def _read_token(args: argparse.Namespace) -> str | None:
         raise UserError(str(e)) from None
 
 
+STOP_BOUND_S = 20.0   # the webhook (5 s), the scheduler's running job and the actions' drain (10 s)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from triscope.errors import UserError
     from triscope.remediation import kube as k
@@ -227,7 +231,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     try:
-        done.wait()
+        # a timed wait: a signal the kernel hands to another thread only sets a flag, and a main thread
+        # blocked in an untimed wait would never look at it
+        while not done.wait(1.0):
+            pass
     finally:
+        bound_the_stop("triscope remediate", STOP_BOUND_S)
         handle.stop()
     return 0

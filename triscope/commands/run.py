@@ -18,6 +18,7 @@ from typing import Any
 from triscope import defaults
 from triscope.commands.agent import add_agent_options, build_config
 from triscope.commands.common import add_db_option, parse_hostport
+from triscope.stopping import bound_the_stop
 
 # package data (triscope/defaults): found without the repository
 DEFAULT_TRACE = defaults.TRACES
@@ -147,6 +148,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     finally:
+        bound_the_stop("triscope run", 45.0)   # the agent writes its ticks (bounded), then the engine and dashboard
         agent.stop()
         t.join(30)
         for h in (engine, dash):
