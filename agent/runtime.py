@@ -169,6 +169,9 @@ class Agent:
         if self.otlp is not None:
             with contextlib.suppress(Exception):
                 self.otlp.shutdown()
+        # the agent's own record of what it produced: what a gap in the store is checked against
+        log.warning("agent for node %s stopped: %d ticks taken; %d samples left in the spool %s for the next start",
+                    self.cfg.node, self.sampler.stats.ticks, self.writer.spool.pending_samples, self.writer.spool.dir)
 
 
 def _freeze_startup_objects() -> None:

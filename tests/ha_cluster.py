@@ -11,6 +11,12 @@ standby the leader accepts no commit at all (triscope's choice, docs/scaling.md#
 ``target_session_attrs=read-write``); ``leader()`` asks Patroni's REST API who leads;
 ``kill_leader_postgres()`` SIGKILLs the leader's postmaster; ``freeze_patroni()`` SIGSTOPs a node's
 Patroni (it then cannot renew its leader key while its PostgreSQL lives on).
+
+``HACluster(netns=True)`` (root): each Patroni + PostgreSQL node runs in a network namespace of its
+own, joined by a veth pair to a bridge of the cluster's own in the root namespace, where etcd and
+every client are; ``partition(node)`` takes the node's link down (no reply, no reset: what a
+partitioned leader looks like to its clients, its standbys and the DCS) and ``heal(node)`` brings
+it back.
 """
 
 from __future__ import annotations
@@ -45,6 +51,24 @@ def missing_parts() -> str | None:
     return None
 
 
+def netns_refused() -> str | None:
+    """Why the cluster cannot give each node a network namespace here (None when it can)."""
+    if os.geteuid() != 0:
+        return "network namespaces for the nodes need root"
+    if shutil.which("ip") is None:
+        return "ip (Debian package iproute2) not installed"
+    probe = f"tsha-probe-{os.getpid()}"
+    r = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None if r.returncode == 0 else f"ip netns add refused here: {r.stderr.strip()}"
+
+
+def _ip(*args: str) -> None:
+    r = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)}: {r.stderr.strip()}")
+
+
 @dataclass
 class Node:
     name: str
@@ -53,13 +77,17 @@ class Node:
     data: Path
     log: Path
     proc: subprocess.Popen[bytes] | None = None
-    frozen: bool = False
+    frozen: bool = False          # its API does not answer (SIGSTOPped, or cut off by a partition)
+    host: str = "127.0.0.1"
+    ns: str | None = None          # its network namespace (netns mode)
+    link: str | None = None        # the root namespace's end of its veth pair (netns mode)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
 class HACluster:
-    def __init__(self, nodes: int = 3, *, ttl: int = 10, loop_wait: int = 1, retry_timeout: int = 4) -> None:
-        why = missing_parts()
+    def __init__(self, nodes: int = 3, *, ttl: int = 10, loop_wait: int = 1, retry_timeout: int = 4,
+                 netns: bool = False) -> None:
+        why = missing_parts() or (netns_refused() if netns else None)
         if why:
             raise RuntimeError(why)
         self.dir = Path(tempfile.mkdtemp(prefix="triscope-ha-"))
@@ -75,6 +103,47 @@ class HACluster:
         self.nodes = [Node(f"pg{i}", free_port(), free_port(), self.dir / f"pg{i}" / "data",
                            self.dir / f"pg{i}.log") for i in range(nodes)]
         self.etcd: subprocess.Popen[bytes] | None = None
+        self.etcd_host = "127.0.0.1"
+        self.bridge: str | None = None
+        self.subnet = "127.0.0.1/32"
+        if netns:
+            self._network(nodes)
+
+    # ------------------------------------------------------------------ the network (netns mode)
+    def _network(self, nodes: int) -> None:
+        """A bridge with an address in the root namespace, one namespace + veth pair per node."""
+        tag = f"{os.getpid() % 10000:04d}{self.etcd_port % 100:02d}"
+        net = f"10.{200 + os.getpid() % 50}.{self.etcd_port % 250}"
+        self.bridge, self.subnet, self.etcd_host = f"tsha{tag}", f"{net}.0/24", f"{net}.1"
+        _ip("link", "add", self.bridge, "type", "bridge")
+        _ip("addr", "add", f"{net}.1/24", "dev", self.bridge)
+        _ip("link", "set", self.bridge, "up")
+        for i, n in enumerate(self.nodes):
+            n.ns, n.link, n.host = f"tsha{tag}-{n.name}", f"tsv{tag}{i}", f"{net}.{10 + i}"
+            _ip("netns", "add", n.ns)
+            _ip("link", "add", n.link, "type", "veth", "peer", "name", "eth0", "netns", n.ns)
+            _ip("link", "set", n.link, "master", self.bridge, "up")
+            for cmd in (("addr", "add", f"{n.host}/24", "dev", "eth0"), ("link", "set", "eth0", "up"),
+                        ("link", "set", "lo", "up")):
+                _ip("-n", n.ns, *cmd)
+
+    def _network_down(self) -> None:
+        for n in self.nodes:
+            if n.ns:
+                subprocess.run(["ip", "netns", "del", n.ns], capture_output=True)
+        if self.bridge:
+            subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+
+    def partition(self, n: Node) -> None:
+        """Take the node's link down: its packets, both ways, are dropped (nothing is reset)."""
+        assert n.link, "partition() needs HACluster(netns=True)"
+        _ip("link", "set", n.link, "down")
+        n.frozen = True
+
+    def heal(self, n: Node) -> None:
+        assert n.link
+        _ip("link", "set", n.link, "up")
+        n.frozen = False
 
     def semaphores_refused(self) -> str | None:
         """Patroni's thread pools take POSIX semaphores (/dev/shm) as the user it runs as; a chroot or a
@@ -90,11 +159,12 @@ class HACluster:
                 f"{r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}")
 
     # ------------------------------------------------------------------ start / stop
-    def _popen(self, cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
+    def _popen(self, cmd: list[str], log: Path, ns: str | None = None) -> subprocess.Popen[bytes]:
         out = open(log, "ab")  # noqa: SIM115 - handed to the child
         try:
             env = {k: v for k, v in os.environ.items() if not k.startswith(("PG", "PYTHON"))}
-            return subprocess.Popen(self.as_user + cmd, stdout=out, stderr=subprocess.STDOUT, cwd=self.dir,
+            inside = ["ip", "netns", "exec", ns] if ns else []
+            return subprocess.Popen(inside + self.as_user + cmd, stdout=out, stderr=subprocess.STDOUT, cwd=self.dir,
                                     env=env, start_new_session=True)
         finally:
             out.close()
@@ -103,13 +173,13 @@ class HACluster:
         etcd_dir = self.dir / "etcd"
         self.etcd = self._popen([
             "etcd", "--name", "e0", "--data-dir", str(etcd_dir),
-            "--listen-client-urls", f"http://127.0.0.1:{self.etcd_port}",
-            "--advertise-client-urls", f"http://127.0.0.1:{self.etcd_port}",
+            "--listen-client-urls", f"http://{self.etcd_host}:{self.etcd_port}",
+            "--advertise-client-urls", f"http://{self.etcd_host}:{self.etcd_port}",
             "--listen-peer-urls", f"http://127.0.0.1:{self.etcd_peer}",
             "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.etcd_peer}",
             "--initial-cluster", f"e0=http://127.0.0.1:{self.etcd_peer}",
             "--heartbeat-interval", "100", "--election-timeout", "1000", "--enable-v2=true"], self.dir / "etcd.log")
-        wait_for_port(self.etcd_port, timeout=20)
+        wait_for_port(self.etcd_port, host=self.etcd_host, timeout=20)
         first, *rest = self.nodes
         self.start_node(first)
         self.wait_for(lambda: self.leader() == first.name, timeout, "the first node to lead")
@@ -124,12 +194,12 @@ class HACluster:
         return {
             "scope": SCOPE, "name": n.name,
             "log": {"level": "INFO"},
-            "restapi": {"listen": f"127.0.0.1:{n.api_port}", "connect_address": f"127.0.0.1:{n.api_port}"},
+            "restapi": {"listen": f"{n.host}:{n.api_port}", "connect_address": f"{n.host}:{n.api_port}"},
             # etcd's v2 API: Patroni 3.0.2's etcd3 client renews a leader key with an unconditional
             # put, so a leader whose Patroni was paused past its ttl overwrites the key of the node
             # promoted meanwhile (seen here: the promoted node demoted, its acknowledged commits
             # gone); the v2 client renews with compare-and-swap on its own name (prevValue)
-            "etcd": {"hosts": [f"127.0.0.1:{self.etcd_port}"]},
+            "etcd": {"hosts": [f"{self.etcd_host}:{self.etcd_port}"]},
             "bootstrap": {
                 "dcs": {
                     "ttl": self.ttl, "loop_wait": self.loop_wait, "retry_timeout": self.retry_timeout,
@@ -142,10 +212,11 @@ class HACluster:
                 },
                 "initdb": [{"encoding": "UTF8"}, {"auth": "trust"}],
                 "pg_hba": ["local all all trust", "host all all 127.0.0.1/32 trust",
-                           "host replication all 127.0.0.1/32 trust"],
+                           "host replication all 127.0.0.1/32 trust", f"host all all {self.subnet} trust",
+                           f"host replication all {self.subnet} trust"],
             },
             "postgresql": {
-                "listen": f"127.0.0.1:{n.pg_port}", "connect_address": f"127.0.0.1:{n.pg_port}",
+                "listen": f"{n.host}:{n.pg_port}", "connect_address": f"{n.host}:{n.pg_port}",
                 "data_dir": str(n.data), "bin_dir": str(PG_BIN), "pgpass": str(self.dir / f"{n.name}.pgpass"),
                 "authentication": {"superuser": {"username": "postgres", "password": "postgres"},
                                    "replication": {"username": "postgres", "password": "postgres"},
@@ -164,7 +235,7 @@ class HACluster:
             shutil.chown(self.dir / n.name, "postgres", "postgres")
         cfg = self.dir / f"{n.name}.yml"
         cfg.write_text(json.dumps(self.config(n), indent=1))   # JSON is YAML
-        n.proc = self._popen(["patroni", str(cfg)], n.log)
+        n.proc = self._popen(["patroni", str(cfg)], n.log, n.ns)
 
     def stop(self, logs_to: Path | None = None) -> None:
         """Stop everything and remove the temp dir (its logs copied to ``logs_to`` first, if given)."""
@@ -189,6 +260,7 @@ class HACluster:
             except subprocess.TimeoutExpired:
                 self.etcd.kill()
                 self.etcd.wait(5)
+        self._network_down()
         if logs_to is not None:
             logs_to.mkdir(parents=True, exist_ok=True)
             for log in [*self.dir.glob("*.log"), *self.dir.glob("*.yml")]:
@@ -199,7 +271,7 @@ class HACluster:
     # ------------------------------------------------------------------ state
     def api(self, n: Node, path: str = "/patroni") -> dict[str, Any] | None:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{n.api_port}{path}", timeout=2) as r:
+            with urllib.request.urlopen(f"http://{n.host}:{n.api_port}{path}", timeout=2) as r:
                 data = json.loads(r.read())
         except urllib.error.HTTPError as e:
             data = json.loads(e.read() or b"{}")
@@ -252,19 +324,19 @@ class HACluster:
     # ------------------------------------------------------------------ URLs
     def url(self, db: str = "postgres", attrs: str = "read-write") -> str:
         """triscope's multi-host spelling: one ``host=HOST:PORT`` query parameter per server."""
-        hosts = "&".join(f"host=127.0.0.1:{n.pg_port}" for n in self.nodes)
+        hosts = "&".join(f"host={n.host}:{n.pg_port}" for n in self.nodes)
         return f"postgresql+psycopg://postgres@/{db}?{hosts}&target_session_attrs={attrs}"
 
     def libpq_url(self, db: str = "postgres", attrs: str = "read-write") -> str:
         """The same as ``url()`` in libpq's own multi-host spelling (``h1:p1,h2:p2``), which triscope rewrites."""
-        hosts = ",".join(f"127.0.0.1:{n.pg_port}" for n in self.nodes)
+        hosts = ",".join(f"{n.host}:{n.pg_port}" for n in self.nodes)
         return f"postgresql://postgres@{hosts}/{db}?target_session_attrs={attrs}"
 
     def node_url(self, n: Node, db: str = "postgres") -> str:
-        return f"postgresql+psycopg://postgres@127.0.0.1:{n.pg_port}/{db}"
+        return f"postgresql+psycopg://postgres@{n.host}:{n.pg_port}/{db}"
 
     def psql(self, n: Node, sql: str, db: str = "postgres") -> str:
-        out = subprocess.run([str(PG_BIN / "psql"), "-h", "127.0.0.1", "-p", str(n.pg_port), "-U", "postgres",
+        out = subprocess.run([str(PG_BIN / "psql"), "-h", n.host, "-p", str(n.pg_port), "-U", "postgres",
                               "-d", db, "-Atc", sql], check=True, capture_output=True, text=True, timeout=30)
         return out.stdout.strip()
 

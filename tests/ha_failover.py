@@ -53,11 +53,14 @@ class Poll:
         import psycopg
         from sqlalchemy.engine import make_url
 
-        from triscope.store.db import make_engine
+        from triscope.store.db import make_engine, pg_connect_defaults
 
         eng = make_engine(self.url)
         _a, kw = eng.dialect.create_connect_args(make_url(eng.url))
         eng.dispose()
+        # the reader gives up on a silent server itself (a connection to a cut-off leader would
+        # otherwise block it, and the staleness it reports, for as long as the cut lasts)
+        kw.update(pg_connect_defaults(kw), tcp_user_timeout=2000, options="-c statement_timeout=2000")
         conn: Any = None
         while not self.stop.wait(0.25):
             try:
@@ -156,7 +159,10 @@ def run_scenario(cluster: HACluster, tmp: Path, fault: Callable[[HACluster], dic
                 vals = [int(v) for v in sd.values]
                 n = max(vals)
                 c = collections.Counter(vals)
-                out["ticks"][node] = {"n": n, "missing": [i for i in range(1, n + 1) if i not in c],
+                # every tick the agent took (its own exit line), not only up to the highest one stored
+                taken, spooled = _taken(logs[NODES.index(node)])
+                out["ticks"][node] = {"n": n, "taken": taken, "left_in_spool": spooled,
+                                      "missing": [i for i in range(1, max(n, taken) + 1) if i not in c],
                                       "doubled": [i for i, k in c.items() if k > 1]}
             decided = [rows[0] for k, rows in by_key.items() if k.startswith("alert:restart:")]
             stamps: dict[str, list[str]] = collections.defaultdict(list)
@@ -199,6 +205,14 @@ def run_scenario(cluster: HACluster, tmp: Path, fault: Callable[[HACluster], dic
         kube.stop()
 
 
+def _taken(log: str) -> tuple[int, int]:
+    """(ticks taken, samples left in the spool) from an agent's exit line; (-1, -1) when it has none."""
+    import re
+
+    m = re.search(r"stopped: (\d+) ticks taken; (\d+) samples left in the spool", log)
+    return (int(m.group(1)), int(m.group(2))) if m else (-1, -1)
+
+
 def summary(out: dict[str, Any]) -> dict[str, Any]:
     """The figures of a run, for printing."""
     acts = out.get("actions", {})
@@ -207,7 +221,7 @@ def summary(out: dict[str, Any]) -> dict[str, Any]:
         "failover_s": round(out.get("failover_s", float("nan")), 2),
         "first_commit_after_fault_s": out.get("first_commit_after_fault_s"),
         "worst_lag_s": out.get("worst_lag_s"), "steady_lag_max_s": out.get("steady_lag_max_s"),
-        "ticks": {k: {"n": v["n"], "missing": len(v["missing"]), "doubled": len(v["doubled"])}
+        "ticks": {k: {"n": v["n"], "taken": v["taken"], "missing": len(v["missing"]), "doubled": len(v["doubled"])}
                   for k, v in out.get("ticks", {}).items()},
         "actions_lost": len(acts.get("lost", [])), "actions_doubled": len(acts.get("doubled", [])),
         "duplicates_recognised": acts.get("duplicates_recognised"), "poll_errors": out.get("poll_errors"),

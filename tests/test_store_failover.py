@@ -63,6 +63,7 @@ def _check(out: dict[str, Any]) -> None:
     for node in NODES:
         t = out["ticks"][node]
         assert t["n"] >= 30, (node, t["n"])
+        assert t["taken"] >= t["n"] > 0, (node, t)     # the agent's own count, from its exit line
         assert not t["missing"] and not t["doubled"], (node, t)
     joined = "\n".join(out["agent_logs"])
     # a write that failed went to the spool and came back from it (a write may also just have waited)
@@ -222,7 +223,7 @@ def _fence_writer(cluster: HACluster, node_name: str, acked: list[int], tried: l
     n = cluster.node(node_name)
     i = 0
     try:
-        with psycopg.connect(host="127.0.0.1", port=n.pg_port, user="postgres", dbname="ha_fence",
+        with psycopg.connect(host=n.host, port=n.pg_port, user="postgres", dbname="ha_fence",
                              autocommit=True, connect_timeout=3) as conn:
             while not stop.is_set():
                 i += 1
