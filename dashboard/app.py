@@ -131,8 +131,9 @@ def create_app(store_url: str | None = None, slo_file: str | Path | None = None,
     proxy = proxy_trust(trusted_proxies, proxy_user_header)   # refused before the store is opened
     if store is None:
         from triscope.store import Store
+        from triscope.store.db import READ_STATEMENT_TIMEOUT_S
 
-        store = Store.open(store_url)
+        store = Store.open(store_url, statement_timeout_s=READ_STATEMENT_TIMEOUT_S)   # it only reads
         store.require_schema()
     slo_path = Path(slo_file) if slo_file else None
     if slo_path is not None and not slo_path.is_file():

@@ -56,8 +56,9 @@ class Store(StoreReads):
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
-    def open(cls, url: str | None = None, *, check: bool = True) -> Store:
-        engine = make_engine(url)
+    def open(cls, url: str | None = None, *, check: bool = True, statement_timeout_s: float | None = None) -> Store:
+        """``statement_timeout_s``: a bound on every statement (PostgreSQL), for readers only."""
+        engine = make_engine(url, statement_timeout_s=statement_timeout_s)
         if check:
             check_reachable(engine)
         return cls(engine)

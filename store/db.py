@@ -143,7 +143,15 @@ def pg_connect_defaults(query: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in PG_TCP_DEFAULTS.items() if k not in query}
 
 
-def make_engine(url: str | None = None, *, echo: bool = False) -> Engine:
+# A reader's bound (the dashboard): a page's query that runs past it is cancelled by the server
+# and the page says so, instead of holding a worker and a connection.  Readers only: a writer's
+# statement is never cut (a synchronous commit waits for its standby, see docs/scaling.md).
+READ_STATEMENT_TIMEOUT_S = 30.0
+
+
+def make_engine(url: str | None = None, *, echo: bool = False, statement_timeout_s: float | None = None) -> Engine:
+    """The store's SQLAlchemy engine; ``statement_timeout_s`` bounds every statement on PostgreSQL
+    (readers only: ``READ_STATEMENT_TIMEOUT_S``; a setting in the URL's ``options`` wins)."""
     url = normalise_url(url or default_url())
     if url.startswith("sqlite"):
         engine = create_engine(url, echo=echo, connect_args={"timeout": 10, "check_same_thread": False})
@@ -151,9 +159,16 @@ def make_engine(url: str | None = None, *, echo: bool = False) -> Engine:
     else:
         engine = create_engine(
             url, echo=echo, pool_pre_ping=True, pool_size=5, max_overflow=5,
-            connect_args={"connect_timeout": 5, "options": PG_OPTIONS, **pg_connect_defaults(make_url(url).query)},
+            connect_args={"connect_timeout": 5, "options": _options(statement_timeout_s),
+                          **pg_connect_defaults(make_url(url).query)},
         )
     return engine
+
+
+def _options(statement_timeout_s: float | None) -> str:
+    if statement_timeout_s is None:
+        return PG_OPTIONS
+    return f"{PG_OPTIONS} -c statement_timeout={int(statement_timeout_s * 1000)}"
 
 
 def check_reachable(engine: Engine) -> None:
