@@ -69,3 +69,54 @@ def test_a_prompt_client_is_never_evicted() -> None:
         assert srv.evicted_slow == 0 and len(seen) == 20
     finally:
         srv.shutdown()
+
+
+def _get_from(source: str, port: int, path: str = "/metrics", timeout: float = 10) -> int | str:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout, source_address=(source, 0))
+    try:
+        conn.request("GET", path)
+        r = conn.getresponse()
+        r.read()
+        return r.status
+    except (OSError, http.client.HTTPException) as e:
+        return type(e).__name__
+    finally:
+        conn.close()
+
+
+def test_one_source_holds_at_most_its_share_of_the_slots() -> None:
+    """16 slots; one address sends 16 whole requests that each keep the server busy 2 s (not idle,
+    not trickling: nothing to evict once they run).  Past half the slots it is held to its share (4):
+    8 are served, and a scrape from any other address is answered meanwhile; without the per-source
+    bound it is refused."""
+    import threading
+
+    def handler(req: Request) -> Response:
+        if req.path == "/slow":
+            time.sleep(2.0)
+        return Response(200, b"ok\n", "text/plain")
+
+    for per_source, other_answered in ((0, True), (16, False)):
+        srv = HttpServer(("127.0.0.1", 0), handler, limits=Limits(max_connections=16, per_source=per_source),
+                         workers=24, name="per-source").start()
+        port = srv.server_address[1]
+        flood: list[int | str] = []
+        threads = [threading.Thread(target=lambda f=flood, p=port: f.append(_get_from("127.0.0.1", p, "/slow")))
+                   for _ in range(16)]
+        try:
+            for t in threads:
+                t.start()
+            time.sleep(0.5)                             # the flood holds what it could get
+            others = [_get_from(f"127.0.0.{2 + i}", port, timeout=5) for i in range(5)]
+            for t in threads:
+                t.join(10)
+            if other_answered:
+                assert others == [200] * 5, others
+                # half the slots served; the others refused (503), or closed while still idle to make
+                # room for a newer connection of the same source
+                assert flood.count(200) == 8, flood
+                assert len(flood) == 16
+            else:
+                assert others == [503] * 5, others     # the same flood without the bound: everyone else out
+        finally:
+            srv.shutdown()

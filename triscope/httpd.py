@@ -66,6 +66,7 @@ class Limits:
     max_headers: int = 64
     max_body: int = 0               # 0: requests with a body are refused (413)
     slow_head: float = 0.5          # at capacity, a request still arriving after this long gives up its slot
+    per_source: int = 0             # once half the slots are taken, connections one source may hold (0: a quarter, >= 4)
     backlog: int = 1024
 
 
@@ -119,10 +120,11 @@ class _BadRequest(Exception):
 
 
 class _Conn:
-    __slots__ = ("idle", "started", "task", "writer")
+    __slots__ = ("idle", "source", "started", "task", "writer")
 
-    def __init__(self, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, writer: asyncio.StreamWriter, source: str | None = None) -> None:
         self.writer = writer
+        self.source = source  # the peer's address: its share of the slots is bounded
         self.idle = True      # nothing of a request received yet: may be closed to make room
         self.started: float | None = None   # when the request being read began (None: not reading one)
         self.task: asyncio.Task[None] | None = None
@@ -157,6 +159,7 @@ class HttpServer:
         self.refused = 0                       # connections answered 503 because every slot was busy
         self.timed_out = 0                     # requests or idle connections closed at a deadline
         self.evicted_slow = 0                  # trickling requests closed at capacity to make room
+        self.refused_source = 0                # connections answered 503 because their source held its share
         # bind here, in the caller's thread, so an address in use is the caller's error at once
         self.sock = socket.create_server(addr, backlog=self.limits.backlog, reuse_port=False)
         self.sock.setblocking(False)
@@ -231,20 +234,27 @@ class HttpServer:
         return len(self._conns)
 
     # connections -------------------------------------------------------------------------------------
+    @property
+    def per_source(self) -> int:
+        return self.limits.per_source or max(4, self.limits.max_connections // 4)
+
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        source = str(peer[0]) if isinstance(peer, tuple) and peer else None
+        # once half the slots are taken, one source holds at most its share (its own idle or trickling
+        # connection gives way first): a flood from one address leaves half to every other client,
+        # and clients that share an address (a NAT, loopback) are not limited while there is room
+        if source is not None and len(self._conns) * 2 >= self.limits.max_connections \
+                and sum(1 for c in self._conns if c.source == source) >= self.per_source \
+                and not self._evict_idle(source):
+            self.refused_source += 1
+            await self._refuse(writer)
+            return
         if len(self._conns) >= self.limits.max_connections and not self._evict_idle():
             self.refused += 1
-            with contextlib.suppress(Exception):
-                if self.ssl_context is not None:   # the 503 goes over TLS, as every answer does
-                    ctx = self.ssl_context() if callable(self.ssl_context) else self.ssl_context
-                    assert ctx is not None
-                    await writer.start_tls(ctx, ssl_handshake_timeout=1.0)
-                writer.write(_head(503, "text/plain; charset=utf-8", 0, close=True,
-                                   extra=[("Retry-After", "1")]))
-                await asyncio.wait_for(writer.drain(), 1.0)
-            writer.close()
+            await self._refuse(writer)
             return
-        conn = _Conn(writer)
+        conn = _Conn(writer, source)
         conn.task = asyncio.current_task()
         self._conns[conn] = None
         sockobj = writer.get_extra_info("socket")
@@ -284,29 +294,48 @@ class HttpServer:
                     break
                 dropped += len(chunk)
 
-    def _evict_idle(self) -> bool:
+    async def _refuse(self, writer: asyncio.StreamWriter) -> None:
+        """503 and close (over TLS when the listener has it, as every answer is)."""
+        with contextlib.suppress(Exception):
+            if self.ssl_context is not None:
+                ctx = self.ssl_context() if callable(self.ssl_context) else self.ssl_context
+                assert ctx is not None
+                await writer.start_tls(ctx, ssl_handshake_timeout=1.0)
+            writer.write(_head(503, "text/plain; charset=utf-8", 0, close=True, extra=[("Retry-After", "1")]))
+            await asyncio.wait_for(writer.drain(), 1.0)
+        writer.close()
+
+    def _evict_idle(self, source: str | None = None) -> bool:
         """Make room for a new connection: close the oldest idle one (nothing received), else the one
         whose request head has trickled in longest, past ``slow_head`` seconds — a client that sends a
         whole request at once takes its head in milliseconds, so slots held by trickling clients are
         given to those that send whole requests (the request deadline alone would let 128 tricklers
-        refuse everyone for 5 s at a time)."""
+        refuse everyone for 5 s at a time).  With ``source``: only among that source's connections."""
         for c in self._conns:
-            if c.idle and c.task is not None:
-                c.task.cancel()
-                self._conns.pop(c, None)
+            if c.idle and c.task is not None and (source is None or c.source == source):
+                self._close(c)
                 return True
         now = time.monotonic()
         slowest: _Conn | None = None
         for c in self._conns:
             if c.started is not None and c.task is not None and now - c.started >= self.limits.slow_head \
-                    and (slowest is None or c.started < (slowest.started or now)):
+                    and (source is None or c.source == source) and (slowest is None or c.started < (slowest.started or now)):
                 slowest = c
         if slowest is not None and slowest.task is not None:
-            slowest.task.cancel()
-            self._conns.pop(slowest, None)
+            self._close(slowest)
             self.evicted_slow += 1
             return True
         return False
+
+    def _close(self, c: _Conn) -> None:
+        """Close a connection to make room.  The transport is aborted as well as the task cancelled:
+        a cancel that lands as the awaited read completes can be swallowed (``asyncio.wait_for`` on
+        3.11), and the connection would then be served outside the count of slots."""
+        assert c.task is not None
+        c.task.cancel()
+        self._conns.pop(c, None)
+        with contextlib.suppress(Exception):
+            c.writer.transport.abort()
 
     async def _serve(self, conn: _Conn, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         lim = self.limits
