@@ -45,6 +45,7 @@ def _row(name: str, make: Callable[[], Collector]) -> DoctorRow:
 def host_doctor(proc: str = "/proc", sys: str = "/sys", scrape: Iterable[str] = (),
                 scrape_timeout: float = 2.0) -> list[DoctorRow]:
     from triscope.agent.collectors.scrape import ScrapeCollector
+    from triscope.agent.collectors.topology import TopologyCollector
 
     rows = [
         _row("tcp", lambda: TcpCollector(proc=proc)),
@@ -52,6 +53,7 @@ def host_doctor(proc: str = "/proc", sys: str = "/sys", scrape: Iterable[str] = 
         _row("pressure", lambda: PressureCollector(proc=proc)),
         _row("pcie_link", lambda: PcieLinkCollector(sys=sys)),
         _row("aer", lambda: AerCollector(sys=sys, proc=proc)),
+        _row("topology", lambda: TopologyCollector(sys=sys)),
     ]
     for url in scrape:
         rows.append(_row(f"scrape:{url}", lambda url=url: ScrapeCollector(url, timeout=scrape_timeout)))  # type: ignore[misc]

@@ -105,6 +105,12 @@ def _pcie(opts: AgentOptions) -> Collector:
     return PcieLinkCollector(sys=opts.sys)
 
 
+def _topology(opts: AgentOptions) -> Collector:
+    from triscope.agent.collectors.topology import TopologyCollector
+
+    return TopologyCollector(sys=opts.sys)
+
+
 def _aer(opts: AgentOptions) -> Collector:
     from triscope.agent.collectors.aer import AerCollector
 
@@ -161,6 +167,7 @@ def build_collectors(opts: AgentOptions) -> list[Collector]:
     collectors.append(_make("pressure", lambda: _pressure(opts)))
     collectors.append(_make("pcie", lambda: _pcie(opts)))
     collectors.append(_make("aer", lambda: _aer(opts)))
+    collectors.append(_make("topology", lambda: _topology(opts)))
     if ebpf is not None:
         collectors.append(ebpf)
     if opts.nvml:

@@ -46,6 +46,8 @@ _SPECS = [
     MetricSpec("triscope_pcie_link_speed_gts", "gauge", "PCIe link speed in GT/s (kind=current|max).", ("device", "kind")),
     MetricSpec("triscope_pcie_link_width", "gauge", "PCIe link width in lanes (kind=current|max).", ("device", "kind")),
     MetricSpec("triscope_pcie_link_degraded", "gauge", "1 when the link runs below its maximum speed or width.", ("device",)),
+    MetricSpec("triscope_accelerator_topology_info", "gauge", "1 per accelerator: its NUMA node (unknown for -1), local CPUs, root complex and the PCIe bridges from the root port down (sysfs).", ("device", "numa_node", "local_cpus", "host_bridge", "path")),
+    MetricSpec("triscope_accelerator_nic_info", "gauge", "1 per NIC nearest an accelerator, with the link between them in nvidia-smi topo terms (PIX, PXB, PHB, NODE, SYS, unknown).", ("device", "nic", "interface", "link")),
     MetricSpec("triscope_pcie_link_capacity_bytes_per_second", "gauge", "Usable one-way bandwidth of the negotiated link (generation x width, after encoding).", ("device",)),
     # host pressure
     MetricSpec("triscope_pressure_ratio", "gauge", "Pressure stall information avg10 as a ratio (resource=cpu|memory|io, kind=some|full).", ("resource", "kind")),
