@@ -118,6 +118,16 @@ class MismatchThresholds:
     alert, the one most clusters already run; a pod kept at its limit reads far above it (746 of 751
     periods, 99 %, for eight loader workers under a 1-CPU limit on the H200 host), one that bursts
     now and then far below."""
+    numa_remote: float = 0.5
+    """A workload that runs at least this share of its CPU time off its accelerator's local CPUs
+    (``triscope_workload_cpu_local_ratio``), or keeps this share of its host pages off its NUMA node
+    (``triscope_workload_memory_local_ratio``), feeds it across the socket link: every staged copy
+    crosses it, so pinned host-to-device bandwidth drops and latency rises with nothing else wrong.
+    Not fitted on a recording (none made on a machine with two NUMA nodes): the majority is the
+    bar, as the placement the kubelet's Topology Manager ``single-numa-node`` policy enforces is
+    all of it.  Read only while the workload works (``numa_min_cores``)."""
+    numa_min_cores: float = 0.2
+    """... and uses at least this many cores (a fifth): an idle process's placement is no feeder's."""
     pin_churn_rate: float = 10.0
     """DMA map operations per second at or above this: pin churn (the node's flag: the accelerators'
     own PCI devices when known; an accelerator's staging evidence: its own device when known).  Maps happen when host memory is pinned, not per copy, so a healthy

@@ -64,12 +64,16 @@ WORKLOAD_TCP_SEGMENTS = "triscope_workload_tcp_segments_sent_total"
 # ... and on the way in: packets that arrived after a gap (the peer retransmits them), data segments received
 WORKLOAD_TCP_OOO_IN = "triscope_workload_tcp_out_of_order_received_total"
 WORKLOAD_TCP_SEGMENTS_IN = "triscope_workload_tcp_data_segments_received_total"
+# where it runs: the share of its CPU time on its accelerator's local CPUs, of its pages on its NUMA node
+WORKLOAD_CPU_LOCAL = "triscope_workload_cpu_local_ratio"
+WORKLOAD_MEM_LOCAL = "triscope_workload_memory_local_ratio"
 WORKLOAD_FIELDS: dict[str, str | None] = {
     WORKLOAD_INFO: None, WORKLOAD_PROCESSES: "processes", WORKLOAD_SM: "sm", WORKLOAD_FEEDER: "feeder",
     WORKLOAD_CPU_WAIT: "cpu_wait", WORKLOAD_CPU_PRESSURE: "cpu_pressure", WORKLOAD_CPU: "cores",
     WORKLOAD_CPU_PERIODS: "periods", WORKLOAD_CPU_THROTTLED: "throttled",
     WORKLOAD_TCP_RETRANSMITS: "retransmits", WORKLOAD_TCP_SEGMENTS: "segments",
-    WORKLOAD_TCP_OOO_IN: "ooo_in", WORKLOAD_TCP_SEGMENTS_IN: "segments_in"}
+    WORKLOAD_TCP_OOO_IN: "ooo_in", WORKLOAD_TCP_SEGMENTS_IN: "segments_in",
+    WORKLOAD_CPU_LOCAL: "cpu_local", WORKLOAD_MEM_LOCAL: "mem_local"}
 """Per-workload metric -> its ``WorkloadWindow`` field (the info series only says the workload is there)."""
 WORKLOAD_COUNTER_FIELDS = frozenset({"cores", "periods", "throttled", "retransmits", "segments", "ooo_in",
                                      "segments_in"})
@@ -100,6 +104,8 @@ class WorkloadEvidence:
     segments: float | None = None        # ... segments sent per second
     ooo_in: float | None = None          # packets its sockets received out of order (after a gap) per second
     segments_in: float | None = None     # ... data segments received per second
+    cpu_local: float | None = None       # share of its CPU time on its accelerator's local CPUs
+    mem_local: float | None = None       # share of its host pages on its accelerator's NUMA node
 
     @property
     def throttled(self) -> float | None:
@@ -220,6 +226,8 @@ class WorkloadWindow:
     segments: Sequence[float] = ()          # triscope_workload_tcp_segments_sent_total, per second
     ooo_in: Sequence[float] = ()            # triscope_workload_tcp_out_of_order_received_total, per second
     segments_in: Sequence[float] = ()       # triscope_workload_tcp_data_segments_received_total, per second
+    cpu_local: Sequence[float] = ()         # triscope_workload_cpu_local_ratio
+    mem_local: Sequence[float] = ()         # triscope_workload_memory_local_ratio
 
 
 @dataclass(slots=True)
@@ -343,7 +351,8 @@ def window_features(values: WindowValues) -> WindowFeatures:
             f.per_workload = [WorkloadEvidence(w.key, mean(w.feeder), mean(w.cpu_wait), mean(w.cpu_pressure),
                                                f.workload_cores.get(w.key), mean(w.periods), mean(w.throttled),
                                                mean(w.retransmits), mean(w.segments), mean(w.ooo_in),
-                                               mean(w.segments_in)) for w in ws]
+                                               mean(w.segments_in), mean(w.cpu_local), mean(w.mem_local))
+                              for w in ws]
         accs.append(f)
     return WindowFeatures(accs, cpu_busy=mean(values.cpu_busy), pressure=_highest_mean(values.pressure),
                           dma_map_rate=node_dma, retransmit_rate=_summed_means(values.retransmit_rates))

@@ -86,6 +86,8 @@ CATEGORIES: tuple[Category, ...] = (
              or m == "triscope_gpu_pcie_replays_total"),
     Category("pcie_load", "PCIe link load (host <-> device copies)", "load",
              lambda m, lab: m.startswith(("triscope_gpu_pcie_rx", "triscope_gpu_pcie_tx", "triscope_gpu_nvlink_"))),
+    Category("numa_locality", "NUMA locality (the workload runs or keeps its pages off its accelerator's socket)",
+             "cause", lambda m, lab: m in ("triscope_workload_cpu_local_ratio", "triscope_workload_memory_local_ratio")),
     Category("host_staging", "Host staging (CPU copying / CPU pressure)", "cause",
              lambda m, lab: m == "triscope_cpu_busy_ratio"
              or (m == "triscope_cpu_seconds_total" and lab.get("mode") in ("user", "system", "nice", "irq", "softirq"))

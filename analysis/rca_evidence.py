@@ -10,6 +10,7 @@ mismatch detector uses for it (``MismatchThresholds``), as a strength (1 = at th
 | --- | --- | --- |
 | ``pcie_load`` | link utilisation (typical tick: upper median), busier direction, of the effective ceiling | ``io_saturated_link`` |
 | ``host_staging`` | host CPU busy; PSI cpu some; the workload's feeder thread busy, its run-queue wait, its cgroup's CPU pressure (means); the pageable signature (typical tick: accelerator starved, link between ``staging_link_floor`` and saturation, no pin churn; with per-workload series only while a workload keeps ``host_copy_cores`` busy, as the detector) | ``cpu_busy``, ``cpu_pressure``, ``feeder_busy``, ``cpu_wait``, ``workload_cpu_pressure``; the signature counts 1 |
+| ``numa_locality`` | the workload's CPU time off its accelerator's local CPUs, its host pages off its NUMA node (1 - the ``*_local_ratio`` means) | ``numa_remote`` |
 | ``dma_mapping`` | DMA maps/s on the accelerators' own devices (pin churn); the pageable signature when pin churn explains it | ``pin_churn_rate`` |
 | ``network`` | TCP retransmits/s | ``retransmit_rate`` |
 | ``host_memory`` / ``host_io`` | PSI memory / io some | ``cpu_pressure`` |
@@ -42,9 +43,11 @@ from triscope.analysis.features import (
     PRESSURE,
     RETRANSMITS,
     WORKLOAD_CPU,
+    WORKLOAD_CPU_LOCAL,
     WORKLOAD_CPU_PRESSURE,
     WORKLOAD_CPU_WAIT,
     WORKLOAD_FEEDER,
+    WORKLOAD_MEM_LOCAL,
     buses_of_gpus,
     effective_ceiling,
     link_ids,
@@ -256,6 +259,15 @@ def figures(ctx: EvidenceContext, acc: str, a: float, b: float) -> dict[str, lis
             s = LIMIT_FLOOR
             detail += " (the link is at its ceiling: the host keeps up, this is load)"
         add("host_staging", name, v, thr, detail, strength=s)
+    remote = getattr(th, "numa_remote", 0.5)
+    for metric, name, what in ((WORKLOAD_CPU_LOCAL, "cpu_remote", "runs {v:.0%} of its CPU time"),
+                               (WORKLOAD_MEM_LOCAL, "memory_remote", "keeps {v:.0%} of its host pages")):
+        local = [m for sp in ctx.by_metric.get(metric, ()) if _mine(sp, acc, ctx) for m in [_mean(sp, a, b)]
+                 if m is not None]
+        if local and remote > 0:
+            v = 1.0 - min(local)
+            add("numa_locality", name, v, remote,
+                f"the workload {what.format(v=v)} off its accelerator's NUMA node: its copies cross the socket link")
     add("host_memory", "memory_pressure", psi.get("memory"), th.cpu_pressure, f"PSI memory some {psi.get('memory', 0):.0%}")
     add("host_io", "io_pressure", psi.get("io"), th.cpu_pressure, f"PSI io some {psi.get('io', 0):.0%}")
 

@@ -115,7 +115,29 @@ def host_findings(w: WorkloadEvidence, th: MismatchThresholds) -> list[tuple[flo
     if w.cpu_pressure is not None and th.workload_cpu_pressure > 0 and w.cpu_pressure >= th.workload_cpu_pressure:
         out.append((_ratio(w.cpu_pressure, th.workload_cpu_pressure),
                     f"CPU pressure of {who}'s cgroup {_pct(w.cpu_pressure)} (>= {_pct(th.workload_cpu_pressure)})"))
+    numa = numa_finding(w, th)
+    if numa is not None:
+        out.append(numa)
     return out
+
+
+def numa_finding(w: WorkloadEvidence, th: MismatchThresholds) -> tuple[float, str] | None:
+    """A working workload that runs, or keeps its host pages, mostly off its accelerator's NUMA
+    node: every copy it stages crosses the socket link.  (strength, reason), or None."""
+    if th.numa_remote <= 0 or w.cores is None or w.cores < th.numa_min_cores:
+        return None
+    parts: list[str] = []
+    worst = 0.0
+    if w.cpu_local is not None and 1.0 - w.cpu_local >= th.numa_remote:
+        worst = max(worst, 1.0 - w.cpu_local)
+        parts.append(f"runs {_pct(1.0 - w.cpu_local)} of its CPU time")
+    if w.mem_local is not None and 1.0 - w.mem_local >= th.numa_remote:
+        worst = max(worst, 1.0 - w.mem_local)
+        parts.append(f"keeps {_pct(1.0 - w.mem_local)} of its host pages")
+    if not parts:
+        return None
+    return (_ratio(worst, th.numa_remote), f"{workload_text(w.key)} {' and '.join(parts)} off its accelerator's "
+                                            f"NUMA node (>= {_pct(th.numa_remote)}): its copies cross the socket link")
 
 
 def network_finding(w: WorkloadEvidence, th: MismatchThresholds) -> tuple[float, str] | None:

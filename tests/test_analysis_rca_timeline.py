@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 TRACE = REPO / "examples" / "traces" / "h200-phases.jsonl.gz"
 CAUSE_KEYS = {"pcie_load", "host_staging", "dma_mapping", "host_io", "host_memory", "network", "network_traffic",
               "gpu_health", "accelerator_activity", "pcie_errors", "iommu_faults", "application", "remediation",
-              "derived", "host_other", "agent"}
+              "derived", "host_other", "agent", "numa_locality"}
 # what each labelled phase of the recording calls for as the top cause of a bad episode in it
 RIGHT = {"pinned_h2d": {"pcie_load"}, "pinned_d2h": {"pcie_load"}, "pageable_h2d": {"host_staging"},
          "pin_churn": {"host_staging", "dma_mapping"}}

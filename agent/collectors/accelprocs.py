@@ -34,6 +34,7 @@ class AcceleratorProcess:
     pid: int
     device_index: str = ""                # what a device plugin's id names: the NPU's index, the GPU's index
     sm_ratio: float | None = None         # the process's share of SM time, when known
+    bus_id: str = ""                      # the accelerator's PCI address ("0000:1b:00.0"); "" unknown
 
     @property
     def kind(self) -> str:

@@ -38,9 +38,20 @@ class _Gpu:
     handle: Any
     uuid: str
     labels: tuple[tuple[str, str], ...]
+    bus_id: str = ""
     unsupported: set[str] = field(default_factory=set)
     lost_until: float = 0.0
     last_seen_us: int = 0
+
+
+def _bus_id(nv: Any, handle: Any) -> str:
+    """The GPU's PCI address as sysfs names it ("0000:1b:00.0"); "" when NVML does not say."""
+    from triscope.agent.collectors.nvml import normalise_bus_id
+
+    try:
+        return normalise_bus_id(nv.nvmlDeviceGetPciInfo(handle).busId)
+    except Exception:  # noqa: BLE001 - the placement is only unknown then
+        return ""
 
 
 class NvmlProcessSource:
@@ -77,7 +88,8 @@ class NvmlProcessSource:
             for i in range(nv.nvmlDeviceGetCount()):
                 h = nv.nvmlDeviceGetHandleByIndex(i)
                 uuid = nv.nvmlDeviceGetUUID(h)
-                gpus.append(_Gpu(i, h, uuid.decode() if isinstance(uuid, bytes) else str(uuid), gpu_labels(i)))
+                gpus.append(_Gpu(i, h, uuid.decode() if isinstance(uuid, bytes) else str(uuid), gpu_labels(i),
+                                 _bus_id(nv, h)))
         except nv.NVMLError as e:
             nv.nvmlShutdown()
             raise CollectorUnavailable(f"listing the GPUs failed: {e}") from None
@@ -127,7 +139,8 @@ class NvmlProcessSource:
                     pid = int(getattr(p, "pid", 0) or 0)
                     if pid > 0:
                         pids[pid] = None
-            out += [AcceleratorProcess(g.labels, g.uuid, pid, device_index=str(g.index)) for pid in pids]
+            out += [AcceleratorProcess(g.labels, g.uuid, pid, device_index=str(g.index), bus_id=g.bus_id)
+                    for pid in pids]
         return out
 
     def shares(self) -> dict[tuple[tuple[str, str], ...], dict[int, float]]:

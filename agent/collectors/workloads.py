@@ -53,6 +53,7 @@ from triscope.agent.collectors.attribution import (
 )
 from triscope.agent.collectors.base import Availability, BaseCollector
 from triscope.agent.collectors.cgroups import resolve_v2_dir, unified_root
+from triscope.agent.collectors.placement import WorkloadPlacement
 from triscope.agent.collectors.podresources import DEFAULT_SOCKET, DeviceOwner, PodResourcesWatch
 from triscope.agent.collectors.processset import CgroupCpu, CgroupDirs, ProcessTree, cgroup_dirs, process_set
 from triscope.agent.collectors.procstat import ProcSample, ProcStats
@@ -71,6 +72,7 @@ class _Accel:
     uuid: str
     groups: tuple[tuple[Workload, tuple[int, ...]], ...]     # each workload on it and its whole process set
     cpu_stat: tuple[tuple[Workload, tuple[str, str]], ...] = ()   # each workload's cgroup cpu.stat (path, v1|v2)
+    bus_id: str = ""          # its PCI address ("" unknown): where its local CPUs and NUMA node are read
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,7 @@ class WorkloadsCollector(BaseCollector):
                  pod_resources_socket: str = DEFAULT_SOCKET, pods_log_dir: str = DEFAULT_PODS_LOG_DIR,
                  max_workloads_per_accelerator: int = 8, busy_cores: float = 0.5,
                  process_every: float = 5.0, share_every: float = 1.0, pod_resources_every: float = 30.0,
-                 max_processes_per_workload: int = 64, tcp_every: float = 5.0,
+                 max_processes_per_workload: int = 64, tcp_every: float = 5.0, placement_every: float = 10.0,
                  background: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
         if max_workloads_per_accelerator < 1:
             raise ValueError("max_workloads_per_accelerator must be >= 1")
@@ -110,6 +112,8 @@ class WorkloadsCollector(BaseCollector):
         self.max_processes = max_processes_per_workload
         self.tree = ProcessTree(proc)
         self.tcp = WorkloadTcp(proc, every=tcp_every, clock=clock) if tcp_every > 0 else None
+        self.placement = (WorkloadPlacement(proc, sys, every=placement_every, clock=clock)
+                          if placement_every > 0 else None)
         self._members: dict[int, list[int]] = {}     # a listed process -> its whole process set (itself first)
         self._cpu_stat: dict[str, CgroupCpu] = {}     # cpu.stat path -> kept-open reader
         self._cpu_prev: dict[tuple[Labels, Workload], tuple[int, int, float]] = {}
@@ -216,6 +220,8 @@ class WorkloadsCollector(BaseCollector):
             nxt = min(self._next_procs, self._next_shares, self._next_psi,
                       self.tcp.next_due if self.tcp is not None else float("inf"))
             nxt = min(nxt, self.pod_resources.next_due)
+            if self.placement is not None:
+                nxt = min(nxt, self.placement.next_due)
             self._stop.wait(max(0.05, nxt - self.clock()))
 
     def refresh(self, force: bool = False) -> Plan:
@@ -256,6 +262,8 @@ class WorkloadsCollector(BaseCollector):
                 for wl, pids in acc.groups:
                     groups.setdefault(wl, {}).update(dict.fromkeys(pids))
             self.tcp.read({wl: list(pids) for wl, pids in groups.items()})
+        if self.placement is not None and (force or changed or self.placement.due()):
+            self.placement.read({(a.labels, wl): (a.bus_id, pids) for a in plan.accels for wl, pids in a.groups})
         with self._lock:
             self._plan = plan
         return plan
@@ -337,6 +345,7 @@ class WorkloadsCollector(BaseCollector):
                 if key is not None:
                     owners_by_key.setdefault(key, []).append(o)
         by_accel: dict[Labels, tuple[str, dict[Workload, dict[int, None]]]] = {}
+        bus_of: dict[Labels, str] = {}
         stat_of: dict[Labels, dict[Workload, tuple[str, str]]] = {}
         for r in self._rows:
             info = self._info.get(r.pid)
@@ -345,6 +354,8 @@ class WorkloadsCollector(BaseCollector):
                 owners += owners_by_key.get(k, ())
             wl = attribute(info, owners, self.pods)
             group = by_accel.setdefault(r.labels, (r.uuid, {}))[1].setdefault(wl, {})
+            if r.bus_id:
+                bus_of[r.labels] = r.bus_id
             for pid in self._members.get(r.pid, (r.pid,)):
                 if len(group) < self.max_processes or pid == r.pid:
                     group[pid] = None
@@ -354,7 +365,7 @@ class WorkloadsCollector(BaseCollector):
                 if cs is not None:
                     stat_of.setdefault(r.labels, {})[wl] = cs
         accels = tuple(_Accel(labels, uuid, tuple((wl, tuple(pids)) for wl, pids in groups.items()),
-                              tuple(sorted(stat_of.get(labels, {}).items())))
+                              tuple(sorted(stat_of.get(labels, {}).items())), bus_of.get(labels, ""))
                        for labels, (uuid, groups) in sorted(by_accel.items()))
         # every process of every set; a listed one the agent cannot see (another PID namespace) is left out
         pids = frozenset(p for a in accels for _wl, ps in a.groups for p in ps
@@ -464,6 +475,7 @@ class WorkloadsCollector(BaseCollector):
         state = self._state
         cfs = {wl: self._cfs(acc.labels, wl, where) for wl, where in acc.cpu_stat if wl in groups}
         tcp = self.tcp
+        placement = self.placement
         for wl, (n, sm, cpu, best, known, run, wait, waited, psi) in groups.items():
             key = (acc.labels, wl)
             st = state.get(key)
@@ -492,6 +504,12 @@ class WorkloadsCollector(BaseCollector):
                 add(Sample("triscope_workload_cpu_throttled_seconds_total", secs, labels, "counter"))
                 if limit is not None:
                     add(Sample("triscope_workload_cpu_limit_cores", limit, labels))
+            placed = placement.get((acc.labels, wl)) if placement is not None else None
+            if placed is not None:
+                if placed.cpu_local is not None:
+                    add(Sample("triscope_workload_cpu_local_ratio", placed.cpu_local, labels))
+                if placed.mem_local is not None:
+                    add(Sample("triscope_workload_memory_local_ratio", placed.mem_local, labels))
             if tcp is not None and not tcp.problem:
                 got = tcp.counters(wl)
                 if got is not None:

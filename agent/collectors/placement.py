@@ -1,0 +1,170 @@
+"""Where a workload really runs, against its accelerator's NUMA node (off the tick).
+
+For each (accelerator, workload) whose accelerator's PCI address is known:
+
+* **CPU**: every ``every`` seconds (10), each thread of each process of the set,
+  ``/proc/PID/task/TID/stat``: its CPU time (``utime + stime``) since the previous read, counted
+  as local when the CPU it last ran on (``processor``) is one of the accelerator's
+  ``local_cpulist``.  ``cpu_local`` is the local share of the set's CPU time over the interval
+  (``None`` while the set used less than ``min_cpu_s`` of CPU: a quiet set says nothing).  A
+  thread is sampled where it was at the read, weighted by what it ran since: a thread that moves
+  often is counted where it is caught.
+* **Memory**: every ``mem_every`` seconds (60: the kernel walks the page tables for it),
+  ``/proc/PID/numa_maps``: the pages of the anonymous mappings (the heap, pinned host buffers a
+  framework allocates itself) and of the NVIDIA driver's mappings (``cudaHostAlloc`` memory), per
+  NUMA node (``N<node>=<pages>`` x ``kernelpagesize_kB``).  ``mem_local`` is the share on the
+  accelerator's own node (``None`` when its node is unknown: ``numa_node`` -1).
+
+The accelerator's local CPUs and node come from ``/sys/bus/pci/devices/BUS/{local_cpulist,numa_node}``
+(read once per bus).  On a one-socket machine every CPU is local: ``cpu_local`` reads 1.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+
+from triscope.agent.collectors.topology import parse_cpulist
+
+_NODE_RE = re.compile(rb"\bN(\d+)=(\d+)")
+_PAGE_RE = re.compile(rb"\bkernelpagesize_kB=(\d+)")
+
+
+@dataclass(frozen=True, slots=True)
+class Locality:
+    cpus: frozenset[int]      # the accelerator's local CPUs (empty: unknown)
+    node: int | None          # its NUMA node (None: unknown)
+
+
+@dataclass(slots=True)
+class Placed:
+    cpu_local: float | None = None
+    mem_local: float | None = None
+
+
+class WorkloadPlacement:
+    """``read(groups)`` with ``groups``: key -> (the accelerator's PCI address, the set's processes);
+    ``get(key)`` -> ``Placed``.  Runs on the workloads worker, never on the tick."""
+
+    def __init__(self, proc: str = "/proc", sys: str = "/sys", *, every: float = 10.0, mem_every: float = 60.0,
+                 min_cpu_s: float = 0.2, clock: Callable[[], float] = time.monotonic) -> None:
+        self.proc, self.sys = proc, sys
+        self.every, self.mem_every, self.min_cpu_s = every, mem_every, min_cpu_s
+        self.clock = clock
+        self.next_due = 0.0
+        self._next_mem = 0.0
+        self._local: dict[str, Locality] = {}
+        self._ticks: dict[tuple[int, int], int] = {}       # (pid, tid) -> utime + stime at the last read
+        self._placed: dict[Hashable, Placed] = {}
+        self.threads_read = 0
+
+    def due(self) -> bool:
+        return self.clock() >= self.next_due
+
+    def get(self, key: Hashable) -> Placed | None:
+        return self._placed.get(key)
+
+    def locality(self, bus: str) -> Locality:
+        got = self._local.get(bus)
+        if got is None:
+            base = os.path.join(self.sys, "bus/pci/devices", bus)
+            try:
+                with open(os.path.join(base, "local_cpulist")) as f:
+                    cpus = frozenset(parse_cpulist(f.read()))
+            except OSError:
+                cpus = frozenset()
+            try:
+                with open(os.path.join(base, "numa_node")) as f:
+                    n = int(f.read().strip())
+            except (OSError, ValueError):
+                n = -1
+            got = self._local[bus] = Locality(cpus, None if n < 0 else n)
+        return got
+
+    def read(self, groups: Mapping[Hashable, tuple[str, Sequence[int]]]) -> None:
+        now = self.clock()
+        self.next_due = now + self.every
+        mem = now >= self._next_mem
+        if mem:
+            self._next_mem = now + self.mem_every
+        self.threads_read = 0
+        seen: set[tuple[int, int]] = set()
+        placed: dict[Hashable, Placed] = {}
+        for key, (bus, pids) in groups.items():
+            if not bus:
+                continue
+            loc = self.locality(bus)
+            old = self._placed.get(key)
+            p = placed[key] = Placed(None, old.mem_local if old is not None and not mem else None)
+            if loc.cpus:
+                local = total = 0
+                for pid in pids:
+                    lt = self._threads(pid, loc.cpus, seen)
+                    local += lt[0]
+                    total += lt[1]
+                clk = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+                if total > 0 and total / clk >= self.min_cpu_s:
+                    p.cpu_local = local / total
+                elif old is not None:
+                    p.cpu_local = old.cpu_local       # a quiet interval keeps what was last seen
+            if mem and loc.node is not None:
+                on = every = 0
+                for pid in pids:
+                    by = numa_pages(self.proc, pid)
+                    on += by.get(loc.node, 0)
+                    every += sum(by.values())
+                p.mem_local = on / every if every else None
+        for gone in self._ticks.keys() - seen:
+            del self._ticks[gone]
+        self._placed = placed
+
+    def _threads(self, pid: int, local: frozenset[int], seen: set[tuple[int, int]]) -> tuple[int, int]:
+        """(local, all) CPU clock ticks of the process's threads since their previous read."""
+        try:
+            tids = [int(t) for t in os.listdir(f"{self.proc}/{pid}/task") if t.isdigit()]
+        except OSError:
+            return 0, 0
+        on = every = 0
+        for tid in tids:
+            try:
+                with open(f"{self.proc}/{pid}/task/{tid}/stat", "rb") as f:
+                    data = f.read(1024)
+                # after "(comm) ": state(0) ... utime(11) stime(12) ... processor(36)
+                fl = data[data.rindex(b")") + 2:].split(b" ", 38)
+                ticks, cpu = int(fl[11]) + int(fl[12]), int(fl[36])
+            except (OSError, ValueError, IndexError):
+                continue
+            self.threads_read += 1
+            k = (pid, tid)
+            seen.add(k)
+            prev = self._ticks.get(k)
+            self._ticks[k] = ticks
+            if prev is None or ticks < prev:
+                continue        # its first read: a baseline
+            d = ticks - prev
+            every += d
+            if cpu in local:
+                on += d
+        return on, every
+
+
+def numa_pages(proc: str, pid: int) -> dict[int, int]:
+    """Bytes per NUMA node of a process's anonymous and NVIDIA-driver mappings (``numa_maps``)."""
+    try:
+        with open(f"{proc}/{pid}/numa_maps", "rb") as f:
+            text = f.read()
+    except OSError:
+        return {}
+    out: dict[int, int] = {}
+    for line in text.splitlines():
+        if b" anon=" not in line and b"/dev/nvidia" not in line:
+            continue
+        m = _PAGE_RE.search(line)
+        page = int(m.group(1)) * 1024 if m else 4096
+        for node, pages in _NODE_RE.findall(line):
+            n = int(node)
+            out[n] = out.get(n, 0) + int(pages) * page
+    return out
