@@ -57,10 +57,19 @@ def netns_refused() -> str | None:
         return "network namespaces for the nodes need root"
     if shutil.which("ip") is None:
         return "ip (Debian package iproute2) not installed"
-    probe = f"tsha-probe-{os.getpid()}"
-    r = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
-    return None if r.returncode == 0 else f"ip netns add refused here: {r.stderr.strip()}"
+    # everything the cluster's network needs, once: a namespace, a bridge, a veth pair into the namespace
+    probe, br, veth = f"tsha-probe-{os.getpid()}", f"tshp{os.getpid() % 100000}", f"tshv{os.getpid() % 100000}"
+    why = None
+    for cmd in (["netns", "add", probe], ["link", "add", br, "type", "bridge"],
+                ["link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", probe],
+                ["link", "set", veth, "master", br, "up"]):
+        r = subprocess.run(["ip", *cmd], capture_output=True, text=True)
+        if r.returncode != 0:
+            why = f"ip {' '.join(cmd[:2])} refused here: {r.stderr.strip()}"
+            break
+    for cmd in (["link", "del", veth], ["link", "del", br], ["netns", "del", probe]):
+        subprocess.run(["ip", *cmd], capture_output=True)
+    return why
 
 
 def _ip(*args: str) -> None:
