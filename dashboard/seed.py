@@ -159,6 +159,16 @@ class _Gpu(NamedTuple):
     score: float
 
 
+# dual-gpu-node's place of each GPU (the topology collector's info series)
+TOPOLOGY = {
+    "0": {"numa_node": "0", "local_cpus": "0-27,56-83", "host_bridge": "pci0000:15",
+          "path": "0000:15:01.0>0000:16:00.0>0000:17:01.0"},
+    "1": {"numa_node": "1", "local_cpus": "28-55,84-111", "host_bridge": "pci0000:26",
+          "path": "0000:26:01.0>0000:27:00.0>0000:28:01.0"},
+}
+NICS = {"0": {"nic": "0000:19:00.0", "interface": "ens1f0,mlx5_0", "link": "PIX"},
+        "1": {"nic": "0000:2b:00.0", "interface": "ens2f0,mlx5_1", "link": "PIX"}}
+
 WORKLOAD_STATES = ("idle", "demand-limited", "compute-bound", "balanced", "io-saturated", "staging-bound",
                    "network-bound")
 
@@ -228,6 +238,9 @@ def seed_workloads(store: Store, end: float, span_s: int = 1200, node: str = DUA
                 if i % 60 == 0:
                     smp += [Sample("triscope_gpu_info", 1.0, {"gpu": g, "name": "NVIDIA H200", "uuid": uuid[g],
                                                               "bus_id": bus[g]}),
+                            # a two-socket box: each GPU behind a PCIe switch it shares with one NIC
+                            Sample("triscope_accelerator_topology_info", 1.0, {"device": bus[g], **TOPOLOGY[g]}),
+                            Sample("triscope_accelerator_nic_info", 1.0, {"device": bus[g], **NICS[g]}),
                             Sample("triscope_pcie_link_speed_gts", 32.0, {"device": bus[g], "kind": "current"}),
                             Sample("triscope_pcie_link_width", 16.0, {"device": bus[g], "kind": "current"})]
             # the node roll-up, the worst accelerator: GPU 0 (staging-bound, else compute-bound over

@@ -357,6 +357,49 @@ def test_node_page_switches_accelerator(page: Page) -> None:
     assert page.errors == [], page.errors
 
 
+def test_the_topology_picture_places_each_gpu_and_marks_a_far_feeder(tmp_path: Path) -> None:
+    """dual-gpu-node's topology series (a two-socket box) as the picture reads them; a workload on GPU 0
+    running 90 % of its CPU time off GPU 0's NUMA node turns GPU 0 red."""
+    from triscope.dashboard import topology_view as tv
+    from triscope.dashboard.seed import VIT, seed_workloads
+    from triscope.samples import Sample, Tick
+    from triscope.store import Store
+
+    st = Store.open(f"sqlite:///{tmp_path / 't.db'}")
+    try:
+        st.upgrade()
+        end = time.time()
+        seed_workloads(st, end, span_s=120)
+        t = tv.node_topology(st, NODE)
+        assert [(d.name, d.numa, d.cpus, d.host_bridge) for d in t.devices] == [
+            ("GPU 0", "0", "0-27,56-83", "pci0000:15"), ("GPU 1", "1", "28-55,84-111", "pci0000:26")]
+        assert t.devices[0].nics == [("0000:19:00.0", "ens1f0,mlx5_0", "PIX")] and t.sockets == ["0", "1"]
+        marks = [tr for tr in tv.topology_figure(t).data if tr.name == "topology"][0]
+        colour = dict(zip(marks.text, marks.marker.color, strict=True))
+        assert {"NUMA 0", "NUMA 1", "GPU 0", "GPU 1", "ens1f0", "ens2f0"} <= set(colour)
+        assert colour["GPU 0"] == colour["GPU 1"] != "#c62828"
+        st.write_ticks(NODE, [Tick(end + 1, [Sample("triscope_workload_cpu_local_ratio", 0.1, {"gpu": "0", **VIT})])])
+        t = tv.node_topology(st, NODE)
+        assert t.devices[0].cpu_local == pytest.approx(0.1) and t.devices[1].cpu_local is None
+        marks = [tr for tr in tv.topology_figure(t).data if tr.name == "topology"][0]
+        colour = dict(zip(marks.text, marks.marker.color, strict=True))
+        assert colour["GPU 0"] == "#c62828" and colour["GPU 1"] != "#c62828"
+        assert "local 10%" in dict(zip(marks.text, marks.hovertext, strict=True))["GPU 0"]
+    finally:
+        st.close()
+
+
+@pytest.mark.browser
+def test_the_node_page_draws_the_topology(page: Page) -> None:
+    pg = page.goto(f"/node/{NODE}")
+    pg.wait_for_selector("#node-topology .js-plotly-plot")
+    assert "Topology: 2 NUMA node(s), 2 accelerator(s)" in pg.inner_text("details.topology summary")
+    texts = graph_js(pg, "node-topology", "gd.data.filter(t => t.name === 'topology')[0].text")
+    assert {"NUMA 0", "NUMA 1", "GPU 0", "GPU 1"} <= set(texts), texts
+    page.shot("node-topology")
+    assert page.errors == [], page.errors
+
+
 @pytest.mark.browser
 def test_mismatch_page_groups_by_workload_and_shows_demand_limited(page: Page) -> None:
     from triscope.dashboard.figures import STATE_COLORS

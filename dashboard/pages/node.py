@@ -12,7 +12,7 @@ from urllib.parse import quote, urlencode
 import dash
 from dash import Input, Output, Patch, State, dcc, html, no_update
 
-from triscope.dashboard import data, export, figures, timeview, workload_data
+from triscope.dashboard import data, export, figures, timeview, topology_view, workload_data
 from triscope.dashboard.components import error_note, fmt_ts, name_span, note, parse_ts, range_picker, short
 from triscope.dashboard.context import ctx
 from triscope.dashboard.node_parts import accel_picker, workload_panel
@@ -56,7 +56,25 @@ def layout(node: str | None = None, range: str = "", start: str = "", end: str =
         dcc.Loading(dcc.Graph(id="node-graph", config={"displaylogo": False, "scrollZoom": False},
                               figure=figures.empty_figure("loading...", 820)), delay_show=400, type="dot"),
         html.Div(id="node-status", className="status-line"),
+        _topology(c, node),
     ])
+
+
+def _topology(c: Any, node: str) -> Any:
+    """The picture of where the node's accelerators sit (nothing when its agent sends no topology)."""
+    try:
+        t = topology_view.node_topology(c.store, node)
+    except Exception as e:  # noqa: BLE001 - say it in the page, never a traceback
+        return error_note("reading the node's topology", e)
+    if not t.devices:
+        return html.Div(id="node-topology-none")
+    far = sum(1 for d in t.devices if any(v is not None and 1 - v >= topology_view.REMOTE_BAR
+                                          for v in (d.cpu_local, d.mem_local)))
+    head = (f"Topology: {len(t.sockets)} NUMA node(s), {len(t.devices)} accelerator(s)"
+            + (f", {far} fed from another NUMA node" if far else ""))
+    return html.Details([html.Summary(head),
+                         dcc.Graph(id="node-topology", figure=topology_view.topology_figure(t),
+                                   config={"displaylogo": False})], open=True, className="topology")
 
 
 # ---------------------------------------------------------------------------------------------- callbacks
