@@ -164,15 +164,19 @@ def _worker_cpu(c) -> float:  # type: ignore[no-untyped-def]
         return 0.0
 
 
-def tick_cost(farm: Farm, n_ticks: int, quiet_every: int) -> dict[str, float]:
+def tick_cost(farm: Farm, n_ticks: int, quiet_every: int, sys_root: str | None = None) -> dict[str, float]:
+    """The tick's and the worker's CPU; with ``sys_root`` each GPU has a PCI address whose local CPUs
+    and NUMA node that tree gives, so the placement (NUMA locality) is read too."""
     from triscope.agent.collectors.accelprocs import AcceleratorProcess, ListedProcessSource, gpu_labels
     from triscope.agent.collectors.workloads import WorkloadsCollector
     from triscope.agent.registry import AgentOptions, build_collectors, split_available
 
     base, _ = split_available(build_collectors(AgentOptions(ebpf=False, nvml=False, npu=False, workloads=False)))
-    rows = [AcceleratorProcess(gpu_labels(g), u, p, str(g), s) for g, u, p, s in farm.rows]
+    rows = [AcceleratorProcess(gpu_labels(g), u, p, str(g), s, bus_id=f"0000:{0x1b + g:02x}:00.0" if sys_root else "")
+            for g, u, p, s in farm.rows]
     c = WorkloadsCollector([ListedProcessSource(rows, name="nvml")], pods_log_dir=str(farm.logs),
-                           pod_resources_socket="/nonexistent/kubelet.sock")
+                           pod_resources_socket="/nonexistent/kubelet.sock", sys=sys_root or "/sys",
+                           placement_every=10.0 if sys_root else 0.0)
     c.stats.quiet_every = quiet_every
     wl, bl, procs, threads, samples = [], [], [], [], []
     try:
@@ -335,6 +339,25 @@ def footprint(farm: Farm, tmp: Path, window: float, workloads: bool) -> tuple[fl
         log.close()
 
 
+def _gpu_tree(tmp: Path) -> str:
+    """A sysfs tree giving each farm GPU a PCI address, local CPUs (CPU 0) and NUMA node 0."""
+    for g in range(GPUS):
+        d = tmp / "sys" / "bus/pci/devices" / f"0000:{0x1b + g:02x}:00.0"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "local_cpulist").write_text("0\n")
+        (d / "numa_node").write_text("0\n")
+    return str(tmp / "sys")
+
+
+def _numa_maps_cost(pids: list[int]) -> float:
+    from triscope.agent.collectors.placement import numa_pages
+
+    t0 = time.thread_time()
+    for p in pids:
+        numa_pages("/proc", p)
+    return time.thread_time() - t0
+
+
 def run(quick: bool = False) -> list[Row]:
     if not sys.platform.startswith("linux"):
         return [Row("workloads", "needs Linux procfs", float("nan"), "", ok=False)]
@@ -346,6 +369,8 @@ def run(quick: bool = False) -> list[Row]:
         try:
             load = os.getloadavg()[0]
             cost = tick_cost(farm, n_ticks, quiet_every=5)
+            placed = tick_cost(farm, n_ticks, quiet_every=5, sys_root=_gpu_tree(tmp))
+            maps_s = _numa_maps_cost(farm.pids)
             every = tick_cost(farm, max(4, n_ticks // 2), quiet_every=1)
             loaders = LoaderFarm(duty=0.008)
             try:
@@ -376,6 +401,14 @@ def run(quick: bool = False) -> list[Row]:
             round(cost["median"] * ms, 3)),
         Row("workloads refresh", "worker CPU off the tick (process list, cgroups, attribution, threads, "
             "cpu.pressure), per second", round(cost["worker"] * ms, 3), "ms/s"),
+        Row("workloads placement", f"collect() thread CPU per 1 s tick with the NUMA locality series, median of "
+            f"{n_ticks} ({placed['samples']:.0f} samples)", round(placed["median"] * ms, 3), "ms",
+            f"<= base + 0.1 ({(cost['median'] + 1e-4) * ms:.3f})", "without them (the same farm, same run)",
+            round(cost["median"] * ms, 3), placed["median"] <= cost["median"] + 1e-4),
+        Row("workloads placement", "worker CPU off the tick with the placement (every thread's stat every 10 s), "
+            "per second", round(placed["worker"] * ms, 3), "ms/s", "", "without it", round(cost["worker"] * ms, 3)),
+        Row("workloads placement", f"numa_maps of the {len(farm.pids)} farm processes, one round (every 60 s, "
+            "off the tick)", round(maps_s * ms, 2), "ms"),
         Row("workloads process set", f"collect() thread CPU per 1 s tick, median of {n_ticks}: {GPUS} GPU processes "
             f"each with {PER_GPU} loader workers found as its descendants ({whole['procs']:.0f} processes followed, "
             "every one busy every tick, the farm under 1.5 cores)", round(whole["median"] * ms, 3), "ms", "<= 1",

@@ -75,14 +75,20 @@ def test_unknown_cpus_and_node_say_nothing(tmp_path: Path) -> None:
     assert "triscope_workload_cpu_local_ratio" not in got and "triscope_workload_memory_local_ratio" not in got
 
 
+def _stat(pid: int, ticks: int, cpu: int, threads: int = 1) -> str:
+    fields = ["S"] + ["0"] * 37
+    fields[11], fields[17], fields[36] = str(ticks), str(threads), str(cpu)
+    return f"{pid} (python3) {' '.join(fields)}\n"
+
+
 def _proc_tree(root: Path, threads: dict[int, tuple[int, int]], maps: str) -> None:
-    """/proc/100 with threads {tid: (utime + stime ticks, the CPU it last ran on)}."""
+    """/proc/100 with threads {tid: (utime + stime ticks, the CPU it last ran on)}; 100 is the main one."""
     for tid, (ticks, cpu) in threads.items():
         d = root / "100" / "task" / str(tid)
         d.mkdir(parents=True, exist_ok=True)
-        fields = ["S"] + ["0"] * 37
-        fields[11], fields[36] = str(ticks), str(cpu)
-        (d / "stat").write_text(f"{tid} (python3) {' '.join(fields)}\n")
+        (d / "stat").write_text(_stat(tid, ticks, cpu))
+    total = sum(t for t, _c in threads.values())
+    (root / "100" / "stat").write_text(_stat(100, total, threads[100][1], len(threads)))
     (root / "100" / "numa_maps").write_text(maps)
 
 
@@ -94,16 +100,27 @@ def test_cpu_time_is_weighted_by_where_each_thread_ran_and_pages_by_node(tmp_pat
     maps = ("7f00 default anon=1000 dirty=1000 N0=250 N1=750 kernelpagesize_kB=4\n"
             "7f10 default file=/usr/lib/libc.so.6 mapped=50 N1=50 kernelpagesize_kB=4\n"       # not counted
             "7f20 default file=/dev/nvidiactl mapped=512 N0=512 kernelpagesize_kB=2048\n")     # pinned host memory
-    _proc_tree(proc, {100: (1000, 3), 101: (500, 60)}, maps)
+    _proc_tree(proc, {100: (1000, 3), 101: (500, 60), 102: (10, 61)}, maps)
     now = [0.0]
     pl = WorkloadPlacement(str(proc), dgx, every=10.0, min_cpu_s=0.0, clock=lambda: now[0])
     pl.read({"k": (BUS, [100])})
     assert pl.get("k") is not None and pl.get("k").cpu_local is None        # a baseline
-    _proc_tree(proc, {100: (1100, 3), 101: (800, 60)}, maps)               # 100 ticks on CPU 3, 300 on CPU 60
+    _proc_tree(proc, {100: (2000, 3), 101: (3500, 60), 102: (10, 61)}, maps)   # 1000 ticks on CPU 3, 3000 on CPU 60
     now[0] = 10.0
     pl.read({"k": (BUS, [100])})
     placed = pl.get("k")
     assert placed is not None and placed.cpu_local == pytest.approx(0.25)
+    _proc_tree(proc, {100: (3000, 3), 101: (6500, 60), 102: (10, 61)}, maps)
+    now[0] = 20.0
+    pl.read({"k": (BUS, [100])})
+    assert pl.get("k").cpu_local == pytest.approx(0.25)
+    assert pl.threads_read == 2          # the two that ran last time, not the sleeper: 90 % was placed
+    # a process below busy_cores counts where its main thread ran, its threads unread
+    _proc_tree(proc, {100: (3001, 3), 101: (6501, 60), 102: (10, 61)}, maps)
+    now[0] = 30.0
+    pl.min_cpu_s = 0.0
+    pl.read({"k": (BUS, [100])})
+    assert pl.threads_read == 0 and pl.get("k").cpu_local == pytest.approx(1.0)
     by = numa_pages(str(proc), 100)
     assert by == {0: 250 * 4096 + 512 * 2048 * 1024, 1: 750 * 4096}
     assert placed.mem_local == pytest.approx(by[0] / (by[0] + by[1]))      # read with the first round

@@ -2,10 +2,12 @@
 
 For each (accelerator, workload) whose accelerator's PCI address is known:
 
-* **CPU**: every ``every`` seconds (10), each thread of each process of the set,
-  ``/proc/PID/task/TID/stat``: its CPU time (``utime + stime``) since the previous read, counted
-  as local when the CPU it last ran on (``processor``) is one of the accelerator's
-  ``local_cpulist``.  ``cpu_local`` is the local share of the set's CPU time over the interval
+* **CPU**: every ``every`` seconds (10), each process of the set, ``/proc/PID/stat``: its CPU time
+  (``utime + stime``) since the previous read, counted as local when the CPU it last ran on
+  (``processor``) is one of the accelerator's ``local_cpulist``.  A multi-threaded process that
+  used at least ``busy_cores`` has its threads read (``/proc/PID/task/TID/stat``), those with the
+  most CPU last time first, until 90 % of its CPU is placed thread by thread; the rest counts where
+  its main thread ran.  ``cpu_local`` is the local share of the set's CPU time over the interval
   (``None`` while the set used less than ``min_cpu_s`` of CPU: a quiet set says nothing).  A
   thread is sampled where it was at the read, weighted by what it ran since: a thread that moves
   often is counted where it is caught.
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 
 from triscope.agent.collectors.topology import parse_cpulist
 
+CLK_TCK = float(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100.0
 _NODE_RE = re.compile(rb"\bN(\d+)=(\d+)")
 _PAGE_RE = re.compile(rb"\bkernelpagesize_kB=(\d+)")
 
@@ -50,14 +53,16 @@ class WorkloadPlacement:
     ``get(key)`` -> ``Placed``.  Runs on the workloads worker, never on the tick."""
 
     def __init__(self, proc: str = "/proc", sys: str = "/sys", *, every: float = 10.0, mem_every: float = 60.0,
-                 min_cpu_s: float = 0.2, clock: Callable[[], float] = time.monotonic) -> None:
+                 min_cpu_s: float = 0.2, busy_cores: float = 0.5, clock: Callable[[], float] = time.monotonic) -> None:
         self.proc, self.sys = proc, sys
-        self.every, self.mem_every, self.min_cpu_s = every, mem_every, min_cpu_s
+        self.every, self.mem_every, self.min_cpu_s, self.busy_cores = every, mem_every, min_cpu_s, busy_cores
         self.clock = clock
         self.next_due = 0.0
         self._next_mem = 0.0
         self._local: dict[str, Locality] = {}
-        self._ticks: dict[tuple[int, int], int] = {}       # (pid, tid) -> utime + stime at the last read
+        self._ticks: dict[tuple[int, int], int] = {}       # (pid, tid) -> utime + stime at the last read (tid 0: the process)
+        self._last: dict[tuple[int, int], int] = {}        # (pid, tid) -> its CPU ticks over its last read interval
+        self._at: dict[int, float] = {}                    # pid -> when its stat was last read
         self._placed: dict[Hashable, Placed] = {}
         self.threads_read = 0
 
@@ -105,8 +110,7 @@ class WorkloadPlacement:
                     lt = self._threads(pid, loc.cpus, seen)
                     local += lt[0]
                     total += lt[1]
-                clk = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-                if total > 0 and total / clk >= self.min_cpu_s:
+                if total > 0 and total / CLK_TCK >= self.min_cpu_s:
                     p.cpu_local = local / total
                 elif old is not None:
                     p.cpu_local = old.cpu_local       # a quiet interval keeps what was last seen
@@ -118,37 +122,78 @@ class WorkloadPlacement:
                     every += sum(by.values())
                 p.mem_local = on / every if every else None
         for gone in self._ticks.keys() - seen:
+            if gone[1] == 0:
+                self._at.pop(gone[0], None)
+            else:      # a thread not read this round keeps its baseline while its process lives
+                if (gone[0], 0) in seen:
+                    continue
+                self._last.pop(gone, None)
             del self._ticks[gone]
         self._placed = placed
 
     def _threads(self, pid: int, local: frozenset[int], seen: set[tuple[int, int]]) -> tuple[int, int]:
-        """(local, all) CPU clock ticks of the process's threads since their previous read."""
+        """(local, all) CPU clock ticks of the process since its previous read.  ``/proc/PID/stat``
+        gives its CPU and where its main thread last ran: a process below ``busy_cores`` (a loader
+        worker does its work on its main thread) counts there whole.  A busier multi-threaded one has
+        its threads read, those with the most CPU last time first, until 90 % of its CPU is placed;
+        the rest counts where its main thread is (a pegged feeder among 63 sleepers: one or two reads)."""
         try:
-            tids = [int(t) for t in os.listdir(f"{self.proc}/{pid}/task") if t.isdigit()]
-        except OSError:
+            with open(f"{self.proc}/{pid}/stat", "rb") as f:
+                data = f.read(1024)
+            fl = data[data.rindex(b")") + 2:].split(b" ", 38)
+            ticks, nthreads, main_cpu = int(fl[11]) + int(fl[12]), int(fl[17]), int(fl[36])
+        except (OSError, ValueError, IndexError):
             return 0, 0
-        on = every = 0
-        for tid in tids:
+        now = self.clock()
+        key = (pid, 0)
+        seen.add(key)
+        prev = self._ticks.get(key)
+        prev_t = self._at.get(pid)
+        self._ticks[key], self._at[pid] = ticks, now
+        if prev is None or ticks < prev or prev_t is None:
+            first = True
+            delta = 0
+        else:
+            first = False
+            delta = ticks - prev
+        clk = CLK_TCK
+        busy = nthreads > 1 and (prev_t is None or first or delta / clk / max(1e-9, now - prev_t) >= self.busy_cores)
+        placed = on = 0
+        if busy:
             try:
-                with open(f"{self.proc}/{pid}/task/{tid}/stat", "rb") as f:
-                    data = f.read(1024)
-                # after "(comm) ": state(0) ... utime(11) stime(12) ... processor(36)
-                fl = data[data.rindex(b")") + 2:].split(b" ", 38)
-                ticks, cpu = int(fl[11]) + int(fl[12]), int(fl[36])
-            except (OSError, ValueError, IndexError):
-                continue
-            self.threads_read += 1
-            k = (pid, tid)
-            seen.add(k)
-            prev = self._ticks.get(k)
-            self._ticks[k] = ticks
-            if prev is None or ticks < prev:
-                continue        # its first read: a baseline
-            d = ticks - prev
-            every += d
-            if cpu in local:
-                on += d
-        return on, every
+                tids = [int(t) for t in os.listdir(f"{self.proc}/{pid}/task") if t.isdigit()]
+            except OSError:
+                tids = []
+            last = self._last
+            tids.sort(key=lambda t: -last.get((pid, t), -1))
+            for tid in tids:
+                if not first and placed >= 0.9 * delta:
+                    break            # the rest hold too little CPU to move the share
+                k = (pid, tid)
+                try:
+                    with open(f"{self.proc}/{pid}/task/{tid}/stat", "rb") as f:
+                        data = f.read(1024)
+                    tf = data[data.rindex(b")") + 2:].split(b" ", 38)
+                    tt, cpu = int(tf[11]) + int(tf[12]), int(tf[36])
+                except (OSError, ValueError, IndexError):
+                    continue
+                self.threads_read += 1
+                seen.add(k)
+                tp = self._ticks.get(k)
+                self._ticks[k] = tt
+                d = 0 if tp is None or tt < tp else tt - tp
+                last[k] = d
+                if first:
+                    continue
+                d = min(d, delta - placed)
+                placed += d
+                if cpu in local:
+                    on += d
+        if first:
+            return 0, 0
+        if main_cpu in local:
+            on += delta - placed
+        return on, delta
 
 
 def numa_pages(proc: str, pid: int) -> dict[int, int]:
