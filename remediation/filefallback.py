@@ -223,7 +223,36 @@ def resolve(params: dict[str, Any], labels: dict[str, str], workload_label: str 
     target = {"workload": value, "name": name, "file": os.path.join(params["file"]["dir"], f"{name}.yaml")}
     if labels.get("namespace"):
         target["namespace"] = str(labels["namespace"])
+    for k in ("node", "gpu", "npu", "chip"):     # where ``LOCAL_CPUS`` is looked up
+        if labels.get(k):
+            target[k] = str(labels[k])
     return target, ""
+
+
+LOCAL_CPUS = "{accelerator.local_cpus}"
+"""A knob value the engine replaces with the list of the trigger's accelerator's local CPUs (the
+topology collector's ``local_cpus`` for its PCI device): ``knobs: {cpu_affinity: "{accelerator.local_cpus}"}``
+moves a feeder running on the far socket next to its GPU."""
+
+
+def local_cpus(store: Any, target: dict[str, str]) -> tuple[list[int] | None, str]:
+    """The local CPUs of the trigger's GPU on its node, from the stored topology; (None, why) when unknown."""
+    from triscope.agent.collectors.topology import parse_cpulist
+
+    node, gpu = target.get("node"), target.get("gpu")
+    if not node or not gpu:
+        return None, "the trigger names no node and GPU, so no accelerator's local CPUs"
+    bus = next((str(lv.info.labels.get("bus_id", "")) for lv in store.latest(node, metric="triscope_gpu_info")
+                if str(lv.info.labels.get("gpu", "")) == gpu), "")
+    if not bus:
+        return None, f"GPU {gpu} of node {node} has no stored PCI address (triscope_gpu_info)"
+    for lv in store.latest(node, metric="triscope_accelerator_topology_info"):
+        if str(lv.info.labels.get("device", "")) == bus:
+            cpus = parse_cpulist(str(lv.info.labels.get("local_cpus", "")))
+            if cpus:
+                return cpus, ""
+            return None, f"the kernel gives no local CPUs for GPU {gpu} ({bus}) of node {node}"
+    return None, f"no topology stored for GPU {gpu} ({bus}) of node {node} (the agent's topology collector)"
 
 
 def target_key(target: dict[str, str]) -> tuple[str, str]:
@@ -341,6 +370,12 @@ def switch(ctx: ActionContext) -> ActionResult:
     p = ctx.params
     path = Path(ctx.target["file"])
     knobs = dict(p["knobs"])
+    for k, v in knobs.items():
+        if v == LOCAL_CPUS:
+            cpus, why = local_cpus(ctx.store, ctx.target)
+            if cpus is None:
+                return ActionResult("failed", f"knob {k}: {why}", {"path": str(path), "knob": k})
+            knobs[k] = cpus
     ttl = float(p["ttl"])
     now = ctx.decided_ts if ctx.decided_ts is not None else time.time()
     expires = now + ttl

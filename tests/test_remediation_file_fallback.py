@@ -188,7 +188,8 @@ def test_staging_bound_workload_gets_its_knobs_file_and_the_service_applies_it(s
         assert row.target_key == f"file:{path}"
         assert row.target == f"knobs file {path} (workload cmd:inference-b)"
         assert row.namespace in (None, "")
-        assert row.params["target"] == {"workload": "cmd:inference-b", "name": "inference-b", "file": str(path)}
+        assert row.params["target"] == {"workload": "cmd:inference-b", "name": "inference-b", "file": str(path),
+                                        "node": NODE, "gpu": "0"}     # where {accelerator.local_cpus} is read
         assert row.params["workload"]["workload"] == "cmd:inference-b" and row.params["workload"]["gpu"] == "0"
         resp = row.response
         assert resp["path"] == str(path) and resp["sha256"] == digest and resp["knobs"] == KNOBS
@@ -538,3 +539,30 @@ def test_a_workload_target_is_only_for_the_file_form() -> None:
 """, "  namespaces: [inference]\n"), "p.yaml")
     assert str(ei.value).startswith("p.yaml:8: rules[0].target.workload: a workload target names a knobs file: only "
                                     "a dependency_fallback with params.file takes one"), str(ei.value)
+
+
+def test_cpu_affinity_follows_the_accelerators_local_cpus(store: Any, knobs_dir: Path) -> None:
+    """``cpu_affinity: "{accelerator.local_cpus}"``: the trigger's GPU's local CPUs from the stored
+    topology (the topology collector's info series); a GPU with none stored fails, saying why."""
+    now = time.time()
+    store.write_ticks(NODE, [Tick(now, [
+        Sample("triscope_gpu_info", 1.0, {"gpu": "0", "name": "NVIDIA H100", "uuid": "GPU-a", "bus_id": "0000:c2:00.0"}),
+        Sample("triscope_gpu_info", 1.0, {"gpu": "1", "name": "NVIDIA H100", "uuid": "GPU-b", "bus_id": "0000:c9:00.0"}),
+        Sample("triscope_accelerator_topology_info", 1.0, {
+            "device": "0000:c2:00.0", "numa_node": "1", "local_cpus": "56-59,168", "host_bridge": "pci0000:be",
+            "path": "0000:be:01.0>0000:bf:00.0>0000:c0:01.0"})])], rollup=False)
+    text = rule(knobs_dir, trigger="{alert: TriscopeStagingBound}").replace(
+        "cpu_affinity: null", 'cpu_affinity: "{accelerator.local_cpus}"')
+    eng = engine(store, text)
+    gpu1 = alert("cmd:inference-c", "2")
+    gpu1["labels"]["gpu"] = "1"
+    eng.submit_alerts(alert_payload([alert("cmd:inference-b", "1"), gpu1]))
+    assert eng.drain(30)
+    eng.close()
+    doc = yaml.safe_load((knobs_dir / "inference-b.yaml").read_bytes())
+    assert doc["knobs"]["cpu_affinity"] == [56, 57, 58, 59, 168]
+    assert not (knobs_dir / "inference-c.yaml").exists()
+    rows = {r.target_key.rsplit("/", 1)[-1]: r for r in decisions(store)}
+    assert rows["inference-b.yaml"].outcome == "acted"
+    failed = rows["inference-c.yaml"]
+    assert failed.outcome == "failed" and "no topology stored for GPU 1 (0000:c9:00.0)" in failed.reason, failed.reason
