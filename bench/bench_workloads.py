@@ -405,7 +405,8 @@ def run(quick: bool = False) -> list[Row]:
             f"{n_ticks} ({placed['samples']:.0f} samples)", round(placed["median"] * ms, 3), "ms",
             f"<= base + 0.1 ({(cost['median'] + 1e-4) * ms:.3f})", "without them (the same farm, same run)",
             round(cost["median"] * ms, 3), placed["median"] <= cost["median"] + 1e-4),
-        Row("workloads placement", "worker CPU off the tick with the placement (every thread's stat every 10 s), "
+        Row("workloads placement", "worker CPU off the tick with the placement (each process's stat, a busy one's busiest "
+            "threads, every 10 s), "
             "per second", round(placed["worker"] * ms, 3), "ms/s", "", "without it", round(cost["worker"] * ms, 3)),
         Row("workloads placement", f"numa_maps of the {len(farm.pids)} farm processes, one round (every 60 s, "
             "off the tick)", round(maps_s * ms, 2), "ms"),
