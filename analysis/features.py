@@ -67,13 +67,14 @@ WORKLOAD_TCP_SEGMENTS_IN = "triscope_workload_tcp_data_segments_received_total"
 # where it runs: the share of its CPU time on its accelerator's local CPUs, of its pages on its NUMA node
 WORKLOAD_CPU_LOCAL = "triscope_workload_cpu_local_ratio"
 WORKLOAD_MEM_LOCAL = "triscope_workload_memory_local_ratio"
+WORKLOAD_ALLOWED_LOCAL = "triscope_workload_cpus_allowed_local_ratio"
 WORKLOAD_FIELDS: dict[str, str | None] = {
     WORKLOAD_INFO: None, WORKLOAD_PROCESSES: "processes", WORKLOAD_SM: "sm", WORKLOAD_FEEDER: "feeder",
     WORKLOAD_CPU_WAIT: "cpu_wait", WORKLOAD_CPU_PRESSURE: "cpu_pressure", WORKLOAD_CPU: "cores",
     WORKLOAD_CPU_PERIODS: "periods", WORKLOAD_CPU_THROTTLED: "throttled",
     WORKLOAD_TCP_RETRANSMITS: "retransmits", WORKLOAD_TCP_SEGMENTS: "segments",
     WORKLOAD_TCP_OOO_IN: "ooo_in", WORKLOAD_TCP_SEGMENTS_IN: "segments_in",
-    WORKLOAD_CPU_LOCAL: "cpu_local", WORKLOAD_MEM_LOCAL: "mem_local"}
+    WORKLOAD_CPU_LOCAL: "cpu_local", WORKLOAD_MEM_LOCAL: "mem_local", WORKLOAD_ALLOWED_LOCAL: "allowed_local"}
 """Per-workload metric -> its ``WorkloadWindow`` field (the info series only says the workload is there)."""
 WORKLOAD_COUNTER_FIELDS = frozenset({"cores", "periods", "throttled", "retransmits", "segments", "ooo_in",
                                      "segments_in"})
@@ -106,6 +107,7 @@ class WorkloadEvidence:
     segments_in: float | None = None     # ... data segments received per second
     cpu_local: float | None = None       # share of its CPU time on its accelerator's local CPUs
     mem_local: float | None = None       # share of its host pages on its accelerator's NUMA node
+    allowed_local: float | None = None   # share of the CPUs it may run on that are local (0: pinned away)
 
     @property
     def throttled(self) -> float | None:
@@ -228,6 +230,7 @@ class WorkloadWindow:
     segments_in: Sequence[float] = ()       # triscope_workload_tcp_data_segments_received_total, per second
     cpu_local: Sequence[float] = ()         # triscope_workload_cpu_local_ratio
     mem_local: Sequence[float] = ()         # triscope_workload_memory_local_ratio
+    allowed_local: Sequence[float] = ()     # triscope_workload_cpus_allowed_local_ratio
 
 
 @dataclass(slots=True)
@@ -351,7 +354,8 @@ def window_features(values: WindowValues) -> WindowFeatures:
             f.per_workload = [WorkloadEvidence(w.key, mean(w.feeder), mean(w.cpu_wait), mean(w.cpu_pressure),
                                                f.workload_cores.get(w.key), mean(w.periods), mean(w.throttled),
                                                mean(w.retransmits), mean(w.segments), mean(w.ooo_in),
-                                               mean(w.segments_in), mean(w.cpu_local), mean(w.mem_local))
+                                               mean(w.segments_in), mean(w.cpu_local), mean(w.mem_local),
+                                               mean(w.allowed_local))
                               for w in ws]
         accs.append(f)
     return WindowFeatures(accs, cpu_busy=mean(values.cpu_busy), pressure=_highest_mean(values.pressure),

@@ -136,8 +136,12 @@ def numa_finding(w: WorkloadEvidence, th: MismatchThresholds) -> tuple[float, st
         parts.append(f"keeps {_pct(1.0 - w.mem_local)} of its host pages")
     if not parts:
         return None
+    why = ""
+    if w.allowed_local is not None and w.allowed_local < 0.05:
+        why = "; its CPU affinity allows none of that node's CPUs: it is pinned there"
     return (_ratio(worst, th.numa_remote), f"{workload_text(w.key)} {' and '.join(parts)} off its accelerator's "
-                                            f"NUMA node (>= {_pct(th.numa_remote)}): its copies cross the socket link")
+                                            f"NUMA node (>= {_pct(th.numa_remote)}): its copies cross the socket "
+                                            f"link{why}")
 
 
 def network_finding(w: WorkloadEvidence, th: MismatchThresholds) -> tuple[float, str] | None:

@@ -59,6 +59,8 @@ def test_a_feeder_pinned_off_its_accelerators_cpus_reads_remote(tmp_path: Path, 
         stop(p)
     cpu_local = got["triscope_workload_cpu_local_ratio"]
     assert cpu_local == (pytest.approx(0.0, abs=0.05) if where == "remote" else pytest.approx(1.0, abs=0.05))
+    # pinned (taskset-style affinity): none of the CPUs it may use are local, or all of them
+    assert got["triscope_workload_cpus_allowed_local_ratio"] == (0.0 if where == "remote" else 1.0)
     # one NUMA node here: every page is on it
     assert got["triscope_workload_memory_local_ratio"] == pytest.approx(1.0)
 
@@ -126,10 +128,11 @@ def test_cpu_time_is_weighted_by_where_each_thread_ran_and_pages_by_node(tmp_pat
     assert placed.mem_local == pytest.approx(by[0] / (by[0] + by[1]))      # read with the first round
 
 
-def _verdict(cpu_local: float | None, mem_local: float | None = None, cores: float = 1.0) -> tuple[str, list[str]]:
+def _verdict(cpu_local: float | None, mem_local: float | None = None, cores: float = 1.0,
+             allowed_local: float | None = None) -> tuple[str, list[str]]:
     key: WorkloadKey = ("inference", "vit-0", "server", "Deployment/vit")
     w = WorkloadEvidence(key, feeder=0.45, cpu_wait=0.02, cpu_pressure=0.0, cores=cores, cpu_local=cpu_local,
-                         mem_local=mem_local)
+                         mem_local=mem_local, allowed_local=allowed_local)
     acc = AcceleratorFeatures("gpu=0", busy=0.15, link_bytes_per_second=2.0e9, link_ceiling=50e9, coverage=1.0,
                               busy_typical=0.15, link_typical_bytes_per_second=2.0e9)
     acc.per_workload = [w]
@@ -150,5 +153,7 @@ def test_a_starved_gpu_fed_from_the_far_socket_is_staging_bound_and_says_why() -
     assert state == "staging-bound" and any("keeps 80% of its host pages" in r for r in reasons), reasons
     # the same feeder on the accelerator's own node: no staging evidence
     assert _verdict(cpu_local=0.95, mem_local=0.97)[0] != "staging-bound"
+    _, reasons = _verdict(cpu_local=0.02, allowed_local=0.0)
+    assert any("its CPU affinity allows none of that node's CPUs" in r for r in reasons), reasons
     # an idle process's placement is no feeder's
     assert _verdict(cpu_local=0.1, cores=0.05)[0] != "staging-bound"

@@ -11,6 +11,10 @@ For each (accelerator, workload) whose accelerator's PCI address is known:
   (``None`` while the set used less than ``min_cpu_s`` of CPU: a quiet set says nothing).  A
   thread is sampled where it was at the read, weighted by what it ran since: a thread that moves
   often is counted where it is caught.
+* **Affinity**: the CPUs its processes may run on (``sched_getaffinity``, which the kernel keeps
+  within the cgroup's ``cpuset.cpus.effective``): ``allowed_local`` is the share of them that are
+  local — 0 when the workload is pinned (by ``taskset``, a cpuset, the kubelet's CPU Manager) to
+  another node's CPUs, the reason it runs there.
 * **Memory**: every ``mem_every`` seconds (60: the kernel walks the page tables for it),
   ``/proc/PID/numa_maps``: the pages of the anonymous mappings (the heap, pinned host buffers a
   framework allocates itself) and of the NVIDIA driver's mappings (``cudaHostAlloc`` memory), per
@@ -46,6 +50,19 @@ class Locality:
 class Placed:
     cpu_local: float | None = None
     mem_local: float | None = None
+    allowed_local: float | None = None    # share of the CPUs its processes may run on that are local
+
+
+def allowed_cpus(pids: Sequence[int]) -> set[int]:
+    """The union of the processes' CPU affinity (``sched_getaffinity``: already within their cgroup's
+    ``cpuset.cpus.effective``); empty when none can be read (every one exited, or another namespace)."""
+    out: set[int] = set()
+    for pid in pids:
+        try:
+            out |= os.sched_getaffinity(pid)
+        except OSError:
+            continue
+    return out
 
 
 class WorkloadPlacement:
@@ -114,6 +131,9 @@ class WorkloadPlacement:
                     p.cpu_local = local / total
                 elif old is not None:
                     p.cpu_local = old.cpu_local       # a quiet interval keeps what was last seen
+                allowed = allowed_cpus(pids) if self.proc == "/proc" else set()
+                if allowed:
+                    p.allowed_local = len(allowed & loc.cpus) / len(allowed)
             if mem and loc.node is not None:
                 on = every = 0
                 for pid in pids:

@@ -510,6 +510,8 @@ class WorkloadsCollector(BaseCollector):
                     add(Sample("triscope_workload_cpu_local_ratio", placed.cpu_local, labels))
                 if placed.mem_local is not None:
                     add(Sample("triscope_workload_memory_local_ratio", placed.mem_local, labels))
+                if placed.allowed_local is not None:
+                    add(Sample("triscope_workload_cpus_allowed_local_ratio", placed.allowed_local, labels))
             if tcp is not None and not tcp.problem:
                 got = tcp.counters(wl)
                 if got is not None:
