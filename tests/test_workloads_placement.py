@@ -157,3 +157,29 @@ def test_a_starved_gpu_fed_from_the_far_socket_is_staging_bound_and_says_why() -
     assert any("its CPU affinity allows none of that node's CPUs" in r for r in reasons), reasons
     # an idle process's placement is no feeder's
     assert _verdict(cpu_local=0.1, cores=0.05)[0] != "staging-bound"
+
+
+def test_a_process_in_two_sets_is_read_once_and_counted_in_both(tmp_path: Path) -> None:
+    """One pod's processes on each of its GPUs: the same PID in two sets, each against its own GPU's
+    local CPUs; and an exited thread's record goes."""
+    from conftest import FIXTURES
+
+    dgx = str(FIXTURES / "sysfs-dgx-h100")          # 0000:1b:00.0 node 0, 0000:c2:00.0 node 1 (CPUs 56-111,168-223)
+    proc = tmp_path / "proc"
+    _proc_tree(proc, {100: (1000, 3), 101: (500, 60)}, "")
+    now = [0.0]
+    pl = WorkloadPlacement(str(proc), dgx, min_cpu_s=0.0, clock=lambda: now[0])
+    groups = {"gpu0": (BUS, [100]), "gpu4": ("0000:c2:00.0", [100])}
+    pl.read(groups)
+    _proc_tree(proc, {100: (2000, 3), 101: (3500, 60)}, "")
+    now[0] = 10.0
+    pl.read(groups)
+    assert pl.get("gpu0").cpu_local == pytest.approx(0.25) and pl.get("gpu4").cpu_local == pytest.approx(0.75)
+    assert pl.threads_read == 2                      # read once for both sets
+    import shutil
+    shutil.rmtree(proc / "100" / "task" / "101")     # the thread exits
+    _proc_tree(proc, {100: (3000, 3)}, "")
+    (proc / "100" / "stat").write_text(_stat(100, 7000, 3, 2))
+    now[0] = 20.0
+    pl.read(groups)
+    assert set(pl._threads[100]) == {100}

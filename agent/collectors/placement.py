@@ -7,8 +7,9 @@ For each (accelerator, workload) whose accelerator's PCI address is known:
   (``processor``) is one of the accelerator's ``local_cpulist``.  A multi-threaded process that
   used at least ``busy_cores`` has its threads read (``/proc/PID/task/TID/stat``), those with the
   most CPU last time first, until 90 % of its CPU is placed thread by thread; the rest counts where
-  its main thread ran.  ``cpu_local`` is the local share of the set's CPU time over the interval
-  (``None`` while the set used less than ``min_cpu_s`` of CPU: a quiet set says nothing).  A
+  its main thread ran.  ``cpu_local`` is the local share of the set's CPU time over the interval; a
+  set that used less than ``min_cpu_s`` keeps its last share for ``QUIET_ROUNDS`` rounds, then says
+  nothing.  A process in several sets (one pod's processes on each of its GPUs) is read once a round.  A
   thread is sampled where it was at the read, weighted by what it ran since: a thread that moves
   often is counted where it is caught.
 * **Affinity**: the CPUs its processes may run on (``sched_getaffinity``, which the kernel keeps
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 
 from triscope.agent.collectors.topology import parse_cpulist
 
+QUIET_ROUNDS = 3     # a quiet set keeps its last cpu_local this many rounds (30 s), then says nothing
 CLK_TCK = float(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100.0
 _NODE_RE = re.compile(rb"\bN(\d+)=(\d+)")
 _PAGE_RE = re.compile(rb"\bkernelpagesize_kB=(\d+)")
@@ -51,6 +53,7 @@ class Placed:
     cpu_local: float | None = None
     mem_local: float | None = None
     allowed_local: float | None = None    # share of the CPUs its processes may run on that are local
+    quiet: int = 0                        # rounds in a row the set used less than min_cpu_s
 
 
 def allowed_cpus(pids: Sequence[int]) -> set[int]:
@@ -77,8 +80,8 @@ class WorkloadPlacement:
         self.next_due = 0.0
         self._next_mem = 0.0
         self._local: dict[str, Locality] = {}
-        self._ticks: dict[tuple[int, int], int] = {}       # (pid, tid) -> utime + stime at the last read (tid 0: the process)
-        self._last: dict[tuple[int, int], int] = {}        # (pid, tid) -> its CPU ticks over its last read interval
+        self._ticks: dict[int, int] = {}                   # pid -> utime + stime at its last read
+        self._threads: dict[int, dict[int, tuple[int, int]]] = {}   # pid -> tid -> (ticks at its last read, over it)
         self._at: dict[int, float] = {}                    # pid -> when its stat was last read
         self._placed: dict[Hashable, Placed] = {}
         self.threads_read = 0
@@ -113,7 +116,9 @@ class WorkloadPlacement:
         if mem:
             self._next_mem = now + self.mem_every
         self.threads_read = 0
-        seen: set[tuple[int, int]] = set()
+        alive: set[int] = set()
+        cpu_of: dict[int, list[tuple[int, int]]] = {}     # pid -> (clock ticks, CPU) since its last read: once a round
+        pages_of: dict[int, dict[int, int]] = {}          # pid -> bytes per node: once a round
         placed: dict[Hashable, Placed] = {}
         for key, (bus, pids) in groups.items():
             if not bus:
@@ -124,35 +129,39 @@ class WorkloadPlacement:
             if loc.cpus:
                 local = total = 0
                 for pid in pids:
-                    lt = self._threads(pid, loc.cpus, seen)
-                    local += lt[0]
-                    total += lt[1]
+                    got = cpu_of.get(pid)
+                    if got is None:
+                        got = cpu_of[pid] = self._cpu(pid, alive)
+                    for d, cpu in got:
+                        total += d
+                        if cpu in loc.cpus:
+                            local += d
                 if total > 0 and total / CLK_TCK >= self.min_cpu_s:
-                    p.cpu_local = local / total
-                elif old is not None:
-                    p.cpu_local = old.cpu_local       # a quiet interval keeps what was last seen
+                    p.cpu_local, p.quiet = local / total, 0
+                elif old is not None and old.quiet + 1 < QUIET_ROUNDS:
+                    # a quiet interval keeps what was last seen, for a few rounds: then nothing is said
+                    p.cpu_local, p.quiet = old.cpu_local, old.quiet + 1
                 allowed = allowed_cpus(pids) if self.proc == "/proc" else set()
                 if allowed:
                     p.allowed_local = len(allowed & loc.cpus) / len(allowed)
             if mem and loc.node is not None:
                 on = every = 0
                 for pid in pids:
-                    by = numa_pages(self.proc, pid)
+                    by = pages_of.get(pid)
+                    if by is None:
+                        by = pages_of[pid] = numa_pages(self.proc, pid)
                     on += by.get(loc.node, 0)
                     every += sum(by.values())
                 p.mem_local = on / every if every else None
-        for gone in self._ticks.keys() - seen:
-            if gone[1] == 0:
-                self._at.pop(gone[0], None)
-            else:      # a thread not read this round keeps its baseline while its process lives
-                if (gone[0], 0) in seen:
-                    continue
-                self._last.pop(gone, None)
-            del self._ticks[gone]
+        # forget processes not followed any more (their exited threads go when the process is read)
+        for pid in [pid for pid in self._ticks if pid not in alive]:
+            del self._ticks[pid]
+            self._at.pop(pid, None)
+            self._threads.pop(pid, None)
         self._placed = placed
 
-    def _threads(self, pid: int, local: frozenset[int], seen: set[tuple[int, int]]) -> tuple[int, int]:
-        """(local, all) CPU clock ticks of the process since its previous read.  ``/proc/PID/stat``
+    def _cpu(self, pid: int, alive: set[int]) -> list[tuple[int, int]]:
+        """(clock ticks, the CPU they count on) of the process since its previous read.  ``/proc/PID/stat``
         gives its CPU and where its main thread last ran: a process below ``busy_cores`` (a loader
         worker does its work on its main thread) counts there whole.  A busier multi-threaded one has
         its threads read, those with the most CPU last time first, until 90 % of its CPU is placed;
@@ -163,33 +172,29 @@ class WorkloadPlacement:
             fl = data[data.rindex(b")") + 2:].split(b" ", 38)
             ticks, nthreads, main_cpu = int(fl[11]) + int(fl[12]), int(fl[17]), int(fl[36])
         except (OSError, ValueError, IndexError):
-            return 0, 0
+            return []
+        alive.add(pid)
         now = self.clock()
-        key = (pid, 0)
-        seen.add(key)
-        prev = self._ticks.get(key)
-        prev_t = self._at.get(pid)
-        self._ticks[key], self._at[pid] = ticks, now
-        if prev is None or ticks < prev or prev_t is None:
-            first = True
-            delta = 0
-        else:
-            first = False
-            delta = ticks - prev
-        clk = CLK_TCK
-        busy = nthreads > 1 and (prev_t is None or first or delta / clk / max(1e-9, now - prev_t) >= self.busy_cores)
-        placed = on = 0
+        prev, prev_t = self._ticks.get(pid), self._at.get(pid)
+        self._ticks[pid], self._at[pid] = ticks, now
+        first = prev is None or prev_t is None or ticks < prev
+        delta = 0 if first or prev is None else ticks - prev
+        busy = nthreads > 1 and (first or prev_t is None
+                                 or delta / CLK_TCK / max(1e-9, now - prev_t) >= self.busy_cores)
+        out: list[tuple[int, int]] = []
+        placed = 0
         if busy:
             try:
                 tids = [int(t) for t in os.listdir(f"{self.proc}/{pid}/task") if t.isdigit()]
             except OSError:
                 tids = []
-            last = self._last
-            tids.sort(key=lambda t: -last.get((pid, t), -1))
+            known = self._threads.get(pid, {})
+            live = set(tids)
+            threads = self._threads[pid] = {t: v for t, v in known.items() if t in live}   # exited ones go
+            tids.sort(key=lambda t: -threads[t][1] if t in threads else 1)
             for tid in tids:
                 if not first and placed >= 0.9 * delta:
                     break            # the rest hold too little CPU to move the share
-                k = (pid, tid)
                 try:
                     with open(f"{self.proc}/{pid}/task/{tid}/stat", "rb") as f:
                         data = f.read(1024)
@@ -198,22 +203,17 @@ class WorkloadPlacement:
                 except (OSError, ValueError, IndexError):
                     continue
                 self.threads_read += 1
-                seen.add(k)
-                tp = self._ticks.get(k)
-                self._ticks[k] = tt
-                d = 0 if tp is None or tt < tp else tt - tp
-                last[k] = d
+                tp = threads.get(tid)
+                d = 0 if tp is None or tt < tp[0] else tt - tp[0]
+                threads[tid] = (tt, d)
                 if first:
                     continue
                 d = min(d, delta - placed)
                 placed += d
-                if cpu in local:
-                    on += d
-        if first:
-            return 0, 0
-        if main_cpu in local:
-            on += delta - placed
-        return on, delta
+                out.append((d, cpu))
+        if not first and delta > placed:
+            out.append((delta - placed, main_cpu))
+        return out
 
 
 def numa_pages(proc: str, pid: int) -> dict[int, int]:
