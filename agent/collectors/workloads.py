@@ -36,7 +36,7 @@ import os
 import select
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from triscope.agent.collectors.accelprocs import AcceleratorProcess, ProcessSource, device_keys, owner_key
@@ -114,6 +114,7 @@ class WorkloadsCollector(BaseCollector):
         self.tcp = WorkloadTcp(proc, every=tcp_every, clock=clock) if tcp_every > 0 else None
         self.placement = (WorkloadPlacement(proc, sys, every=placement_every, clock=clock)
                           if placement_every > 0 else None)
+        self._placement_keys: object = None
         self._members: dict[int, list[int]] = {}     # a listed process -> its whole process set (itself first)
         self._cpu_stat: dict[str, CgroupCpu] = {}     # cpu.stat path -> kept-open reader
         self._cpu_prev: dict[tuple[Labels, Workload], tuple[int, int, float]] = {}
@@ -262,8 +263,13 @@ class WorkloadsCollector(BaseCollector):
                 for wl, pids in acc.groups:
                     groups.setdefault(wl, {}).update(dict.fromkeys(pids))
             self.tcp.read({wl: list(pids) for wl, pids in groups.items()})
-        if self.placement is not None and (force or changed or self.placement.due()):
-            self.placement.read({(a.labels, wl): (a.bus_id, pids) for a in plan.accels for wl, pids in a.groups})
+        if self.placement is not None:
+            pgroups: dict[Hashable, tuple[str, Sequence[int]]] = {
+                (a.labels, wl): (a.bus_id, pids) for a in plan.accels for wl, pids in a.groups}
+            # on its own cadence, or at once when the sets changed (not at every process list)
+            if force or self.placement.due() or pgroups.keys() != self._placement_keys:
+                self._placement_keys = pgroups.keys()
+                self.placement.read(pgroups)
         with self._lock:
             self._plan = plan
         return plan
