@@ -100,3 +100,18 @@ def test_this_machine_says_why_it_has_no_topology() -> None:
     av = TopologyCollector().check()
     if not av.ok:   # a VM with virtio devices only, as the CPU machines are
         assert "no accelerator" in av.reason and av.hint
+
+
+def test_sr_iov_virtual_functions_are_not_listed_as_nics(tmp_path: Path) -> None:
+    tree = tmp_path / "sys"
+    shutil.copytree(DGX, tree, symlinks=True)
+    pf = tree / "devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:02.0/0000:1a:00.0"
+    vf = pf.parent / "0000:1a:00.2"
+    vf.mkdir()
+    (vf / "class").write_text("0x020700\n")
+    (vf / "vendor").write_text("0x15b3\n")
+    (vf / "physfn").symlink_to("../0000:1a:00.0")
+    (tree / "bus/pci/devices/0000:1a:00.2").symlink_to("../../../devices/pci0000:15/0000:15:01.0/0000:16:00.0/"
+                                                        "0000:17:02.0/0000:1a:00.2")
+    nics = {p.bdf for p in read_places(str(tree)) if p.kind == "nic"}
+    assert "0000:1a:00.0" in nics and "0000:1a:00.2" not in nics

@@ -110,8 +110,8 @@ def read_places(sys_root: str = "/sys") -> list[PciPlace]:
             kind = _kind(_read(os.path.join(path, "class")), _read(os.path.join(path, "vendor")))
         except OSError:
             continue
-        if kind is None:
-            continue
+        if kind is None or (kind == "nic" and os.path.exists(os.path.join(path, "physfn"))):
+            continue     # an SR-IOV virtual function sits under its physical NIC: that one is listed
         parts = os.path.realpath(path).split(os.sep)
         hosts = [i for i, p in enumerate(parts) if p.startswith("pci") and ":" in p]
         if not hosts:
