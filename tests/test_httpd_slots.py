@@ -120,3 +120,12 @@ def test_one_source_holds_at_most_its_share_of_the_slots() -> None:
                 assert others == [503] * 5, others     # the same flood without the bound: everyone else out
         finally:
             srv.shutdown()
+
+
+def test_an_ipv6_source_is_its_slash_64() -> None:
+    from triscope.httpd import _source_key
+
+    assert _source_key("2001:db8:1:2::1") == _source_key("2001:db8:1:2:ffff::9") == "2001:db8:1:2::/64"
+    assert _source_key("2001:db8:1:3::1") != _source_key("2001:db8:1:2::1")
+    assert _source_key("::ffff:10.0.0.7") == "10.0.0.7" and _source_key("10.0.0.7") == "10.0.0.7"
+    assert _source_key("fe80::1%eth0") == "fe80::/64"

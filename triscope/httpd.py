@@ -119,6 +119,21 @@ class _BadRequest(Exception):
         self.status, self.message = status, message
 
 
+def _source_key(addr: str) -> str:
+    """What counts as one source: an IPv4 address; an IPv6 one's /64 (a host picks any address in it)."""
+    if ":" not in addr:
+        return addr
+    import ipaddress
+
+    try:
+        ip = ipaddress.IPv6Address(addr.split("%", 1)[0])
+    except ValueError:
+        return addr
+    if ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return str(ipaddress.IPv6Network((int(ip) >> 64 << 64, 64)))
+
+
 class _Conn:
     __slots__ = ("idle", "source", "started", "task", "writer")
 
@@ -240,10 +255,11 @@ class HttpServer:
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
-        source = str(peer[0]) if isinstance(peer, tuple) and peer else None
+        source = _source_key(str(peer[0])) if isinstance(peer, tuple) and peer else None
         # once half the slots are taken, one source holds at most its share (its own idle or trickling
-        # connection gives way first): a flood from one address leaves half to every other client,
-        # and clients that share an address (a NAT, loopback) are not limited while there is room
+        # connection gives way first): a flood from one address leaves half to every other client.
+        # So a lone source may hold up to half the slots, and past that its idle keep-alive
+        # connections make way for its new ones (an IPv6 source is its /64: one host's addresses)
         if source is not None and len(self._conns) * 2 >= self.limits.max_connections \
                 and sum(1 for c in self._conns if c.source == source) >= self.per_source \
                 and not self._evict_idle(source):
