@@ -159,10 +159,19 @@ def make_engine(url: str | None = None, *, echo: bool = False, statement_timeout
     else:
         engine = create_engine(
             url, echo=echo, pool_pre_ping=True, pool_size=5, max_overflow=5,
-            connect_args={"connect_timeout": 5, "options": _options(statement_timeout_s),
+            connect_args={"connect_timeout": 5, "options": with_url_options(_options(statement_timeout_s), make_url(url).query),
                           **pg_connect_defaults(make_url(url).query)},
         )
     return engine
+
+
+def with_url_options(ours: str, query: Mapping[str, Any]) -> str:
+    """Our ``options`` and then the URL's (``?options=-c statement_timeout=5000``): a later ``-c``
+    wins, so a setting in the URL overrides ours (connect_args would otherwise replace the URL's)."""
+    given = query.get("options")
+    if isinstance(given, tuple | list):
+        given = " ".join(str(x) for x in given)
+    return f"{ours} {given}" if given else ours
 
 
 def _options(statement_timeout_s: float | None) -> str:

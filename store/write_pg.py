@@ -22,7 +22,7 @@ from sqlalchemy.engine import Connection
 
 from triscope.samples import Tick
 from triscope.store.cache import Point, points_by_ts
-from triscope.store.db import PG_OPTIONS, pg_connect_defaults
+from triscope.store.db import PG_OPTIONS, pg_connect_defaults, with_url_options
 from triscope.store.write import TickWriter, is_unique_violation
 
 _MOVE_LAST_SEEN = "WITH u AS (UPDATE nodes SET last_seen = %(t)s WHERE id = %(n)s AND last_seen < %(t)s) "
@@ -158,7 +158,8 @@ class PgWriter(TickWriter):
             # a multi-host URL (``?host=h1:p1&host=h2:p2&target_session_attrs=read-write``) reaches
             # the same server, the leader, as they do
             _args, kw = self.engine.dialect.create_connect_args(self.engine.url)
-            kw.update(autocommit=True, connect_timeout=5, options=PG_OPTIONS, **pg_connect_defaults(kw))
+            kw.update(autocommit=True, connect_timeout=5, options=with_url_options(PG_OPTIONS, kw),
+                      **pg_connect_defaults(kw))
             self.direct = psycopg.connect(**kw)
         return self.direct
 

@@ -192,5 +192,15 @@ def test_the_dashboard_reads_under_a_statement_bound_and_writers_under_none(pg_s
         finally:
             short.close()
         reader.close()
+        # a setting in the URL's options wins over ours, on the pool and on the writer's own connection
+        own = Store.open(url + ("&" if "?" in url else "?") + "options=-c%20statement_timeout%3D1234",
+                         statement_timeout_s=READ_STATEMENT_TIMEOUT_S)
+        try:
+            with own.engine.connect() as c:
+                assert c.execute(text("SHOW statement_timeout")).scalar() == "1234ms"
+                assert c.execute(text("SHOW jit")).scalar() == "off"          # ours still there
+            assert own.writer.connection().execute("SHOW statement_timeout").fetchone()[0] == "1234ms"
+        finally:
+            own.close()
     finally:
         writer.close()
