@@ -242,17 +242,19 @@ def local_cpus(store: Any, target: dict[str, str]) -> tuple[list[int] | None, st
     node, gpu = target.get("node"), target.get("gpu")
     if not node or not gpu:
         return None, "the trigger names no node and GPU, so no accelerator's local CPUs"
-    bus = next((str(lv.info.labels.get("bus_id", "")) for lv in store.latest(node, metric="triscope_gpu_info")
-                if str(lv.info.labels.get("gpu", "")) == gpu), "")
+    # the newest of each (a GPU swapped, a relabelled index: the older series are history)
+    infos = [lv for lv in store.latest(node, metric="triscope_gpu_info") if str(lv.info.labels.get("gpu", "")) == gpu]
+    bus = str(max(infos, key=lambda lv: lv.ts).info.labels.get("bus_id", "")) if infos else ""
     if not bus:
         return None, f"GPU {gpu} of node {node} has no stored PCI address (triscope_gpu_info)"
-    for lv in store.latest(node, metric="triscope_accelerator_topology_info"):
-        if str(lv.info.labels.get("device", "")) == bus:
-            cpus = parse_cpulist(str(lv.info.labels.get("local_cpus", "")))
-            if cpus:
-                return cpus, ""
-            return None, f"the kernel gives no local CPUs for GPU {gpu} ({bus}) of node {node}"
-    return None, f"no topology stored for GPU {gpu} ({bus}) of node {node} (the agent's topology collector)"
+    topo = [lv for lv in store.latest(node, metric="triscope_accelerator_topology_info")
+            if str(lv.info.labels.get("device", "")) == bus]
+    if not topo:
+        return None, f"no topology stored for GPU {gpu} ({bus}) of node {node} (the agent's topology collector)"
+    cpus = parse_cpulist(str(max(topo, key=lambda lv: lv.ts).info.labels.get("local_cpus", "")))
+    if cpus:
+        return cpus, ""
+    return None, f"the kernel gives no local CPUs for GPU {gpu} ({bus}) of node {node}"
 
 
 def target_key(target: dict[str, str]) -> tuple[str, str]:
@@ -369,29 +371,33 @@ def switch(ctx: ActionContext) -> ActionResult:
     """Write the fallback knobs to the workload's file (the row first, then the file)."""
     p = ctx.params
     path = Path(ctx.target["file"])
-    knobs = dict(p["knobs"])
-    for k, v in knobs.items():
-        if v == LOCAL_CPUS:
-            cpus, why = local_cpus(ctx.store, ctx.target)
-            if cpus is None:
-                return ActionResult("failed", f"knob {k}: {why}", {"path": str(path), "knob": k})
-            knobs[k] = cpus
     ttl = float(p["ttl"])
     now = ctx.decided_ts if ctx.decided_ts is not None else time.time()
     expires = now + ttl
-    data = render(ctx.rule_name, ctx.decision_id, expires, ctx.target["name"], knobs)
-    digest = sha256(data)
-    resp: dict[str, Any] = {"path": str(path), "sha256": digest, "knobs": knobs, "expires_at": _iso(expires)}
+    resp: dict[str, Any] = {"path": str(path), "knobs": dict(p["knobs"]), "expires_at": _iso(expires)}
     with _lock(path):
         existing = audit.active_fallbacks(ctx.store, ctx.target_key)
         if not ctx.dry_run:   # a dry-run fallback changed nothing: it does not stand in a live one's way
             existing = [fb for fb in existing if not fb.dry_run]
-        if existing:
+        resume = bool(existing) and ctx.resumed and existing[0].rule == ctx.rule_name \
+            and abs(existing[0].switched_at - now) < 1e-3
+        if existing and not resume:
             fb = existing[0]
-            if ctx.resumed and fb.rule == ctx.rule_name and abs(fb.switched_at - now) < 1e-3:
-                return _resume(ctx, fb, path, data, resp)
             return ActionResult("suppressed", f"fallback {path} already active since {_iso(fb.switched_at)} "
                                 f"(rule {fb.rule})", {**resp, "fallback_id": fb.id}, rail="live_state")
+        # the trigger's GPU's local CPUs, after the check above: an active fallback is not re-resolved
+        knobs = dict(p["knobs"])
+        for k, v in knobs.items():
+            if v == LOCAL_CPUS:
+                cpus, why = local_cpus(ctx.store, ctx.target)
+                if cpus is None:
+                    return ActionResult("failed", f"knob {k}: {why}", {**resp, "knob": k})
+                knobs[k] = cpus
+        data = render(ctx.rule_name, ctx.decision_id, expires, ctx.target["name"], knobs)
+        digest = sha256(data)
+        resp.update(sha256=digest, knobs=knobs)
+        if resume:
+            return _resume(ctx, existing[0], path, data, resp)
         try:
             cur = read_current(path)
         except Unusable as e:
