@@ -416,6 +416,10 @@ def test_a_cgroup_two_workloads_share_gives_neither_its_pressure(monkeypatch: py
     neither workload reports it; a workload alone in its cgroup keeps it."""
     a, own = spawn(), spawn()
     b = subprocess.Popen(["sleep", "600"], text=True)      # another command: another workload
+    for _ in range(200):     # Popen returns once the child's exec began; its comm is set a moment later
+        if Path(f"/proc/{b.pid}/comm").read_text().strip() == "sleep":
+            break
+        time.sleep(0.01)
     try:
         c = WorkloadsCollector([ListedProcessSource([row(0, GPU_A, a.pid), row(0, GPU_A, b.pid),
                                                      row(1, GPU_B, own.pid)])], background=False,
