@@ -260,6 +260,8 @@ def figures(ctx: EvidenceContext, acc: str, a: float, b: float) -> dict[str, lis
             detail += " (the link is at its ceiling: the host keeps up, this is load)"
         add("host_staging", name, v, thr, detail, strength=s)
     remote = getattr(th, "numa_remote", 0.5)
+    if cores and max(cores) < getattr(th, "numa_min_cores", 0.2):
+        remote = 0.0          # an idle workload's placement is no feeder's (as the detector)
     for metric, name, what in ((WORKLOAD_CPU_LOCAL, "cpu_remote", "runs {v:.0%} of its CPU time"),
                                (WORKLOAD_MEM_LOCAL, "memory_remote", "keeps {v:.0%} of its host pages")):
         local = [m for sp in ctx.by_metric.get(metric, ()) if _mine(sp, acc, ctx) for m in [_mean(sp, a, b)]
