@@ -183,3 +183,22 @@ def test_a_process_in_two_sets_is_read_once_and_counted_in_both(tmp_path: Path) 
     now[0] = 20.0
     pl.read(groups)
     assert set(pl._threads[100]) == {100}
+
+
+def test_root_cause_has_a_numa_locality_figure_for_a_working_feeder_only() -> None:
+    from triscope.analysis.rca_evidence import evidence_context, figures
+    from triscope.analysis.reader import SeriesPoints
+
+    ts = [float(t) for t in range(100, 160)]
+    wl = {"gpu": "0", "namespace": "inference", "pod": "vit-0", "container": "server", "workload": ""}
+
+    def figs(cores: float) -> dict[str, list]:
+        series = [SeriesPoints("triscope_gpu_sm_active_ratio", {"gpu": "0"}, ts, [0.1] * len(ts)),
+                  SeriesPoints("triscope_workload_cpu_local_ratio", wl, ts, [0.1] * len(ts)),
+                  SeriesPoints("triscope_workload_cpu_seconds_total", wl, ts, [cores] * len(ts), kind="counter")]
+        return figures(evidence_context(series, [], MismatchThresholds()), "gpu=0", 100.0, 160.0)
+
+    got = figs(1.0).get("numa_locality", [])
+    assert [f.name for f in got] == ["cpu_remote"] and got[0].value == pytest.approx(0.9)
+    assert "runs 90% of its CPU time off its accelerator's NUMA node" in got[0].detail
+    assert not figs(0.05).get("numa_locality")        # an idle workload's placement is no feeder's
