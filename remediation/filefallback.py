@@ -237,7 +237,7 @@ moves a feeder running on the far socket next to its GPU."""
 
 def local_cpus(store: Any, target: dict[str, str]) -> tuple[list[int] | None, str]:
     """The local CPUs of the trigger's GPU on its node, from the stored topology; (None, why) when unknown."""
-    from triscope.agent.collectors.topology import parse_cpulist
+    from triscope.cpulist import parse_cpulist
 
     node, gpu = target.get("node"), target.get("gpu")
     if not node or not gpu:

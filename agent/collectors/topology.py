@@ -29,26 +29,11 @@ from dataclasses import dataclass
 
 from triscope.agent.collectors.base import Availability, BaseCollector, CollectorUnavailable
 from triscope.agent.collectors.pcie import BDF_RE, SYSFS_HINT, list_pci_devices, pci_bus_missing
+from triscope.cpulist import parse_cpulist  # noqa: F401 - re-exported for the tests and placement
 from triscope.samples import Sample
 
 GPU_VENDORS = ("0x10de", "0x1002")   # NVIDIA, AMD: a VGA-class device of theirs is an accelerator
 LEVELS = ("PIX", "PXB", "PHB", "NODE", "SYS", "unknown")   # nearest first
-
-
-def parse_cpulist(text: str) -> list[int]:
-    """``"0-55,112-167"`` -> the CPUs; an empty or malformed list -> []."""
-    cpus: list[int] = []
-    for part in text.strip().split(","):
-        part = part.strip()
-        if not part:
-            continue
-        lo, _, hi = part.partition("-")
-        try:
-            a, b = int(lo), int(hi or lo)
-        except ValueError:
-            return []
-        cpus.extend(range(a, b + 1))
-    return cpus
 
 
 @dataclass(frozen=True, slots=True)
