@@ -57,19 +57,33 @@ def netns_refused() -> str | None:
         return "network namespaces for the nodes need root"
     if shutil.which("ip") is None:
         return "ip (Debian package iproute2) not installed"
+    if shutil.which("nsenter") is None:
+        return "nsenter (Debian package util-linux) not installed"
     # everything the cluster's network needs, once: a namespace, a bridge, a veth pair into the namespace
     probe, br, veth = f"tsha-probe-{os.getpid()}", f"tshp{os.getpid() % 100000}", f"tshv{os.getpid() % 100000}"
     why = None
-    for cmd in (["netns", "add", probe], ["link", "add", br, "type", "bridge"],
-                ["link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", probe],
-                ["link", "set", veth, "master", br, "up"]):
-        r = subprocess.run(["ip", *cmd], capture_output=True, text=True)
+    for argv in (["ip", "netns", "add", probe], ["ip", "link", "add", br, "type", "bridge"],
+                 ["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", probe],
+                 ["ip", "link", "set", veth, "master", br, "up"], [*_enter(probe), "ip", "link", "set", "eth0", "up"]):
+        r = subprocess.run(argv, capture_output=True, text=True)
         if r.returncode != 0:
-            why = f"ip {' '.join(cmd[:2])} refused here: {r.stderr.strip()}"
+            why = f"{' '.join(argv[:3])} refused here: {r.stderr.strip()}"
             break
     for cmd in (["link", "del", veth], ["link", "del", br], ["netns", "del", probe]):
         subprocess.run(["ip", *cmd], capture_output=True)
     return why
+
+
+def _enter(ns: str) -> list[str]:
+    """Run in the namespace's network only (``nsenter --net``): ``ip netns exec`` and ``ip -n`` also
+    remount /sys, which a chroot refuses."""
+    return ["nsenter", f"--net=/run/netns/{ns}"]
+
+
+def _ip_in(ns: str, *args: str) -> None:
+    r = subprocess.run([*_enter(ns), "ip", *args], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)} in {ns}: {r.stderr.strip()}")
 
 
 def _ip(*args: str) -> None:
@@ -134,7 +148,7 @@ class HACluster:
             _ip("link", "set", n.link, "master", self.bridge, "up")
             for cmd in (("addr", "add", f"{n.host}/24", "dev", "eth0"), ("link", "set", "eth0", "up"),
                         ("link", "set", "lo", "up")):
-                _ip("-n", n.ns, *cmd)
+                _ip_in(n.ns, *cmd)
 
     def _network_down(self) -> None:
         for n in self.nodes:
@@ -172,7 +186,7 @@ class HACluster:
         out = open(log, "ab")  # noqa: SIM115 - handed to the child
         try:
             env = {k: v for k, v in os.environ.items() if not k.startswith(("PG", "PYTHON"))}
-            inside = ["ip", "netns", "exec", ns] if ns else []
+            inside = _enter(ns) if ns else []
             return subprocess.Popen(inside + self.as_user + cmd, stdout=out, stderr=subprocess.STDOUT, cwd=self.dir,
                                     env=env, start_new_session=True)
         finally:
