@@ -130,7 +130,12 @@ class HACluster:
         self.bridge: str | None = None
         self.subnet = "127.0.0.1/32"
         if netns:
-            self._network(nodes)
+            try:
+                self._network(nodes)
+            except Exception:
+                self._network_down()     # nothing half-made is left behind (namespaces, links, mounts)
+                shutil.rmtree(self.dir, ignore_errors=True)
+                raise
 
     # ------------------------------------------------------------------ the network (netns mode)
     def _network(self, nodes: int) -> None:
