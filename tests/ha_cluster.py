@@ -60,30 +60,66 @@ def netns_refused() -> str | None:
     if shutil.which("nsenter") is None:
         return "nsenter (Debian package util-linux) not installed"
     # everything the cluster's network needs, once: a namespace, a bridge, a veth pair into the namespace
-    probe, br, veth = f"tsha-probe-{os.getpid()}", f"tshp{os.getpid() % 100000}", f"tshv{os.getpid() % 100000}"
+    br, veth = f"tshp{os.getpid() % 100000}", f"tshv{os.getpid() % 100000}"
     why = None
-    for argv in (["ip", "netns", "add", probe], ["ip", "link", "add", br, "type", "bridge"],
-                 ["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", probe],
-                 ["ip", "link", "set", veth, "master", br, "up"], [*_enter(probe), "ip", "link", "set", "eth0", "up"]):
-        r = subprocess.run(argv, capture_output=True, text=True)
-        if r.returncode != 0:
-            why = f"{' '.join(argv[:3])} refused here: {r.stderr.strip()}"
-            break
-    for cmd in (["link", "del", veth], ["link", "del", br], ["netns", "del", probe]):
-        subprocess.run(["ip", *cmd], capture_output=True)
+    try:
+        holder = NetNs()
+    except (OSError, RuntimeError) as e:
+        return f"a network namespace cannot be made here (unshare --net): {e}"
+    try:
+        for argv in (["ip", "link", "add", br, "type", "bridge"],
+                     ["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", str(holder.pid)],
+                     ["ip", "link", "set", veth, "master", br, "up"], [*holder.enter(), "ip", "link", "set", "eth0", "up"]):
+            r = subprocess.run(argv, capture_output=True, text=True)
+            if r.returncode != 0:
+                why = f"{' '.join(argv[:3])} refused here: {r.stderr.strip()}"
+                break
+    finally:
+        for cmd in (["link", "del", veth], ["link", "del", br]):
+            subprocess.run(["ip", *cmd], capture_output=True)
+        holder.close()
     return why
 
 
-def _enter(ns: str) -> list[str]:
-    """Run in the namespace's network only (``nsenter --net``): ``ip netns exec`` and ``ip -n`` also
-    remount /sys, which a chroot refuses."""
-    return ["nsenter", f"--net=/run/netns/{ns}"]
+class NetNs:
+    """A network namespace held by a sleeping process of its own (``unshare --net``), entered with
+    ``nsenter --net=/proc/PID/ns/net``: no ``ip netns`` (its bind mounts of /run/netns outlive the
+    namespaces, and ``ip netns exec`` remounts /sys, which a chroot refuses).  Gone with ``close()``
+    once the processes started in it have ended."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(["unshare", "--net", "sleep", "infinity"], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE)
+        self.pid = self.proc.pid
+        mine = os.readlink("/proc/self/ns/net")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                err = self.proc.stderr.read().decode(errors="replace").strip() if self.proc.stderr else ""
+                raise RuntimeError(err or f"unshare exited with {self.proc.returncode}")
+            try:
+                if os.readlink(f"/proc/{self.pid}/ns/net") != mine:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.01)
+        self.close()
+        raise RuntimeError("unshare --net did not move to a namespace of its own within 10 s")
+
+    def enter(self) -> list[str]:
+        return ["nsenter", f"--net=/proc/{self.pid}/ns/net"]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        with contextlib.suppress(Exception):
+            self.proc.wait(5)
 
 
-def _ip_in(ns: str, *args: str) -> None:
-    r = subprocess.run([*_enter(ns), "ip", *args], capture_output=True, text=True)
+def _ip_in(ns: NetNs, *args: str) -> None:
+    r = subprocess.run([*ns.enter(), "ip", *args], capture_output=True, text=True)
     if r.returncode != 0:
-        raise RuntimeError(f"ip {' '.join(args)} in {ns}: {r.stderr.strip()}")
+        raise RuntimeError(f"ip {' '.join(args)} in namespace of {ns.pid}: {r.stderr.strip()}")
 
 
 def _ip(*args: str) -> None:
@@ -102,7 +138,7 @@ class Node:
     proc: subprocess.Popen[bytes] | None = None
     frozen: bool = False          # its API does not answer (SIGSTOPped, or cut off by a partition)
     host: str = "127.0.0.1"
-    ns: str | None = None          # its network namespace (netns mode)
+    ns: NetNs | None = None        # its network namespace (netns mode)
     link: str | None = None        # the root namespace's end of its veth pair (netns mode)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -147,9 +183,9 @@ class HACluster:
         _ip("addr", "add", f"{net}.1/24", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
         for i, n in enumerate(self.nodes):
-            n.ns, n.link, n.host = f"tsha{tag}-{n.name}", f"tsv{tag}{i}", f"{net}.{10 + i}"
-            _ip("netns", "add", n.ns)
-            _ip("link", "add", n.link, "type", "veth", "peer", "name", "eth0", "netns", n.ns)
+            n.link, n.host = f"tsv{tag}{i}", f"{net}.{10 + i}"
+            n.ns = NetNs()
+            _ip("link", "add", n.link, "type", "veth", "peer", "name", "eth0", "netns", str(n.ns.pid))
             _ip("link", "set", n.link, "master", self.bridge, "up")
             for cmd in (("addr", "add", f"{n.host}/24", "dev", "eth0"), ("link", "set", "eth0", "up"),
                         ("link", "set", "lo", "up")):
@@ -157,8 +193,10 @@ class HACluster:
 
     def _network_down(self) -> None:
         for n in self.nodes:
-            if n.ns:
-                subprocess.run(["ip", "netns", "del", n.ns], capture_output=True)
+            if n.ns is not None:
+                n.ns.close()           # the namespace ends with the last process in it (and its veth end with it)
+            if n.link:
+                subprocess.run(["ip", "link", "del", n.link], capture_output=True)
         if self.bridge:
             subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
 
@@ -187,11 +225,11 @@ class HACluster:
                 f"{r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}")
 
     # ------------------------------------------------------------------ start / stop
-    def _popen(self, cmd: list[str], log: Path, ns: str | None = None) -> subprocess.Popen[bytes]:
+    def _popen(self, cmd: list[str], log: Path, ns: NetNs | None = None) -> subprocess.Popen[bytes]:
         out = open(log, "ab")  # noqa: SIM115 - handed to the child
         try:
             env = {k: v for k, v in os.environ.items() if not k.startswith(("PG", "PYTHON"))}
-            inside = _enter(ns) if ns else []
+            inside = ns.enter() if ns is not None else []
             return subprocess.Popen(inside + self.as_user + cmd, stdout=out, stderr=subprocess.STDOUT, cwd=self.dir,
                                     env=env, start_new_session=True)
         finally:
