@@ -53,9 +53,12 @@ class Forwarder:
                 c, _ = lst.accept()
             except OSError:
                 return
-            u = socket.create_connection(self.target)
-            for a, b in ((c, u), (u, c)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+            self._relay(c, socket.create_connection(self.target))
+
+    def _relay(self, c: socket.socket, u: socket.socket) -> None:
+        """Copy both ways between the client ``c`` and the server ``u`` (a subclass may do otherwise)."""
+        for a, b in ((c, u), (u, c)):
+            threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
 
     @staticmethod
     def _pipe(a: socket.socket, b: socket.socket) -> None:

@@ -11,10 +11,11 @@ from hostile import Slowloris
 from triscope.httpd import HttpServer, Limits, Request, Response
 
 
-def _get(port: int) -> int | str:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+def _get(port: int, path: str = "/metrics", source: str = "127.0.0.1", timeout: float = 5) -> int | str:
+    """The status of one request on a fresh connection from ``source``, or the error's name."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout, source_address=(source, 0))
     try:
-        conn.request("GET", "/metrics")
+        conn.request("GET", path)
         r = conn.getresponse()
         r.read()
         return r.status
@@ -71,19 +72,6 @@ def test_a_prompt_client_is_never_evicted() -> None:
         srv.shutdown()
 
 
-def _get_from(source: str, port: int, path: str = "/metrics", timeout: float = 10) -> int | str:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout, source_address=(source, 0))
-    try:
-        conn.request("GET", path)
-        r = conn.getresponse()
-        r.read()
-        return r.status
-    except (OSError, http.client.HTTPException) as e:
-        return type(e).__name__
-    finally:
-        conn.close()
-
-
 def test_one_source_holds_at_most_its_share_of_the_slots() -> None:
     """16 slots; one address sends 16 whole requests that each keep the server busy 2 s (not idle,
     not trickling: nothing to evict once they run).  Past half the slots it is held to its share (4):
@@ -101,13 +89,13 @@ def test_one_source_holds_at_most_its_share_of_the_slots() -> None:
                          workers=24, name="per-source").start()
         port = srv.server_address[1]
         flood: list[int | str] = []
-        threads = [threading.Thread(target=lambda f=flood, p=port: f.append(_get_from("127.0.0.1", p, "/slow")))
+        threads = [threading.Thread(target=lambda f=flood, p=port: f.append(_get(p, "/slow", timeout=10)))
                    for _ in range(16)]
         try:
             for t in threads:
                 t.start()
             time.sleep(0.5)                             # the flood holds what it could get
-            others = [_get_from(f"127.0.0.{2 + i}", port, timeout=5) for i in range(5)]
+            others = [_get(port, source=f"127.0.0.{2 + i}") for i in range(5)]
             for t in threads:
                 t.join(10)
             if other_answered:

@@ -90,16 +90,10 @@ class ReplyCutter(Forwarder):
         self.armed = threading.Event()
         self.cut = threading.Event()
 
-    def _accept(self, lst: socket.socket) -> None:
-        while True:
-            try:
-                c, _ = lst.accept()
-            except OSError:
-                return
-            u = socket.create_connection(self.target)
-            mine = threading.Event()      # set: this connection's answers are swallowed
-            threading.Thread(target=self._up, args=(c, u, mine), daemon=True).start()
-            threading.Thread(target=self._down, args=(u, c, mine), daemon=True).start()
+    def _relay(self, c: socket.socket, u: socket.socket) -> None:
+        mine = threading.Event()      # set: this connection's answers are swallowed
+        threading.Thread(target=self._up, args=(c, u, mine), daemon=True).start()
+        threading.Thread(target=self._down, args=(u, c, mine), daemon=True).start()
 
     def _up(self, c: socket.socket, u: socket.socket, mine: threading.Event) -> None:
         marked = False
