@@ -12,9 +12,9 @@ from triscope.agent.collectors.topology import (
     PciPlace,
     TopologyCollector,
     link_level,
-    parse_cpulist,
     read_places,
 )
+from triscope.cpulist import parse_cpulist
 from triscope.metrics import CATALOGUE
 
 DGX = str(FIXTURES / "sysfs-dgx-h100")

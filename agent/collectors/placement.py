@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
+from triscope.agent.collectors.topology import device_locality
 from triscope.cpulist import parse_cpulist
 
 QUIET_ROUNDS = 3     # a quiet set keeps its last cpu_local this many rounds (30 s), then says nothing
@@ -95,18 +96,8 @@ class WorkloadPlacement:
     def locality(self, bus: str) -> Locality:
         got = self._local.get(bus)
         if got is None:
-            base = os.path.join(self.sys, "bus/pci/devices", bus)
-            try:
-                with open(os.path.join(base, "local_cpulist")) as f:
-                    cpus = frozenset(parse_cpulist(f.read()))
-            except OSError:
-                cpus = frozenset()
-            try:
-                with open(os.path.join(base, "numa_node")) as f:
-                    n = int(f.read().strip())
-            except (OSError, ValueError):
-                n = -1
-            got = self._local[bus] = Locality(cpus, None if n < 0 else n)
+            node, cpus = device_locality(os.path.join(self.sys, "bus/pci/devices", bus))
+            got = self._local[bus] = Locality(frozenset(parse_cpulist(cpus)), node)
         return got
 
     def read(self, groups: Mapping[Hashable, tuple[str, Sequence[int]]]) -> None:

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 
 from triscope.agent.collectors.base import Availability, BaseCollector, CollectorUnavailable
 from triscope.agent.collectors.pcie import BDF_RE, SYSFS_HINT, list_pci_devices, pci_bus_missing
-from triscope.cpulist import parse_cpulist  # noqa: F401 - re-exported for the tests and placement
 from triscope.samples import Sample
 
 GPU_VENDORS = ("0x10de", "0x1002")   # NVIDIA, AMD: a VGA-class device of theirs is an accelerator
@@ -85,6 +84,19 @@ def _kind(pci_class: str, vendor: str) -> str | None:
     return None
 
 
+def device_locality(path: str) -> tuple[int | None, str]:
+    """A PCI device's NUMA node (None: -1 or unreadable, i.e. unknown) and ``local_cpulist`` ("" unknown)."""
+    try:
+        node: int | None = int(_read(os.path.join(path, "numa_node")))
+    except (OSError, ValueError):
+        node = None
+    try:
+        cpus = _read(os.path.join(path, "local_cpulist"))
+    except OSError:
+        cpus = ""
+    return (None if node is None or node < 0 else node), cpus
+
+
 def read_places(sys_root: str = "/sys") -> list[PciPlace]:
     """Every accelerator and NIC under ``sys_root``, with its place in the PCIe tree."""
     devices_dir = os.path.join(sys_root, "bus/pci/devices")
@@ -103,19 +115,12 @@ def read_places(sys_root: str = "/sys") -> list[PciPlace]:
             continue
         host_at = hosts[-1]
         bridges = tuple(p for p in parts[host_at + 1:-1] if BDF_RE.match(p))
-        try:
-            node = int(_read(os.path.join(path, "numa_node")))
-        except (OSError, ValueError):
-            node = -1
-        try:
-            cpus = _read(os.path.join(path, "local_cpulist"))
-        except OSError:
-            cpus = ""
+        node, cpus = device_locality(path)
         names: list[str] = []
         for sub in ("net", "infiniband"):
             with contextlib.suppress(OSError):
                 names += sorted(os.listdir(os.path.join(path, sub)))
-        out.append(PciPlace(bdf, kind, parts[host_at], bridges, None if node < 0 else node, cpus, tuple(names)))
+        out.append(PciPlace(bdf, kind, parts[host_at], bridges, node, cpus, tuple(names)))
     return out
 
 
