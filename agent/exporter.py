@@ -4,7 +4,7 @@ Only ``triscope_*`` metrics are exported (scraped application metrics stay with 
 application).  The process's own CPU and memory are ``triscope_process_*`` (the names of
 prometheus_client's ProcessCollector, read from one ``/proc/self/stat``).
 
-The HTTP side is the shared server (``triscope.httpd``): one thread with an event loop for every
+The HTTP side is the shared server (``triscope.web.httpd``): one thread with an event loop for every
 connection, so no client can hold it (a whole-request deadline, bounded connections, small
 header limits); it sleeps in ``epoll`` between scrapes.
 """
@@ -23,10 +23,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from triscope.agent.collectors.base import OpenFiles
-from triscope.httpd import HttpServer, Limits, Request, Response
-from triscope.metrics import CATALOGUE, kind_of
-from triscope.samples import Sample
-from triscope.webauth import RELOAD_EVERY, UNAUTHORIZED_HEADERS, SourceLimiter, WebConfig
+from triscope.core.metrics import CATALOGUE, kind_of
+from triscope.core.samples import Sample
+from triscope.web.auth import RELOAD_EVERY, UNAUTHORIZED_HEADERS, SourceLimiter, WebConfig
+from triscope.web.httpd import HttpServer, Limits, Request, Response
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ def make_sources() -> tuple[ProcessMetrics, TickCollector]:
 
 
 class MetricsServer:
-    """/metrics over HTTP/1.1 on the shared server (``triscope.httpd``): concurrent connections,
+    """/metrics over HTTP/1.1 on the shared server (``triscope.web.httpd``): concurrent connections,
     each request under a whole-request deadline, connections bounded, small header limits, no body.
 
     The body is rendered once per tick at most and kept for ``max_age`` seconds.  Scraped about
@@ -159,7 +159,7 @@ class MetricsServer:
     wake-up (``prerender``), and a scrape only sends bytes; scraped less often (Prometheus every
     15 s), the first scrape after a tick renders it: one render per scrape, not one per tick.
 
-    ``web`` (``--web.config.file``, ``triscope.webconfig``): TLS on the same listener (a plain HTTP
+    ``web`` (``--web.config.file``, ``triscope.web.config``): TLS on the same listener (a plain HTTP
     request to it fails the handshake and gets nothing) and basic auth on every path (``401`` with
     ``WWW-Authenticate: Basic``).  Credentials already verified (cached) are answered on the loop
     from one cache lookup (``WebConfig.lookup``, whose answer the handler then uses); only a bcrypt

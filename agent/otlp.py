@@ -2,7 +2,7 @@
 
 ``triscope agent --otlp-listen 127.0.0.1:4318`` serves ``POST /v1/traces`` and ``/v1/metrics``
 (protobuf or JSON, identity, gzip or deflate) on the shared bounded HTTP server
-(``triscope.httpd``) with one worker thread for decoding: the agent's tick never waits for a
+(``triscope.web.httpd``) with one worker thread for decoding: the agent's tick never waits for a
 request.  docs/otlp.md is the contract; in short:
 
 * a span with a stage (attribute ``triscope.stage``, else a span name in ``STAGE_NAMES``) adds its
@@ -50,8 +50,8 @@ from prometheus_client.utils import floatToGoString
 from triscope.agent.collectors import attribution
 from triscope.agent.collectors.base import BaseCollector
 from triscope.agent.otlp_decode import TEMPORALITY_CUMULATIVE, Decoded, DecodeError, Point, decode
-from triscope.httpd import HttpServer, Limits, Request, Response
-from triscope.samples import Sample
+from triscope.core.samples import Sample
+from triscope.web.httpd import HttpServer, Limits, Request, Response
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from triscope.agent.collectors.base import Availability, BaseCollector, Collector
-from triscope.samples import EventRecord, Sample
+from triscope.core.samples import EventRecord, Sample
 
 log = logging.getLogger(__name__)
 

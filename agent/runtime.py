@@ -15,10 +15,10 @@ from triscope.agent.registry import AgentOptions, build_collectors, build_post_p
 from triscope.agent.sampler import Sampler
 from triscope.agent.spool import Spool, default_spool_root, spool_dir_for, survey
 from triscope.agent.writer import StoreWriter
-from triscope.samples import Sample, Tick
+from triscope.core.samples import Sample, Tick
 from triscope.store import Store
 from triscope.store.db import StoreError, check_sqlite_file, sqlite_path
-from triscope.webauth import WebConfig
+from triscope.web.auth import WebConfig
 
 if TYPE_CHECKING:
     from triscope.agent.otlp import OtlpOptions, OtlpReceiver
@@ -38,7 +38,7 @@ class AgentConfig:
     migrate: bool = True
     retention: bool = True  # run the store's retention job hourly from this agent
     huge_pages: bool = False  # --huge-pages: the heap on transparent huge pages (agent/hugepages.py)
-    web: WebConfig | None = None  # --web.config.file: TLS and basic auth on /metrics (triscope/webconfig.py)
+    web: WebConfig | None = None  # --web.config.file: TLS and basic auth on /metrics (triscope/web/config.py)
     options: AgentOptions = field(default_factory=AgentOptions)
     otlp: OtlpOptions | None = None   # --otlp-listen: the OTLP/HTTP receiver (agent/otlp.py), off by default
 

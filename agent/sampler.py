@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from triscope.agent.collectors.base import Collector
-from triscope.samples import EventRecord, Sample, Tick
-from triscope.textsafe import one_line
+from triscope.core.samples import EventRecord, Sample, Tick
+from triscope.core.textsafe import one_line
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from triscope.samples import EventRecord, Sample, Tick
+from triscope.core.samples import EventRecord, Sample, Tick
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from triscope.agent.spool import Spool
-from triscope.samples import Tick
+from triscope.core.samples import Tick
 from triscope.store.api import RetentionPolicy, Store
 
 log = logging.getLogger(__name__)

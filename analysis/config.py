@@ -3,10 +3,10 @@
 Override them from a YAML file (``load_thresholds(path)``, keys are the field names, optionally
 under a top-level ``mismatch:`` key) and/or from the environment: ``TRISCOPE_MISMATCH_<FIELD>``
 (upper case), e.g. ``TRISCOPE_MISMATCH_IO_SATURATED_LINK=0.7``.  Environment wins over the file.
-The file is read with ``triscope.yamlsafe`` (size, depth and alias bounds) and validated by a
+The file is read with ``triscope.core.yamlsafe`` (size, depth and alias bounds) and validated by a
 pydantic model built from the dataclass (``thresholds_file_model()``, built on first use: the agent running on the defaults never loads pydantic): every value a finite number >= 0
 (numbers written as text, ``"0.7"``, are read too), fields ending in ``_s`` durations in the
-grammar of ``triscope.durations`` (``10``, ``10s``, ``500ms``).  Unknown keys and bad values are
+grammar of ``triscope.core.durations`` (``10``, ``10s``, ``500ms``).  Unknown keys and bad values are
 errors, one line: ``FILE:LINE: field: what is wrong`` (``environment VAR: what is wrong``).
 """
 
@@ -20,8 +20,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from triscope import yamlsafe
-from triscope.configerror import ConfigFileError
+from triscope.core import yamlsafe
+from triscope.core.configerror import ConfigFileError
 
 ENV_PREFIX = "TRISCOPE_MISMATCH_"
 ENV_FILE = "TRISCOPE_MISMATCH_FILE"
@@ -174,7 +174,7 @@ class MismatchThresholds:
         ``source`` for an unknown name or a bad value."""
         from pydantic import ValidationError
 
-        from triscope.configfile import describe
+        from triscope.core.configfile import describe
 
         try:
             model = thresholds_file_model().model_validate(dict(values))
@@ -188,7 +188,7 @@ class MismatchThresholds:
 # pydantic is loaded only when a file or a value is read: the agent's detector runs on the defaults
 def _threshold(value: Any) -> float:
     """A threshold: a finite number >= 0 (a number written as text, ``"0.7"``, is read)."""
-    from triscope.configfile import show
+    from triscope.core.configfile import show
 
     x = value
     if isinstance(x, str):
@@ -215,8 +215,8 @@ def thresholds_file_model() -> Any:
 
     from pydantic import BeforeValidator, create_model
 
-    from triscope.configfile import ConfigModel
-    from triscope.durations import Duration
+    from triscope.core.configfile import ConfigModel
+    from triscope.core.durations import Duration
 
     class _ThresholdsBase(ConfigModel):
         unknown_key_noun = "mismatch threshold"
@@ -253,7 +253,7 @@ def load_thresholds(path: str | Path | None = None, environ: Mapping[str, str] |
         except yamlsafe.YAMLFileError as e:
             raise ConfigError(e.file, e.line, e.reason) from None
         at: tuple[str, ...] = ("mismatch",) if isinstance(doc.root, dict) and "mismatch" in doc.root else ()
-        from triscope.configfile import validate as validate_config
+        from triscope.core.configfile import validate as validate_config
 
         model = validate_config(thresholds_file_model(), doc, at=at, error=ConfigError)
         th = replace(th, **{k: getattr(model, k) for k in model.model_fields_set})

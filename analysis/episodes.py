@@ -35,7 +35,7 @@ from typing import Any
 
 from triscope.analysis.mismatch import IO_STATES
 from triscope.analysis.reader import SeriesPoints, label_name
-from triscope.vocabulary import NO_WORKLOAD, WORKLOAD_LABELS, WORST_FIRST, WorkloadKey
+from triscope.core.vocabulary import NO_WORKLOAD, WORKLOAD_LABELS, WORST_FIRST, WorkloadKey
 
 MIN_EPISODE_S = 10.0          # the one flicker threshold: shorter runs are merged into a neighbour
 MIN_EPISODE_STEPS = 2         # ... or two sampling steps, on coarse (rollup) points

@@ -23,8 +23,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from triscope.analysis.config import MismatchThresholds
-from triscope.pcie import link_capacity_bytes_per_second
-from triscope.vocabulary import (  # noqa: F401 - the vocabulary, re-exported for analysis's callers
+from triscope.core.pcie import link_capacity_bytes_per_second
+from triscope.core.vocabulary import (  # noqa: F401 - the vocabulary, re-exported for analysis's callers
     ACCELERATOR_LABELS,
     NO_WORKLOAD,
     WORKLOAD_LABELS,

@@ -8,7 +8,7 @@ function the per-tick ``triscope.analysis.online.MismatchTracker`` uses) and cla
 ``node_states(store, node, start, end)`` and ``sliding_states`` are the fetch and the pure part in one
 call, for callers that hold a store.
 
-Inputs (metric names from ``triscope.metrics``):
+Inputs (metric names from ``triscope.core.metrics``):
 
 * accelerator busy: ``triscope_gpu_sm_active_ratio{gpu}`` (NVML GPM SM activity; never
   ``triscope_gpu_utilization_ratio``, which reads 100 % during pure copies) and
@@ -102,7 +102,7 @@ from triscope.analysis.verdict import (  # noqa: F401 - re-exported
     classify_accelerator,
     classify_window,
 )
-from triscope.pcie import link_capacity_bytes_per_second  # noqa: F401 - re-exported
+from triscope.core.pcie import link_capacity_bytes_per_second  # noqa: F401 - re-exported
 
 
 @dataclass(slots=True)

@@ -67,8 +67,8 @@ from triscope.analysis.features import (
 )
 from triscope.analysis.reader import label_name
 from triscope.analysis.verdict import IO_STATES, STATES, Verdict, classify_window
-from triscope.samples import EventRecord, Sample
-from triscope.vocabulary import accelerator_name
+from triscope.core.samples import EventRecord, Sample
+from triscope.core.vocabulary import accelerator_name
 
 _KIND = {GPU_INFO: "info", GPU_BUSY: "busy", NPU_BUSY: "busy", PCIE_RX: "rx", PCIE_TX: "tx", CPU_BUSY: "cpu", PRESSURE: "psi",
          DMA_MAPS: "dma", RETRANSMITS: "rtx", **dict.fromkeys(WORKLOAD_FIELDS, "wl")}

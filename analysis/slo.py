@@ -46,9 +46,8 @@ which reads the status).  The generated Prometheus rules record the same coverag
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,14 +61,22 @@ from triscope.analysis.counters import (  # noqa: F401 - counter_increase: calle
 )
 from triscope.analysis.reader import SeriesPoints, StoreReader
 
-# the file format and its loader live in slo_spec; callers import them from here too
-from triscope.analysis.slo_spec import SLOSpecError, load_slo_file, parse_duration, parse_slo_text  # noqa: F401
-from triscope.labels import Matcher, escape_value
-
-WINDOWS: tuple[tuple[str, float], ...] = (
-    ("5m", 300.0), ("30m", 1800.0), ("1h", 3600.0), ("6h", 21600.0), ("1d", 86400.0), ("3d", 259200.0),
+# the SLO's model types, the file format and its loader live in slo_spec; callers import them from here too
+from triscope.analysis.slo_spec import (  # noqa: F401
+    WINDOW_SECONDS,
+    WINDOWS,
+    AlertSpec,
+    Query,
+    SLOSpec,
+    SLOSpecError,
+    Term,
+    load_slo_file,
+    parse_duration,
+    parse_query,
+    parse_slo_text,
 )
-WINDOW_SECONDS = dict(WINDOWS)
+from triscope.core.labels import escape_value
+
 # (severity, long window, short window, share of the period's budget burnt in the long window)
 ALERT_RULES: tuple[tuple[str, str, str, float], ...] = (
     ("page", "1h", "5m", 0.02),
@@ -100,165 +107,6 @@ def coverage_pct(coverage: float) -> str:
     """``0.07 %``, ``4.2 %``, ``93 %``: enough digits that a little data does not read as none."""
     p = coverage * 100
     return f"{p:.0f} %" if p >= 10 or p == 0 else f"{p:.1f} %" if p >= 1 else f"{p:.2f} %"
-
-
-# ---------------------------------------------------------------------------------------------- queries
-@dataclass(frozen=True, slots=True)
-class Term:
-    sign: int                    # +1 / -1
-    metric: str
-    matchers: tuple[Matcher, ...]
-    func: str = "rate"           # rate | increase
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        return all(m.matches(labels) for m in self.matchers)
-
-    def selector(self) -> str:
-        return self.metric + ("{" + ", ".join(m.promql() for m in self.matchers) + "}" if self.matchers else "")
-
-
-@dataclass(frozen=True, slots=True)
-class Query:
-    text: str
-    terms: tuple[Term, ...]
-
-    def render(self, window: str) -> str:
-        """The PromQL for one window.  With several terms each is ``(term or vector(0))``: a counter
-        that was never incremented (no series yet) must not blank the whole sum, as it does not in
-        ``evaluate``."""
-        if len(self.terms) == 1:
-            return re.sub(r"\{\{\s*\.window\s*\}\}", window, self.text)
-        parts = []
-        for i, t in enumerate(self.terms):
-            op = "" if i == 0 else (" - " if t.sign < 0 else " + ")
-            parts.append(f"{op}(sum({t.func}({t.selector()}[{window}])) or vector(0))")
-        return "".join(parts)
-
-    def presence(self) -> str:
-        """PromQL that has one element when some series of the query has points to rate over the
-        last 5 minutes (traffic or not), none otherwise: what counts as data for coverage."""
-        return " or ".join(f"count(rate({t.selector()}[5m]))" for t in self.terms)
-
-
-_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
-_TERM_RE = re.compile(
-    r"\s*(?P<sign>[+-])?\s*sum\s*\(\s*(?P<func>rate|increase)\s*\(\s*(?P<metric>" + _NAME + r")?\s*"
-    r"(?:\{(?P<matchers>(?:[^{}\"']|\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*')*)\})?\s*"
-    r"\[\s*\{\{\s*\.window\s*\}\}\s*\]\s*\)\s*\)\s*"
-)
-_MATCHER_RE = re.compile(r"\s*(" + r"[a-zA-Z_][a-zA-Z0-9_]*" + r")\s*(=~|!~|!=|=)\s*(\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*')\s*(,|$)")
-
-
-def _unquote(s: str) -> str:
-    body = s[1:-1]
-    return re.sub(r"\\(.)", lambda m: {"n": "\n", "t": "\t"}.get(m.group(1), m.group(1)), body)
-
-
-def parse_query(text: str) -> Query:
-    """Parse ``sum(rate(sel[{{.window}}])) [+|- sum(rate(...))]...``; raises ValueError."""
-    if not isinstance(text, str) or not text.strip():
-        raise ValueError("query is empty")
-    s = text.strip()
-    while s.startswith("(") and s.endswith(")") and _balanced(s[1:-1]):
-        s = s[1:-1].strip()
-    pos = 0
-    terms: list[Term] = []
-    while pos < len(s):
-        m = _TERM_RE.match(s, pos)
-        if not m or m.end() == pos:
-            raise ValueError(f"unsupported query near {s[pos:pos + 40]!r}: triscope evaluates only "
-                             "sum(rate(metric{matchers}[{{.window}}])) terms joined by + or -")
-        sign = -1 if m.group("sign") == "-" else 1
-        if not terms and m.group("sign") == "-":
-            raise ValueError("a query cannot start with '-'")
-        if terms and not m.group("sign"):
-            raise ValueError(f"expected + or - before {m.group(0).strip()!r}")
-        matchers: list[Matcher] = []
-        metric = m.group("metric")
-        body = m.group("matchers") or ""
-        mpos = 0
-        while mpos < len(body.strip()) and body.strip():
-            mm = _MATCHER_RE.match(body, mpos)
-            if not mm:
-                raise ValueError(f"bad label matcher near {body[mpos:mpos + 30]!r}")
-            name, op, val = mm.group(1), mm.group(2), _unquote(mm.group(3))
-            if op in ("=~", "!~"):
-                try:
-                    re.compile(val)
-                except re.error as e:
-                    raise ValueError(f"bad regular expression {val!r}: {e}") from None
-            if name == "__name__" and op == "=":
-                metric = val
-            else:
-                matchers.append(Matcher(name, op, val))
-            mpos = mm.end()
-            if mpos >= len(body):
-                break
-        if not metric:
-            raise ValueError("every term needs a metric name")
-        terms.append(Term(sign, metric, tuple(matchers), m.group("func")))
-        pos = m.end()
-    return Query(text.strip(), tuple(terms))
-
-
-def _balanced(s: str) -> bool:
-    depth = 0
-    for ch in s:
-        depth += ch == "("
-        depth -= ch == ")"
-        if depth < 0:
-            return False
-    return depth == 0
-
-
-# ---------------------------------------------------------------------------------------------- spec
-@dataclass(frozen=True, slots=True)
-class AlertSpec:
-    name: str
-    labels: dict[str, str]
-    annotations: dict[str, str]
-    page_labels: dict[str, str] | None       # None: page alert disabled
-    ticket_labels: dict[str, str] | None
-    page_annotations: dict[str, str] = field(default_factory=dict)
-    ticket_annotations: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class SLOSpec:
-    service: str
-    name: str
-    objective: float             # percent, e.g. 99.9
-    error_query: Query
-    total_query: Query
-    period_s: float = 30 * 86400.0
-    description: str = ""
-    labels: dict[str, str] = field(default_factory=dict)
-    alerting: AlertSpec | None = None
-    source: str = ""             # FILE:LINE of the SLO
-
-    @property
-    def id(self) -> str:
-        return f"{self.service}-{self.name}"
-
-    @property
-    def error_budget(self) -> float:
-        """Allowed error ratio, e.g. 0.001 for 99.9 %."""
-        return 1.0 - self.objective / 100.0
-
-    @property
-    def period(self) -> str:
-        return _fmt_duration(self.period_s)
-
-    def burn_factor(self, long_window: str, budget_share: float) -> float:
-        """Burn rate at which ``budget_share`` of the period's budget goes in ``long_window``."""
-        return round(budget_share * self.period_s / WINDOW_SECONDS[long_window], 6)
-
-
-def _fmt_duration(sec: float) -> str:
-    for unit, n in (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60)):
-        if sec % n == 0 and sec >= n and unit != "w":
-            return f"{int(sec // n)}{unit}"
-    return f"{int(sec)}s"
 
 
 # ---------------------------------------------------------------------------------------------- evaluation

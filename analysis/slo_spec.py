@@ -1,29 +1,30 @@
-"""The SLO file: Sloth's ``prometheus/v1`` spec as pydantic v2 models, and its loader.
+"""The SLO file: Sloth's ``prometheus/v1`` spec as pydantic v2 models, its loader, and the types it
+builds (``SLOSpec``, ``AlertSpec``, the parsed ``Query``).
 
-``load_slo_file`` / ``parse_slo_text`` read the file with ``triscope.yamlsafe`` (one or several
+``load_slo_file`` / ``parse_slo_text`` read the file with ``triscope.core.yamlsafe`` (one or several
 ``---`` separated documents), validate each document with ``SLOFileModel`` and build the
 ``SLOSpec`` objects that evaluation and the rule generator use (``triscope.analysis.slo``, which
 re-exports these names).  A malformed file raises ``SLOSpecError``: ``FILE:LINE: field: what is
 wrong``, the first problem in the file.  ``period`` takes every duration form of
-``triscope.durations`` (``30d``, ``4w``, ``720h``...).  The spec itself is described in
+``triscope.core.durations`` (``30d``, ``4w``, ``720h``...).  The spec itself is described in
 ``triscope.analysis.slo`` and ``docs/analysis.md``.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator, Field, PlainValidator, model_validator
 
-from triscope import yamlsafe
-from triscope.configfile import ConfigFileError, ConfigModel, fail, problem, scalar_text, show, str_map
-from triscope.configfile import validate as validate_config
-from triscope.durations import Duration, parse_duration
-
-if TYPE_CHECKING:
-    from triscope.analysis.slo import AlertSpec, Query, SLOSpec
+from triscope.core import yamlsafe
+from triscope.core.configfile import ConfigFileError, ConfigModel, fail, problem, scalar_text, show, str_map
+from triscope.core.configfile import validate as validate_config
+from triscope.core.durations import Duration, parse_duration
+from triscope.core.labels import Matcher
 
 MIN_PERIOD_S = 3 * 86400.0
 """The shortest period: the ticket alert's long window (3d)."""
@@ -34,6 +35,172 @@ _ALERT_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 
 class SLOSpecError(ConfigFileError):
     """A malformed SLO file: the message is ``FILE:LINE: field: what is wrong``."""
+
+
+# The burn-rate windows (label, seconds): the spec's burn factors are computed over them.
+WINDOWS: tuple[tuple[str, float], ...] = (
+    ("5m", 300.0), ("30m", 1800.0), ("1h", 3600.0), ("6h", 21600.0), ("1d", 86400.0), ("3d", 259200.0),
+)
+WINDOW_SECONDS = dict(WINDOWS)
+
+
+# ---------------------------------------------------------------------------------------------- queries
+@dataclass(frozen=True, slots=True)
+class Term:
+    sign: int                    # +1 / -1
+    metric: str
+    matchers: tuple[Matcher, ...]
+    func: str = "rate"           # rate | increase
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        return all(m.matches(labels) for m in self.matchers)
+
+    def selector(self) -> str:
+        return self.metric + ("{" + ", ".join(m.promql() for m in self.matchers) + "}" if self.matchers else "")
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    text: str
+    terms: tuple[Term, ...]
+
+    def render(self, window: str) -> str:
+        """The PromQL for one window.  With several terms each is ``(term or vector(0))``: a counter
+        that was never incremented (no series yet) must not blank the whole sum, as it does not in
+        ``evaluate``."""
+        if len(self.terms) == 1:
+            return re.sub(r"\{\{\s*\.window\s*\}\}", window, self.text)
+        parts = []
+        for i, t in enumerate(self.terms):
+            op = "" if i == 0 else (" - " if t.sign < 0 else " + ")
+            parts.append(f"{op}(sum({t.func}({t.selector()}[{window}])) or vector(0))")
+        return "".join(parts)
+
+    def presence(self) -> str:
+        """PromQL that has one element when some series of the query has points to rate over the
+        last 5 minutes (traffic or not), none otherwise: what counts as data for coverage."""
+        return " or ".join(f"count(rate({t.selector()}[5m]))" for t in self.terms)
+
+
+_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+_TERM_RE = re.compile(
+    r"\s*(?P<sign>[+-])?\s*sum\s*\(\s*(?P<func>rate|increase)\s*\(\s*(?P<metric>" + _NAME + r")?\s*"
+    r"(?:\{(?P<matchers>(?:[^{}\"']|\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*')*)\})?\s*"
+    r"\[\s*\{\{\s*\.window\s*\}\}\s*\]\s*\)\s*\)\s*"
+)
+_MATCHER_RE = re.compile(r"\s*(" + r"[a-zA-Z_][a-zA-Z0-9_]*" + r")\s*(=~|!~|!=|=)\s*(\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*')\s*(,|$)")
+
+
+def _unquote(s: str) -> str:
+    body = s[1:-1]
+    return re.sub(r"\\(.)", lambda m: {"n": "\n", "t": "\t"}.get(m.group(1), m.group(1)), body)
+
+
+def parse_query(text: str) -> Query:
+    """Parse ``sum(rate(sel[{{.window}}])) [+|- sum(rate(...))]...``; raises ValueError."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("query is empty")
+    s = text.strip()
+    while s.startswith("(") and s.endswith(")") and _balanced(s[1:-1]):
+        s = s[1:-1].strip()
+    pos = 0
+    terms: list[Term] = []
+    while pos < len(s):
+        m = _TERM_RE.match(s, pos)
+        if not m or m.end() == pos:
+            raise ValueError(f"unsupported query near {s[pos:pos + 40]!r}: triscope evaluates only "
+                             "sum(rate(metric{matchers}[{{.window}}])) terms joined by + or -")
+        sign = -1 if m.group("sign") == "-" else 1
+        if not terms and m.group("sign") == "-":
+            raise ValueError("a query cannot start with '-'")
+        if terms and not m.group("sign"):
+            raise ValueError(f"expected + or - before {m.group(0).strip()!r}")
+        matchers: list[Matcher] = []
+        metric = m.group("metric")
+        body = m.group("matchers") or ""
+        mpos = 0
+        while mpos < len(body.strip()) and body.strip():
+            mm = _MATCHER_RE.match(body, mpos)
+            if not mm:
+                raise ValueError(f"bad label matcher near {body[mpos:mpos + 30]!r}")
+            name, op, val = mm.group(1), mm.group(2), _unquote(mm.group(3))
+            if op in ("=~", "!~"):
+                try:
+                    re.compile(val)
+                except re.error as e:
+                    raise ValueError(f"bad regular expression {val!r}: {e}") from None
+            if name == "__name__" and op == "=":
+                metric = val
+            else:
+                matchers.append(Matcher(name, op, val))
+            mpos = mm.end()
+            if mpos >= len(body):
+                break
+        if not metric:
+            raise ValueError("every term needs a metric name")
+        terms.append(Term(sign, metric, tuple(matchers), m.group("func")))
+        pos = m.end()
+    return Query(text.strip(), tuple(terms))
+
+
+def _balanced(s: str) -> bool:
+    depth = 0
+    for ch in s:
+        depth += ch == "("
+        depth -= ch == ")"
+        if depth < 0:
+            return False
+    return depth == 0
+
+
+# ---------------------------------------------------------------------------------------------- spec
+@dataclass(frozen=True, slots=True)
+class AlertSpec:
+    name: str
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    page_labels: dict[str, str] | None       # None: page alert disabled
+    ticket_labels: dict[str, str] | None
+    page_annotations: dict[str, str] = field(default_factory=dict)
+    ticket_annotations: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SLOSpec:
+    service: str
+    name: str
+    objective: float             # percent, e.g. 99.9
+    error_query: Query
+    total_query: Query
+    period_s: float = 30 * 86400.0
+    description: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    alerting: AlertSpec | None = None
+    source: str = ""             # FILE:LINE of the SLO
+
+    @property
+    def id(self) -> str:
+        return f"{self.service}-{self.name}"
+
+    @property
+    def error_budget(self) -> float:
+        """Allowed error ratio, e.g. 0.001 for 99.9 %."""
+        return 1.0 - self.objective / 100.0
+
+    @property
+    def period(self) -> str:
+        return _fmt_duration(self.period_s)
+
+    def burn_factor(self, long_window: str, budget_share: float) -> float:
+        """Burn rate at which ``budget_share`` of the period's budget goes in ``long_window``."""
+        return round(budget_share * self.period_s / WINDOW_SECONDS[long_window], 6)
+
+
+def _fmt_duration(sec: float) -> str:
+    for unit, n in (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60)):
+        if sec % n == 0 and sec >= n and unit != "w":
+            return f"{int(sec // n)}{unit}"
+    return f"{int(sec)}s"
 
 
 # ---------------------------------------------------------------------------------------------- value types
@@ -69,8 +236,6 @@ def _objective(value: Any) -> float:
 
 
 def _query(value: Any) -> Query:
-    from triscope.analysis.slo import parse_query  # slo re-exports this module: imported once both exist
-
     if not isinstance(value, str):
         raise ValueError(f"must be a query (text), not {show(value)}")
     return parse_query(value)      # ValueError: what is wrong with it
@@ -109,8 +274,6 @@ class AlertingModel(ConfigModel):
     ticket_alert: AlertVariantModel = AlertVariantModel()
 
     def to_spec(self, slo_id: str) -> AlertSpec:
-        from triscope.analysis.slo import AlertSpec
-
         name = self.name or re.sub(r"[^a-zA-Z0-9]+", " ", slo_id).title().replace(" ", "") + "ErrorBudgetBurn"
         page, ticket = self.page_alert, self.ticket_alert
         return AlertSpec(name=name, labels=dict(self.labels), annotations=dict(self.annotations),
@@ -159,8 +322,6 @@ class SLOFileModel(ConfigModel):
 
 # ---------------------------------------------------------------------------------------------- loading
 def _specs(model: SLOFileModel, doc: yamlsafe.Document) -> list[SLOSpec]:
-    from triscope.analysis.slo import SLOSpec
-
     out = []
     for i, s in enumerate(model.slos):
         slo_id = f"{model.service}-{s.name}"
@@ -198,7 +359,7 @@ def parse_slo_text(text: str, source: str = "<slo>") -> list[SLOSpec]:
 
 def load_slo_file(path: str | Path) -> list[SLOSpec]:
     """Read and validate an SLO file; raises ``SLOSpecError("FILE:LINE: field: what is wrong")`` (also
-    for a file that is missing, too large, binary, or a YAML bomb: see ``triscope.yamlsafe``)."""
+    for a file that is missing, too large, binary, or a YAML bomb: see ``triscope.core.yamlsafe``)."""
     try:
         text = yamlsafe.read_text(path)
     except yamlsafe.YAMLFileError as e:
@@ -206,5 +367,5 @@ def load_slo_file(path: str | Path) -> list[SLOSpec]:
     return parse_slo_text(text, str(path))
 
 
-__all__ = ["MIN_PERIOD_S", "SLOFileModel", "SLOModel", "SLOSpecError", "load_slo_file", "parse_duration",
-           "parse_slo_text"]
+__all__ = ["MIN_PERIOD_S", "WINDOWS", "WINDOW_SECONDS", "AlertSpec", "Query", "SLOFileModel", "SLOModel", "SLOSpec",
+           "SLOSpecError", "Term", "load_slo_file", "parse_duration", "parse_query", "parse_slo_text"]

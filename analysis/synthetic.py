@@ -15,7 +15,7 @@ import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from triscope.samples import EventRecord, Sample
+from triscope.core.samples import EventRecord, Sample
 
 GB = 1e9
 BUS_ID = "0000:1b:00.0"

@@ -43,7 +43,7 @@ from triscope.analysis.features import (
     workload_labels,
     workload_text,
 )
-from triscope.vocabulary import IO_STATES, STATES, WORST_FIRST  # noqa: F401 - STATES re-exported
+from triscope.core.vocabulary import IO_STATES, STATES, WORST_FIRST  # noqa: F401 - STATES re-exported
 
 # roll-up order among equal scores: I/O states first, then the busiest
 _TIE_ORDER = {s: i for i, s in enumerate(WORST_FIRST)}

@@ -24,7 +24,7 @@ from triscope.analysis.rca import rank_causes
 from triscope.analysis.rca_timeline import rca_timeline
 from triscope.analysis.slo import evaluate, parse_slo_text
 from triscope.analysis.synthetic import SERVING_PHASES, WORKLOAD, h200_phase_ticks, phase_intervals
-from triscope.samples import MetricKind, Sample, Tick
+from triscope.core.samples import MetricKind, Sample, Tick
 from triscope.store import Store
 
 SERIES = 200

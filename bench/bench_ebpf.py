@@ -313,7 +313,7 @@ def exposition_cost(quick: bool) -> list[Row]:
     from triscope.agent.exporter import render_text
     from triscope.agent.registry import AgentOptions, build_collectors, build_post_processors, split_available
     from triscope.agent.sampler import Sampler
-    from triscope.metrics import CATALOGUE, kind_of
+    from triscope.core.metrics import CATALOGUE, kind_of
 
     logging.disable(logging.WARNING)
     try:

@@ -74,7 +74,7 @@ def _nvml_row() -> Row:
             return Row("nvml", "tick cost per GPU (live)", v, "ms", "<= 3", ok=v <= 3)
     finally:
         c.close()
-    from triscope.trace import read_trace
+    from triscope.core.trace import read_trace
 
     tr = read_trace(TRACE)
     sid = next(s[0] for s in tr.header["series"]
@@ -85,8 +85,8 @@ def _nvml_row() -> Row:
 
 
 def _trace_row(quick: bool) -> Row:
+    from triscope.core.trace import import_trace
     from triscope.store import Store
-    from triscope.trace import import_trace
 
     with tempfile.TemporaryDirectory() as d:
         st = Store.open(f"sqlite:///{d}/b.db")

@@ -18,7 +18,7 @@ from sqlalchemy import Float, Integer
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from bench.common import Row
-from triscope.samples import Sample, Tick
+from triscope.core.samples import Sample, Tick
 from triscope.store import Store
 from triscope.store.db import upgrade
 

@@ -83,7 +83,7 @@ def node_series(series: int = 200, gpus: int = 8) -> list[tuple[str, dict[str, s
 
 def make_tick(ts: float, node_idx: int, series: list[tuple[str, dict[str, str], str]]) -> Any:
     """One tick of one simulated node: fresh Sample objects, as an agent's collectors make them."""
-    from triscope.samples import Sample, Tick
+    from triscope.core.samples import Sample, Tick
 
     k = int(ts)
     state = STATES[(node_idx + k // 60) % len(STATES)]     # each node changes state once a minute

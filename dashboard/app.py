@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from triscope.core.errors import UserError
+from triscope.core.textsafe import one_line
 from triscope.dashboard.context import CONFIG_KEY, DashboardContext
-from triscope.errors import UserError
-from triscope.loopback import is_loopback
 from triscope.store.api import Store
-from triscope.textsafe import one_line
+from triscope.web.loopback import is_loopback
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from triscope.webauth import parse_basic
+from triscope.web.auth import parse_basic
 
 HEALTH_PATH = "/healthz"
 DEFAULT_USER_HEADER = "X-Forwarded-User"

@@ -10,10 +10,10 @@ from zoneinfo import ZoneInfo
 
 from dash import dcc, html
 
+from triscope.core.names import shorten
 from triscope.dashboard import timeview
 from triscope.dashboard.data import DATA_PRESET, PRESETS
 from triscope.dashboard.figures import NAME_CHARS, TITLE_CHARS
-from triscope.names import shorten
 
 # Node names and label values come from outside (an agent's --node, an application's labels): on
 # the page they are cut to NAME_CHARS characters with an ellipsis, the whole text in a tooltip.

@@ -16,9 +16,9 @@ from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
 from triscope.analysis.mismatch import STATES, link_capacity_bytes_per_second
+from triscope.core.vocabulary import accelerator_name
 from triscope.dashboard import workload_data as wd
 from triscope.store.reader import StoreReader
-from triscope.vocabulary import accelerator_name
 
 if TYPE_CHECKING:   # the audit tables are read with the store's engine: the whole store, not the read interface
     from triscope.store.api import Store
@@ -167,7 +167,7 @@ def _fmt(title: str, labels: Mapping[str, str]) -> str:
         def __missing__(self, k: str) -> str:
             return "?"
 
-    from triscope.names import shorten
+    from triscope.core.names import shorten
 
     return " ".join(title.format_map(_D({k: shorten(str(v), 48) for k, v in labels.items()})).replace("?", "").split())
 
@@ -561,7 +561,7 @@ def _labels(lk: str) -> dict[str, str]:
     """Parsed label key; the few distinct keys of a fleet are parsed once."""
     got = _LABELS.get(lk)
     if got is None:
-        from triscope.samples import parse_label_key
+        from triscope.core.samples import parse_label_key
 
         got = parse_label_key(lk)
         if len(_LABELS) < 100_000:
@@ -581,7 +581,7 @@ def _accelerator_text(gpu_keys: Iterable[tuple[str, str]], npu_keys: Iterable[tu
     npus = {(_labels(lk).get("npu"), _labels(lk).get("chip")) for _, lk in npu_keys if _labels(lk).get("npu") is not None}
     parts = []
     if gpus:
-        from triscope.names import shorten
+        from triscope.core.names import shorten
 
         models = sorted({shorten(m, 40) for m in names.values()}) or ["GPU"]
         parts.append(f"{len(gpus)} x {'/'.join(models)}")
@@ -598,7 +598,7 @@ def accelerator_summary(store: StoreReader, node: str) -> str:
 
 
 def _label_key_of(labels: Mapping[str, str]) -> str:
-    from triscope.samples import label_key
+    from triscope.core.samples import label_key
 
     return label_key(labels)
 

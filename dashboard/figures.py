@@ -15,7 +15,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from triscope.names import shorten
+from triscope.core.names import shorten
 
 NAME_CHARS = 48      # characters of a node name or label value shown; longer ones end in an ellipsis
 TITLE_CHARS = 1024   # characters of one shown in full (a tooltip, a hover label)

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from triscope.core.names import shorten
 from triscope.dashboard.export import Series
 from triscope.dashboard.workload_data import (
     HEALTHY,
@@ -25,7 +26,6 @@ from triscope.dashboard.workload_data import (
     accel_state_runs,
     owners_for,
 )
-from triscope.names import shorten
 from triscope.store.reader import StoreReader
 
 

@@ -26,7 +26,7 @@ import random
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, NamedTuple
 
-from triscope.samples import EventRecord, Sample, Tick
+from triscope.core.samples import EventRecord, Sample, Tick
 
 if TYPE_CHECKING:
     from triscope.store.api import Store

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from triscope.analysis.mismatch import IO_STATES, STATES
+from triscope.core.vocabulary import ACCELERATOR_LABELS, WORKLOAD_LABELS
 from triscope.store.reader import SeriesInfo, StoreReader
-from triscope.vocabulary import ACCELERATOR_LABELS, WORKLOAD_LABELS
 
 if TYPE_CHECKING:   # the workloads table is read with the store's own functions (like the audit log)
     from triscope.store.api import Store

@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
-from triscope.configfile import ConfigModel, problem, show
-from triscope.durations import Duration
+from triscope.core.configfile import ConfigModel, problem, show
+from triscope.core.durations import Duration
 from triscope.remediation import kube as k
 from triscope.remediation import metrics
 from triscope.store import audit
@@ -605,7 +605,7 @@ def pods_on_accelerator(store: StoreReader, node: str, accelerator: str, now: fl
                         stale_s: float = 120.0) -> list[tuple[str, str]]:
     """(namespace, pod) of every pod the agent attributed to ``accelerator`` of ``node`` (from the kubelet's
     pod-resources, on its per-accelerator verdict series) within the last ``stale_s``."""
-    from triscope.vocabulary import accelerator_labels
+    from triscope.core.vocabulary import accelerator_labels
 
     out: set[tuple[str, str]] = set()
     acc = accelerator_labels(accelerator)
@@ -664,7 +664,7 @@ def untaint_healthy_accelerators(store: StoreReader, kube: k.KubeAdapter, now: f
                                  events_namespace: str | None) -> list[dict[str, Any]]:
     """Remove each device taint triscope set whose accelerator's verdict has been healthy (no I/O state)
     for its ``untaint_after`` and is still published; an Event on the node for each."""
-    from triscope.vocabulary import IO_STATES
+    from triscope.core.vocabulary import IO_STATES
 
     out = []
     for node in kube.list_nodes():

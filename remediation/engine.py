@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.exc import OperationalError
 
 from triscope import defaults
+from triscope.core.samples import EventRecord, parse_label_key
 from triscope.remediation import actions as act
 from triscope.remediation import kube as k
 from triscope.remediation import metrics
@@ -66,7 +67,6 @@ from triscope.remediation.triggers import (
 )
 from triscope.remediation.verdict_events import VerdictEvents
 from triscope.remediation.workloads import WorkloadResolver, pods_in_series
-from triscope.samples import EventRecord, parse_label_key
 from triscope.store import audit
 from triscope.store import workloads as wstore
 from triscope.store.audit import DecisionWindow

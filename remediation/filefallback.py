@@ -43,8 +43,8 @@ import yaml
 from pydantic import AfterValidator, Discriminator, Field, PlainValidator
 from pydantic_core import PydanticCustomError
 
-from triscope.configfile import ConfigModel, problem, show, variant
-from triscope.durations import Duration
+from triscope.core.configfile import ConfigModel, problem, show, variant
+from triscope.core.durations import Duration
 from triscope.remediation.actions import ActionContext, ActionResult, DependencyFallbackParams
 from triscope.remediation.workloads import SHARED_WORKLOADS, parse_workload
 from triscope.store import audit
@@ -237,7 +237,7 @@ moves a feeder running on the far socket next to its GPU."""
 
 def local_cpus(store: Any, target: dict[str, str]) -> tuple[list[int] | None, str]:
     """The local CPUs of the trigger's GPU on its node, from the stored topology; (None, why) when unknown."""
-    from triscope.cpulist import parse_cpulist
+    from triscope.core.cpulist import parse_cpulist
 
     node, gpu = target.get("node"), target.get("gpu")
     if not node or not gpu:

@@ -1,11 +1,11 @@
 """Remediation policies: a YAML file of rules (trigger, action, target, limits) and global settings.
 
-The file is read by ``triscope.yamlsafe`` (every value keeps its line) and validated by the
+The file is read by ``triscope.core.yamlsafe`` (every value keeps its line) and validated by the
 pydantic models below (``PolicyFile``; each action's ``params`` model lives next to the action in
 ``triscope.remediation.actions``).  A malformed policy is refused with one line,
 ``FILE:LINE: field: what is wrong`` (the first problem in the file).  Unknown keys are errors (a
 typo in ``cooldown`` must not silently mean "no cooldown").  Durations take every form of
-``triscope.durations`` (``30s``, ``5m``, ``1h30m``, ``7d``, ``1w``, ``500ms``, seconds).  What the
+``triscope.core.durations`` (``30s``, ``5m``, ``1h30m``, ``7d``, ``1w``, ``500ms``, seconds).  What the
 engine uses are the frozen dataclasses ``Policy``, ``Rule``, ``Trigger``, ``Settings``..., built
 from the validated models.  See ``deploy/policy.example.yaml`` and ``docs/remediation.md``.
 """
@@ -21,8 +21,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Discriminator, Field, PlainValidator, ValidationInfo, model_validator
 
-from triscope import yamlsafe
-from triscope.configfile import (
+from triscope.core import yamlsafe
+from triscope.core.configfile import (
     ConfigFileError,
     ConfigModel,
     fail,
@@ -32,9 +32,9 @@ from triscope.configfile import (
     unknown_key,
     variant,
 )
-from triscope.configfile import validate as validate_config
-from triscope.durations import Duration
-from triscope.labels import Matcher
+from triscope.core.configfile import validate as validate_config
+from triscope.core.durations import Duration
+from triscope.core.labels import Matcher
 from triscope.remediation.actions import (
     PER_WORKLOAD,
     CommandParams,
@@ -80,7 +80,7 @@ def metric_scope(metric: str) -> str:
     """``accelerator`` (a catalogued metric with a ``gpu``, ``npu`` or ``workload`` label: it fires for
     one accelerator or workload), ``node`` (a catalogued metric with none: node-wide, it names no
     workload) or ``application`` (not in the catalogue: a scraped application's own metric)."""
-    from triscope.metrics import spec
+    from triscope.core.metrics import spec
 
     sp = spec(metric)
     if sp is None:

@@ -13,12 +13,12 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from triscope.loopback import is_loopback
 from triscope.remediation import kube as k
 from triscope.remediation.engine import DEFAULT_POLICY, Engine
 from triscope.remediation.leader import LeaderElector
 from triscope.remediation.policy import Policy, load_policy
-from triscope.webauth import WebConfig
+from triscope.web.auth import WebConfig
+from triscope.web.loopback import is_loopback
 
 if TYPE_CHECKING:
     from triscope.store.api import Store

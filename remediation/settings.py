@@ -13,8 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, PlainValidator, model_validator
 
-from triscope.configfile import ConfigModel, problem, show, str_map
-from triscope.durations import Duration
+from triscope.core.configfile import ConfigModel, problem, show, str_map
+from triscope.core.durations import Duration
 from triscope.remediation.actions import KubeName
 
 _NODE_PATTERN = re.compile(r"^[a-z0-9.*?\[\]!-]{1,253}$")

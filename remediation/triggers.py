@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from triscope.core.vocabulary import accelerator_name
 from triscope.remediation import filefallback
 from triscope.remediation.actions import per_workload
 from triscope.remediation.policy import OPS, Matcher, Rule, Trigger
@@ -42,7 +43,6 @@ from triscope.remediation.workloads import (
     target_owner,
 )
 from triscope.store.reader import SeriesData, StoreReader
-from triscope.vocabulary import accelerator_name
 
 log = logging.getLogger(__name__)
 

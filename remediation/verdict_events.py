@@ -28,10 +28,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from triscope.core.vocabulary import WorkloadKey, accelerator_labels
 from triscope.remediation import kube as k
 from triscope.remediation import metrics
 from triscope.store.reader import StoreReader, VerdictRun
-from triscope.vocabulary import WorkloadKey, accelerator_labels
 
 log = logging.getLogger("triscope.remediation.verdict_events")
 

@@ -22,12 +22,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from triscope.configfile import describe, show
-from triscope.httpd import HttpServer, Limits, Request, Response
+from triscope.core.configfile import describe, show
+from triscope.core.textsafe import one_line
 from triscope.remediation import metrics
 from triscope.remediation.triggers import parse_rfc3339
-from triscope.textsafe import one_line
-from triscope.webauth import RELOAD_EVERY, WebConfig
+from triscope.web.auth import RELOAD_EVERY, WebConfig
+from triscope.web.httpd import HttpServer, Limits, Request, Response
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ def normalise_token(raw: str | None, where: str = "the webhook token") -> str | 
 
 
 class WebhookServer:
-    """The webhook on the shared HTTP server (``triscope.httpd``): concurrent connections, a
+    """The webhook on the shared HTTP server (``triscope.web.httpd``): concurrent connections, a
     whole-request deadline, a bounded body counted as it arrives (chunked too), a listen backlog
     for bursts.  Decisions run on the engine's workers; the request handler only validates and
     records the alerts, on a small pool of its own."""

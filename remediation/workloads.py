@@ -26,9 +26,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from triscope.core.vocabulary import ACCELERATOR_LABELS, QUIET_STATES, WORKLOAD_LABELS  # noqa: F401 - re-exported
 from triscope.remediation import kube as k
 from triscope.store import workloads as wstore
-from triscope.vocabulary import ACCELERATOR_LABELS, QUIET_STATES, WORKLOAD_LABELS  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:
     from triscope.remediation.policy import TargetField

@@ -23,7 +23,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
-from triscope.samples import EventRecord, Tick
+from triscope.core.samples import EventRecord, Tick
 from triscope.store.cache import WriteCache
 from triscope.store.db import StoreError, check_reachable, make_engine, normalise_url
 from triscope.store.reader import EventRow, LatestValue, NodeInfo, SeriesData, SeriesInfo, StoreReader
@@ -131,7 +131,7 @@ class Store(StoreReads):
 
     @property
     def truncated_label_values(self) -> int:
-        """Label values (and names) cut to their limit so far (triscope/names.py)."""
+        """Label values (and names) cut to their limit so far (triscope/core/names.py)."""
         return self.writer.truncated_label_values
 
     @property

@@ -25,7 +25,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
 
-from triscope.samples import Sample, Tick
+from triscope.core.samples import Sample, Tick
 from triscope.store.minute_acc import MinuteAccumulator
 
 # (metric, label pairs in the order the collector gave them): the steady-state tick's series lookup

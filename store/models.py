@@ -48,7 +48,7 @@ class Series(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
     metric: Mapped[str] = mapped_column(String(200))
-    # canonical JSON of the label set (sorted keys, no spaces): see triscope.samples.label_key
+    # canonical JSON of the label set (sorted keys, no spaces): see triscope.core.samples.label_key
     labels: Mapped[str] = mapped_column(Text, default="{}")
     kind: Mapped[str] = mapped_column(String(16), default="gauge")
     # position of the series in its node's sample rows (0-based, never reused within the node)

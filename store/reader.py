@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from triscope.vocabulary import WorkloadKey
+from triscope.core.vocabulary import WorkloadKey
 
-# A series within its node: (metric name, canonical label key, ``triscope.samples.label_key``).
+# A series within its node: (metric name, canonical label key, ``triscope.core.samples.label_key``).
 SeriesKey = tuple[str, str]
 # ``fleet_latest``: node -> {(metric, label key): (ts, value)} of each series' newest point.
 FleetLatest = dict[str, dict[SeriesKey, tuple[float, float]]]

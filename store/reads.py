@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
-from triscope.samples import parse_label_key
+from triscope.core.samples import parse_label_key
 from triscope.store.dialects import SqlDialect, sql_for
 from triscope.store.newest import NewestPoints, newest_for
 from triscope.store.reader import (
@@ -87,7 +87,7 @@ class StoreReads:
     def series_keys(self, prefix: str | None = None, metric: str | None = None) -> dict[str, set[SeriesKey]]:
         """node -> {(metric, labelkey)} of every stored series (of ``metric``, or whose name starts
         with ``prefix``) over the whole fleet, in one statement; labels stay in their canonical
-        text form (``triscope.samples.parse_label_key``), so a fleet-wide listing stays cheap."""
+        text form (``triscope.core.samples.parse_label_key``), so a fleet-wide listing stays cheap."""
         where: list[str] = ["1=1"]
         params: dict[str, Any] = {}
         metric_filter(where, params, metric, prefix)

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
-from triscope.samples import Tick
+from triscope.core.samples import Tick
+from triscope.core.vocabulary import WorkloadKey, accelerator_name, workload_key
 from triscope.store.reader import VerdictRun
-from triscope.vocabulary import WorkloadKey, accelerator_name, workload_key
 
 STATE_METRIC = "triscope_mismatch_state"
 SCORE_METRIC = "triscope_mismatch_score"

@@ -24,8 +24,8 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
-from triscope import names as _names
-from triscope.samples import EventRecord, Sample, Tick, label_key
+from triscope.core import names as _names
+from triscope.core.samples import EventRecord, Sample, Tick, label_key
 from triscope.store.cache import MAX_LABEL_KEYS, Point, WriteCache
 from triscope.store.db import StoreError
 from triscope.store.rollups import Rollups, rollup_delay
@@ -54,7 +54,7 @@ class TickWriter:
         self.engine = engine
         self.cache = cache
         self.rollups = rollups
-        # ingest bounds (triscope/names.py): label values cut to MAX_LABEL_VALUE, samples whose metric
+        # ingest bounds (triscope/core/names.py): label values cut to MAX_LABEL_VALUE, samples whose metric
         # name is longer than the column dropped; each counted, and logged once per label set / metric
         self.truncated_label_values = 0
         self.dropped_samples = 0
@@ -180,7 +180,7 @@ class TickWriter:
 
     def _label_key(self, s: Sample) -> str:
         """The series' label key, over-long label values (and names) bounded: counted and logged
-        rather than failing the tick (triscope/names.py says how they are cut)."""
+        rather than failing the tick (triscope/core/names.py says how they are cut)."""
         if not s.labels or all(len(str(v)) <= _names.MAX_LABEL_VALUE and len(str(k)) <= _names.MAX_LABEL_NAME
                                for k, v in s.labels.items()):
             return label_key(s.labels)

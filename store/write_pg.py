@@ -20,7 +20,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
-from triscope.samples import Tick
+from triscope.core.samples import Tick
 from triscope.store.cache import Point, points_by_ts
 from triscope.store.db import PG_OPTIONS, pg_connect_defaults, with_url_options
 from triscope.store.write import TickWriter, is_unique_violation

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from sqlalchemy.engine import Connection
 
-from triscope.samples import Tick
+from triscope.core.samples import Tick
 from triscope.store.cache import Point
 from triscope.store.db import sqlite_on_connect
 from triscope.store.write import TickWriter

@@ -15,7 +15,7 @@ import pytest
 from conftest import free_port
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
-from triscope.loopback import syn_retransmits
+from triscope.web.loopback import syn_retransmits
 
 TRISCOPE = [sys.executable, "-m", "triscope"]
 NODE = "e2e-node"

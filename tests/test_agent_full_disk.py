@@ -16,7 +16,7 @@ from test_agent_spool_database import Forwarder
 
 from triscope.agent.spool import Spool
 from triscope.agent.writer import StoreWriter
-from triscope.samples import Sample, Tick
+from triscope.core.samples import Sample, Tick
 from triscope.store import Store
 from triscope.store.db import upgrade
 

@@ -17,7 +17,7 @@ import yaml
 from tls_support import make_certs
 
 from triscope.agent.exporter import make_sources, serve
-from triscope.webconfig import load
+from triscope.web.config import load
 
 DAEMONSET = Path(__file__).resolve().parents[1] / "deploy" / "kustomize" / "base" / "agent-daemonset.yaml"
 

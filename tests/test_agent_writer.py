@@ -12,7 +12,7 @@ import pytest
 from triscope.agent.runtime import batch_ticks
 from triscope.agent.spool import Spool
 from triscope.agent.writer import StoreWriter
-from triscope.samples import Sample, Tick
+from triscope.core.samples import Sample, Tick
 from triscope.store import Store
 from triscope.store.db import upgrade
 

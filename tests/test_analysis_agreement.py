@@ -55,7 +55,7 @@ from triscope.analysis.mismatch import sliding_states, window_verdicts
 from triscope.analysis.mismatch_inputs import MismatchInputs, fetch_mismatch_inputs
 from triscope.analysis.online import MismatchTracker
 from triscope.analysis.synthetic import GB, H200_PHASES, LIGHT_SERVING, WORKLOAD, PhaseShape, h200_phase_ticks
-from triscope.samples import Sample, Tick
+from triscope.core.samples import Sample, Tick
 from triscope.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
@@ -99,7 +99,7 @@ def _exactly_aligned(inputs: MismatchInputs, replay: list[tuple[float, str | Non
 
 @pytest.fixture(scope="module")
 def trace(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Store, str, list[Tick]]]:
-    from triscope.trace import import_trace, iter_ticks, read_trace
+    from triscope.core.trace import import_trace, iter_ticks, read_trace
 
     if not TRACE.exists():
         pytest.fail(f"{TRACE} is missing")

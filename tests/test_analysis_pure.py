@@ -28,7 +28,7 @@ from triscope.analysis.rca_inputs import RCAInputs, fetch_rca_inputs
 from triscope.analysis.reader import SeriesPoints
 from triscope.analysis.slo import SLOInputs, evaluate, evaluate_inputs, fetch_slo_inputs, parse_slo_text
 from triscope.analysis.synthetic import h200_phase_ticks, phase_intervals
-from triscope.samples import Sample, Tick
+from triscope.core.samples import Sample, Tick
 from triscope.store import EventRow, Store
 
 TH = MismatchThresholds()

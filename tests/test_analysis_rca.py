@@ -15,9 +15,9 @@ from triscope.agent.collectors.cpu import CpuCollector
 from triscope.agent.collectors.tcp import TcpCollector
 from triscope.analysis.rca import categorize, rank_causes, score_series
 from triscope.analysis.synthetic import h200_phase_ticks, phase_intervals
-from triscope.loopback import syn_retransmits
-from triscope.samples import EventRecord, Sample, Tick
+from triscope.core.samples import EventRecord, Sample, Tick
 from triscope.store import Store
+from triscope.web.loopback import syn_retransmits
 
 REPO = Path(__file__).resolve().parent.parent
 NETWORK = ("network", "network_traffic")

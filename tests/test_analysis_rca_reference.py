@@ -20,7 +20,7 @@ import pytest
 from triscope.analysis.online import MismatchTracker
 from triscope.analysis.rca_timeline import rca_timeline
 from triscope.analysis.synthetic import H200_PHASES, PhaseShape, h200_phase_ticks
-from triscope.samples import EventRecord, Sample, Tick
+from triscope.core.samples import EventRecord, Sample, Tick
 from triscope.store import Store
 
 P = {p.name: p for p in H200_PHASES}

@@ -1,5 +1,5 @@
 """The root-cause timeline on the H200 recording (examples/traces/h200-phases.jsonl.gz, read with
-triscope/trace.py; its phase events say what each phase was) and through the command line.
+triscope/core/trace.py; its phase events say what each phase was) and through the command line.
 
 * the target: over many cuts of the recording into query windows, the top cause of >= 90 % of the
   bad episodes is the one the phase they mostly cover calls for (pinned copies -> PCIe link load,
@@ -22,8 +22,8 @@ import pytest
 
 from triscope.analysis.rca import rank_causes
 from triscope.analysis.rca_timeline import fetch_timeline_inputs, rca_timeline, timeline_from
+from triscope.core.trace import Trace, import_trace, phase_spans, read_trace
 from triscope.store import Store
-from triscope.trace import Trace, import_trace, phase_spans, read_trace
 
 REPO = Path(__file__).resolve().parent.parent
 TRACE = REPO / "examples" / "traces" / "h200-phases.jsonl.gz"
@@ -48,8 +48,8 @@ def replayed(st: Store, tr: Trace, node: str) -> Any:
     """The recording as today's agent stores it: its ticks replayed through the per-tick tracker
     (per-accelerator state series as well as the node's roll-up)."""
     from triscope.analysis.online import MismatchTracker
-    from triscope.samples import EventRecord, Sample, Tick
-    from triscope.trace import TraceInfo, iter_ticks
+    from triscope.core.samples import EventRecord, Sample, Tick
+    from triscope.core.trace import TraceInfo, iter_ticks
 
     plain = without_states(tr)
     tracker = MismatchTracker()
@@ -263,7 +263,7 @@ class _Counting:
 
 def test_reads_are_bulk_whatever_the_number_of_gpus(tmp_path: Path) -> None:
     from triscope.analysis.synthetic import h200_phase_ticks, phase_intervals
-    from triscope.samples import Sample, Tick
+    from triscope.core.samples import Sample, Tick
 
     counts = []
     for gpus in (1, 8):

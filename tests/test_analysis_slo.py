@@ -28,7 +28,7 @@ from triscope.analysis.slo import (
     prometheus_rules,
     rules_yaml,
 )
-from triscope.samples import Sample, Tick
+from triscope.core.samples import Sample, Tick
 from triscope.store import Store
 
 REPO = Path(__file__).resolve().parent.parent

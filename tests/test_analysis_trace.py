@@ -42,7 +42,7 @@ TRIM_END = 1.0
 
 @pytest.fixture(scope="module")
 def trace_store(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    from triscope.trace import import_trace, phase_spans
+    from triscope.core.trace import import_trace, phase_spans
 
     url = f"sqlite:///{tmp_path_factory.mktemp('trace') / 'h200.db'}"
     st = Store.open(url)
@@ -81,7 +81,7 @@ def test_pin_churn_phase_is_flagged(trace_store) -> None:  # type: ignore[no-unt
 
 
 def test_online_tracker_replaying_the_trace(trace_store) -> None:  # type: ignore[no-untyped-def]
-    from triscope.trace import iter_ticks, read_trace
+    from triscope.core.trace import iter_ticks, read_trace
 
     st, node, spans = trace_store
     tr = MismatchTracker()

@@ -54,8 +54,8 @@ from triscope.analysis.synthetic import (
     phase_intervals,
 )
 from triscope.analysis.verdict import AcceleratorVerdict
-from triscope.metrics import CATALOGUE
-from triscope.samples import Sample, Tick
+from triscope.core.metrics import CATALOGUE
+from triscope.core.samples import Sample, Tick
 from triscope.store import Store
 
 TH = MismatchThresholds()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from triscope.cli import build_parser
-from triscope.samples import Sample, Tick
+from triscope.core.samples import Sample, Tick
 from triscope.store import Store
 from triscope.store.db import upgrade
 

@@ -11,8 +11,8 @@ from conftest import FIXTURES
 
 from triscope.agent.collectors.aer import AerCollector, kernel_has_pcieaer, parse_aer_file
 from triscope.agent.collectors.base import CollectorUnavailable
-from triscope.metrics import CATALOGUE
-from triscope.samples import EventRecord, Sample
+from triscope.core.metrics import CATALOGUE
+from triscope.core.samples import EventRecord, Sample
 
 H200 = FIXTURES / "sysfs-h200"
 GPU0 = "devices/pci0000:00/0000:00:01.0/0000:19:00.0"

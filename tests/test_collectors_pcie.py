@@ -8,8 +8,8 @@ import pytest
 from conftest import FIXTURES
 
 from triscope.agent.collectors.pcie import PcieLinkCollector, parse_speed
-from triscope.metrics import CATALOGUE
-from triscope.pcie import encoding_efficiency, link_capacity_bytes_per_second
+from triscope.core.metrics import CATALOGUE
+from triscope.core.pcie import encoding_efficiency, link_capacity_bytes_per_second
 
 H200 = str(FIXTURES / "sysfs-h200")
 

@@ -11,7 +11,7 @@ from conftest import FIXTURES
 
 from triscope.agent.collectors.base import CollectorUnavailable
 from triscope.agent.collectors.pressure import PressureCollector, parse_pressure
-from triscope.metrics import CATALOGUE
+from triscope.core.metrics import CATALOGUE
 
 
 def by_key(samples):

@@ -11,8 +11,8 @@ from conftest import FIXTURES
 
 from triscope.agent.collectors.base import CollectorUnavailable
 from triscope.agent.collectors.tcp import TcpCollector, parse_snmp, parse_sockstat
-from triscope.loopback import syn_retransmits
-from triscope.metrics import CATALOGUE
+from triscope.core.metrics import CATALOGUE
+from triscope.web.loopback import syn_retransmits
 
 
 def by_key(samples):

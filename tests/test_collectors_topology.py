@@ -14,8 +14,8 @@ from triscope.agent.collectors.topology import (
     link_level,
     read_places,
 )
-from triscope.cpulist import parse_cpulist
-from triscope.metrics import CATALOGUE
+from triscope.core.cpulist import parse_cpulist
+from triscope.core.metrics import CATALOGUE
 
 DGX = str(FIXTURES / "sysfs-dgx-h100")
 H200 = str(FIXTURES / "sysfs-h200")

@@ -1,4 +1,4 @@
-"""One duration grammar (``triscope.durations``) for policies, SLO files, mismatch thresholds and
+"""One duration grammar (``triscope.core.durations``) for policies, SLO files, mismatch thresholds and
 the command line's relative times: every form, every refusal, and each file reading it."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import pytest
 from kube_server import policy_text
 from pydantic import ValidationError
 
-from triscope import timeparse
 from triscope.analysis.config import ConfigError, load_thresholds
 from triscope.analysis.slo import SLOSpecError, parse_slo_text
-from triscope.configfile import ConfigModel
-from triscope.durations import Duration, DurationError, parse_duration, unit_seconds
+from triscope.core import timeparse
+from triscope.core.configfile import ConfigModel
+from triscope.core.durations import Duration, DurationError, parse_duration, unit_seconds
 from triscope.remediation.policy import PolicyError, parse_policy
 
 REPO = Path(__file__).resolve().parent.parent

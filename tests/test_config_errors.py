@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from kube_server import policy_text
 
-from triscope import yamlsafe
 from triscope.analysis.config import ConfigError, load_thresholds
 from triscope.analysis.slo import SLOSpecError, parse_slo_text
-from triscope.configfile import ConfigFileError
+from triscope.core import yamlsafe
+from triscope.core.configfile import ConfigFileError
 from triscope.remediation.actions import ACTION_PARAMS, CommandParams, DependencyFallbackParams
 from triscope.remediation.policy import PolicyError, parse_policy
 

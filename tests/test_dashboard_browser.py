@@ -241,7 +241,7 @@ def test_root_cause_for_a_window(page: Page, seeded: tuple[Any, Any], phase: str
 def test_live_mode_appends_points_and_keeps_zoom(page: Page, seeded: tuple[Any, Any]) -> None:
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-    from triscope.samples import Sample, Tick
+    from triscope.core.samples import Sample, Tick
 
     st, _ = seeded
     pg = page.goto("/node/cpu-node?range=15m")
@@ -357,7 +357,7 @@ def test_root_cause_on_the_h200_trace(browser: Any, h200_source: tuple[str, str,
 
 def test_live_mode_moves_the_time_axis_without_a_zoom(page: Page, seeded: tuple[Any, Any]) -> None:
 
-    from triscope.samples import Sample, Tick
+    from triscope.core.samples import Sample, Tick
 
     st, _ = seeded
     pg = page.goto("/node/cpu-node?range=15m")

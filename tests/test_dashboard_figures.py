@@ -203,7 +203,7 @@ def test_mismatch_points_and_shares(demo_store: Any) -> None:
 
 
 def test_live_delta_returns_only_new_points(demo_store: Any) -> None:
-    from triscope.samples import Sample, Tick
+    from triscope.core.samples import Sample, Tick
 
     st, spans = demo_store
     end = spans["cpu-node"][1]
@@ -216,7 +216,7 @@ def test_live_delta_returns_only_new_points(demo_store: Any) -> None:
 
 def test_npu_node_lanes_and_fleet(sqlite_url: str) -> None:
     """An Ascend node (npu-smi series, no GPU): AICore in the accelerator lane, no PCIe lane."""
-    from triscope.samples import Sample, Tick
+    from triscope.core.samples import Sample, Tick
     from triscope.store import Store
 
     st = Store.open(sqlite_url)
@@ -239,7 +239,7 @@ def test_npu_node_lanes_and_fleet(sqlite_url: str) -> None:
 def test_a_node_with_little_data_opens_on_all_of_it(tmp_path):
     """A short trace or a node just started: the node page's default range is its data, not 15
     minutes of which most are empty."""
-    from triscope.samples import Sample, Tick
+    from triscope.core.samples import Sample, Tick
     from triscope.store import Store
 
     st = Store.open(f"sqlite:///{tmp_path / 'short.db'}")

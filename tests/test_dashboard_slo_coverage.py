@@ -30,7 +30,7 @@ EXAMPLE = REPO / "deploy" / "slo.example.yaml"
 def _inference_ticks(end: float, minutes: float, step: float = 10.0, late_share: float = 0.2) -> list[Any]:
     """The example SLOs' series (examples/workload/h200_phases.py names) over ``minutes`` ending at
     ``end``: 100 requests per tick, ``late_share`` of them past their deadline and slower than 250 ms."""
-    from triscope.samples import Sample, Tick
+    from triscope.core.samples import Sample, Tick
 
     n = int(minutes * 60 / step)
     ok = late = 0.0

@@ -360,9 +360,9 @@ def test_node_page_switches_accelerator(page: Page) -> None:
 def test_the_topology_picture_places_each_gpu_and_marks_a_far_feeder(tmp_path: Path) -> None:
     """dual-gpu-node's topology series (a two-socket box) as the picture reads them; a workload on GPU 0
     running 90 % of its CPU time off GPU 0's NUMA node turns GPU 0 red."""
+    from triscope.core.samples import Sample, Tick
     from triscope.dashboard import topology_view as tv
     from triscope.dashboard.seed import VIT, seed_workloads
-    from triscope.samples import Sample, Tick
     from triscope.store import Store
 
     st = Store.open(f"sqlite:///{tmp_path / 't.db'}")

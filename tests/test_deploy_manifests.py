@@ -589,7 +589,7 @@ def test_agent_metrics_need_tls_and_basic_auth(rendered: dict[str, list[dict[str
                                                tmp_path: Path) -> None:
     from tls_support import make_certs
 
-    from triscope.webconfig import load
+    from triscope.web.config import load
 
     objs = rendered[overlay]
     spec, agent = _agent(objs)
@@ -642,7 +642,7 @@ def test_agent_liveness_probe_passes_on_a_live_tls_server_only(rendered: dict[st
     from tls_support import bcrypt_hash, make_certs
 
     from triscope.agent.exporter import make_sources, serve
-    from triscope.webconfig import load
+    from triscope.web.config import load
 
     _, agent = _agent(rendered["base"])
     cmd = agent["livenessProbe"]["exec"]["command"]

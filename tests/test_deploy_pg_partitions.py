@@ -13,7 +13,7 @@ import pytest
 from alembic import command
 from sqlalchemy import text
 
-from triscope.samples import Sample, Tick
+from triscope.core.samples import Sample, Tick
 from triscope.store import Store
 from triscope.store import partitions as P
 from triscope.store.db import alembic_config, upgrade

@@ -8,12 +8,13 @@ import time
 
 import pytest
 
-from triscope.agent.collectors.ebpf import EbpfCollector, ebpf_doctor
+from triscope.agent.collectors.ebpf import EbpfCollector
 from triscope.agent.ebpf.bpfsys import BpfMap, sum_u64_percpu
 from triscope.agent.ebpf.decode import decode_aer, decode_peer, decode_rare
+from triscope.agent.ebpf.doctor import ebpf_doctor
 from triscope.agent.ebpf.layout import PEER_KEY, PROBES, RARE_EVENT
 from triscope.agent.ebpf.loader import run_loader
-from triscope.samples import Sample
+from triscope.core.samples import Sample
 
 pytestmark = pytest.mark.ebpf
 

@@ -13,8 +13,8 @@ import pytest
 from triscope.agent.collectors.ebpf import MAX_EVENTS_PER_TICK, EbpfCollector
 from triscope.agent.ebpf.discover import find_tracefs, tracepoint_fields
 from triscope.agent.ebpf.layout import PROBES
-from triscope.loopback import read_retranssegs, syn_retransmits
-from triscope.samples import EventRecord, Sample
+from triscope.core.samples import EventRecord, Sample
+from triscope.web.loopback import read_retranssegs, syn_retransmits
 
 REPO = Path(__file__).resolve().parent.parent
 

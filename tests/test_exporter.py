@@ -9,8 +9,8 @@ import urllib.request
 import pytest
 
 from triscope.agent.exporter import ProcessMetrics, make_sources, render_text, serve
-from triscope.metrics import CATALOGUE
-from triscope.samples import Sample
+from triscope.core.metrics import CATALOGUE
+from triscope.core.samples import Sample
 
 pytestmark = pytest.mark.prometheus
 

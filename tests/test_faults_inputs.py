@@ -1,11 +1,11 @@
 """Hostile files, names and command-line inputs (issue 16): each is refused with one line that says
 what is wrong and where, fast and in bounded memory, never a traceback.
 
-* YAML (``triscope.yamlsafe``, used by the SLO, threshold and policy loaders): a billion-laughs
+* YAML (``triscope.core.yamlsafe``, used by the SLO, threshold and policy loaders): a billion-laughs
   file, a file over the size cap, a binary file, a file that is not UTF-8, deep nesting;
 * ``triscope import-trace``: a binary file, a 100,000-deep JSON line, ``"t": NaN`` / ``Infinity``,
   a missing file, an over-long node name in the file or on the command line;
-* time arguments (``triscope.timeparse``): ``--since -2h`` written with and without ``=``, NaN,
+* time arguments (``triscope.core.timeparse``): ``--since -2h`` written with and without ``=``, NaN,
   infinity, garbage, on every command that takes times;
 * the store's ingest bounds: over-long label values are cut (not the tick), bad node names refused.
 
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from triscope import names, timeparse, yamlsafe
-from triscope.samples import EventRecord, Sample, Tick
+from triscope.core import names, timeparse, yamlsafe
+from triscope.core.samples import EventRecord, Sample, Tick
 from triscope.store import Store
 from triscope.store.db import StoreError
 

@@ -1,5 +1,5 @@
 """Slots at capacity: clients that trickle a request head in cannot keep out the ones that send whole
-requests (the shared HTTP server of /metrics, the webhook and OTLP, ``triscope.httpd``)."""
+requests (the shared HTTP server of /metrics, the webhook and OTLP, ``triscope.web.httpd``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 from hostile import Slowloris
 
-from triscope.httpd import HttpServer, Limits, Request, Response
+from triscope.web.httpd import HttpServer, Limits, Request, Response
 
 
 def _get(port: int, path: str = "/metrics", source: str = "127.0.0.1", timeout: float = 5) -> int | str:
@@ -111,7 +111,7 @@ def test_one_source_holds_at_most_its_share_of_the_slots() -> None:
 
 
 def test_an_ipv6_source_is_its_slash_64() -> None:
-    from triscope.httpd import _source_key
+    from triscope.web.httpd import _source_key
 
     assert _source_key("2001:db8:1:2::1") == _source_key("2001:db8:1:2:ffff::9") == "2001:db8:1:2::/64"
     assert _source_key("2001:db8:1:3::1") != _source_key("2001:db8:1:2::1")

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO
+from triscope.core.trace import import_trace, read_trace
 from triscope.store import Store, audit
-from triscope.trace import import_trace, read_trace
 
 TRACE = REPO / "examples" / "traces" / "h200-inference-1.jsonl.gz"
 TIMELINE = REPO / "examples" / "traces" / "h200-inference-1.timeline.jsonl"

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO
+from triscope.core.trace import import_trace, read_trace
 from triscope.store import Store, audit
-from triscope.trace import import_trace, read_trace
 
 TRACES = REPO / "examples" / "traces"
 ALL_FAULTS = ("pageable", "one_core", "pin_churn", "pcie_saturation", "net_drop")

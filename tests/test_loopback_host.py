@@ -1,11 +1,11 @@
-"""``triscope.loopback.is_loopback``: the one check the dashboard, the remediation webhook and the
+"""``triscope.web.loopback.is_loopback``: the one check the dashboard, the remediation webhook and the
 agent's OTLP receiver use before they serve without authentication."""
 
 from __future__ import annotations
 
 import pytest
 
-from triscope.loopback import is_loopback
+from triscope.web.loopback import is_loopback
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost", "LocalHost.",

@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import FIXTURES
 from triscope.agent.collectors.npu import NpuSmiCollector, SmiError, run_smi
-from triscope.samples import EventRecord, Sample
+from triscope.core.samples import EventRecord, Sample
 
 NPU = FIXTURES / "npu-smi"
 

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from triscope.agent.collectors.nvml import NvmlCollector
-from triscope.samples import EventRecord, Sample
+from triscope.core.samples import EventRecord, Sample
 
 pytestmark = pytest.mark.gpu
 

@@ -21,7 +21,7 @@ from triscope.agent.collectors.nvml import (
     normalise_bus_id,
     pcie_capacity_bytes_per_second,
 )
-from triscope.samples import EventRecord, Sample
+from triscope.core.samples import EventRecord, Sample
 
 
 def test_no_driver_here_for_real():

@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from triscope.agent.otlp import STAGE_BUCKETS, OtlpOptions, OtlpReceiver
 from triscope.analysis.stages import stage_skew
-from triscope.samples import Sample
+from triscope.core.samples import Sample
 
 STAGES = {"preprocess": 0.004, "h2d": 0.012, "compute": 0.040, "d2h": 0.006}
 
@@ -295,7 +295,7 @@ def test_sdk_histograms_with_a_stage_become_the_same_series(receiver: OtlpReceiv
 
 
 def test_self_metrics_are_in_the_catalogue(receiver: OtlpReceiver) -> None:
-    from triscope.metrics import CATALOGUE
+    from triscope.core.metrics import CATALOGUE
 
     post(receiver, json_spans([("h2d", 0.001), ("other", 0.001)]))
     post(receiver, b"{", "application/json")

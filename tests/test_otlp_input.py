@@ -20,7 +20,7 @@ import pytest
 from triscope.agent.exporter import TickCollector, render_text
 from triscope.agent.otlp import OtlpOptions, OtlpReceiver, StageSeries
 from triscope.agent.otlp_decode import TEMPORALITY_CUMULATIVE, Decoded, Group, Point
-from triscope.samples import Sample
+from triscope.core.samples import Sample
 
 T0 = 1_764_000_000_000_000_000
 
@@ -242,7 +242,7 @@ def test_span_durations_are_bounded(receiver: OtlpReceiver) -> None:
 
 
 def test_self_metric_reasons_are_documented() -> None:
-    from triscope.metrics import CATALOGUE
+    from triscope.core.metrics import CATALOGUE
 
     text = CATALOGUE["triscope_otlp_dropped_total"].help + CATALOGUE["triscope_otlp_ignored_total"].help
     for reason in ("stream_limit", "stream_conflict", "no_start_time", "bounds_mismatch", "too_long",

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from kube_server import BASE_SETTINGS, KubeTestServer, alert_payload, open_store, policy_text
 
+from triscope.core.samples import EventRecord, Sample, Tick
 from triscope.remediation import kube as k
 from triscope.remediation import metrics
 from triscope.remediation.engine import Engine
 from triscope.remediation.policy import parse_policy
-from triscope.samples import EventRecord, Sample, Tick
 from triscope.store import audit
 
 

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from kube_server import BASE_SETTINGS, KubeTestServer, alert_payload, open_store, policy_text
 
+from triscope.core.samples import Sample, Tick
 from triscope.remediation import kube as k
 from triscope.remediation.engine import Engine
 from triscope.remediation.policy import parse_policy
-from triscope.samples import Sample, Tick
 from triscope.store import audit
 
 MOVE = """  - name: move

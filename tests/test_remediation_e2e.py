@@ -32,10 +32,10 @@ import yaml
 from conftest import free_port, wait_for_port
 from kube_server import KubeTestServer, open_store
 
-from triscope.loopback import syn_retransmits
 from triscope.remediation.policy import parse_policy
 from triscope.remediation.service import start
 from triscope.store import audit
+from triscope.web.loopback import syn_retransmits
 
 REPO = Path(__file__).resolve().parent.parent
 RULES = REPO / "deploy" / "prometheus" / "triscope-rules.yaml"

@@ -22,10 +22,10 @@ import pytest
 import yaml
 from kube_server import alert_payload, open_store, policy_text
 
+from triscope.core.samples import Sample, Tick
 from triscope.remediation import filefallback
 from triscope.remediation.engine import Engine
 from triscope.remediation.policy import PolicyError, parse_policy
-from triscope.samples import Sample, Tick
 from triscope.store import audit
 
 REPO = Path(__file__).resolve().parents[1]

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from kube_server import KubeTestServer, alert_payload, open_store, policy_text
 
+from triscope.core.samples import Sample, Tick
 from triscope.remediation.engine import Engine
 from triscope.remediation.kube import KubeAdapter
 from triscope.remediation.leader import LeaderElector
 from triscope.remediation.policy import parse_policy
 from triscope.remediation.triggers import TriggerEvent
-from triscope.samples import Sample, Tick
 from triscope.store import audit
 
 REPO = Path(__file__).resolve().parent.parent

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from kube_server import BASE_SETTINGS, open_store, policy_text
 
+from triscope.core.samples import Sample, Tick
 from triscope.remediation.engine import Engine
 from triscope.remediation.policy import load_policy
 from triscope.remediation.triggers import evaluate_condition
-from triscope.samples import Sample, Tick
 from triscope.store import audit
 
 SLO_FILE = """version: "prometheus/v1"

@@ -18,11 +18,11 @@ import pytest
 from kube_rbac import ENGINE_USER, Rbac, shipped_rbac_objects
 from kube_server import KubeTestServer, open_store, policy_text
 
+from triscope.core.samples import EventRecord, Sample, Tick
 from triscope.remediation import kube as k
 from triscope.remediation.engine import Engine
 from triscope.remediation.policy import parse_policy
 from triscope.remediation.verdict_events import BURST, PAGE_AFTER_S, VerdictEvents
-from triscope.samples import EventRecord, Sample, Tick
 
 TOKEN = "engine-token"
 VIEWER = "viewer-token"       # an SRE reading Events (kubectl get events): a ClusterRole of this test's
@@ -185,7 +185,7 @@ def test_page_after_is_the_shipped_alerts_for() -> None:
     """The Events say 'would page' with the same durations as the shipped alerts."""
     import yaml
 
-    from triscope.durations import parse_duration
+    from triscope.core.durations import parse_duration
 
     doc = yaml.safe_load((Path(__file__).resolve().parent.parent / "deploy" / "kustomize" / "base"
                           / "prometheusrule.yaml").read_text())

@@ -10,7 +10,7 @@ from conftest import REPO
 
 STUCK = """
 import signal, sys, threading, time
-from triscope.stopping import bound_the_stop
+from triscope.commands.stopping import bound_the_stop
 
 def wedged_in_the_store():
     threading.Event().wait()          # a job that never returns

@@ -7,7 +7,7 @@ import math
 import pytest
 from sqlalchemy import text
 
-from triscope.samples import EventRecord, Sample, Tick
+from triscope.core.samples import EventRecord, Sample, Tick
 from triscope.store import Store
 from triscope.store.api import RetentionPolicy, minmax_downsample
 from triscope.store.db import StoreError, alembic_config, upgrade

@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
-from triscope.samples import EventRecord, Sample, Tick
+from triscope.core.samples import EventRecord, Sample, Tick
 from triscope.store import Store, StoreReader
 from triscope.store.cache import WriteCache
 from triscope.store.db import upgrade

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from triscope.samples import EventRecord, Sample, Tick, label_key
+from triscope.core.samples import EventRecord, Sample, Tick, label_key
 from triscope.store import Store
 from triscope.store.api import LAST_SEEN_STEP_S, ROLLUP_SPREAD_S, rollup_delay
 from triscope.store.db import upgrade

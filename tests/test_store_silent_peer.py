@@ -19,7 +19,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from test_agent_spool_database import Forwarder
 
-from triscope.samples import Sample, Tick
+from triscope.core.samples import Sample, Tick
 from triscope.store import Store
 from triscope.store.db import PG_TCP_DEFAULTS, make_engine, pg_connect_defaults
 

@@ -12,9 +12,9 @@ import pytest
 
 from tests.conftest import REPO
 from triscope.cli import main
-from triscope.samples import EventRecord, Sample, Tick
+from triscope.core.samples import EventRecord, Sample, Tick
+from triscope.core.trace import TraceError, export_trace, import_trace, phase_spans, read_trace
 from triscope.store import Store
-from triscope.trace import TraceError, export_trace, import_trace, phase_spans, read_trace
 
 TRACE = REPO / "examples" / "traces" / "h200-phases.jsonl.gz"
 PHASES = ["idle", "pinned_h2d", "pinned_d2h", "pageable_h2d", "compute_bf16", "pin_churn", "idle_end"]

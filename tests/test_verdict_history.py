@@ -4,7 +4,7 @@ store object, a replayed spool, a late tick)."""
 
 from __future__ import annotations
 
-from triscope.samples import Sample, Tick
+from triscope.core.samples import Sample, Tick
 from triscope.store import Store
 
 T = 1_800_000_000.0

@@ -19,9 +19,9 @@ import pytest
 from tls_support import Certs, bcrypt_hash, make_certs
 
 from triscope.agent.exporter import make_sources, serve
-from triscope.samples import Sample
-from triscope.webauth import BasicAuth, parse_basic
-from triscope.webconfig import WebConfigError, load
+from triscope.core.samples import Sample
+from triscope.web.auth import BasicAuth, parse_basic
+from triscope.web.config import WebConfigError, load
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -309,7 +309,7 @@ def test_tls_keeps_the_slow_client_cuts(tmp_path: Path, certs: Certs, unused_por
     """A client that opens the TLS port and never says hello, and one that shakes hands and then
     trickles its request a byte at a time, are both cut at their deadlines while scrapes go on."""
     from triscope.agent.exporter import EXPORTER_LIMITS, MetricsServer
-    from triscope.httpd import Limits
+    from triscope.web.httpd import Limits
 
     web = load(_write(tmp_path, f"tls_server_config:\n  cert_file: {certs.cert}\n  key_file: {certs.key}\n"))
     lim = Limits(**{**EXPORTER_LIMITS.__dict__, "header_timeout": 1.0, "request_timeout": 1.5})

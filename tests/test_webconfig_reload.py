@@ -19,9 +19,9 @@ import pytest
 from tls_support import Certs, bcrypt_hash, make_certs
 
 from triscope.agent.exporter import make_sources, serve
-from triscope.httpd import HttpServer, Request, Response
-from triscope.webauth import BasicAuth
-from triscope.webconfig import WebConfigError, load
+from triscope.web.auth import BasicAuth
+from triscope.web.config import WebConfigError, load
+from triscope.web.httpd import HttpServer, Request, Response
 
 
 def _basic(user: str, password: str) -> str:
@@ -301,7 +301,7 @@ def test_a_password_longer_than_72_bytes_is_cut_as_htpasswd_does(caplog: pytest.
     assert not auth.check(_basic("prometheus", "p" * 71))
     # a hash bcrypt cannot use: 401 and one log line, not one per request
     broken = BasicAuth({"old": "$2$04$" + "a" * 53})
-    with caplog.at_level(logging.WARNING, logger="triscope.webauth"):
+    with caplog.at_level(logging.WARNING, logger="triscope.web.auth"):
         assert not broken.check(_basic("old", "x"))
         assert not broken.check(_basic("old", "y"))
     assert len([r for r in caplog.records if "bcrypt refused" in r.getMessage()]) == 1
@@ -317,7 +317,7 @@ def test_a_2_hash_is_refused_at_load_with_its_line(tmp_path: Path) -> None:
 
 def test_a_tls_client_refused_at_capacity_gets_its_503_over_tls(tmp_path: Path) -> None:
     """TLS starts per connection (for the reloaded context): a refusal still speaks TLS."""
-    from triscope.httpd import Limits
+    from triscope.web.httpd import Limits
 
     c = make_certs(tmp_path / "c")
     cfg = tmp_path / "web.yml"

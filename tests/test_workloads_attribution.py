@@ -107,7 +107,7 @@ def test_names_from_outside_reach_no_page_with_bidi_or_control_characters(tmp_pa
     override (U+202E) or an escape would make the dashboard show a name reversed or coloured; each
     becomes '?' before it is a label."""
     from triscope.agent.collectors.scrape import ScrapeCollector
-    from triscope.textsafe import label_text
+    from triscope.core.textsafe import label_text
 
     (tmp_path / f"batch_evil\u202egpj.exe_{UA}" / "w\x1b[31m").mkdir(parents=True)
     got = read_pod_dirs(str(tmp_path))

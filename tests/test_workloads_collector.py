@@ -25,8 +25,8 @@ from workloads_helpers import Cgroups, cgroup_skip_reason, kube_path, spawn, sto
 from triscope.agent.collectors.accelprocs import AcceleratorProcess, ListedProcessSource, gpu_labels
 from triscope.agent.collectors.base import Availability
 from triscope.agent.collectors.workloads import WorkloadsCollector
-from triscope.metrics import CATALOGUE
-from triscope.samples import EventRecord, Sample
+from triscope.core.metrics import CATALOGUE
+from triscope.core.samples import EventRecord, Sample
 
 ROOT = writable_cgroup_root()
 needs_cgroups = pytest.mark.skipif(ROOT is None, reason=cgroup_skip_reason())

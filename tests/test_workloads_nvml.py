@@ -13,7 +13,7 @@ import pytest
 
 from triscope.agent.collectors.nvml_processes import NvmlProcessSource
 from triscope.agent.collectors.workloads import WorkloadsCollector
-from triscope.samples import Sample
+from triscope.core.samples import Sample
 
 pytestmark = pytest.mark.gpu
 

@@ -18,8 +18,8 @@ from triscope.agent.collectors.workloads import WorkloadsCollector
 from triscope.analysis.config import MismatchThresholds
 from triscope.analysis.features import AcceleratorFeatures, WindowFeatures, WorkloadEvidence, WorkloadKey
 from triscope.analysis.verdict import classify_accelerator
-from triscope.metrics import CATALOGUE
-from triscope.samples import Sample
+from triscope.core.metrics import CATALOGUE
+from triscope.core.samples import Sample
 
 BUS = "0000:1b:00.0"
 CPUS = sorted(os.sched_getaffinity(0))

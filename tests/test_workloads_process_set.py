@@ -32,7 +32,7 @@ from triscope.agent.collectors.processset import CgroupCpu, ProcessTree, parse_c
 from triscope.agent.collectors.sockdiag import netns_tcp_totals, socket_inodes, tcp_counters
 from triscope.agent.collectors.workload_tcp import WorkloadTcp
 from triscope.agent.collectors.workloads import WorkloadsCollector
-from triscope.samples import Sample
+from triscope.core.samples import Sample
 
 ROOT = writable_cgroup_root()
 needs_cgroups = pytest.mark.skipif(ROOT is None, reason=cgroup_skip_reason())

@@ -24,7 +24,7 @@ from triscope.agent.collectors.npu import NpuSmiCollector
 from triscope.agent.collectors.nvml_processes import NvmlProcessSource
 from triscope.agent.collectors.workloads import WorkloadsCollector
 from triscope.agent.registry import AgentOptions, UnavailableCollector, build_collectors, split_available
-from triscope.samples import Sample
+from triscope.core.samples import Sample
 
 ROOT = writable_cgroup_root()
 

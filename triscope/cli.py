@@ -12,7 +12,7 @@ import argparse
 import logging
 import sys
 
-from triscope.errors import UserError
+from triscope.core.errors import UserError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,7 +38,9 @@ def setup_logging(verbosity: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from triscope.errors import UserError as _UserError  # the one class, also under "python -m triscope.cli"
+    from triscope.core.errors import (
+        UserError as _UserError,  # the one class, also under "python -m triscope.cli"
+    )
     from triscope.store.db import StoreError
 
     parser = build_parser()

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 
 from triscope.agent.collectors.base import Availability, BaseCollector, CollectorUnavailable
 from triscope.agent.collectors.pcie import list_pci_devices, pci_bus_missing
-from triscope.samples import EventRecord, Sample
+from triscope.core.samples import EventRecord, Sample
 
 # file suffix -> (severity label, TOTAL_ line name)
 SEVERITIES = {

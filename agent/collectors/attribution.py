@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 from triscope.agent.collectors.cgroups import CgroupOwner, owner_of, parse_proc_cgroup
 from triscope.agent.collectors.podresources import DeviceOwner
-from triscope.textsafe import label_text
-from triscope.vocabulary import WORKLOAD_LABELS  # noqa: F401 - re-exported for the collector
+from triscope.core.textsafe import label_text
+from triscope.core.vocabulary import WORKLOAD_LABELS  # noqa: F401 - re-exported for the collector
 
 Workload = tuple[str, str, str, str]     # namespace, pod, container, workload
 SHARED: Workload = ("", "", "", "shared")

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from triscope.agent.collectors.base import Availability, BaseCollector, Collector
-from triscope.samples import EventRecord, Sample
+from triscope.core.samples import EventRecord, Sample
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from triscope.samples import EventRecord, Sample
+from triscope.core.samples import EventRecord, Sample
 
 
 class CollectorUnavailable(Exception):

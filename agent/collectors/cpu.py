@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterator
 
 from triscope.agent.collectors.base import Availability, BaseCollector, CollectorUnavailable, OpenFiles
-from triscope.samples import Sample
+from triscope.core.samples import Sample
 
 # /proc/stat "cpu" columns, in order (man 5 proc); guest and guest_nice follow but are not summed.
 MODES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")

@@ -34,7 +34,7 @@ from triscope.agent.ebpf.discover import (
     plan_probes,
 )
 from triscope.agent.ebpf.loader import LoadResult, run_loader
-from triscope.samples import EventRecord, Sample
+from triscope.core.samples import EventRecord, Sample
 
 log = logging.getLogger(__name__)
 
@@ -413,11 +413,3 @@ def _getppid_nr() -> int:
     import platform
 
     return {"x86_64": 110, "aarch64": 173}.get(platform.machine(), 110)
-
-
-def ebpf_doctor(attach: bool = True, **kwargs: Any) -> list[tuple[str, bool, str, str]]:
-    """(probe, ok, reason, hint) per probe.  Re-exported from ``triscope.agent.ebpf.doctor``."""
-
-    from triscope.agent.ebpf.doctor import ebpf_doctor as _doctor
-
-    return _doctor(attach=attach, **kwargs)

@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from triscope.agent.collectors.base import Availability, BaseCollector, CollectorUnavailable
-from triscope.samples import EventRecord, Sample
+from triscope.core.samples import EventRecord, Sample
 
 log = logging.getLogger(__name__)
 

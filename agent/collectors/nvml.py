@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from triscope.agent.collectors.base import Availability, BaseCollector, CollectorUnavailable
-from triscope.pcie import link_capacity_bytes_per_second
-from triscope.samples import EventRecord, Sample
+from triscope.core.pcie import link_capacity_bytes_per_second
+from triscope.core.samples import EventRecord, Sample
 
 log = logging.getLogger(__name__)
 

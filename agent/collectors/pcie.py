@@ -28,8 +28,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from triscope.agent.collectors.base import Availability, BaseCollector, CollectorUnavailable
-from triscope.pcie import link_capacity_bytes_per_second
-from triscope.samples import Sample
+from triscope.core.pcie import link_capacity_bytes_per_second
+from triscope.core.samples import Sample
 
 LINK_FILES = ("current_link_speed", "max_link_speed", "current_link_width", "max_link_width")
 BDF_RE = re.compile(r"^[0-9a-fA-F]{4,}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")

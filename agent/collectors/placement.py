@@ -35,7 +35,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 from triscope.agent.collectors.topology import device_locality
-from triscope.cpulist import parse_cpulist
+from triscope.core.cpulist import parse_cpulist
 
 QUIET_ROUNDS = 3     # a quiet set keeps its last cpu_local this many rounds (30 s), then says nothing
 CLK_TCK = float(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100.0

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from urllib.parse import unquote
 
-from triscope.textsafe import label_text, one_line
+from triscope.core.textsafe import label_text, one_line
 
 log = logging.getLogger(__name__)
 

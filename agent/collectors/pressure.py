@@ -15,7 +15,7 @@ import os
 from collections.abc import Iterator
 
 from triscope.agent.collectors.base import Availability, BaseCollector, CollectorUnavailable, OpenFiles
-from triscope.samples import Sample
+from triscope.core.samples import Sample
 
 RESOURCES = ("cpu", "memory", "io", "irq")
 

@@ -29,8 +29,8 @@ from urllib.parse import urlsplit
 from prometheus_client.parser import text_string_to_metric_families
 
 from triscope.agent.collectors.base import Availability, BaseCollector, CollectorUnavailable
-from triscope.samples import Sample
-from triscope.textsafe import label_text
+from triscope.core.samples import Sample
+from triscope.core.textsafe import label_text
 
 ACCEPT = "text/plain;version=0.0.4;q=1.0,*/*;q=0.1"
 COUNTER_SUFFIXES = {

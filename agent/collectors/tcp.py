@@ -20,7 +20,7 @@ import os
 from collections.abc import Iterator
 
 from triscope.agent.collectors.base import Availability, BaseCollector, CollectorUnavailable, OpenFiles
-from triscope.samples import Sample
+from triscope.core.samples import Sample
 
 
 def parse_snmp(text: str) -> dict[str, dict[str, int]]:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from triscope.agent.collectors.base import Availability, BaseCollector, CollectorUnavailable
 from triscope.agent.collectors.pcie import BDF_RE, SYSFS_HINT, list_pci_devices, pci_bus_missing
-from triscope.samples import Sample
+from triscope.core.samples import Sample
 
 GPU_VENDORS = ("0x10de", "0x1002")   # NVIDIA, AMD: a VGA-class device of theirs is an accelerator
 LEVELS = ("PIX", "PXB", "PHB", "NODE", "SYS", "unknown")   # nearest first

@@ -58,7 +58,7 @@ from triscope.agent.collectors.podresources import DEFAULT_SOCKET, DeviceOwner, 
 from triscope.agent.collectors.processset import CgroupCpu, CgroupDirs, ProcessTree, cgroup_dirs, process_set
 from triscope.agent.collectors.procstat import ProcSample, ProcStats
 from triscope.agent.collectors.workload_tcp import WorkloadTcp
-from triscope.samples import EventRecord, Sample
+from triscope.core.samples import EventRecord, Sample
 
 log = logging.getLogger(__name__)
 

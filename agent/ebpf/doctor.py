@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from triscope.agent.collectors.ebpf import EbpfCollector
 from triscope.agent.ebpf.discover import (
     DEFAULT_BCC_PATH,
     HINT_BCC,
@@ -51,8 +52,6 @@ def ebpf_doctor(attach: bool = True, bcc_path: str = DEFAULT_BCC_PATH, **kwargs:
             if p.ok:
                 rows[p.spec.name] = (p.spec.name, False, reason, hint)
     elif attach and (any(p.ok for p in plans) or tracefs is None):
-        from triscope.agent.collectors.ebpf import EbpfCollector
-
         c = EbpfCollector(bcc_path=bcc_path, **kwargs)
         try:
             for name, ok, reason, hint in c.status():

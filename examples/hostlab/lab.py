@@ -331,7 +331,7 @@ class LabGpu:
         return Availability(True, "the host lab's simulated GPU")
 
     def collect(self, now: float) -> list[Any]:
-        from triscope.samples import Sample
+        from triscope.core.samples import Sample
 
         busy = min(1.0, sum(self.lab.busy(w) for w in self.lab.procs))
         if self.last is not None:
@@ -357,9 +357,9 @@ def record(node: str, out: Path, hold: float) -> Path:
     from triscope.agent.registry import AgentOptions, build_collectors, split_available
     from triscope.agent.sampler import Sampler
     from triscope.analysis.online import MismatchTracker
-    from triscope.samples import Tick
+    from triscope.core.samples import Tick
+    from triscope.core.trace import export_trace
     from triscope.store import Store
-    from triscope.trace import export_trace
 
     blob, limit = lab_network()
     tmp = Path(tempfile.mkdtemp(prefix="hostlab-"))

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from triscope.vocabulary import accelerator_name
+from triscope.core.vocabulary import accelerator_name
 
 from .peers import PEER_SAYS_IO, PeerRecorder, peer_windows
 from .report import IO_STATES, Track, load_timeline, score_tracks
@@ -87,8 +87,8 @@ def replay_tracks(trace: Path, thresholds: Any = None, peers: PeerRecorder | Non
     """Every accelerator's (state, workload) per tick from the recorded inputs through today's tracker
     (and, with ``peers``, the inputs the peer rules read)."""
     from triscope.analysis.online import MismatchTracker
-    from triscope.samples import Sample
-    from triscope.trace import iter_ticks, read_trace
+    from triscope.core.samples import Sample
+    from triscope.core.trace import iter_ticks, read_trace
 
     rec = read_trace(trace)
     tr = MismatchTracker(thresholds)

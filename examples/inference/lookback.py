@@ -88,8 +88,8 @@ def lookback_scores(store: Any, node: str, lines: Sequence[dict[str, Any]]) -> d
 
 
 def score_recording(node: str, traces: Path = TRACES) -> dict[str, dict[str, Any]]:
+    from triscope.core.trace import import_trace, read_trace
     from triscope.store import Store
-    from triscope.trace import import_trace, read_trace
 
     lines = load_timeline(traces / f"{node}.timeline.jsonl")
     with tempfile.TemporaryDirectory(prefix="lookback-") as td:

@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from triscope.samples import EventRecord, Sample, Tick
+from triscope.core.samples import EventRecord, Sample, Tick
 
 MISMATCH_PREFIX = "triscope_mismatch_"
 
@@ -46,8 +46,8 @@ def replay(db: str, node: str, out: str, trace: Path | None = None, labels: dict
            with_decisions: bool = True, phases: list[EventRecord] | None = None) -> dict:
     from triscope.analysis.online import MismatchTracker
     from triscope.commands.trace import node_decisions
+    from triscope.core.trace import export_trace, iter_ticks, read_trace
     from triscope.store import Store, audit
-    from triscope.trace import export_trace, iter_ticks, read_trace
 
     src = Store.open(db)
     try:

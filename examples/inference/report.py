@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from triscope.vocabulary import IO_STATES as _IO
-from triscope.vocabulary import accelerator_name
+from triscope.core.vocabulary import IO_STATES as _IO
+from triscope.core.vocabulary import accelerator_name
 
 IO_STATES = tuple(sorted(_IO))
 HEALTHY_STATES = ("idle", "demand-limited", "compute-bound", "balanced")

@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from triscope.core.trace import phase_events_from_log, phase_spans  # noqa: E402
 from triscope.store import Store  # noqa: E402
-from triscope.trace import phase_events_from_log, phase_spans  # noqa: E402
 
 
 def _counter_rate(store: Store, metric: str, node: str, a: float, b: float, labels: dict | None = None) -> float | None:

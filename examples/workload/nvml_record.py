@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from triscope.agent.collectors.nvml import NvmlCollector  # noqa: E402
-from triscope.samples import EventRecord  # noqa: E402
+from triscope.core.samples import EventRecord  # noqa: E402
 
 
 def bench_calls(n: int = 50) -> dict[str, float]:

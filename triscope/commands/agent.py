@@ -95,7 +95,7 @@ def build_config(args: argparse.Namespace, listen: tuple[str, int] | None):
     from triscope.agent.collectors.scrape import parse_scrape_url
     from triscope.agent.registry import AgentOptions
     from triscope.agent.runtime import AgentConfig, default_spool_dir
-    from triscope.errors import UserError
+    from triscope.core.errors import UserError
 
     if args.interval <= 0:
         raise UserError(f"--interval must be > 0 (got {args.interval})")
@@ -104,7 +104,7 @@ def build_config(args: argparse.Namespace, listen: tuple[str, int] | None):
     if not args.spool_max_mb >= 1 or args.spool_max_mb == float("inf"):
         raise UserError(f"--spool-max-mb must be a size of at least 1 MB (got {args.spool_max_mb:g}): the spool "
                         "keeps ticks while the database is unreachable, the oldest dropped past it")
-    from triscope.names import node_name_problem
+    from triscope.core.names import node_name_problem
 
     problem = node_name_problem(args.node)
     if problem:
@@ -130,12 +130,12 @@ def build_config(args: argparse.Namespace, listen: tuple[str, int] | None):
 def otlp_options(args: argparse.Namespace):
     """The OTLP receiver's options from --otlp-*, None when off; a non-loopback address is refused
     without --otlp-allow-remote."""
-    from triscope.errors import UserError
+    from triscope.core.errors import UserError
 
     if args.otlp_listen == "off":
         return None
     from triscope.agent.otlp import OtlpOptions
-    from triscope.loopback import is_loopback
+    from triscope.web.loopback import is_loopback
 
     addr = parse_hostport(args.otlp_listen)
     if not is_loopback(addr[0]) and not args.otlp_allow_remote:
@@ -169,14 +169,14 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
     heap_note = _compact_heap(args)
     from triscope.agent.runtime import Agent
-    from triscope.errors import UserError
+    from triscope.core.errors import UserError
 
     listen = None if args.listen == "off" else parse_hostport(args.listen)
     if args.duration < 0:
         raise UserError("--duration must be >= 0")
     cfg = build_config(args, listen)
     if args.web_config_file:   # pydantic and the web config's models only when asked (~4 MB of RSS)
-        from triscope.webconfig import load_for_cli
+        from triscope.web.config import load_for_cli
 
         cfg.web = load_for_cli(args.web_config_file)   # a bad file is one line, before the store is touched
     logging.getLogger("triscope.agent").setLevel(logging.INFO)

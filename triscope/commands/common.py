@@ -6,7 +6,7 @@ import argparse
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from triscope import timeparse
+from triscope.core import timeparse
 from triscope.store.db import ENV_DB_URL, default_url
 
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ def add_db_option(p: argparse.ArgumentParser) -> None:
 
 
 def add_web_config_option(p: argparse.ArgumentParser, what: str) -> None:
-    """``--web.config.file FILE`` (``triscope.webconfig``, loaded by the command before it listens)."""
+    """``--web.config.file FILE`` (``triscope.web.config``, loaded by the command before it listens)."""
     p.add_argument("--web.config.file", dest="web_config_file", metavar="FILE", default=None,
                    help=f"TLS (and, where said, basic auth) for {what}, in the Prometheus exporter-toolkit "
                         "format: tls_server_config, basic_auth_users, http_server_config (docs/security.md); "
@@ -37,7 +37,7 @@ def db_url(args: argparse.Namespace) -> str:
 
 
 def parse_hostport(value: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
-    from triscope.errors import UserError
+    from triscope.core.errors import UserError
 
     host, sep, port = value.rpartition(":")
     if not sep:
@@ -53,9 +53,9 @@ def parse_hostport(value: str, default_host: str = "127.0.0.1") -> tuple[str, in
 
 
 def parse_time(value: str, now: float | None = None, option: str | None = None) -> float:
-    """A time argument (``triscope.timeparse``: ``now``, ``2h`` / ``-2h`` ago, ISO 8601 with naive =
+    """A time argument (``triscope.core.timeparse``: ``now``, ``2h`` / ``-2h`` ago, ISO 8601 with naive =
     UTC, epoch seconds) as epoch seconds; a bad one is a ``UserError`` naming ``option``."""
-    from triscope.errors import UserError
+    from triscope.core.errors import UserError
 
     try:
         return timeparse.parse_time(value, now)
@@ -65,7 +65,7 @@ def parse_time(value: str, now: float | None = None, option: str | None = None) 
 
 def known_nodes(store: StoreReader, most: int = 10) -> str:
     """The stored node names for an error message: a few, each cut short, and how many in all."""
-    from triscope.names import shorten
+    from triscope.core.names import shorten
 
     names = sorted(n.name for n in store.nodes())
     text = ", ".join(shorten(n, 60) for n in names[:most]) or "none"

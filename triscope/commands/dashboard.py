@@ -40,6 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
+    from triscope.core.errors import UserError
     from triscope.dashboard.app import (
         OLD_PROXY_SETTING,
         PASSWORD_ENV,
@@ -48,8 +49,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         proxy_trust,
         serve_in_thread,
     )
-    from triscope.errors import UserError
-    from triscope.webconfig import load_for_cli
+    from triscope.web.config import load_for_cli
 
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port {args.port} is out of range")

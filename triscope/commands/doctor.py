@@ -45,7 +45,7 @@ def gather(proc: str = "/proc", sys_: str = "/sys",
         finally:
             c.close()
     try:
-        from triscope.agent.collectors.ebpf import ebpf_doctor
+        from triscope.agent.ebpf.doctor import ebpf_doctor
         for probe, ok, reason, hint in ebpf_doctor():
             rows.append({"kind": "probe", "name": probe, "ok": ok, "reason": reason, "hint": hint})
     except ImportError:

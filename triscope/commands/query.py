@@ -7,7 +7,7 @@ import json
 import time
 
 from triscope.commands.common import TIME_HELP, add_db_option, db_url, fmt_ts, known_nodes, parse_time
-from triscope.names import shorten
+from triscope.core.names import shorten
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_query(args: argparse.Namespace) -> int:
-    from triscope.errors import UserError
+    from triscope.core.errors import UserError
     from triscope.store import Store
 
     now = time.time()

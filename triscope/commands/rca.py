@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from triscope.commands.common import TIME_HELP, add_db_option, db_url, fmt_ts, known_nodes, parse_time
-from triscope.names import shorten
+from triscope.core.names import shorten
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -46,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_rca(args: argparse.Namespace) -> int:
-    from triscope.errors import UserError
+    from triscope.core.errors import UserError
     from triscope.store import Store
 
     now = time.time()
@@ -87,7 +87,7 @@ def cmd_rca(args: argparse.Namespace) -> int:
 
 def _slos(path: Path | None) -> list[Any]:
     from triscope.analysis.slo import SLOSpecError, default_slo_file, load_slo_file
-    from triscope.errors import UserError
+    from triscope.core.errors import UserError
 
     path = path or default_slo_file()
     if path is None or not Path(path).exists():

@@ -16,8 +16,8 @@ from triscope.commands.common import (
     parse_hostport,
     parse_time,
 )
-from triscope.loopback import is_loopback
-from triscope.stopping import bound_the_stop
+from triscope.commands.stopping import bound_the_stop
+from triscope.web.loopback import is_loopback
 
 TOKEN_ENV = "TRISCOPE_WEBHOOK_TOKEN"
 DEFAULT_LISTEN = "127.0.0.1:9095"
@@ -81,7 +81,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _open_store(url: str):
     from sqlalchemy import inspect
 
-    from triscope.errors import UserError
+    from triscope.core.errors import UserError
     from triscope.store import Store
 
     st = Store.open(url)
@@ -154,7 +154,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
 def _read_token(args: argparse.Namespace) -> str | None:
     """The webhook token from --token-file or the environment, normalised (surrounding whitespace
     dropped) and checked: empty, short or with whitespace inside → one line, before anything starts."""
-    from triscope.errors import UserError
+    from triscope.core.errors import UserError
     from triscope.remediation.webhook import normalise_token
 
     if args.token_file:
@@ -179,7 +179,7 @@ STOP_BOUND_S = 20.0   # the webhook (5 s), the scheduler's running job and the a
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from triscope.errors import UserError
+    from triscope.core.errors import UserError
     from triscope.remediation import kube as k
     from triscope.remediation.policy import PolicyError, load_policy
     from triscope.remediation.service import start
@@ -200,7 +200,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise UserError(f"--insecure-no-auth is only allowed on loopback, not {listen[0]}")
     if args.max_body < 1024:
         raise UserError("--max-body must be at least 1024 bytes")
-    from triscope.webconfig import load_for_cli
+    from triscope.web.config import load_for_cli
 
     web = load_for_cli(args.web_config_file, allow_auth=False)   # the bearer token is the webhook's auth
     st = _open_store(db_url(args))

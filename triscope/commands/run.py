@@ -18,7 +18,7 @@ from typing import Any
 from triscope import defaults
 from triscope.commands.agent import add_agent_options, build_config
 from triscope.commands.common import add_db_option, parse_hostport
-from triscope.stopping import bound_the_stop
+from triscope.commands.stopping import bound_the_stop
 
 # package data (triscope/defaults): found without the repository
 DEFAULT_TRACE = defaults.TRACES
@@ -94,7 +94,7 @@ def _start_dashboard(url: str, slo: str, listen: tuple[str, int]) -> Any:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from triscope.agent.runtime import Agent
-    from triscope.errors import UserError
+    from triscope.core.errors import UserError
     from triscope.store.db import upgrade
 
     metrics = parse_hostport(args.metrics_listen)
@@ -162,8 +162,8 @@ def import_for_demo(url: str, path: Path | str, node: str | None = None, now: fl
     """``make run``'s second node: load the trace shifted to end now, unless a copy loaded earlier is
     still within the last trace-length of time (then nothing is added).  Returns the node name."""
     from triscope.commands.trace import import_decisions
+    from triscope.core.trace import import_trace, read_trace
     from triscope.store import Store
-    from triscope.trace import import_trace, read_trace
 
     trace_node = node or str(read_trace(path).header.get("node") or "trace")
     st = Store.open(url)

@@ -64,7 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _load(path: Path | None) -> tuple[Path, list[Any]]:
     from triscope.analysis.slo import SLOSpecError, default_slo_file, load_slo_file
-    from triscope.errors import UserError
+    from triscope.core.errors import UserError
 
     path = path or default_slo_file()
     if path is None:
@@ -87,7 +87,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_rules(args: argparse.Namespace) -> int:
     from triscope.analysis.slo import rules_yaml
-    from triscope.errors import UserError
+    from triscope.core.errors import UserError
 
     path, slos = _load(args.file)
     if args.format == "prometheusrule":
@@ -116,7 +116,7 @@ def _prometheusrule(args: argparse.Namespace, path: Path, slos: list[Any]) -> st
     import yaml
 
     from triscope.analysis.slo import prometheusrule_yaml
-    from triscope.errors import UserError
+    from triscope.core.errors import UserError
 
     groups: list[dict[str, Any]] = []
     for inc in args.include:

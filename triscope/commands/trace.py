@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from triscope.commands.common import TIME_HELP, add_db_option, db_url, parse_time
-from triscope.errors import UserError
+from triscope.core.errors import UserError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -41,9 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from triscope.names import node_name_problem
+    from triscope.core.names import node_name_problem
+    from triscope.core.trace import import_trace, read_trace
     from triscope.store import Store
-    from triscope.trace import import_trace, read_trace
 
     if args.node is not None and node_name_problem(args.node):
         raise UserError(f"--node: {node_name_problem(args.node)}")
@@ -80,8 +80,8 @@ def node_decisions(st: Any, node: str, start: float, end: float) -> list[dict[st
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from triscope.core.trace import export_trace
     from triscope.store import Store
-    from triscope.trace import export_trace
 
     st = Store.open(db_url(args))
     try:

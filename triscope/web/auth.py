@@ -1,5 +1,5 @@
 """What a listener holds of its ``--web.config.file`` at run time (loaded and checked by
-``triscope.webconfig``): the TLS context, basic auth against bcrypt hashes with bounded caches of
+``triscope.web.config``): the TLS context, basic auth against bcrypt hashes with bounded caches of
 verified credentials, extra response headers.  No pydantic here: the agent imports this.
 
 ``WebConfig.refresh()`` (called every ``RELOAD_EVERY`` seconds from a thread of the HTTP server,
@@ -197,11 +197,11 @@ class WebConfig:
     """A loaded, checked web config: what a listener needs."""
 
     file: str
-    tls: Any = None     # triscope.webconfig.TLSServerConfig (paths resolved)
+    tls: Any = None     # triscope.web.config.TLSServerConfig (paths resolved)
     auth: BasicAuth | None = None
     headers: list[tuple[str, str]] = field(default_factory=list)
     _context: ssl.SSLContext | None = None
-    reloader: Any = None      # () -> WebConfig: the file loaded and checked again (triscope.webconfig)
+    reloader: Any = None      # () -> WebConfig: the file loaded and checked again (triscope.web.config)
     stamps: dict[str, tuple[int, int] | None] = field(default_factory=dict)
     reloads: int = 0
     retry_s: float = 10.0     # a reload that failed is tried again this often, changed files or not

@@ -72,7 +72,7 @@ def syn_retransmits(connections: int = 8, host: str = "127.0.0.1") -> Iterator[t
         listener.close()
 
 
-if __name__ == "__main__":  # quick manual check: python -m triscope.loopback
+if __name__ == "__main__":  # quick manual check: python -m triscope.web.loopback
     before = read_retranssegs()
     with syn_retransmits(8):
         time.sleep(4)

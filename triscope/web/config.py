@@ -16,9 +16,9 @@ Prometheus exporter-toolkit (node_exporter, Prometheus itself), so one file and 
 The file is read at start (``load``) by the project's YAML loader and pydantic models, so a
 mistake is one line, ``FILE:LINE: field: what is wrong``, before anything listens; the agent and
 the webhook read it again when it changes (``WebConfig.refresh``).  What it gives
-is a ``triscope.webauth.WebConfig``: ``ssl_context()`` for the listener (the certificate pair, the
+is a ``triscope.web.auth.WebConfig``: ``ssl_context()`` for the listener (the certificate pair, the
 client CA and the minimum version already loaded and checked) and ``BasicAuth``.  The models here
-need pydantic; what a listener holds at run time (``triscope.webauth``) does not.
+need pydantic; what a listener holds at run time (``triscope.web.auth``) does not.
 
 ``BasicAuth`` verifies ``Authorization: Basic`` against the bcrypt hashes as exporter-toolkit
 does: a verified (user, hash, password) is cached, so Prometheus scraping every 15 s pays bcrypt
@@ -49,9 +49,9 @@ from typing import Literal
 
 from pydantic import field_validator, model_validator
 
-from triscope import yamlsafe
-from triscope.configfile import ConfigFileError, ConfigModel, fail, problem, validate
-from triscope.webauth import BasicAuth, WebConfig
+from triscope.core import yamlsafe
+from triscope.core.configfile import ConfigFileError, ConfigModel, fail, problem, validate
+from triscope.web.auth import BasicAuth, WebConfig
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +224,7 @@ def load_for_cli(path: str | None, *, allow_auth: bool = True) -> WebConfig | No
     """For a command's ``--web.config.file``: None without a file; a ``UserError`` line for a bad one."""
     if not path:
         return None
-    from triscope.errors import UserError
+    from triscope.core.errors import UserError
 
     try:
         return load(path, allow_auth=allow_auth)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from triscope import yamlsafe
+from triscope.core import yamlsafe
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ Accepted forms (``HELP`` says the same in one line for ``--help``):
 
 * ``now``;
 * a time ago: ``2h`` or ``-2h`` (both two hours ago), in the duration grammar of every
-  configuration file (``triscope.durations``: units ``ms``, ``s``, ``m``, ``h``, ``d``, ``w``,
+  configuration file (``triscope.core.durations``: units ``ms``, ``s``, ``m``, ``h``, ``d``, ``w``,
   decimals and compounds allowed: ``1.5h``, ``1h30m``) but always with a unit;
 * ISO 8601: ``2026-11-29T17:00:00Z``, ``2026-11-29T18:00:00+01:00``, ``2026-11-29 17:00``,
   ``2026-11-29``; without a zone the time is **UTC**;
@@ -28,7 +28,7 @@ import re
 import time
 from datetime import UTC, datetime
 
-from triscope.durations import unit_seconds
+from triscope.core.durations import unit_seconds
 
 EPOCH_MIN = 1_000_000_000.0
 """Plain numbers at or above this are epoch seconds; below, seconds ago."""

@@ -1,5 +1,5 @@
 """The one duration grammar of triscope: policies, SLO files, mismatch thresholds and the command
-line's relative times (``--since -2h``, through :mod:`triscope.timeparse`) all read durations here.
+line's relative times (``--since -2h``, through :mod:`triscope.core.timeparse`) all read durations here.
 
 Accepted forms:
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from triscope.samples import MetricKind
+from triscope.core.samples import MetricKind
 
 
 @dataclass(frozen=True, slots=True)

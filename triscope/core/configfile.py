@@ -1,7 +1,7 @@
 """Configuration files as pydantic v2 models, and their errors as ``FILE:LINE: field: what is wrong``.
 
 Every configuration file (remediation policies, SLO specs, mismatch thresholds) is read the same
-way: :mod:`triscope.yamlsafe` parses it (bounded, every value keeps its line), a
+way: :mod:`triscope.core.yamlsafe` parses it (bounded, every value keeps its line), a
 :class:`ConfigModel` validates the plain values, and :func:`validate` turns pydantic's errors into
 one line each: the line comes from the error's ``loc`` (a missing key is reported on its
 mapping's line), the field is the path written ``rules[0].limits.cooldown``, and the reason is
@@ -37,9 +37,9 @@ from typing import Any, ClassVar, TypeVar
 from pydantic import BaseModel, ConfigDict, Tag, ValidationError, model_validator
 from pydantic_core import ErrorDetails, PydanticCustomError
 
-from triscope import yamlsafe
-from triscope.configerror import ConfigFileError, Problem
-from triscope.textsafe import one_line
+from triscope.core import yamlsafe
+from triscope.core.configerror import ConfigFileError, Problem
+from triscope.core.textsafe import one_line
 
 M = TypeVar("M", bound=BaseModel)
 
