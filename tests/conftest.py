@@ -121,7 +121,8 @@ def sqlite_url(tmp_path: Path) -> str:
 @pytest.fixture
 def seeded_url(sqlite_url: str) -> str:
     """A SQLite store with the dashboard's demo seed (one cycle of 30 s phases, ending now)."""
-    from triscope.dashboard.seed import seed_demo
+    from demo_seed import seed_demo
+
     from triscope.store import Store
 
     st = Store.open(sqlite_url)

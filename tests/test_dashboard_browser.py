@@ -35,7 +35,8 @@ class Server:
 
 @pytest.fixture(scope="module")
 def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, dict[str, tuple[float, float]]]]:
-    from triscope.dashboard.seed import seed_demo
+    from demo_seed import seed_demo
+
     from triscope.store import Store
 
     d = tmp_path_factory.mktemp("dash")

@@ -129,7 +129,8 @@ def test_slo_and_evidence_figures() -> None:
 @pytest.fixture
 def demo_store(db_url: str) -> Any:
     """The demo nodes on SQLite and on the real PostgreSQL server."""
-    from triscope.dashboard.seed import seed_demo
+    from demo_seed import seed_demo
+
     from triscope.store import Store
 
     st = Store.open(db_url)

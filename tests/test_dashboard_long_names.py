@@ -68,9 +68,9 @@ class Server:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """The demo store with ``h200-node`` renamed to a 10 KB name (the store refuses to create such a
     node, so the row is renamed in SQL, as an old store would hold it), served by 'triscope dashboard'."""
+    from demo_seed import seed_demo
     from sqlalchemy import text
 
-    from triscope.dashboard.seed import seed_demo
     from triscope.store import Store
 
     url = f"sqlite:///{tmp_path_factory.mktemp('longnames') / 'triscope.db'}"

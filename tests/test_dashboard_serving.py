@@ -183,8 +183,9 @@ def test_wsgi_entry_under_gunicorn(seeded_url: str, tmp_path: Any) -> None:
 def test_database_outage_is_said_in_the_page(pg_server: Any, pg_url: str) -> None:
     """PostgreSQL goes away under a running dashboard: pages say so in one line, /healthz is 503,
     and everything comes back with the database."""
+    from demo_seed import seed_demo
+
     from triscope.dashboard.app import create_app
-    from triscope.dashboard.seed import seed_demo
     from triscope.store import Store
 
     st = Store.open(pg_url)

@@ -1,6 +1,6 @@
 """The dashboard shows accelerators and workloads (docs/workloads.md section 5).
 
-A store with the contract's series (``dashboard.seed.seed_workloads``): ``dual-gpu-node``, GPU 0
+A store with the contract's series (``demo_seed.seed_workloads``): ``dual-gpu-node``, GPU 0
 running ``inference/vit-serve-…`` (compute-bound, staging-bound for a stretch), GPU 1 running
 ``inference/whisper-asr-…`` (demand-limited), each pod's owner in the ``workloads`` table; next to
 the demo's H200-shaped node (one GPU, no workload) and a host without accelerators.  The data
@@ -51,7 +51,8 @@ class Seeded:
 
 @pytest.fixture(scope="module")
 def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seeded]:
-    from triscope.dashboard.seed import seed_demo, seed_workloads
+    from demo_seed import seed_demo, seed_workloads
+
     from triscope.store import Store
 
     url = f"sqlite:///{tmp_path_factory.mktemp('workloads') / 'triscope.db'}"
@@ -135,10 +136,10 @@ def test_fleet_rows_have_a_cell_per_accelerator(seeded: Seeded) -> None:
 
 def test_pods_without_a_workloads_table_stay_pods(tmp_path: Path) -> None:
     """An older store (no ``workloads`` table): the fleet names the pod, nothing fails."""
+    from demo_seed import seed_workloads
     from sqlalchemy import text
 
     from triscope.dashboard.data import fleet_rows
-    from triscope.dashboard.seed import seed_workloads
     from triscope.store import Store
 
     st = Store.open(f"sqlite:///{tmp_path / 'old.db'}")
@@ -360,9 +361,10 @@ def test_node_page_switches_accelerator(page: Page) -> None:
 def test_the_topology_picture_places_each_gpu_and_marks_a_far_feeder(tmp_path: Path) -> None:
     """dual-gpu-node's topology series (a two-socket box) as the picture reads them; a workload on GPU 0
     running 90 % of its CPU time off GPU 0's NUMA node turns GPU 0 red."""
+    from demo_seed import VIT, seed_workloads
+
     from triscope.core.samples import Sample, Tick
     from triscope.dashboard import topology_view as tv
-    from triscope.dashboard.seed import VIT, seed_workloads
     from triscope.store import Store
 
     st = Store.open(f"sqlite:///{tmp_path / 't.db'}")

@@ -1,4 +1,5 @@
-"""Realistic demo data for the dashboard's tests, benchmark and screenshots.
+"""Realistic demo data for the dashboard's tests (a test helper, not part of the product: the
+dashboard only reads).
 
 ``seed_demo(store, end)`` writes two nodes through ``store.write_ticks`` (the agent's path):
 
@@ -15,8 +16,6 @@ thread waiting for a CPU), GPU 1 runs ``inference/whisper-asr-…`` and is deman
 throughout; ``triscope_accelerator_workload_info``, ``triscope_workload_*``, per-accelerator
 ``triscope_mismatch_state`` / ``_score`` and the node roll-up; each pod's owner in the
 ``workloads`` table when the store has one.
-
-``seed_bench(store, end, hours)``: one node, 10 series at 1 Hz (the benchmark's shape).
 """
 
 from __future__ import annotations
@@ -281,48 +280,3 @@ def record_owners(store: Store, owners: dict[tuple[str, str], tuple[str, str]], 
     except Exception:  # noqa: BLE001 - not migrated in this store: the pods stay unresolved
         return 0
 
-
-def seed_bench(store: Store, end: float, hours: float = 24.0, node: str = "bench-node", batch: int = 3600) -> int:
-    """One node, 10 plotted series at 1 Hz (2 GPUs: SM active x2, PCIe RX/TX x2, tensor; DMA maps,
-    retransmits, TIME_WAIT) plus the 4 mismatch-state series of the ribbon, over ``hours`` ending at ``end``.  Returns samples written."""
-
-    n = int(hours * 3600)
-    start = end - n
-    rnd = random.Random(11)
-    rx = [0.0, 0.0]
-    tx = [0.0, 0.0]
-    maps = rtx = 0.0
-    states = ("compute-bound", "io-saturated", "staging-bound", "idle")
-    written = 0
-    ticks: list[Tick] = []
-    for i in range(n):
-        ts = start + i
-        phase = (i // 900) % 4  # 15-minute phases: compute, pinned copy, pageable copy, idle
-        smp: list[Sample] = []
-        for g in (0, 1):
-            lab = {"gpu": str(g)}
-            sm = (0.95, 0.02, 0.03, 0.0)[phase] + 0.02 * rnd.random()
-            r = (0.1, 58.0, 23.0, 0.01)[phase] * 1e9 * (1 + 0.03 * rnd.random()) / (1 + g)
-            rx[g] += r
-            tx[g] += r * 0.1
-            smp += [Sample("triscope_gpu_sm_active_ratio", min(1.0, sm), lab),
-                    Sample("triscope_gpu_pcie_rx_bytes_total", rx[g], lab, "counter"),
-                    Sample("triscope_gpu_pcie_tx_bytes_total", tx[g], lab, "counter")]
-            if g == 0:
-                smp.append(Sample("triscope_gpu_tensor_active_ratio", min(1.0, sm * 0.8), lab))
-        maps += rnd.randint(0, 40) + (1100 if phase == 2 else 0)
-        rtx += rnd.randint(0, 2)
-        smp += [
-            Sample("triscope_dma_map_total", maps, {"device": "0000:1b:00.0", "direction": "to_device"}, "counter"),
-            Sample("triscope_tcp_retransmits_total", rtx, {}, "counter"),
-            Sample("triscope_tcp_sockets", 50 + rnd.randint(0, 20), {"state": "time_wait"}),
-        ]
-        # the ribbon, stored the way the agent stores it: 1 for the current state, 0 for the others
-        smp += [Sample("triscope_mismatch_state", 1.0 if k == phase else 0.0, {"state": st}) for k, st in enumerate(states)]
-        ticks.append(Tick(ts, smp))
-        if len(ticks) >= batch:
-            written += store.write_ticks(node, ticks)
-            ticks = []
-    if ticks:
-        written += store.write_ticks(node, ticks)
-    return written
