@@ -16,8 +16,11 @@ from triscope.agent.collectors.aer import AerCollector
 from triscope.agent.collectors.base import Availability, Collector
 from triscope.agent.collectors.cpu import CpuCollector
 from triscope.agent.collectors.pcie import PcieLinkCollector
+from triscope.agent.collectors.podresources import probe
 from triscope.agent.collectors.pressure import PressureCollector
+from triscope.agent.collectors.scrape import ScrapeCollector
 from triscope.agent.collectors.tcp import TcpCollector
+from triscope.agent.collectors.topology import TopologyCollector
 
 
 class DoctorRow(NamedTuple):
@@ -44,8 +47,6 @@ def _row(name: str, make: Callable[[], Collector]) -> DoctorRow:
 
 def host_doctor(proc: str = "/proc", sys: str = "/sys", scrape: Iterable[str] = (),
                 scrape_timeout: float = 2.0) -> list[DoctorRow]:
-    from triscope.agent.collectors.scrape import ScrapeCollector
-    from triscope.agent.collectors.topology import TopologyCollector
 
     rows = [
         _row("tcp", lambda: TcpCollector(proc=proc)),
@@ -63,7 +64,6 @@ def host_doctor(proc: str = "/proc", sys: str = "/sys", scrape: Iterable[str] = 
 def pod_resources_doctor(path: str = "/var/lib/kubelet/pod-resources/kubelet.sock",
                          timeout: float = 2.0) -> DoctorRow:
     """Is the kubelet's pod-resources socket reachable (workload attribution names pods through it)?"""
-    from triscope.agent.collectors.podresources import probe
 
     try:
         ok, reason, hint = probe(path, timeout)

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from triscope.agent import hugepages
 from triscope.agent.exporter import make_sources, serve
 from triscope.agent.registry import AgentOptions, build_collectors, build_post_processors, split_available
 from triscope.agent.sampler import Sampler
@@ -114,8 +115,6 @@ class Agent:
     def _advise_heap(self) -> None:
         """After the first ticks (and again later, for what the heap grew since), the dense parts
         of the heap go onto huge pages: a tick touches fewer pages (agent/hugepages.py)."""
-        from triscope.agent import hugepages
-
         try:
             res = hugepages.advise_heap()
         except Exception as e:  # noqa: BLE001 - an optimisation never stops the agent

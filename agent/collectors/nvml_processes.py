@@ -24,6 +24,7 @@ from typing import Any
 
 from triscope.agent.collectors.accelprocs import AcceleratorProcess, gpu_labels
 from triscope.agent.collectors.base import Availability, CollectorUnavailable
+from triscope.agent.collectors.nvml import normalise_bus_id
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +47,6 @@ class _Gpu:
 
 def _bus_id(nv: Any, handle: Any) -> str:
     """The GPU's PCI address as sysfs names it ("0000:1b:00.0"); "" when NVML does not say."""
-    from triscope.agent.collectors.nvml import normalise_bus_id
-
     try:
         return normalise_bus_id(nv.nvmlDeviceGetPciInfo(handle).busId)
     except Exception:  # noqa: BLE001 - the placement is only unknown then

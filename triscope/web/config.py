@@ -51,6 +51,7 @@ from pydantic import field_validator, model_validator
 
 from triscope.core import yamlsafe
 from triscope.core.configfile import ConfigFileError, ConfigModel, fail, problem, validate
+from triscope.core.errors import UserError
 from triscope.web.auth import BasicAuth, WebConfig
 
 log = logging.getLogger(__name__)
@@ -224,8 +225,6 @@ def load_for_cli(path: str | None, *, allow_auth: bool = True) -> WebConfig | No
     """For a command's ``--web.config.file``: None without a file; a ``UserError`` line for a bad one."""
     if not path:
         return None
-    from triscope.core.errors import UserError
-
     try:
         return load(path, allow_auth=allow_auth)
     except WebConfigError as e:
