@@ -70,14 +70,3 @@ def pod_resources_doctor(path: str = "/var/lib/kubelet/pod-resources/kubelet.soc
     except Exception as e:  # noqa: BLE001 - a finding, not a crash
         ok, reason, hint = False, f"check failed: {e}", ""
     return DoctorRow("pod-resources", ok, reason, hint)
-
-
-def format_rows(rows: Iterable[DoctorRow]) -> str:
-    """Readable text: ``ok``/``--`` per collector, the reason and, for those that cannot run, the hint."""
-
-    lines = []
-    for r in rows:
-        lines.append(f"{'ok' if r.ok else '--':3} {r.collector:14} {r.reason}")
-        if not r.ok and r.hint:
-            lines.append(f"{'':3} {'':14} -> {r.hint}")
-    return "\n".join(lines)

@@ -108,11 +108,6 @@ class StoreWriter:
     def start(self) -> None:
         self._thread.start()
 
-    @property
-    def pending_ticks(self) -> int:
-        """Ticks held for the current batch (in memory, not yet queued for the store)."""
-        return len(self._batch)
-
     def submit(self, tick: Tick) -> None:
         with self._batch_lock:
             self._batch.append(tick)

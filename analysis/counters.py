@@ -18,7 +18,6 @@ import bisect
 from collections.abc import Iterable, Sequence
 
 from triscope.analysis.reader import SeriesPoints, StoreReader, points_of
-from triscope.store.reader import SeriesInfo
 
 Range = tuple[float, float]
 CounterReads = dict[Range, list[SeriesPoints]]
@@ -78,11 +77,3 @@ def _from(sp: SeriesPoints, start: float) -> SeriesPoints:
     i = bisect.bisect_left(sp.ts, start)
     return SeriesPoints(sp.metric, sp.labels, sp.ts[i:], sp.values[i:], sp.kind, sp.node, sp.id)
 
-
-def counter_increase(store: StoreReader, info: SeriesInfo, start: float, end: float) -> tuple[float, float]:
-    """Increase and coverage of one stored counter over [start, end] (a read, then ``increase``).
-    For several series or ranges read them together with ``fetch_counters``."""
-    span = end - start
-    tier = tier_for(span)
-    sd = store.query_series(info, start, end, max_points=None, rate=False, tier=tier)
-    return increase(sd.ts, sd.values, span, tier)

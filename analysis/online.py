@@ -400,9 +400,3 @@ def accelerator_event(now: float, before: str | None, state: str, score: float, 
                        {"from": before, "to": state, "score": round(score, 3), "labels": dict(labels),
                         "reasons": list(reasons)[:4]}, now)
 
-
-def run_over(ticks: Sequence[tuple[float, Sequence[Sample]]], thresholds: MismatchThresholds | None = None
-             ) -> list[list[Sample | EventRecord]]:
-    """Convenience for tests and replays: feed a sequence of (ts, samples) ticks."""
-    tr = MismatchTracker(thresholds)
-    return [tr.process(ts, samples) for ts, samples in ticks]

@@ -53,8 +53,7 @@ from typing import Any
 
 import yaml
 
-from triscope.analysis.counters import (  # noqa: F401 - counter_increase: callers import it from here
-    counter_increase,
+from triscope.analysis.counters import (
     fetch_counters,
     increase,
     tier_for,

@@ -72,10 +72,6 @@ class WriteCache:
                 value.clear()
         self.acc_floor = floor
 
-    def is_empty(self) -> bool:
-        """True when nothing is remembered (a fresh or cleared cache)."""
-        return not any(getattr(self, name) for name in self.__slots__ if name != "acc_floor")
-
     @contextlib.contextmanager
     def begin(self, engine: Engine) -> Iterator[Connection]:
         """``engine.begin()``, and the whole cache cleared if the transaction fails."""

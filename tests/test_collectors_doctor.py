@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from conftest import FIXTURES, free_port
 
-from triscope.agent.doctor import format_rows, host_doctor
+from triscope.agent.doctor import host_doctor
 
 
 def test_fixture_host_everything_ok() -> None:
@@ -28,8 +28,6 @@ def test_this_machine_reasons_and_hints() -> None:
     assert not refused.ok and "connection refused" in refused.reason
     bad = rows["scrape:nonsense"]
     assert not bad.ok and "cannot start" in bad.reason and "scheme must be http or https" in bad.reason
-    text = format_rows(rows.values())
-    assert "ok  tcp" in text and "--  aer" in text and "-> use a kernel built with CONFIG_PCIEPORTBUS=y" in text
 
 
 def test_missing_proc_and_sys(tmp_path) -> None:

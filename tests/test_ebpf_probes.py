@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from triscope.agent.collectors.ebpf import MAX_EVENTS_PER_TICK, EbpfCollector
+from triscope.agent.ebpf import layout as L
 from triscope.agent.ebpf.discover import find_tracefs, tracepoint_fields
 from triscope.agent.ebpf.layout import PROBES
 from triscope.core.samples import EventRecord, Sample
@@ -34,12 +35,19 @@ def _samples(items, name):
     return {tuple(sorted(s.labels.items())): s.value for s in items if isinstance(s, Sample) and s.name == name}
 
 
+def _retransmits(c: EbpfCollector) -> int:
+    """Retransmitted segments the probes counted since attach (skb + SYN-ACK), read now."""
+    assert c._counters is not None
+    v = c._counters.read()
+    return v[L.C_TCP_SKB] + v[L.C_TCP_SYNACK]
+
+
 def _bracketed(c: EbpfCollector) -> tuple[int, int]:
     """(RetransSegs, eBPF count) read at one instant: retried until no retransmit lands in between."""
 
     for _ in range(50):
         a = read_retranssegs()
-        r = c.read_retransmits()
+        r = _retransmits(c)
         b = read_retranssegs()
         if a == b:
             return a, r

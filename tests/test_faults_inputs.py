@@ -373,8 +373,6 @@ def test_node_name_rules(name: str, ok: bool) -> None:
     problem = names.node_name_problem(name)
     assert (problem is None) == ok, problem
     if not ok:
-        with pytest.raises(names.InvalidName):
-            names.check_node_name(name)
         assert len(problem or "") < 300
 
 

@@ -86,7 +86,8 @@ def test_relative_paths_are_relative_to_the_file(tmp_path: Path, certs: Certs) -
     for p in (certs.cert, certs.key):
         (tmp_path / p.name).write_bytes(p.read_bytes())
     cfg = load(_write(tmp_path, "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"))
-    assert cfg.scheme == "https" and cfg.cert_and_key() == (str(tmp_path / "server.crt"), str(tmp_path / "server.key"))
+    assert cfg.scheme == "https" and cfg.tls is not None
+    assert (cfg.tls.cert_file, cfg.tls.key_file) == (str(tmp_path / "server.crt"), str(tmp_path / "server.key"))
     assert load(_write(tmp_path, "")).scheme == "http"   # an empty file: plain HTTP, no auth
 
 

@@ -60,10 +60,6 @@ class CgroupOwner:
     unit: str = ""            # a systemd service (foo.service), off Kubernetes
     kubepods: bool = False    # the path is under the kubelet's tree, even when no pod UID was read
 
-    @property
-    def in_pod(self) -> bool:
-        return bool(self.pod_uid)
-
 
 def parse_proc_cgroup(text: str) -> dict[str, str]:
     """``/proc/PID/cgroup`` -> {hierarchy: path}; the v2 line's key is ``""``, v1 keys are the

@@ -260,14 +260,6 @@ class EbpfCollector(BaseCollector):
         return out
 
     # ------------------------------------------------------------------------------ readers
-    def read_retransmits(self) -> int:
-        """Retransmitted segments counted since attach (skb + SYN-ACK), read now."""
-
-        if self._counters is None:
-            return 0
-        c = self._counters.read()
-        return c[L.C_TCP_SKB] + c[L.C_TCP_SYNACK]
-
     def _read_peers(self) -> dict[bytes, int]:
         m = self._maps.get("tcp_peers")
         if m is None:

@@ -219,10 +219,6 @@ class BpfMap:
             ctypes.memmove(token_in, token_out, len(token_out))
             first = False
 
-    # --- value helpers
-    def per_cpu(self, value: bytes) -> list[bytes]:
-        return [value[i * self.stride: i * self.stride + self.value_size] for i in range(self.ncpus)]
-
     def close(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)

@@ -35,10 +35,6 @@ _METRIC = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _HASH_LEN = 9
 
 
-class InvalidName(ValueError):
-    """A node, label or metric name outside the limits: the message says which and why."""
-
-
 def shorten(text: str, limit: int = 60) -> str:
     """``text`` cut to ``limit`` characters with an ellipsis (for display and error messages)."""
     text = str(text)
@@ -60,14 +56,6 @@ def node_name_problem(name: object) -> str | None:
         return (f"node name {_shown(name)} may only hold letters, digits, '.', '-' and '_', and must start "
                 "and end with a letter or a digit")
     return None
-
-
-def check_node_name(name: object) -> str:
-    """``name`` when it is a valid node name; else ``InvalidName`` with the reason."""
-    problem = node_name_problem(name)
-    if problem:
-        raise InvalidName(problem)
-    return str(name)
 
 
 def label_name_problem(name: object) -> str | None:

@@ -275,7 +275,3 @@ class WebConfig:
         """``authorized(header)`` if known without bcrypt (no auth, malformed, cached), else None."""
         auth = self.auth
         return True if auth is None else auth.lookup(header)
-
-    def cert_and_key(self) -> tuple[str, str] | None:
-        """The certificate and key paths (resolved), for servers that take files (werkzeug)."""
-        return (self.tls.cert_file, self.tls.key_file) if self.tls is not None else None
