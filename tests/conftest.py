@@ -2,7 +2,8 @@
 
 ``pg_url`` starts a private PostgreSQL cluster (Debian's postgresql binaries, run as the
 ``postgres`` user when we are root) on a free loopback port for the whole session and stops it
-at the end.  ``db_url`` runs a test on SQLite and on that PostgreSQL server.
+at the end.  ``db_url`` runs a test on SQLite and on that PostgreSQL server.  ``store`` is a
+migrated SQLite store, ``any_store`` a migrated store on both (closed after the test).
 """
 
 from __future__ import annotations
@@ -17,8 +18,12 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from triscope.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -139,6 +144,29 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return f"sqlite:///{tmp_path / 'triscope.db'}"
     server: PostgresServer = request.getfixturevalue("pg_server")
     return server.create_database("t_" + uuid.uuid4().hex[:12])
+
+
+def _migrated(url: str) -> Iterator[Store]:
+    from triscope.store import Store
+
+    st = Store.open(url)
+    st.upgrade()
+    try:
+        yield st
+    finally:
+        st.close()
+
+
+@pytest.fixture
+def store(sqlite_url: str) -> Iterator[Store]:
+    """A migrated SQLite store, closed after the test."""
+    yield from _migrated(sqlite_url)
+
+
+@pytest.fixture
+def any_store(db_url: str) -> Iterator[Store]:
+    """A migrated store, the test run on SQLite and on the real PostgreSQL server (``db_url``)."""
+    yield from _migrated(db_url)
 
 
 def wait_for_port(port: int, host: str = "127.0.0.1", timeout: float = 15.0) -> None:

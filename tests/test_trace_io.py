@@ -9,8 +9,8 @@ import json
 import time
 
 import pytest
+from conftest import REPO
 
-from tests.conftest import REPO
 from triscope.cli import main
 from triscope.core.samples import EventRecord, Sample, Tick
 from triscope.core.trace import TraceError, export_trace, import_trace, phase_spans, read_trace
@@ -25,14 +25,6 @@ def _check_phases():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
-
-
-@pytest.fixture
-def store(sqlite_url):
-    st = Store.open(sqlite_url)
-    st.upgrade()
-    yield st
-    st.close()
 
 
 def test_committed_trace_is_compact_and_well_formed():
