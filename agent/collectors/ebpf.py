@@ -27,6 +27,7 @@ from triscope.agent.ebpf.discover import (
     HINT_BCC,
     HINT_PERM,
     HINT_TRACEFS,
+    ProbePlan,
     bpf_privileges,
     classify_error,
     defines_for,
@@ -37,6 +38,16 @@ from triscope.agent.ebpf.loader import LoadResult, run_loader
 from triscope.core.samples import EventRecord, Sample
 
 log = logging.getLogger(__name__)
+
+
+def _unplanned_reason(p: ProbePlan, tracefs: str | None, why: str) -> tuple[str, str]:
+    """Why a probe was not planned, and its hint: its own reason when tracefs was found, else why
+    tracefs was not."""
+    if tracefs:
+        return p.reason, p.hint
+    if why.startswith("no permission"):
+        return why, HINT_PERM
+    return f"no tracefs ({why})", HINT_TRACEFS
 
 RARE_PROBES = {"iommu_page_fault": L.C_LOST_IOMMU_FAULT, "aer": L.C_LOST_AER}
 MAX_EVENTS_PER_TICK = 200
@@ -115,75 +126,19 @@ class EbpfCollector(BaseCollector):
         plans = plan_probes(tracefs, set(self.probe_names))
         for p in plans:
             if not p.ok:
-                if tracefs:
-                    self.reasons[p.spec.name], self.hints[p.spec.name] = p.reason, p.hint
-                elif why.startswith("no permission"):
-                    self.reasons[p.spec.name], self.hints[p.spec.name] = why, HINT_PERM
-                else:
-                    self.reasons[p.spec.name], self.hints[p.spec.name] = f"no tracefs ({why})", HINT_TRACEFS
+                self.reasons[p.spec.name], self.hints[p.spec.name] = _unplanned_reason(p, tracefs, why)
         attach = [{"probe": p.spec.name, "tp": tp, "kind": p.spec.kind, "fn": p.spec.fn}
                   for p in plans if p.ok for tp in p.tracepoints]
         allowed, why_not = bpf_privileges()
         if attach and not allowed:
-            for p in plans:
-                if p.ok:
-                    self.reasons[p.spec.name], self.hints[p.spec.name] = why_not, HINT_PERM
+            self._explain_planned(plans, why_not, HINT_PERM)
             attach = []
         defines = defines_for(plans)
         if self.selftest_pid is not None and attach:
             defines += ["WANT_SELFTEST", f"SELFTEST_PID={self.selftest_pid}", f"SELFTEST_NR={_getppid_nr()}"]
             attach.append({"probe": "selftest", "tp": "raw_syscalls:sys_enter", "kind": "raw", "fn": "on_selftest"})
         if attach:
-            res = run_loader(defines, attach, python=self.python, bcc_path=self.bcc_path,
-                             timeout=self.load_timeout, env=self.env, counters_rows=self.counters_rows)
-            if res.fatal == "compile" and self.counters_rows and "counters" in res.error:
-                # a kernel before 5.5 refuses the mmapable counters map: the per-CPU array instead
-                log.info("eBPF: mmapable counters refused (%s); using a per-CPU array",
-                         (res.error.strip().splitlines() or ["?"])[0][:200])
-                self.counters_rows = False
-                res = run_loader(defines, attach, python=self.python, bcc_path=self.bcc_path,
-                                 timeout=self.load_timeout, env=self.env, counters_rows=False)
-            self._load = res
-            self.timings = res.timings
-            if res.fatal:
-                self.fatal = res.fatal
-                if res.fatal == "bcc":
-                    reason, hint = f"BCC missing ({res.error.strip().splitlines()[0] if res.error.strip() else ''})", HINT_BCC
-                else:
-                    reason, hint = classify_error(res.error)
-                for p in plans:
-                    if p.ok:
-                        self.reasons[p.spec.name], self.hints[p.spec.name] = reason, hint
-            else:
-                by_probe: dict[str, list[Any]] = {}
-                for a in res.attachments:
-                    by_probe.setdefault(a.probe, []).append(a)
-                for name, atts in by_probe.items():
-                    if name not in self.attached:   # the test hook
-                        self.extra_attached[name] = [a.error or "ok" for a in atts]
-                        continue
-                    ok = [a.tracepoint for a in atts if a.ok]
-                    self.tracepoints[name] = ok
-                    self.attached[name] = bool(ok)
-                    if ok:
-                        bad = [f"{a.tracepoint}: {a.error}" for a in atts if not a.ok]
-                        self.reasons[name] = "attached to " + ", ".join(ok) + (f" (failed: {'; '.join(bad)})" if bad else "")
-                        self.hints[name] = ""
-                    else:
-                        err = "; ".join(a.error for a in atts)
-                        reason, hint = classify_error(err)
-                        if "failed to load bpf program" in err.lower() and os.geteuid() == 0:
-                            reason, hint = f"rejected by the kernel: {err[:300]}", "see the verifier log in the agent's stderr"
-                        self.reasons[name], self.hints[name] = reason, hint
-                try:
-                    self._open_maps(res)
-                except (BpfError, OSError) as e:
-                    log.error("eBPF maps unreadable: %s", e)
-                    for name in self.probe_names:
-                        if self.attached[name]:
-                            self.attached[name] = False
-                            self.reasons[name] = f"maps unreadable: {e}"
-                    res.close()
+            self._attach(plans, defines, attach)
         self.attach_seconds = time.monotonic() - t0
         for name in self.probe_names:
             if not self.attached[name]:
@@ -191,6 +146,72 @@ class EbpfCollector(BaseCollector):
                             f" — {self.hints[name]}" if self.hints[name] else "")
         n = sum(self.attached.values())
         log.info("eBPF: %d/%d probes attached in %.2f s", n, len(self.probe_names), self.attach_seconds)
+
+    def _explain_planned(self, plans: list[ProbePlan], reason: str, hint: str) -> None:
+        """The same reason for every probe that was planned (it could have attached)."""
+        for p in plans:
+            if p.ok:
+                self.reasons[p.spec.name], self.hints[p.spec.name] = reason, hint
+
+    def _run_loader(self, defines: list[str], attach: list[dict[str, str]]) -> LoadResult:
+        res = run_loader(defines, attach, python=self.python, bcc_path=self.bcc_path,
+                         timeout=self.load_timeout, env=self.env, counters_rows=self.counters_rows)
+        if res.fatal == "compile" and self.counters_rows and "counters" in res.error:
+            # a kernel before 5.5 refuses the mmapable counters map: the per-CPU array instead
+            log.info("eBPF: mmapable counters refused (%s); using a per-CPU array",
+                     (res.error.strip().splitlines() or ["?"])[0][:200])
+            self.counters_rows = False
+            res = run_loader(defines, attach, python=self.python, bcc_path=self.bcc_path,
+                             timeout=self.load_timeout, env=self.env, counters_rows=False)
+        return res
+
+    def _attach(self, plans: list[ProbePlan], defines: list[str], attach: list[dict[str, str]]) -> None:
+        """Load and attach in the loader child; then each probe's outcome and the maps."""
+        res = self._run_loader(defines, attach)
+        self._load = res
+        self.timings = res.timings
+        if res.fatal:
+            self.fatal = res.fatal
+            if res.fatal == "bcc":
+                first = res.error.strip().splitlines()[0] if res.error.strip() else ""
+                reason, hint = f"BCC missing ({first})", HINT_BCC
+            else:
+                reason, hint = classify_error(res.error)
+            self._explain_planned(plans, reason, hint)
+            return
+        by_probe: dict[str, list[Any]] = {}
+        for a in res.attachments:
+            by_probe.setdefault(a.probe, []).append(a)
+        for name, atts in by_probe.items():
+            if name not in self.attached:   # the test hook
+                self.extra_attached[name] = [a.error or "ok" for a in atts]
+            else:
+                self._record_attachments(name, atts)
+        try:
+            self._open_maps(res)
+        except (BpfError, OSError) as e:
+            log.error("eBPF maps unreadable: %s", e)
+            for name in self.probe_names:
+                if self.attached[name]:
+                    self.attached[name] = False
+                    self.reasons[name] = f"maps unreadable: {e}"
+            res.close()
+
+    def _record_attachments(self, name: str, atts: list[Any]) -> None:
+        """One probe's tracepoints: attached (and which failed), or why none did."""
+        ok = [a.tracepoint for a in atts if a.ok]
+        self.tracepoints[name] = ok
+        self.attached[name] = bool(ok)
+        if ok:
+            bad = [f"{a.tracepoint}: {a.error}" for a in atts if not a.ok]
+            self.reasons[name] = "attached to " + ", ".join(ok) + (f" (failed: {'; '.join(bad)})" if bad else "")
+            self.hints[name] = ""
+            return
+        err = "; ".join(a.error for a in atts)
+        reason, hint = classify_error(err)
+        if "failed to load bpf program" in err.lower() and os.geteuid() == 0:
+            reason, hint = f"rejected by the kernel: {err[:300]}", "see the verifier log in the agent's stderr"
+        self.reasons[name], self.hints[name] = reason, hint
 
     def _open_maps(self, res: LoadResult) -> None:
         self._ncpus = possible_cpus()
@@ -369,21 +390,7 @@ class EbpfCollector(BaseCollector):
             out.append(Sample("triscope_iommu_map_bytes_total", float(c[L.C_IOMMU_MAP_BYTES]), {"device": "all"}, "counter"))
         if self.attached.get("iommu_unmap"):
             out.append(Sample("triscope_iommu_unmap_bytes_total", float(c[L.C_IOMMU_UNMAP_BYTES]), {"device": "all"}, "counter"))
-        emitted = 0
-        if self._ring is not None:
-            for raw in self._ring.drain():
-                ev = decode_rare(raw)
-                if ev is None:
-                    continue
-                d = ev["details"]
-                if ev["kind"] == "iommu_fault":
-                    self._fault_by_dev[d["device"]] = self._fault_by_dev.get(d["device"], 0) + 1
-                else:
-                    key = (d["device"], d["severity"])
-                    self._aer_by_dev[key] = self._aer_by_dev.get(key, 0) + 1
-                if emitted < MAX_EVENTS_PER_TICK:
-                    out.append(EventRecord(ev["kind"], ev["message"], ev["severity"], ev["details"], ev["ts"]))
-                    emitted += 1
+        self._drain_rare(out)
         for probe, slot in RARE_PROBES.items():
             if self.attached.get(probe):
                 out.append(Sample("triscope_probe_lost_events_total", float(c[slot]), {"probe": probe}, "counter"))
@@ -399,6 +406,27 @@ class EbpfCollector(BaseCollector):
                 by_key[("unknown", "unknown")] = by_key.get(("unknown", "unknown"), 0) + c[L.C_LOST_AER]
             for (dev, sev), n in sorted(by_key.items()):
                 out.append(Sample("triscope_pcie_aer_errors_total", float(n), {"device": dev, "severity": sev}, "counter"))
+
+
+    def _drain_rare(self, out: list[Sample | EventRecord]) -> None:
+        """The ring buffer's rare events (IOMMU faults, AER): counted per device, and the first
+        ``MAX_EVENTS_PER_TICK`` of them kept as events."""
+        if self._ring is None:
+            return
+        emitted = 0
+        for raw in self._ring.drain():
+            ev = decode_rare(raw)
+            if ev is None:
+                continue
+            d = ev["details"]
+            if ev["kind"] == "iommu_fault":
+                self._fault_by_dev[d["device"]] = self._fault_by_dev.get(d["device"], 0) + 1
+            else:
+                key = (d["device"], d["severity"])
+                self._aer_by_dev[key] = self._aer_by_dev.get(key, 0) + 1
+            if emitted < MAX_EVENTS_PER_TICK:
+                out.append(EventRecord(ev["kind"], ev["message"], ev["severity"], ev["details"], ev["ts"]))
+                emitted += 1
 
 
 def _getppid_nr() -> int:

@@ -26,15 +26,8 @@ from triscope.agent.ebpf.discover import (
 Row = tuple[str, bool, str, str]
 
 
-def ebpf_doctor(attach: bool = True, bcc_path: str = DEFAULT_BCC_PATH, **kwargs: Any) -> list[Row]:
-    """(probe, ok, reason, hint) for every probe."""
-
-    tracefs = find_tracefs()
-    plans = plan_probes(tracefs)
-    rows: dict[str, Row] = {}
-    for p in plans:
-        if not p.ok:
-            rows[p.spec.name] = (p.spec.name, False, p.reason, p.hint)
+def _blockers(bcc_path: str) -> list[tuple[str, str]]:
+    """(reason, hint) of each host-wide check that stops every probe: BCC, kernel headers, privileges."""
     blockers: list[tuple[str, str]] = []
     ok, why = bcc_present(bcc_path)
     if not ok:
@@ -45,6 +38,19 @@ def ebpf_doctor(attach: bool = True, bcc_path: str = DEFAULT_BCC_PATH, **kwargs:
     ok, why = bpf_privileges()
     if not ok:
         blockers.append((why, HINT_PERM))
+    return blockers
+
+
+def ebpf_doctor(attach: bool = True, bcc_path: str = DEFAULT_BCC_PATH, **kwargs: Any) -> list[Row]:
+    """(probe, ok, reason, hint) for every probe."""
+
+    tracefs = find_tracefs()
+    plans = plan_probes(tracefs)
+    rows: dict[str, Row] = {}
+    for p in plans:
+        if not p.ok:
+            rows[p.spec.name] = (p.spec.name, False, p.reason, p.hint)
+    blockers = _blockers(bcc_path)
     if blockers:
         reason = "; ".join(b[0] for b in blockers)
         hint = "; ".join(b[1] for b in blockers)
