@@ -133,6 +133,46 @@ def _parse_values(text: str, columns: Sequence[str]) -> tuple[dict[str, float | 
     return singles, pairs
 
 
+def _process_row(info: NpuInfo, cells: list[str], joined: str) -> None:
+    """A row of the process table: an idle NPU's line, or one process on a chip."""
+    m = re.search(r"No running processes found in NPU\s+(\S+)", joined)
+    if m:
+        info.idle_npus.add(m.group(1))
+        return
+    if len(cells) < 4:
+        return
+    ids = cells[0].split()
+    try:
+        pid = int(cells[1])
+    except ValueError:
+        return
+    info.processes = info.processes if info.processes is not None else []
+    info.processes.append(NpuProcess(ids[0] if ids else "", ids[1] if len(ids) > 1 else "0", pid,
+                                     cells[2], _num(cells[3].split()[0]) if cells[3].split() else None))
+
+
+def _device_row(info: NpuInfo, cells: list[str], npu_cols: list[str], chip_cols: list[str],
+                cur: dict[str, object] | None) -> dict[str, object] | None:
+    """A row of the device table: an NPU's row (returned: the chip rows after it belong to it) or
+    one of its chips' rows (added to ``info``).  Returns the NPU row now current."""
+    toks = cells[0].split()
+    if not toks:
+        return cur
+    if _HEALTH_WORDS.match(cells[1]):
+        vals, prs = _parse_values(cells[2], npu_cols)
+        return {"npu": toks[0], "name": " ".join(toks[1:]), "health": cells[1], "vals": vals, "pairs": prs}
+    if _BUS_ID.match(cells[1]) and cur is not None:
+        chip = ChipStatus(npu=str(cur["npu"]), chip=toks[0], name=str(cur["name"]), health=str(cur["health"]),
+                          bus_id=cells[1].lower())
+        if len(toks) > 1:
+            chip.device = toks[1]
+        vals, prs = _parse_values(cells[2], chip_cols)
+        chip.values = {**dict(cur["vals"]), **vals}  # type: ignore[call-overload]
+        chip.pairs = {**dict(cur["pairs"]), **prs}  # type: ignore[call-overload]
+        info.chips.append(chip)
+    return cur
+
+
 def parse_info(text: str) -> NpuInfo:
     """Parse ``npu-smi info`` (either layout).  Raises ValueError when no device table is found."""
     info = NpuInfo()
@@ -146,9 +186,7 @@ def parse_info(text: str) -> NpuInfo:
     saw_header = False
     for raw in text.splitlines():
         line = raw.strip()
-        if not line.startswith("|"):
-            continue
-        cells = _cells(line)
+        cells = _cells(line) if line.startswith("|") else []
         if not cells:
             continue
         joined = " ".join(cells)
@@ -156,52 +194,17 @@ def parse_info(text: str) -> NpuInfo:
         if len(cells) >= 3 and re.search(r"\bHealth\b", cells[1]) and cells[0].split()[:1] == ["NPU"]:
             npu_cols = cells[2].split()
             section, saw_header = "devices", True
-            continue
-        if len(cells) >= 3 and cells[1].replace(" ", "").lower() == "bus-id":
+        elif len(cells) >= 3 and cells[1].replace(" ", "").lower() == "bus-id":
             chip_cols = cells[2].split()
             section, saw_header = "devices", True
-            continue
-        if "Process id" in joined or "Process name" in joined:
+        elif "Process id" in joined or "Process name" in joined:
             section = "processes"
             if info.processes is None:
                 info.processes = []
-            continue
-        if section == "processes":
-            m2 = re.search(r"No running processes found in NPU\s+(\S+)", joined)
-            if m2:
-                info.idle_npus.add(m2.group(1))
-                continue
-            if len(cells) >= 4:
-                ids = cells[0].split()
-                try:
-                    pid = int(cells[1])
-                except ValueError:
-                    continue
-                info.processes = info.processes if info.processes is not None else []
-                info.processes.append(NpuProcess(ids[0] if ids else "", ids[1] if len(ids) > 1 else "0", pid,
-                                                 cells[2], _num(cells[3].split()[0]) if cells[3].split() else None))
-            continue
-        if section != "devices" or len(cells) < 3:
-            continue
-        if _HEALTH_WORDS.match(cells[1]):
-            toks = cells[0].split()
-            if not toks:
-                continue
-            vals, prs = _parse_values(cells[2], npu_cols)
-            cur = {"npu": toks[0], "name": " ".join(toks[1:]), "health": cells[1], "vals": vals, "pairs": prs}
-            continue
-        if _BUS_ID.match(cells[1]) and cur is not None:
-            toks = cells[0].split()
-            if not toks:
-                continue
-            chip = ChipStatus(npu=str(cur["npu"]), chip=toks[0], name=str(cur["name"]), health=str(cur["health"]),
-                              bus_id=cells[1].lower())
-            if len(toks) > 1:
-                chip.device = toks[1]
-            vals, prs = _parse_values(cells[2], chip_cols)
-            chip.values = {**dict(cur["vals"]), **vals}  # type: ignore[call-overload]
-            chip.pairs = {**dict(cur["pairs"]), **prs}  # type: ignore[call-overload]
-            info.chips.append(chip)
+        elif section == "processes":
+            _process_row(info, cells, joined)
+        elif section == "devices" and len(cells) >= 3:
+            cur = _device_row(info, cells, npu_cols, chip_cols, cur)
     if not saw_header:
         raise ValueError("no npu-smi device table (header 'NPU Name | Health | ...' not found)")
     return info
