@@ -165,6 +165,9 @@ GPM_PCIE_TX_PER_SEC = 20
 GPM_PCIE_RX_PER_SEC = 21
 GPM_NVLINK_TOTAL_RX_PER_SEC = 60
 GPM_NVLINK_TOTAL_TX_PER_SEC = 61
+# the GPM metrics stored as ratios (percent / 100), in the order they are added
+GPM_RATIOS = ((GPM_SM_UTIL, "triscope_gpu_sm_active_ratio"), (GPM_SM_OCCUPANCY, "triscope_gpu_sm_occupancy_ratio"),
+              (GPM_ANY_TENSOR_UTIL, "triscope_gpu_tensor_active_ratio"), (GPM_DRAM_BW_UTIL, "triscope_gpu_dram_bw_ratio"))
 
 # Errors that mean "this GPU is gone", not "this query is unsupported".
 _LOST_CODES = {15, 19, 18}  # GPU_IS_LOST, RESET_REQUIRED, IRQ_ISSUE
@@ -487,26 +490,8 @@ class NvmlCollector(BaseCollector):
             add(Sample("triscope_gpu_pcie_rx_bytes_total", rx, lab, "counter"))
             add(Sample("triscope_gpu_pcie_tx_bytes_total", tx, lab, "counter"))
 
-        # PCIe link
         if g.bus_id:
-            cg = self._q(g, "curgen", nv.nvmlDeviceGetCurrPcieLinkGeneration)
-            mg = self._q(g, "maxgen", nv.nvmlDeviceGetMaxPcieLinkGeneration)
-            cw = self._q(g, "curwidth", nv.nvmlDeviceGetCurrPcieLinkWidth)
-            mw = self._q(g, "maxwidth", nv.nvmlDeviceGetMaxPcieLinkWidth)
-            dev = {"device": g.bus_id}
-            if cg is not None:
-                add(Sample("triscope_pcie_link_speed_gts", pcie_gts(cg), {**dev, "kind": "current"}))
-            if mg is not None:
-                add(Sample("triscope_pcie_link_speed_gts", pcie_gts(mg), {**dev, "kind": "max"}))
-            if cw is not None:
-                add(Sample("triscope_pcie_link_width", float(cw), {**dev, "kind": "current"}))
-            if mw is not None:
-                add(Sample("triscope_pcie_link_width", float(mw), {**dev, "kind": "max"}))
-            if None not in (cg, mg, cw, mw):
-                add(Sample("triscope_pcie_link_degraded",
-                           1.0 if link_degraded(cg, mg, cw, mw, busy) else 0.0, dev))
-                add(Sample("triscope_pcie_link_capacity_bytes_per_second",
-                           pcie_capacity_bytes_per_second(mg, mw), dev))
+            out += self._read_link(g, busy)
         # NVLink
         if g.nvlinks:
             up = 0
@@ -516,6 +501,28 @@ class NvmlCollector(BaseCollector):
             add(Sample("triscope_gpu_nvlink_links_up", float(up), lab))
         add(Sample("triscope_gpu_info", 1.0, {"gpu": g.label, "name": g.name, "uuid": g.uuid,
                                                "bus_id": g.bus_id, "gpm": "1" if g.gpm else "0"}))
+        return out
+
+    def _read_link(self, g: _Gpu, busy: bool) -> list[Sample]:
+        """The GPU's PCIe link: speed and width (current and max), degraded or not, its capacity."""
+        nv = self._nv
+        cg = self._q(g, "curgen", nv.nvmlDeviceGetCurrPcieLinkGeneration)
+        mg = self._q(g, "maxgen", nv.nvmlDeviceGetMaxPcieLinkGeneration)
+        cw = self._q(g, "curwidth", nv.nvmlDeviceGetCurrPcieLinkWidth)
+        mw = self._q(g, "maxwidth", nv.nvmlDeviceGetMaxPcieLinkWidth)
+        dev = {"device": g.bus_id}
+        out: list[Sample] = []
+        if cg is not None:
+            out.append(Sample("triscope_pcie_link_speed_gts", pcie_gts(cg), {**dev, "kind": "current"}))
+        if mg is not None:
+            out.append(Sample("triscope_pcie_link_speed_gts", pcie_gts(mg), {**dev, "kind": "max"}))
+        if cw is not None:
+            out.append(Sample("triscope_pcie_link_width", float(cw), {**dev, "kind": "current"}))
+        if mw is not None:
+            out.append(Sample("triscope_pcie_link_width", float(mw), {**dev, "kind": "max"}))
+        if None not in (cg, mg, cw, mw):
+            out.append(Sample("triscope_pcie_link_degraded", 1.0 if link_degraded(cg, mg, cw, mw, busy) else 0.0, dev))
+            out.append(Sample("triscope_pcie_link_capacity_bytes_per_second", pcie_capacity_bytes_per_second(mg, mw), dev))
         return out
 
     def _read_gpm(self, g: _Gpu, lab: dict[str, str], out: list[Sample]) -> bool:
@@ -553,16 +560,8 @@ class NvmlCollector(BaseCollector):
             m = mg.metrics[i]
             if m.nvmlReturn == 0:
                 vals[mid] = float(m.value)
-        busy = False
-        if GPM_SM_UTIL in vals:
-            out.append(Sample("triscope_gpu_sm_active_ratio", _pct(vals[GPM_SM_UTIL]), lab))
-            busy = vals[GPM_SM_UTIL] > 1.0
-        if GPM_SM_OCCUPANCY in vals:
-            out.append(Sample("triscope_gpu_sm_occupancy_ratio", _pct(vals[GPM_SM_OCCUPANCY]), lab))
-        if GPM_ANY_TENSOR_UTIL in vals:
-            out.append(Sample("triscope_gpu_tensor_active_ratio", _pct(vals[GPM_ANY_TENSOR_UTIL]), lab))
-        if GPM_DRAM_BW_UTIL in vals:
-            out.append(Sample("triscope_gpu_dram_bw_ratio", _pct(vals[GPM_DRAM_BW_UTIL]), lab))
+        out += [Sample(name, _pct(vals[mid]), lab) for mid, name in GPM_RATIOS if mid in vals]
+        busy = vals.get(GPM_SM_UTIL, 0.0) > 1.0
         rx = vals.get(GPM_PCIE_RX_PER_SEC)
         tx = vals.get(GPM_PCIE_TX_PER_SEC)
         if rx is not None:
@@ -675,16 +674,17 @@ def _text(v: Any) -> str:
 
 def _handle_key(h: Any) -> int:
     """A hashable identity of an NVML device handle (a ctypes pointer)."""
-    try:
-        import ctypes
+    import ctypes
 
+    try:
         return ctypes.cast(h, ctypes.c_void_p).value or 0
-    except Exception:
+    except ctypes.ArgumentError:   # not a pointer: the object's own identity
         return id(h)
 
 
 def _try(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, or None when it raises: names, versions and frees asked for on the way."""
     try:
         return fn(*args)
-    except Exception:
+    except Exception:  # noqa: BLE001 - best effort: NVML's errors, its bindings' (ctypes) and a missing entry point alike leave the value out, never the collector
         return None
