@@ -118,38 +118,49 @@ class WorkloadPlacement:
             old = self._placed.get(key)
             p = placed[key] = Placed(None, old.mem_local if old is not None and not mem else None)
             if loc.cpus:
-                local = total = 0
-                for pid in pids:
-                    got = cpu_of.get(pid)
-                    if got is None:
-                        got = cpu_of[pid] = self._cpu(pid, alive)
-                    for d, cpu in got:
-                        total += d
-                        if cpu in loc.cpus:
-                            local += d
-                if total > 0 and total / CLK_TCK >= self.min_cpu_s:
-                    p.cpu_local, p.quiet = local / total, 0
-                elif old is not None and old.quiet + 1 < QUIET_ROUNDS:
-                    # a quiet interval keeps what was last seen, for a few rounds: then nothing is said
-                    p.cpu_local, p.quiet = old.cpu_local, old.quiet + 1
-                allowed = allowed_cpus(pids) if self.proc == "/proc" else set()
-                if allowed:
-                    p.allowed_local = len(allowed & loc.cpus) / len(allowed)
+                self._place_cpu(p, old, loc.cpus, pids, cpu_of, alive)
             if mem and loc.node is not None:
-                on = every = 0
-                for pid in pids:
-                    by = pages_of.get(pid)
-                    if by is None:
-                        by = pages_of[pid] = numa_pages(self.proc, pid)
-                    on += by.get(loc.node, 0)
-                    every += sum(by.values())
-                p.mem_local = on / every if every else None
+                p.mem_local = self._mem_local(loc.node, pids, pages_of)
         # forget processes not followed any more (their exited threads go when the process is read)
         for pid in [pid for pid in self._ticks if pid not in alive]:
             del self._ticks[pid]
             self._at.pop(pid, None)
             self._threads.pop(pid, None)
         self._placed = placed
+
+    def _place_cpu(self, p: Placed, old: Placed | None, local_cpus: frozenset[int], pids: Sequence[int],
+                   cpu_of: dict[int, list[tuple[int, int]]], alive: set[int]) -> None:
+        """The group's CPU time on the device's local CPUs (kept a few quiet rounds) and the share of
+        its allowed CPUs that are local.  ``cpu_of``: each process read once a round."""
+        local = total = 0
+        for pid in pids:
+            got = cpu_of.get(pid)
+            if got is None:
+                got = cpu_of[pid] = self._cpu(pid, alive)
+            for d, cpu in got:
+                total += d
+                if cpu in local_cpus:
+                    local += d
+        if total > 0 and total / CLK_TCK >= self.min_cpu_s:
+            p.cpu_local, p.quiet = local / total, 0
+        elif old is not None and old.quiet + 1 < QUIET_ROUNDS:
+            # a quiet interval keeps what was last seen, for a few rounds: then nothing is said
+            p.cpu_local, p.quiet = old.cpu_local, old.quiet + 1
+        allowed = allowed_cpus(pids) if self.proc == "/proc" else set()
+        if allowed:
+            p.allowed_local = len(allowed & local_cpus) / len(allowed)
+
+    def _mem_local(self, node: int, pids: Sequence[int], pages_of: dict[int, dict[int, int]]) -> float | None:
+        """The share of the group's resident pages on NUMA node ``node``; ``pages_of``: each process
+        read once a round."""
+        on = every = 0
+        for pid in pids:
+            by = pages_of.get(pid)
+            if by is None:
+                by = pages_of[pid] = numa_pages(self.proc, pid)
+            on += by.get(node, 0)
+            every += sum(by.values())
+        return on / every if every else None
 
     def _cpu(self, pid: int, alive: set[int]) -> list[tuple[int, int]]:
         """(clock ticks, the CPU they count on) of the process since its previous read.  ``/proc/PID/stat``
