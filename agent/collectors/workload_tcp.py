@@ -85,38 +85,49 @@ class WorkloadTcp:
             self._totals.setdefault(wl, [0, 0, 0, 0])
             for pid in pids:
                 alive.add(pid)
-                p = self._procs.get(pid)
-                if p is None:
-                    p = self._procs[pid] = _Proc(netns_id(self.proc, pid), set(), -1e18)
-                if p.netns is None:
-                    continue
-                if p.netns == self._own_ns or self._own_ns is None:
-                    host.setdefault(wl, []).append(pid)
-                else:
-                    entry = foreign.setdefault(p.netns, (pid, []))
-                    if wl not in entry[1]:
-                        entry[1].append(wl)
+                self._sort(wl, pid, host, foreign)
         for pid in [p for p in self._procs if p not in alive]:
             del self._procs[pid]
         if host:
             self._read_host(host, now)
         for ns, (pid, wls) in foreign.items():
-            got = netns_tcp_totals(self.proc, pid)
-            if got is None:
-                continue
-            prev = self._ns_last.get(ns)
-            self._ns_last[ns] = got
-            if prev is None:
-                continue
-            d = [max(0, got[i] - prev[i]) for i in range(4)]
-            for wl in wls:
-                t = self._totals[wl]
-                for i in range(4):
-                    t[i] += d[i]
+            self._read_foreign(ns, pid, wls)
         for ns in [n for n in self._ns_last if n not in foreign]:
             del self._ns_last[ns]
         for wl in [w for w in self._totals if w not in groups]:
             del self._totals[wl]
+
+    def _sort(self, wl: object, pid: int, host: dict[object, list[int]],
+              foreign: dict[int, tuple[int, list[object]]]) -> None:
+        """Put a workload's process with the agent's network namespace (``host``) or under its own
+        (``foreign``: one pid per namespace to read it through); a process whose namespace is
+        unreadable is left out."""
+        p = self._procs.get(pid)
+        if p is None:
+            p = self._procs[pid] = _Proc(netns_id(self.proc, pid), set(), -1e18)
+        if p.netns is None:
+            return
+        if p.netns == self._own_ns or self._own_ns is None:
+            host.setdefault(wl, []).append(pid)
+        else:
+            entry = foreign.setdefault(p.netns, (pid, []))
+            if wl not in entry[1]:
+                entry[1].append(wl)
+
+    def _read_foreign(self, ns: int, pid: int, wls: list[object]) -> None:
+        """A namespace of its own: its TCP totals' increase since the last read, to each workload in it."""
+        got = netns_tcp_totals(self.proc, pid)
+        if got is None:
+            return
+        prev = self._ns_last.get(ns)
+        self._ns_last[ns] = got
+        if prev is None:
+            return
+        d = [max(0, got[i] - prev[i]) for i in range(4)]
+        for wl in wls:
+            t = self._totals[wl]
+            for i in range(4):
+                t[i] += d[i]
 
     def _read_host(self, host: dict[object, list[int]], now: float) -> None:
         try:
