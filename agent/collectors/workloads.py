@@ -75,6 +75,65 @@ class _Accel:
     bus_id: str = ""          # its PCI address ("" unknown): where its local CPUs and NUMA node are read
 
 
+GroupTotals = tuple[int, float, float, float, int, int, int, int, float]
+"""One workload on one accelerator this tick: (processes, SM share, CPU seconds, busiest thread,
+busiest known, run ns, wait ns, wait known, the highest cgroup CPU pressure or -1)."""
+
+
+def _group_totals(pids: Sequence[int], get: Callable[[int], ProcSample | None],
+                  shares: dict[int, float] | None, pressure: dict[int, float]) -> GroupTotals | None:
+    """A workload's processes summed for this tick; None when none of them was read."""
+    n = known = waited = 0
+    sm = cpu = best = 0.0
+    run = wait = 0
+    psi = -1.0
+    for pid in pids:
+        s = get(pid)
+        if s is None:
+            continue
+        n += 1
+        cpu += s.cpu
+        if shares is not None:
+            sm += shares.get(pid, 0.0)
+        if not s.first:
+            known = 1
+            if s.busiest > best:
+                best = s.busiest
+            if s.waited:
+                waited = 1
+                run += s.run_ns
+                wait += s.wait_ns
+        p = pressure.get(pid)
+        if p is not None and p > psi:
+            psi = p
+    return (n, sm, cpu, best, known, run, wait, waited, psi) if n else None
+
+
+def _fold_rest(groups: dict[Workload, GroupTotals], keep: int) -> dict[Workload, GroupTotals]:
+    """The ``keep`` workloads with the most SM share (then processes, CPU), the rest summed as ``OTHER``."""
+    ranked = sorted(groups.items(), key=lambda kv: (-kv[1][1], -kv[1][0], -kv[1][2], kv[0]))
+    out = dict(ranked[:keep])
+    rest = [g for _, g in ranked[keep:]]
+    out[OTHER] = (sum(g[0] for g in rest), sum(g[1] for g in rest), sum(g[2] for g in rest),
+                  max(g[3] for g in rest), max(g[4] for g in rest), sum(g[5] for g in rest),
+                  sum(g[6] for g in rest), max(g[7] for g in rest), max(g[8] for g in rest))
+    return out
+
+
+def _own_dirs(accels: Iterable[_Accel], v2dirs: dict[int, str]) -> dict[int, str]:
+    """Each process's cgroup, where that cgroup is one workload's own.  A cgroup that holds processes
+    of two workloads (one container or VM cgroup for every service) is not either's own: its CPU
+    pressure names no workload, so it is left out."""
+    held: dict[str, set[Workload]] = {}
+    for a in accels:
+        for wl, ps in a.groups:
+            for p in ps:
+                d = v2dirs.get(p)
+                if d is not None:
+                    held.setdefault(d, set()).add(wl)
+    return {p: d for p, d in v2dirs.items() if len(held.get(d, ())) <= 1}
+
+
 @dataclass(frozen=True)
 class Plan:
     """What the refresh worker hands the tick."""
@@ -344,12 +403,7 @@ class WorkloadsCollector(BaseCollector):
     def _build(self, shares: dict[Labels, dict[int, float]]) -> Plan:
         if self.sources and len(self._source_down) == len(self.sources):
             return Plan(problem="; ".join(f"{k}: {v}" for k, v in self._source_down.items()))
-        owners_by_key: dict[str, list[DeviceOwner]] = {}
-        for dev, given in self.pod_resources.owners.items():
-            for o in given:
-                key = owner_key(o.resource, dev)
-                if key is not None:
-                    owners_by_key.setdefault(key, []).append(o)
+        owners_by_key = self._owners_by_key()
         by_accel: dict[Labels, tuple[str, dict[Workload, dict[int, None]]]] = {}
         bus_of: dict[Labels, str] = {}
         stat_of: dict[Labels, dict[Workload, tuple[str, str]]] = {}
@@ -378,18 +432,18 @@ class WorkloadsCollector(BaseCollector):
                          if p not in self._info or self._info[p] is not None)
         if self._plan is not None and self._plan.pids == pids:
             pids = self._plan.pids      # the same processes: the tick has nothing to open or close
-        v2dirs = self._cgroup_dirs(pids)
-        # a cgroup that holds processes of two workloads (one container or VM cgroup for every
-        # service) is not either's own: its CPU pressure names no workload, so it is left out
-        held: dict[str, set[Workload]] = {}
-        for a in accels:
-            for wl, ps in a.groups:
-                for p in ps:
-                    d = v2dirs.get(p)
-                    if d is not None:
-                        held.setdefault(d, set()).add(wl)
-        self._dirs = {p: d for p, d in v2dirs.items() if len(held.get(d, ())) <= 1}
+        self._dirs = _own_dirs(accels, self._cgroup_dirs(pids))
         return Plan(accels, pids, shares)
+
+    def _owners_by_key(self) -> dict[str, list[DeviceOwner]]:
+        """The kubelet's device owners by the key a process's device is matched with."""
+        out: dict[str, list[DeviceOwner]] = {}
+        for dev, given in self.pod_resources.owners.items():
+            for o in given:
+                key = owner_key(o.resource, dev)
+                if key is not None:
+                    out.setdefault(key, []).append(o)
+        return out
 
     def _cgroup_dirs(self, pids: Iterable[int]) -> dict[int, str]:
         """The cgroup v2 directory of each process (for cpu.pressure); cached by path."""
@@ -442,46 +496,17 @@ class WorkloadsCollector(BaseCollector):
         pressure = plan.pressure
         get = procs.get
         # per workload: (processes, sm, cpu, busiest, busiest known, run, wait, wait known, pressure)
-        groups: dict[Workload, tuple] = {}
+        groups: dict[Workload, GroupTotals] = {}
         for wl, pids in acc.groups:
-            n = known = waited = 0
-            sm = cpu = best = 0.0
-            run = wait = 0
-            psi = -1.0
-            for pid in pids:
-                s = get(pid)
-                if s is None:
-                    continue
-                n += 1
-                cpu += s.cpu
-                if shares is not None:
-                    sm += shares.get(pid, 0.0)
-                if not s.first:
-                    known = 1
-                    if s.busiest > best:
-                        best = s.busiest
-                    if s.waited:
-                        waited = 1
-                        run += s.run_ns
-                        wait += s.wait_ns
-                p = pressure.get(pid)
-                if p is not None and p > psi:
-                    psi = p
-            if n:
-                groups[wl] = (n, sm, cpu, best, known, run, wait, waited, psi)
+            got = _group_totals(pids, get, shares, pressure)
+            if got is not None:
+                groups[wl] = got
         if len(groups) > self.max_workloads:
-            ranked = sorted(groups.items(), key=lambda kv: (-kv[1][1], -kv[1][0], -kv[1][2], kv[0]))
-            groups = dict(ranked[:self.max_workloads])
-            rest = [g for _, g in ranked[self.max_workloads:]]
-            groups[OTHER] = (sum(g[0] for g in rest), sum(g[1] for g in rest), sum(g[2] for g in rest),
-                             max(g[3] for g in rest), max(g[4] for g in rest), sum(g[5] for g in rest),
-                             sum(g[6] for g in rest), max(g[7] for g in rest), max(g[8] for g in rest))
+            groups = _fold_rest(groups, self.max_workloads)
         now = self.clock()
         add = out.append
         state = self._state
         cfs = {wl: self._cfs(acc.labels, wl, where) for wl, where in acc.cpu_stat if wl in groups}
-        tcp = self.tcp
-        placement = self.placement
         for wl, (n, sm, cpu, best, known, run, wait, waited, psi) in groups.items():
             key = (acc.labels, wl)
             st = state.get(key)
@@ -502,31 +527,38 @@ class WorkloadsCollector(BaseCollector):
                 add(Sample("triscope_workload_cpu_wait_ratio", wait / (run + wait) if run + wait else 0.0, labels))
             if psi >= 0:
                 add(Sample("triscope_workload_cpu_pressure_ratio", psi, labels))
-            c = cfs.get(wl)
-            if c is not None:
-                periods, throttled, secs, limit = c
-                add(Sample("triscope_workload_cpu_periods_total", float(periods), labels, "counter"))
-                add(Sample("triscope_workload_cpu_throttled_periods_total", float(throttled), labels, "counter"))
-                add(Sample("triscope_workload_cpu_throttled_seconds_total", secs, labels, "counter"))
-                if limit is not None:
-                    add(Sample("triscope_workload_cpu_limit_cores", limit, labels))
-            placed = placement.get((acc.labels, wl)) if placement is not None else None
-            if placed is not None:
-                if placed.cpu_local is not None:
-                    add(Sample("triscope_workload_cpu_local_ratio", placed.cpu_local, labels))
-                if placed.mem_local is not None:
-                    add(Sample("triscope_workload_memory_local_ratio", placed.mem_local, labels))
-                if placed.allowed_local is not None:
-                    add(Sample("triscope_workload_cpus_allowed_local_ratio", placed.allowed_local, labels))
-            if tcp is not None and not tcp.problem:
-                got = tcp.counters(wl)
-                if got is not None:
-                    add(Sample("triscope_workload_tcp_retransmits_total", float(got[0]), labels, "counter"))
-                    add(Sample("triscope_workload_tcp_segments_sent_total", float(got[1]), labels, "counter"))
-                    add(Sample("triscope_workload_tcp_out_of_order_received_total", float(got[2]), labels,
-                               "counter"))
-                    add(Sample("triscope_workload_tcp_data_segments_received_total", float(got[3]), labels,
-                               "counter"))
+            self._context(acc.labels, wl, labels, cfs.get(wl), add)
+
+    def _context(self, acc: Labels, wl: Workload, labels: dict[str, str],
+                 c: tuple[int, int, float, float | None] | None, add: Callable[[Sample], None]) -> None:
+        """A workload's surroundings: its cgroup's CPU limit and throttling, where it runs against
+        the accelerator's NUMA node, its TCP counters."""
+        tcp = self.tcp
+        placement = self.placement
+        if c is not None:
+            periods, throttled, secs, limit = c
+            add(Sample("triscope_workload_cpu_periods_total", float(periods), labels, "counter"))
+            add(Sample("triscope_workload_cpu_throttled_periods_total", float(throttled), labels, "counter"))
+            add(Sample("triscope_workload_cpu_throttled_seconds_total", secs, labels, "counter"))
+            if limit is not None:
+                add(Sample("triscope_workload_cpu_limit_cores", limit, labels))
+        placed = placement.get((acc, wl)) if placement is not None else None
+        if placed is not None:
+            if placed.cpu_local is not None:
+                add(Sample("triscope_workload_cpu_local_ratio", placed.cpu_local, labels))
+            if placed.mem_local is not None:
+                add(Sample("triscope_workload_memory_local_ratio", placed.mem_local, labels))
+            if placed.allowed_local is not None:
+                add(Sample("triscope_workload_cpus_allowed_local_ratio", placed.allowed_local, labels))
+        if tcp is not None and not tcp.problem:
+            got = tcp.counters(wl)
+            if got is not None:
+                add(Sample("triscope_workload_tcp_retransmits_total", float(got[0]), labels, "counter"))
+                add(Sample("triscope_workload_tcp_segments_sent_total", float(got[1]), labels, "counter"))
+                add(Sample("triscope_workload_tcp_out_of_order_received_total", float(got[2]), labels,
+                           "counter"))
+                add(Sample("triscope_workload_tcp_data_segments_received_total", float(got[3]), labels,
+                           "counter"))
 
     def _cfs(self, acc: Labels, wl: Workload, where: tuple[str, str]) -> tuple[int, int, float, float | None] | None:
         """The workload's cgroup CFS counters since the agent began reading them (a baseline at
