@@ -6,7 +6,7 @@ The spec (https://sloth.dev, ``prometheus/v1``)::
     version: "prometheus/v1"
     service: "inference"
     labels: {team: ml}              # optional, added to every rule
-    period: 30d                     # triscope extension (Sloth: --default-slo-period); default 30d
+    period: 30d                     # triscope extension (Sloth: --default-slo-period); default 30d, 1h at least
     slos:
       - name: "requests-availability"
         objective: 99.5             # percent
@@ -32,8 +32,12 @@ buckets (``error_query: sum(rate(x_count[..])) - sum(rate(x_bucket{le="0.5"}[..]
 Burn rates: 5m, 30m, 1h, 6h, 1d, 3d; alerts by the SRE workbook's multi-window multi-burn-rate
 rules: page when 2 % of the period's budget burns in 1 h (14.4x over 1 h and 5 m, for 30 d) or 5 %
 in 6 h (6x over 6 h and 30 m); ticket when 10 % burns in 3 d (1x over 3 d and 6 h).  The factors
-scale with the period.  Error ratios are ratios of sums (all errors / all requests over the
-window), a window without requests is "no data", never 0.
+scale with the period.  A period shorter than 3 days (1h at least: a recording of minutes, a demo)
+shrinks the windows by period / 3d instead (``SLOSpec.windows``: 1h gives 4s, 25s, 50s, 5m, 20m,
+1h), so the ticket's long window is the period and the factors stay those of 3 days.  Error ratios
+are ratios of sums (all errors / all requests over the window), a window without requests is "no
+data", never 0; an error counter with no series yet while requests are counted is 0 errors (a
+labelled counter appears at its first increment; the rules add ``or vector(0)`` alike).
 
 Coverage: a burn rate or a budget is a verdict over a whole window, so it needs data over enough
 of that window (``BURN_MIN_COVERAGE``, ``PERIOD_MIN_COVERAGE``, with their reasons).  Below it the
@@ -243,7 +247,7 @@ def fetch_slo_inputs(store: StoreReader, slo: SLOSpec, now: float, node: str | N
     """Read the SLO's counters (on ``node``, all nodes if None) over every window ending at ``now``
     (``triscope.analysis.counters.fetch_counters``: one read per metric and window; the windows
     served from raw points share one read of the longest)."""
-    secs = [sec for _label, sec in WINDOWS] + [slo.period_s]
+    secs = list(dict.fromkeys([sec for _label, sec in slo.windows] + [slo.period_s]))
     reads = fetch_counters(store, query_metrics(slo), [(now - sec, now) for sec in secs], node)
     return SLOInputs(now, {sec: reads[(now - sec, now)] for sec in secs})
 
@@ -271,6 +275,8 @@ def window_figure(slo: SLOSpec, label: str, sec: float, series: Sequence[SeriesP
     what a verdict over it needs (default ``BURN_MIN_COVERAGE``; the period: ``PERIOD_MIN_COVERAGE``).  Pure."""
     errors, _ = _query_sum(slo.error_query, series, sec)
     total, cov = _query_sum(slo.total_query, series, sec)
+    if errors is None and total is not None:
+        errors = 0.0     # no error series yet: nothing failed (the rules' ``or vector(0)``)
     ratio = None
     if total is not None and total > 0 and errors is not None:
         ratio = min(1.0, max(0.0, errors / total))
@@ -290,15 +296,16 @@ def evaluate_inputs(slo: SLOSpec, inputs: SLOInputs) -> SLOStatus:
     ``PERIOD_MIN_COVERAGE``) gives no burn rate / budget, and an alert fires only when its long
     window is covered (its short window only confirms that the burn goes on, over whatever of it has
     data, as Prometheus' ``rate()`` does).  Pure: no store, no clock."""
-    windows = {label: window_figure(slo, label, sec, inputs.windows.get(sec, [])) for label, sec in WINDOWS}
+    windows = {label: window_figure(slo, label, sec, inputs.windows.get(sec, [])) for label, sec in slo.windows}
     period = period_figure(slo, inputs.windows.get(slo.period_s, []))
     alerts = []
-    for sev, lw, sw, share in ALERT_RULES:
+    for sev, lw_name, sw_name, share in ALERT_RULES:
         if slo.alerting is not None and (
                 (sev == "page" and slo.alerting.page_labels is None)
                 or (sev == "ticket" and slo.alerting.ticket_labels is None)):
             continue
-        f = slo.burn_factor(lw, share)
+        f = slo.burn_factor(lw_name, share)
+        lw, sw = slo.window(lw_name)[0], slo.window(sw_name)[0]
         long, short = windows[lw], windows[sw]
         lb, sb = long.burn_rate, short.measured_burn
         firing = long.enough_data and lb is not None and sb is not None and lb > f and sb > f
@@ -320,6 +327,57 @@ def evaluate(store: StoreReader, slo: SLOSpec, now: float, node: str | None = No
     """The SLO's state at ``now`` from stored series (all nodes, or ``node``): ``fetch_slo_inputs``
     then ``evaluate_inputs``."""
     return evaluate_inputs(slo, fetch_slo_inputs(store, slo, now, node))
+
+
+# ---------------------------------------------------------------------------------------------- what it says
+def _terms_text(q: Query) -> str:
+    out = ""
+    for i, t in enumerate(q.terms):
+        out += ("" if i == 0 else " - " if t.sign < 0 else " + ") + t.selector()
+    return out
+
+
+def _latency_threshold(slo: SLOSpec) -> tuple[str, float] | None:
+    """(histogram, threshold in seconds) when the SLI is the latency form ``X_count - X_bucket{le=V}``
+    over ``X_count`` (same matchers otherwise), else None."""
+    err, tot = slo.error_query.terms, slo.total_query.terms
+    if len(err) != 2 or len(tot) != 1 or err[0].sign < 0 or err[1].sign > 0:
+        return None
+    count, bucket = err[0], err[1]
+    if not (count.metric.endswith("_count") and bucket.metric == count.metric[:-6] + "_bucket"
+            and tot[0].metric == count.metric and set(tot[0].matchers) == set(count.matchers)):
+        return None
+    le = [m for m in bucket.matchers if m.name == "le" and m.op == "="]
+    if len(le) != 1 or set(bucket.matchers) - set(le) != set(count.matchers):
+        return None
+    try:
+        return count.metric[:-6], float(le[0].value)
+    except ValueError:
+        return None
+
+
+def _seconds_text(x: float) -> str:
+    return f"{x * 1000:g} ms" if x < 1 else f"{x:g} s"
+
+
+def describe(slo: SLOSpec) -> tuple[str, str]:
+    """What the SLO promises, from its own definition (never its free-text description, which can
+    say another threshold than the queries count): a headline and the detail.
+
+    ``("99.5 % of events within 250 ms, over a rolling 1h", "latency from the histogram ...")``."""
+    period = f"over a rolling {slo.period}"
+    windows = slo.windows
+    scaled = windows != WINDOWS
+    tail = (f"; burn windows {windows[0][0]} .. {windows[-1][0]}"
+            + (f" (the workbook's 5m .. 3d scaled to the {slo.period} period)" if scaled else ""))
+    lat = _latency_threshold(slo)
+    if lat is not None:
+        hist, le = lat
+        sel = slo.total_query.terms[0].selector()
+        return (f"{slo.objective:g} % of events within {_seconds_text(le)}, {period}",
+                f"latency from the histogram {hist} ({sel}): an event above its le=\"{le:g}\" bucket is bad" + tail)
+    return (f"{slo.objective:g} % of events good (at most {100 - slo.objective:.4g} % bad), {period}",
+            f"bad: {_terms_text(slo.error_query)}; all: {_terms_text(slo.total_query)}" + tail)
 
 
 # ---------------------------------------------------------------------------------------------- rules
@@ -362,20 +420,22 @@ def prometheus_rules(slos: Sequence[SLOSpec]) -> dict[str, Any]:
         base = {**slo.labels, **sl}
         sel = _sel(sl)
         rec: list[dict[str, Any]] = []
-        for w, _sec in WINDOWS:
+        p = slo.period
+        own = [w for w, _sec in slo.windows]
+        for w in own:
             rec.append({"record": f"slo:sli_error:ratio_rate{w}",
-                        "expr": f"({slo.error_query.render(w)})\n/\n({slo.total_query.render(w)})\n",
+                        "expr": f"({slo.error_query.render(w, True)})\n/\n({slo.total_query.render(w)})\n",
                         "labels": {**base, "sloth_window": w}})
         # ratio of sums over the period: recorded 5m event rates summed over the period
-        rec.append({"record": "slo:sli_errors:rate5m", "expr": slo.error_query.render("5m"),
+        rec.append({"record": "slo:sli_errors:rate5m", "expr": slo.error_query.render("5m", True),
                     "labels": {**base, "sloth_window": "5m"}})
         rec.append({"record": "slo:sli_total:rate5m", "expr": slo.total_query.render("5m"),
                     "labels": {**base, "sloth_window": "5m"}})
-        p = slo.period
-        rec.append({"record": f"slo:sli_error:ratio_rate{p}",
-                    "expr": f"sum_over_time(slo:sli_errors:rate5m{sel}[{p}])\n/ ignoring (sloth_window)\n"
-                            f"sum_over_time(slo:sli_total:rate5m{sel}[{p}])\n",
-                    "labels": {**base, "sloth_window": p}})
+        if p not in own:   # a period under 3 days is its longest window: recorded above
+            rec.append({"record": f"slo:sli_error:ratio_rate{p}",
+                        "expr": f"sum_over_time(slo:sli_errors:rate5m{sel}[{p}])\n/ ignoring (sloth_window)\n"
+                                f"sum_over_time(slo:sli_total:rate5m{sel}[{p}])\n",
+                        "labels": {**base, "sloth_window": p}})
         # coverage: seconds since the previous evaluation while the total series has data (the rule
         # reads its own last sample; a gap leaves a stale marker, so the first evaluation after one
         # counts 0), summed over each window: independent of the evaluation interval
@@ -383,7 +443,7 @@ def prometheus_rules(slos: Sequence[SLOSpec]) -> dict[str, Any]:
                     "expr": f"(\n  (time() - timestamp(slo:sli_data_covered:seconds{sel}))\n  or on() vector(0)\n)\n"
                             f"and on()\n({slo.total_query.presence()})\n",
                     "labels": base})
-        for w, sec in (*WINDOWS, (p, slo.period_s)):
+        for w, sec in dict([*slo.windows, (p, slo.period_s)]).items():
             rec.append({"record": "slo:sli_data_coverage:ratio",
                         "expr": f"clamp_max(sum_over_time(slo:sli_data_covered:seconds{sel}[{w}]) / {sec:.0f}, 1)",
                         "labels": {**base, "sloth_window": w}})
@@ -416,10 +476,11 @@ def prometheus_rules(slos: Sequence[SLOSpec]) -> dict[str, Any]:
             if labels is None:
                 continue
             parts = []
-            for s2, lw, sw, share in ALERT_RULES:
+            for s2, lw_name, sw_name, share in ALERT_RULES:
                 if s2 != sev:
                     continue
-                f = slo.burn_factor(lw, share)
+                f = slo.burn_factor(lw_name, share)
+                lw, sw = slo.window(lw_name)[0], slo.window(sw_name)[0]
                 thr = f"({f:g} * {slo.error_budget:.10g})"
                 cov = _sel({**sl, "sloth_window": lw})
                 parts.append(f"(\n    max(slo:sli_error:ratio_rate{sw}{sel} > {thr}) without (sloth_window)\n"

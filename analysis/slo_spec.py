@@ -26,8 +26,10 @@ from triscope.core.configfile import validate as validate_config
 from triscope.core.durations import Duration, parse_duration
 from triscope.core.labels import Matcher
 
-MIN_PERIOD_S = 3 * 86400.0
-"""The shortest period: the ticket alert's long window (3d)."""
+MIN_PERIOD_S = 3600.0
+"""The shortest period: 1h, whose burn windows shrink to 4 s .. 1 h (``SLOSpec.windows``): a few of
+the agent's 1-second ticks in the shortest.  For recordings and demos; Prometheus, scraping every
+15-60 s, needs windows of several scrapes (a period of 3d or more keeps the workbook's 5m .. 3d)."""
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _SLO_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*")
 _ALERT_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
@@ -37,11 +39,25 @@ class SLOSpecError(ConfigFileError):
     """A malformed SLO file: the message is ``FILE:LINE: field: what is wrong``."""
 
 
-# The burn-rate windows (label, seconds): the spec's burn factors are computed over them.
+# The burn-rate windows (label, seconds) of the SRE workbook, for any period of 3 days or more: the
+# spec's burn factors are computed over them.  A shorter period scales them (``scaled_windows``).
 WINDOWS: tuple[tuple[str, float], ...] = (
     ("5m", 300.0), ("30m", 1800.0), ("1h", 3600.0), ("6h", 21600.0), ("1d", 86400.0), ("3d", 259200.0),
 )
 WINDOW_SECONDS = dict(WINDOWS)
+LONGEST_WINDOW_S = WINDOWS[-1][1]
+
+
+def scaled_windows(period_s: float) -> tuple[tuple[str, float], ...]:
+    """The burn windows of a period: the workbook's 5m .. 3d for a period of 3 days or more; a shorter
+    period shrinks every window by period / 3d (whole seconds), so the ticket's long window is the
+    period itself and each window keeps its share of it (a 1h period: 4s, 25s, 50s, 5m, 20m, 1h).
+    The burn factors of ``SLOSpec.burn_factor`` are then those of a 3-day period (1.44x, 0.6x, 0.1x)."""
+    k = min(1.0, period_s / LONGEST_WINDOW_S)
+    if k >= 1.0:
+        return WINDOWS
+    secs = [float(max(1, round(sec * k))) for _label, sec in WINDOWS]
+    return tuple((fmt_duration(s), s) for s in secs)
 
 
 # ---------------------------------------------------------------------------------------------- queries
@@ -64,12 +80,14 @@ class Query:
     text: str
     terms: tuple[Term, ...]
 
-    def render(self, window: str) -> str:
+    def render(self, window: str, absent_is_zero: bool = False) -> str:
         """The PromQL for one window.  With several terms each is ``(term or vector(0))``: a counter
         that was never incremented (no series yet) must not blank the whole sum, as it does not in
-        ``evaluate``."""
+        ``evaluate``; ``absent_is_zero`` does the same for a query of one term (the error query:
+        requests counted and no error series yet is 0 errors, not "no data")."""
         if len(self.terms) == 1:
-            return re.sub(r"\{\{\s*\.window\s*\}\}", window, self.text)
+            text = re.sub(r"\{\{\s*\.window\s*\}\}", window, self.text)
+            return f"({text}) or vector(0)" if absent_is_zero else text
         parts = []
         for i, t in enumerate(self.terms):
             op = "" if i == 0 else (" - " if t.sign < 0 else " + ")
@@ -189,18 +207,32 @@ class SLOSpec:
 
     @property
     def period(self) -> str:
-        return _fmt_duration(self.period_s)
+        return fmt_duration(self.period_s)
+
+    @property
+    def windows(self) -> tuple[tuple[str, float], ...]:
+        """This SLO's burn windows (label, seconds), shortest first: ``scaled_windows(period)``."""
+        return scaled_windows(self.period_s)
+
+    def window(self, name: str) -> tuple[str, float]:
+        """This SLO's window (label, seconds) standing for the workbook's ``name`` (``5m`` .. ``3d``,
+        what ``ALERT_RULES`` say): the same for a period of 3 days or more, its share of a shorter
+        one (``1h`` of a 1h period is ``50s``)."""
+        return self.windows[[label for label, _ in WINDOWS].index(name)]
 
     def burn_factor(self, long_window: str, budget_share: float) -> float:
-        """Burn rate at which ``budget_share`` of the period's budget goes in ``long_window``."""
-        return round(budget_share * self.period_s / WINDOW_SECONDS[long_window], 6)
+        """Burn rate at which ``budget_share`` of the period's budget goes in the window standing for
+        the workbook's ``long_window`` (``1h``: 14.4 for 2 % of a 30-day period)."""
+        return round(budget_share * self.period_s / self.window(long_window)[1], 6)
 
 
-def _fmt_duration(sec: float) -> str:
-    for unit, n in (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60)):
-        if sec % n == 0 and sec >= n and unit != "w":
-            return f"{int(sec // n)}{unit}"
-    return f"{int(sec)}s"
+def fmt_duration(sec: float) -> str:
+    """``30d``, ``84h``, ``25s``, ``200s``: the largest unit that divides it (Prometheus reads each)."""
+    whole = max(0, int(round(sec)))
+    for unit, n in (("d", 86400), ("h", 3600), ("m", 60)):
+        if whole >= n and whole % n == 0:
+            return f"{whole // n}{unit}"
+    return f"{whole}s"
 
 
 # ---------------------------------------------------------------------------------------------- value types
@@ -249,7 +281,8 @@ def _version(value: Any) -> str:
 
 def _period(seconds: float) -> float:
     if seconds < MIN_PERIOD_S:
-        raise ValueError("must be at least 3d (the ticket alert's long window)")
+        raise ValueError(f"must be at least {fmt_duration(MIN_PERIOD_S)} (its shortest burn window is then "
+                         "4 seconds: a few of the agent's ticks)")
     return seconds
 
 
@@ -367,5 +400,5 @@ def load_slo_file(path: str | Path) -> list[SLOSpec]:
     return parse_slo_text(text, str(path))
 
 
-__all__ = ["MIN_PERIOD_S", "WINDOWS", "WINDOW_SECONDS", "AlertSpec", "Query", "SLOFileModel", "SLOModel", "SLOSpec",
-           "SLOSpecError", "Term", "load_slo_file", "parse_duration", "parse_query", "parse_slo_text"]
+__all__ = ["LONGEST_WINDOW_S", "MIN_PERIOD_S", "WINDOWS", "WINDOW_SECONDS", "AlertSpec", "Query", "SLOFileModel", "SLOModel", "SLOSpec",
+           "SLOSpecError", "Term", "fmt_duration", "load_slo_file", "parse_duration", "parse_query", "parse_slo_text", "scaled_windows"]

@@ -1,10 +1,13 @@
 """SLOs for the dashboard, through ``triscope.analysis.slo`` (Sloth ``prometheus/v1`` files).
 
 ``load(c)`` reads the configured SLO file once (errors are shown, not raised);
-``fleet_status(c)`` gives each node its worst SLO status; ``burn_down`` evaluates the period's
-budget remaining at a few points of the shown window for the burn-down chart (no point where the
-period is short of data: ``triscope.analysis.slo.PERIOD_MIN_COVERAGE``).  Both read the counters
-first, in bulk, and compute with ``triscope.analysis.slo``'s pure functions.
+``data_bounds(c, slos)`` says where the SLOs' own series begin and end (a recording, or a service
+that stopped reporting, ends before now: the SLOs page is evaluated where its data ends and says
+so, ``triscope.dashboard.timerange``); ``fleet_status(c)`` gives each node its worst SLO status;
+``burn_down`` evaluates the period's budget remaining at a few points of the shown window for the
+burn-down chart (no point where the period is short of data:
+``triscope.analysis.slo.PERIOD_MIN_COVERAGE``).  Both read the counters first, in bulk, and
+compute with ``triscope.analysis.slo``'s pure functions.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 
 from triscope.analysis.slo import NOT_ENOUGH_DATA
 from triscope.dashboard.context import DashboardContext
+from triscope.dashboard.timerange import Bounds
 
 _RANK = {"page": 3, "ticket": 2, "ok": 1, NOT_ENOUGH_DATA: 0.5, "no data": 0}
 
@@ -42,6 +46,26 @@ def load(c: DashboardContext) -> SloSet:
     except Exception as e:  # noqa: BLE001 - the file's error, in one line
         out = SloSet([], f"SLO file problem: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
     c.cache["slos"] = (mtime, out)
+    return out
+
+
+def data_bounds(c: DashboardContext, slos: list[Any], ttl: float = 10.0) -> Bounds | None:
+    """Where the SLOs' series are: from the first sample of the nodes that carry them to the newest
+    point of any of them (``fleet_latest``); None when no node has them."""
+    from triscope.analysis.slo import query_metrics
+
+    metrics = sorted({m for slo in slos for m in query_metrics(slo)})
+    key = "slo_bounds|" + ",".join(metrics)
+    hit = c.cache.get(key)
+    if hit and time.monotonic() - hit[0] < ttl:
+        return hit[1]
+    latest = c.store.fleet_latest(metrics) if metrics else {}
+    last = max((ts for per in latest.values() for ts, _v in per.values()), default=None)
+    nodes = [n for n in c.store.nodes() if n.name in latest]
+    first = min((n.first_seen for n in nodes), default=None)
+    rec = bool(nodes) and all(getattr(n, "recording", None) for n in nodes)   # NodeInfo.recording
+    out = None if last is None or first is None else Bounds(min(first, last), last, rec)
+    c.cache[key] = (time.monotonic(), out)
     return out
 
 

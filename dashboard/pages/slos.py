@@ -1,7 +1,11 @@
-"""SLOs: per SLO the SLI, the error budget remaining and its burn-down over the window, burn
-rates with page/ticket status, remediation actions marked on the chart.  A window short of data
+"""SLOs: per SLO what it promises (from its own queries and objective: ``analysis.slo.describe``),
+the SLI, the error budget remaining and its burn-down over the window, burn rates with page/ticket
+status, remediation actions marked on the chart.  A window short of data
 (``triscope.analysis.slo.BURN_MIN_COVERAGE`` / ``PERIOD_MIN_COVERAGE``) says "not enough data yet
-(N % of the W window covered)" where its figure would be."""
+(N % of the W window covered)" where its figure would be.
+
+The page opens on the SLOs' own data (``triscope.dashboard.timerange``): series that ended (a
+recording, a service that stopped reporting) are evaluated where they end, and the page says so."""
 
 from __future__ import annotations
 
@@ -10,8 +14,8 @@ from typing import Any
 import dash
 from dash import Input, Output, dcc, html
 
-from triscope.analysis.slo import NOT_ENOUGH_DATA, coverage_pct
-from triscope.dashboard import data, export, figures, slo_view, timeview
+from triscope.analysis.slo import NOT_ENOUGH_DATA, coverage_pct, describe
+from triscope.dashboard import data, export, figures, slo_view, timerange, timeview
 from triscope.dashboard.components import empty_state, error_note, fmt_ts, note, range_picker, short
 from triscope.dashboard.context import ctx
 from triscope.dashboard.registry import page_callback
@@ -19,15 +23,17 @@ from triscope.dashboard.registry import page_callback
 dash.register_page(__name__, path="/slos", name="SLOs", order=3, title="triscope - SLOs")
 
 
-def layout(range: str = "24h", **_: Any) -> html.Div:  # noqa: A002
+def layout(range: str = "", **_: Any) -> html.Div:  # noqa: A002
     c = ctx()
     ss = slo_view.load(c)
     head = html.Div([html.H2("SLOs"), html.Span(str(c.slo_file or ""), className="window-note")], className="page-head")
     if not ss.slos:
         return html.Div([head, empty_state("No SLOs to show", ss.problem, id="slos-empty")])
+    preset = range or timerange.default_preset(slo_view.data_bounds(c, ss.slos))
     return html.Div([
         head,
-        html.Div([range_picker("slos", range, custom=False)], className="toolbar"),
+        html.Div([range_picker("slos", preset, custom=False, data=True)], className="toolbar"),
+        html.Div(id="slos-note", className="window-note"),
         dcc.Loading(html.Div(id="slos-body"), delay_show=400, type="dot"),
     ])
 
@@ -57,28 +63,49 @@ def _budget_kpis(st: Any) -> list[Any]:
                           html.Div(NOT_ENOUGH_DATA, className="kpi", style=note_style)]),
                 html.Div([html.Div("budget left", className="kpi-label"),
                           html.Div(st.budget_note, className="kpi slo-budget", style=note_style)])]
+    left = st.budget_remaining
+    spent = left is not None and left < 0
     return [html.Div([html.Div(f"SLI ({st.slo.period})", className="kpi-label"), html.Div(_pct(st.sli, 3), className="kpi")]),
             html.Div([html.Div("budget left", className="kpi-label"),
-                      html.Div(_pct(st.budget_remaining, 1), className="kpi slo-budget")])]
+                      html.Div(_pct(left, 1), className="kpi slo-budget" + (" slo-overspent" if spent else ""),
+                               title=f"overspent: {1 - left:.1f}x the period's budget at this error ratio" if spent
+                               else None)])]
 
 
-@page_callback(Output("slos-body", "children"), Input("slos-range", "value"), Input(timeview.TZ_STORE, "data"))
+def _where(w: Any, bounds: Any, now: float, zone: Any) -> str:
+    """Where the page evaluates: now, or where the SLOs' series end (and why)."""
+    at = f"{fmt_ts(w.end, zone)} {timeview.zone_name(zone, w.end)}"
+    if w.live or bounds is None:
+        return f"evaluated at {at} (now)" + (f"; {w.note}" if w.note else "")
+    ago = max(0.0, now - bounds.last)
+    why = "recordings" if bounds.recording else "a recording, or the service stopped reporting"
+    return f"not live: the SLOs' series end {_ago(ago)} before now ({why}): evaluated where they end, {at}"
+
+
+def _ago(s: float) -> str:
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min" if s < 7200 else f"{s / 3600:.1f} h"
+
+
+@page_callback(Output("slos-body", "children"), Output("slos-note", "children"),
+               Input("slos-range", "value"), Input(timeview.TZ_STORE, "data"))
 def render(preset: str, tz: dict[str, Any] | None = None) -> Any:
     c = ctx()
     zone = timeview.zone_of(tz)
     ss = slo_view.load(c)
     try:
-        w = data.resolve_window(c.store, None, preset, c.now())
+        now = c.now()
+        bounds = slo_view.data_bounds(c, ss.slos)
+        w = timerange.window(preset, bounds, now)
         actions = [(float(r.get("ts") or 0),
                     short(f"{r.get('action', '')} {short(r.get('target', ''))} ({r.get('outcome', '')})", 200))
                    for r in data.audit_rows(c.store, w.start, w.end).rows]
         cards: list[Any] = []
-        if w.note:
-            cards.append(note(f"evaluated at {fmt_ts(w.end, zone)} {timeview.zone_name(zone, w.end)}: {w.note}", "info"))
+        if bounds is None:
+            cards.append(note("no node has stored these SLOs' series yet (the agent scrapes them with --scrape URL): "
+                              "every figure reads no data", "info", id="slos-no-series"))
         for slo in ss.slos:
             st = slo_view.evaluate(c, slo, w.end)
-            first = min((n.first_seen for n in c.store.nodes()), default=w.start)
-            ts, budget = slo_view.burn_down(c, slo, max(w.start, first), w.end)
+            ts, budget = slo_view.burn_down(c, slo, max(w.start, bounds.first if bounds else w.start), w.end)
             status = st.status
             rows = [html.Tr([html.Td(k), html.Td(_burn(f)), html.Td(_pct(f.error_ratio, 3)),
                              html.Td(coverage_pct(f.coverage))])
@@ -88,10 +115,12 @@ def render(preset: str, tz: dict[str, Any] | None = None) -> Any:
                 chart = figures.empty_figure(f"error budget: {st.budget_note}", 300)
             else:
                 chart = figures.slo_figure(slo.id, ts, budget, actions)
+            headline, detail = describe(slo)
             cards.append(html.Div([
                 html.Div([html.H3(f"{slo.service} / {slo.name}"),
                           html.Span(status, className=f"badge badge-{status.replace(' ', '-')}")], className="card-head"),
-                html.Div(slo.description or "", className="muted"),
+                html.Div(headline, className="slo-promise"),
+                html.Div(detail, className="muted slo-definition"),
                 html.Div([
                     html.Div([html.Div("objective", className="kpi-label"), html.Div(f"{slo.objective:g}%", className="kpi")]),
                     *_budget_kpis(st),
@@ -108,6 +137,6 @@ def render(preset: str, tz: dict[str, Any] | None = None) -> Any:
                               html.Ul(alerts, className="alerts")], className="side"),
                 ], className="row"),
             ], className="card slo-card"))
-        return cards
+        return cards, _where(w, bounds, now, zone)
     except Exception as e:  # noqa: BLE001
-        return error_note("evaluating the SLOs", e)
+        return error_note("evaluating the SLOs", e), ""

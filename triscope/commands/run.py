@@ -23,7 +23,7 @@ from triscope.commands.stopping import bound_the_stop
 # package data (triscope/defaults): found without the repository
 DEFAULT_TRACE = defaults.TRACES
 DEFAULT_POLICY = defaults.POLICY
-DEFAULT_SLO = defaults.SLO
+DEFAULT_SLO = defaults.SLO_DEMO     # the recordings' SLOs over a 1h period (deploy/slo.demo.yaml)
 
 log = logging.getLogger("triscope.run")
 
@@ -43,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--webhook", default="127.0.0.1:9095", metavar="HOST:PORT",
                    help="remediation webhook for Alertmanager (default 127.0.0.1:9095)")
     p.add_argument("--policy", default=str(DEFAULT_POLICY), help="remediation policy (default deploy/policy.example.yaml)")
-    p.add_argument("--slo", default=str(DEFAULT_SLO), help="SLO file (default deploy/slo.example.yaml)")
+    p.add_argument("--slo", default=str(DEFAULT_SLO), help="SLO file (default deploy/slo.demo.yaml: the recordings' SLOs, 1h period)")
     p.add_argument("--trace", action="append", default=None, metavar="FILE",
                    help="a recorded trace to show as another node (repeatable; default: the inference recordings "
                         "examples/traces/h200-inference-*.jsonl.gz, each its own node, else "

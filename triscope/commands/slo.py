@@ -171,7 +171,7 @@ def _window_burn(w: Any) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from triscope.analysis.slo import NOT_ENOUGH_DATA, WINDOWS, coverage_pct, evaluate
+    from triscope.analysis.slo import NOT_ENOUGH_DATA, coverage_pct, evaluate
     from triscope.store import Store
 
     path, slos = _load(args.slo)
@@ -190,9 +190,9 @@ def cmd_status(args: argparse.Namespace) -> int:
             else:
                 print(f"  SLI {_pct(status.sli)}   error budget remaining {_pct(status.budget_remaining, 1)}   "
                       f"coverage {coverage_pct(status.coverage)}")
-            print("  burn   " + "  ".join(f"{w}={_window_burn(status.windows[w])}" for w, _ in WINDOWS))
-            print("  cover  " + "  ".join(f"{w}={coverage_pct(status.windows[w].coverage).replace(' ', '')}"
-                                          for w, _ in WINDOWS))
+            print("  burn   " + "  ".join(f"{w}={_window_burn(f)}" for w, f in status.windows.items()))
+            print("  cover  " + "  ".join(f"{w}={coverage_pct(f.coverage).replace(' ', '')}"
+                                          for w, f in status.windows.items()))
             for a in status.alerts:
                 head = f"  {a.severity:<6} {a.long_window}/{a.short_window} > {a.factor:g}x: "
                 if not a.enough_data:
