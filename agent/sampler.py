@@ -85,46 +85,16 @@ class Sampler:
         for st in background:
             try:
                 st.collector.begin(now)  # type: ignore[attr-defined]
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:  # noqa: BLE001 - a collector's failure is its own: the tick goes on
                 log.error("collector %s: begin failed: %s", st.collector.name, one_line(_one_line(e)))
         for st in [st for st in self.states if not hasattr(st.collector, "begin")] + background:
-            c0 = time.perf_counter()
-            up, reason = True, ""
-            try:
-                for item in st.collector.collect(now):
-                    if isinstance(item, Sample):
-                        samples.append(item)
-                    else:
-                        events.append(item)
-            except Exception as e:  # noqa: BLE001 - one collector never stops the others
-                up, reason = False, _one_line(e)
-            status = getattr(st.collector, "source_status", None)
-            if up and status is not None:
-                src = status()
-                up, reason = src.up, src.reason
-                st.staleness = src.staleness
-            self._note_state(st, up, reason, events)
-            st.duration = time.perf_counter() - c0
+            self._collect(st, now, samples, events)
         for p in self.post:
             try:
-                for item in p.process(now, samples):
-                    if isinstance(item, Sample):
-                        samples.append(item)
-                    else:
-                        events.append(item)
-            except Exception as e:  # noqa: BLE001
+                _split(p.process(now, samples), samples, events)
+            except Exception as e:  # noqa: BLE001 - a post-processor's failure is its own: the tick goes on
                 log.error("post-processor %s failed: %s", type(p).__name__, one_line(_one_line(e)))
-        for st in self.states:
-            labels = {"collector": st.collector.name}
-            samples.append(Sample("triscope_collector_up", 1.0 if st.up else 0.0, labels))
-            samples.append(Sample("triscope_collector_duration_seconds", st.duration, labels))
-            if st.staleness is not None:
-                samples.append(Sample("triscope_collector_staleness_seconds", st.staleness, labels))
-        self.stats.ticks += 1
-        samples.append(Sample("triscope_ticks_total", float(self.stats.ticks), kind="counter"))
-        samples.append(Sample("triscope_tick_duration_seconds", self.stats.last_tick_seconds))
-        if self.self_metrics is not None:
-            samples.extend(self.self_metrics())
+        samples += self._own_samples()
         tick = Tick(now, samples, events)
         for sink in self.sinks:
             sink.submit(tick)
@@ -132,6 +102,38 @@ class Sampler:
             self.on_tick(tick)
         self.stats.last_tick_seconds = time.perf_counter() - t0
         return tick
+
+    def _collect(self, st: CollectorState, now: float, samples: list[Sample], events: list[EventRecord]) -> None:
+        """One collector's items for this tick, its state (up, or down and why) and its duration."""
+        c0 = time.perf_counter()
+        up, reason = True, ""
+        try:
+            _split(st.collector.collect(now), samples, events)
+        except Exception as e:  # noqa: BLE001 - one collector never stops the others
+            up, reason = False, _one_line(e)
+        status = getattr(st.collector, "source_status", None)
+        if up and status is not None:
+            src = status()
+            up, reason = src.up, src.reason
+            st.staleness = src.staleness
+        self._note_state(st, up, reason, events)
+        st.duration = time.perf_counter() - c0
+
+    def _own_samples(self) -> list[Sample]:
+        """The sampler's own series: each collector's state and duration, the tick count and time."""
+        out: list[Sample] = []
+        for st in self.states:
+            labels = {"collector": st.collector.name}
+            out.append(Sample("triscope_collector_up", 1.0 if st.up else 0.0, labels))
+            out.append(Sample("triscope_collector_duration_seconds", st.duration, labels))
+            if st.staleness is not None:
+                out.append(Sample("triscope_collector_staleness_seconds", st.staleness, labels))
+        self.stats.ticks += 1
+        out.append(Sample("triscope_ticks_total", float(self.stats.ticks), kind="counter"))
+        out.append(Sample("triscope_tick_duration_seconds", self.stats.last_tick_seconds))
+        if self.self_metrics is not None:
+            out.extend(self.self_metrics())
+        return out
 
     @staticmethod
     def _note_state(st: CollectorState, up: bool, reason: str, events: list[EventRecord]) -> None:
@@ -175,7 +177,7 @@ class Sampler:
         def close_one(c: Collector) -> None:
             try:
                 c.close()
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:  # noqa: BLE001 - one collector's close never keeps the others open
                 log.warning("closing collector %s: %s", c.name, _one_line(e))
 
         threads = [threading.Thread(target=close_one, args=(st.collector,), daemon=True,
@@ -193,3 +195,12 @@ class Sampler:
 def _one_line(e: BaseException) -> str:
     s = str(e).strip().splitlines()
     return f"{type(e).__name__}: {s[0]}" if s else type(e).__name__
+
+
+def _split(items: Iterable[Sample | EventRecord], samples: list[Sample], events: list[EventRecord]) -> None:
+    """Samples to ``samples``, events to ``events``, in order."""
+    for item in items:
+        if isinstance(item, Sample):
+            samples.append(item)
+        else:
+            events.append(item)
