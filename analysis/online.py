@@ -218,73 +218,101 @@ class MismatchTracker:
             if v != v:
                 continue
             if k == "busy":
-                name = label_name(s.labels)
-                if name not in self._busy_labels:
-                    self._busy_labels[name] = dict(s.labels)
-                self._add(self._busy, name, now, v)
+                self._ingest_busy(s, now, v)
             elif k == "rx" or k == "tx":
-                name = label_name(s.labels)
-                rate = self._rate(s.name, name, now, v)
-                if rate is not None and rate > link_now.get(name, -1.0):
-                    link_now[name] = rate
+                self._ingest_link_rate(s, now, v, link_now)
             elif k == "wl":
-                g = s.labels.get
-                ident = (g("gpu"), g("npu"), g("chip"), g("namespace"), g("pod"), g("container"), g("workload"))
-                w = self._wl.get(ident)
-                if w is None:
-                    acc = accelerator_key(s.labels)
-                    if acc is None:
-                        continue
-                    w = self._wl[ident] = _Workload(acc, workload_key(s.labels))
-                w.last = now
-                fld = WORKLOAD_FIELDS[s.name]
-                if fld in WORKLOAD_COUNTER_FIELDS:      # a counter: its per-second rate
-                    prev = w.prev.get(fld)
-                    w.prev[fld] = (now, v)
-                    if prev is None or now <= prev[0]:
-                        continue
-                    v = (v - prev[1] if v >= prev[1] else v) / (now - prev[0])
-                if fld is not None:
-                    r = w.series.get(fld)
-                    if r is None:
-                        r = w.series[fld] = _Rolling()
-                    r.add(now, v)
+                self._ingest_workload(s, now, v)
             elif k == "cpu":
                 self._cpu.add(now, v)
             elif k == "psi":
                 if is_pressure_input(s.labels):
                     self._add(self._psi, label_name(s.labels), now, v)
             elif k == "dma" or k == "rtx":
-                key = label_name(s.labels)
-                rate = self._rate(s.name, key, now, v)
-                if rate is not None:
-                    if k == "dma":
-                        self._dma_device[key] = s.labels.get("device")
-                        self._add(self._dma, key, now, rate)
-                    else:
-                        self._add(self._rtx, key, now, rate)
+                self._ingest_rate(k, s, now, v)
             elif k == "info":
-                gpu, bus = s.labels.get("gpu"), s.labels.get("bus_id")
-                if bus:
-                    self._bus_ids.add(bus)
-                    if gpu is not None and bus not in self._buses.setdefault(gpu, []):
-                        self._buses[gpu].append(bus)
-                        self._negotiated.clear()
+                self._ingest_info(s)
             else:  # link speed / width / capacity, as trained now
-                lid = link_id(s.labels)
-                if lid is None or not is_current(s.labels):
-                    continue
-                fact, rank = _FACT[s.name]
-                have = self._facts.setdefault(lid, {})
-                old = have.get(fact)
-                if old is None or (rank <= old[0] and old != (rank, v)):
-                    have[fact] = (rank, v)
-                    self._negotiated.clear()
+                self._ingest_link_fact(s, v)
+        self._add_link_load(now, link_now)
+        self._ticks.add(now, 1.0)
+
+    def _add_link_load(self, now: float, link_now: dict[str, float]) -> None:
+        """Each link's load this tick into its window, and the highest seen so far."""
         for name, rate in link_now.items():
             self._add(self._link, name, now, rate)
             if rate > self._link_max.get(name, 0.0):
                 self._link_max[name] = rate
-        self._ticks.add(now, 1.0)
+
+    def _ingest_busy(self, s: Sample, now: float, v: float) -> None:
+        name = label_name(s.labels)
+        if name not in self._busy_labels:
+            self._busy_labels[name] = dict(s.labels)
+        self._add(self._busy, name, now, v)
+
+    def _ingest_link_rate(self, s: Sample, now: float, v: float, link_now: dict[str, float]) -> None:
+        """A PCIe byte counter: its rate, the higher of RX and TX kept as the link's load this tick."""
+        name = label_name(s.labels)
+        rate = self._rate(s.name, name, now, v)
+        if rate is not None and rate > link_now.get(name, -1.0):
+            link_now[name] = rate
+
+    def _ingest_workload(self, s: Sample, now: float, v: float) -> None:
+        """A per-workload series: into its workload's window (a counter as its per-second rate)."""
+        g = s.labels.get
+        ident = (g("gpu"), g("npu"), g("chip"), g("namespace"), g("pod"), g("container"), g("workload"))
+        w = self._wl.get(ident)
+        if w is None:
+            acc = accelerator_key(s.labels)
+            if acc is None:
+                return
+            w = self._wl[ident] = _Workload(acc, workload_key(s.labels))
+        w.last = now
+        fld = WORKLOAD_FIELDS[s.name]
+        if fld in WORKLOAD_COUNTER_FIELDS:      # a counter: its per-second rate
+            prev = w.prev.get(fld)
+            w.prev[fld] = (now, v)
+            if prev is None or now <= prev[0]:
+                return
+            v = (v - prev[1] if v >= prev[1] else v) / (now - prev[0])
+        if fld is not None:
+            r = w.series.get(fld)
+            if r is None:
+                r = w.series[fld] = _Rolling()
+            r.add(now, v)
+
+    def _ingest_rate(self, k: str, s: Sample, now: float, v: float) -> None:
+        """DMA maps or retransmits: a counter, kept as its per-second rate."""
+        key = label_name(s.labels)
+        rate = self._rate(s.name, key, now, v)
+        if rate is None:
+            return
+        if k == "dma":
+            self._dma_device[key] = s.labels.get("device")
+            self._add(self._dma, key, now, rate)
+        else:
+            self._add(self._rtx, key, now, rate)
+
+    def _ingest_info(self, s: Sample) -> None:
+        """An accelerator's info series: its bus address (for its link and its DMA devices)."""
+        gpu, bus = s.labels.get("gpu"), s.labels.get("bus_id")
+        if bus:
+            self._bus_ids.add(bus)
+            if gpu is not None and bus not in self._buses.setdefault(gpu, []):
+                self._buses[gpu].append(bus)
+                self._negotiated.clear()
+
+    def _ingest_link_fact(self, s: Sample, v: float) -> None:
+        """A link's speed, width or capacity as trained now (the best-ranked source kept)."""
+        lid = link_id(s.labels)
+        if lid is None or not is_current(s.labels):
+            return
+        fact, rank = _FACT[s.name]
+        have = self._facts.setdefault(lid, {})
+        old = have.get(fact)
+        if old is None or (rank <= old[0] and old != (rank, v)):
+            have[fact] = (rank, v)
+            self._negotiated.clear()
 
     def window_values(self, copy: bool = True) -> WindowValues:
         """The sliding window's values, in the shape ``window_features`` takes (the stored-window
