@@ -359,40 +359,54 @@ def _named_workload(acc: AcceleratorFeatures, state: str, th: MismatchThresholds
     evidence names the workload whose own sockets lose the most; on the node's retransmits alone,
     none.  Everything else names the dominant workload (SM share, processes)."""
     if state == "staging-bound" and acc.has_workload_evidence:
-        cands: list[tuple[bool, float, WorkloadKey]] = []
-        for w in _workload_evidence(acc):
-            if host_findings(w, th):
-                at_limit = w.throttled is not None and th.cpu_throttled > 0 and w.throttled >= th.cpu_throttled
-                cands.append((at_limit, w.feeder if w.feeder is not None else 0.0, w.key))
-        cands.sort(reverse=True)
-        held = [c for c in cands if c[0]]
-        if len(held) == 1:
-            return held[0][2], "host evidence: held at its CPU limit"
-        if held:
-            cands = held
-        if len(cands) >= 2 and cands[0][1] < th.host_wide_margin * cands[1][1]:
-            # several workloads wait alike (a saturated host): naming one would be a guess
-            return NO_WORKLOAD, "host-wide"
-        feeders = _copy_feeders(acc, th, acc.link_util_typical)
-        if cands:
-            if feeders and feeders[0][1] != cands[0][2]:
-                # one workload's threads starve while another's feed the copies: which to act on is a guess
-                return NO_WORKLOAD, "host-wide"
-            return cands[0][2], "host evidence"
-        if len(feeders) >= 2 and feeders[0][0] < th.host_wide_margin * feeders[1][0]:
-            return NO_WORKLOAD, "host-wide"
-        if feeders:
-            return feeders[0][1], "host evidence: its threads feed the copies"
+        named = _staging_workload(acc, th)
+        if named is not None:
+            return named
     if state == "network-bound":
-        if not acc.has_workload_tcp:
-            return NO_WORKLOAD, "node-wide retransmits: whose is not known"
-        lossy = [(w.retransmits or 0.0, w.key) for w in acc.per_workload if network_finding(w, th) is not None]
-        if lossy:
-            return max(lossy)[1], "its own connections lose packets"
-        return NO_WORKLOAD, "network"
+        return _network_workload(acc, th)
     if state == "io-saturated" and acc.workloads >= 2:
         return _link_workload(acc, th)
     return _workload_of(acc), "SM share"
+
+
+def _staging_workload(acc: AcceleratorFeatures, th: MismatchThresholds) -> tuple[WorkloadKey, str] | None:
+    """``staging-bound`` on per-workload host evidence (see ``_named_workload``); None when no
+    workload has a finding and none feeds the copies (the dominant workload is named then)."""
+    cands: list[tuple[bool, float, WorkloadKey]] = []
+    for w in _workload_evidence(acc):
+        if host_findings(w, th):
+            at_limit = w.throttled is not None and th.cpu_throttled > 0 and w.throttled >= th.cpu_throttled
+            cands.append((at_limit, w.feeder if w.feeder is not None else 0.0, w.key))
+    cands.sort(reverse=True)
+    held = [c for c in cands if c[0]]
+    if len(held) == 1:
+        return held[0][2], "host evidence: held at its CPU limit"
+    if held:
+        cands = held
+    if len(cands) >= 2 and cands[0][1] < th.host_wide_margin * cands[1][1]:
+        # several workloads wait alike (a saturated host): naming one would be a guess
+        return NO_WORKLOAD, "host-wide"
+    feeders = _copy_feeders(acc, th, acc.link_util_typical)
+    if cands:
+        if feeders and feeders[0][1] != cands[0][2]:
+            # one workload's threads starve while another's feed the copies: which to act on is a guess
+            return NO_WORKLOAD, "host-wide"
+        return cands[0][2], "host evidence"
+    if len(feeders) >= 2 and feeders[0][0] < th.host_wide_margin * feeders[1][0]:
+        return NO_WORKLOAD, "host-wide"
+    if feeders:
+        return feeders[0][1], "host evidence: its threads feed the copies"
+    return None
+
+
+def _network_workload(acc: AcceleratorFeatures, th: MismatchThresholds) -> tuple[WorkloadKey, str]:
+    """``network-bound``: the workload whose own sockets lose the most; none on node-wide evidence."""
+    if not acc.has_workload_tcp:
+        return NO_WORKLOAD, "node-wide retransmits: whose is not known"
+    lossy = [(w.retransmits or 0.0, w.key) for w in acc.per_workload if network_finding(w, th) is not None]
+    if lossy:
+        return max(lossy)[1], "its own connections lose packets"
+    return NO_WORKLOAD, "network"
 
 
 def _link_workload(acc: AcceleratorFeatures, th: MismatchThresholds) -> tuple[WorkloadKey, str]:
