@@ -221,6 +221,47 @@ def _scrape(port: int) -> None:
         r.read()
 
 
+def _measure(agent: subprocess.Popen, ne: subprocess.Popen | None, a_port: int, n_port: int, warmup: float,
+             window: float) -> tuple[float, float, list[float], list[float], str]:
+    """Both scraped once a second: ``warmup`` seconds, then ``window`` seconds measured.  Returns
+    (agent CPU %, node_exporter CPU %, agent RSS MB each second, node_exporter's, the agent's last
+    /metrics)."""
+    t_end = time.monotonic() + warmup
+    while time.monotonic() < t_end:
+        _scrape(a_port)
+        if ne is not None:
+            _scrape(n_port)
+        time.sleep(1)
+    a0 = _cpu_ticks(agent.pid)
+    n0 = _cpu_ticks(ne.pid) if ne else 0
+    t0 = time.monotonic()
+    a_rss, n_rss = [], []
+    while time.monotonic() - t0 < window:
+        _scrape(a_port)
+        if ne is not None:
+            _scrape(n_port)
+        a_rss.append(_rss_mb(agent.pid))
+        if ne is not None:
+            n_rss.append(_rss_mb(ne.pid))
+        time.sleep(max(0.0, 1.0 - (time.monotonic() - t0) % 1.0))
+    dt = time.monotonic() - t0
+    a_cpu = (_cpu_ticks(agent.pid) - a0) / CLK_TCK / dt * 100
+    n_cpu = (_cpu_ticks(ne.pid) - n0) / CLK_TCK / dt * 100 if ne else float("nan")
+    with urllib.request.urlopen(f"http://127.0.0.1:{a_port}/metrics", timeout=2) as r:
+        text = r.read().decode()
+    return a_cpu, n_cpu, a_rss, n_rss, text
+
+
+def _stop(*procs: subprocess.Popen | None) -> None:
+    for p in procs:
+        if p is not None:
+            p.terminate()
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
 def footprint(quick: bool, no_migrate: bool = False, huge_pages: bool = False) -> list[Row]:
     triscope = ROOT / ".venv" / "bin" / "triscope"
     node_exporter = shutil.which("prometheus-node-exporter") or "/usr/bin/prometheus-node-exporter"
@@ -251,39 +292,11 @@ def footprint(quick: bool, no_migrate: bool = False, huge_pages: bool = False) -
                 return [Row("ebpf footprint", f"agent did not serve /metrics: {log}", float("nan"), "", ok=False)]
             if ne is not None:
                 _wait_port(n_port, 10)
-            t_end = time.monotonic() + warmup
-            while time.monotonic() < t_end:
-                _scrape(a_port)
-                if ne is not None:
-                    _scrape(n_port)
-                time.sleep(1)
-            a0 = _cpu_ticks(agent.pid)
-            n0 = _cpu_ticks(ne.pid) if ne else 0
-            t0 = time.monotonic()
-            a_rss, n_rss = [], []
-            while time.monotonic() - t0 < window:
-                _scrape(a_port)
-                if ne is not None:
-                    _scrape(n_port)
-                a_rss.append(_rss_mb(agent.pid))
-                if ne is not None:
-                    n_rss.append(_rss_mb(ne.pid))
-                time.sleep(max(0.0, 1.0 - (time.monotonic() - t0) % 1.0))
-            dt = time.monotonic() - t0
-            a_cpu = (_cpu_ticks(agent.pid) - a0) / CLK_TCK / dt * 100
-            n_cpu = (_cpu_ticks(ne.pid) - n0) / CLK_TCK / dt * 100 if ne else float("nan")
-            with urllib.request.urlopen(f"http://127.0.0.1:{a_port}/metrics", timeout=2) as r:
-                text = r.read().decode()
+            a_cpu, n_cpu, a_rss, n_rss, text = _measure(agent, ne, a_port, n_port, warmup, window)
             attached = sum(1 for line in text.splitlines()
                            if line.startswith("triscope_probe_attached{") and line.rstrip().endswith(" 1.0"))
         finally:
-            for p in (agent, ne):
-                if p is not None:
-                    p.terminate()
-                    try:
-                        p.wait(10)
-                    except subprocess.TimeoutExpired:
-                        p.kill()
+            _stop(agent, ne)
     a_rss_max = max(a_rss)
     n_rss_max = max(n_rss) if n_rss else float("nan")
     label = f"{int(window)} s, 1 s interval, all collectors, {attached} probes attached"
@@ -461,6 +474,25 @@ def _pages_referenced(pid: int) -> tuple[int, int]:
     return small, huge
 
 
+def _count_pages(procs: dict[str, tuple[subprocess.Popen, int]], reps: int,
+                 got: dict[str, list[tuple[int, int]]]) -> str:
+    """``reps`` rounds: every agent's accessed bits cleared, /metrics scraped, the pages each
+    touched in that second counted into ``got``.  Returns "" or, when an agent exited, what to say."""
+    for _ in range(reps):
+        for p, _port in procs.values():
+            with open(f"/proc/{p.pid}/clear_refs", "w") as f:
+                f.write("1")
+        t0 = time.monotonic()
+        for _p, port in procs.values():
+            _scrape(port)
+        time.sleep(max(0.0, 1.0 - (time.monotonic() - t0)))
+        for label, (p, _port) in procs.items():
+            if p.poll() is not None:   # a zombie's smaps reads empty: it would count as 0 pages
+                return f"agent ({label}) exited ({p.returncode}) during the count"
+            got[label].append(_pages_referenced(p.pid))
+    return ""
+
+
 def pages_touched(quick: bool) -> list[Row]:
     """Distinct pages one tick touches, the figure the CPU of a tick follows where the host ages
     guest memory (row ``agent memory``: re-touch cost per page): three agents side by side (all
@@ -501,31 +533,16 @@ def pages_touched(quick: bool) -> list[Row]:
                 for _p, port in procs.values():
                     _scrape(port)
                 time.sleep(1)
-            for _ in range(reps):
-                for p, _port in procs.values():
-                    with open(f"/proc/{p.pid}/clear_refs", "w") as f:
-                        f.write("1")
-                t0 = time.monotonic()
-                for _p, port in procs.values():
-                    _scrape(port)
-                time.sleep(max(0.0, 1.0 - (time.monotonic() - t0)))
-                for label, (p, _port) in procs.items():
-                    if p.poll() is not None:   # a zombie's smaps reads empty: it would count as 0 pages
-                        return [Row("agent memory", f"agent ({label}) exited ({p.returncode}) during the count",
-                                    float("nan"), "", ok=False)]
-                    got[label].append(_pages_referenced(p.pid))
+            exited = _count_pages(procs, reps, got)
+            if exited:
+                return [Row("agent memory", exited, float("nan"), "", ok=False)]
             default = procs[next(iter(variants))][0]
             with open(f"/proc/{default.pid}/environ", "rb") as f:
                 restarted = f"{REEXEC_MARK}=".encode() in f.read()
         except (OSError, subprocess.CalledProcessError) as e:   # clear_refs: ptrace rights over the agent
             return [Row("agent memory", f"pages touched: {e}", float("nan"), "", ok=False)]
         finally:
-            for p, _port in procs.values():
-                p.terminate()
-                try:
-                    p.wait(10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+            _stop(*(p for p, _port in procs.values()))
     med = {k: (statistics.median_low(s for s, _ in v), statistics.median_low(h for _, h in v)) for k, v in got.items()}
     base = med["default (4 KiB pages)"]
     rows = []
