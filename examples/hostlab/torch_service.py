@@ -34,6 +34,46 @@ def set_comm(name: str) -> None:
         ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)       # PR_SET_NAME
 
 
+def requests(args: argparse.Namespace, jpeg: bytes) -> Any:
+    """The requests as a ``Dataset``: each item fetches its payload (``--fetch``) and decodes ``jpeg``
+    to a 224x224 float tensor."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    fetch_addr = None
+    if args.fetch:
+        host, _, port = args.fetch.rpartition(":")
+        fetch_addr = (host, int(port))
+
+    class Requests(torch.utils.data.Dataset):
+        conn: socket.socket | None = None
+
+        def __len__(self) -> int:
+            return 10**9
+
+        def _fetch(self) -> None:
+            assert fetch_addr is not None
+            if self.conn is None:          # one connection per worker process
+                self.conn = socket.create_connection(fetch_addr, timeout=60)
+            self.conn.sendall(f"{args.fetch_bytes}\n".encode())
+            got = 0
+            while got < args.fetch_bytes:
+                chunk = self.conn.recv(min(1 << 20, args.fetch_bytes - got))
+                if not chunk:
+                    raise ConnectionError("blob server closed the connection")
+                got += len(chunk)
+
+        def __getitem__(self, i: int) -> Any:
+            if fetch_addr is not None:
+                self._fetch()
+            img = Image.open(io.BytesIO(jpeg)).convert("RGB").resize((224, 224), Image.Resampling.BILINEAR)
+            t = torch.from_numpy(np.asarray(img, dtype=np.uint8).copy()).permute(2, 0, 1)
+            return t.float().div_(255.0)
+
+    return Requests()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--name", required=True)
@@ -76,42 +116,13 @@ def main(argv: list[str] | None = None) -> int:
     buf = io.BytesIO()
     Image.fromarray(rng.integers(0, 255, (args.image, args.image, 3), dtype=np.uint8)).save(buf, "JPEG", quality=90)
     jpeg = buf.getvalue()
-    fetch_addr = None
-    if args.fetch:
-        host, _, port = args.fetch.rpartition(":")
-        fetch_addr = (host, int(port))
     worker_cpus = {int(c) for c in args.worker_cpus.split(",") if c.strip()}
-
-    class Requests(torch.utils.data.Dataset):
-        conn: socket.socket | None = None
-
-        def __len__(self) -> int:
-            return 10**9
-
-        def _fetch(self) -> None:
-            assert fetch_addr is not None
-            if self.conn is None:          # one connection per worker process
-                self.conn = socket.create_connection(fetch_addr, timeout=60)
-            self.conn.sendall(f"{args.fetch_bytes}\n".encode())
-            got = 0
-            while got < args.fetch_bytes:
-                chunk = self.conn.recv(min(1 << 20, args.fetch_bytes - got))
-                if not chunk:
-                    raise ConnectionError("blob server closed the connection")
-                got += len(chunk)
-
-        def __getitem__(self, i: int) -> Any:
-            if fetch_addr is not None:
-                self._fetch()
-            img = Image.open(io.BytesIO(jpeg)).convert("RGB").resize((224, 224), Image.Resampling.BILINEAR)
-            t = torch.from_numpy(np.asarray(img, dtype=np.uint8).copy()).permute(2, 0, 1)
-            return t.float().div_(255.0)
 
     def init(_: int) -> None:
         if worker_cpus:
             os.sched_setaffinity(0, worker_cpus)
 
-    loader = torch.utils.data.DataLoader(Requests(), batch_size=args.batch, num_workers=args.workers,
+    loader = torch.utils.data.DataLoader(requests(args, jpeg), batch_size=args.batch, num_workers=args.workers,
                                          pin_memory=True, worker_init_fn=init, shuffle=False)
     it = iter(loader)
     run(next(it).to(dev, non_blocking=True).to(memory_format=torch.channels_last))
