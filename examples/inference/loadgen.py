@@ -238,6 +238,63 @@ def _schedule(spec: LoadSpec, rng: np.random.Generator) -> list[tuple[float, str
         out.append((t, routes[int(rng.choice(len(routes), p=weights))]))
 
 
+def _path_for(spec: LoadSpec, route: str, i: int) -> str:
+    if route != "image":
+        return f"/v1/{route}"
+    model = spec.image_model if spec.image_model != "mixed" else ("vit", "clip")[i % 2]
+    return f"/v1/image?model={model}"
+
+
+def _post(conn: http.client.HTTPConnection | None, host: str, port: int, spec: LoadSpec, route: str, i: int,
+          body: bytes) -> tuple[http.client.HTTPConnection | None, str | None]:
+    """One request on a kept-alive connection (opened when None).  Returns the connection to use
+    next (None once closed) and the error kind (None: answered 200)."""
+    kind: str | None = None
+    try:
+        if conn is None:
+            conn = http.client.HTTPConnection(host, port, timeout=spec.timeout)
+        conn.request("POST", _path_for(spec, route, i), body=body,
+                     headers={"Content-Type": "application/json" if route == "text" else
+                              ("image/jpeg" if route == "image" else "audio/wav")})
+        resp = conn.getresponse()
+        resp.read()
+        if resp.status != 200:
+            kind = f"http_{resp.status}"
+        if resp.getheader("Connection", "").lower() == "close":
+            conn.close()
+            conn = None
+    except TimeoutError:
+        kind = "timeout"
+    except (OSError, http.client.HTTPException) as e:
+        kind = f"conn_{type(e).__name__}"
+    if kind is not None and conn is not None:
+        conn.close()
+        conn = None
+    return conn, kind
+
+
+def _dispatch(plan: list[tuple[float, str]], t0: float, stop: threading.Event,
+              q: queue.Queue[tuple[float, str, int] | None], max_backlog: int, stats: dict[str, RouteStats],
+              lock: threading.Lock) -> None:
+    """Each planned request queued for the senders at its time (open loop: one the senders are too
+    far behind for is counted as a client overrun, not sent late); until ``stop``."""
+    for n, (offset, route) in enumerate(plan):
+        due = t0 + offset
+        while not stop.is_set():
+            left = due - time.monotonic()
+            if left <= 0:
+                break
+            stop.wait(min(left, 0.05))
+        if stop.is_set():
+            return
+        with lock:
+            stats[route].sent += 1
+            if q.qsize() > max_backlog:
+                stats[route].errors["client_overrun"] += 1
+                continue
+        q.put((due, route, n))
+
+
 def run_load(spec: LoadSpec, payloads: Payloads | None = None, stop: threading.Event | None = None) -> LoadReport:
     """Drive ``spec.url`` for ``spec.duration`` seconds (or until ``stop`` is set) and report."""
     spec.check()
@@ -252,12 +309,6 @@ def run_load(spec: LoadSpec, payloads: Payloads | None = None, stop: threading.E
     stop = stop or threading.Event()
     max_backlog = spec.max_backlog if spec.max_backlog is not None else 10 * spec.concurrency
 
-    def path_for(route: str, i: int) -> str:
-        if route != "image":
-            return f"/v1/{route}"
-        model = spec.image_model if spec.image_model != "mixed" else ("vit", "clip")[i % 2]
-        return f"/v1/image?model={model}"
-
     def sender() -> None:
         conn: http.client.HTTPConnection | None = None
         while True:
@@ -265,28 +316,7 @@ def run_load(spec: LoadSpec, payloads: Payloads | None = None, stop: threading.E
             if item is None:
                 break
             due, route, i = item
-            body = payloads.get(route, i)
-            kind: str | None = None
-            try:
-                if conn is None:
-                    conn = http.client.HTTPConnection(host, port, timeout=spec.timeout)
-                conn.request("POST", path_for(route, i), body=body,
-                             headers={"Content-Type": "application/json" if route == "text" else
-                                      ("image/jpeg" if route == "image" else "audio/wav")})
-                resp = conn.getresponse()
-                resp.read()
-                if resp.status != 200:
-                    kind = f"http_{resp.status}"
-                if resp.getheader("Connection", "").lower() == "close":
-                    conn.close()
-                    conn = None
-            except TimeoutError:
-                kind = "timeout"
-            except (OSError, http.client.HTTPException) as e:
-                kind = f"conn_{type(e).__name__}"
-            if kind is not None and conn is not None:
-                conn.close()
-                conn = None
+            conn, kind = _post(conn, host, port, spec, route, i, payloads.get(route, i))
             done = time.monotonic()
             with lock:
                 s = stats[route]
@@ -303,21 +333,7 @@ def run_load(spec: LoadSpec, payloads: Payloads | None = None, stop: threading.E
         t.start()
     started_wall = time.time()
     t0 = time.monotonic()
-    for n, (offset, route) in enumerate(plan):
-        due = t0 + offset
-        while not stop.is_set():
-            left = due - time.monotonic()
-            if left <= 0:
-                break
-            stop.wait(min(left, 0.05))
-        if stop.is_set():
-            break
-        with lock:
-            stats[route].sent += 1
-            if q.qsize() > max_backlog:
-                stats[route].errors["client_overrun"] += 1
-                continue
-        q.put((due, route, n))
+    _dispatch(plan, t0, stop, q, max_backlog, stats, lock)
     while not stop.is_set() and time.monotonic() < t0 + spec.duration:   # the run lasts its duration
         stop.wait(min(0.05, max(0.0, t0 + spec.duration - time.monotonic())))
     for _ in threads:
