@@ -105,7 +105,7 @@ class MicroBatcher:
                 outputs = list(self._run_batch([p.payload for p in batch]))
                 if len(outputs) != len(batch):
                     raise RuntimeError(f"batch of {len(batch)} gave {len(outputs)} outputs")
-            except BaseException as e:  # every request of the batch gets the error
+            except BaseException as e:  # noqa: BLE001 - every request of the batch gets the error through its future, as concurrent.futures passes on whatever the call raised
                 for p in batch:
                     p.future.set_exception(e)
                 continue

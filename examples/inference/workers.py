@@ -137,7 +137,7 @@ class WorkerPool:
                     self._busy += 1
                 try:
                     fut.set_result(fn(*args))
-                except BaseException as e:  # the caller gets the exception through the future
+                except BaseException as e:  # noqa: BLE001 - the caller gets whatever the call raised through the future, as concurrent.futures does
                     fut.set_exception(e)
                 finally:
                     with self._lock:

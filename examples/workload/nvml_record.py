@@ -61,7 +61,7 @@ def bench_calls(n: int = 50) -> dict[str, float]:
             ts.append(time.perf_counter() - t0)
         out["gpm_sample"] = statistics.median(ts)
         nv.nvmlGpmSampleFree(s)
-    except Exception as e:
+    except (nv.NVMLError, AttributeError) as e:   # unsupported here, or a pynvml without GPM
         out["gpm_error"] = str(e)  # type: ignore[assignment]
     # the cumulative GPM PCIe metrics (ids 255/256) of newer NVML: supported on this driver?
     try:
@@ -81,7 +81,7 @@ def bench_calls(n: int = 50) -> dict[str, float]:
         out["gpm_metrics_get"] = time.perf_counter() - t0
         out["gpm_metric_probe"] = {str(ids[i]): [int(mg.metrics[i].nvmlReturn), mg.metrics[i].value]  # type: ignore[assignment]
                                    for i in range(len(ids))}
-    except Exception as e:
+    except (nv.NVMLError, AttributeError) as e:   # unsupported here, or a pynvml without these names
         out["gpm_metrics_error"] = str(e)  # type: ignore[assignment]
     try:
         out["nvlink0"] = nv.nvmlDeviceGetNvLinkState(h, 0)
