@@ -645,21 +645,10 @@ class KubeTestServer:
         if not namespaced:
             ns = ""
         if sub:
-            if res == "pods" and sub == "eviction" and method == "POST":
-                return self._evict(ns, name or "", body)
-            if res == "deployments" and sub in ("status", "scale") and method == "GET":
-                obj = self._must(res, ns, name or "")
-                return 200, obj
-            raise ApiError(404, "NotFound", f"subresource {sub} not served")
+            return self._subresource(method, res, ns, name or "", sub, body)
         if name is None:
             if method == "GET":
-                items = [copy.deepcopy(o) for (_, ons, _), o in self.objects.of(res) if not ns or ons == ns]
-                if "labelSelector" in query:
-                    items = [o for o in items if _match_labels(query["labelSelector"][0], o["metadata"].get("labels", {}))]
-                if "fieldSelector" in query:
-                    items = [o for o in items if _match_fields(query["fieldSelector"][0], o)]
-                return 200, {"kind": f"{kind}List", "apiVersion": gv, "metadata": {"resourceVersion": self.next_rv()},
-                             "items": items}
+                return 200, self._list(res, ns, kind, gv, query)
             if method == "POST":
                 return self._create(res, ns, body)
             raise ApiError(405, "MethodNotAllowed", f"{method} not allowed on a collection")
@@ -674,6 +663,24 @@ class KubeTestServer:
             del self.objects[(res, ns, name)]
             return 200, obj
         raise ApiError(405, "MethodNotAllowed", f"{method} not allowed")
+
+    def _subresource(self, method: str, res: str, ns: str, name: str, sub: str, body: Any) -> tuple[int, Any]:
+        """The subresources served: a pod's eviction, a deployment's status and scale (read)."""
+        if res == "pods" and sub == "eviction" and method == "POST":
+            return self._evict(ns, name, body)
+        if res == "deployments" and sub in ("status", "scale") and method == "GET":
+            return 200, self._must(res, ns, name)
+        raise ApiError(404, "NotFound", f"subresource {sub} not served")
+
+    def _list(self, res: str, ns: str, kind: str, gv: str, query: dict[str, list[str]]) -> dict[str, Any]:
+        """A collection (in one namespace, or all), filtered by its label and field selectors."""
+        items = [copy.deepcopy(o) for (_, ons, _), o in self.objects.of(res) if not ns or ons == ns]
+        if "labelSelector" in query:
+            items = [o for o in items if _match_labels(query["labelSelector"][0], o["metadata"].get("labels", {}))]
+        if "fieldSelector" in query:
+            items = [o for o in items if _match_fields(query["fieldSelector"][0], o)]
+        return {"kind": f"{kind}List", "apiVersion": gv, "metadata": {"resourceVersion": self.next_rv()},
+                "items": items}
 
     def _must(self, res: str, ns: str, name: str) -> dict[str, Any]:
         obj = self.objects.get((res, ns, name))
