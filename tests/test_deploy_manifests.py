@@ -462,6 +462,24 @@ def test_services_select_pods_and_name_real_ports(rendered: dict[str, list[dict[
     assert drops and all(re.fullmatch(drops[0]["regex"], n) for n in ("namespace", "pod", "container"))
 
 
+def _secret_keys_read(spec: dict[str, Any]) -> set[tuple[str, str]]:
+    """(secret, key) of every secret a pod spec reads: its containers' env, its secret and projected volumes."""
+    out: set[tuple[str, str]] = set()
+    for c in spec["containers"]:
+        for e in c.get("env", []):
+            ref = e.get("valueFrom", {}).get("secretKeyRef")
+            if ref:
+                out.add((ref["name"], ref["key"]))
+    for v in spec.get("volumes", []):
+        if "secret" in v:
+            for item in v["secret"].get("items", []):
+                out.add((v["secret"]["secretName"], item["key"]))
+        for src in v.get("projected", {}).get("sources", []):
+            for item in src.get("secret", {}).get("items", []):
+                out.add((src["secret"]["name"], item["key"]))
+    return out
+
+
 def test_every_secret_key_the_workloads_read_is_created_by_the_example(
         rendered: dict[str, list[dict[str, Any]]]) -> None:
     secrets = {s["metadata"]["name"]: set(s["data"]) for s in by_kind(rendered["secrets-example"], "Secret")}
@@ -469,18 +487,7 @@ def test_every_secret_key_the_workloads_read_is_created_by_the_example(
     wanted: set[tuple[str, str]] = set()
     for overlay in OVERLAYS:
         for _, spec in pod_specs(rendered[overlay]):
-            for c in spec["containers"]:
-                for e in c.get("env", []):
-                    ref = e.get("valueFrom", {}).get("secretKeyRef")
-                    if ref:
-                        wanted.add((ref["name"], ref["key"]))
-            for v in spec.get("volumes", []):
-                if "secret" in v:
-                    for item in v["secret"].get("items", []):
-                        wanted.add((v["secret"]["secretName"], item["key"]))
-                for src in v.get("projected", {}).get("sources", []):
-                    for item in src.get("secret", {}).get("items", []):
-                        wanted.add((src["secret"]["name"], item["key"]))
+            wanted |= _secret_keys_read(spec)
         for sm in by_kind(rendered[overlay], "ServiceMonitor"):
             for ep in sm["spec"]["endpoints"]:
                 for ref in ep.get("basicAuth", {}).values():
