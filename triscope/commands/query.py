@@ -5,9 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from typing import TYPE_CHECKING
 
 from triscope.commands.common import TIME_HELP, add_db_option, db_url, fmt_ts, known_nodes, parse_time
 from triscope.core.names import shorten
+
+if TYPE_CHECKING:
+    from triscope.store import Store
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -50,23 +54,13 @@ def cmd_query(args: argparse.Namespace) -> int:
     if args.node and args.node not in {n.name for n in st.nodes()}:
         raise UserError(f"unknown node {shorten(args.node)!r} (stored nodes: {known_nodes(st)})")
     if args.events:
-        for e in st.events(node=args.node, start=start, end=end):
-            if args.json:
-                print(json.dumps({"ts": e.ts, "node": e.node, "kind": e.kind, "severity": e.severity,
-                                  "message": e.message, "details": e.details}))
-            else:
-                print(f"{fmt_ts(e.ts)}  {e.node:<16} {e.kind:<18} {e.severity:<8} {e.message}")
+        _print_events(st, args, start, end)
         return 0
     if not args.metric:
         for m in st.metric_names(args.node):
             print(m)
         return 0
-    labels = {}
-    for kv in args.label:
-        k, sep, v = kv.partition("=")
-        if not sep:
-            raise UserError(f"--label {kv!r} is not K=V")
-        labels[k] = v
+    labels = _labels(args.label)
     if args.metric not in st.metric_names(args.node):
         raise UserError(f"unknown metric {shorten(args.metric)!r}" + (f" on node {args.node!r}" if args.node else "")
                         + " — 'triscope query' without --metric lists the stored ones")
@@ -83,3 +77,25 @@ def cmd_query(args: argparse.Namespace) -> int:
             else:
                 print(f"{fmt_ts(t)}  {v:.6g}")
     return 0
+
+
+def _labels(pairs: list[str]) -> dict[str, str]:
+    """``--label K=V`` arguments as a dict."""
+    from triscope.core.errors import UserError
+
+    labels = {}
+    for kv in pairs:
+        k, sep, v = kv.partition("=")
+        if not sep:
+            raise UserError(f"--label {kv!r} is not K=V")
+        labels[k] = v
+    return labels
+
+
+def _print_events(st: Store, args: argparse.Namespace, start: float, end: float) -> None:
+    for e in st.events(node=args.node, start=start, end=end):
+        if args.json:
+            print(json.dumps({"ts": e.ts, "node": e.node, "kind": e.kind, "severity": e.severity,
+                              "message": e.message, "details": e.details}))
+        else:
+            print(f"{fmt_ts(e.ts)}  {e.node:<16} {e.kind:<18} {e.severity:<8} {e.message}")
