@@ -16,24 +16,74 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from triscope.core.names import shorten
+from triscope.core.vocabulary import QUIET_STATES
 
 NAME_CHARS = 48      # characters of a node name or label value shown; longer ones end in an ellipsis
 TITLE_CHARS = 1024   # characters of one shown in full (a tooltip, a hover label)
 
-# one colour per state of ``triscope.analysis.mismatch.STATES`` (docs/workloads.md section 2), in its order
+# one colour per state of ``triscope.analysis.mismatch.STATES`` (docs/workloads.md section 2), in its
+# order: the quiet states (idle, demand-limited: never a page) pale greys, the healthy busy ones
+# green and blue, the faults loud (red, orange, purple)
 STATE_COLORS: dict[str, str] = {
-    "idle": "#9e9e9e",
-    "demand-limited": "#00838f",     # not busy, and nothing says I/O or the host holds it back: never a page
+    "idle": "#e0e0e0",
+    "demand-limited": "#b0bec5",     # not busy, and nothing says I/O or the host holds it back: never a page
     "compute-bound": "#2e7d32",
     "balanced": "#1976d2",
     "io-saturated": "#d32f2f",
     "staging-bound": "#ef6c00",
     "network-bound": "#7b1fa2",
 }
+UNKNOWN_STATE_COLOR = "#bdbdbd"
+DARK_INK, LIGHT_INK = "#263238", "#ffffff"
+STATE_INK: dict[str, str] = {s: DARK_INK if s in QUIET_STATES else LIGHT_INK for s in STATE_COLORS}
+"""The text colour on a state's colour: dark on the pale quiet states, white on the others."""
+
+
+def state_style(state: str | None) -> dict[str, str]:
+    """A state chip's inline style (its colour and a readable text colour); {} for no state."""
+    if not state:
+        return {}
+    return {"backgroundColor": STATE_COLORS.get(state, UNKNOWN_STATE_COLOR),
+            "color": STATE_INK.get(state, DARK_INK)}
+
+
+# One colour per kind of series on the Node page, the same on every node and never a state's (a
+# line must not read as a state): (legend title, colour).  Several series of one kind (one per GPU,
+# per workload) share the kind's colour in lighter shades and one legend entry.
+SERIES_KINDS: dict[str, tuple[str, str]] = {
+    "triscope_gpu_sm_active_ratio": ("SM active", "#00838f"),
+    "triscope_npu_aicore_utilization_ratio": ("AICore busy", "#00838f"),
+    "triscope_gpu_tensor_active_ratio": ("tensor active", "#4dd0e1"),
+    "triscope_gpu_utilization_ratio": ("NVML util (coarse)", "#006064"),
+    "triscope_workload_feeder_busy_ratio": ("feeder busy", "#f9a825"),
+    "triscope_workload_cpu_wait_ratio": ("CPU wait", "#6d4c41"),
+    "triscope_gpu_pcie_rx_bytes_total": ("PCIe RX (H2D)", "#c2185b"),
+    "triscope_gpu_pcie_tx_bytes_total": ("PCIe TX (D2H)", "#f48fb1"),
+    "capacity": ("link capacity", "#616161"),
+    "triscope_iommu_map_bytes_total": ("IOMMU map", "#9e9d24"),
+    "triscope_dma_map_total": ("DMA maps/s", "#827717"),
+    "triscope_tcp_retransmits_total": ("TCP retransmits/s", "#880e4f"),
+    "triscope_tcp_sockets": ("TIME_WAIT sockets", "#212121"),
+}
+OTHER_SERIES_COLOR = "#757575"
+
+
+def series_kind(metric: str) -> tuple[str, str]:
+    """(legend title, colour) of a series' kind; unknown metrics are grey, titled by their name."""
+    return SERIES_KINDS.get(metric, (metric, OTHER_SERIES_COLOR))
+
+
+def shade(color: str, i: int) -> str:
+    """The ``i``-th shade of a kind's colour: the colour itself, then mixed with white a little
+    more each time (at most 60 %), so GPU 0 and GPU 1 of one kind stay one family."""
+    k = min(0.6, 0.22 * i)
+    r, g, b = (int(color[j:j + 2], 16) for j in (1, 3, 5))
+    return "#" + "".join(f"{round(c + (255 - c) * k):02x}" for c in (r, g, b))
 EVENT_SYMBOLS = {"xid": "x", "aer": "diamond", "iommu_fault": "triangle-down", "remediation": "star",
                  "retransmit_burst": "triangle-up", "gpu_lost": "x", "phase": "line-ns-open", "collector": "circle-open"}
 SEVERITY_COLORS = {"info": "#546e7a", "warning": "#f9a825", "error": "#c62828", "critical": "#6a1b9a"}
 LANE_ROWS = {"accelerators": 2, "io": 3, "network": 4}
+LANE_LEGENDS = {1: "legend", 2: "legend2", 3: "legend3", 4: "legend4"}   # the states and events on top; a lane's beside it
 FONT = dict(family="system-ui, -apple-system, Segoe UI, Roboto, sans-serif", size=12)
 
 
@@ -139,18 +189,30 @@ def node_lanes_figure(lanes: Any, uirevision: Any = "node", height: int = 860) -
                         "color": [SEVERITY_COLORS.get(e.severity, "#546e7a") for e in evs]},
              "text": [shorten(f"{e.kind} ({e.severity}): {e.message}", 300) for e in evs],
              "hovertemplate": "%{text}<extra></extra>"}, 1, f"events|{kind}")
-    # lanes (a lane with only secondary-axis series draws them on its primary axis)
+    # lanes (a lane with only secondary-axis series draws them on its primary axis): each series in
+    # its kind's colour (a lighter shade for the next GPU or workload of that kind), one legend entry
+    # per kind in the lane's own legend beside it; hovering a line names the series itself
     has_primary = {LANE_ROWS[t.lane] for t in lanes.traces if not t.secondary}
     units: dict[tuple[int, bool], str] = {}
+    seen: dict[str, int] = {}
     for t in lanes.traces:
         row = LANE_ROWS[t.lane]
         secondary = bool(t.secondary and NODE_AXES[row][2] and row in has_primary)
+        title, color = series_kind(t.metric)
+        n = seen.get(title, 0)
+        seen[title] = n + 1
+        if n == 0:   # the kind's legend entry: toggles every series of the kind
+            add({"type": "scatter", "x": [None], "y": [None], "mode": "lines", "name": title,
+                 "legendgroup": title, "legend": LANE_LEGENDS[row], "hoverinfo": "skip",
+                 "line": {"width": 2.2, "color": color, "dash": t.dash or "solid"}}, row, f"legend|{title}", secondary)
         k = t.scale
         add({"type": "scatter", "x": to_dt(t.ts), "y": [v * k for v in t.values], "mode": "lines", "name": t.name,
-             "line": {"width": 1.4, "dash": t.dash or "solid", "shape": t.shape},
+             "line": {"width": 1.4, "dash": t.dash or "solid", "shape": t.shape, "color": shade(color, n)},
+             "legendgroup": title, "showlegend": False, "legend": LANE_LEGENDS[row],
              "hovertemplate": f"%{{y:.3g}} {t.unit}<extra>{t.name}</extra>",
              # what the export (dashboard/export.py) writes beside each point
-             "meta": {"labels": dict(t.labels), "unit": t.unit, "metric": t.metric}}, row, t.key, secondary)
+             "meta": {"labels": dict(t.labels), "unit": t.unit, "metric": t.metric, "kind": title}},
+            row, t.key, secondary)
         units.setdefault((row, secondary), t.unit)
     for lane, row in LANE_ROWS.items():
         msg = lanes.missing.get(lane)
@@ -178,6 +240,11 @@ def node_lanes_figure(lanes: Any, uirevision: Any = "node", height: int = 860) -
     for ax in ("xaxis", "xaxis2", "xaxis3", "xaxis4"):
         # live mode moves the range along unless the user zoomed
         layout[ax].update(type="date", range=[a, b], showticklabels=ax == "xaxis4")
+    for row, name in LANE_LEGENDS.items():   # each lane's legend at its right, level with its top
+        if name != "legend":
+            top = layout["yaxis" + NODE_AXES[row][1][1:]]["domain"][1]
+            layout[name] = {"x": 1.01, "xanchor": "left", "y": top, "yanchor": "top", "orientation": "v",
+                            "font": {"size": 11}, "bgcolor": "rgba(255,255,255,0.7)"}
     layout.update(height=height, uirevision=uirevision, annotations=notes)
     return {"data": data, "layout": layout}, keys
 
@@ -194,8 +261,9 @@ def _node_layout_base() -> dict[str, Any]:
                             row_heights=[0.07, 0.31, 0.31, 0.31],
                             specs=[[{}], [{}], [{"secondary_y": True}], [{"secondary_y": True}]])
         _base_layout(fig, 860)
-        fig.update_layout(dragmode="zoom", hovermode="closest", legend={"y": -0.05, "yanchor": "top"},
-                          margin={"l": 60, "r": 60, "t": 30, "b": 40})
+        fig.update_layout(dragmode="zoom", hovermode="closest",
+                          legend={"y": 1.0, "yanchor": "bottom", "x": 0, "orientation": "h"},
+                          margin={"l": 60, "r": 190, "t": 40, "b": 40})
         _NODE_LAYOUT = json.loads(fig.to_json())["layout"]
     return copy.deepcopy(_NODE_LAYOUT)
 

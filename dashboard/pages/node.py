@@ -15,7 +15,7 @@ from dash import Input, Output, Patch, State, dcc, html, no_update
 from triscope.dashboard import data, export, figures, timeview, topology_view, workload_data
 from triscope.dashboard.components import error_note, fmt_ts, name_span, note, parse_ts, range_picker, short
 from triscope.dashboard.context import ctx
-from triscope.dashboard.node_parts import accel_picker, workload_panel
+from triscope.dashboard.node_parts import accel_picker, workload_panel, workload_states
 from triscope.dashboard.registry import page_callback
 
 dash.register_page(__name__, path="/node", path_template="/node/<node>", name="Node", order=1, title="triscope - node",
@@ -156,7 +156,8 @@ def _accel_parts(c: Any, node: str, lanes: data.NodeLanes, w: data.Window, prese
         keep.update(start=str(start), end=str(end))
     rows = workload_data.node_workloads(c.store, node, w.start, w.end, lanes.accel, owners=lookup,
                                         fetch=data.fetch_all)
-    return accel_picker(node, lanes.accels, lanes.accel, now, keep), workload_panel(rows, lanes.accel, w)
+    states = workload_states(c.store, node, w.start, w.end)    # each row coloured by its own state
+    return accel_picker(node, lanes.accels, lanes.accel, now, keep), workload_panel(rows, lanes.accel, w, states)
 
 
 @page_callback(Output("node-interval", "disabled"), Input("node-live", "value"))

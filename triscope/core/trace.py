@@ -24,11 +24,13 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import re
 import time
 import zlib
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import IO, Any
 
@@ -180,9 +182,42 @@ class Trace:
     decisions: list[dict[str, Any]] = field(default_factory=list)
 
     def shifted_decisions(self, offset: float) -> list[dict[str, Any]]:
-        """The decisions with every timestamp moved by ``offset`` (as ``import_trace`` moves ticks)."""
-        return [{k: (float(v) + offset if k in DECISION_TIMES and v is not None else v) for k, v in d.items()}
-                for d in self.decisions]
+        """The decisions with every timestamp moved by ``offset`` (as ``import_trace`` moves ticks):
+        the time fields, and the absolute times written inside their texts ("wrote FILE until
+        2026-12-01T21:19:02Z" in a reason, a response's expiry), so a reason says the same time
+        as the row it is on."""
+        return [{k: (float(v) + offset if k in DECISION_TIMES and v is not None else shift_times_in(v, offset))
+                 for k, v in d.items()} for d in self.decisions]
+
+
+_ISO_TIME = re.compile(r"\b(\d{4}-\d\d-\d\d)([T ])(\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:?\d\d)")
+
+
+def _shift_iso(m: re.Match[str], offset: float) -> str:
+    sep, frac, zone = m.group(2), m.group(4) or "", m.group(5)
+    try:
+        t = datetime.fromisoformat(f"{m.group(1)}T{m.group(3)}{frac}{'+00:00' if zone == 'Z' else zone}")
+    except ValueError:
+        return m.group(0)
+    moved = (t + timedelta(seconds=offset)).astimezone(t.tzinfo)
+    text = moved.strftime(f"%Y-%m-%d{sep}%H:%M:%S") + (f"{moved.microsecond / 1e6:.{len(frac) - 1}f}"[1:] if frac else "")
+    return text + ("Z" if zone == "Z" else moved.strftime("%z")[:3] + ":" + moved.strftime("%z")[3:]
+                   if ":" in zone else moved.strftime("%z"))
+
+
+def shift_times_in(value: Any, offset: float) -> Any:
+    """``value`` with every ISO 8601 time that names its zone (``...Z``, ``+02:00``) moved by
+    ``offset`` seconds, in the same form; strings inside lists and mappings too; other values as
+    they are.  A time without a zone is left alone (it may not be an instant)."""
+    if not offset:
+        return value
+    if isinstance(value, str):
+        return _ISO_TIME.sub(lambda m: _shift_iso(m, offset), value) if "-" in value else value
+    if isinstance(value, list):
+        return [shift_times_in(v, offset) for v in value]
+    if isinstance(value, dict):
+        return {k: shift_times_in(v, offset) for k, v in value.items()}
+    return value
 
 
 def _open(path: Path) -> IO[str]:
