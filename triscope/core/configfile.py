@@ -186,48 +186,41 @@ def show(value: Any, mapping: str = "a mapping") -> str:
     return one_line(repr(value), 60)
 
 
+_FIXED = {"missing": "missing (required)", "extra_forbidden": "unknown key", "string_too_short": "must not be empty",
+          "recursion_loop": "nested too deeply"}
+_MUST_BE = {"bool_type": "true or false", "int_type": "an integer", "int_parsing": "an integer",
+            "int_from_float": "an integer", "float_type": "a number", "float_parsing": "a number",
+            "string_type": "a string", "string_sub_type": "a string", "list_type": "a list", "tuple_type": "a list",
+            "iterable_type": "a list", "finite_number": "a finite number"}
+_MAPPING_TYPES = ("dict_type", "model_type", "model_attributes_type", "mapping_type")
+_BOUNDS = {"greater_than": ("gt", ">"), "greater_than_equal": ("ge", ">="), "less_than": ("lt", "<"),
+           "less_than_equal": ("le", "<=")}
+
+
 def _what(d: ErrorDetails, mapping: str) -> str:
     t, ctx, value = d["type"], d.get("ctx") or {}, d.get("input")
     shown = show(value, mapping)
-    if t == "missing":
-        return "missing (required)"
-    if t == "extra_forbidden":
-        return "unknown key"
+    if t in _FIXED:
+        return _FIXED[t]
     if t in ("value_error", "assertion_error"):
         err = ctx.get("error")
         return str(err) if err is not None else d["msg"]
-    if t == "bool_type":
-        return f"must be true or false, not {shown}"
-    if t in ("int_type", "int_parsing", "int_from_float"):
-        return f"must be an integer, not {shown}"
-    if t in ("float_type", "float_parsing"):
-        return f"must be a number, not {shown}"
-    if t in ("string_type", "string_sub_type"):
-        return f"must be a string, not {shown}"
-    if t in ("dict_type", "model_type", "model_attributes_type", "mapping_type"):
+    if t in _MUST_BE:
+        return f"must be {_MUST_BE[t]}, not {shown}"
+    if t in _MAPPING_TYPES:
         return f"must be {mapping}, not {shown}"
-    if t in ("list_type", "tuple_type", "iterable_type"):
-        return f"must be a list, not {shown}"
     if t == "literal_error":
         return f"must be {ctx.get('expected', '?')}, not {shown}"
-    if t == "finite_number":
-        return f"must be a finite number, not {shown}"
-    bounds = {"greater_than": ("gt", ">"), "greater_than_equal": ("ge", ">="), "less_than": ("lt", "<"),
-              "less_than_equal": ("le", "<=")}
-    if t in bounds:
-        key, op = bounds[t]
+    if t in _BOUNDS:
+        key, op = _BOUNDS[t]
         return f"must be {op} {ctx.get(key)}, not {shown}"
     if t == "too_short":
         n = ctx.get("min_length", 1)
         return "must not be empty" if n == 1 else f"must have at least {n} items"
     if t == "too_long":
         return f"must have at most {ctx.get('max_length')} items (has {ctx.get('actual_length')})"
-    if t == "string_too_short":
-        return "must not be empty"
     if t == "string_too_long":
         return f"must be at most {ctx.get('max_length')} characters long"
-    if t == "recursion_loop":
-        return "nested too deeply"
     msg = d["msg"]
     return (msg[:1].lower() + msg[1:]) if msg else t
 
