@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
-from triscope.analysis.mismatch import STATES, link_capacity_bytes_per_second
+from triscope.analysis.mismatch import STATES
 from triscope.core.vocabulary import accelerator_name
 from triscope.dashboard import workload_data as wd
-from triscope.store.reader import StoreReader
+from triscope.store.reader import SeriesInfo, StoreReader
 
 if TYPE_CHECKING:   # the audit tables are read with the store's engine: the whole store, not the read interface
     from triscope.store.api import Store
@@ -38,6 +38,7 @@ class Window:
     end: float
     live: bool               # anchored at now (True) or at the node's last sample (recorded data)
     note: str = ""
+    recording: str = ""      # the trace file the node's data was imported from ("" for an agent's node)
 
     @property
     def span(self) -> float:
@@ -47,29 +48,64 @@ class Window:
 def resolve_window(store: StoreReader, node: str | None, preset: str, now: float,
                    custom: tuple[float, float] | None = None) -> Window:
     """The range a page shows.  Presets end at now for a live node, else at the node's last
-    sample (a recorded trace or a node that stopped reporting), and say so."""
+    sample (a recording, a node that stopped reporting), and say so.  A recording (a node imported
+    with ``triscope import-trace``, ``NodeInfo.recording``) is never live, even just after an
+    import shifted it to end now; for the whole fleet (``node`` None) the range ends at now while
+    any node an agent writes is live."""
+    infos = store.nodes()
+    me = next((n for n in infos if n.name == node), None) if node else None
+    rec = (me.recording or "") if me is not None else ""
     if preset == "custom" and custom is not None:
         a, b = custom
-        return Window(min(a, b), max(a, b), False, "custom range")
+        return Window(min(a, b), max(a, b), False, f"custom range; recording {rec}" if rec else "custom range", rec)
     span = PRESETS.get(preset, 3600.0)
-    last: float | None = None
     if node:
-        for n in store.nodes():
-            if n.name == node:
-                last = n.last_seen
-                if preset == DATA_PRESET:   # all the node's data: a short trace or a node just started
-                    span = max(60.0, (now if abs(now - n.last_seen) <= LIVE_SLACK_S else n.last_seen)
-                               - n.first_seen)
+        last = me.last_seen if me is not None else None
+        live = me is not None and not rec and abs(now - me.last_seen) <= LIVE_SLACK_S
+        if me is not None and preset == DATA_PRESET:   # all the node's data: a short trace or a node just started
+            span = max(60.0, (now if live else me.last_seen) - me.first_seen)
     else:
         # the nodes table knows each node's last sample (time_bounds() would scan every sample)
-        last = max((n.last_seen for n in store.nodes()), default=None)
-    if last is None or abs(now - last) <= LIVE_SLACK_S:
+        last = max((n.last_seen for n in infos), default=None)
+        live = any(not n.recording and abs(now - n.last_seen) <= LIVE_SLACK_S for n in infos)
+    if last is None or live:
         return Window(now - span, now, True)
     from datetime import datetime
 
     when = datetime.fromtimestamp(last, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     what = "data" if preset == DATA_PRESET else f"the {preset} before the last sample"
+    if rec:
+        return Window(last - span, last + 1.0, False, f"recording {rec}: showing {what} ({when})", rec)
     return Window(last - span, last + 1.0, False, f"not live: showing {what} ({when})")
+
+
+# ---------------------------------------------------------------------------------------------- recordings
+def recordings(store: StoreReader) -> dict[str, str]:
+    """node -> the trace file it was imported from, for every node that is a recording
+    (``NodeInfo.recording``: the node labels ``triscope import-trace`` and ``make run`` write)."""
+    return {n.name: rec for n in store.nodes() if (rec := n.recording)}
+
+
+def node_is_recording(store: StoreReader, node: str) -> bool:
+    return node in recordings(store)
+
+
+def recording_note(store: StoreReader, node: str | None = None) -> str:
+    """What a page says about recordings: for ``node``, that it is one (and from which file); for
+    the whole fleet (None), which of its nodes are.  "" when there is nothing to say."""
+    recs = recordings(store)
+    if node is not None:
+        rec = recs.get(node)
+        return (f"recording: {node} holds data imported from {rec} ('triscope import-trace'), not a live agent; "
+                "its states are the recording's") if rec else ""
+    if not recs:
+        return ""
+    from triscope.core.names import shorten
+
+    names = sorted(recs)
+    shown = ", ".join(shorten(n, 40) for n in names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+    return (f"{len(names)} recording(s): {shown} hold data imported from recorded traces, not live agents; "
+            "their states are the recordings'")
 
 
 # ---------------------------------------------------------------------------------------------- node lanes
@@ -80,7 +116,7 @@ LANE_TITLES = {"accelerators": "Accelerators (busy %)", "io": "I/O: PCIe / DMA /
 
 @dataclass
 class LaneTrace:
-    key: str                   # "metric|labelkey": stable id, used by live append
+    key: str                   # the store's series id (``SeriesInfo.id``) as text, "capacity|gpu=N": live append's key
     metric: str
     labels: dict[str, str]
     lane: str
@@ -123,6 +159,7 @@ class NodeLanes:
     events_truncated: bool = False
     accels: list[Any] = field(default_factory=list)           # the node's ``workload_data.Accel``s
     accel: Any = None                                         # the one shown (None: the whole node)
+    listed: list[SeriesInfo] = field(default_factory=list)    # the node's series: the render's one listing
 
 
 @dataclass(frozen=True)
@@ -136,6 +173,10 @@ class TraceSpec:
     dash: str | None = None
     only_labels: Mapping[str, str] | None = None
     limit: int = 8
+
+    def wants(self, info: SeriesInfo) -> bool:
+        return info.metric == self.metric and (
+            not self.only_labels or all(info.labels.get(k) == v for k, v in self.only_labels.items()))
 
 
 NODE_TRACES: tuple[TraceSpec, ...] = (
@@ -172,18 +213,15 @@ def _fmt(title: str, labels: Mapping[str, str]) -> str:
     return " ".join(title.format_map(_D({k: shorten(str(v), 48) for k, v in labels.items()})).replace("?", "").split())
 
 
-def _key(metric: str, labels: Mapping[str, str]) -> str:
-    return metric + "|" + ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
-
-
 def node_lanes(store: Store, node: str, window: Window, max_points: int = 1500,
                specs: Sequence[TraceSpec] = NODE_TRACES, max_events: int = 300, accel: Any = None) -> NodeLanes:
     """The three lanes of one node over ``window``, each series downsampled by the store; with
     ``accel`` (a ``workload_data.Accel``) only that accelerator's series, its link, its own DMA
     device when the store knows its bus, its workloads' feeder busy and CPU wait, and its state
-    ribbon (the node-wide network lane stays)."""
-    out = NodeLanes(node, window, accel=accel)
+    ribbon (the node-wide network lane stays).  The node's series are listed once (``listed``,
+    kept for the rest of the render); each trace's key is its series' id."""
     listed = store.series(node=node, prefix="triscope_")
+    out = NodeLanes(node, window, accel=accel, listed=listed)
     present = {s.metric for s in listed}
     out.accels = wd.node_accels(store, node, listed)
     todo = list(specs)
@@ -192,14 +230,8 @@ def node_lanes(store: Store, node: str, window: Window, max_points: int = 1500,
     if accel is not None:
         todo += WORKLOAD_TRACES
     own_device = _own_devices(listed, accel)
-    jobs: list[tuple[TraceSpec, Any]] = []
-    for spec in todo:
-        if spec.metric in present:
-            for info in store.series(node=node, metric=spec.metric,
-                                     labels=dict(spec.only_labels) if spec.only_labels else None):
-                if accel is not None and not _shown_for(info, accel, own_device):
-                    continue
-                jobs.append((spec, info))
+    jobs = [(spec, info) for spec in todo for info in listed
+            if spec.wants(info) and (accel is None or _shown_for(info, accel, own_device))]
     results = fetch_all(store, [info for _, info in jobs], window.start, window.end, max_points)
     by_spec: dict[int, list[Any]] = {}
     for (spec, _), d in zip(jobs, results, strict=True):
@@ -215,27 +247,40 @@ def node_lanes(store: Store, node: str, window: Window, max_points: int = 1500,
             name = (_fmt(spec.title, {"workload": ref.pod or ref.workload or "no workload"})
                     if spec.metric.startswith(wd.WORKLOAD_PREFIX) else _fmt(spec.title, lab))
             out.traces.append(LaneTrace(
-                _key(spec.metric, d.info.labels), spec.metric, lab, spec.lane, name, spec.unit, spec.scale, d.ts,
+                str(d.info.id), spec.metric, lab, spec.lane, name, spec.unit, spec.scale, d.ts,
                 d.values, spec.secondary, spec.dash, d.info.kind == "counter"))
-    cap = link_capacity_traces(store, node, window, present)
+    cap = link_capacity_traces(store, node, window, listed)
     out.traces.extend(t for t in cap if accel is None or t.labels.get("gpu") == (accel.index if accel.kind == "gpu" else None))
-    has = {t.lane for t in out.traces}
+    out.missing = _missing_lanes({t.lane for t in out.traces}, present, out.accels, accel)
+    out.segments, out.segments_note = mismatch_segments(store, node, window, max_points, listed, accel=accel)
+    out.events, out.events_truncated = _event_marks(store, node, window, accel, max_events)
+    return out
+
+
+def _missing_lanes(has: set[str], present: set[str], accels: Sequence[Any], accel: Any) -> dict[str, str]:
+    """lane -> why it is empty: nothing of the kind stored, or nothing in this range."""
+    out: dict[str, str] = {}
     gpus = "triscope_gpu_info" in present or any(m.startswith("triscope_gpu_") for m in present)
     if "accelerators" not in has:
-        out.missing["accelerators"] = ("no GPU or NPU on this node (no NVML / npu-smi series stored)"
-                                       if not gpus and not any(m.startswith("triscope_npu_") for m in present)
-                                       else f"no series stored for {accel.name} on this node" if accel is not None
-                                       and accel not in out.accels
-                                       else "accelerator series stored, but no points in this range")
+        out["accelerators"] = ("no GPU or NPU on this node (no NVML / npu-smi series stored)"
+                               if not gpus and not any(m.startswith("triscope_npu_") for m in present)
+                               else f"no series stored for {accel.name} on this node" if accel is not None
+                               and accel not in accels
+                               else "accelerator series stored, but no points in this range")
     if "io" not in has:
-        out.missing["io"] = ("no PCIe / DMA / IOMMU series stored for this node (GPU PCIe counters need NVML GPM; "
-                             "DMA and IOMMU need the eBPF probes)" if not any(
-                                 m.startswith(("triscope_gpu_pcie", "triscope_dma", "triscope_iommu")) for m in present)
-                             else "I/O series stored, but no points in this range")
+        out["io"] = ("no PCIe / DMA / IOMMU series stored for this node (GPU PCIe counters need NVML GPM; "
+                     "DMA and IOMMU need the eBPF probes)" if not any(
+                         m.startswith(("triscope_gpu_pcie", "triscope_dma", "triscope_iommu")) for m in present)
+                     else "I/O series stored, but no points in this range")
     if "network" not in has:
-        out.missing["network"] = ("no TCP series stored for this node" if not any(
+        out["network"] = ("no TCP series stored for this node" if not any(
             m.startswith("triscope_tcp") for m in present) else "TCP series stored, but no points in this range")
-    out.segments, out.segments_note = mismatch_segments(store, node, window, max_points, present, accel=accel)
+    return out
+
+
+def _event_marks(store: Store, node: str, window: Window, accel: Any, max_events: int) -> tuple[list[EventMark], bool]:
+    """The node's events in the window (state changes left out: the ribbon shows them), another
+    accelerator's left out, with the engine's remediation decisions from its audit log."""
     evs = store.events(node=node, start=window.start, end=window.end, limit=max_events + 1)
     evs = [e for e in evs if e.kind != "mismatch_state"] or evs  # state changes are the ribbon already
     if accel is not None:   # another accelerator's events are not this one's
@@ -251,9 +296,7 @@ def node_lanes(store: Store, node: str, window: Window, max_points: int = 1500,
                             f"{r.get('rule', '')}: {r.get('action', '')} {r.get('target', '')} ({r.get('mode', '')}, "
                             f"{r.get('outcome', '')})") for r in audit]
         marks.sort(key=lambda m: m.ts)
-    out.events_truncated = len(marks) > max_events
-    out.events = marks[:max_events]
-    return out
+    return marks[:max_events], len(marks) > max_events
 
 
 def _own_devices(listed: Sequence[Any], accel: Any) -> set[str]:
@@ -291,75 +334,53 @@ _POOL: Any = None
 
 def fetch_all(store: StoreReader, infos: Sequence[Any], start: float, end: float, max_points: int | None,
               rate: bool | None = None) -> list[Any]:
-    """``store.query_series`` for each series, a few at a time on a small thread pool (the
-    database works while Python waits: ~2x on a page of 10-15 series, more on PostgreSQL)."""
+    """``store.query_series`` for each series (the store downsamples), a few at a time on a small
+    thread pool (the database works while Python waits: ~2x on a page of 10-15 series, more on
+    PostgreSQL)."""
     global _POOL
-    one = _query_small if max_points is not None and end - start <= SMALL_RANGE_FACTOR * max_points else _query
     if len(infos) <= 1:
-        return [one(store, i, start, end, max_points, rate) for i in infos]
+        return [store.query_series(i, start, end, max_points=max_points, rate=rate) for i in infos]
     if _POOL is None:
         from concurrent.futures import ThreadPoolExecutor
 
         _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="triscope-dash-query")
-    futs = [_POOL.submit(one, store, i, start, end, max_points, rate) for i in infos]
+    futs = [_POOL.submit(store.query_series, i, start, end, max_points, rate) for i in infos]
     return [f.result() for f in futs]
 
 
-# a range of at most this many seconds per output point holds few raw points (1 Hz ticks): one plain
-# indexed read and the store's min/max downsampling in Python beat the SQL bucketing (3 queries)
-SMALL_RANGE_FACTOR = 4
+def link_capacities(store: StoreReader, node: str, listed: Sequence[SeriesInfo]) -> dict[str, float]:
+    """gpu -> its link's negotiated one-way capacity (gen x width as trained now, else the stored
+    capacity), from the newest link facts (``store.latest``: one read) of the GPUs with PCIe series."""
+    from triscope.analysis.features import PCIE_RX, PCIE_TX, buses_of_gpus, link_ids, negotiated_capacity
+    from triscope.analysis.mismatch_inputs import link_facts_from
+    from triscope.analysis.reader import SeriesPoints
 
-
-def _query(store: StoreReader, info: Any, start: float, end: float, max_points: int | None, rate: bool | None) -> Any:
-    return store.query_series(info, start, end, max_points=max_points, rate=rate)
-
-
-def _query_small(store: StoreReader, info: Any, start: float, end: float, max_points: int | None, rate: bool | None) -> Any:
-    from triscope.store.api import minmax_downsample
-
-    d = store.query_series(info, start, end, max_points=None, rate=rate)
-    if max_points is not None and len(d.ts) > max_points:
-        d.ts, d.values = minmax_downsample(d.ts, d.values, max_points)
-    return d
-
-
-def link_capacity_traces(store: StoreReader, node: str, window: Window, present: set[str]) -> list[LaneTrace]:
-    """A step line per GPU link at its negotiated one-way capacity (gen x width, as trained now)."""
-    out: list[LaneTrace] = []
-    if "triscope_gpu_pcie_rx_bytes_total" not in present and "triscope_gpu_pcie_tx_bytes_total" not in present:
-        return out
-    bus_of: dict[str, str] = {}
-    for info in store.series(node=node, metric="triscope_gpu_info"):
-        if info.labels.get("gpu") and info.labels.get("bus_id"):
-            bus_of[info.labels["gpu"]] = info.labels["bus_id"]
-    gpus = sorted({s.labels.get("gpu", "") for s in store.series(node=node, metric="triscope_gpu_pcie_rx_bytes_total")})
+    gpus = sorted({s.labels["gpu"] for s in listed if s.metric in (PCIE_RX, PCIE_TX) and s.labels.get("gpu")})
+    if not gpus:
+        return {}
+    by_metric: dict[str, list[SeriesPoints]] = {}
+    for prefix in sorted({p for p in LINK_FACT_PREFIXES if any(s.metric.startswith(p) for s in listed)}):
+        for lv in store.latest(node, prefix=prefix):
+            by_metric.setdefault(lv.info.metric, []).append(
+                SeriesPoints(lv.info.metric, dict(lv.info.labels), [lv.ts], [lv.value]))
+    facts = link_facts_from(by_metric)
+    buses = buses_of_gpus(s.labels for s in listed if s.metric == "triscope_gpu_info")
+    out: dict[str, float] = {}
     for gpu in gpus:
-        keys = [{"device": bus_of[gpu]}] if gpu in bus_of else []
-        keys.append({"gpu": gpu})
-        cap = None
-        for lab in keys:
-            speed = _last(store, node, "triscope_pcie_link_speed_gts", dict(lab, kind="current"), window)
-            width = _last(store, node, "triscope_pcie_link_width", dict(lab, kind="current"), window)
-            if speed and width:
-                cap = link_capacity_bytes_per_second(speed, width)
-                break
-            c = _last(store, node, "triscope_pcie_link_capacity_bytes_per_second", lab, window)
-            if c:
-                cap = c
-                break
+        cap = negotiated_capacity(link_ids({"gpu": gpu}, buses), facts)
         if cap:
-            out.append(LaneTrace(f"capacity|gpu={gpu}", "capacity", {"gpu": gpu}, "io", f"GPU {gpu} link capacity",
-                                 "GB/s", 1 / GB, [window.start, window.end], [cap, cap], dash="dash", shape="hv"))
+            out[gpu] = cap
     return out
 
 
-def _last(store: StoreReader, node: str, metric: str, labels: Mapping[str, str], window: Window) -> float | None:
-    best: tuple[float, float] | None = None
-    for d in store.query(metric, node=node, labels=dict(labels), start=window.start - 86400, end=window.end,
-                         max_points=20, rate=False):
-        if d.ts and (best is None or d.ts[-1] > best[0]):
-            best = (d.ts[-1], d.values[-1])
-    return None if best is None else best[1]
+LINK_FACT_PREFIXES = ("triscope_pcie_link_", "triscope_gpu_pcie_link_")
+
+
+def link_capacity_traces(store: StoreReader, node: str, window: Window, listed: Sequence[SeriesInfo]) -> list[LaneTrace]:
+    """A step line per GPU link at its negotiated one-way capacity (gen x width, as trained now)."""
+    return [LaneTrace(f"capacity|gpu={gpu}", "capacity", {"gpu": gpu}, "io", f"GPU {gpu} link capacity", "GB/s", 1 / GB,
+                      [window.start, window.end], [cap, cap], dash="dash", shape="hv")
+            for gpu, cap in link_capacities(store, node, listed).items()]
 
 
 def segments_from_points(points: Iterable[tuple[float, str]], end: float, max_gap: float | None = None) -> list[Segment]:
@@ -378,12 +399,12 @@ def segments_from_points(points: Iterable[tuple[float, str]], end: float, max_ga
     return out
 
 
-def history_segments(store: StoreReader, node: str, window: Window, accel: Any = None
-                     ) -> tuple[list[Segment], str] | None:
-    """The ribbon from the verdict history (``store.verdict_runs``): the node's roll-up runs, or with
-    ``accel`` that accelerator's own (a node with one accelerator and no roll-up: that one's); None
-    when the node has no history in the range (a store written before it)."""
-    runs = store.verdict_runs(node, window.start, window.end)
+def history_segments(store: StoreReader, node: str, window: Window, accel: Any = None,
+                     runs: Sequence[Any] | None = None) -> tuple[list[Segment], str] | None:
+    """The ribbon from the verdict history (``store.verdict_runs``, or ``runs`` already read): the
+    node's roll-up runs, or with ``accel`` that accelerator's own (a node with one accelerator and no
+    roll-up: that one's); None when the node has no history in the range (a store written before it)."""
+    runs = store.verdict_runs(node, window.start, window.end) if runs is None else runs
     if not runs:
         return None
     want = (accelerator_name(accel.labels) or "") if accel is not None else ""
@@ -394,32 +415,27 @@ def history_segments(store: StoreReader, node: str, window: Window, accel: Any =
             mine = [r for r in runs if r.accelerator == accs[0]]
     if not mine:
         return ([], f"no stored state for {accel.name} in this range") if accel is not None else None
-    steps = sorted((r.end - r.start) / (r.ticks - 1) for r in mine if r.ticks > 1 and r.end > r.start)
-    step = steps[len(steps) // 2] if steps else 1.0
-    segs: list[Segment] = []
-    for r in sorted(mine, key=lambda r: r.start):
-        a, b = max(r.start, window.start), min(r.end + step, window.end)
-        if b > a:
-            segs.append(Segment(a, b, r.state, r.score_mean))
+    segs = [Segment(a, b, r.state, r.score_mean) for r, a, b in wd.run_spans(mine, window.start, window.end)]
     # the same words as for the stored state series: the runs are that state, kept as runs
     return segs, (f"{accel.name}'s state stored by the agent" if accel is not None else "state stored by the agent")
 
 
 def mismatch_segments(store: StoreReader, node: str, window: Window, max_points: int,
-                      present: set[str] | None = None, accel: Any = None) -> tuple[list[Segment], str]:
+                      listed: Sequence[SeriesInfo] | None = None, accel: Any = None,
+                      runs: Sequence[Any] | None = None) -> tuple[list[Segment], str]:
     """The ribbon: the verdict history (``store.verdict_runs``: the node's roll-up, or with ``accel``
-    that accelerator's own runs) — the same record root cause reads, at full resolution whatever the
-    range; else, for stores written before it, the state the agent stored
-    (``triscope_mismatch_state``), else the detector run over the stored series
-    (``triscope.analysis.mismatch.node_states``, the node's roll-up)."""
-    got = history_segments(store, node, window, accel)
+    that accelerator's own runs) — the same record root cause and the other pages read, at full
+    resolution whatever the range; for stores written before it, the state the agent stored
+    (``triscope_mismatch_state``).  The detector is never re-run here."""
+    got = history_segments(store, node, window, accel, runs)
     if got is not None:
         return got
-    present = present if present is not None else {s.metric for s in store.series(node=node, prefix="triscope_")}
-    if "triscope_mismatch_state" in present:
+    listed = listed if listed is not None else store.series(node=node, prefix="triscope_")
+    infos = [s for s in listed if s.metric == wd.STATE_METRIC
+             and (wd.accel_of(s.labels) is None if accel is None else accel.matches(s.labels))]
+    if infos:
         pts: list[tuple[float, str]] = []
         step = 0.0
-        infos = wd.state_infos(store, node, accel, per_accel=accel is not None)
         for d in fetch_all(store, infos, window.start, window.end, max_points, rate=False):
             st = d.info.labels.get("state", "?")
             pts.extend((t, st) for t, v in zip(d.ts, d.values, strict=False) if v >= 0.5)
@@ -428,14 +444,13 @@ def mismatch_segments(store: StoreReader, node: str, window: Window, max_points:
         if pts:
             what = f"{accel.name}'s state stored by the agent" if accel is not None else "state stored by the agent"
             return segments_from_points(pts, window.end, max_gap=max(30.0, 4 * step)), what
-        if accel is not None and infos:
-            return [], f"no stored state for {accel.name} in this range"
+        return [], (f"no stored state for {accel.name} in this range" if accel is not None
+                    else "no state stored in this range")
     if accel is not None:
         return [], f"no per-accelerator state stored for {accel.name} (the node's state: pick the whole node)"
-    segs = computed_states(store, node, window)
-    if segs:
-        return [Segment(s.start, s.end, s.state, s.score) for s in segs], "state computed from the stored series"
-    return [], "no mismatch state: no accelerator data in this range"
+    if not any(s.metric.startswith(("triscope_gpu_", "triscope_npu_")) for s in listed):
+        return [], "no mismatch state: no accelerator data in this range"
+    return [], "no mismatch state stored for this node (its agent publishes no verdict)"
 
 
 CEILING_LOOKBACK_S = 3600.0
@@ -443,6 +458,8 @@ CEILING_LOOKBACK_S = 3600.0
 
 def computed_states(store: StoreReader, node: str, window: Window, max_windows: int = 400) -> list[Any]:
     """``triscope.analysis.mismatch.node_states`` with a window size that keeps at most ``max_windows``.
+    No page of this package calls it (they read the verdict history); kept for the root-cause page's
+    detector summary over a window its result carries none for.
 
     The link ceiling's observed part looks back ``CEILING_LOOKBACK_S`` (1 h) before the range
     instead of the detector's default 24 h: that look-back reads per-second rates from raw
@@ -457,21 +474,20 @@ def computed_states(store: StoreReader, node: str, window: Window, max_windows: 
                             ceiling_lookback_s=CEILING_LOOKBACK_S))
 
 
+LIVE_LOOKBACK_S = 30.0   # counters need the point before the first new one for its rate
+
+
 def live_delta(store: StoreReader, node: str, keys: Sequence[str], since: float, until: float) -> dict[str, tuple[list[float], list[float]]]:
-    """New raw points per trace key after ``since`` (live mode appends these)."""
+    """New raw points after ``since`` per trace key (live mode appends these).  The keys are the
+    series' ids (``LaneTrace.key``); other keys (capacity lines, the ribbon) have nothing to add."""
+    ids = {int(k) for k in keys if k.isdigit()}
+    if not ids:
+        return {}
+    infos = [s for s in store.series(node=node, prefix="triscope_") if s.id in ids]
     out: dict[str, tuple[list[float], list[float]]] = {}
-    by_metric: dict[str, set[str]] = {}
-    for k in keys:
-        m = k.split("|", 1)[0]
-        if m != "capacity":
-            by_metric.setdefault(m, set()).add(k)
-    for metric, ks in by_metric.items():
-        # counters need the previous point for their first rate: ask from a little earlier
-        for d in store.query(metric, node=node, start=since - 30, end=until, max_points=None):
-            k = _key(metric, d.info.labels)
-            if k in ks:
-                pts = [(t, v) for t, v in zip(d.ts, d.values, strict=False) if t > since]
-                out[k] = ([p[0] for p in pts], [p[1] for p in pts])
+    for d in fetch_all(store, infos, since - LIVE_LOOKBACK_S, until, None):
+        pts = [(t, v) for t, v in zip(d.ts, d.values, strict=False) if t > since]
+        out[str(d.info.id)] = ([p[0] for p in pts], [p[1] for p in pts])
     return out
 
 
@@ -485,23 +501,29 @@ class FleetRow:
     slo: str
     last_remediation: str
     last_seen: float
-    live: bool
+    live: bool                 # an agent's node whose last tick is recent (a recording never is)
     cells: list[Any] = field(default_factory=list)   # one ``workload_data.AccelNow`` per accelerator
+    recording: str = ""        # the trace file a recording was imported from ("" for an agent's node)
 
 
 MISMATCH_METRICS = ("triscope_mismatch_state", "triscope_mismatch_score")
-FLEET_METRICS = (*MISMATCH_METRICS, "triscope_accelerator_workload_info")
+FLEET_METRICS = (*MISMATCH_METRICS, wd.INFO_METRIC)
 FLEET_RECENT_S = 3600.0      # nodes seen within this of the newest node: one partition-pruned read
-FLEET_LOOKBACK_S = 900.0     # their latest mismatch points are looked for this far before their last tick
+FLEET_LOOKBACK_S = wd.CURRENT_LOOKBACK_S   # a node's current state: what it published this close to its last tick
 
 
 def fleet_rows(store: Store, now: float, slo_status: Mapping[str, str] | None = None) -> list[FleetRow]:
     """One row per node, with a cell per accelerator (its current state and workload), from a
-    handful of fleet-wide store reads (``Store.fleet_latest``, ``Store.series_keys``, the workloads
-    table), not a few queries per node: ~0.1 s of SQL at 1,000 nodes."""
+    handful of fleet-wide store reads, not a few queries per node: each node's current runs of
+    the verdict history (``Store.current_verdicts``, the record every page reads), the newest
+    workload-info points (``Store.fleet_latest``), the accelerator listings (``Store.series_keys``)
+    and the workloads table.  Nodes written before the history read their newest stored state
+    points instead."""
     last_actions = last_remediation_by_node(store)
     nodes = store.nodes()
-    latest = fleet_mismatch_latest(store, nodes)
+    verdicts = store.current_verdicts(FLEET_LOOKBACK_S)
+    older = any(n.name not in verdicts for n in nodes)
+    latest = fleet_mismatch_latest(store, nodes, FLEET_METRICS if older else (wd.INFO_METRIC,))
     # the GPUs from two small listings (every NVML GPU has triscope_gpu_up; the model is in
     # triscope_gpu_info), not every triscope_gpu_* series (13 a GPU)
     gpu_keys = store.series_keys(metric="triscope_gpu_up")
@@ -509,8 +531,12 @@ def fleet_rows(store: Store, now: float, slo_status: Mapping[str, str] | None = 
         gpu_keys.setdefault(name, set()).update(keys)
     npu_keys = store.series_keys(prefix="triscope_npu_")
     rows: list[FleetRow] = []
-    nows = [wd.current_from(((m, lk, ts, v) for (m, lk), (ts, v) in latest.get(n.name, {}).items()), parse=_labels)
-            for n in nodes]
+    nows = []
+    for n in nodes:
+        entries = ((m, lk, ts, v) for (m, lk), (ts, v) in latest.get(n.name, {}).items())
+        runs = verdicts.get(n.name)
+        nows.append(wd.current_from_runs(runs, entries, parse=_labels) if runs
+                    else wd.current_from(entries, parse=_labels))
     wd.with_owners(nows, functools.partial(wd.workload_owners, store))
     for n, cur in zip(nodes, nows, strict=True):
         state, score = cur.state or "no data", cur.score
@@ -524,10 +550,11 @@ def fleet_rows(store: Store, now: float, slo_status: Mapping[str, str] | None = 
             if a is not None:
                 accels.add(a)
         cells = [cur.accels.get(a) or wd.AccelNow(a) for a in sorted(accels, key=lambda a: a.sort_key)]
+        rec = n.recording or ""
         rows.append(FleetRow(n.name, state, score, _accelerator_text(gk, nk),
                              (slo_status or {}).get(n.name, "no SLO file configured" if slo_status is None else "-"),
-                             last_actions.get(n.name, "none"), n.last_seen, abs(now - n.last_seen) <= LIVE_SLACK_S,
-                             cells))
+                             last_actions.get(n.name, "none"), n.last_seen,
+                             not rec and abs(now - n.last_seen) <= LIVE_SLACK_S, cells, rec))
     return rows
 
 
@@ -626,51 +653,105 @@ class MismatchPoint:
     link_util: float
     state: str
     score: float
+    accelerator: str = ""      # "GPU 0"; "" the node
 
 
 def mismatch_points(store: StoreReader, nodes: Sequence[str], window: Window, max_windows: int = 400) -> tuple[list[MismatchPoint], dict[str, dict[str, float]]]:
-    """The scatter's windows (accelerator busy and link load, from the stored series) and each
-    node's share of time in each state.  Where a node has a verdict history the state is the
-    history's — the share its runs' time in each state, each point coloured by the run it falls in —
-    so this page says what the Node page and root cause say for the same minutes; the detector's
-    own state over the window only for stores written before the history."""
+    """The scatter's points and each node's share of time in each state, both from the verdict
+    history (``store.verdict_runs``) — so this page says what the Node page, the Fleet page and root
+    cause say for the same minutes — and no detector run.  A node's shares are its ribbon's time in
+    each state (``mismatch_segments``: the history, the stored state series for stores written
+    before it); a point is one window of the stored series (accelerator busy, and the busier PCIe
+    direction against the link's effective ceiling), coloured by the state its accelerator
+    published for that window (the history read ``tracker_lag`` later: the tracker's state for a
+    window comes that long after it)."""
     from triscope.analysis.config import MismatchThresholds
-    from triscope.analysis.rca_timeline import tracker_lag
 
-    lag = tracker_lag(MismatchThresholds())
+    th = MismatchThresholds()
+    lag = th.window_s / 2 + th.state_dwell_s   # root cause's tracker_lag: the median tick of a window, then the dwell
+    width = max(th.window_s, window.span / max(1, max_windows))
     pts: list[MismatchPoint] = []
     shares: dict[str, dict[str, float]] = {}
     for node in nodes:
-        states = computed_states(store, node, window, max_windows=max_windows)
-        got = history_segments(store, node, window) if states else None
-        segs = got[0] if got is not None else []
-        history = bool(segs)
-
+        runs = store.verdict_runs(node, window.start, window.end + lag)
+        listed = store.series(node=node, prefix="triscope_")
+        segs, _ = mismatch_segments(store, node, window, max_windows, listed, runs=runs)
         counts: dict[str, float] = {}
-        if history:
-            for sg in segs:
-                counts[sg.state] = counts.get(sg.state, 0.0) + (sg.end - sg.start)
-        for s in states:
-            # the state published for a window's middle comes the tracker's lag after it
-            st = _state_at(segs, (s.start + s.end) / 2 + lag, s.state) if history else s.state
-            if not history:
-                counts[st] = counts.get(st, 0.0) + (s.end - s.start)
-            busy = s.evidence.get("busy")
-            lu = s.evidence.get("link_util")
-            if busy is not None:
-                pts.append(MismatchPoint(node, s.start, float(busy), float(lu or 0.0), st, s.score))
-        if not counts:
-            continue
-        tot = sum(counts.values()) or 1.0
-        shares[node] = {k: counts.get(k, 0.0) / tot for k in STATES if counts.get(k)}
+        for sg in segs:
+            counts[sg.state] = counts.get(sg.state, 0.0) + (sg.end - sg.start)
+        if counts:
+            tot = sum(counts.values()) or 1.0
+            shares[node] = {k: counts.get(k, 0.0) / tot for k in STATES if counts.get(k)}
+        by_acc: dict[str, list[Segment]] = {}
+        for r, a, b in wd.run_spans(runs, -math.inf, math.inf):
+            by_acc.setdefault(r.accelerator, []).append(Segment(a, b, r.state, r.score_mean))
+        at = {k: _SegmentIndex(v) for k, v in by_acc.items()}
+        none = _SegmentIndex([])
+        ribbon = _SegmentIndex(segs)
+        for acc, t, busy, lu in _evidence_windows(store, node, listed, window, width, th):
+            mid = t + width / 2
+            got = (at.get((accelerator_name(acc.labels) or "") if acc else "", none).at(mid + lag)
+                   or at.get("", none).at(mid + lag) or ribbon.at(mid))
+            if got is not None:
+                pts.append(MismatchPoint(node, t, busy, lu, got.state, got.score or 0.0, acc.name if acc else ""))
     return pts, shares
 
 
-def _state_at(segs: Sequence[Segment], t: float, default: str) -> str:
-    for sg in segs:
-        if sg.start <= t < sg.end:
-            return sg.state
-    return default
+class _SegmentIndex:
+    """Segments in time order, not overlapping: the one that holds a time, by bisection."""
+
+    def __init__(self, segs: Sequence[Segment]) -> None:
+        self.segs = list(segs)
+        self.starts = [sg.start for sg in self.segs]
+
+    def at(self, t: float) -> Segment | None:
+        import bisect
+
+        i = bisect.bisect_right(self.starts, t) - 1
+        return self.segs[i] if i >= 0 and t < self.segs[i].end else None
+
+
+def _evidence_windows(store: StoreReader, node: str, listed: Sequence[SeriesInfo], window: Window, width: float,
+                      th: Any) -> list[tuple[Any, float, float, float]]:
+    """(accelerator, window start, busy 0..1, link load 0..1 of the effective ceiling) per window of
+    ``width`` seconds, from the stored series as the store downsamples them: SM activity (else the
+    coarse NVML figure, or NPU AICore) and the busier PCIe direction."""
+    from triscope.analysis.features import GPU_BUSY, NPU_BUSY, PCIE_RX, PCIE_TX, effective_ceiling
+
+    busy = [s for s in listed if s.metric in (GPU_BUSY, NPU_BUSY)] or [
+        s for s in listed if s.metric == COARSE_GPU.metric]
+    links = [s for s in listed if s.metric in (PCIE_RX, PCIE_TX) and s.labels.get("gpu")]
+    if not busy:
+        return []
+    n = max(1, math.ceil(window.span / width))
+    datas = fetch_all(store, busy + links, window.start, window.end, 2 * n)
+    caps = link_capacities(store, node, listed) if links else {}
+    rates: dict[str, dict[int, float]] = {}
+    peak: dict[str, float] = {}
+    for d in datas[len(busy):]:
+        gpu = d.info.labels["gpu"]
+        for i, v in _bucket_means(d, window.start, width).items():
+            rates.setdefault(gpu, {})[i] = max(rates.get(gpu, {}).get(i, 0.0), v)
+        peak[gpu] = max([peak.get(gpu, 0.0), *d.values])
+    out: list[tuple[Any, float, float, float]] = []
+    for d in datas[:len(busy)]:
+        acc = wd.accel_of(d.info.labels)
+        gpu = d.info.labels.get("gpu", "")
+        ceiling = effective_ceiling(caps.get(gpu), peak.get(gpu), th) if gpu in rates else None
+        for i, v in sorted(_bucket_means(d, window.start, width).items()):
+            lu = rates.get(gpu, {}).get(i, 0.0) / ceiling if ceiling else 0.0
+            out.append((acc, window.start + i * width, min(1.0, max(0.0, v)), min(1.5, lu)))
+    return out
+
+
+def _bucket_means(d: Any, start: float, width: float) -> dict[int, float]:
+    """Window index -> the mean of the series' points in it (as the store returned them)."""
+    sums: dict[int, list[float]] = {}
+    for t, v in zip(d.ts, d.values, strict=False):
+        acc = sums.setdefault(int((t - start) // width), [0.0, 0.0])
+        acc[0] += v
+        acc[1] += 1
+    return {i: s / c for i, (s, c) in sums.items() if c}
 
 
 @dataclass

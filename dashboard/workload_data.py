@@ -8,10 +8,9 @@ accelerators of a node, each one's current state and workload, the workloads' fe
 over a window, the share of time each workload spent in each state, and runs of one state per
 accelerator.  Reads go through the store's read functions only (no SQL here).
 
-Per-accelerator states are read from the stored ``triscope_mismatch_state`` series the agent's
-online tracker writes.  The functions that read them (``accel_state_runs``, ``workload_state_shares``)
-are the call sites to point at ``triscope.analysis`` once it classifies stored windows per
-accelerator.
+States come from the verdict history (``store.verdict_runs`` / ``store.current_verdicts``: the
+runs of each accelerator's published state, store/verdicts.py), the record root cause reads too;
+the stored ``triscope_mismatch_state`` series only for nodes written before that history existed.
 """
 
 from __future__ import annotations
@@ -23,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from triscope.analysis.mismatch import IO_STATES, STATES
-from triscope.core.vocabulary import ACCELERATOR_LABELS, WORKLOAD_LABELS
-from triscope.store.reader import SeriesInfo, StoreReader
+from triscope.core.vocabulary import ACCELERATOR_LABELS, WORKLOAD_LABELS, accelerator_labels, workload_labels
+from triscope.store.reader import SeriesInfo, StoreReader, VerdictRun
 
 if TYPE_CHECKING:   # the workloads table is read with the store's own functions (like the audit log)
     from triscope.store.api import Store
@@ -93,6 +92,12 @@ def accel_of(labels: Mapping[str, str]) -> Accel | None:
 
 
 _SAFE = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+
+
+def accel_from_name(name: str) -> Accel | None:
+    """The accelerator a verdict run's ``accelerator`` names (``gpu=0``, ``chip=0,npu=1``); None for
+    "" (the node's roll-up)."""
+    return accel_of(accelerator_labels(name)) if name else None
 
 
 def accel_from_query(gpu: str | None = None, npu: str | None = None, chip: str | None = None) -> Accel | None:
@@ -297,6 +302,13 @@ def current_from(entries: Iterable[tuple[str, Mapping[str, str] | str, float, fl
             info.setdefault(acc, []).append((ts, WorkloadRef.of(lab, owners)))
     for acc, (_ts, v) in scores.items():
         out.accels.setdefault(acc, AccelNow(acc)).score = v
+    _add_workloads(out, info)
+    _rollup_if_missing(out)
+    return out
+
+
+def _add_workloads(out: NodeNow, info: Mapping[Accel, list[tuple[float, WorkloadRef]]]) -> None:
+    """Every workload with a process on each accelerator now (its info point near the newest)."""
     for acc, items in info.items():
         newest = max(t for t, _ in items)
         now = out.accels.setdefault(acc, AccelNow(acc))
@@ -305,10 +317,62 @@ def current_from(entries: Iterable[tuple[str, Mapping[str, str] | str, float, fl
             if t >= newest - INFO_SLACK_S and w not in seen and not w.empty:
                 seen.add(w)
                 now.workloads.append(w)
+
+
+def _rollup_if_missing(out: NodeNow) -> None:
     if not out.state and any(a.state for a in out.accels.values()):  # no roll-up stored: the worst accelerator
         worst = rollup(list(out.accels.values()))
         if worst is not None:
             out.state, out.score = worst.state, worst.score
+
+
+CURRENT_LOOKBACK_S = 900.0   # a node's current state: its runs that end this close to its last tick
+STRETCH_GAP_S = 30.0         # runs of one state this close together are one stretch (the current score)
+
+
+def current_run(runs: Sequence[VerdictRun]) -> tuple[str, float, float, tuple[str, str, str, str]]:
+    """(state, score, last tick, workload) of one accelerator's newest runs: the newest run's state;
+    the score over the whole current stretch of that state (its runs differ by workload only; a
+    one-tick run's score alone says little); its newest named workload."""
+    rs = sorted(runs, key=lambda r: (r.end, r.start))
+    newest = rs[-1]
+    stretch = [newest]
+    for r in reversed(rs[:-1]):
+        if r.state != newest.state or stretch[-1].start - r.end > STRETCH_GAP_S:
+            break
+        stretch.append(r)
+    ticks = sum(max(1, r.ticks) for r in stretch)
+    score = sum(r.score_mean * max(1, r.ticks) for r in stretch) / ticks
+    wl = next((r.workload for r in stretch if any(r.workload)), newest.workload)
+    return newest.state, score, newest.end, wl
+
+
+def current_from_runs(runs: Iterable[VerdictRun], info: Iterable[tuple[str, Mapping[str, str] | str, float, float]] = (),
+                      owners: Mapping[tuple[str, str], str] | None = None, parse: Any = None) -> NodeNow:
+    """A node's current roll-up and per-accelerator state from its newest verdict runs
+    (``store.current_verdicts``), its workloads from the newest workload-info points (``info``:
+    ``(metric, labels, ts, value)`` as for ``current_from``)."""
+    out = NodeNow()
+    by_acc: dict[str, list[VerdictRun]] = {}
+    for r in runs:
+        by_acc.setdefault(r.accelerator, []).append(r)
+    for name, rs in by_acc.items():
+        state, score, ts, wl = current_run(rs)
+        acc = accel_from_name(name)
+        if not name:
+            out.state, out.score, out.ts = state, score, ts
+        elif acc is not None:
+            out.accels[acc] = AccelNow(acc, state, score, ts, WorkloadRef.of(workload_labels(wl), owners))
+    present: dict[Accel, list[tuple[float, WorkloadRef]]] = {}
+    for metric, lk, ts, value in info:
+        if metric != INFO_METRIC or value < 0.5:
+            continue
+        lab: Mapping[str, str] = parse(lk) if parse is not None and isinstance(lk, str) else lk  # type: ignore[assignment]
+        acc = accel_of(lab)
+        if acc is not None:
+            present.setdefault(acc, []).append((ts, WorkloadRef.of(lab, owners)))
+    _add_workloads(out, present)
+    _rollup_if_missing(out)
     return out
 
 
@@ -327,13 +391,17 @@ def rollup(accels: Sequence[AccelNow]) -> AccelNow | None:
 
 
 def node_current(store: StoreReader, node: str, owners: OwnerLookup | None = None) -> NodeNow:
-    """``current_from`` over one node's newest points (two reads), owners looked up."""
-    entries: list[tuple[str, Mapping[str, str], float, float]] = []
-    for lv in store.latest(node, prefix="triscope_mismatch_"):
-        entries.append((lv.info.metric, lv.info.labels, lv.ts, lv.value))
-    for lv in store.latest(node, metric=INFO_METRIC):
-        entries.append((lv.info.metric, lv.info.labels, lv.ts, lv.value))
-    now = current_from(entries)
+    """One node's current state from its verdict history (``current_from_runs``: the same record the
+    Fleet page reads), its workloads from the newest workload-info points; a node written before the
+    history from the newest stored state points (``current_from``); owners looked up."""
+    info: list[tuple[str, Mapping[str, str], float, float]] = [
+        (lv.info.metric, lv.info.labels, lv.ts, lv.value) for lv in store.latest(node, metric=INFO_METRIC)]
+    runs = store.current_verdicts(CURRENT_LOOKBACK_S, nodes=[node]).get(node)
+    if runs:
+        now = current_from_runs(runs, info)
+    else:
+        now = current_from([*((lv.info.metric, lv.info.labels, lv.ts, lv.value)
+                              for lv in store.latest(node, prefix="triscope_mismatch_")), *info])
     with_owners([now], owners)
     return now
 
@@ -380,10 +448,14 @@ def _wkey(acc: Accel, labels: Mapping[str, str]) -> tuple[Accel, tuple[str, ...]
 
 def node_workloads(store: StoreReader, node: str, start: float, end: float, accel: Accel | None = None,
                    owners: OwnerLookup | None = None, max_points: int = 240,
-                   fetch: Any = None, max_series: int = 200) -> list[WorkloadRow]:
+                   fetch: Any = None, max_series: int = 200, listed: Sequence[SeriesInfo] | None = None) -> list[WorkloadRow]:
     """The workloads on the node's accelerators (or on ``accel``) over [start, end], with their
-    processes, SM share, CPU, feeder busy, CPU wait and CPU pressure (``triscope_workload_*``)."""
-    infos = [s for s in store.series(node=node, prefix=WORKLOAD_PREFIX)] + store.series(node=node, metric=INFO_METRIC)
+    processes, SM share, CPU, feeder busy, CPU wait and CPU pressure (``triscope_workload_*``);
+    ``listed``: the node's series already listed (else they are listed here)."""
+    if listed is None:
+        infos = [s for s in store.series(node=node, prefix=WORKLOAD_PREFIX)] + store.series(node=node, metric=INFO_METRIC)
+    else:
+        infos = [s for s in listed if s.metric.startswith(WORKLOAD_PREFIX)] + [s for s in listed if s.metric == INFO_METRIC]
     infos = [s for s in infos if accel_of(s.labels) is not None and (accel is None or accel.matches(s.labels))]
     infos = infos[:max_series]
     if not infos:
@@ -511,47 +583,88 @@ class WorkloadShares:
     shares: dict[str, dict[str, float]] = field(default_factory=dict)    # workload -> state -> share
     seconds: dict[str, float] = field(default_factory=dict)              # workload -> accelerator-seconds
     where: dict[str, set[tuple[str, Accel]]] = field(default_factory=dict)  # workload -> (node, accel)
-    series_read: int = 0
+    runs_read: int = 0            # verdict runs read (the history)
+    series_read: int = 0          # stored state series read (nodes written before the history)
     series_skipped: int = 0
 
 
 NO_WORKLOAD = "(no workload attributed)"
 
 
+def run_spans(runs: Sequence[VerdictRun], start: float, end: float) -> list[tuple[VerdictRun, float, float]]:
+    """Each run with the span it covers in [start, end]: from its first tick to one sampling step
+    past its last (the state held until the next tick), in time order; the step is the runs' median
+    tick interval."""
+    steps = sorted((r.end - r.start) / (r.ticks - 1) for r in runs if r.ticks > 1 and r.end > r.start)
+    step = steps[len(steps) // 2] if steps else 1.0
+    out: list[tuple[VerdictRun, float, float]] = []
+    for r in sorted(runs, key=lambda r: (r.start, r.end)):
+        a, b = max(r.start, start), min(r.end + step, end)
+        if b > a:
+            out.append((r, a, b))
+    return out
+
+
 def workload_state_shares(store: StoreReader, nodes: Sequence[str], start: float, end: float,
                           owners: OwnerLookup | None = None, max_points: int = 240,
                           fetch: Any = None, max_series: int = 1200) -> WorkloadShares:
     """Over [start, end], each workload's share of accelerator time in each state, pooled over
-    every (node, accelerator) it ran on, from the stored per-accelerator state series.  Workloads
-    group by their resolved owner (``Deployment/name``) when the workloads table has it, else by
-    pod.  At most ``max_series`` series are read (the nodes first in ``nodes`` first)."""
-    want = set(nodes)
-    order = {n: i for i, n in enumerate(nodes)}
-    infos = [s for s in state_infos(store, None) if s.node in want]
-    infos.sort(key=lambda s: (order[s.node], s.id))
+    every (node, accelerator) it ran on, from the verdict history's per-accelerator runs (the runs
+    root cause and the Node page read); for nodes written before the history, from the stored
+    per-accelerator state series (at most ``max_series`` of them, the nodes first in ``nodes``
+    first).  Workloads group by their resolved owner (``Deployment/name``) when the workloads
+    table has it, else by pod."""
     out = WorkloadShares()
-    out.series_skipped = max(0, len(infos) - max_series)
-    infos = infos[:max_series]
-    out.series_read = len(infos)
-    if not infos:
-        return out
-    datas = (fetch(store, infos, start, end, max_points) if fetch is not None
-             else [store.query_series(i, start, end, max_points=max_points, rate=False) for i in infos])
-    secs: dict[str, dict[str, float]] = {}
-    found = owners_for(owners, (i.labels for i in infos))
-    for (node, acc), runs in runs_from(datas, end, owners=found).items():
-        if acc is None:
+    spans: list[tuple[str, Accel, Mapping[str, str], str, float, float]] = []
+    older: list[str] = []
+    for node in nodes:
+        runs = [r for r in store.verdict_runs(node, start, end) if r.accelerator]
+        if not runs:
+            older.append(node)
             continue
-        for r in runs:
-            a, b = max(r.start, start), min(r.end, end)
-            if b <= a:
-                continue
-            name = (r.workload.display if r.workload is not None else "") or NO_WORKLOAD
-            d = secs.setdefault(name, {})
-            d[r.state] = d.get(r.state, 0.0) + (b - a)
-            out.where.setdefault(name, set()).add((node, acc))
+        out.runs_read += len(runs)
+        for r, a, b in run_spans(runs, start, end):
+            acc = accel_from_name(r.accelerator)
+            if acc is not None:
+                spans.append((node, acc, workload_labels(r.workload), r.state, a, b))
+    if older:
+        spans += _series_spans(store, older, start, end, max_points, fetch, max_series, out)
+    found = owners_for(owners, (lab for _, _, lab, _, _, _ in spans))
+    secs: dict[str, dict[str, float]] = {}
+    for node, acc, lab, state, a, b in spans:
+        name = WorkloadRef.of(lab, found).display or NO_WORKLOAD
+        d = secs.setdefault(name, {})
+        d[state] = d.get(state, 0.0) + (b - a)
+        out.where.setdefault(name, set()).add((node, acc))
     for name, d in secs.items():
         tot = sum(d.values())
         out.seconds[name] = tot
         out.shares[name] = {k: v / tot for k, v in d.items()} if tot > 0 else {}
     return out
+
+
+def _series_spans(store: StoreReader, nodes: Sequence[str], start: float, end: float, max_points: int, fetch: Any,
+                  max_series: int, out: WorkloadShares) -> list[tuple[str, Accel, Mapping[str, str], str, float, float]]:
+    """The per-accelerator state spans of nodes without a verdict history, from their stored state series."""
+    want = set(nodes)
+    order = {n: i for i, n in enumerate(nodes)}
+    infos = [s for s in state_infos(store, None) if s.node in want]
+    infos.sort(key=lambda s: (order[s.node], s.id))
+    out.series_skipped = max(0, len(infos) - max_series)
+    infos = infos[:max_series]
+    out.series_read = len(infos)
+    if not infos:
+        return []
+    datas = (fetch(store, infos, start, end, max_points) if fetch is not None
+             else [store.query_series(i, start, end, max_points=max_points, rate=False) for i in infos])
+    spans: list[tuple[str, Accel, Mapping[str, str], str, float, float]] = []
+    for (node, acc), runs in runs_from(datas, end).items():
+        if acc is None:
+            continue
+        for r in runs:
+            a, b = max(r.start, start), min(r.end, end)
+            if b > a:
+                w = r.workload or WorkloadRef()
+                spans.append((node, acc, {"namespace": w.namespace, "pod": w.pod, "container": w.container,
+                                          "workload": w.workload}, r.state, a, b))
+    return spans

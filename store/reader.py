@@ -10,6 +10,7 @@ caching wrapper) satisfies it.  ``Store`` is checked against it by the type chec
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -22,12 +23,32 @@ SeriesKey = tuple[str, str]
 FleetLatest = dict[str, dict[SeriesKey, tuple[float, float]]]
 
 
+# A node whose data was imported from a recorded trace (``triscope import-trace``) carries these
+# node labels: the trace's file name and the timestamp of its last tick as imported.
+RECORDING_LABEL = "triscope.recording"
+RECORDING_END_LABEL = "triscope.recording_end"
+RECORDING_SLACK_S = 30.0    # data this much newer than the recording's end: an agent writes to the node now
+
+
 @dataclass(frozen=True, slots=True)
 class NodeInfo:
     name: str
     labels: dict[str, Any]
     first_seen: float
     last_seen: float
+
+    @property
+    def recording(self) -> str | None:
+        """The trace file the node's data was imported from, while nothing newer came (an agent that
+        writes under the same name later makes it a live node again); None for a node an agent writes."""
+        src = self.labels.get(RECORDING_LABEL)
+        if not src:
+            return None
+        try:
+            end = float(self.labels.get(RECORDING_END_LABEL, math.inf))
+        except (TypeError, ValueError):
+            end = math.inf
+        return str(src) if self.last_seen <= end + RECORDING_SLACK_S else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +166,12 @@ class StoreReader(Protocol):
         overlaps [start, end], at full resolution whatever the range (store/verdicts.py)."""
         ...
 
+    def current_verdicts(self, lookback_s: float, nodes: Sequence[str] | None = None) -> dict[str, list[VerdictRun]]:
+        """node -> its verdict runs that end at most ``lookback_s`` before the node's last tick
+        (``nodes.last_seen``), for every node (or ``nodes``) in one statement: each accelerator's
+        current state, read from the same history as ``verdict_runs``."""
+        ...
 
-__all__ = ["EventRow", "FleetLatest", "LatestValue", "NodeInfo", "SeriesData", "SeriesInfo", "SeriesKey",
-           "StoreReader", "VerdictRun"]
+
+__all__ = ["RECORDING_END_LABEL", "RECORDING_LABEL", "EventRow", "FleetLatest", "LatestValue", "NodeInfo",
+           "SeriesData", "SeriesInfo", "SeriesKey", "StoreReader", "VerdictRun"]

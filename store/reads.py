@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import bindparam, text
 from sqlalchemy.engine import Connection, Engine
 
 from triscope.core.samples import parse_label_key
@@ -34,6 +34,7 @@ from triscope.store.reader import (
 from triscope.store.verdicts import read_runs
 
 RAW_POINTS_PER_OUTPUT_POINT = 50   # the tier choice: raw while a range holds at most this many per point (1 Hz)
+SMALL_RANGE_POINTS = 4             # a raw range of at most this many seconds per output point is read whole
 
 
 class StoreReads:
@@ -102,6 +103,28 @@ class StoreReads:
     def verdict_runs(self, node: str, start: float, end: float) -> list[VerdictRun]:
         with self.engine.connect() as conn:
             return read_runs(conn, node, start, end)
+
+    def current_verdicts(self, lookback_s: float, nodes: Sequence[str] | None = None) -> dict[str, list[VerdictRun]]:
+        """Each node's runs that end within ``lookback_s`` of its last tick: one statement, each
+        node's newest runs found through the (node, end) index of ``verdict_runs``."""
+        if nodes is not None and not nodes:
+            return {}
+        sql = ("SELECT n.name, r.accelerator, r.namespace, r.pod, r.container, r.workload, r.state, r.start_ts, "
+               "r.end_ts, r.ticks, r.score_sum, r.score_max FROM nodes n CROSS JOIN verdict_runs r WHERE r.node_id = n.id "
+               "AND r.end_ts >= n.last_seen - :lb")   # CROSS JOIN: SQLite loops over the nodes, not every run
+        params: dict[str, Any] = {"lb": lookback_s}
+        stmt = text(sql + " ORDER BY n.name, r.accelerator, r.start_ts, r.id")
+        if nodes is not None:
+            stmt = text(sql + " AND n.name IN :nodes ORDER BY n.name, r.accelerator, r.start_ts, r.id").bindparams(
+                bindparam("nodes", expanding=True))
+            params["nodes"] = list(nodes)
+        out: dict[str, list[VerdictRun]] = {}
+        with self.engine.connect() as conn:
+            for r in conn.execute(stmt, params):
+                out.setdefault(str(r[0]), []).append(VerdictRun(
+                    str(r[0]), str(r[1]), (r[2], r[3], r[4], r[5]), str(r[6]), float(r[7]), float(r[8]), int(r[9]),
+                    float(r[10]) / max(1, int(r[9])), float(r[11])))
+        return out
 
     def events(self, node: str | None = None, start: float | None = None, end: float | None = None,
                kinds: Sequence[str] | None = None, limit: int = 10000) -> list[EventRow]:
@@ -225,6 +248,11 @@ class StoreReads:
             base = f"SELECT ts, value FROM ({inner}) q WHERE value IS NOT NULL"
         else:
             base = "SELECT ts, value FROM samples WHERE series_id = :s AND ts >= :a AND ts <= :b"
+        if max_points is not None and max_points >= 4 and end - start <= SMALL_RANGE_POINTS * max_points:
+            # a short range holds few raw points (1 Hz): one indexed read and min/max per bucket here
+            # beat counting, then bucketing in SQL
+            rows = conn.execute(text(base + " ORDER BY ts"), params).all()
+            return minmax_downsample([float(r[0]) for r in rows], [float(r[1]) for r in rows], max_points)
         if max_points is not None and max_points >= 4:
             count = conn.execute(text("SELECT count(*) FROM samples WHERE series_id = :s AND ts >= :a AND ts <= :b"),
                                  params).scalar_one()

@@ -210,9 +210,10 @@ def test_live_delta_returns_only_new_points(demo_store: Any) -> None:
     end = spans["cpu-node"][1]
     st.write_ticks("cpu-node", [Tick(end + i, [Sample("triscope_tcp_sockets", 7.0 + i, {"state": "time_wait"})])
                                 for i in (1, 2)])
-    key = "triscope_tcp_sockets|state=time_wait"
-    d = data.live_delta(st, "cpu-node", [key, "capacity|gpu=0"], since=end, until=end + 5)
-    assert d[key] == ([end + 1, end + 2], [8.0, 9.0])
+    (info,) = st.series(node="cpu-node", metric="triscope_tcp_sockets", labels={"state": "time_wait"})
+    key = str(info.id)   # a trace's key is its series' id
+    d = data.live_delta(st, "cpu-node", [key, "capacity|gpu=0", "ribbon|idle"], since=end, until=end + 5)
+    assert d == {key: ([end + 1, end + 2], [8.0, 9.0])}
 
 
 def test_npu_node_lanes_and_fleet(sqlite_url: str) -> None:

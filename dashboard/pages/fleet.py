@@ -1,6 +1,8 @@
-"""Fleet: every node with its current mismatch state and score, a cell per accelerator (its state
-colour and workload), SLO status and last remediation; sortable and filterable; a row opens the
-node page, an accelerator's cell the node page on that accelerator."""
+"""Fleet: every node with its current mismatch state and score (the verdict history's current runs),
+a cell per accelerator (its state colour and workload), SLO status and last remediation; sortable
+and filterable; a row opens the node page, an accelerator's cell the node page on that accelerator.
+I/O states are painted, the others marked only at the cell's edge (idle and demand-limited greyed);
+a recording is marked "recording" and its states outlined, never painted as live trouble."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from urllib.parse import quote
 import dash
 from dash import Input, Output, State, dash_table, dcc, html, no_update
 
+from triscope.core.vocabulary import IO_STATES, QUIET_STATES
 from triscope.dashboard import data, slo_view, timeview
 from triscope.dashboard.components import NAME_CHARS, error_note, fmt_ts, full, note, short
 from triscope.dashboard.context import ctx
@@ -34,8 +37,45 @@ WORKLOAD_CHARS = 30        # a workload's name in a cell; the whole of it in the
 ACCEL_HEAD = "per accelerator: workload, state (click one for its node page)"
 
 
-def accel_columns(n: int) -> list[dict[str, Any]]:
-    return [{"name": [ACCEL_HEAD, str(i)], "id": f"a{i}"} for i in range(n)]
+QUIET_TEXT = "#757575"      # idle, demand-limited: grey text, the state's colour only at the cell's edge
+RECORDING = "recording"
+
+
+def accel_columns(rows: list[data.FleetRow], n: int) -> list[dict[str, Any]]:
+    """One column per accelerator slot, named by the accelerator in it (``GPU 0``; ``GPU 0 / NPU 0/0``
+    where nodes differ; ``accelerator 3`` when many kinds share the slot)."""
+    out = []
+    for i in range(n):
+        names = sorted({r.cells[i].accel.name for r in rows if i < len(r.cells)})
+        head = names[0] if len(names) == 1 else " / ".join(names) if len(names) == 2 else f"accelerator {i + 1}"
+        out.append({"name": [ACCEL_HEAD, head], "id": f"a{i}"})
+    return out
+
+
+def state_styles(field: str, column: str) -> list[dict[str, Any]]:
+    """The conditional styles of a state column: I/O states (a page) painted in their colour,
+    compute-bound and balanced marked at the cell's left edge, idle and demand-limited (never a
+    page) the same with grey text; on a recording's row (hidden field ``rec``) every state outlined
+    only, in its colour: the recording's last state is no live trouble."""
+    out: list[dict[str, Any]] = []
+    for s, col in STATE_COLORS.items():
+        cond = {"filter_query": f'{{{field}}} = "{s}"', "column_id": column}
+        if s in IO_STATES:
+            out.append({"if": cond, "backgroundColor": col, "color": "white", "fontWeight": "600"})
+        else:
+            out.append({"if": cond, "borderLeft": f"4px solid {col}",
+                        **({"color": QUIET_TEXT} if s in QUIET_STATES else {})})
+    for s, col in STATE_COLORS.items():   # after the above: these win on a recording's row
+        out.append({"if": {"filter_query": f'{{rec}} = 1 && {{{field}}} = "{s}"', "column_id": column},
+                    "backgroundColor": "transparent", "color": QUIET_TEXT if s in QUIET_STATES else col,
+                    "fontWeight": "600" if s in IO_STATES else "400", "borderLeft": f"4px dashed {col}"})
+    return out
+
+
+def seen_text(ts: float, live: bool, recording: str | None, zone: Any = None) -> str:
+    """The "last seen" cell: the time, then "(recording)" for a recording, "(not live)" for an
+    agent's node that stopped reporting."""
+    return fmt_ts(ts, zone) + (f" ({RECORDING})" if recording else "" if live else " (not live)")
 
 
 def cell_record(i: int, cell: Any) -> tuple[dict[str, Any], str]:
@@ -78,10 +118,14 @@ def layout(**_: Any) -> html.Div:
             "score": None if r.score is None else round(r.score, 3),
             "accelerators": short(r.accelerators, 80), "slo": short(r.slo, 80),
             "last_remediation": short(r.last_remediation, 80),
-            "last_seen": fmt_ts(r.last_seen) + ("" if r.live else " (not live)"),
-            "last_seen_ts": r.last_seen, "live": r.live,   # not columns: the local-time toggle rewrites last_seen
+            "last_seen": seen_text(r.last_seen, r.live, r.recording),
+            # not columns: the local-time toggle rewrites last_seen; rec styles a recording's row
+            "last_seen_ts": r.last_seen, "live": r.live, "recording": r.recording, "rec": 1 if r.recording else 0,
         }
         tip: dict[str, Any] = {"node": full(r.node)} if len(r.node) > NAME_CHARS else {}
+        if r.recording:
+            tip["last_seen"] = full(f"a recording imported from {r.recording}: its last tick, not a live agent")
+            tip["state"] = full(f"{r.state}: the recording's last state (not live)")
         n_accels += len(r.cells)
         for i, cell in enumerate(r.cells[:slots]):
             fields, t = cell_record(i, cell)
@@ -89,18 +133,17 @@ def layout(**_: Any) -> html.Div:
             tip[f"a{i}"] = t
         records.append(rec)
         tooltips.append(tip)
-    style: list[dict[str, Any]] = [{"if": {"filter_query": f'{{state}} = "{s}"', "column_id": "state"},
-                                    "backgroundColor": col, "color": "white", "fontWeight": "600"}
-                                   for s, col in STATE_COLORS.items()]
-    style += [{"if": {"filter_query": f'{{s{i}}} = "{s}"', "column_id": f"a{i}"}, "backgroundColor": col,
-               "color": "white"} for i in range(slots) for s, col in STATE_COLORS.items()]
+    style = state_styles("state", "state") + [x for i in range(slots) for x in state_styles(f"s{i}", f"a{i}")]
     head = f"{len(rows)} node(s)" + (f", {n_accels} accelerator(s)" if n_accels else "") + \
         "; click a row to open the node, an accelerator's cell to open the node on it"
+    recs = sum(1 for r in rows if r.recording)
     return html.Div([
         html.Div([html.H2("Fleet"), html.Span(head, className="window-note")], className="page-head"),
+        note(data.recording_note(c.store) + "; their rows are outlined, not painted", "info", id="fleet-recordings")
+        if recs else html.Div(),
         dcc.Location(id="fleet-nav", refresh="callback-nav"),
         dash_table.DataTable(  # type: ignore[attr-defined]
-            id="fleet-table", columns=COLUMNS + accel_columns(slots) + TAIL, data=records, sort_action="native",
+            id="fleet-table", columns=COLUMNS + accel_columns(rows, slots) + TAIL, data=records, sort_action="native",
             filter_action="native", page_size=50, style_data_conditional=style, row_selectable=False,
             cell_selectable=True, merge_duplicate_headers=True, tooltip_data=tooltips, tooltip_duration=None,
             style_table={"overflowX": "auto"},
@@ -111,10 +154,18 @@ def layout(**_: Any) -> html.Div:
                                     for i in range(slots)],
             style_header={"fontWeight": "600", "backgroundColor": "#eceff1"},
         ),
-        html.Div([html.Span("states: ")] + [html.Span(s, className="state-chip", style={"backgroundColor": col})
+        html.Div([html.Span("states: ")] + [html.Span(s, className="state-chip", style=chip_style(s, col))
                                             for s, col in STATE_COLORS.items()], className="legend-line",
                  id="fleet-legend"),
     ])
+
+
+def chip_style(state: str, col: str) -> dict[str, Any]:
+    """A legend chip as the table shows the state: painted for an I/O state, else edged."""
+    if state in IO_STATES:
+        return {"backgroundColor": col}
+    return {"backgroundColor": "transparent", "color": QUIET_TEXT if state in QUIET_STATES else "#212121",
+            "border": f"1px solid {col}", "borderLeft": f"4px solid {col}"}
 
 
 @page_callback(
@@ -147,7 +198,7 @@ def show_zone(tz: dict[str, Any] | None, records: list[dict[str, Any]] | None,
         return no_update, no_update
     zone = timeview.zone_of(tz)
     label = f"last seen ({zone.key if zone else 'UTC'})"
-    out = [dict(r, last_seen=fmt_ts(r["last_seen_ts"], zone) + ("" if r.get("live") else " (not live)"))
+    out = [dict(r, last_seen=seen_text(r["last_seen_ts"], bool(r.get("live")), r.get("recording"), zone))
            if r.get("last_seen_ts") is not None else r for r in records]
     cols = [dict(c, name=["", label]) if c.get("id") == "last_seen" else c for c in columns]
     return out, cols

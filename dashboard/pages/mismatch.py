@@ -1,7 +1,8 @@
-"""Mismatch: link load against accelerator busy, coloured by state, for a node or the fleet
-(``triscope.analysis.mismatch.node_states`` over stored series); the share of time in each state
-per workload, pooled over the accelerators and nodes it ran on (the agent's stored
-per-accelerator states, ``workload_data.workload_state_shares``), and per node."""
+"""Mismatch: link load against accelerator busy (windows of the stored series), coloured by the
+state the verdict history holds for them, for a node or the fleet; the share of time in each state
+per workload, pooled over the accelerators and nodes it ran on, and per node — all from the verdict
+history (``store.verdict_runs``), the record the Node, Fleet and Root cause pages read: no detector
+runs here (``data.mismatch_points``, ``workload_data.workload_state_shares``)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from triscope.dashboard.registry import page_callback
 
 dash.register_page(__name__, path="/mismatch", name="Mismatch", order=2, title="triscope - mismatch")
 ALL = "__fleet__"
-MAX_FLEET_NODES = 20  # the detector runs per node over stored series: bound the fleet view
+MAX_FLEET_NODES = 20  # each node's series are read for the scatter: bound the fleet view
 
 
 def layout(node: str = ALL, range: str = "1h", **_: Any) -> html.Div:  # noqa: A002
@@ -58,8 +59,10 @@ def layout(node: str = ALL, range: str = "1h", **_: Any) -> html.Div:  # noqa: A
                      html.H3("Share of time in each state, per node"),
                      export.buttons("mismatch-share"),
                      dcc.Graph(id="mismatch-share", config={"displaylogo": False})], delay_show=400, type="dot"),
-        html.P("Each point is one detector window: accelerator busy is GPM SM activity (or NPU AICore), link load the "
-               "busier PCIe direction against the link's effective ceiling. io-saturated: starved while the link is near "
+        html.P("Each point is one window of the stored series: accelerator busy is GPM SM activity (or NPU AICore), "
+               "link load the busier PCIe direction against the link's effective ceiling; its colour is the state the "
+               "agent published for that window (the verdict history, as on the Node and Root cause pages). "
+               "io-saturated: starved while the link is near "
                "its ceiling; staging-bound: starved while the link runs well below it and the host copies/pins or a "
                "feeder thread is pegged or waits for a CPU; network-bound: starved while TCP retransmits climb; "
                "demand-limited: not busy, and nothing says I/O or the host holds it back (the workload asks for "
@@ -100,10 +103,14 @@ def render(value: str, preset: str, tz: dict[str, Any] | None = None) -> tuple[A
             head += f"; the {MAX_FLEET_NODES} most recently seen of {len(all_nodes)} nodes (pick one for the others)"
         missing = [n for n in nodes if n not in shares]
         if missing:
-            head += f"; no accelerator data: {', '.join(short(n) for n in missing[:8])}" + (" ..." if len(missing) > 8 else "")
+            head += f"; no state stored: {', '.join(short(n) for n in missing[:8])}" + (" ..." if len(missing) > 8 else "")
+        recs = {n.name: n.recording for n in all_nodes if n.name in nodes and n.recording}
+        if recs:
+            head += (f"; recording ({next(iter(recs.values()))}), not live" if node != ALL
+                     else f"; {len(recs)} of these are recordings, not live: {', '.join(short(n) for n in sorted(recs)[:6])}")
     except Exception as e:  # noqa: BLE001
-        msg = figures.empty_figure("the detector could not run over this range (see the note)")
-        return msg, msg, error_note("running the mismatch detector", e), msg, "", None
+        msg = figures.empty_figure("the states could not be read over this range (see the note)")
+        return msg, msg, error_note("reading the verdict history", e), msg, "", None
     try:
         wfig, wnote = _workloads(c, nodes, w)
     except Exception as e:  # noqa: BLE001
@@ -150,7 +157,7 @@ def _workloads(c: Any, nodes: list[str], w: data.Window) -> tuple[Any, Any]:
                                              owners=functools.partial(workload_data.workload_owners, c.store),
                                              fetch=data.fetch_all)
     if not ws.shares:
-        return figures.empty_figure("no per-accelerator state stored in this range (the agent's tracker labels its "
+        return figures.empty_figure("no per-accelerator verdict stored in this range (the agent's tracker labels its "
                                     "per-accelerator verdicts with the workload; older agents store the node's state "
                                     "only)", 220), ""
     bad = {k: sum(v for st, v in sh.items() if st not in workload_data.HEALTHY) for k, sh in ws.shares.items()}
@@ -162,7 +169,10 @@ def _workloads(c: Any, nodes: list[str], w: data.Window) -> tuple[Any, Any]:
         where[k] = f"{len(accs)} accelerator(s) on {nn} node(s), {ws.seconds.get(k, 0.0) / 3600:.2f} accelerator-hours"
     fig = export.attach_series(figures.state_share_figure({k: ws.shares[k] for k in order}, notes=where),
                                _share_series({k: ws.shares[k] for k in order}, w.end, "workload"))
-    msg = (f"{len(order)} workload(s) from {ws.series_read} per-accelerator state series; grouped by owner "
+    src = [f"{ws.runs_read} verdict run(s) of the history"] if ws.runs_read else []
+    if ws.series_read:
+        src.append(f"{ws.series_read} stored state series (nodes written before the history)")
+    msg = (f"{len(order)} workload(s) from {' and '.join(src)}; grouped by owner "
            "(Deployment/name, from the engine's workloads table) where resolved, else by pod")
     if ws.series_skipped:
         msg += f"; {ws.series_skipped} more series not read (pick a node)"

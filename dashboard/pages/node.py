@@ -37,16 +37,23 @@ def layout(node: str | None = None, range: str = "", start: str = "", end: str =
     preset = "custom" if (start and end and range in ("", "custom", "1h", "15m")) and parse_ts(start) and parse_ts(end) \
         else (range or "1h")
     accel = workload_data.accel_from_query(gpu, npu, chip)
+    rec = infos[node].recording
+    head: list[Any] = [html.H2(name_span(node), className="node-title")]
+    if rec:   # a recording says so, next to its name and in a line under it; never "live"
+        head.append(html.Span("recording", className="badge badge-recording", id="node-recording",
+                              title=f"imported from {rec}"))
+    head.append(html.Span(id="node-window-note", className="window-note"))
     return html.Div([
         dcc.Store(id="node-name", data=node),
         dcc.Store(id="node-accel", data=accel.query if accel is not None else ""),
         dcc.Store(id="node-meta"),
-        html.Div([html.H2(name_span(node), className="node-title"),
-                  html.Span(id="node-window-note", className="window-note")], className="page-head"),
+        html.Div(head, className="page-head"),
+        note(data.recording_note(c.store, node), "info", id="node-recording-note") if rec else html.Div(),
         html.Div([
             range_picker("node", preset, start, end, data=True),
-            dcc.Checklist(id="node-live", options=[{"label": " live", "value": "live"}], value=[], inline=True,
-                          className="live-toggle"),
+            # a recording has no new points to follow: no live mode
+            dcc.Checklist(id="node-live", options=[{"label": " live", "value": "live", "disabled": bool(rec)}],
+                          value=[], inline=True, className="live-toggle"),
             html.Div(id="node-explain", className="explain"),
         ], className="toolbar"),
         html.Div(id="node-accels", className="accel-picker"),
@@ -126,7 +133,7 @@ def render(preset: str, _clicks: int, node: str, start: str | None, end: str | N
     npts = sum(len(t.ts) for t in lanes.traces)
     cursor = max((t.ts[-1] for t in lanes.traces if t.ts and t.metric != "capacity"), default=w.end)
     meta = {"node": node, "keys": keys, "cursor": cursor, "start": w.start, "end": w.end, "live": w.live,
-            "tz": zone.key if zone else None}
+            "tz": zone.key if zone else None, "scale": {t.key: t.scale for t in lanes.traces if t.scale != 1.0}}
     head = f"{fmt_ts(w.start, zone)} to {fmt_ts(w.end, zone)} {timeview.zone_name(zone, w.end)}" + (
         f" ({w.note})" if w.note else "")
     status = (f"{len(lanes.traces)} series, {npts} points after downsampling, {len(lanes.events)} events"
@@ -155,7 +162,7 @@ def _accel_parts(c: Any, node: str, lanes: data.NodeLanes, w: data.Window, prese
     if preset == "custom" and start and end:
         keep.update(start=str(start), end=str(end))
     rows = workload_data.node_workloads(c.store, node, w.start, w.end, lanes.accel, owners=lookup,
-                                        fetch=data.fetch_all)
+                                        fetch=data.fetch_all, listed=lanes.listed)
     states = workload_states(c.store, node, w.start, w.end)    # each row coloured by its own state
     return accel_picker(node, lanes.accels, lanes.accel, now, keep), workload_panel(rows, lanes.accel, w, states)
 
@@ -188,7 +195,7 @@ def live_append(_n: int, meta: dict[str, Any] | None, relayout: dict[str, Any] |
         return no_update, no_update
     if not any(ts for ts, _ in delta.values()):
         return no_update, no_update
-    scale = {s.metric: s.scale for s in (*data.NODE_TRACES, data.COARSE_GPU, *data.WORKLOAD_TRACES)}
+    scale = meta.get("scale") or {}
     p = Patch()
     newest = since
     for i, key in enumerate(meta["keys"]):
@@ -197,7 +204,7 @@ def live_append(_n: int, meta: dict[str, Any] | None, relayout: dict[str, Any] |
         ts, vals = delta[key]
         if not ts:
             continue
-        k = scale.get(key.split("|", 1)[0], 1.0)
+        k = float(scale.get(key, 1.0))
         p["data"][i]["x"].extend(timeview.to_display(figures.to_dt(ts), zone))
         p["data"][i]["y"].extend([v * k for v in vals])
         newest = max(newest, ts[-1])

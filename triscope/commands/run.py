@@ -161,7 +161,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def import_for_demo(url: str, path: Path | str, node: str | None = None, now: float | None = None) -> str:
     """``make run``'s second node: load the trace shifted to end now, unless a copy loaded earlier is
     still within the last trace-length of time (then nothing is added).  Returns the node name."""
-    from triscope.commands.trace import import_decisions
+    from triscope.commands.trace import import_decisions, mark_recording
     from triscope.core.trace import import_trace, read_trace
     from triscope.store import Store
 
@@ -174,8 +174,10 @@ def import_for_demo(url: str, path: Path | str, node: str | None = None, now: fl
         span = float(tr.header.get("end", 0) or 0) - float(tr.header.get("start", 0) or 0)
         bounds = st.time_bounds(trace_node)
         if bounds is not None and bounds[1] >= now - max(span, 60.0):
+            mark_recording(st, trace_node, Path(path).name, bounds[1])   # a copy loaded before the mark existed
             return trace_node
         info = import_trace(st, path, node=trace_node, shift_to_now=True, now=now, trace=tr)
+        mark_recording(st, trace_node, Path(path).name, info.end)
         import_decisions(st, tr, info)
         return trace_node
     finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 from typing import Any
 
 from triscope.commands.common import TIME_HELP, add_db_option, db_url, parse_time
@@ -52,12 +53,25 @@ def cmd_import(args: argparse.Namespace) -> int:
     try:
         st.upgrade()
         info = import_trace(st, args.file, node=args.node, shift_to_now=args.shift_to_now, trace=trace)
+        mark_recording(st, info.node, Path(args.file).name, info.end)
         decided = import_decisions(st, trace, info)
     finally:
         st.close()
     print(f"imported {info.ticks} ticks ({info.samples} samples, {info.series} series), {info.events} new events "
           f"and {decided} remediation decisions as node {info.node!r}, {info.end - info.start:.0f} s of data")
     return 0
+
+
+def mark_recording(st: Any, node: str, source: str, end: float) -> None:
+    """Mark ``node`` as a recording (node labels ``triscope.recording``: the trace file,
+    ``triscope.recording_end``: its last tick as imported), keeping its other labels: the pages say
+    "recording", never "live", until an agent writes newer data under that name."""
+    from triscope.store.reader import RECORDING_END_LABEL, RECORDING_LABEL
+
+    labels = next((dict(n.labels) for n in st.nodes() if n.name == node), {})
+    want = {RECORDING_LABEL: source, RECORDING_END_LABEL: f"{end:.3f}"}
+    if any(labels.get(k) != v for k, v in want.items()):
+        st.set_node_labels(node, {**labels, **want})
 
 
 def import_decisions(st: Any, trace: Any, info: Any) -> int:
