@@ -265,10 +265,9 @@ def _check_header(header: Any, path: Path) -> None:
     if version > VERSION:
         raise TraceError(f"{path}: trace version {version} is newer than this triscope understands ({VERSION})")
     node = header.get("node")
-    if node is not None:
-        problem = names.node_name_problem(node)
-        if problem:
-            raise bad(problem)
+    problem = names.node_name_problem(node) if node is not None else None
+    if problem:
+        raise bad(problem)
     try:
         for k in ("start", "end"):
             if header.get(k) is not None:
@@ -285,23 +284,31 @@ def _check_header(header: Any, path: Path) -> None:
         raise bad("series must be a list of [ID, METRIC, LABELS, KIND]")
     seen: set[int] = set()
     for i, row in enumerate(series):
-        if not (isinstance(row, list) and len(row) == 4 and isinstance(row[0], int) and not isinstance(row[0], bool)):
-            raise bad(f"series[{i}] is not [ID, METRIC, LABELS, KIND]: {_short(row)}")
-        sid, metric, lab, kind = row
-        if sid in seen:
-            raise bad(f"series[{i}]: id {sid} is used twice")
-        seen.add(sid)
-        problem = names.metric_name_problem(metric)
+        problem = _series_problem(i, row, seen)
         if problem:
-            raise bad(f"series[{i}]: {problem}")
-        if not isinstance(lab, dict) or not all(isinstance(v, str) for v in lab.values()):
-            raise bad(f"series[{i}] ({metric}): labels must be a mapping of names to strings")
-        for k in lab:
-            problem = names.label_name_problem(k)
-            if problem:
-                raise bad(f"series[{i}] ({metric}): {problem}")
-        if kind not in ("gauge", "counter"):
-            raise bad(f"series[{i}] ({metric}): kind must be gauge or counter, not {_short(kind)}")
+            raise bad(problem)
+
+
+def _series_problem(i: int, row: Any, seen: set[int]) -> str | None:
+    """What is wrong with the header's ``series[i]`` (its id added to ``seen``), or None."""
+    if not (isinstance(row, list) and len(row) == 4 and isinstance(row[0], int) and not isinstance(row[0], bool)):
+        return f"series[{i}] is not [ID, METRIC, LABELS, KIND]: {_short(row)}"
+    sid, metric, lab, kind = row
+    if sid in seen:
+        return f"series[{i}]: id {sid} is used twice"
+    seen.add(sid)
+    problem = names.metric_name_problem(metric)
+    if problem:
+        return f"series[{i}]: {problem}"
+    if not isinstance(lab, dict) or not all(isinstance(v, str) for v in lab.values()):
+        return f"series[{i}] ({metric}): labels must be a mapping of names to strings"
+    for k in lab:
+        problem = names.label_name_problem(k)
+        if problem:
+            return f"series[{i}] ({metric}): {problem}"
+    if kind not in ("gauge", "counter"):
+        return f"series[{i}] ({metric}): kind must be gauge or counter, not {_short(kind)}"
+    return None
 
 
 def _parse_line(rec: Any, known: set[int]) -> tuple[str, Any]:
@@ -310,51 +317,61 @@ def _parse_line(rec: Any, known: set[int]) -> tuple[str, Any]:
     if not isinstance(rec, dict):
         raise ValueError("not a JSON object")
     if "t" in rec:
-        t = _finite(rec["t"], "t")
-        raw = rec.get("v")
-        if not isinstance(raw, list):
-            raise ValueError("v must be a list of [SERIES_ID, VALUE]")
-        vals = []
-        for pair in raw:
-            if not (isinstance(pair, list) and len(pair) == 2):
-                raise ValueError(f"v holds {_short(pair)}, not [SERIES_ID, VALUE]")
-            sid, v = pair
-            if isinstance(sid, bool) or not isinstance(sid, int) or isinstance(v, bool) or not isinstance(v, int | float):
-                raise ValueError(f"v holds {_short(pair)}, not [SERIES_ID, VALUE]")
-            if sid not in known:
-                raise ValueError(f"unknown series id {sid}")
-            vals.append((sid, float(v)))
-        return "t", (t, vals)
+        return "t", _tick(rec, known)
     if "e" in rec:
-        e = rec["e"]
-        if not isinstance(e, dict):
-            raise ValueError("e must be an object")
-        _finite(e.get("ts"), "ts")
-        kind = e.get("kind")
-        if not isinstance(kind, str) or not kind or len(kind) > 64:
-            raise ValueError(f"kind must be a name of 1 to 64 characters, not {_short(kind)}")
-        if e.get("severity", "info") not in SEVERITIES:
-            raise ValueError(f"severity must be one of {', '.join(SEVERITIES)}, not {_short(e.get('severity'))}")
-        if not isinstance(e.get("message", ""), str):
-            raise ValueError("message must be a string")
-        if not isinstance(e.get("details") or {}, dict):
-            raise ValueError("details must be an object")
-        return "e", e
+        return "e", _event(rec["e"])
     if "d" in rec:
-        d = rec["d"]
-        if not isinstance(d, dict):
-            raise ValueError("d must be an object")
-        for k in DECISION_TIMES:
-            if k == "ts" or d.get(k) is not None:
-                _finite(d.get(k), k)
-        for k in ("rule", "action", "outcome"):
-            if not isinstance(d.get(k), str) or not d[k] or len(d[k]) > 253:
-                raise ValueError(f"{k} must be a name of 1 to 253 characters, not {_short(d.get(k))}")
-        for k in ("params", "response"):
-            if not isinstance(d.get(k) or {}, dict):
-                raise ValueError(f"{k} must be an object")
-        return "d", {k: v for k, v in d.items() if k in DECISION_FIELDS}
+        return "d", _decision(rec["d"])
     raise ValueError("neither a tick, an event nor a decision")
+
+
+def _tick(rec: dict[str, Any], known: set[int]) -> tuple[float, list[tuple[int, float]]]:
+    t = _finite(rec["t"], "t")
+    raw = rec.get("v")
+    if not isinstance(raw, list):
+        raise ValueError("v must be a list of [SERIES_ID, VALUE]")
+    vals = []
+    for pair in raw:
+        if not (isinstance(pair, list) and len(pair) == 2):
+            raise ValueError(f"v holds {_short(pair)}, not [SERIES_ID, VALUE]")
+        sid, v = pair
+        if isinstance(sid, bool) or not isinstance(sid, int) or isinstance(v, bool) or not isinstance(v, int | float):
+            raise ValueError(f"v holds {_short(pair)}, not [SERIES_ID, VALUE]")
+        if sid not in known:
+            raise ValueError(f"unknown series id {sid}")
+        vals.append((sid, float(v)))
+    return t, vals
+
+
+def _event(e: Any) -> dict[str, Any]:
+    if not isinstance(e, dict):
+        raise ValueError("e must be an object")
+    _finite(e.get("ts"), "ts")
+    kind = e.get("kind")
+    if not isinstance(kind, str) or not kind or len(kind) > 64:
+        raise ValueError(f"kind must be a name of 1 to 64 characters, not {_short(kind)}")
+    if e.get("severity", "info") not in SEVERITIES:
+        raise ValueError(f"severity must be one of {', '.join(SEVERITIES)}, not {_short(e.get('severity'))}")
+    if not isinstance(e.get("message", ""), str):
+        raise ValueError("message must be a string")
+    if not isinstance(e.get("details") or {}, dict):
+        raise ValueError("details must be an object")
+    return e
+
+
+def _decision(d: Any) -> dict[str, Any]:
+    if not isinstance(d, dict):
+        raise ValueError("d must be an object")
+    for k in DECISION_TIMES:
+        if k == "ts" or d.get(k) is not None:
+            _finite(d.get(k), k)
+    for k in ("rule", "action", "outcome"):
+        if not isinstance(d.get(k), str) or not d[k] or len(d[k]) > 253:
+            raise ValueError(f"{k} must be a name of 1 to 253 characters, not {_short(d.get(k))}")
+    for k in ("params", "response"):
+        if not isinstance(d.get(k) or {}, dict):
+            raise ValueError(f"{k} must be an object")
+    return {k: v for k, v in d.items() if k in DECISION_FIELDS}
 
 
 def read_trace(path: Path | str) -> Trace:
