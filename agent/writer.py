@@ -274,7 +274,7 @@ class StoreWriter:
         old = self.store
         try:
             self.store = self.reopen(old)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - recreating can fail in any layer (OS, SQLAlchemy, Alembic): each means spool and try again, never a dead writer
             raise StoreFileChanged(f"SQLite file {self.file.path} was {what} under the running agent and "
                                    f"cannot be recreated yet: {_one_line(e)}") from None
         self.file.reset()
