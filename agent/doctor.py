@@ -37,7 +37,7 @@ def _row(name: str, make: Callable[[], Collector]) -> DoctorRow:
         return DoctorRow(name, False, f"cannot start: {e}", "")
     try:
         av = c.check()
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - a check that fails is a finding, not a crash
         av = Availability(False, f"check failed: {e}", "")
     finally:
         with contextlib.suppress(Exception):

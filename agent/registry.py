@@ -197,7 +197,7 @@ def split_available(collectors: list[Collector]) -> tuple[list[Collector], list[
             continue
         try:
             av = c.check()
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - a collector whose check fails is left out, with why; the agent starts
             av = Availability(False, f"check failed: {e}")
         if av.ok or av.transient:
             # e.g. a scraped service that is not up yet: retried every tick, down until then

@@ -322,7 +322,7 @@ class StoreWriter:
                 if time.monotonic() - now >= budget:
                     self._draining = True    # more to write: the next slice soon, new ticks behind it
                     return
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - any store failure means: keep it on disk, retry later
             self.spool.release()
             self.write_errors += 1
             if now - self._last_still_logged >= 60.0:   # once a minute, not at every retry
@@ -344,7 +344,7 @@ class StoreWriter:
             removed = self.store.apply_retention(self.retention)
             if any(removed.values()):
                 log.info("retention removed %s", removed)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - retention is housekeeping: a failure is logged, the next run tries again
             log.warning("retention job failed: %s", _one_line(e))
 
 

@@ -49,7 +49,7 @@ class PgWriter(TickWriter):
             return n
         try:
             return self.write_general(node, ticks, rollup, fast=True)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - the driver's error is classified (unique violation) and re-raised otherwise
             if not is_unique_violation(e):
                 raise
         # some points are stored already (a replay): the idempotent path (the failed transaction
@@ -81,7 +81,7 @@ class PgWriter(TickWriter):
         try:
             conn = self.connection()
             conn.execute(STEADY_SQL[move, points is not None], params)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - whatever failed, the general path takes over (and raises what is real)
             self.cache.clear()
             if is_unique_violation(e):
                 # some points are stored already (a replay): nothing was written, take the idempotent path

@@ -164,7 +164,7 @@ def _child(cfg: dict, sock: socket.socket) -> None:
     try:
         text = Path(cfg["source"]).read_text()
         b = BPF(text=text, cflags=cfg["cflags"])
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - BCC reports a failed compile as a bare Exception: told to the parent
         send({"fatal": "compile", "error": f"{type(e).__name__}: {e}"})
         return
     timings["compile"] = time.monotonic() - t1
@@ -184,7 +184,7 @@ def _child(cfg: dict, sock: socket.socket) -> None:
             r["ok"] = True
             r["fd_index"] = len(fds)
             fds.append(fd)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - BCC's attach errors are bare Exceptions: each probe's told to the parent
             r["error"] = f"{type(e).__name__}: {e}"
         results.append(r)
     loaded, load_errors = {}, {}
@@ -192,7 +192,7 @@ def _child(cfg: dict, sock: socket.socket) -> None:
         try:
             b.load_func(fn, BPF.TRACEPOINT)
             loaded[fn] = True
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - BCC's load errors are bare Exceptions: each told to the parent
             loaded[fn] = False
             load_errors[fn] = f"{type(e).__name__}: {e}"
     timings["attach"] = time.monotonic() - t2
@@ -213,7 +213,7 @@ def main(argv: list[str]) -> None:
     sock = socket.socket(fileno=int(argv[1]))
     try:
         _child(cfg, sock)
-    except BaseException as e:  # noqa: BLE001
+    except BaseException as e:  # noqa: BLE001 - the loader child tells its parent why it crashed, whatever it was
         with contextlib.suppress(Exception):
             socket.send_fds(sock, [json.dumps({"fatal": "crashed", "error": f"{type(e).__name__}: {e}"}).encode()], [])
     sys.stdout.flush()

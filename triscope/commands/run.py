@@ -77,7 +77,7 @@ def _start_engine(url: str, policy: str, listen: tuple[str, int]) -> Any:
         return None
     try:
         return start_embedded(url, policy, listen, dry_run=True)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - the embedded engine is optional here: whatever stops it, the agent and dashboard run on
         log.error("remediation engine did not start: %s", e)
         return None
 
