@@ -1,5 +1,5 @@
 """A node's window cut into episodes: runs of one coordination state per accelerator, and health
-events.  Pure functions over points already read (``triscope.analysis.rca_timeline`` fetches them).
+events.  Pure functions over points already read (``triscope.analysis.rca.timeline`` fetches them).
 
 Where the states come from, best first (``state_samples``):
 
@@ -21,21 +21,23 @@ state, else into the neighbour of the same kind (I/O state next to I/O state, he
 healthy), else into the longer one.
 
 Health events (``HEALTH_EVENTS``: XID errors, a lost GPU, PCIe AER, IOMMU faults, NPU health
-changes, a collector going down) become episodes of their own: events of one kind on one
-accelerator (or device, or collector) closer than ``HEALTH_MERGE_S`` are one episode; a collector
-down lasts until it is back up.
+changes, one of the agent's collectors going down) become episodes of their own: events of one
+kind on one accelerator (or device) closer than ``HEALTH_MERGE_S`` are one episode; a collector
+down lasts until it is back up, and one down again within ``HEALTH_MERGE_S`` of coming back
+continues its episode (``collector_episodes``).  A ``scrape:`` collector reads a workload's own
+``/metrics``: its late answers are no health incident of the node but events on that workload's
+lane (``triscope.analysis.rca.context``).
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from triscope.analysis.mismatch import IO_STATES
 from triscope.analysis.reader import SeriesPoints, label_name
-from triscope.core.vocabulary import NO_WORKLOAD, WORKLOAD_LABELS, WORST_FIRST, WorkloadKey
+from triscope.core.vocabulary import IO_STATES, NO_WORKLOAD, WORKLOAD_LABELS, WORST_FIRST, WorkloadKey
 
 MIN_EPISODE_S = 10.0          # the one flicker threshold: shorter runs are merged into a neighbour
 MIN_EPISODE_STEPS = 2         # ... or two sampling steps, on coarse (rollup) points
@@ -49,8 +51,14 @@ NODE = "node"
 STATE_ORDER = WORST_FIRST
 HEALTH_EVENTS = {"xid": "gpu_health", "gpu_lost": "gpu_health", "npu_health": "gpu_health", "aer": "pcie_errors",
                  "iommu_fault": "iommu_faults", "collector": "agent"}
+SCRAPE_PREFIX = "scrape:"     # a collector reading a workload's own /metrics (``--scrape``)
 
 Workload = WorkloadKey
+
+
+def is_application_collector(name: str) -> bool:
+    """A collector that reads a workload's own endpoint (``--scrape``), not the host or the agent."""
+    return name.startswith(SCRAPE_PREFIX)
 
 
 def is_bad(state: str) -> bool:
@@ -101,10 +109,11 @@ class Episode:
     state: str                      # a mismatch state, or for health episodes the event kind
     accelerator: str                # "gpu=0", "chip=0,npu=1", "node"
     workload: Workload = NO_WORKLOAD
-    kind: str = "state"             # state | health | slo
+    kind: str = "state"             # state | health | slo | event (context on a lane, never bad)
     score: float | None = None      # mean mismatch score (share of the accelerator's time lost to I/O)
     samples: int = 0
-    causes: list[Any] = field(default_factory=list)
+    causes: list[Any] = field(default_factory=list)     # ranked causes (``rca.score.Cause``)
+    context: list[Any] = field(default_factory=list)    # shown beside them, never ranked (``rca.context.Context``)
     reference: dict[str, Any] | None = None
     events: list[Any] = field(default_factory=list)
     detail: dict[str, Any] = field(default_factory=dict)
@@ -115,7 +124,7 @@ class Episode:
 
     @property
     def bad(self) -> bool:
-        return self.kind != "state" or is_bad(self.state)
+        return self.kind in ("health", "slo") or (self.kind == "state" and is_bad(self.state))
 
 
 # ---------------------------------------------------------------------------------------------- states
@@ -295,43 +304,58 @@ def assign_workloads(episodes: Iterable[Episode], info: Iterable[SeriesPoints]) 
 
 
 # ---------------------------------------------------------------------------------------------- health
+def collector_episodes(events: Iterable[Any], keep: Callable[[str], bool]) -> list[Episode]:
+    """Each collector named by ``keep`` down until it is back up (``collector`` events, ``details.up``),
+    on the node.  Down again within ``HEALTH_MERGE_S`` of coming back continues the episode (a
+    flapping collector is one episode, its blips counted in ``detail["blips"]``); one still down at
+    the end of the events says so (``still_down``)."""
+    open_: dict[str, Episode] = {}
+    closed: dict[str, Episode] = {}     # a collector's last episode that came back up
+    out: list[Episode] = []
+    for e in sorted(events, key=lambda e: e.ts):
+        d = e.details or {}
+        name = str(d.get("collector", "?"))
+        if e.kind != "collector" or not keep(name) or d.get("up") not in (True, False):
+            continue
+        if d.get("up") is True:       # back up: closes the down episode
+            ep = open_.pop(name, None)
+            if ep is not None:
+                ep.end = e.ts
+                ep.events.append(e)
+                closed[name] = ep
+            continue
+        ep = open_.get(name)
+        if ep is None and name in closed and e.ts - closed[name].end <= HEALTH_MERGE_S:
+            ep = open_[name] = closed.pop(name)
+            ep.detail["blips"] = ep.detail.get("blips", 1) + 1
+        if ep is None:
+            ep = open_[name] = Episode(e.ts, e.ts, "collector-down", NODE, kind="health")
+            ep.detail["collector"] = name
+            out.append(ep)
+        ep.events.append(e)
+        ep.end = max(ep.end, e.ts)
+    for ep in open_.values():
+        ep.detail["still_down"] = True     # no "back up" event in the range
+    for ep in out:
+        ep.samples = len(ep.events)
+    return out
+
+
 def health_episodes(events: Iterable[Any], accelerator_of_device: Mapping[str, str] | None = None) -> list[Episode]:
     """Health incidents from the store's events (``EventRow``-like: ts, kind, severity, message,
     details).  The place is the accelerator (``details.gpu``; an AER device mapped through
-    ``accelerator_of_device``), else the device or collector, else the node."""
+    ``accelerator_of_device``), else the device, else the node.  The agent's own collectors down
+    (``collector_episodes``); a scrape target's late ``/metrics`` is no health incident (it is an
+    event on that workload's lane, ``triscope.analysis.rca.context.metrics_late_events``)."""
     dev_map = accelerator_of_device or {}
+    events = list(events)
+    out = collector_episodes(events, lambda name: not is_application_collector(name))
     open_: dict[tuple[str, str], Episode] = {}
-    closed: dict[tuple[str, str], Episode] = {}     # a collector's last episode that came back up
-    out: list[Episode] = []
     for e in sorted(events, key=lambda e: e.ts):
-        if e.kind not in HEALTH_EVENTS:
+        if e.kind not in HEALTH_EVENTS or e.kind == "collector":
             continue
         d = e.details or {}
         if e.kind == "npu_health" and e.severity not in ("warning", "error", "critical"):
-            continue
-        if e.kind == "collector":
-            where = f"collector={d.get('collector', '?')}"
-            key = (e.kind, where)
-            if d.get("up") is True:       # back up: closes the down episode
-                ep = open_.pop(key, None)
-                if ep is not None:
-                    ep.end = e.ts
-                    ep.events.append(e)
-                    closed[key] = ep
-                continue
-            if d.get("up") is not False:
-                continue
-            ep = open_.get(key)
-            if ep is None and key in closed and e.ts - closed[key].end <= HEALTH_MERGE_S:
-                # down again soon after coming back: one flapping episode, not a new one per blip
-                ep = open_[key] = closed.pop(key)
-                ep.detail["blips"] = ep.detail.get("blips", 1) + 1
-            if ep is None:
-                ep = open_[key] = Episode(e.ts, e.ts, "collector-down", NODE, kind="health")
-                ep.detail["collector"] = d.get("collector", "?")
-                out.append(ep)
-            ep.events.append(e)
-            ep.end = max(ep.end, e.ts)
             continue
         if "gpu" in d:
             where = f"gpu={d['gpu']}"
@@ -348,9 +372,5 @@ def health_episodes(events: Iterable[Any], accelerator_of_device: Mapping[str, s
             out.append(ep)
         ep.events.append(e)
         ep.end = max(ep.end, e.ts)
-    for key, ep in open_.items():
-        if key[0] == "collector":
-            ep.detail["still_down"] = True     # no "back up" event in the range
-    for ep in out:
         ep.samples = len(ep.events)
-    return out
+    return sorted(out, key=lambda e: e.start)

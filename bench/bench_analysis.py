@@ -20,8 +20,8 @@ from pathlib import Path
 from bench.common import Row
 from triscope.analysis.mismatch import accelerator_states, node_states
 from triscope.analysis.online import MismatchTracker
-from triscope.analysis.rca import rank_causes
-from triscope.analysis.rca_timeline import rca_timeline
+from triscope.analysis.rca.ranked import rank_causes
+from triscope.analysis.rca.timeline import rca_timeline
 from triscope.analysis.slo import evaluate, parse_slo_text
 from triscope.analysis.synthetic import SERVING_PHASES, WORKLOAD, h200_phase_ticks, phase_intervals
 from triscope.core.samples import MetricKind, Sample, Tick

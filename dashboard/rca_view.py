@@ -1,20 +1,26 @@
-"""Root-cause results for the dashboard, through ``triscope.analysis.rca.rank_causes`` and the
-episode timeline (``triscope.analysis.rca_timeline.rca_timeline``).
+"""Root-cause results for the dashboard, through the ranked view
+(``triscope.analysis.rca.ranked.rank_causes``) and the episode timeline
+(``triscope.analysis.rca.timeline.rca_timeline``): both score causes with the one scorer,
+``triscope.analysis.rca.score.score_cause``.
 
 ``explain(store, node, start, end)`` returns ranked ``Cause`` rows, each with the series that
-moved most in its category (for the evidence chart), the baseline window and the detector's
-comparison.  ``timeline(store, node, start, end)`` returns the window's episodes (docs/workloads.md
-section 3): runs of one state per accelerator with their workload, each bad one with its ranked
-causes; the one call site of the analysis timeline, with the dashboard's own runs from the stored
-per-accelerator states where that function is missing.
+moved most in its category (for the evidence chart), the baseline window, the detector's
+comparison and the context lines (application SLIs, remediation actions, the agent itself: shown,
+never ranked).  ``timeline(store, node, start, end)`` returns the window's episodes
+(docs/workloads.md section 3): runs of one state per accelerator with their workload, each bad one
+with its ranked causes and context; where the timeline fails, the dashboard's own runs from the
+stored per-accelerator states, each bad one explained by the ranked view over its span.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from triscope.analysis.rca.ranked import rank_causes
+from triscope.analysis.rca.timeline import rca_timeline
 from triscope.core.names import shorten
 from triscope.dashboard.export import Series
 from triscope.dashboard.workload_data import (
@@ -52,12 +58,23 @@ class Cause:
 
 
 @dataclass
+class EpisodeCause:
+    """A ranked cause of an episode (``score`` set), or a context line beside them (``score`` None)."""
+
+    key: str
+    title: str
+    score: float | None
+    summary: str = ""
+
+
+@dataclass
 class RcaResult:
     causes: list[Cause]
     baseline: tuple[float, float] | None
     note: str
     series_examined: int = 0
     mismatch: dict[str, Any] = field(default_factory=dict)
+    context: list[EpisodeCause] = field(default_factory=list)   # shown beside the causes, never ranked
 
 
 # the detector input to chart for a cause that has no moved series of its own (its evidence is the
@@ -72,8 +89,6 @@ CATEGORY_SERIES = {
 
 
 def explain(store: StoreReader, node: str, start: float, end: float, top: int = 8) -> RcaResult:
-    from triscope.analysis.rca import rank_causes
-
     res = rank_causes(store, node, start, end)
     by_cat: dict[str, list[Any]] = {}
     for ch in sorted(res.changes, key=lambda c: -c.score):
@@ -92,18 +107,11 @@ def explain(store: StoreReader, node: str, start: float, end: float, top: int = 
                             [e for e in c.evidence if e.get("type") == "event"], list(c.peers)))
     note = "" if causes else (f"nothing moved against the baseline in this window "
                               f"({res.series_examined} series examined)")
-    return RcaResult(causes, (res.baseline_start, res.baseline_end), note, res.series_examined, dict(res.mismatch))
+    return RcaResult(causes, (res.baseline_start, res.baseline_end), note, res.series_examined, dict(res.mismatch),
+                     [EpisodeCause(c.kind, c.title, None, c.summary) for c in res.context])
 
 
 # ---------------------------------------------------------------------------------------------- episode timeline
-@dataclass
-class EpisodeCause:
-    key: str
-    title: str
-    score: float | None
-    summary: str = ""
-
-
 @dataclass
 class EpisodeView:
     """One episode of docs/workloads.md section 3: a run of one state on one accelerator (or a
@@ -115,12 +123,14 @@ class EpisodeView:
     accelerator: str               # "gpu=0", "chip=0,npu=1", "node" (the contract's form)
     accel: Accel | None            # parsed; None for the node
     workload: WorkloadRef | None
-    kind: str = "state"            # state | health | slo
+    kind: str = "state"            # state | health | slo | event (context on a lane, never bad)
     bad: bool = False
     score: float | None = None
     causes: list[EpisodeCause] = field(default_factory=list)
     reference: str = ""
     started_before: bool = False
+    context: list[EpisodeCause] = field(default_factory=list)   # shown beside the causes, never ranked
+    phase: str = ""                # "2 of 3" for an episode cut into phases where its cause changed
 
     @property
     def where(self) -> str:
@@ -143,26 +153,20 @@ class TimelineView:
         return [e for e in self.episodes if e.bad]
 
 
-TIMELINE_FUNCTION = "triscope.analysis.rca_timeline.rca_timeline"
+TIMELINE_FUNCTION = "triscope.analysis.rca.timeline.rca_timeline"
 FALLBACK_EXPLAINED = 4     # the dashboard's own timeline ranks causes for this many bad episodes (longest first)
 FALLBACK_MIN_S = 10.0      # ... that last at least this long
 
 
 def timeline(store: StoreReader, node: str, start: float, end: float,
              owners: OwnerLookup | None = None) -> TimelineView:
-    """The node's episode timeline over [start, end]: ``triscope.analysis.rca_timeline.rca_timeline``
-    (its ``as_dict()``, the JSON of docs/workloads.md section 3); where this build has no such
-    function, runs of one state per accelerator from the stored per-accelerator state series, each
-    bad one explained by ``rank_causes`` over its own span."""
-    try:
-        from triscope.analysis.rca_timeline import rca_timeline
-    except ImportError:
-        return fallback_timeline(store, node, start, end, owners)
+    """The node's episode timeline over [start, end]: ``triscope.analysis.rca.timeline.rca_timeline``
+    (its ``as_dict()``, the JSON of docs/workloads.md section 3); where it fails, runs of one state
+    per accelerator from the stored per-accelerator state series, each bad one explained by
+    ``rank_causes`` over its own span, and a note saying why."""
     try:
         got = rca_timeline(store, node, start, end)
     except Exception as e:  # noqa: BLE001 - the page keeps working on the stored states; the note says why
-        import logging
-
         logging.getLogger("dashboard").exception("%s failed", TIMELINE_FUNCTION)
         tv = fallback_timeline(store, node, start, end, owners)
         tv.notes.insert(0, f"{TIMELINE_FUNCTION} failed ({type(e).__name__}: {str(e)[:160]}): episodes from the "
@@ -182,6 +186,8 @@ def _reference_text(ref: Any) -> str:
     if not isinstance(ref, dict) or not ref:
         return ""
     kind = str(ref.get("kind", ""))
+    if kind == "previous-phase":
+        return "against the phase before it (what changed when this one began)"
     if kind == "none":
         return "no healthy reference" + (f": {ref['why']}" if ref.get("why") else "") + " (ranked on absolute evidence)"
     parts = [f"against {kind.replace('_', ' ')}"]
@@ -209,7 +215,10 @@ def timeline_from_dict(d: Mapping[str, Any], owners: OwnerLookup | None = None) 
             bool(e.get("bad", e.get("state") not in HEALTHY)), e.get("score"),
             [EpisodeCause(str(c.get("cause", "")), str(c.get("title", c.get("cause", ""))), c.get("score"),
                           str(c.get("summary", ""))) for c in e.get("causes") or []],
-            _reference_text(e.get("reference")), bool(e.get("started_before"))))
+            _reference_text(e.get("reference")), bool(e.get("started_before")),
+            [EpisodeCause(str(c.get("context", "")), str(c.get("title", "")), None, str(c.get("summary", "")))
+             for c in e.get("context") or []],
+            f"{e['phase']} of {e['phases']}" if e.get("phases") else ""))
     src = d.get("states_from")
     return TimelineView(out, f"{TIMELINE_FUNCTION}" + (f" (states from {src})" if src else ""),
                         [str(n) for n in d.get("notes") or []])
@@ -219,8 +228,6 @@ def fallback_timeline(store: StoreReader, node: str, start: float, end: float,
                       owners: OwnerLookup | None = None) -> TimelineView:
     """Runs of one state per accelerator from the stored per-accelerator state series; the longest
     bad ones explained by ``rank_causes`` over their span (baseline: the preceding window)."""
-    from triscope.analysis.rca import rank_causes
-
     runs = accel_state_runs(store, node, start, end, owners=owners)
     out: list[EpisodeView] = []
     for acc, rs in runs.items():
@@ -232,6 +239,7 @@ def fallback_timeline(store: StoreReader, node: str, start: float, end: float,
     for e in todo[:FALLBACK_EXPLAINED]:
         res = rank_causes(store, node, max(e.start, start), min(e.end, end))
         e.causes = [EpisodeCause(c.key, c.title, c.score, c.summary) for c in res.causes[:3]]
+        e.context = [EpisodeCause(c.kind, c.title, None, c.summary) for c in res.context]
         e.reference = "against the preceding window of the same length"
     if len(todo) > FALLBACK_EXPLAINED:
         notes.append(f"{len(todo) - FALLBACK_EXPLAINED} more bad episode(s) not explained here: open one")

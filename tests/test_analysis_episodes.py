@@ -14,7 +14,7 @@ from triscope.analysis.episodes import (
     state_runs,
     stored_state_samples,
 )
-from triscope.analysis.rca_noise import (
+from triscope.analysis.rca.noise import (
     agent_trouble,
     below_floor,
     is_agent_metric,
@@ -22,8 +22,8 @@ from triscope.analysis.rca_noise import (
     noise_floor,
     throttle_faults,
 )
-from triscope.analysis.rca_reference import pod_stem, workload_key
-from triscope.analysis.rca_slo import slo_burn_episodes
+from triscope.analysis.rca.reference import pod_stem, workload_key
+from triscope.analysis.rca.slo import slo_burn_episodes
 from triscope.analysis.reader import SeriesPoints
 from triscope.analysis.slo import parse_slo_text
 from triscope.store.reader import EventRow
@@ -102,16 +102,18 @@ def test_health_events_become_episodes() -> None:
         _ev(120, "aer", {"device": "0000:1b:00.0", "severity": "correctable"}),
         _ev(200, "collector", {"collector": "nvml", "up": False}), _ev(201, "collector", {"collector": "nvml", "up": False}),
         _ev(260, "collector", {"collector": "nvml", "up": True}, "info"),
-        _ev(300, "collector", {"collector": "scrape:x", "up": False}),
+        _ev(300, "collector", {"collector": "scrape:x", "up": False}),   # a workload's /metrics: no health incident
+        _ev(310, "collector", {"collector": "ebpf", "up": False}),
         _ev(150, "mismatch_state", {"to": "io-saturated"}), _ev(160, "phase", {"phase": "x"}),
         _ev(170, "npu_health", {"npu": "1", "chip": "0"}, "info"),     # back to OK: not an incident
     ]
     eps = health_episodes(evs, {"0000:1b:00.0": "gpu=0"})
     got = [(e.state, e.accelerator, e.start, e.end, e.samples) for e in eps]
     assert got == [("xid", "gpu=1", 100, 110, 2), ("aer", "gpu=0", 120, 120, 1),
-                   ("collector-down", "node", 200, 260, 3), ("collector-down", "node", 300, 300, 1),
+                   ("collector-down", "node", 200, 260, 3), ("collector-down", "node", 310, 310, 1),
                    ("xid", "gpu=1", 400, 400, 1)]
-    assert eps[3].detail == {"collector": "scrape:x", "still_down": True}
+    assert all(e.bad for e in eps)
+    assert eps[3].detail == {"collector": "ebpf", "still_down": True}
     assert "still_down" not in eps[2].detail
 
 

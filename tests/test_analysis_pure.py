@@ -23,8 +23,8 @@ from triscope.analysis.counters import increase
 from triscope.analysis.features import AcceleratorWindow, WindowValues, window_features
 from triscope.analysis.mismatch import node_states, window_states
 from triscope.analysis.mismatch_inputs import MismatchInputs, fetch_mismatch_inputs
-from triscope.analysis.rca import rank_causes, rank_causes_from
-from triscope.analysis.rca_inputs import RCAInputs, fetch_rca_inputs
+from triscope.analysis.rca.inputs import RCAInputs, fetch_rca_inputs
+from triscope.analysis.rca.ranked import rank_causes, rank_causes_from
 from triscope.analysis.reader import SeriesPoints
 from triscope.analysis.slo import SLOInputs, evaluate, evaluate_inputs, fetch_slo_inputs, parse_slo_text
 from triscope.analysis.synthetic import h200_phase_ticks, phase_intervals

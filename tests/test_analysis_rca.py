@@ -13,7 +13,9 @@ import pytest
 
 from triscope.agent.collectors.cpu import CpuCollector
 from triscope.agent.collectors.tcp import TcpCollector
-from triscope.analysis.rca import categorize, rank_causes, score_series
+from triscope.analysis.rca.categories import categorize
+from triscope.analysis.rca.changes import score_series
+from triscope.analysis.rca.ranked import rank_causes
 from triscope.analysis.synthetic import h200_phase_ticks, phase_intervals
 from triscope.core.samples import EventRecord, Sample, Tick
 from triscope.store import Store
@@ -105,7 +107,11 @@ def test_events_are_merged_as_evidence(sqlite_url: str) -> None:
     assert "gpu_health" in by
     assert any(e.get("kind") == "xid" and e["details"]["xid"] == 79 for e in by["gpu_health"].evidence)
     assert by["gpu_health"].onset == pytest.approx(a + 30)
-    assert "remediation" in by and by["remediation"].score < by["gpu_health"].score
+    # the engine's own action is context beside the causes, never one of them (issue 27)
+    assert "remediation" not in by
+    ctx = {c.kind: c for c in res.context}
+    assert "restart deployment/infer" in ctx["remediation"].summary
+    assert res.as_dict()["context"][0]["context"] in ("application", "remediation")
     kinds = {e["kind"] for e in res.events}
     assert {"xid", "remediation", "phase"} <= kinds
     st.close()
@@ -243,6 +249,8 @@ def test_rca_reports_stage_skew_where_the_app_exports_it(sqlite_url: str) -> Non
     sv = res.stages["inference_stage_duration_seconds"]
     assert sv["window"]["bottleneck"] == "h2d" and sv["baseline"]["bottleneck"] == "compute"
     assert sv["window"]["bubble_fraction"] > sv["baseline"]["bubble_fraction"]
-    top = res.causes[0]
-    assert top.key == "application" and "h2d" in top.summary
+    # the application's own stage timings are a symptom: context beside the causes, never one of them
+    assert all(c.key != "application" for c in res.causes)
+    app = next(c for c in res.context if c.kind == "application")
+    assert "h2d" in app.summary
     st.close()

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from triscope.analysis.online import MismatchTracker
-from triscope.analysis.rca_timeline import rca_timeline
+from triscope.analysis.rca.timeline import rca_timeline
 from triscope.analysis.synthetic import H200_PHASES, PhaseShape, h200_phase_ticks
 from triscope.core.samples import EventRecord, Sample, Tick
 from triscope.store import Store
@@ -134,16 +134,18 @@ def _agent_samples(errors: bool) -> Callable[[float, str], list[Sample]]:
     return extra
 
 
-def test_the_agent_is_a_cause_only_while_unhealthy(sqlite_url: str) -> None:
+def test_the_agent_is_context_only_while_unhealthy(sqlite_url: str) -> None:
     st = Store.open(sqlite_url)
     st.upgrade()
     record(st, "ok", [P["matmul"], P["pageable_h2d"], P["matmul"]], T0, extra=_agent_samples(errors=False))
     record(st, "sick", [P["matmul"], P["pageable_h2d"], P["matmul"]], T0, extra=_agent_samples(errors=True))
     e = _bad(rca_timeline(st, "ok", T0, T0 + 180))[0]
     assert e.causes[0].key == "host_staging"
-    assert "agent" not in {c.key for c in e.causes}, [(c.key, c.summary) for c in e.causes]
+    assert "agent" not in {c.key for c in e.causes} and "agent" not in {c.kind for c in e.context}
     e = _bad(rca_timeline(st, "sick", T0, T0 + 180))[0]
-    agent = next(c for c in e.causes if c.key == "agent")
+    # the agent's trouble is a gap in the evidence shown beside the causes, never ranked among them
+    assert e.causes[0].key == "host_staging" and "agent" not in {c.key for c in e.causes}
+    agent = next(c for c in e.context if c.kind == "agent")
     assert any(x["type"] == "absolute" and "store write errors" in x["detail"] for x in agent.evidence)
     assert any(x["type"] == "series" and x["series"].startswith("triscope_tick_duration_seconds")
                for x in agent.evidence)

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from triscope.analysis.rca import rank_causes
-from triscope.analysis.rca_timeline import fetch_timeline_inputs, rca_timeline, timeline_from
+from triscope.analysis.rca.ranked import rank_causes
+from triscope.analysis.rca.timeline import fetch_timeline_inputs, rca_timeline, timeline_from
 from triscope.core.trace import Trace, import_trace, phase_spans, read_trace
 from triscope.store import Store
 
@@ -145,16 +145,19 @@ def test_the_whole_recording_as_a_timeline(trace_store) -> None:  # type: ignore
     assert ch["baseline"] == 0 and ch["window"] > 40
     # io-saturated: the link at its ceiling; the busy host is load (capped), not a cause
     top = io.causes[0]
-    assert top.key == "pcie_load" and top.evidence[0]["figure"] == "link_util" and top.evidence[0]["value"] > 0.75
+    util = next(x for x in top.evidence if x["type"] == "absolute" and x["figure"] == "link_util")
+    assert top.key == "pcie_load" and util["value"] > 0.75
     host = next((c for c in io.causes if c.key == "host_staging"), None)
     assert host is None or host.score < 0.5 * top.score
-    # the recorded app exits at the end: the scrape collector going down is a health episode, the
-    # workload's own symptom (its /metrics), never "the agent itself", and below the real episodes
-    down = [e for e in tl.episodes if e.kind == "health"]
-    assert [e.state for e in down] == ["collector-down"] and down[0].causes[0].key == "application"
-    assert down[0].causes[0].score < min(e.causes[0].score for e in tl.episodes if e.kind == "state" and e.bad)
-    # every cause key is one of the stable keys
-    assert {c.key for e in tl.episodes for c in e.causes} <= CAUSE_KEYS
+    # the recorded app exits at the end: its scrape collector going down is no health episode and
+    # never "the agent itself", but an event on the lane (context), not bad
+    assert not [e for e in tl.episodes if e.kind == "health"]
+    late = [e for e in tl.episodes if e.kind == "event"]
+    assert [e.state for e in late] == ["metrics-late"] and not late[0].bad and not late[0].causes
+    assert tl.as_dict()["summary"]["bad"] == 3
+    # every cause key is one of the stable keys, none of them context
+    keys = {c.key for e in tl.episodes for c in e.causes}
+    assert keys <= CAUSE_KEYS and not keys & {"application", "remediation", "agent"}
 
 
 def _evidence(tl: Any) -> list[dict[str, Any]]:

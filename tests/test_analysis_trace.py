@@ -13,7 +13,7 @@ import pytest
 
 from triscope.analysis.mismatch import sliding_states, state_fractions
 from triscope.analysis.online import MismatchTracker
-from triscope.analysis.rca import rank_causes
+from triscope.analysis.rca.ranked import rank_causes
 from triscope.store import Store
 
 REPO = Path(__file__).resolve().parent.parent

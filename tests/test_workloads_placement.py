@@ -186,7 +186,7 @@ def test_a_process_in_two_sets_is_read_once_and_counted_in_both(tmp_path: Path) 
 
 
 def test_root_cause_has_a_numa_locality_figure_for_a_working_feeder_only() -> None:
-    from triscope.analysis.rca_evidence import evidence_context, figures
+    from triscope.analysis.rca.evidence import evidence_context, figures
     from triscope.analysis.reader import SeriesPoints
 
     ts = [float(t) for t in range(100, 160)]

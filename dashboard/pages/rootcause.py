@@ -1,6 +1,6 @@
 """Root cause: node and window in; out the episode timeline (runs of one state per accelerator
 with their workload, each bad one with its ranked causes: ``rca_view.timeline``), the ranked
-causes of the whole window with their evidence charts (``triscope.analysis.rca``), and what the
+causes of the whole window with their evidence charts (``triscope.analysis.rca.ranked``), and what the
 mismatch detector and the events say about the window."""
 
 from __future__ import annotations
@@ -100,6 +100,8 @@ def explain(_n: int, value: str, start: str | None, end: str | None, tz: dict[st
                                  className="causes", id="rootcause-causes"))
         else:
             parts.append(empty_state("No ranked causes", res.note, id="rootcause-nocauses"))
+        if res.context:
+            parts.append(_context(res.context, "rootcause-context"))
     try:
         parts += _detector(c, node, a, b, res.mismatch if res is not None else None, zone)
     except Exception as e:  # noqa: BLE001
@@ -142,6 +144,8 @@ def _episode(node: str, e: rca_view.EpisodeView, zone: Any = None) -> html.Li:
                       + (" (began before the window)" if e.started_before else ""), className="ep-span"),
             html.Span(f"score {e.score:.2f}" if e.score is not None else "", className="badge") if e.score is not None
             else None,
+            html.Span(f"phase {e.phase}", className="muted", title="the episode's cause changed part-way: each phase "
+                      "is explained on its own") if e.phase else None,
             dcc.Link("explain this episode →", href="/rootcause?" + urlencode(
                 {"node": node, "start": f"{e.start:.0f}", "end": f"{e.end:.0f}"}), className="btn")]
     kids: list[Any] = [html.Div([h for h in head if h is not None], className="ep-head")]
@@ -150,11 +154,20 @@ def _episode(node: str, e: rca_view.EpisodeView, zone: Any = None) -> html.Li:
                                       html.Span(f" score {cz.score:.2f}" if cz.score is not None else "", className="muted")],
                                      title=short(cz.summary, 600) or None)
                              for cz in e.causes[:3]], className="ep-causes"))
+    if e.context:
+        kids.append(_context(e.context))
     if e.reference:
         kids.append(html.Div(short(e.reference, 300), className="muted"))
     data_attrs: dict[str, Any] = {"data-accelerator": e.accelerator, "data-state": e.state,
                                   "data-start": f"{e.start:.0f}", "data-end": f"{e.end:.0f}"}
     return html.Li(kids, className="card episode", **data_attrs)
+
+
+def _context(lines: list[rca_view.EpisodeCause], id: str = "") -> html.Ul:
+    """Context beside the causes (application SLIs, remediation actions, the agent itself): shown, not ranked."""
+    items = [html.Li([html.Span("context: ", className="muted"), html.Span(short(x.title, 120)),
+                      html.Span(" — " + short(x.summary, 300), className="muted")]) for x in lines]
+    return html.Ul(items, className="ep-context", id=id) if id else html.Ul(items, className="ep-context")
 
 
 def _cause(c: Any, node: str, i: int, cz: rca_view.Cause, a: float, b: float,

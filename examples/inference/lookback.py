@@ -71,7 +71,7 @@ def episode_rows(tl: Any, lines: Sequence[dict[str, Any]]) -> list[dict[str, Any
 
 
 def lookback_scores(store: Any, node: str, lines: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    from triscope.analysis.rca_timeline import rca_timeline
+    from triscope.analysis.rca.timeline import rca_timeline
 
     end = max(float(ln["end"]) for ln in lines) + 60.0
     out: dict[str, dict[str, Any]] = {}

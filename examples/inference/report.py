@@ -203,7 +203,7 @@ def _faulty(line: dict[str, Any]) -> bool:
 
 def rca_rows(store: Any, node: str, rows: list[dict[str, Any]], start: float, end: float) -> None:
     """Attach to each row the bad episodes of ``triscope rca`` overlapping its settled span."""
-    from triscope.analysis.rca_timeline import rca_timeline
+    from triscope.analysis.rca.timeline import rca_timeline
 
     tl = rca_timeline(store, node, start, end)
     for r in rows:

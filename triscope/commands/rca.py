@@ -1,7 +1,9 @@
 """``triscope rca``: what happened on a node in a time window, as an incident timeline: episodes of
-one coordination state per accelerator, health events and SLO burn periods, each bad episode with
-its ranked causes against a reference that exists.  ``--ranked`` keeps the older single ranked
-list of what changed against a baseline."""
+one coordination state per accelerator (cut into phases where the cause changes), health events,
+workload-lane events and SLO burn periods, each bad episode with its ranked causes against a
+reference that exists and its context (application SLIs, remediation actions, the agent itself:
+shown, never ranked).  ``--ranked`` keeps the older single ranked list of what changed against a
+baseline, scored by the same ``score_cause``."""
 
 from __future__ import annotations
 
@@ -72,7 +74,7 @@ def cmd_rca(args: argparse.Namespace) -> int:
             raise UserError(f"unknown node {shorten(args.node)!r} (stored nodes: {known_nodes(st)})")
         if args.ranked:
             return _ranked(st, args, start, end, baseline)
-        from triscope.analysis.rca_timeline import rca_timeline
+        from triscope.analysis.rca.timeline import rca_timeline
 
         tl = rca_timeline(st, args.node, start, end, baseline=baseline, top=args.top or 3, slos=slos)
     finally:
@@ -143,29 +145,51 @@ def timeline_lines(d: dict[str, Any], evidence: int = 3) -> list[str]:
             extra = f"  {e.get('slo')}: burn rate up to {e.get('peak_burn_rate')}x (page at {e.get('page_factor')}x)"
         elif e["kind"] == "health" and e.get("events"):
             extra = f"  {e['events'][0]['message']}"
+        if e.get("phases"):
+            extra += f"  (phase {e['phase']} of {e['phases']})"
         out.append(f"{when}  {e['accelerator']}  {e['state']}{score}{_workload(e['workload'])}{extra}")
+        if e["kind"] == "event":
+            out.append(f"    context: {_event_text(e)}")
+            continue
         if not e["bad"]:
             continue
-        for v in e.get("verdict") or []:
-            out.append(f"    detector: {v}")
-        ref = e.get("reference")
-        if e["kind"] == "slo":     # its causes are those of the episode it overlaps, printed there
-            if ref and ref.get("kind") == "episode":
-                top = e["causes"][0]["title"] if e["causes"] else "no cause stands out"
-                out.append(f"    during the {ref['state']} episode on {ref['accelerator']}: {top}")
-            else:
-                out.append("    no bad coordination episode at the time")
-            continue
-        if ref:
-            out.append("    reference: " + _reference(ref, day))
-        if not e["causes"]:
-            out.append("    no cause stands out")
-        for i, c in enumerate(e["causes"], 1):
-            out.append(f"    {i}. {c['title']}  [{c['score']:.2f}]")
-            if c.get("peers"):
-                out.append(f"         peers: {', '.join(c['peers'][:5])}")
-            for x in c["evidence"][:evidence]:
-                out.append("         - " + _evidence_line(x))
+        out += _bad_lines(e, day, evidence)
+    return out
+
+
+def _event_text(e: dict[str, Any]) -> str:
+    """A workload-lane event (a scrape target's late /metrics) in one line."""
+    blips = e.get("blips", 1)
+    last = e["events"][0]["message"] if e.get("events") else ""
+    return (f"the workload's own /metrics ({e.get('target', '?')}) answered late or not at all"
+            + (f", {blips} times" if blips > 1 else "") + (" (still down)" if e.get("still_down") else "")
+            + (f": {last}" if last else ""))
+
+
+def _bad_lines(e: dict[str, Any], day: str, evidence: int) -> list[str]:
+    out = [f"    detector: {v}" for v in e.get("verdict") or []]
+    ref = e.get("reference")
+    if e["kind"] == "slo":     # its causes are those of the episode it is linked to, printed there
+        if ref and ref.get("kind") == "episode":
+            top = e["causes"][0]["title"] if e["causes"] else "no cause stands out"
+            how = "after" if ref.get("link") == "follows" else "during"
+            out.append(f"    {how} the {ref['state']} episode on {ref['accelerator']} "
+                       f"({_clock(ref['start'], day)} .. {_clock(ref['end'], day)}): {top}")
+        else:
+            out.append("    " + (ref or {}).get("why", "no bad coordination episode at the time"))
+        return out
+    if ref:
+        out.append("    reference: " + _reference(ref, day))
+    if not e["causes"] and e["kind"] == "state":
+        out.append("    no cause stands out")
+    for i, c in enumerate(e["causes"], 1):
+        out.append(f"    {i}. {c['title']}  [{c['score']:.2f}]")
+        if c.get("peers"):
+            out.append(f"         peers: {', '.join(c['peers'][:5])}")
+        for x in c["evidence"][:evidence]:
+            out.append("         - " + _evidence_line(x))
+    for c in e.get("context") or []:
+        out.append(f"    context: {c['title']}: {c['summary']}")
     return out
 
 
@@ -175,6 +199,9 @@ def _reference(ref: dict[str, Any], day: str) -> str:
         return "none: " + ref.get("why", "")
     if kind == "episode":
         return f"the {ref['state']} episode on {ref['accelerator']} it overlaps"
+    if kind == "previous-phase":
+        return (f"the phase before it ({_clock(ref['start'], day)} .. {_clock(ref['end'], day)}): "
+                "what changed when this one began")
     span = f"{_clock(ref['start'], day)} .. {_clock(ref['end'], day)}" if "start" in ref else ""
     what = {"healthy-before": "the healthy period before it", "workload-history": "the workload's healthy history",
             "fleet-peers": "fleet peers at the same time", "given": "the baseline given"}.get(kind, kind)
@@ -185,7 +212,7 @@ def _reference(ref: dict[str, Any], day: str) -> str:
 
 
 def _evidence_line(e: dict[str, Any]) -> str:
-    from triscope.analysis.rca import _fmt
+    from triscope.analysis.rca.changes import fmt as _fmt
 
     if e.get("type") == "absolute":
         return str(e["detail"])
@@ -205,7 +232,7 @@ def _evidence_line(e: dict[str, Any]) -> str:
 
 # ---------------------------------------------------------------------------------------------- --ranked
 def _ranked(st: Any, args: argparse.Namespace, start: float, end: float, baseline: tuple[float, float] | None) -> int:
-    from triscope.analysis.rca import rank_causes
+    from triscope.analysis.rca.ranked import rank_causes
 
     top = args.top or 8
     res = rank_causes(st, args.node, start, end, baseline=baseline, top=top)
@@ -228,6 +255,8 @@ def _ranked(st: Any, args: argparse.Namespace, start: float, end: float, baselin
         if b:
             line += f" (baseline: {b['bottleneck']}, skew {b['skew']:.2f}, bubbles {b['bubble_fraction']:.0%})"
         print(line)
+    for x in res.context:
+        print(f"context: {x.title}: {x.summary}")
     if not res.causes:
         print("nothing changed beyond the baseline's noise")
         return 0

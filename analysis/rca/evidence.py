@@ -16,10 +16,11 @@ mismatch detector uses for it (``MismatchThresholds``), as a strength (1 = at th
 | ``host_memory`` / ``host_io`` | PSI memory / io some | ``cpu_pressure`` |
 | ``gpu_health`` | XID errors, a GPU lost, thermal or hardware slowdown bits (not the power cap), temperature, NPU alarm | any / ``GPU_HOT_C`` |
 | ``pcie_errors`` / ``iommu_faults`` | AER errors, replays, a degraded link / IOMMU faults, DMA map errors | any |
-| ``agent`` | collector down, store write errors, dropped samples (``rca_noise.agent_trouble``) | any |
+| ``agent`` | collector down, store write errors, dropped samples (``noise.agent_trouble``; context, not a ranked cause) | any |
 
-A host busy feeding a link that is at its ceiling is load, not the limit: with the link saturated
-the host figures are capped at ``LIMIT_FLOOR``.
+A host busy feeding a link that is busy with DMA is load, not the limit: with the link at
+``LINK_BUSY_SHARE`` of its ceiling or more the host figures (its CPU, its feeders, pin churn) are
+capped at ``LIMIT_FLOOR``.
 """
 
 from __future__ import annotations
@@ -56,13 +57,20 @@ from triscope.analysis.features import (
 )
 from triscope.analysis.mismatch import busier_direction
 from triscope.analysis.mismatch_inputs import link_facts_from
-from triscope.analysis.rca_noise import agent_trouble, throttle_faults
+from triscope.analysis.rca.noise import agent_trouble, throttle_faults
 from triscope.analysis.reader import SeriesPoints, label_name
 
 LIMIT_FLOOR = 0.25         # what a suspect far from its limit keeps of its relative score
 GPU_HOT_C = 85.0           # GPU temperature that counts as a health figure (H100/H200 slow down near 87-90 C)
-FEEDER_BUSY = 0.9          # defaults where MismatchThresholds has no such field
-CPU_WAIT = 0.20
+LINK_BUSY_SHARE = 0.5
+"""A link carrying at least this share of its ceiling (typical tick) is busy with DMA from pinned
+memory more than half the time: the driver stages pageable copies at about 40 % of the pinned rate
+(23-24 of 57-60 GB/s on the H200, DESIGN.md), so traffic past that is DMA at full rate, and its
+share of the ceiling is at least the share of the time the link is busy.  A starved accelerator
+then waits on its copies more than on anything else: the link's ``link_busy`` figure is at its
+threshold here, and the host side (its CPU, its feeders, pin churn) is load, not the limit: its
+figures are capped at ``LIMIT_FLOOR``, and the pageable signature stops here.  (The detector's
+``io_saturated_link``, 75 %, still decides the ``io-saturated`` state.)"""
 FEEDER, WAIT, WL_PRESSURE = WORKLOAD_FEEDER, WORKLOAD_CPU_WAIT, WORKLOAD_CPU_PRESSURE
 
 
@@ -165,7 +173,7 @@ def _sum_means(series: Iterable[SeriesPoints], a: float, b: float) -> float | No
     return out
 
 
-def _mine(sp: SeriesPoints, acc: str, ctx: EvidenceContext) -> bool:
+def mine(sp: SeriesPoints, acc: str, ctx: EvidenceContext) -> bool:
     """Whether a series belongs to accelerator ``acc`` (or to the node, which sees every one)."""
     if acc == NODE:
         return True
@@ -176,120 +184,157 @@ def _mine(sp: SeriesPoints, acc: str, ctx: EvidenceContext) -> bool:
     return dev is None or dev in ctx.buses.get(acc, ()) or dev not in ctx.accelerator_of_device()
 
 
-def figures(ctx: EvidenceContext, acc: str, a: float, b: float) -> dict[str, list[Figure]]:
-    """cause key -> its figures over [a, b) for accelerator ``acc`` (``node``: every accelerator,
-    the worst one counting)."""
-    th = ctx.th
-    out: dict[str, list[Figure]] = {}
+class _Figures:
+    """The figures of one accelerator over [a, b), built family by family (``figures``)."""
 
-    def add(cause: str, name: str, value: float | None, threshold: float, detail: str,
+    def __init__(self, ctx: EvidenceContext, acc: str, a: float, b: float) -> None:
+        self.ctx, self.acc, self.a, self.b, self.th = ctx, acc, a, b, ctx.th
+        self.out: dict[str, list[Figure]] = {}
+
+    def add(self, cause: str, name: str, value: float | None, threshold: float, detail: str,
             strength: float | None = None) -> None:
         if value is None or threshold <= 0 and strength is None:
             return
         s = strength if strength is not None else value / threshold
-        out.setdefault(cause, []).append(Figure(cause, name, value, threshold, s, detail))
+        self.out.setdefault(cause, []).append(Figure(cause, name, value, threshold, s, detail))
 
-    accs = ctx.accelerators if acc == NODE else [acc]
-    utils: list[tuple[float, str]] = []
-    busies: list[float] = []
-    for x in accs:
-        bm = _typical(ctx.busy[x], a, b) if x in ctx.busy else None
-        if bm is not None:
-            busies.append(bm)
-        lk = ctx.link.get(x)
-        cap = ctx.ceiling.get(x)
-        lm = _typical(lk, a, b) if lk is not None else None
-        if lm is not None and cap:
-            utils.append((lm / cap, f"{x}: {lm / 1e9:.1f} GB/s of {cap / 1e9:.1f} GB/s"))
-    util = max(utils) if utils else None
-    busy = min(busies) if busies else None
-    saturated = util is not None and util[0] >= th.io_saturated_link
-    if util is not None:
-        add("pcie_load", "link_util", util[0], th.io_saturated_link,
-            f"link at {util[0]:.0%} of its ceiling ({util[1]}); io-saturated from {th.io_saturated_link:.0%}")
+    def means(self, metric: str) -> list[float]:
+        """The means over [a, b) of the accelerator's series of ``metric``."""
+        return [m for sp in self.ctx.by_metric.get(metric, ()) if mine(sp, self.acc, self.ctx)
+                for m in [_mean(sp, self.a, self.b)] if m is not None]
 
-    dma = _sum_means([sp for sp in ctx.own_dma if _mine(sp, acc, ctx)], a, b)
-    churn = dma is not None and dma >= th.pin_churn_rate
-    if dma is not None:
-        add("dma_mapping", "dma_maps_per_second", dma, th.pin_churn_rate,
-            f"{dma:.1f} DMA maps/s on the accelerators' devices; pin churn from {th.pin_churn_rate:g}/s")
-    starved = busy is not None and busy < th.starved_busy
-    feeders = any(_mine(sp, acc, ctx) for m in (FEEDER, WAIT) for sp in ctx.by_metric.get(m, ()))
-    floor = getattr(th, "staging_link_floor", th.idle_link)
-    copy_cores = getattr(th, "host_copy_cores", 0.0)
-    cores = [m for sp in ctx.by_metric.get(WORKLOAD_CPU, ()) if _mine(sp, acc, ctx)
-             for m in [_mean(sp, a, b)] if m is not None]
-    # with per-workload series the signature also needs a workload doing the copies' CPU work (as the detector)
-    fed = not feeders or (copy_cores > 0 and bool(cores) and max(cores) >= copy_cores)
-    if starved and fed and util is not None and floor <= util[0] < th.io_saturated_link:
-        where = "dma_mapping" if churn else "host_staging"
-        by = f", a workload keeping {max(cores):.2f} cores busy" if feeders else ""
-        add(where, "pageable_signature", util[0], th.io_saturated_link,
-            f"accelerator starved (busy {busy:.0%}) while the link carries only {util[0]:.0%} of its ceiling{by}: "
-            + ("pinning host memory per transfer" if churn else "the host stages the copies (pageable memory)"),
-            strength=1.0)
+    def link(self) -> tuple[tuple[float, str] | None, float | None]:
+        """(the busiest link's typical utilisation and its text, the least busy accelerator's typical busy)."""
+        ctx, a, b = self.ctx, self.a, self.b
+        utils: list[tuple[float, str]] = []
+        busies: list[float] = []
+        for x in ctx.accelerators if self.acc == NODE else [self.acc]:
+            bm = _typical(ctx.busy[x], a, b) if x in ctx.busy else None
+            if bm is not None:
+                busies.append(bm)
+            lk, cap = ctx.link.get(x), ctx.ceiling.get(x)
+            lm = _typical(lk, a, b) if lk is not None else None
+            if lm is not None and cap:
+                utils.append((lm / cap, f"{x}: {lm / 1e9:.1f} GB/s of {cap / 1e9:.1f} GB/s"))
+        return (max(utils) if utils else None), (min(busies) if busies else None)
 
-    host: list[tuple[str, float | None, float, str]] = [
-        ("cpu_busy", _sum_means(ctx.by_metric.get(CPU_BUSY, []), a, b), th.cpu_busy, "host CPU busy {v:.0%}"),
-    ]
-    psi: dict[str, float] = {}
-    for sp in ctx.by_metric.get(PRESSURE, ()):
-        if sp.labels.get("kind", "some") != "some":
-            continue
-        m = _mean(sp, a, b)
-        if m is not None:
-            psi[sp.labels.get("resource", "")] = max(m, psi.get(sp.labels.get("resource", ""), 0.0))
-    host.append(("cpu_pressure", psi.get("cpu"), th.cpu_pressure, "PSI cpu some {v:.0%}"))
-    for metric, name, thr, text in ((FEEDER, "feeder_busy", getattr(th, "feeder_busy", FEEDER_BUSY),
-                                     "the busiest feeder thread at {v:.0%} of a core"),
-                                    (WAIT, "cpu_wait", getattr(th, "cpu_wait", CPU_WAIT),
-                                     "the workload's threads wait for a CPU {v:.0%} of the time"),
-                                    (WL_PRESSURE, "workload_cpu_pressure",
-                                     getattr(th, "workload_cpu_pressure", th.cpu_pressure),
-                                     "the workload's cgroup CPU pressure {v:.0%}")):
-        vals = [m for sp in ctx.by_metric.get(metric, ()) if _mine(sp, acc, ctx)
-                for m in [_mean(sp, a, b)] if m is not None]
-        host.append((name, max(vals) if vals else None, thr, text))
-    for name, v, thr, text in host:
-        if v is None:
-            continue
-        detail = text.format(v=v)
-        s = v / thr if thr > 0 else 0.0
-        if saturated and s > LIMIT_FLOOR:
+    def host_side(self, cause: str, name: str, value: float | None, threshold: float, detail: str,
+                  busy_link: bool, strength: float | None = None) -> None:
+        """A figure of the host side (staging, pinning): load, not the limit, while the link is busy
+        with DMA (``LINK_BUSY_SHARE``): capped at ``LIMIT_FLOOR``."""
+        if value is None:
+            return
+        s = strength if strength is not None else (value / threshold if threshold > 0 else 0.0)
+        if busy_link and s > LIMIT_FLOOR:
             s = LIMIT_FLOOR
-            detail += " (the link is at its ceiling: the host keeps up, this is load)"
-        add("host_staging", name, v, thr, detail, strength=s)
-    remote = getattr(th, "numa_remote", 0.5)
-    if cores and max(cores) < getattr(th, "numa_min_cores", 0.2):
-        remote = 0.0          # an idle workload's placement is no feeder's (as the detector)
-    for metric, name, what in ((WORKLOAD_CPU_LOCAL, "cpu_remote", "runs {v:.0%} of its CPU time"),
-                               (WORKLOAD_MEM_LOCAL, "memory_remote", "keeps {v:.0%} of its host pages")):
-        local = [m for sp in ctx.by_metric.get(metric, ()) if _mine(sp, acc, ctx) for m in [_mean(sp, a, b)]
-                 if m is not None]
-        if local and remote > 0:
-            v = 1.0 - min(local)
-            add("numa_locality", name, v, remote,
-                f"the workload {what.format(v=v)} off its accelerator's NUMA node: its copies cross the socket link")
-    add("host_memory", "memory_pressure", psi.get("memory"), th.cpu_pressure, f"PSI memory some {psi.get('memory', 0):.0%}")
-    add("host_io", "io_pressure", psi.get("io"), th.cpu_pressure, f"PSI io some {psi.get('io', 0):.0%}")
+            detail += " (the link is busy with DMA: the host keeps up, this is load)"
+        self.add(cause, name, value, threshold, detail, strength=s)
 
-    rtx = _sum_means(ctx.by_metric.get(RETRANSMITS, []), a, b)
-    add("network", "retransmits_per_second", rtx, th.retransmit_rate,
-        f"{rtx or 0:.1f} TCP retransmits/s; network-bound from {th.retransmit_rate:g}/s")
+    def staging(self, util: tuple[float, str] | None, busy: float | None) -> None:
+        """Pin churn, the pageable signature, the host's CPU and the workloads' feeders."""
+        th = self.th
+        busy_link = util is not None and util[0] >= LINK_BUSY_SHARE
+        dma = _sum_means([sp for sp in self.ctx.own_dma if mine(sp, self.acc, self.ctx)], self.a, self.b)
+        churn = dma is not None and dma >= th.pin_churn_rate
+        self.host_side("dma_mapping", "dma_maps_per_second", dma, th.pin_churn_rate,
+                       f"{dma or 0:.1f} DMA maps/s on the accelerators' devices; pin churn from {th.pin_churn_rate:g}/s",
+                       busy_link)
+        starved = busy is not None and busy < th.starved_busy
+        feeders = any(mine(sp, self.acc, self.ctx) for m in (FEEDER, WAIT) for sp in self.ctx.by_metric.get(m, ()))
+        cores = self.means(WORKLOAD_CPU)
+        # with per-workload series the signature also needs a workload doing the copies' CPU work (as the detector)
+        fed = not feeders or (th.host_copy_cores > 0 and bool(cores) and max(cores) >= th.host_copy_cores)
+        if starved and fed and util is not None and th.staging_link_floor <= util[0] < LINK_BUSY_SHARE:
+            by = f", a workload keeping {max(cores):.2f} cores busy" if feeders else ""
+            self.add("dma_mapping" if churn else "host_staging", "pageable_signature", util[0], LINK_BUSY_SHARE,
+                     f"accelerator starved (busy {busy:.0%}) while the link carries only {util[0]:.0%} of its "
+                     f"ceiling{by}: " + ("pinning host memory per transfer" if churn else
+                                         "the host stages the copies (pageable memory)"), strength=1.0)
+        psi = self.psi()
+        host: list[tuple[str, float | None, float, str]] = [
+            ("cpu_busy", _sum_means(self.ctx.by_metric.get(CPU_BUSY, []), self.a, self.b), th.cpu_busy,
+             "host CPU busy {v:.0%}"),
+            ("cpu_pressure", psi.get("cpu"), th.cpu_pressure, "PSI cpu some {v:.0%}")]
+        for metric, name, thr, text in ((FEEDER, "feeder_busy", th.feeder_busy,
+                                         "the busiest feeder thread at {v:.0%} of a core"),
+                                        (WAIT, "cpu_wait", th.cpu_wait,
+                                         "the workload's threads wait for a CPU {v:.0%} of the time"),
+                                        (WL_PRESSURE, "workload_cpu_pressure", th.workload_cpu_pressure,
+                                         "the workload's cgroup CPU pressure {v:.0%}")):
+            vals = self.means(metric)
+            host.append((name, max(vals) if vals else None, thr, text))
+        for name, v, thr, text in host:
+            if v is not None:
+                self.host_side("host_staging", name, v, thr, text.format(v=v), busy_link)
+        self.numa(cores)
 
-    _health_figures(ctx, acc, a, b, add)
-    trouble = agent_trouble([sp for m in ("triscope_collector_up", "triscope_store_write_errors_total",
-                                          "triscope_dropped_samples_total", "triscope_probe_lost_events_total",
-                                          "triscope_spool_pending_samples") for sp in ctx.by_metric.get(m, ())],
-                            ctx.events, a, b)
-    if trouble:
-        add("agent", "agent_trouble", float(len(trouble)), 1.0, "; ".join(trouble[:4]), strength=1.0)
-    return out
+    def psi(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for sp in self.ctx.by_metric.get(PRESSURE, ()):
+            if sp.labels.get("kind", "some") != "some":
+                continue
+            m = _mean(sp, self.a, self.b)
+            if m is not None:
+                res = sp.labels.get("resource", "")
+                out[res] = max(m, out.get(res, 0.0))
+        return out
+
+    def numa(self, cores: list[float]) -> None:
+        th = self.th
+        if th.numa_remote <= 0 or (cores and max(cores) < th.numa_min_cores):
+            return          # an idle workload's placement is no feeder's (as the detector)
+        for metric, name, what in ((WORKLOAD_CPU_LOCAL, "cpu_remote", "runs {v:.0%} of its CPU time"),
+                                   (WORKLOAD_MEM_LOCAL, "memory_remote", "keeps {v:.0%} of its host pages")):
+            local = self.means(metric)
+            if local:
+                v = 1.0 - min(local)
+                self.add("numa_locality", name, v, th.numa_remote,
+                         f"the workload {what.format(v=v)} off its accelerator's NUMA node: its copies cross the "
+                         "socket link")
+
+    def others(self) -> None:
+        """Memory and I/O pressure, retransmits, health, the agent."""
+        th, ctx = self.th, self.ctx
+        psi = self.psi()
+        self.add("host_memory", "memory_pressure", psi.get("memory"), th.cpu_pressure,
+                 f"PSI memory some {psi.get('memory', 0):.0%}")
+        self.add("host_io", "io_pressure", psi.get("io"), th.cpu_pressure, f"PSI io some {psi.get('io', 0):.0%}")
+        rtx = _sum_means(ctx.by_metric.get(RETRANSMITS, []), self.a, self.b)
+        self.add("network", "retransmits_per_second", rtx, th.retransmit_rate,
+                 f"{rtx or 0:.1f} TCP retransmits/s; network-bound from {th.retransmit_rate:g}/s")
+        _health_figures(ctx, self.acc, self.a, self.b, self.add)
+        trouble = agent_trouble([sp for m in AGENT_TROUBLE_METRICS for sp in ctx.by_metric.get(m, ())],
+                                ctx.events, self.a, self.b)
+        if trouble:
+            self.add("agent", "agent_trouble", float(len(trouble)), 1.0, "; ".join(trouble[:4]), strength=1.0)
+
+
+AGENT_TROUBLE_METRICS = ("triscope_collector_up", "triscope_store_write_errors_total", "triscope_dropped_samples_total",
+                         "triscope_probe_lost_events_total", "triscope_spool_pending_samples")
+
+
+def figures(ctx: EvidenceContext, acc: str, a: float, b: float) -> dict[str, list[Figure]]:
+    """cause key -> its figures over [a, b) for accelerator ``acc`` (``node``: every accelerator,
+    the worst one counting)."""
+    f = _Figures(ctx, acc, a, b)
+    util, busy = f.link()
+    th = ctx.th
+    if util is not None:
+        f.add("pcie_load", "link_util", util[0], th.io_saturated_link,
+              f"link at {util[0]:.0%} of its ceiling ({util[1]}); io-saturated from {th.io_saturated_link:.0%}")
+        if busy is not None and busy < th.starved_busy:
+            f.add("pcie_load", "link_busy", util[0], LINK_BUSY_SHARE,
+                  f"the accelerator starves (busy {busy:.0%}) while its link carries {util[0]:.0%} of its ceiling: "
+                  f"past {LINK_BUSY_SHARE:.0%} that is DMA at full rate more than half the time, the copies are "
+                  "what it waits on")
+    f.staging(util, busy)
+    f.others()
+    return f.out
 
 
 def _health_figures(ctx: EvidenceContext, acc: str, a: float, b: float, add: Any) -> None:
     def series(metric: str) -> list[SeriesPoints]:
-        return [sp for sp in ctx.by_metric.get(metric, ()) if _mine(sp, acc, ctx)]
+        return [sp for sp in ctx.by_metric.get(metric, ()) if mine(sp, acc, ctx)]
 
     xid = _sum_means(series("triscope_gpu_xid_errors_total"), a, b)
     if xid:
@@ -314,6 +359,14 @@ def _health_figures(ctx: EvidenceContext, acc: str, a: float, b: float, add: Any
         vals = _values(sp, a, b)
         if vals and max(vals) >= 1:
             add("gpu_health", "npu_health", max(vals), 2.0, f"{accelerator_of(sp.labels)} health {max(vals):.0f}")
+    _error_figures(ctx, acc, a, b, add)
+
+
+def _error_figures(ctx: EvidenceContext, acc: str, a: float, b: float, add: Any) -> None:
+    """PCIe AER errors, replays, IOMMU faults, DMA map errors, a degraded link."""
+    def series(metric: str) -> list[SeriesPoints]:
+        return [sp for sp in ctx.by_metric.get(metric, ()) if mine(sp, acc, ctx)]
+
     for metric, cause, what in (("triscope_pcie_aer_errors_total", "pcie_errors", "PCIe AER errors"),
                                 ("triscope_gpu_pcie_replays_total", "pcie_errors", "PCIe replays"),
                                 ("triscope_iommu_page_faults_total", "iommu_faults", "IOMMU page faults"),

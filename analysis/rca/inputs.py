@@ -3,7 +3,7 @@
 ``fetch_rca_inputs(store, node, start, end)`` reads every series of the node over baseline +
 window with one ``query`` per metric (each returns all of the node's series of that metric; not
 one read per series), the window's events, and the stage-histogram counters, into an
-``RCAInputs`` that ``triscope.analysis.rca.rank_causes_from`` ranks without touching the store.
+``RCAInputs`` that ``triscope.analysis.rca.ranked.rank_causes_from`` ranks without touching the store.
 Over more than 12 hours the series come from hourly rollups; the onsets of the leading changes are
 then refined from the window's 1-minute rollups, which ``fetch_onset_points`` reads (one ``query``
 per metric of the changes to refine, at most ``REFINE_TOP`` series).

@@ -10,6 +10,12 @@ the budget in an hour); runs closer than the window are one.  A short window, no
 ratio of sums over 5 minutes, and the point here is to place the burn on the timeline next to the
 coordination episodes; ``triscope slo status`` gives the multi-window figures.  Ticks without
 requests are no data, never a burn.
+
+Each burn period is **linked** (``link_burn``) to the bad coordination episode it overlaps most,
+else to the one it follows within its burn window (the latest that ended at most
+``burn_window_s`` before the burn began: the burn rate at a tick counts the requests of the window
+before it, and requests held up by an episode complete, late, after it); it takes that episode's
+causes.  With none, it says so.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import bisect
 from collections.abc import Sequence
 from typing import Any
 
-from triscope.analysis.episodes import NODE, Episode
+from triscope.analysis.episodes import NODE, Episode, is_bad
 from triscope.analysis.reader import SeriesPoints
 
 BURN_WINDOW_S = 10.0
@@ -85,3 +91,28 @@ def slo_burn_episodes(slos: Sequence[Any], series: Sequence[SeriesPoints], start
                               peak_burn_rate=round(burn, 3), burn_window_s=window)
             out.append(cur)
     return out
+
+
+def link_burn(s: Episode, eps: Sequence[Episode]) -> None:
+    """Give an SLO burn period the causes of the bad coordination episode it overlaps most, else of
+    the one it follows within its burn window (``s.reference`` says which, ``link``)."""
+    window = float(s.detail.get("burn_window_s", BURN_WINDOW_S))
+    bad = [e for e in eps if e.kind == "state" and is_bad(e.state)]
+    best, most = None, 0.0
+    for e in bad:
+        ov = min(e.end, s.end) - max(e.start, s.start)
+        if ov > most:
+            best, most = e, ov
+    link = "overlaps"
+    if best is None:
+        before = [e for e in bad if e.end <= s.start + 1e-6 and s.start - e.end <= window]
+        best = max(before, key=lambda e: e.end, default=None)
+        link = "follows"
+    if best is None:
+        s.reference = {"kind": "none", "why": "no bad coordination episode overlaps this burn period or ends "
+                                              f"within its {window:g} s burn window before it"}
+        return
+    s.causes = list(best.causes)
+    s.context = list(best.context)
+    s.reference = {"kind": "episode", "link": link, "accelerator": best.accelerator, "state": best.state,
+                   "start": best.start, "end": best.end}

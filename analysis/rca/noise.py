@@ -1,8 +1,8 @@
 """What counts as a change worth naming: noise floors per kind of series, the series that are never
 causes, the agent's own metrics, and GPU throttle reasons that are faults.
 
-Root cause compares a series over an episode with a reference (``triscope.analysis.rca_timeline``)
-or a window with its baseline (``triscope.analysis.rca.rank_causes``).  A z-score alone is not
+Root cause compares a series over an episode with a reference (``triscope.analysis.rca.explain``)
+or a window with its baseline (``triscope.analysis.rca.ranked.rank_causes``).  A z-score alone is not
 enough: a series that sat at exactly 0 has no spread, so 0 -> 0.0015 s/s of softirq time has an
 infinite z.  Each kind of series therefore has a **noise floor** in its own unit: a change smaller
 than the floor is not a change, whatever its z.  ``NOISE_FLOORS`` is the one table; the first row
@@ -10,18 +10,21 @@ whose ``match`` accepts a series decides (``noise_floor``).  Counters are compar
 rates (the store's default read).
 
 The agent's own metrics (ticks, collector durations, tick duration, its process, the spool and
-store self-metrics, probe attachment) move whenever the node does: they are a cause only while the
-agent is unhealthy (``agent_trouble``: a collector down, store write errors, dropped samples,
-lost probe events).  A GPU held at its power cap during work is not a health fault: of the NVML
+store self-metrics, probe attachment) move whenever the node does: they are context beside an
+episode, and only while the agent is unhealthy (``agent_trouble``: a collector down, store write
+errors, dropped samples, lost probe events), never a ranked cause.  A GPU held at its power cap during work is not a health fault: of the NVML
 clocks-event reasons only thermal and hardware slowdowns are (``THROTTLE_FAULT_BITS``).
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from triscope.analysis.episodes import is_application_collector
 
 MB = 1e6
 MIB = 1024.0 * 1024.0
@@ -114,11 +117,6 @@ def is_agent_metric(metric: str) -> bool:
     return metric.startswith(AGENT_PREFIXES)
 
 
-def is_application_collector(name: str) -> bool:
-    """A collector that reads a workload's own endpoint (``--scrape``), not the host or the agent."""
-    return name.startswith("scrape:")
-
-
 def agent_trouble(series: Iterable[Any], events: Iterable[Any], start: float, end: float) -> list[str]:
     """Why the agent was unhealthy in [start, end), one line per reason (empty: it was fine).
 
@@ -129,9 +127,7 @@ def agent_trouble(series: Iterable[Any], events: Iterable[Any], start: float, en
     workload answered late or not at all — on the H200, a service under a fault missed the tick's
     0.25 s budget while every kernel and NVML collector ran — which is the workload's symptom, not
     the agent's trouble, and ranking ``agent`` above the fault's own evidence would send the SRE to
-    the wrong place.  Its collector-down episode stays on the timeline."""
-    import bisect
-
+    the wrong place: its late answers are events on the workload's lane (``rca.context``)."""
     out: list[str] = []
     for e in events:
         if e.kind == "collector" and start <= e.ts < end and (e.details or {}).get("up") is False:

@@ -3,18 +3,22 @@
 ``rca_timeline(store, node, start, end)`` is what ``triscope rca`` answers:
 
 1. **fetch** (``fetch_timeline_inputs``): every series of the node over [start - look-back, end]
-   (``rca_inputs.fetch_rca_inputs``; the look-back is the preceding window of the same length, at
-   least ``MIN_LOOKBACK_S``, or the baseline given), the stored state series
-   (``triscope_mismatch_state`` / ``_score``, one ``query`` each, ``state_read_plan``), and, where
-   the node has none and the main read is from rollups, the detector's inputs
-   (``mismatch_inputs.fetch_mismatch_inputs``) for the classifier;
+   (``inputs.fetch_rca_inputs``; the look-back is the preceding window of the same length, at
+   least ``MIN_LOOKBACK_S``, or the baseline given), the verdict history (``store.verdict_runs``,
+   every run at full resolution whatever the range) and, for stores without it, the stored state
+   series (``triscope_mismatch_state`` / ``_score``, ``state_read_plan``) or, where the node has
+   none and the main read is hourly, the detector's inputs (``fetch_mismatch_inputs``);
 2. **episodes** (pure, ``timeline_episodes``): runs of one state per accelerator, flickers merged
-   (``triscope.analysis.episodes``), and health episodes from the events;
+   (``triscope.analysis.episodes``); health episodes from the events; a scrape target's late
+   ``/metrics`` as events on its workload's lane (``context.metrics_late_events``);
 3. **references** of other nodes where a bad episode has none on its own accelerator (a second
-   fetch, ``rca_reference.fetch_workload_references``, only then);
-4. **explain** (pure, ``timeline_from``): each bad episode in the window gets its reference
-   (``rca_reference.choose_reference``) and its ranked causes (``rca_explain.explain``); SLO burn
-   periods come from ``rca_slo`` when SLOs are given.
+   fetch, ``reference.fetch_workload_references``, only then);
+4. **explain** (pure, ``timeline_from``): each bad episode gets its reference
+   (``reference.choose_reference``), is cut into its phases where its cause changes
+   (``phases.split_phases``), and each gets its ranked causes and context (``explain.explain``,
+   ``score.score_cause``), its evidence read around it at raw resolution (``LocalEvidence``) so it
+   does not change with the look-back; SLO burn periods (``slo``) link to the bad episode they
+   overlap or follow within their burn window.
 
 Episodes are reported when they overlap [start, end), with their real bounds (one that began in
 the look-back says so with ``started_before``).  ``Timeline.as_dict()`` is the JSON of
@@ -52,16 +56,18 @@ from triscope.analysis.mismatch_inputs import (
     fetch_mismatch_inputs,
     mismatch_inputs_from_series,
 )
-from triscope.analysis.rca import CATEGORY_BY_KEY, Cause, bisect_any
-from triscope.analysis.rca_evidence import EvidenceContext, evidence_context
-from triscope.analysis.rca_explain import explain, index_series
-from triscope.analysis.rca_inputs import RCAInputs, data_start_of, fetch_rca_inputs
-from triscope.analysis.rca_noise import is_application_collector
-from triscope.analysis.rca_reference import Reference, choose_reference, fetch_workload_references, needs_of
+from triscope.analysis.rca.changes import bisect_any
+from triscope.analysis.rca.context import context_lines, metrics_late_events
+from triscope.analysis.rca.evidence import EvidenceContext, evidence_context
+from triscope.analysis.rca.explain import IndexedSeries, explain, index_series
+from triscope.analysis.rca.inputs import RCAInputs, data_start_of, fetch_rca_inputs
+from triscope.analysis.rca.phases import split_phases
+from triscope.analysis.rca.reference import Reference, choose_reference, fetch_workload_references, needs_of
+from triscope.analysis.rca.score import rank, score_cause
+from triscope.analysis.rca.slo import link_burn, slo_burn_episodes
 from triscope.analysis.reader import SeriesPoints, StoreReader, points_of
 
 MIN_LOOKBACK_S = 600.0
-APPLICATION_BLIP_SCORE = 0.3   # a scrape target's late /metrics: context, below any explained episode
 DETECTOR_METRICS = frozenset(INPUT_METRICS) | {GPU_INFO}
 TIMELINE_MAX_POINTS = 1800     # raw reads up to an hour hold every 1 Hz tick
 
@@ -257,6 +263,8 @@ def episode_dict(e: Episode, window_start: float) -> dict[str, Any]:
     if e.start < window_start:
         d["started_before"] = True
     d["causes"] = [c.as_dict() for c in e.causes]
+    if e.context:
+        d["context"] = [c.as_dict() for c in e.context]
     d["reference"] = e.reference
     if e.events:
         d["events"] = [{"ts": x.ts, "kind": x.kind, "severity": x.severity, "message": x.message,
@@ -266,6 +274,9 @@ def episode_dict(e: Episode, window_start: float) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------- pure part
+Around = tuple[EvidenceContext, list[IndexedSeries], float | None]
+
+
 def timeline_from(inputs: TimelineInputs, thresholds: MismatchThresholds | None = None, top: int | None = 5,
                   workload_refs: Mapping[tuple[str, float], Reference] | None = None,
                   prepared: tuple[EvidenceContext, list[Episode], str, float] | None = None,
@@ -281,8 +292,7 @@ def timeline_from(inputs: TimelineInputs, thresholds: MismatchThresholds | None 
         eps, source, step = timeline_episodes(inputs, ctx, th)
     else:
         ctx, eps, source, step = prepared
-    index = index_series(r.series)
-    data_start = data_start_of(r.series, lo)
+    own: Around = (ctx, index_series(r.series), data_start_of(r.series, lo))
     given = inputs.given
     given_has_data = given is not None and any(bisect_any(sp.ts, *given) for sp in r.series if sp.ts)
     notes: list[str] = []
@@ -292,37 +302,58 @@ def timeline_from(inputs: TimelineInputs, thresholds: MismatchThresholds | None 
     for e in eps:
         if e.end <= start or e.start >= end:
             continue
-        shown.append(e)
-        if is_bad(e.state):
-            ref = choose_reference(e, eps, r.node, given, given_has_data, workload_refs or {},
-                                   reference_guard(step, th))
-            e.reference = ref.as_dict()
-            around = local.around(e, ref, r.events) if local is not None else None
-            if around is not None:
-                e.causes = explain(e, ref, around[0], around[1], around[2], top)
-                e.detail["evidence_read"] = "raw points around the episode"
-            else:
-                e.causes = explain(e, ref, ctx, index, data_start, top)
-            e.detail["verdict"] = _verdict(e, r.events)
+        if not is_bad(e.state):
+            shown.append(e)
+            continue
+        ref = choose_reference(e, eps, r.node, given, given_has_data, workload_refs or {}, reference_guard(step, th))
+        around = local.around(e, ref, r.events) if local is not None else None
+        shown += explain_episode(e, ref, around or own, th, top, r, local_read=around is not None)
     for h in health_episodes(r.events, ctx.accelerator_of_device()):
-        h.causes = [_health_cause(h)]
+        _explain_health(h)
         shown.append(h)
+    shown += [x for x in metrics_late_events(r.events, r.series, eps) if x.end >= start and x.start < end]
     if inputs.slos:
-        from triscope.analysis.rca_slo import slo_burn_episodes
-
-        for s in slo_burn_episodes(inputs.slos, r.series, start, end, step if r.tier else 1.0):
-            _attach_overlap(s, shown)
+        for s in slo_burn_episodes(inputs.slos, r.series, start, end, series_step(r.tier, step)):
+            link_burn(s, shown)
             shown.append(s)
     shown.sort(key=lambda e: (e.start, e.kind != "state", e.accelerator))
     return Timeline(r.node, start, end, lo, source, step, min_episode_s(step), shown, r.series_examined, notes)
 
 
+def explain_episode(e: Episode, ref: Reference, around: Around, th: MismatchThresholds, top: int | None,
+                    r: RCAInputs, local_read: bool = False) -> list[Episode]:
+    """One bad episode: its phases (``phases.split_phases``), each with its reference, ranked causes,
+    context and the detector's reasons.  A later phase is compared with the phase before it: what
+    changed at its start is what made it a phase of its own."""
+    ctx, index, data_start = around
+    out = split_phases(e, ctx, th.window_s)
+    for i, p in enumerate(out):
+        pref = ref if i == 0 else previous_phase(out[i - 1], r.node)
+        p.reference = pref.as_dict()
+        p.causes, p.context = explain(p, pref, ctx, index, data_start, top)
+        if local_read:
+            p.detail["evidence_read"] = "raw points around the episode"
+        p.detail["verdict"] = _verdict(p, r.events)
+    return out
+
+
+def previous_phase(prev: Episode, node: str) -> Reference:
+    return Reference("previous-phase", [(prev.start, prev.end)], node, prev.accelerator, prev.state, prev.workload)
+
+
+def series_step(tier: str | None, step: float) -> float:
+    """The sampling step of the series read: a rollup's bucket, else the states' step."""
+    return {"1m": 60.0, "1h": 3600.0}.get(tier or "", step)
+
+
 def _verdict(e: Episode, events: Sequence[Any]) -> list[str]:
-    """The agent's reasons for the state, from its ``mismatch_state`` event that opened the episode."""
+    """The agent's reasons for the state, from its ``mismatch_state`` event that opened the episode
+    (or, for a later phase, the one nearest its start)."""
     best = None
+    lo = min(e.start, float((e.detail.get("episode") or {}).get("start", e.start)))
     for ev in events:
         d = ev.details or {}
-        if ev.kind == "mismatch_state" and d.get("to") == e.state and e.start - 15 <= ev.ts < e.end:
+        if ev.kind == "mismatch_state" and d.get("to") == e.state and lo - 15 <= ev.ts < e.end:
             best = ev if best is None or abs(ev.ts - e.start) < abs(best.ts - e.start) else best
     if best is None:
         return []
@@ -330,40 +361,12 @@ def _verdict(e: Episode, events: Sequence[Any]) -> list[str]:
     return [str(x) for x in reasons][:6]
 
 
-def _health_cause(h: Episode) -> Cause:
-    first = h.events[0]
-    collector = str((first.details or {}).get("collector", ""))
-    if first.kind == "collector" and is_application_collector(collector):
-        # a workload's own /metrics answering late is that workload's symptom, not the agent's
-        # trouble: shown as context on the timeline, never outranking a coordination episode
-        ev = [{"type": "event", "ts": x.ts, "kind": x.kind, "severity": x.severity, "message": x.message,
-               "details": x.details} for x in h.events[:10]]
-        target = collector.removeprefix("scrape:")
-        return Cause("application", f"the workload's own /metrics ({target}) answered late or not at all",
-                     APPLICATION_BLIP_SCORE, h.start, f"{len(h.events)} event(s): {first.message}", ev)
-    key = HEALTH_EVENTS[first.kind]
-    cat = CATEGORY_BY_KEY[key]
-    severe = any(x.severity in ("error", "critical") for x in h.events)
-    score = min(1.0, 0.5 + 0.1 * len(h.events) + (0.2 if severe else 0.0)) + (1.0 if severe else 0.5)
-    ev = [{"type": "event", "ts": x.ts, "kind": x.kind, "severity": x.severity, "message": x.message,
-           "details": x.details} for x in h.events[:10]]
-    return Cause(key, cat.title, score, h.start, f"{len(h.events)} event(s): {h.events[0].message}", ev)
-
-
-def _attach_overlap(s: Episode, eps: Sequence[Episode]) -> None:
-    """An SLO burn period takes the causes of the bad episode it overlaps most."""
-    best, most = None, 0.0
-    for e in eps:
-        if e.kind == "state" and is_bad(e.state):
-            ov = min(e.end, s.end) - max(e.start, s.start)
-            if ov > most:
-                best, most = e, ov
-    if best is not None:
-        s.causes = list(best.causes)
-        s.reference = {"kind": "episode", "accelerator": best.accelerator, "state": best.state,
-                       "start": best.start, "end": best.end}
-    else:
-        s.reference = {"kind": "none", "why": "no bad coordination episode overlaps this burn period"}
+def _explain_health(h: Episode) -> None:
+    """A health incident's cause from its events (``score_cause``); the agent's own collectors down
+    are context (the agent itself), not a cause."""
+    key = HEALTH_EVENTS[h.events[0].kind]
+    h.causes = rank([score_cause(key, events=h.events)])
+    h.context = context_lines([], h.events, {})
 
 
 # ---------------------------------------------------------------------------------------------- evidence around an episode
@@ -376,27 +379,26 @@ class LocalEvidence:
 
     def __init__(self, store: StoreReader, node: str, th: MismatchThresholds, max_reads: int = 24) -> None:
         self.store, self.node, self.th, self.max_reads = store, node, th, max_reads
-        self._reads: list[tuple[float, float, EvidenceContext, Any, float | None]] = []
+        self._reads: list[tuple[float, float, Around]] = []
 
-    def around(self, e: Episode, ref: Reference, events: Sequence[Any]
-               ) -> tuple[EvidenceContext, Any, float | None] | None:
+    def around(self, e: Episode, ref: Reference, events: Sequence[Any]) -> Around | None:
         lo = e.start
         if ref.series is None:      # the reference is on this node: its ranges are read too
             for a, _b in ref.ranges:
                 lo = min(lo, a)
         lo -= MIN_LOOKBACK_S
         hi = e.end + self.th.window_s
-        for a, b, ctx, index, ds in self._reads:
+        for a, b, read in self._reads:
             if a <= lo and hi <= b:
-                return ctx, index, ds
+                return read
         if hi - lo > 3600 or len(self._reads) >= self.max_reads:
             return None
         rca = fetch_rca_inputs(self.store, self.node, lo, hi, (lo, lo), TIMELINE_MAX_POINTS)
         ctx = evidence_context(rca.series, events, self.th)
         index = index_series(rca.series)
-        ds = data_start_of(rca.series, lo)
-        self._reads.append((lo, hi, ctx, index, ds))
-        return ctx, index, ds
+        got: Around = (ctx, index, data_start_of(rca.series, lo))
+        self._reads.append((lo, hi, got))
+        return got
 
 
 # ---------------------------------------------------------------------------------------------- entry point

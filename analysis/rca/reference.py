@@ -11,7 +11,7 @@ In order (``choose_reference``):
    (another accelerator of the node, another node) in the ``HISTORY_S`` before the episode;
 4. **fleet-peers**: other nodes running the same workload, healthy for at least half of the
    episode, over the same time (at most ``MAX_PEERS``);
-5. **none**: ranked on absolute evidence only (``triscope.analysis.rca_evidence``).
+5. **none**: ranked on absolute evidence only (``triscope.analysis.rca.evidence``).
 
 3 and 4 need the workload's labels: the per-accelerator state series carry them
 (docs/workloads.md); a workload is matched on ``namespace`` + ``workload`` when the owner is known,
