@@ -189,3 +189,19 @@ def test_pages_show_the_same_state_for_the_same_minute(browser: Any, served: tup
         assert p.errors == [], p.errors
     finally:
         p.page.close()
+
+
+def test_every_page_says_the_nodes_are_recordings(browser: Any, served: tuple[str, Any]) -> None:
+    """The top bar of every page (those without a node of their own too) says how many nodes are
+    recordings, and names them in its tooltip."""
+    base, _ = served
+    p = Page(browser, base)
+    try:
+        for path in ("/", "/slos", "/remediation", "/rootcause", f"/mismatch?node={NODES[0]}", f"/node/{NODES[1]}"):
+            pg = p.goto(path, "#store-recordings")
+            pg.wait_for_function("() => document.querySelector('#store-recordings').innerText.length > 0")
+            assert pg.inner_text("#store-recordings") == "2 of 2 nodes: recordings", path
+            assert all(n in (pg.get_attribute("#store-recordings", "title") or "") for n in NODES), path
+        assert p.errors == [], p.errors
+    finally:
+        p.page.close()
