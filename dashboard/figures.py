@@ -66,6 +66,8 @@ SERIES_KINDS: dict[str, tuple[str, str]] = {
     "triscope_tcp_sockets": ("TIME_WAIT sockets", "#212121"),
 }
 OTHER_SERIES_COLOR = "#757575"
+HOST_EVIDENCE = frozenset({"triscope_workload_feeder_busy_ratio", "triscope_workload_cpu_wait_ratio"})
+"""Per-workload host-side series on the accelerator lane: drawn beneath the accelerator's own lines."""
 
 
 def series_kind(metric: str) -> tuple[str, str]:
@@ -173,7 +175,7 @@ def node_lanes_figure(lanes: Any, uirevision: Any = "node", height: int = 860) -
     for state in [s for s in STATE_COLORS if s in xs] + [s for s in xs if s not in STATE_COLORS]:
         add({"type": "scatter", "x": xs[state], "y": ys[state], "fill": "toself", "mode": "lines",
              "line": {"width": 0}, "fillcolor": STATE_COLORS.get(state, "#bdbdbd"), "name": state,
-             "legendgroup": "state", "legendgrouptitle": {"text": "state"}, "hoverinfo": "name", "hoveron": "fills"},
+             "hoverinfo": "name", "hoveron": "fills"},
             1, f"ribbon|{state}")
     notes: list[dict[str, Any]] = []
     if not lanes.segments:
@@ -184,7 +186,7 @@ def node_lanes_figure(lanes: Any, uirevision: Any = "node", height: int = 860) -
         by_kind.setdefault(e.kind, []).append(e)
     for kind, evs in by_kind.items():
         add({"type": "scatter", "x": to_dt([e.ts for e in evs]), "y": [0.5] * len(evs), "mode": "markers",
-             "name": f"event: {kind}", "legendgroup": "events",
+             "name": f"event: {kind}",
              "marker": {"symbol": EVENT_SYMBOLS.get(kind, "circle"), "size": 11, "line": {"width": 2},
                         "color": [SEVERITY_COLORS.get(e.severity, "#546e7a") for e in evs]},
              "text": [shorten(f"{e.kind} ({e.severity}): {e.message}", 300) for e in evs],
@@ -195,7 +197,9 @@ def node_lanes_figure(lanes: Any, uirevision: Any = "node", height: int = 860) -
     has_primary = {LANE_ROWS[t.lane] for t in lanes.traces if not t.secondary}
     units: dict[tuple[int, bool], str] = {}
     seen: dict[str, int] = {}
-    for t in lanes.traces:
+    # the workloads' host-side evidence first (drawn beneath, thinner and lighter): the accelerator's
+    # own busy line stays readable over several workloads' feeder and CPU-wait lines
+    for t in sorted(lanes.traces, key=lambda t: t.metric not in HOST_EVIDENCE):
         row = LANE_ROWS[t.lane]
         secondary = bool(t.secondary and NODE_AXES[row][2] and row in has_primary)
         title, color = series_kind(t.metric)
@@ -206,8 +210,10 @@ def node_lanes_figure(lanes: Any, uirevision: Any = "node", height: int = 860) -
                  "legendgroup": title, "legend": LANE_LEGENDS[row], "hoverinfo": "skip",
                  "line": {"width": 2.2, "color": color, "dash": t.dash or "solid"}}, row, f"legend|{title}", secondary)
         k = t.scale
+        evidence = t.metric in HOST_EVIDENCE
         add({"type": "scatter", "x": to_dt(t.ts), "y": [v * k for v in t.values], "mode": "lines", "name": t.name,
-             "line": {"width": 1.4, "dash": t.dash or "solid", "shape": t.shape, "color": shade(color, n)},
+             "line": {"width": 1.0 if evidence else 1.4, "dash": t.dash or "solid", "shape": t.shape,
+                      "color": shade(color, n)}, "opacity": 0.65 if evidence else 1.0,
              "legendgroup": title, "showlegend": False, "legend": LANE_LEGENDS[row],
              "hovertemplate": f"%{{y:.3g}} {t.unit}<extra>{t.name}</extra>",
              # what the export (dashboard/export.py) writes beside each point
@@ -262,7 +268,7 @@ def _node_layout_base() -> dict[str, Any]:
                             specs=[[{}], [{}], [{"secondary_y": True}], [{"secondary_y": True}]])
         _base_layout(fig, 860)
         fig.update_layout(dragmode="zoom", hovermode="closest",
-                          legend={"y": 1.0, "yanchor": "bottom", "x": 0, "orientation": "h"},
+                          legend={"y": 1.0, "yanchor": "bottom", "x": 0.05, "orientation": "h"},
                           margin={"l": 60, "r": 190, "t": 40, "b": 40})
         _NODE_LAYOUT = json.loads(fig.to_json())["layout"]
     return copy.deepcopy(_NODE_LAYOUT)

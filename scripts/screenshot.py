@@ -1,11 +1,20 @@
-"""Take the README's screenshot: `triscope run` on a fresh store (the recorded H200 trace as a
-second node), the Node page of that node in headless Chromium, saved as a PNG.
+"""Screenshots of every dashboard page on the demo store, for the docs (``make screenshots``).
 
-    .venv/bin/python scripts/screenshot.py [OUT.png]      # default docs/img/node-page.png
+``triscope run`` on a fresh store in a temporary folder (this host's agent without eBPF, the six
+H200 recordings imported as nodes, the remediation engine in dry-run, the dashboard), then each
+page in headless Chromium (Debian's, through Playwright), saved as ``docs/img/<page>.png``:
+
+    .venv/bin/python scripts/screenshot.py                  # every page into docs/img
+    .venv/bin/python scripts/screenshot.py --out DIR --only node-page,slos
+
+``PAGES`` says which: the README's Node page (``node-page.png``), then Fleet, the Node page on one
+accelerator, Mismatch, SLOs, Remediation and Root cause, each on ``NODE`` (the recording with
+every kind of episode: staging, I/O, network, the fallback the engine took) where it takes one.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import socket
 import subprocess
@@ -13,12 +22,27 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]
+NODE = "h200-inference-5"
+VIEWPORT = {"width": 1500, "height": 1100}
+
+# (file name, path, element to wait for, whole page or the viewport only)
+PAGES: tuple[tuple[str, str, str, bool], ...] = (
+    ("node-page", f"/node/{NODE}", "#node-graph .js-plotly-plot", False),
+    ("fleet", "/", "#fleet-table", True),
+    ("node-gpu", f"/node/{NODE}?gpu=0", "#node-workload-table", True),
+    ("mismatch", f"/mismatch?node={NODE}", "#mismatch-scatter .js-plotly-plot", True),
+    ("slos", "/slos", ".slo-card", True),
+    ("remediation", "/remediation", "#remediation-table", True),
+    ("rootcause", f"/rootcause?node={NODE}", "#rootcause-states", True),
+)
 
 
 def _port() -> int:
@@ -27,58 +51,84 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def main() -> int:
-    out = Path(sys.argv[1]) if len(sys.argv) > 1 else REPO / "docs" / "img" / "node-page.png"
-    out.parent.mkdir(parents=True, exist_ok=True)
+@contextmanager
+def demo(workdir: Path, timeout: float = 300.0) -> Iterator[str]:
+    """``triscope run`` in ``workdir`` until the dashboard answers; yields its base URL."""
+    dash, metrics, hook = _port(), _port(), _port()
+    triscope = Path(sys.executable).parent / "triscope"
+    log = open(workdir / "run.log", "w")   # noqa: SIM115 - closed below, after the process
+    proc = subprocess.Popen([str(triscope), "run", "--dashboard", f"127.0.0.1:{dash}", "--metrics-listen",
+                             f"127.0.0.1:{metrics}", "--webhook", f"127.0.0.1:{hook}", "--no-ebpf"],
+                            cwd=workdir, stdout=log, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "TRISCOPE_SPOOL_DIR": f"{workdir}/spool"})
+    base = f"http://127.0.0.1:{dash}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise SystemExit(f"triscope run exited ({proc.returncode}): {(workdir / 'run.log').read_text()[-2000:]}")
+            try:
+                urllib.request.urlopen(base + "/healthz", timeout=2)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise SystemExit("the dashboard did not answer within the timeout") from None
+                time.sleep(1.0)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def settle(page: object, timeout: float = 60_000) -> None:
+    """Wait until Dash has no callback in flight (as the browser tests do)."""
+    page.wait_for_load_state("networkidle", timeout=timeout)  # type: ignore[attr-defined]
+    page.wait_for_function(  # type: ignore[attr-defined]
+        "() => document.querySelector('#_pages_content') && "
+        "!document.querySelector('[data-dash-is-loading=\"true\"]')", timeout=timeout)
+
+
+def shoot(base: str, out: Path, only: set[str] | None = None) -> list[Path]:
+    """Every page of ``PAGES`` (or those named in ``only``) into ``out``; returns the files."""
     from playwright.sync_api import sync_playwright
 
-    with tempfile.TemporaryDirectory() as td:
-        dash, metrics, hook = _port(), _port(), _port()
-        triscope = Path(sys.executable).parent / "triscope"
-        proc = subprocess.Popen([str(triscope), "run", "--dashboard", f"127.0.0.1:{dash}", "--metrics-listen",
-                                 f"127.0.0.1:{metrics}", "--webhook", f"127.0.0.1:{hook}", "--no-ebpf"],
-                                cwd=td, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env={**os.environ, "TRISCOPE_SPOOL_DIR": f"{td}/spool"})
+    out.mkdir(parents=True, exist_ok=True)
+    done = []
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         try:
-            node = None
-            deadline = time.monotonic() + 120
-            assert proc.stdout is not None
-            while time.monotonic() < deadline and node is None:
-                line = proc.stdout.readline()
-                if not line:
-                    raise SystemExit(f"triscope run exited ({proc.poll()})")
-                if "imported as node '" in line:
-                    node = line.split("imported as node '", 1)[1].split("'", 1)[0]
-                if line.strip().startswith("dashboard:"):
-                    break
-            while time.monotonic() < deadline:
-                try:
-                    urllib.request.urlopen(f"http://127.0.0.1:{dash}/", timeout=2)
-                    break
-                except OSError:
-                    time.sleep(0.5)
-            node = node or "h200"
-            from triscope.store import Store
-
-            st = Store.open(f"sqlite:///{td}/triscope.db")
-            bounds = st.time_bounds(node)
-            st.close()
-            span = "?range=15m" if bounds is None else f"?start={bounds[0] - 5:.0f}&end={bounds[1] + 5:.0f}"
-            with sync_playwright() as p:
-                b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-                page = b.new_page(viewport={"width": 1500, "height": 1100})
-                page.goto(f"http://127.0.0.1:{dash}/node/{node}{span}", wait_until="networkidle", timeout=60_000)
-                page.wait_for_selector(".js-plotly-plot", timeout=60_000)
-                time.sleep(3)
-                page.screenshot(path=str(out), full_page=False)
-                b.close()
+            page = b.new_page(viewport=VIEWPORT, timezone_id="UTC")
+            for name, path, selector, whole in PAGES:
+                if only and name not in only:
+                    continue
+                page.goto(base + path, wait_until="networkidle", timeout=120_000)
+                page.wait_for_selector(selector, timeout=120_000)
+                settle(page)
+                time.sleep(1.5)            # Plotly's transitions
+                f = out / f"{name}.png"
+                page.screenshot(path=str(f), full_page=whole)
+                done.append(f)
+                print(f, flush=True)
         finally:
-            proc.terminate()
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-    print(out)
+            b.close()
+    return done
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=REPO / "docs" / "img", help="folder of the PNGs (default docs/img)")
+    ap.add_argument("--only", default="", help="comma-separated page names: " + ",".join(p[0] for p in PAGES))
+    args = ap.parse_args(argv)
+    only = {s for s in args.only.split(",") if s} or None
+    unknown = (only or set()) - {p[0] for p in PAGES}
+    if unknown:
+        ap.error(f"no page {', '.join(sorted(unknown))}")
+    with tempfile.TemporaryDirectory() as td, demo(Path(td)) as base:
+        shoot(base, args.out.resolve(), only)
     return 0
 
 

@@ -37,6 +37,7 @@ COLUMNS = [
 OUTCOME_COLORS = {"acted": "#2e7d32", "dry_run": "#1976d2", "suppressed": "#757575", "failed": "#c62828",
                   "in_progress": "#ef6c00"}
 TARGET_CHARS = 300     # a target names its workload last: never cut before it
+WIDTHS = {"time": "90px", "rule": "170px", "target": "230px", "node": "130px", "effect": "170px", "reason": "300px"}
 
 
 def _bounds(c: Any) -> timerange.Bounds | None:
@@ -135,6 +136,8 @@ def render(preset: str, tz: dict[str, Any] | None = None) -> tuple[Any, Any]:
         tooltip_data=tooltips, tooltip_duration=None, markdown_options={"link_target": "_self"},
         style_cell={"fontFamily": "inherit", "fontSize": "13px", "padding": "6px 10px", "textAlign": "left",
                     "whiteSpace": "normal", "maxWidth": "420px"},
+        style_cell_conditional=[{"if": {"column_id": c}, "minWidth": w} for c, w in WIDTHS.items()],
+        style_table={"overflowX": "auto"},
         style_header={"fontWeight": "600", "backgroundColor": "#eceff1"})
     src = "" if ar.source == "audit" else ar.note
     return html.Div([html.Div(src, className="muted"), _recorded_note(ds), table]), head + f"; {len(records)} decision(s)"
