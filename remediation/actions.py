@@ -13,7 +13,13 @@ previous value it recorded there), cordon and eviction are idempotent by nature.
 action is not re-run (see ``triscope.remediation.engine``).
 
 Off Kubernetes, ``dependency_fallback`` with ``params.file`` writes a per-workload knobs file
-instead of a ConfigMap key: ``triscope.remediation.filefallback`` (switch and revert).
+instead of a ConfigMap key: ``triscope.remediation.filefallback`` (switch and revert), which builds
+on this module; the engine picks the one a rule's params name.
+
+Each action receives an ``ActionContext`` typed by its params model (``ActionContext[RollingRestartParams]``):
+the policy's validated model itself, with its defaults, never a dict.  Kubernetes answers come back
+typed from ``triscope.remediation.kube``; what an action found and did is its ``ActionResult``'s
+``response``, the audit row's JSON.
 """
 
 from __future__ import annotations
@@ -24,17 +30,19 @@ import re
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Generic, TypedDict, TypeVar
 
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from triscope.core.configfile import ConfigModel, problem, show
 from triscope.core.durations import Duration
+from triscope.core.timeparse import format_rfc3339
+from triscope.core.vocabulary import IO_STATES, accelerator_labels
 from triscope.remediation import kube as k
-from triscope.remediation import metrics
+from triscope.remediation.settings import Settings
+from triscope.remediation.targets import PER_WORKLOAD, KubeName, Target, kube_name_pattern, per_workload
 from triscope.store import audit
 
 if TYPE_CHECKING:
@@ -46,34 +54,14 @@ log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------------------------- parameters
 # Each action's ``params`` as the policy writes them (``triscope.remediation.policy`` validates a
-# rule's params with its action's model; the engine hands the actions ``model_dump()``, a dict).
-_KUBE_NAME = re.compile(r"^[a-z0-9]([a-z0-9_.-]{0,126}[a-z0-9])?$")
+# rule's params with its action's model; the action receives that model in its ``ActionContext``).
 _CONFIGMAP_KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
 
 
-def _kube_name(value: str) -> str:
-    if not _KUBE_NAME.match(value):
-        raise ValueError(f"{show(value)} is not a valid Kubernetes name")
-    return value
-
-
-KubeName = Annotated[str, AfterValidator(_kube_name)]
-"""A Kubernetes object name as a policy writes it (namespace, Deployment, ConfigMap, node)."""
-
-PER_WORKLOAD = "{deployment}"
-"""In a ConfigMap fallback's ``configmap`` or ``key``: the name of the workload the trigger names."""
-
-
-def per_workload(template: str, target: dict[str, str]) -> str:
-    """``template`` with ``{deployment}`` replaced by the target's deployment."""
-    return template.replace(PER_WORKLOAD, target.get("deployment", ""))
-
-
 def _kube_name_template(value: str) -> str:
-    if not _KUBE_NAME.match(value.replace(PER_WORKLOAD, "x")):
+    if not kube_name_pattern().match(value.replace(PER_WORKLOAD, "x")):
         raise ValueError(f"{show(value)} is not a valid Kubernetes name (with {PER_WORKLOAD} for the workload's)")
     return value
-"""A Kubernetes object name as a policy writes it (namespace, Deployment, ConfigMap, node)."""
 
 
 def _configmap_key(value: str) -> str:
@@ -82,9 +70,9 @@ def _configmap_key(value: str) -> str:
     return value
 
 
-def _text(value: Any) -> Any:
+def _text(value: object) -> object:
     """A number written where text belongs (``value: 1``) as text; anything else as it is."""
-    return str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+    return str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
 
 
 def _positive(seconds: float) -> float:
@@ -93,9 +81,9 @@ def _positive(seconds: float) -> float:
     return seconds
 
 
-def _argv(value: Any) -> list[str]:
+def _argv(value: object) -> list[str]:
     if not isinstance(value, list) or not value or not all(
-            isinstance(a, str | int | float) and not isinstance(a, bool) for a in value):
+            isinstance(a, (str, int, float)) and not isinstance(a, bool) for a in value):
         raise ValueError("must be a non-empty list of arguments (fixed in the policy, no shell), "
                          f"not {show(value)}")
     return [str(a) for a in value]
@@ -180,30 +168,51 @@ CORDON_OWNER = "triscope"  # value of the triscope.io/cordoned-by annotation (an
 class ActionResult:
     outcome: str                      # acted | dry_run | failed | suppressed
     reason: str = ""
-    response: dict[str, Any] = field(default_factory=dict)
+    response: dict[str, object] = field(default_factory=dict)
     rail: str | None = None           # for suppressed: which rail (live_state)
     issued_ts: float | None = None
 
 
-@dataclass
-class ActionContext:
+P = TypeVar("P", bound=ConfigModel)
+Q = TypeVar("Q", bound=ConfigModel)
+
+
+def _nothing(ts: float) -> None:
+    """``on_issued`` when nobody listens."""
+
+
+@dataclass(frozen=True)
+class ActionContext(Generic[P]):
+    """What an action gets: its rule's validated ``params`` (the action's own model), the decision's
+    resolved ``target``, the APIs, and when the decision was taken."""
+
     rule_name: str
-    action: str
-    params: dict[str, Any]
-    target: dict[str, str]
-    target_key: str
+    params: P
+    target: Target
     dry_run: bool
     kube: k.KubeAdapter | None
     store: Store
     engine_id: str
     trigger_key: str = ""
     episode: str = ""
-    on_issued: Callable[[float], None] = lambda ts: None
+    on_issued: Callable[[float], None] = _nothing
     stop: threading.Event = field(default_factory=threading.Event)
     decision_id: int | None = None    # the audit row of the decision this action carries out
     decided_ts: float | None = None   # when it was decided: the restart stamp and fallback times derive from it
     resumed: bool = False             # re-run after the engine stopped while it was in progress
-    settings: Any = None              # the policy's Settings (node allow-list)
+    settings: Settings | None = None  # the policy's settings (namespace and node allow-lists)
+    restarted_at: str = ""            # rolling_restart: the stamp fixed when the decision was taken
+
+    def using(self, params: Q) -> ActionContext[Q]:
+        """This context with ``params`` (the engine builds one context, then gives each action its model)."""
+        return ActionContext(self.rule_name, params, self.target, self.dry_run, self.kube, self.store, self.engine_id,
+                             self.trigger_key, self.episode, self.on_issued, self.stop, self.decision_id,
+                             self.decided_ts, self.resumed, self.settings, self.restarted_at)
+
+    @property
+    def names(self) -> Mapping[str, str]:
+        """The target's names (``namespace``, ``deployment``, ``node``...)."""
+        return self.target.fields
 
     def need_kube(self) -> k.KubeAdapter:
         if self.kube is None:
@@ -211,129 +220,149 @@ class ActionContext:
         return self.kube
 
 
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def restart_stamp(decided_ts: float) -> str:
     """The ``restartedAt`` value of a decision (RFC 3339, microseconds): fixed when it is decided."""
-    return datetime.fromtimestamp(decided_ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return format_rfc3339(decided_ts, micro=True)
 
 
-def _decided(ctx: ActionContext) -> float:
+def _decided(ctx: ActionContext[P]) -> float:
     return ctx.decided_ts if ctx.decided_ts is not None else time.time()
 
 
+def _node_allowed(ctx: ActionContext[P], node: str) -> ActionResult | None:
+    """The ``suppressed`` result when ``node`` is outside the node allow-list (None when it is inside)."""
+    s = ctx.settings
+    if s is not None and not s.node_name_allowed(node):
+        return ActionResult("suppressed", f"node {node} is not in the node allow-list ({s.describe_nodes()})",
+                            {"node": node}, rail="node")
+    return None
+
+
 # rolling restart ---------------------------------------------------------------------------------
-def rolling_restart(ctx: ActionContext) -> ActionResult:
-    ns, name = ctx.target["namespace"], ctx.target["deployment"]
+def rolling_restart(ctx: ActionContext[RollingRestartParams]) -> ActionResult:
+    ns, name = ctx.names["namespace"], ctx.names["deployment"]
     if ctx.dry_run and ctx.kube is None:
         return ActionResult("dry_run", f"would restart deployment {ns}/{name} (live state not checked: no "
                             "Kubernetes API configured)", {"would": "rollout restart", "checked": False})
     kube = ctx.need_kube()
     if ctx.dry_run:
-        dep = kube.get_deployment(ns, name)
-        h = kube.deployment_health(dep)
+        h = kube.get_deployment(ns, name).health
         if h["paused"]:
             return ActionResult("suppressed", f"deployment {ns}/{name} is paused", {"health": h}, rail="live_state")
         if h["available"] < h["desired"]:
             return ActionResult("suppressed", f"deployment {ns}/{name} already degraded "
                                 f"({h['available']}/{h['desired']} available)", {"health": h}, rail="live_state")
         return ActionResult("dry_run", f"would restart deployment {ns}/{name}", {"would": "rollout restart", "health": h})
-    stamp = str(ctx.params.get("restartedAt") or restart_stamp(_decided(ctx)))
+    stamp = ctx.restarted_at or restart_stamp(_decided(ctx))
     try:
         out = kube.restart_deployment(ns, name, stamp=stamp)
     except (k.PausedDeployment, k.DegradedDeployment) as e:
-        return ActionResult("suppressed", str(e), e.answer(), rail="live_state")
+        return ActionResult("suppressed", str(e), dict(e.answer()), rail="live_state")
     issued = time.time()
     ctx.on_issued(issued)
-    resp: dict[str, Any] = {"patch": out}
-    if not ctx.params.get("follow", True):
+    resp: dict[str, object] = {"patch": out}
+    if not ctx.params.follow:
         return ActionResult("acted", f"restarted deployment {ns}/{name}", resp, issued_ts=issued)
     try:
-        resp["rollout"] = kube.rollout_status(ns, name, generation=out.get("generation"),
-                                              timeout=float(ctx.params.get("timeout", 300.0)), stop=ctx.stop.is_set)
+        resp["rollout"] = kube.rollout_status(ns, name, generation=out["generation"], timeout=ctx.params.timeout,
+                                              stop=ctx.stop.is_set)
     except k.RolloutTimeout as e:
-        resp["rollout"] = e.body
+        resp["rollout"] = e.rollout
         return ActionResult("failed", str(e), resp, issued_ts=issued)
     return ActionResult("acted", f"restarted deployment {ns}/{name}; rollout complete", resp, issued_ts=issued)
 
 
 # dependency fallback -----------------------------------------------------------------------------
-def dependency_fallback(ctx: ActionContext) -> ActionResult:
-    if ctx.params.get("file"):
-        from triscope.remediation import filefallback  # it builds on this module's types
+def _fallback_names(params: DependencyFallbackParams, names: Mapping[str, str]) -> tuple[str, str, str]:
+    """(namespace, ConfigMap, key) a ConfigMap fallback writes, ``{deployment}`` filled in."""
+    return names["namespace"], per_workload(params.configmap, names), per_workload(params.key, names)
 
-        return filefallback.switch(ctx)
-    ns = ctx.target["namespace"]
+
+def _previous_write(ctx: ActionContext[DependencyFallbackParams], cm: k.ConfigMap | None,
+                    key: str) -> tuple[str | None, bool, str]:
+    """(the key's value before the switch, whether the value there is this decision's own write, why
+    not to switch: '' to go ahead) from the ConfigMap as read (None: there is none)."""
+    previous = None if cm is None else cm.data.get(key)
+    if previous != ctx.params.value:
+        return previous, False, ""
+    ann = {} if cm is None else cm.annotations
+    if ctx.decision_id is None or ann.get(FALLBACK_DECISION) != str(ctx.decision_id):
+        return previous, False, "set by someone else"
+    # this decision's own write, from before the engine restarted: what it replaced is annotated
+    try:
+        recorded: object = json.loads(ann.get(FALLBACK_PREVIOUS) or "{}")
+    except ValueError:
+        recorded = {}
+    before = recorded.get(key) if isinstance(recorded, dict) else None
+    return (before if isinstance(before, str) else None), True, ""
+
+
+def dependency_fallback(ctx: ActionContext[DependencyFallbackParams]) -> ActionResult:
+    """Set the key of the ConfigMap (the knobs-file form is ``filefallback.switch``)."""
     p = ctx.params
-    cm, key, value = per_workload(p["configmap"], ctx.target), per_workload(p["key"], ctx.target), p["value"]
+    ns, cm, key = _fallback_names(p, ctx.names)
     now = _decided(ctx)
-    expires = now + float(p["ttl"])
-    existing = audit.active_fallbacks(ctx.store, ctx.target_key)
+    expires = now + p.ttl
+    existing = audit.active_fallbacks(ctx.store, ctx.target.key)
     if not ctx.dry_run:   # a dry-run fallback changed nothing: it does not stand in a live one's way
         existing = [fb for fb in existing if not fb.dry_run]
     if existing:
         fb = existing[0]
         if ctx.resumed and fb.rule == ctx.rule_name and abs(fb.switched_at - now) < 1e-3:
-            return ActionResult("acted", f"{ns}/{cm}:{key}={value!r} was set by this decision before the engine "
+            return ActionResult("acted", f"{ns}/{cm}:{key}={p.value!r} was set by this decision before the engine "
                                 "restarted", {"fallback_id": fb.id, "resumed": True}, issued_ts=time.time())
-        return ActionResult("suppressed", f"fallback {ns}/{cm}:{key} already active since {_iso(fb.switched_at)}",
-                            {"fallback_id": fb.id}, rail="live_state")
+        return ActionResult("suppressed", f"fallback {ns}/{cm}:{key} already active since "
+                            f"{format_rfc3339(fb.switched_at)}", {"fallback_id": fb.id}, rail="live_state")
+    resp: dict[str, object] = {"configmap": f"{ns}/{cm}", "key": key, "value": p.value,
+                               "expires_at": format_rfc3339(expires)}
     previous: str | None = None
     ours = False
-    resp: dict[str, Any] = {"configmap": f"{ns}/{cm}", "key": key, "value": value, "expires_at": _iso(expires)}
     if ctx.kube is not None:
-        ann: dict[str, str] = {}
         try:
-            cur = ctx.kube.get_configmap(ns, cm)
-            previous = (cur.get("data") or {}).get(key)
-            ann = (cur.get("metadata") or {}).get("annotations") or {}
+            current: k.ConfigMap | None = ctx.kube.get_configmap(ns, cm)
         except k.NotFound:
-            previous = None
-        if previous == value:
-            if ctx.decision_id is not None and ann.get(FALLBACK_DECISION) == str(ctx.decision_id):
-                # this decision's own write, from before the engine restarted: what it replaced is annotated
-                ours = True
-                try:
-                    previous = json.loads(ann.get(FALLBACK_PREVIOUS) or "{}").get(key)
-                except (ValueError, AttributeError):
-                    previous = None
-            else:
-                return ActionResult("suppressed", f"{ns}/{cm}:{key} is already {value!r} (set by someone else)",
-                                    resp, rail="live_state")
+            current = None
+        previous, ours, refusal = _previous_write(ctx, current, key)
+        if refusal:
+            return ActionResult("suppressed", f"{ns}/{cm}:{key} is already {p.value!r} ({refusal})", resp,
+                                rail="live_state")
     elif not ctx.dry_run:
         ctx.need_kube()
     if ctx.dry_run:
-        outcome, reason = "dry_run", f"would set {ns}/{cm}:{key}={value!r} for {p['ttl']:g}s"
+        outcome, reason = "dry_run", f"would set {ns}/{cm}:{key}={p.value!r} for {p.ttl:g}s"
     elif ours:
         ctx.on_issued(time.time())
         resp["resumed"] = True
-        outcome, reason = "acted", f"set {ns}/{cm}:{key}={value!r} until {_iso(expires)} (before the engine restarted)"
+        outcome, reason = "acted", (f"set {ns}/{cm}:{key}={p.value!r} until {format_rfc3339(expires)} (before the "
+                                    "engine restarted)")
     else:
-        assert ctx.kube is not None
-        annotations: dict[str, str | None] = {FALLBACK_UNTIL: _iso(expires), FALLBACK_RULE: ctx.rule_name,
-                                              FALLBACK_SINCE: _iso(now)}
-        if ctx.decision_id is not None:
-            annotations[FALLBACK_DECISION] = str(ctx.decision_id)
-        out = ctx.kube.set_configmap_keys(ns, cm, {key: value}, annotations, previous_annotation=FALLBACK_PREVIOUS)
-        previous = out["previous"].get(key)
+        previous, resp["resourceVersion"] = _switch_configmap(ctx, ns, cm, key, now, expires)
         ctx.on_issued(time.time())
-        resp["resourceVersion"] = out["resourceVersion"]
-        outcome, reason = "acted", f"set {ns}/{cm}:{key}={value!r} until {_iso(expires)}"
+        outcome, reason = "acted", f"set {ns}/{cm}:{key}={p.value!r} until {format_rfc3339(expires)}"
     resp["previous"] = previous
-    fid = audit.add_fallback(ctx.store, rule=ctx.rule_name, target_key=ctx.target_key, namespace=ns, configmap=cm,
-                             key=key, value=value, previous_value=previous, trigger_key=ctx.episode or ctx.trigger_key,
-                             dry_run=ctx.dry_run, switched_at=now, expires_at=expires, hold_s=float(p["hold"]),
-                             clear_since=None, state="active", reverted_at=None, revert_reason="")
-    resp["fallback_id"] = fid
+    resp["fallback_id"] = audit.add_fallback(ctx.store, audit.FallbackRow(
+        rule=ctx.rule_name, target_key=ctx.target.key, namespace=ns, configmap=cm, key=key, value=p.value,
+        previous_value=previous, trigger_key=ctx.episode or ctx.trigger_key, dry_run=ctx.dry_run, switched_at=now,
+        expires_at=expires, hold_s=p.hold))
     return ActionResult(outcome, reason, resp, issued_ts=time.time())
+
+
+def _switch_configmap(ctx: ActionContext[DependencyFallbackParams], ns: str, cm: str, key: str, now: float,
+                      expires: float) -> tuple[str | None, str]:
+    """Write the fallback value, annotated with the decision; (the value it replaced, resourceVersion)."""
+    annotations: dict[str, str | None] = {FALLBACK_UNTIL: format_rfc3339(expires), FALLBACK_RULE: ctx.rule_name,
+                                          FALLBACK_SINCE: format_rfc3339(now)}
+    if ctx.decision_id is not None:
+        annotations[FALLBACK_DECISION] = str(ctx.decision_id)
+    out = ctx.need_kube().set_configmap_keys(ns, cm, {key: ctx.params.value}, annotations,
+                                             previous_annotation=FALLBACK_PREVIOUS)
+    return out["previous"].get(key), out["resourceVersion"]
 
 
 def revert_fallback(fb: audit.FallbackRow, kube: k.KubeAdapter | None, reason: str) -> ActionResult:
     """Put the dependency back: restore the key's previous value (or remove it) and the annotations."""
-    resp: dict[str, Any] = {"configmap": f"{fb.namespace}/{fb.configmap}", "key": fb.key,
-                            "restored": fb.previous_value, "fallback_id": fb.id, "why": reason}
+    resp: dict[str, object] = {"configmap": f"{fb.namespace}/{fb.configmap}", "key": fb.key,
+                               "restored": fb.previous_value, "fallback_id": fb.id, "why": reason}
     if fb.dry_run:
         return ActionResult("dry_run", f"would revert {fb.namespace}/{fb.configmap}:{fb.key} ({reason})", resp)
     if kube is None:
@@ -342,8 +371,8 @@ def revert_fallback(fb: audit.FallbackRow, kube: k.KubeAdapter | None, reason: s
         cur = kube.get_configmap(fb.namespace, fb.configmap)
     except k.NotFound:
         return ActionResult("acted", f"{fb.namespace}/{fb.configmap} is gone: nothing to revert", resp)
-    if (cur.get("data") or {}).get(fb.key) != fb.value:
-        resp["found"] = (cur.get("data") or {}).get(fb.key)
+    if cur.data.get(fb.key) != fb.value:
+        resp["found"] = cur.data.get(fb.key)
         return ActionResult("acted", f"{fb.namespace}/{fb.configmap}:{fb.key} was changed by someone else: left as is",
                             resp)
     out = kube.set_configmap_keys(fb.namespace, fb.configmap, {fb.key: fb.previous_value},
@@ -354,58 +383,8 @@ def revert_fallback(fb: audit.FallbackRow, kube: k.KubeAdapter | None, reason: s
                         issued_ts=time.time())
 
 
-def revert_due_fallbacks(store: Store, kube: k.KubeAdapter | None, now: float, engine_id: str,
-                         event_rules: set[str]) -> int:
-    """Revert each active fallback whose trigger has been clear for its hold period, or whose TTL ran out.
-
-    Every revert is audited; a Kubernetes Event on the ConfigMap is posted for fallbacks of
-    ``event_rules``.  Returns how many were reverted.
-    """
-    from triscope.remediation import filefallback  # it builds on this module's types
-
-    done = 0
-    for fb in audit.active_fallbacks(store):
-        on_file = filefallback.is_file_row(fb)
-        if now >= fb.expires_at:
-            why = f"time-to-live ran out ({fb.expires_at - fb.switched_at:g}s)"
-        elif fb.clear_since is not None and now - fb.clear_since >= fb.hold_s:
-            why = f"trigger clear for {now - fb.clear_since:.0f}s (hold {fb.hold_s:g}s)"
-        else:
-            continue
-        what = f"knobs file {fb.configmap}" if on_file else f"configmap {fb.namespace}/{fb.configmap} key {fb.key}"
-        try:
-            res = filefallback.revert(fb, why) if on_file else revert_fallback(fb, kube, why)
-        except k.KubeError as e:
-            res = ActionResult("failed", f"revert of {fb.namespace}/{fb.configmap}:{fb.key} failed: {e}",
-                               {"error": e.answer(), "fallback_id": fb.id})
-        except OSError as e:
-            res = ActionResult("failed", f"revert of {fb.configmap} failed: {e.strerror or e}",
-                               {"error": str(e), "fallback_id": fb.id})
-        if res.outcome in ("acted", "dry_run"):
-            audit.update_fallback(store, fb.id, state="reverted", reverted_at=now, revert_reason=why)
-            done += 1
-        audit_id = audit.record_decision(
-            store, ts=time.time(), engine_id=engine_id, rule=fb.rule, trigger_kind="revert",
-            trigger=f"revert: {why}", trigger_key=f"revert:{fb.id}", action="dependency_fallback",
-            target=what, target_key=fb.target_key, node=None,
-            namespace=fb.namespace, outcome=res.outcome, reason=res.reason, dry_run=fb.dry_run,
-            params={"revert": True, "restore": fb.previous_value}, response=res.response, issued_ts=res.issued_ts,
-            finished_ts=time.time())
-        metrics.ACTIONS_TOTAL.labels("dependency_fallback", res.outcome).inc()
-        log.info("remediation revert %s: %s", res.outcome, res.reason)
-        if fb.rule in event_rules and kube is not None and not on_file:
-            try:
-                kube.post_event(fb.namespace, {"kind": "ConfigMap", "apiVersion": "v1", "namespace": fb.namespace,
-                                               "name": fb.configmap},
-                                reason="RemediationReverted" if res.outcome != "failed" else "RemediationFailed",
-                                message=f"{fb.rule}: {res.reason} (audit {audit_id})")
-            except k.KubeError as e:
-                log.info("remediation: cannot post the Kubernetes Event: %s", e)
-    return done
-
-
-def post_decision_event(kube: k.KubeAdapter, events_namespace: str, action: str, params: dict[str, Any],
-                        fields: dict[str, str], outcome: str, message: str) -> None:
+def post_decision_event(kube: k.KubeAdapter, events_namespace: str, params: ConfigModel, fields: Mapping[str, str],
+                        outcome: str, message: str) -> None:
     """A Kubernetes Event about a decision, on the Deployment, the Node or the ConfigMap it concerns."""
     if "file" in fields:
         return  # a knobs file off Kubernetes: no object to post it on
@@ -415,10 +394,10 @@ def post_decision_event(kube: k.KubeAdapter, events_namespace: str, action: str,
     elif "node" in fields:
         ns = events_namespace
         involved = {"kind": "Node", "apiVersion": "v1", "name": fields["node"]}
-    elif "namespace" in fields and action == "dependency_fallback":
+    elif "namespace" in fields and isinstance(params, DependencyFallbackParams):
         ns = fields["namespace"]
         involved = {"kind": "ConfigMap", "apiVersion": "v1", "namespace": ns,
-                    "name": per_workload(params["configmap"], fields)}
+                    "name": per_workload(params.configmap, fields)}
     else:
         return
     reason = {"acted": "RemediationActed", "dry_run": "RemediationDryRun", "suppressed": "RemediationSuppressed",
@@ -431,12 +410,32 @@ def post_decision_event(kube: k.KubeAdapter, events_namespace: str, action: str,
 
 
 # rescheduling ------------------------------------------------------------------------------------
+class NodeCost(TypedDict):
+    node: str
+    cost: float
+    parts: dict[str, float]
+    missing: list[str]
+
+
 def _mean(xs: list[float]) -> float | None:
     xs = [x for x in xs if x == x]
     return sum(xs) / len(xs) if xs else None
 
 
-def node_cost(store: StoreReader, node: str, weights: dict[str, float], now: float | None = None) -> dict[str, Any]:
+def _link_load(store: StoreReader, node: str, capacity: float, now: float) -> float | None:
+    """PCIe bytes/s over the link capacity (else TCP retransmit pressure); None without data."""
+    if capacity > 0:
+        rates = 0.0
+        for m in ("triscope_gpu_pcie_rx_bytes_total", "triscope_gpu_pcie_tx_bytes_total"):
+            for sd in store.query(m, node=node, start=now - 120, end=now, max_points=60):
+                rates += _mean(sd.values) or 0.0
+        return min(1.0, rates / capacity)
+    rt = store.query("triscope_tcp_retransmits_total", node=node, start=now - 120, end=now, max_points=60)
+    vals = [v for sd in rt for v in sd.values]
+    return min(1.0, (_mean(vals) or 0.0) / 100.0) if vals else None
+
+
+def node_cost(store: StoreReader, node: str, weights: RescheduleWeights, now: float | None = None) -> NodeCost:
     """Joint cost of a candidate node: compute load, link load and storage I/O (0..1 each, weighted).
 
     compute: mean accelerator utilisation (GPM SM activity, else NVML, else NPU AICore, else CPU busy);
@@ -455,51 +454,29 @@ def node_cost(store: StoreReader, node: str, weights: dict[str, float], now: flo
         compute = _mean(latest.get(m, []))
         if compute is not None:
             break
-    link = None
-    cap = sum(latest.get("triscope_pcie_link_capacity_bytes_per_second", []))
-    if cap > 0:
-        rates = 0.0
-        for m in ("triscope_gpu_pcie_rx_bytes_total", "triscope_gpu_pcie_tx_bytes_total"):
-            for sd in store.query(m, node=node, start=now - 120, end=now, max_points=60):
-                v = _mean(sd.values)
-                rates += v or 0.0
-        link = min(1.0, rates / cap)
-    else:
-        rt = store.query("triscope_tcp_retransmits_total", node=node, start=now - 120, end=now, max_points=60)
-        vals = [v for sd in rt for v in sd.values]
-        if vals:
-            link = min(1.0, (_mean(vals) or 0.0) / 100.0)
-    storage = _mean(latest.get("pressure:io:some", []))
-    parts = {"compute": compute, "link": link, "storage": storage}
+    link = _link_load(store, node, sum(latest.get("triscope_pcie_link_capacity_bytes_per_second", [])), now)
+    parts = {"compute": compute, "link": link, "storage": _mean(latest.get("pressure:io:some", []))}
     missing = [kk for kk, v in parts.items() if v is None]
-    vals2 = {kk: (0.5 if v is None else max(0.0, min(1.0, float(v)))) for kk, v in parts.items()}
-    wsum = sum(weights.values()) or 1.0
-    cost = sum(weights[kk] * vals2[kk] for kk in vals2) / wsum
-    return {"node": node, "cost": round(cost, 4), "parts": {kk: round(v, 4) for kk, v in vals2.items()},
+    vals = {kk: (0.5 if v is None else max(0.0, min(1.0, float(v)))) for kk, v in parts.items()}
+    w = {"compute": weights.compute, "link": weights.link, "storage": weights.storage}
+    cost = sum(w[kk] * vals[kk] for kk in vals) / (sum(w.values()) or 1.0)
+    return {"node": node, "cost": round(cost, 4), "parts": {kk: round(v, 4) for kk, v in vals.items()},
             "missing": missing}
 
 
-def _node_ready(node: dict[str, Any]) -> bool:
-    for c in node.get("status", {}).get("conditions", []) or []:
-        if c.get("type") == "Ready":
-            return c.get("status") == "True"
-    return True
-
-
-def _node_refusal(ctx: ActionContext, node: dict[str, Any]) -> str:
+def _node_refusal(ctx: ActionContext[P], node: k.Node) -> str:
     """Why ``node`` may not be cordoned or drained by this engine ('' when it may)."""
-    name = node.get("metadata", {}).get("name", "?")
     s = ctx.settings
-    if k.is_control_plane(node):
-        return f"node {name} is a control-plane node: triscope never cordons or drains it"
-    if s is not None and not s.node_name_allowed(name):
-        return f"node {name} is not in the node allow-list ({s.describe_nodes()})"
-    if s is not None and not s.node_labels_allowed(k.node_labels(node)):
-        return f"node {name} does not carry the labels of settings.node_selector ({s.describe_nodes()})"
+    if node.control_plane:
+        return f"node {node.name} is a control-plane node: triscope never cordons or drains it"
+    if s is not None and not s.node_name_allowed(node.name):
+        return f"node {node.name} is not in the node allow-list ({s.describe_nodes()})"
+    if s is not None and not s.node_labels_allowed(node.labels):
+        return f"node {node.name} does not carry the labels of settings.node_selector ({s.describe_nodes()})"
     return ""
 
 
-def _checked_node(ctx: ActionContext, kube: k.KubeAdapter, name: str) -> dict[str, Any] | ActionResult:
+def _checked_node(ctx: ActionContext[P], kube: k.KubeAdapter, name: str) -> k.Node | ActionResult:
     """The node an action is about to touch, or the ``suppressed`` result saying why it may not
     (gone, a control-plane node, outside the node allow-list)."""
     try:
@@ -512,32 +489,64 @@ def _checked_node(ctx: ActionContext, kube: k.KubeAdapter, name: str) -> dict[st
     return node
 
 
-def _candidate_refusal(ctx: ActionContext, node: dict[str, Any], pod_spec: dict[str, Any]) -> str:
+def _candidate_refusal(ctx: ActionContext[P], node: k.Node, dep: k.Deployment) -> str:
     """Why ``node`` cannot take the workload's pods ('' when it can)."""
-    if node.get("spec", {}).get("unschedulable"):
+    if node.unschedulable:
         return "cordoned"
-    if not _node_ready(node):
+    if not node.ready:
         return "not Ready"
-    if k.is_control_plane(node):
+    if node.control_plane:
         return "control plane"
-    untolerated = k.untolerated_taints(node, list(pod_spec.get("tolerations") or []))
+    untolerated = node.untolerated(dep.tolerations)
     if untolerated:
         return "taints not tolerated: " + ", ".join(untolerated)
-    labels = k.node_labels(node)
-    if any(labels.get(a) != b for a, b in (pod_spec.get("nodeSelector") or {}).items()):
+    if any(node.labels.get(a) != b for a, b in dep.node_selector.items()):
         return "does not match the pod template's nodeSelector"
     s = ctx.settings
-    if s is not None and not (s.node_name_allowed(node["metadata"]["name"]) and s.node_labels_allowed(labels)):
+    if s is not None and not (s.node_name_allowed(node.name) and s.node_labels_allowed(node.labels)):
         return "outside the node allow-list"
     return ""
 
 
-def reschedule(ctx: ActionContext) -> ActionResult:
-    bad, ns, dep_name = ctx.target["node"], ctx.target["namespace"], ctx.target["deployment"]
-    p = ctx.params
-    if ctx.settings is not None and not ctx.settings.node_name_allowed(bad):
-        return ActionResult("suppressed", f"node {bad} is not in the node allow-list ({ctx.settings.describe_nodes()})",
-                            {"node": bad}, rail="node")
+def _candidates(ctx: ActionContext[RescheduleParams], kube: k.KubeAdapter, bad: str,
+                dep: k.Deployment) -> tuple[list[NodeCost], dict[str, str]]:
+    """The nodes the workload may move to, cheapest first, and why each other one may not (50 at most)."""
+    candidates: list[NodeCost] = []
+    excluded: dict[str, str] = {}
+    for n in kube.list_nodes():
+        if n.name == bad:
+            continue
+        why = _candidate_refusal(ctx, n, dep)
+        if why:
+            if len(excluded) < 50:
+                excluded[n.name] = why
+            continue
+        candidates.append(node_cost(ctx.store, n.name, ctx.params.weights))
+    candidates.sort(key=lambda c: (c["cost"], c["node"]))
+    return candidates, excluded
+
+
+def _evict_all(kube: k.KubeAdapter, pods: list[tuple[str, str]], timeout: float,
+               resp: dict[str, object]) -> k.EvictionBlocked | None:
+    """Evict ``pods`` ((namespace, name)) within ``timeout`` in all; ``resp["evictions"]`` says how each went;
+    the first eviction a disruption budget kept blocking, if one did (the rest are not tried)."""
+    evictions: list[dict[str, object]] = []
+    resp["evictions"] = evictions
+    deadline = time.monotonic() + timeout
+    for ns, pod in pods:
+        try:
+            evictions.append({"namespace": ns, **kube.evict(ns, pod, timeout=max(0.5, deadline - time.monotonic()))})
+        except k.EvictionBlocked as e:
+            evictions.append({"namespace": ns, "pod": pod, "evicted": False, "error": str(e)})
+            return e
+    return None
+
+
+def reschedule(ctx: ActionContext[RescheduleParams]) -> ActionResult:
+    bad, ns, dep_name = ctx.names["node"], ctx.names["namespace"], ctx.names["deployment"]
+    outside = _node_allowed(ctx, bad)
+    if outside is not None:
+        return outside
     if ctx.dry_run and ctx.kube is None:
         return ActionResult("dry_run", f"would move {ns}/{dep_name} off {bad} (live state not checked: no Kubernetes "
                             "API configured)", {"checked": False})
@@ -546,56 +555,34 @@ def reschedule(ctx: ActionContext) -> ActionResult:
     if isinstance(node, ActionResult):
         return node
     dep = kube.get_deployment(ns, dep_name)
-    pod_spec = dep.get("spec", {}).get("template", {}).get("spec", {}) or {}
-    sel = dep.get("spec", {}).get("selector", {}).get("matchLabels", {}) or {}
-    selector = ",".join(f"{a}={b}" for a, b in sorted(sel.items()))
-    pods = [pp["metadata"]["name"] for pp in kube.list_pods(ns, label_selector=selector, node=bad)] if sel else []
-    ann = node.get("metadata", {}).get("annotations") or {}
+    selector = ",".join(f"{a}={b}" for a, b in sorted(dep.match_labels.items()))
+    pods = kube.pod_names(ns, label_selector=selector, node=bad) if dep.match_labels else []
     if not pods:
-        if ctx.resumed and node.get("spec", {}).get("unschedulable") and ann.get(k.CORDONED_BY) == CORDON_OWNER:
+        if ctx.resumed and node.unschedulable and node.cordoned_by == CORDON_OWNER:
             return ActionResult("acted", f"{bad} is cordoned by triscope and no pods of {ns}/{dep_name} are left on it: "
                                 "done before the engine restarted", {"node": bad, "resumed": True},
                                 issued_ts=time.time())
         return ActionResult("suppressed", f"no pods of {ns}/{dep_name} run on node {bad}: not cordoning or draining a "
                             "node the workload does not run on", {"node": bad, "selector": selector}, rail="node")
-    candidates = []
-    excluded: dict[str, str] = {}
-    for n in kube.list_nodes():
-        name = n["metadata"]["name"]
-        if name == bad:
-            continue
-        why = _candidate_refusal(ctx, n, pod_spec)
-        if why:
-            if len(excluded) < 50:
-                excluded[name] = why
-            continue
-        candidates.append(node_cost(ctx.store, name, p["weights"]))
-    candidates.sort(key=lambda c: (c["cost"], c["node"]))
-    resp: dict[str, Any] = {"node": bad, "pods": pods, "candidates": candidates, "excluded": excluded,
-                            "chosen": candidates[0]["node"] if candidates else None}
+    candidates, excluded = _candidates(ctx, kube, bad, dep)
+    resp: dict[str, object] = {"node": bad, "pods": pods, "candidates": candidates, "excluded": excluded,
+                               "chosen": candidates[0]["node"] if candidates else None}
     if not candidates:
         return ActionResult("failed", f"no schedulable candidate node to move {ns}/{dep_name} to", resp)
     best = candidates[0]["node"]
     if ctx.dry_run:
         return ActionResult("dry_run", f"would cordon {bad}, prefer {best} (cost {candidates[0]['cost']}) and evict "
                             f"{len(pods)} pod(s) of {ns}/{dep_name}", resp)
-    if p.get("cordon", True):
-        resp["cordon"] = kube.cordon(bad, by=CORDON_OWNER)
-        if resp["cordon"]["result"] == "cordoned_by_other":
-            resp["cordon"]["note"] = f"already cordoned by {ann.get(k.CORDONED_BY) or 'someone else'}; left as is"
+    if ctx.params.cordon:
+        cordon = kube.cordon(bad, by=CORDON_OWNER)
+        if cordon["result"] == "cordoned_by_other":
+            cordon["note"] = f"already cordoned by {node.cordoned_by or 'someone else'}; left as is"
+        resp["cordon"] = cordon
     ctx.on_issued(time.time())
-    resp["affinity"] = kube.set_preferred_node(ns, dep_name, best, weight=int(p.get("affinity_weight", 100)))
-    evictions = []
-    deadline = time.monotonic() + float(p.get("eviction_timeout", 120.0))
-    for pod in pods:
-        left = max(0.5, deadline - time.monotonic())
-        try:
-            evictions.append(kube.evict(ns, pod, timeout=left))
-        except k.EvictionBlocked as e:
-            evictions.append({"pod": pod, "evicted": False, "error": str(e)})
-            resp["evictions"] = evictions
-            return ActionResult("failed", str(e), resp, issued_ts=time.time())
-    resp["evictions"] = evictions
+    resp["affinity"] = kube.set_preferred_node(ns, dep_name, best, weight=ctx.params.affinity_weight)
+    blocked = _evict_all(kube, [(ns, pod) for pod in pods], ctx.params.eviction_timeout, resp)
+    if blocked is not None:
+        return ActionResult("failed", str(blocked), resp, issued_ts=time.time())
     return ActionResult("acted", f"cordoned {bad}, preferred {best}, evicted {len(pods)} pod(s) of {ns}/{dep_name}",
                         resp, issued_ts=time.time())
 
@@ -605,31 +592,30 @@ def pods_on_accelerator(store: StoreReader, node: str, accelerator: str, now: fl
                         stale_s: float = 120.0) -> list[tuple[str, str]]:
     """(namespace, pod) of every pod the agent attributed to ``accelerator`` of ``node`` (from the kubelet's
     pod-resources, on its per-accelerator verdict series) within the last ``stale_s``."""
-    from triscope.core.vocabulary import accelerator_labels
-
     out: set[tuple[str, str]] = set()
     acc = accelerator_labels(accelerator)
     for sd in store.query("triscope_mismatch_state", node=node, labels=acc, start=now - stale_s, end=now + 5.0,
                           max_points=None):
         lab = sd.info.labels
         if all(lab.get(a) == v for a, v in acc.items()) and lab.get("pod") and lab.get("namespace") and sd.ts:
-            out.add((str(lab["namespace"]), str(lab["pod"])))
+            out.add((lab["namespace"], lab["pod"]))
     return sorted(out)
 
 
-def isolate_accelerator(ctx: ActionContext) -> ActionResult:
-    node_name, acc = ctx.target["node"], ctx.target["accelerator"]
+def isolate_accelerator(ctx: ActionContext[IsolateAcceleratorParams]) -> ActionResult:
+    node_name, acc = ctx.names["node"], ctx.names["accelerator"]
+    outside = _node_allowed(ctx, node_name)
+    if outside is not None:
+        return outside
     p = ctx.params
-    if ctx.settings is not None and not ctx.settings.node_name_allowed(node_name):
-        return ActionResult("suppressed", f"node {node_name} is not in the node allow-list "
-                            f"({ctx.settings.describe_nodes()})", {"node": node_name}, rail="node")
     now = _decided(ctx)
-    allowed = tuple(getattr(ctx.settings, "namespaces", ()) or ())
+    allowed = ctx.settings.namespaces if ctx.settings is not None else ()
     holders = pods_on_accelerator(ctx.store, node_name, acc, now)
-    pods = [(ns, pod) for ns, pod in holders if not allowed or ns in allowed] if p.get("evict", True) else []
-    resp: dict[str, Any] = {"node": node_name, "accelerator": acc, "pods": [f"{ns}/{pod}" for ns, pod in pods],
-                            "outside_allow_list": [f"{ns}/{pod}" for ns, pod in holders
-                                                   if allowed and ns not in allowed]}
+    pods = [(ns, pod) for ns, pod in holders if not allowed or ns in allowed] if p.evict else []
+    names = [f"{ns}/{pod}" for ns, pod in pods]
+    resp: dict[str, object] = {"node": node_name, "accelerator": acc, "pods": names,
+                               "outside_allow_list": [f"{ns}/{pod}" for ns, pod in holders
+                                                      if allowed and ns not in allowed]}
     what = f"{acc} on {node_name}"
     if ctx.dry_run and ctx.kube is None:
         return ActionResult("dry_run", f"would taint {what} and evict {len(pods)} pod(s) holding it (live state not "
@@ -640,65 +626,55 @@ def isolate_accelerator(ctx: ActionContext) -> ActionResult:
         return checked
     if ctx.dry_run:
         return ActionResult("dry_run", f"would taint {what} and evict {len(pods)} pod(s) holding it: "
-                            + (", ".join(resp["pods"]) or "none"), resp)
-    taint = {"effect": "NoSchedule", "state": ctx.target.get("state", ""), "since": _iso(now), "since_ts": now,
-             "rule": ctx.rule_name, "untaint_after": float(p.get("untaint_after", 600.0)), "by": CORDON_OWNER}
+                            + (", ".join(names) or "none"), resp)
+    taint: k.DeviceTaint = {"effect": "NoSchedule", "state": ctx.names.get("state", ""), "since": format_rfc3339(now),
+                            "since_ts": now, "rule": ctx.rule_name, "untaint_after": p.untaint_after,
+                            "by": CORDON_OWNER}
     resp["taint"] = kube.set_device_taint(node_name, acc, taint)
     ctx.on_issued(time.time())
-    evictions = []
-    deadline = time.monotonic() + float(p.get("eviction_timeout", 120.0))
-    for ns, pod in pods:
-        try:
-            evictions.append({"namespace": ns, **kube.evict(ns, pod, timeout=max(0.5, deadline - time.monotonic()))})
-        except k.EvictionBlocked as e:
-            evictions.append({"namespace": ns, "pod": pod, "evicted": False, "error": str(e)})
-            resp["evictions"] = evictions
-            return ActionResult("failed", str(e), resp, issued_ts=time.time())
-    resp["evictions"] = evictions
+    blocked = _evict_all(kube, pods, p.eviction_timeout, resp)
+    if blocked is not None:
+        return ActionResult("failed", str(blocked), resp, issued_ts=time.time())
     return ActionResult("acted", f"tainted {what}, evicted {len(pods)} pod(s) holding it"
-                        + (f" ({', '.join(resp['pods'])})" if pods else "") + "; the node's other accelerators and "
+                        + (f" ({', '.join(names)})" if pods else "") + "; the node's other accelerators and "
                         "their pods untouched", resp, issued_ts=time.time())
 
 
 def untaint_healthy_accelerators(store: StoreReader, kube: k.KubeAdapter, now: float, stale_s: float,
-                                 events_namespace: str | None) -> list[dict[str, Any]]:
+                                 events_namespace: str | None) -> list[k.DeviceTaintResult]:
     """Remove each device taint triscope set whose accelerator's verdict has been healthy (no I/O state)
     for its ``untaint_after`` and is still published; an Event on the node for each."""
-    from triscope.core.vocabulary import IO_STATES
-
     out = []
     for node in kube.list_nodes():
-        name = node["metadata"]["name"]
-        for acc, entry in kube.device_taints(node).items():
+        for acc, entry in node.device_taints.items():
             if entry.get("by") != CORDON_OWNER:
                 continue
-            after = float(entry.get("untaint_after") or 600.0)
-            since = float(entry.get("since_ts") or 0.0)
-            if now - since < after:
+            after = entry.get("untaint_after") or 600.0
+            if now - entry.get("since_ts", 0.0) < after:
                 continue
-            runs = [r for r in store.verdict_runs(name, now - after, now) if r.accelerator == acc]
+            runs = [r for r in store.verdict_runs(node.name, now - after, now) if r.accelerator == acc]
             bad = [r for r in runs if r.state in IO_STATES and r.end >= now - after]
             published = any(r.end >= now - stale_s for r in runs)
             if bad or not published:
                 continue
-            res = kube.set_device_taint(name, acc, None)
+            res = kube.set_device_taint(node.name, acc, None)
             state = runs[-1].state if runs else "?"
             msg = f"{acc}: verdict healthy ({state}) for {after:g}s: untainted"
-            log.info("remediation: node %s %s", name, msg)
+            log.info("remediation: node %s %s", node.name, msg)
             if events_namespace is not None:
                 try:
-                    kube.post_event(events_namespace, {"kind": "Node", "apiVersion": "v1", "name": name},
+                    kube.post_event(events_namespace, {"kind": "Node", "apiVersion": "v1", "name": node.name},
                                     reason="AcceleratorUntainted", message=msg)
                 except k.KubeError as e:
-                    log.warning("remediation: Event for the untaint of %s on %s: %s", acc, name, e)
-            out.append({**res, "message": msg})
+                    log.warning("remediation: Event for the untaint of %s on %s: %s", acc, node.name, e)
+            out.append(res)
     return out
 
 
 # command -----------------------------------------------------------------------------------------
-def command(ctx: ActionContext) -> ActionResult:
-    argv = list(ctx.params["argv"])
-    timeout = float(ctx.params.get("timeout", 30.0))
+def command(ctx: ActionContext[CommandParams]) -> ActionResult:
+    argv = list(ctx.params.argv)
+    timeout = ctx.params.timeout
     if ctx.dry_run:
         return ActionResult("dry_run", f"would run {argv!r} (timeout {timeout:g}s)", {"argv": argv})
     issued = time.time()
@@ -707,19 +683,35 @@ def command(ctx: ActionContext) -> ActionResult:
         proc = subprocess.run(argv, shell=False, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout,
                               check=False)
     except subprocess.TimeoutExpired as e:
+        out = e.stdout if isinstance(e.stdout, bytes) else b""
         return ActionResult("failed", f"{argv[0]} timed out after {timeout:g}s",
-                            {"argv": argv, "timeout": timeout, "stdout": (e.stdout or b"")[-2000:].decode(errors="replace")},
+                            {"argv": argv, "timeout": timeout, "stdout": out[-2000:].decode(errors="replace")},
                             issued_ts=issued)
     except OSError as e:
         return ActionResult("failed", f"cannot run {argv[0]}: {e}", {"argv": argv}, issued_ts=issued)
-    resp = {"argv": argv, "rc": proc.returncode, "stdout": proc.stdout[-2000:].decode(errors="replace"),
-            "stderr": proc.stderr[-2000:].decode(errors="replace")}
+    resp: dict[str, object] = {"argv": argv, "rc": proc.returncode, "stdout": proc.stdout[-2000:].decode(errors="replace"),
+                               "stderr": proc.stderr[-2000:].decode(errors="replace")}
     if proc.returncode != 0:
         return ActionResult("failed", f"{argv[0]} exited with {proc.returncode}", resp, issued_ts=issued)
     return ActionResult("acted", f"ran {argv[0]} (exit 0)", resp, issued_ts=issued)
 
 
-RUNNERS: dict[str, Callable[[ActionContext], ActionResult]] = {
+class Runners(TypedDict):
+    """Each action's function (a test may put another in its place)."""
+
+    rolling_restart: Callable[[ActionContext[RollingRestartParams]], ActionResult]
+    dependency_fallback: Callable[[ActionContext[DependencyFallbackParams]], ActionResult]
+    reschedule: Callable[[ActionContext[RescheduleParams]], ActionResult]
+    isolate_accelerator: Callable[[ActionContext[IsolateAcceleratorParams]], ActionResult]
+    command: Callable[[ActionContext[CommandParams]], ActionResult]
+
+
+RUNNERS: Runners = {
     "rolling_restart": rolling_restart, "dependency_fallback": dependency_fallback,
     "reschedule": reschedule, "isolate_accelerator": isolate_accelerator, "command": command,
 }
+
+
+__all__ = ["ACTION_PARAMS", "KubeName", "ActionContext", "ActionResult", "CommandParams", "DependencyFallbackParams",
+           "IsolateAcceleratorParams", "RescheduleParams", "RescheduleWeights", "RollingRestartParams", "Runners",
+           "RUNNERS", "post_decision_event", "restart_stamp", "revert_fallback", "untaint_healthy_accelerators"]

@@ -33,28 +33,39 @@ key, writes the audit row (``in_progress`` for an action) and removes the inbox 
 transaction.  On start, and on becoming the leader, :meth:`Engine.resume` decides what is left in
 the inbox and re-runs the actions left ``in_progress``; the actions are idempotent per decision
 (``triscope.remediation.actions``), and a ``command`` is not re-run but recorded ``failed``.
+
+Typed from the webhook to the PATCH and the audit row: ``submit_alerts`` takes the validated
+``WebhookPayload`` (``startsAt`` read once, there), a decision's resolved target is a frozen
+``Target`` (``triscope.remediation.targets``), each action gets its own params model in an
+``ActionContext``, and the audit row is the table's own dataclass (``triscope.store.audit.AuditRow``).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Literal, cast
 
+from pydantic import ValidationError
 from sqlalchemy.exc import OperationalError
 
 from triscope import defaults
 from triscope.core.samples import EventRecord, parse_label_key
 from triscope.remediation import actions as act
+from triscope.remediation import filefallback, metrics
 from triscope.remediation import kube as k
-from triscope.remediation import metrics
+from triscope.remediation.fallbacks import revert_due_fallbacks
+from triscope.remediation.filefallback import KnobsFileParams
 from triscope.remediation.leader import LeaderElector
-from triscope.remediation.policy import NODE_ACTIONS, Policy, Rule
+from triscope.remediation.policy import NODE_ACTIONS, ActionParams, Policy, Rule
+from triscope.remediation.targets import Target
 from triscope.remediation.triggers import (
     MISMATCH_METRIC,
+    TargetResolution,
     TriggerEvent,
     alert_events,
     event_from_dict,
@@ -66,6 +77,7 @@ from triscope.remediation.triggers import (
     target_key,
 )
 from triscope.remediation.verdict_events import VerdictEvents
+from triscope.remediation.webhook import WebhookPayload
 from triscope.remediation.workloads import WorkloadResolver, pods_in_series
 from triscope.store import audit
 from triscope.store import workloads as wstore
@@ -80,6 +92,8 @@ log = logging.getLogger(__name__)
 DEFAULT_POLICY = defaults.POLICY   # deploy/policy.example.yaml, shipped as package data
 WORKLOAD_INFO_METRIC = "triscope_accelerator_workload_info"   # the agent's attribution series (docs/workloads.md)
 QUIET_RAILS = ("duplicate", "leader", "not_firing")  # audited only: a timeline / Kubernetes Event each would flood
+Severity = Literal["info", "warning", "error", "critical"]
+_SEVERITY: dict[str, Severity] = {"failed": "error", "acted": "warning"}
 
 
 @dataclass(frozen=True)
@@ -90,11 +104,56 @@ class Decision:
     audit_id: int | None = None
 
 
+@dataclass(frozen=True)
+class Rail:
+    """A rail that stops a decision: its name, why, and the breaker's reason when the decision opens it."""
+
+    name: str
+    reason: str
+    trip: str | None = None
+
+
 class IntakeError(RuntimeError):
     """Accepted triggers could not be stored (the store is unreachable or failing): nothing was queued.
 
     The webhook answers 503 with ``Retry-After`` so that Alertmanager sends the notification again.
     """
+
+
+def _jsonable(v: object) -> dict[str, object]:
+    """``v`` (a JSON object, possibly with values JSON does not know) as the store's JSON keeps it."""
+    return cast("dict[str, object]", json.loads(json.dumps(v, default=str)))
+
+
+def _params_json(params: ActionParams) -> dict[str, object]:
+    # pydantic's JSON form of a model is typed dict[str, Any]: it is a JSON object
+    return cast("dict[str, object]", params.model_dump(mode="json"))
+
+
+def _text_map(value: object) -> dict[str, str]:
+    return {str(a): str(b) for a, b in value.items()} if isinstance(value, dict) else {}
+
+
+def _accelerator(labels: dict[str, str]) -> dict[str, str]:
+    """The accelerator labels of a trigger (what a workload was found on), for the audit row."""
+    return {a: labels[a] for a in ("gpu", "npu", "chip") if labels.get(a)}
+
+
+def run_action(ctx: act.ActionContext[ActionParams]) -> act.ActionResult:
+    """The action a rule's params name, with its own params model (``act.RUNNERS``; a knobs-file fallback:
+    ``filefallback.switch``)."""
+    p = ctx.params
+    if isinstance(p, KnobsFileParams):
+        return filefallback.switch(ctx.using(p))
+    if isinstance(p, act.RollingRestartParams):
+        return act.RUNNERS["rolling_restart"](ctx.using(p))
+    if isinstance(p, act.DependencyFallbackParams):
+        return act.RUNNERS["dependency_fallback"](ctx.using(p))
+    if isinstance(p, act.RescheduleParams):
+        return act.RUNNERS["reschedule"](ctx.using(p))
+    if isinstance(p, act.IsolateAcceleratorParams):
+        return act.RUNNERS["isolate_accelerator"](ctx.using(p))
+    return act.RUNNERS["command"](ctx.using(p))
 
 
 class Engine:
@@ -138,6 +197,11 @@ class Engine:
                                             events_namespace=ks.events_namespace, stale_s=self.stale_s) \
             if kube is not None and ks.events and ks.verdict_events else None
 
+    @property
+    def leader_now(self) -> bool:
+        """Whether this replica may act: it holds the Lease, or runs without leader election."""
+        return self.leader is None or self.leader.is_leader
+
     # intake ------------------------------------------------------------------------------------------
     def _mark(self, events: list[TriggerEvent], delta: int) -> None:
         with self._state:
@@ -155,8 +219,8 @@ class Engine:
         """Make ``events`` durable in the inbox (one transaction) and count them as pending here."""
         self._mark(events, +1)  # before the commit: a concurrent resume must not queue them a second time
         try:
-            audit.accept_triggers(self.store, [{"key": ev.key, "ts": ev.received_ts, "rule": ev.rule.name,
-                                                "kind": ev.kind, "event": event_to_dict(ev)} for ev in events])
+            audit.accept_triggers(self.store, [audit.InboxRow(key=ev.key, ts=ev.received_ts, rule=ev.rule.name,
+                                                              kind=ev.kind, event=event_to_dict(ev)) for ev in events])
         except Exception as e:
             self._mark(events, -1)
             first = (str(e).strip().splitlines() or [""])[0]
@@ -199,7 +263,7 @@ class Engine:
         finally:
             self._mark([ev], -1)
 
-    def submit_alerts(self, payload: dict[str, Any], received_ts: float | None = None) -> tuple[int, int]:
+    def submit_alerts(self, payload: WebhookPayload, received_ts: float | None = None) -> tuple[int, int]:
         """Accept every (alert, matching rule) of a validated Alertmanager v4 payload; (alerts, matched).
 
         When this returns, the matched triggers are committed to the store's inbox, so an engine killed
@@ -208,8 +272,8 @@ class Engine:
         retries).
         """
         received = time.time() if received_ts is None else received_ts
-        common = {str(a): str(b) for a, b in (payload.get("commonLabels") or {}).items()}
-        events = [ev for alert in payload["alerts"] for ev in alert_events(self.alert_rules, alert, common, received)]
+        common = payload.commonLabels or {}
+        events = [ev for alert in payload.alerts for ev in alert_events(self.alert_rules, alert, common, received)]
         if events:
             self._accept(events)
         for ev in events:
@@ -222,7 +286,7 @@ class Engine:
                 log.warning("remediation: cannot note the %s alert %s: %s", "firing" if ev.firing else "resolved",
                             ev.episode, e)
             self._queue(ev)
-        return len(payload["alerts"]), len(events)
+        return len(payload.alerts), len(events)
 
     def drain(self, timeout: float = 30.0) -> bool:
         """Wait until every submitted trigger is decided and its action finished (tests, shutdown)."""
@@ -236,6 +300,17 @@ class Engine:
         return True
 
     # the decision ------------------------------------------------------------------------------------
+    def _target(self, ev: TriggerEvent, res: TargetResolution) -> Target:
+        """The decision's target, from the rule's resolution of the trigger's labels."""
+        key, description = target_key(ev.rule, res.target)
+        workload = None
+        if res.owner is not None:
+            workload = {**res.owner.as_dict(), **_accelerator(ev.labels)}
+        elif res.workload is not None:   # a knobs file, named by the workload label
+            workload = {**res.workload, **_accelerator(ev.labels)}
+        return Target(key=key, description=description, fields=res.target, node=res.target.get("node") or ev.node,
+                      workload=workload)
+
     def handle(self, ev: TriggerEvent) -> Decision:
         rule = ev.rule
         if not ev.firing:
@@ -246,58 +321,63 @@ class Engine:
                                 f"{self.leader.namespace}/{self.leader.name})", {})
         res = resolve_rule_target(rule, ev.labels, self.workloads,
                                   namespaces=self.settings.namespaces if rule.action != "command" else ())
-        target, err = res.target, res.error
-        tinfo: dict[str, Any] = {}
-        if not err:
-            tkey, tdesc = target_key(rule, target)
-            tinfo = {"target": tdesc, "target_key": tkey, "namespace": target.get("namespace"),
-                     "node": target.get("node") or ev.node, "target_fields": target}
-            if res.owner is not None:
-                tinfo["workload"] = {**res.owner.as_dict(), **_accelerator(ev.labels)}
-            elif res.workload is not None:   # a knobs file, named by the workload label
-                tinfo["workload"] = {**res.workload, **_accelerator(ev.labels)}
+        if res.error:
+            # audit.decide claims the key: an already claimed one is recorded a duplicate by _conclude
+            outcome = "failed" if res.transient else "suppressed"
+            where = Target("", "", {"namespace": res.target.get("namespace", "")}) if res.rail == "namespace" else None
+            return self._conclude(ev, where, outcome, None if res.transient else res.rail, res.error, {})
+        target = self._target(ev, res)
         # a dry-run decision changed nothing: its claim (and cooldown, counts) stop dry-run decisions only
         dry = self.dry_run or rule.dry_run
-        if audit.is_claimed(self.store, ev.key, dry_run=dry):
-            return self._duplicate(ev, tinfo)
-        if err:
-            if res.transient:
-                return self._conclude(ev, None, "failed", None, err, {})
-            return self._conclude(ev, {"namespace": target.get("namespace")} if res.rail == "namespace" else None,
-                                  "suppressed", res.rail, err, {})
         with self._decide:
             now = time.time()
-            rail, reason, trip = self._rails(ev, rule, tinfo, now, dry)
-            if rail:
-                return self._conclude(ev, tinfo, "suppressed", rail, reason, {}, open_breaker=trip)
-            params: dict[str, Any] = {**rule.params, "target": target, "episode": ev.episode}
-            if tinfo.get("workload"):
-                params["workload"] = tinfo["workload"]
-            if rule.action == "rolling_restart":
-                params["restartedAt"] = act.restart_stamp(now)  # the same value however often it is re-run
+            # One read of the claim, the breaker and the target's cooldown per decision, under the decision lock.
+            # Safe for exactly once: audit.decide below claims the key in the same transaction as the audit row
+            # (a claim made after this read makes it return None: a duplicate, nothing acts), and the breaker
+            # and cooldown stamps an engine writes are written by audit.decide, under this lock, so no decision
+            # of this engine can change them between this read and the write; the leader is the only engine
+            # deciding, and an operator's breaker reset in between only lets the next decision through.
+            seen = audit.decision_state(self.store, ev.key, target.key, dry_run=dry)
+            if seen.claimed:
+                return self._duplicate(ev, target)
+            rail = self._rails(ev, rule, target, now, dry, seen)
+            if rail is not None:
+                return self._conclude(ev, target, "suppressed", rail.name, rail.reason, {}, open_breaker=rail.trip)
+            stamp = act.restart_stamp(now) if rule.action == "rolling_restart" else ""
             audit_id = audit.decide(self.store, ev.key, self._values(
-                ev, tinfo, audit.IN_PROGRESS, None, "", {}, dry, ts=now, params=params), stamp_cooldown=True)
+                ev, target, audit.IN_PROGRESS, None, "", {}, dry, ts=now,
+                params=self._recorded_params(ev, target, stamp)), stamp_cooldown=True)
             if audit_id is None:
-                return self._duplicate(ev, tinfo)
-            self.window.add(rule.name, tkey, tinfo.get("node") or None, now, dry_run=dry)
+                return self._duplicate(ev, target)
+            self.window.add(rule.name, target.key, target.node or None, now, dry_run=dry)
             with self._state:
                 self._in_flight += 1
                 self._running.add(audit_id)
                 metrics.IN_FLIGHT.set(self._in_flight)
-        return self._run_action(ev, tinfo, dry, audit_id, now, params)
+        return self._run_action(ev, target, dry, audit_id, now, rule.params, stamp)
 
-    def _run_action(self, ev: TriggerEvent, tinfo: dict[str, Any], dry: bool, audit_id: int, decided_ts: float,
-                    params: dict[str, Any], resumed: bool = False) -> Decision:
+    def _recorded_params(self, ev: TriggerEvent, target: Target, stamp: str) -> dict[str, object]:
+        """The audit row's ``params`` of a decision that goes ahead: the rule's params and what re-running it
+        after a crash needs (the target, the episode, the restart stamp fixed now)."""
+        params: dict[str, object] = {**_params_json(ev.rule.params), "target": dict(target.fields),
+                                     "episode": ev.episode}
+        if target.workload:
+            params["workload"] = dict(target.workload)
+        if stamp:
+            params["restartedAt"] = stamp  # the same value however often it is re-run
+        return params
+
+    def _run_action(self, ev: TriggerEvent, target: Target, dry: bool, audit_id: int, decided_ts: float,
+                    params: ActionParams, restarted_at: str = "", resumed: bool = False) -> Decision:
         """Carry out a decision that went ahead (``in_progress`` in the audit log); in-flight counted by the caller."""
         rule = ev.rule
         issued: list[float] = []
-        ctx = act.ActionContext(rule_name=rule.name, action=rule.action, params=params,
-                                target=dict(tinfo["target_fields"]), target_key=tinfo["target_key"], dry_run=dry,
-                                kube=self.kube, store=self.store, engine_id=self.engine_id, trigger_key=ev.key,
-                                episode=ev.episode, on_issued=issued.append, stop=self._stop, decision_id=audit_id,
-                                decided_ts=decided_ts, resumed=resumed, settings=self.settings)
+        ctx = act.ActionContext(rule.name, params, target, dry, self.kube, self.store, self.engine_id,
+                                trigger_key=ev.key, episode=ev.episode, on_issued=issued.append, stop=self._stop,
+                                decision_id=audit_id, decided_ts=decided_ts, resumed=resumed, settings=self.settings,
+                                restarted_at=restarted_at)
         try:
-            result = act.RUNNERS[rule.action](ctx)
+            result = run_action(ctx)
         except k.KubeError as e:
             result = act.ActionResult("failed", str(e), {"error": e.answer()})
         except Exception as e:
@@ -312,77 +392,90 @@ class Engine:
             issued_ts = time.time()
         reason = f"{result.reason} (re-run after the engine restarted)" if resumed else result.reason
         try:
-            return self._record(ev, tinfo, result.outcome, result.rail, reason, result.response,
+            return self._record(ev, target, result.outcome, result.rail, reason, result.response,
                                 audit_id=audit_id, issued_ts=issued_ts, dry=dry)
         finally:
             # if storing the outcome fails (a failover), the periodic resume re-runs the idempotent action
             with self._state:
                 self._running.discard(audit_id)
 
-    def _rails(self, ev: TriggerEvent, rule: Rule, tinfo: dict[str, Any], now: float,
-               dry: bool) -> tuple[str | None, str, str | None]:
-        """(rail, reason, breaker trip reason): the first rail that stops the trigger, or (None, '', None).
+    def _rails(self, ev: TriggerEvent, rule: Rule, target: Target, now: float, dry: bool,
+               seen: audit.DecisionState) -> Rail | None:
+        """The first rail that stops the trigger, or None.
 
         An acting decision (``dry`` False) counts acting decisions only (cooldown stamps, rate limits, the
         hourly cap, the breaker window); a dry-run decision counts dry-run decisions too."""
-        s = self.settings
-        br = audit.breaker_state(self.store)
+        br = seen.breaker
+        metrics.BREAKER_OPEN.set(1 if br.is_open else 0)
         if br.is_open:
-            metrics.BREAKER_OPEN.set(1)
-            return "breaker", f"circuit breaker open since {time.strftime('%H:%M:%S', time.gmtime(br.opened_at or now))}Z: " \
-                              f"{br.reason} (reset with 'triscope remediate reset-breaker')", None
-        metrics.BREAKER_OPEN.set(0)
+            return Rail("breaker", f"circuit breaker open since "
+                        f"{time.strftime('%H:%M:%S', time.gmtime(br.opened_at or now))}Z: {br.reason} (reset with "
+                        "'triscope remediate reset-breaker')")
         if br.reset_at is not None and ev.started_at < br.reset_at:
-            return "stale", "trigger started before the last circuit-breaker reset: not replayed", None
-        ns = tinfo.get("namespace")
+            return Rail("stale", "trigger started before the last circuit-breaker reset: not replayed")
+        return (self._scope_rail(rule, target) or self._count_rail(rule, target, now, dry, seen.last_action)
+                or self._breaker_rail(target, now, br.reset_at, dry) or self._recheck_rail(ev, now))
+
+    def _scope_rail(self, rule: Rule, target: Target) -> Rail | None:
+        """The namespace and node allow-lists."""
+        s = self.settings
+        ns = target.namespace
         # no namespaced object: bound only when it names one (isolate_accelerator evicts pods of allowed namespaces only)
         on_host = rule.action in ("command", "isolate_accelerator") or rule.knobs_file
-        if not on_host and ns not in s.namespaces:
-            return "namespace", f"namespace {ns!r} is not in the allow-list {list(s.namespaces)}", None
-        if on_host and ns and s.namespaces and ns not in s.namespaces:
-            return "namespace", f"namespace {ns!r} is not in the allow-list {list(s.namespaces)}", None
+        if (not on_host and ns not in s.namespaces) or (on_host and ns and s.namespaces and ns not in s.namespaces):
+            return Rail("namespace", f"namespace {ns!r} is not in the allow-list {list(s.namespaces)}")
         if rule.action in NODE_ACTIONS:
-            node = tinfo["target_fields"].get("node") or ""
+            node = target.name("node")
             if not s.nodes_bounded or not s.node_name_allowed(node):
-                return "node", f"node {node!r} is not in the node allow-list ({s.describe_nodes()})", None
-        last = audit.last_action(self.store, tinfo["target_key"], dry_run=dry)
+                return Rail("node", f"node {node!r} is not in the node allow-list ({s.describe_nodes()})")
+        return None
+
+    def _count_rail(self, rule: Rule, target: Target, now: float, dry: bool, last: float | None) -> Rail | None:
+        """The cooldown, the rule's rate limit, the hourly cap and the in-flight cap."""
+        s = self.settings
         if last is not None and now - last < rule.cooldown_s:
-            return "cooldown", f"{tinfo['target']} was acted on {now - last:.0f}s ago (cooldown {rule.cooldown_s:g}s)", None
+            return Rail("cooldown", f"{target.description} was acted on {now - last:.0f}s ago (cooldown "
+                        f"{rule.cooldown_s:g}s)")
         n = self.window.count(now - rule.per_s, rule.name, dry_run=dry)
         if n >= rule.max_actions:
-            return "rate_limit", f"rule {rule.name} took {n} actions in the last {rule.per_s:g}s (max {rule.max_actions})", None
+            return Rail("rate_limit", f"rule {rule.name} took {n} actions in the last {rule.per_s:g}s (max "
+                        f"{rule.max_actions})")
         n = self.window.count(now - 3600.0, dry_run=dry)
         if n >= s.max_actions_per_hour:
-            return "hourly_cap", f"{n} actions in the last hour (cap {s.max_actions_per_hour})", None
+            return Rail("hourly_cap", f"{n} actions in the last hour (cap {s.max_actions_per_hour})")
         with self._state:
             if self._in_flight >= s.max_in_flight:
-                return "in_flight", f"{self._in_flight} actions in flight (cap {s.max_in_flight})", None
-        trip = self._breaker_trips(tinfo, now, br.reset_at, dry)
-        if trip:
-            if dry:   # the breaker is shared with acting engines: a dry-run only says it would trip
-                return "breaker", f"circuit breaker would open: {trip}", None
-            return "breaker", f"circuit breaker opened: {trip}", trip
+                return Rail("in_flight", f"{self._in_flight} actions in flight (cap {s.max_in_flight})")
+        return None
+
+    def _breaker_rail(self, target: Target, now: float, reset_at: float | None, dry: bool) -> Rail | None:
+        trip = self._breaker_trips(target, now, reset_at, dry)
+        if not trip:
+            return None
+        if dry:   # the breaker is shared with acting engines: a dry-run only says it would trip
+            return Rail("breaker", f"circuit breaker would open: {trip}")
+        return Rail("breaker", f"circuit breaker opened: {trip}", trip)
+
+    def _recheck_rail(self, ev: TriggerEvent, now: float) -> Rail | None:
+        """The alert resolved, or the stored-data condition no longer holds."""
         if ev.kind == "alert":
             resolved = self._resolved.get(ev.episode)
             if resolved is not None and resolved >= ev.received_ts:
-                return "recheck", "the alert resolved before the action could start", None
-        else:
-            ok, detail = recheck(self.store, ev, now, self.stale_s)
-            if not ok:
-                return "recheck", f"condition no longer holds: {detail}", None
-        return None, "", None
+                return Rail("recheck", "the alert resolved before the action could start")
+            return None
+        ok, detail = recheck(self.store, ev, now, self.stale_s)
+        return None if ok else Rail("recheck", f"condition no longer holds: {detail}")
 
-    def _breaker_trips(self, tinfo: dict[str, Any], now: float, reset_at: float | None = None,
-                       dry: bool = False) -> str:
+    def _breaker_trips(self, target: Target, now: float, reset_at: float | None = None, dry: bool = False) -> str:
         """Would this action open the breaker?  Counts the window back to its start or the last reset,
         whichever is later: a reset starts a fresh window (in every engine sharing the store).  An acting
         decision counts the targets of acting decisions only, a dry-run one those of dry-run decisions too."""
         b = self.settings.breaker
         since = now - b.window_s if reset_at is None else max(now - b.window_s, reset_at)
         targets, nodes = self.window.hit(since, dry_run=dry)
-        targets = targets | {tinfo["target_key"]}
-        if tinfo.get("node"):
-            nodes = nodes | {tinfo["node"]}
+        targets = targets | {target.key}
+        if target.node:
+            nodes = nodes | {target.node}
         if len(targets) > b.max_targets:
             return f"{len(targets)} targets in {b.window_s:g}s (max {b.max_targets})"
         if len(nodes) > b.max_targets:
@@ -396,66 +489,66 @@ class Engine:
         return ""
 
     # recording ---------------------------------------------------------------------------------------
-    def _values(self, ev: TriggerEvent, tinfo: dict[str, Any], outcome: str, rail: str | None, reason: str,
-                response: dict[str, Any], dry: bool, *, ts: float | None = None, params: dict[str, Any] | None = None,
-                issued_ts: float | None = None) -> dict[str, Any]:
+    def _values(self, ev: TriggerEvent, target: Target | None, outcome: str, rail: str | None, reason: str,
+                response: dict[str, object], dry: bool, *, ts: float | None = None,
+                params: dict[str, object] | None = None, issued_ts: float | None = None) -> audit.AuditRow:
         """The audit row of a decision."""
         rule = ev.rule
         now = time.time() if ts is None else ts
         if params is None:
-            params = {**rule.params, "workload": tinfo["workload"]} if tinfo.get("workload") else rule.params
-        return dict(ts=now, engine_id=self.engine_id, rule=rule.name, trigger_kind=ev.kind, trigger=ev.description,
-                    trigger_key=ev.key, action=rule.action, target=tinfo.get("target", ""),
-                    target_key=tinfo.get("target_key", ""), node=tinfo.get("node") or ev.node,
-                    namespace=tinfo.get("namespace"), outcome=outcome, rail=rail, reason=reason, dry_run=dry,
-                    params=_jsonable(params), response=_jsonable(response),
-                    received_ts=ev.received_ts, issued_ts=issued_ts,
-                    finished_ts=None if outcome == audit.IN_PROGRESS else now)
+            params = _params_json(rule.params)
+            if target is not None and target.workload:
+                params["workload"] = dict(target.workload)
+        return audit.AuditRow(
+            ts=now, engine_id=self.engine_id, rule=rule.name, trigger_kind=ev.kind, trigger=ev.description,
+            trigger_key=ev.key, action=rule.action, target=target.description if target else "",
+            target_key=target.key if target else "", node=(target.node if target else None) or ev.node,
+            namespace=target.namespace if target else None, outcome=outcome, rail=rail, reason=reason, dry_run=dry,
+            params=_jsonable(params), response=_jsonable(response), received_ts=ev.received_ts, issued_ts=issued_ts,
+            finished_ts=None if outcome == audit.IN_PROGRESS else now)
 
-    def _conclude(self, ev: TriggerEvent, tinfo: dict[str, Any] | None, outcome: str, rail: str | None, reason: str,
-                  response: dict[str, Any], *, open_breaker: str | None = None) -> Decision:
+    def _conclude(self, ev: TriggerEvent, target: Target | None, outcome: str, rail: str | None, reason: str,
+                  response: dict[str, object], *, open_breaker: str | None = None) -> Decision:
         """A final decision that acts on nothing: claim + audit row (+ breaker) + inbox entry gone, one transaction."""
-        tinfo = tinfo or {}
         dry = self.dry_run or ev.rule.dry_run
-        audit_id = audit.decide(self.store, ev.key, self._values(ev, tinfo, outcome, rail, reason, response, dry),
+        audit_id = audit.decide(self.store, ev.key, self._values(ev, target, outcome, rail, reason, response, dry),
                                 open_breaker_reason=open_breaker)
         if audit_id is None:
-            return self._duplicate(ev, tinfo)
+            return self._duplicate(ev, target)
         if open_breaker:
             metrics.BREAKER_OPEN.set(1)
             log.warning("remediation circuit breaker opened: %s", open_breaker)
-        return self._after(ev, tinfo, outcome, rail, reason, audit_id, dry)
+        return self._after(ev, target, outcome, rail, reason, audit_id, dry)
 
-    def _duplicate(self, ev: TriggerEvent, tinfo: dict[str, Any]) -> Decision:
+    def _duplicate(self, ev: TriggerEvent, target: Target | None) -> Decision:
         dry = self.dry_run or ev.rule.dry_run
         reason = "delivery already handled"
-        audit_id = audit.record_duplicate(self.store, ev.key, self._values(ev, tinfo, "suppressed", "duplicate",
+        audit_id = audit.record_duplicate(self.store, ev.key, self._values(ev, target, "suppressed", "duplicate",
                                                                            reason, {}, dry))
-        return self._after(ev, tinfo, "suppressed", "duplicate", reason, audit_id, dry)
+        return self._after(ev, target, "suppressed", "duplicate", reason, audit_id, dry)
 
-    def _record(self, ev: TriggerEvent, tinfo: dict[str, Any] | None, outcome: str, rail: str | None, reason: str,
-                response: dict[str, Any], *, audit_id: int | None = None, issued_ts: float | None = None,
+    def _record(self, ev: TriggerEvent, target: Target | None, outcome: str, rail: str | None, reason: str,
+                response: dict[str, object], *, audit_id: int | None = None, issued_ts: float | None = None,
                 dry: bool | None = None) -> Decision:
         """A new audit row that claims nothing (``leader``), or the final state of an ``in_progress`` one."""
-        tinfo = tinfo or {}
         dry = (self.dry_run or ev.rule.dry_run) if dry is None else dry
         if audit_id is None:
-            audit_id = audit.record_decision(self.store, **self._values(ev, tinfo, outcome, rail, reason, response, dry,
-                                                                        issued_ts=issued_ts))
+            audit_id = audit.record_decision(self.store, self._values(ev, target, outcome, rail, reason, response, dry,
+                                                                      issued_ts=issued_ts))
         else:
             audit.update_decision(self.store, audit_id, outcome=outcome, rail=rail, reason=reason,
                                   response=_jsonable(response), issued_ts=issued_ts, finished_ts=time.time())
-        return self._after(ev, tinfo, outcome, rail, reason, audit_id, dry)
+        return self._after(ev, target, outcome, rail, reason, audit_id, dry)
 
-    def _after(self, ev: TriggerEvent, tinfo: dict[str, Any], outcome: str, rail: str | None, reason: str,
+    def _after(self, ev: TriggerEvent, target: Target | None, outcome: str, rail: str | None, reason: str,
                audit_id: int, dry: bool) -> Decision:
         rule = ev.rule
         metrics.ACTIONS_TOTAL.labels(rule.action, outcome).inc()
         level = logging.INFO if outcome in ("acted", "dry_run") else logging.DEBUG if rail in QUIET_RAILS else logging.INFO
         log.log(level, "remediation %s: rule=%s action=%s target=%s%s %s", outcome, rule.name, rule.action,
-                tinfo.get("target", "-"), f" rail={rail}" if rail else "", reason)
+                target.description if target else "-", f" rail={rail}" if rail else "", reason)
         if rail not in QUIET_RAILS:
-            self._side.submit(self._emit_events, ev, tinfo, outcome, rail, reason, audit_id, dry)
+            self._side.submit(self._emit_events, ev, target, outcome, rail, reason, audit_id, dry)
         return Decision(outcome, rail, reason, audit_id)
 
     # after a crash, or on becoming the leader ---------------------------------------------------------
@@ -468,31 +561,16 @@ class Engine:
         """
         if self.leader is not None and not self.leader.is_leader:
             return 0, 0
-        rerun = 0
         before = None if older_than is None else time.time() - older_than
-        if actions:
-            with self._decide:  # a decision between its in_progress row and _running is not taken for a crashed one
-                rows = audit.in_progress(self.store)
-                with self._state:
-                    rows = [r for r in rows if r.id not in self._running and (before is None or r.ts < before)]
-                    self._running.update(r.id for r in rows)
-                    self._pending += len(rows)
-            for row in rows:
-                self._pool.submit(self._resume_counted, row)
-            rerun = len(rows)
+        rerun = self._resume_actions(before) if actions else 0
         queued = 0
         for entry in audit.inbox(self.store, before=before):
             try:
-                rule = self.policy.rule(entry.rule)
+                rule: Rule | None = self.policy.rule(entry.rule)
             except KeyError:
                 rule = None
             if rule is None or rule.trigger.kind != entry.kind:
-                audit.decide(self.store, entry.key, dict(
-                    ts=time.time(), engine_id=self.engine_id, rule=entry.rule, trigger_kind=entry.kind,
-                    trigger=str(entry.event.get("description") or ""), trigger_key=entry.key,
-                    action=rule.action if rule else "", outcome="suppressed", rail="recheck",
-                    reason=f"rule {entry.rule!r} is no longer in the policy (changed while the trigger waited)",
-                    dry_run=self.dry_run or bool(rule and rule.dry_run), received_ts=entry.ts, finished_ts=time.time()))
+                self._drop_entry(entry, rule)
                 continue
             ev = event_from_dict(rule, entry.key, entry.kind, entry.event)
             with self._state:
@@ -504,6 +582,27 @@ class Engine:
             log.info("remediation: resumed %d action(s) left in progress and %d undecided trigger(s)", rerun, queued)
         self.resumed = (rerun, queued)
         return rerun, queued
+
+    def _resume_actions(self, before: float | None) -> int:
+        with self._decide:  # a decision between its in_progress row and _running is not taken for a crashed one
+            rows = audit.in_progress(self.store)
+            with self._state:
+                rows = [r for r in rows if r.id not in self._running and (before is None or r.ts < before)]
+                self._running.update(r.id for r in rows)
+                self._pending += len(rows)
+        for row in rows:
+            self._pool.submit(self._resume_counted, row)
+        return len(rows)
+
+    def _drop_entry(self, entry: audit.InboxRow, rule: Rule | None) -> None:
+        """An inbox entry whose rule left the policy (or changed kind) while it waited: decided, suppressed."""
+        now = time.time()
+        audit.decide(self.store, entry.key, audit.AuditRow(
+            ts=now, engine_id=self.engine_id, rule=entry.rule, trigger_kind=entry.kind,
+            trigger=str(entry.event.get("description") or ""), trigger_key=entry.key,
+            action=rule.action if rule else "", outcome="suppressed", rail="recheck",
+            reason=f"rule {entry.rule!r} is no longer in the policy (changed while the trigger waited)",
+            dry_run=self.dry_run or bool(rule and rule.dry_run), received_ts=entry.ts, finished_ts=now))
 
     def _resume_counted(self, row: audit.AuditRow) -> None:
         try:
@@ -536,37 +635,38 @@ class Engine:
             metrics.ACTIONS_TOTAL.labels(row.action, audit.FAILED).inc()
             log.warning("remediation decision %d: %s", row.id, why)
             return
-        params = dict(row.params)
-        target = {str(a): str(b) for a, b in (params.get("target") or {}).items()}
+        recorded = row.params
         ev = TriggerEvent(rule, row.trigger_kind, row.trigger_key, row.trigger, labels={}, node=row.node,
                           started_at=row.ts, received_ts=row.received_ts or row.ts,
-                          episode=str(params.get("episode") or ""))
-        tinfo = {"target": row.target, "target_key": row.target_key, "namespace": row.namespace, "node": row.node,
-                 "target_fields": target}
+                          episode=str(recorded.get("episode") or ""))
+        workload = _text_map(recorded.get("workload"))
+        target = Target(row.target_key, row.target, _text_map(recorded.get("target")), row.node, workload or None)
+        stamp = recorded.get("restartedAt")
         with self._state:
             self._in_flight += 1
             metrics.IN_FLIGHT.set(self._in_flight)
         log.info("remediation: re-running decision %d (%s %s), left in progress", row.id, row.action, row.target)
-        self._run_action(ev, tinfo, row.dry_run, row.id, row.ts, params, resumed=True)
+        self._run_action(ev, target, row.dry_run, row.id, row.ts, _recorded_model(rule, recorded),
+                         stamp if isinstance(stamp, str) else "", resumed=True)
 
-    def _emit_events(self, ev: TriggerEvent, tinfo: dict[str, Any], outcome: str, rail: str | None, reason: str,
+    def _emit_events(self, ev: TriggerEvent, target: Target | None, outcome: str, rail: str | None, reason: str,
                      audit_id: int, dry: bool) -> None:
         rule = ev.rule
-        node = tinfo.get("node") or ev.node
-        sev = {"failed": "error", "acted": "warning"}.get(outcome, "info")
-        msg = f"{rule.name}: {outcome}{f' ({rail})' if rail else ''} {rule.action} {tinfo.get('target', '')}: {reason}"
+        node = (target.node if target else None) or ev.node
+        what = target.description if target else ""
+        msg = f"{rule.name}: {outcome}{f' ({rail})' if rail else ''} {rule.action} {what}: {reason}"
         if node:
+            details: dict[str, object] = {
+                "audit_id": audit_id, "rule": rule.name, "action": rule.action, "outcome": outcome, "rail": rail,
+                "target": what, "dry_run": dry, "trigger": ev.description, "trigger_kind": ev.kind}
             try:
-                self.store.add_events(node, [EventRecord(
-                    kind="remediation", message=msg[:2000], severity=sev,  # type: ignore[arg-type]
-                    details={"audit_id": audit_id, "rule": rule.name, "action": rule.action, "outcome": outcome,
-                             "rail": rail, "target": tinfo.get("target", ""), "dry_run": dry, "trigger": ev.description,
-                             "trigger_kind": ev.kind})])
+                self.store.add_events(node, [EventRecord(kind="remediation", message=msg[:2000],
+                                                         severity=_SEVERITY.get(outcome, "info"), details=details)])
             except Exception as e:
                 log.warning("remediation: cannot record the timeline event: %s", e)
         if self.kube is not None and self.settings.kubernetes.events:
-            act.post_decision_event(self.kube, self.settings.kubernetes.events_namespace, rule.action, rule.params,
-                                    tinfo.get("target_fields") or {}, outcome, msg)
+            act.post_decision_event(self.kube, self.settings.kubernetes.events_namespace, rule.params,
+                                    target.fields if target else {}, outcome, msg)
 
     # alert episodes ----------------------------------------------------------------------------------
     def _note_firing(self, ev: TriggerEvent) -> None:
@@ -575,7 +675,7 @@ class Engine:
             return
         for fb in audit.active_fallbacks(self.store):
             if fb.trigger_key == ev.episode and fb.clear_since is not None:
-                audit.update_fallback(self.store, fb.id, clear_since=None)
+                audit.set_fallback_clear(self.store, fb.id, None)
 
     def _note_resolved(self, ev: TriggerEvent) -> None:
         self._resolved[ev.episode] = ev.received_ts
@@ -583,7 +683,7 @@ class Engine:
             return
         for fb in audit.active_fallbacks(self.store):
             if fb.trigger_key == ev.episode and fb.clear_since is None:
-                audit.update_fallback(self.store, fb.id, clear_since=ev.received_ts)
+                audit.set_fallback_clear(self.store, fb.id, ev.received_ts)
 
     # scheduled jobs ----------------------------------------------------------------------------------
     def evaluate_triggers(self, now: float | None = None) -> int:
@@ -633,9 +733,9 @@ class Engine:
                 continue
             held = fb.trigger_key in holding or fb.target_key in holding
             if not held and fb.clear_since is None:
-                audit.update_fallback(self.store, fb.id, clear_since=now)
+                audit.set_fallback_clear(self.store, fb.id, now)
             elif held and fb.clear_since is not None:
-                audit.update_fallback(self.store, fb.id, clear_since=None)
+                audit.set_fallback_clear(self.store, fb.id, None)
 
     def announce_verdicts(self, now: float | None = None) -> int:
         """Scheduler job: Kubernetes Events on the pod and node for each verdict that would page, and
@@ -668,8 +768,8 @@ class Engine:
         """Revert each active fallback whose trigger has been clear for its hold period, or whose TTL ran out."""
         if self.leader is not None and not self.leader.is_leader:
             return 0
-        return act.revert_due_fallbacks(self.store, self.kube, time.time() if now is None else now, self.engine_id,
-                                        {r.name for r in self.policy.rules} if self.settings.kubernetes.events else set())
+        return revert_due_fallbacks(self.store, self.kube, time.time() if now is None else now, self.engine_id,
+                                    {r.name for r in self.policy.rules} if self.settings.kubernetes.events else set())
 
     def prune(self) -> int:
         with self._decide:
@@ -700,11 +800,11 @@ class Engine:
         return self.resume(actions=True, older_than=max(30.0, 2 * self.settings.evaluate_interval_s))[1]
 
     # lifecycle ---------------------------------------------------------------------------------------
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, object]:
         br = audit.breaker_state(self.store)
         with self._state:
             in_flight, pending = self._in_flight, self._pending
-        return {"engine_id": self.engine_id, "dry_run": self.dry_run, "leader": self.leader is None or self.leader.is_leader,
+        return {"engine_id": self.engine_id, "dry_run": self.dry_run, "leader": self.leader_now,
                 "breaker": br.state, "in_flight": in_flight, "pending": pending, "rules": len(self.policy.rules),
                 "kubernetes": self.kube.describe if self.kube else None}
 
@@ -717,12 +817,14 @@ class Engine:
             self.leader.release()
 
 
-def _accelerator(labels: dict[str, str]) -> dict[str, str]:
-    """The accelerator labels of a trigger (what a workload was found on), for the audit row."""
-    return {a: labels[a] for a in ("gpu", "npu", "chip") if labels.get(a)}
-
-
-def _jsonable(v: Any) -> Any:
-    import json
-
-    return json.loads(json.dumps(v, default=str))
+def _recorded_model(rule: Rule, recorded: dict[str, object]) -> ActionParams:
+    """The params a decision was taken with (its audit row's ``params``), as the rule's model; the rule's
+    current params when the recorded ones no longer validate (the model changed since)."""
+    model = type(rule.params)
+    given: dict[str, object] = {a: b for a, b in recorded.items() if a in model.model_fields}
+    try:
+        return model.model_validate(given)
+    except ValidationError as e:
+        log.warning("remediation: rule %s: the recorded params no longer validate, re-run with the policy's: %s",
+                    rule.name, e.error_count())
+        return rule.params

@@ -35,22 +35,23 @@ import re
 import stat
 import threading
 import time
-from datetime import UTC, datetime
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated
 
 import yaml
-from pydantic import AfterValidator, Discriminator, Field, PlainValidator
+from pydantic import AfterValidator, Discriminator, PlainValidator
 from pydantic_core import PydanticCustomError
 
 from triscope.core.configfile import ConfigModel, problem, show, variant
+from triscope.core.cpulist import parse_cpulist
 from triscope.core.durations import Duration
+from triscope.core.timeparse import format_rfc3339
 from triscope.remediation.actions import ActionContext, ActionResult, DependencyFallbackParams
+from triscope.remediation.targets import TargetModel
 from triscope.remediation.workloads import SHARED_WORKLOADS, parse_workload
 from triscope.store import audit
-
-if TYPE_CHECKING:
-    from triscope.remediation.policy import TargetModel
+from triscope.store.reader import StoreReader
 
 KEY_PREFIX = "file:"       # target keys of knobs-file fallbacks: file:DIR/NAME.yaml
 FILE_KEY = "knobs"         # the fallback row's ``key`` column
@@ -73,13 +74,13 @@ def _knobs_dir(value: str) -> str:
     return norm
 
 
-def _scalar(value: Any) -> bool:
+def _scalar(value: object) -> bool:
     if isinstance(value, float):
         return math.isfinite(value)
     return value is None or isinstance(value, bool | int) or (isinstance(value, str) and len(value) <= 1024)
 
 
-def _knobs(value: Any) -> dict[str, Any]:
+def _knobs(value: object) -> dict[str, object]:
     """``knobs: {pinned: true, workers: 8, cpu_affinity: null}``: knob names and plain values (the
     service validates what they mean)."""
     if not isinstance(value, dict):
@@ -112,57 +113,27 @@ class KnobsFileParams(ConfigModel):
     put the file back after ``hold`` clear, or ``ttl`` at the latest."""
 
     file: KnobsFileDir
-    knobs: Annotated[dict[str, Any], PlainValidator(_knobs)]
+    knobs: Annotated[dict[str, object], PlainValidator(_knobs)]
     ttl: Annotated[Duration, AfterValidator(_positive)] = 1800.0
     hold: Duration = 300.0
 
 
-def _fallback_form(value: Any) -> str:
+def _fallback_form(value: object) -> str:
     if isinstance(value, dict) and "file" in value:
         return "<both>" if "configmap" in value else "<file>"
     return "<configmap>"
 
 
-def _both_forms(value: Any) -> Any:
+def _both_forms(value: object) -> object:
     raise problem("give configmap (a Kubernetes ConfigMap's key) or file (a knobs file per workload, off "
                   "Kubernetes), not both", "file")
 
 
 FallbackParams = Annotated[
     Annotated[DependencyFallbackParams, variant("configmap")] | Annotated[KnobsFileParams, variant("file")]
-    | Annotated[Any, AfterValidator(_both_forms), variant("both")],
+    | Annotated[object, AfterValidator(_both_forms), variant("both")],
     Discriminator(_fallback_form)]
 """``dependency_fallback``'s params: the ConfigMap form, or the knobs-file form (``file:`` given)."""
-
-
-def _label_name(value: str) -> str:
-    if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", value):
-        raise ValueError(f"{show(value)} is not a label name")
-    return value
-
-
-class LabelWorkloadReference(ConfigModel):
-    """``workload: {from: workload}``: the workload the trigger's ``workload`` label names (``cmd:NAME``,
-    ``unit:NAME.service``, ``Kind/NAME``); no pod lookup, no default."""
-
-    from_: Literal["workload"] = Field(alias="from")
-    workload_label: Annotated[str, AfterValidator(_label_name)] = "workload"
-
-
-def _label_workload_form(value: Any) -> str:
-    return "<workload>" if isinstance(value, dict) and "from" in value else "<other>"
-
-
-def _not_a_label_workload(value: Any) -> Any:
-    raise ValueError(f"must be {{from: workload}}, not {show(value)}: a knobs file is named by the trigger's workload "
-                     "label, never by a name written here")
-
-
-LabelWorkloadValue = Annotated[
-    Annotated[LabelWorkloadReference, variant("workload")]
-    | Annotated[Any, AfterValidator(_not_a_label_workload), variant("other")],
-    Discriminator(_label_workload_form)]
-"""``target.workload`` of a rule (only a knobs-file fallback takes one)."""
 
 
 def target_problem(target: TargetModel, on_file: bool, slo_trigger: bool) -> PydanticCustomError | None:
@@ -212,7 +183,8 @@ def workload_name(label: str, value: str) -> tuple[str, str]:
     return name, ""
 
 
-def resolve(params: dict[str, Any], labels: dict[str, str], workload_label: str = "workload") -> tuple[dict[str, str], str]:
+def resolve(params: KnobsFileParams, labels: Mapping[str, str],
+            workload_label: str = "workload") -> tuple[dict[str, str], str]:
     """The target of a knobs-file fallback from the trigger's labels: ``workload`` (the label as the
     trigger wrote it), ``name``, ``file``, and ``namespace`` when the trigger names one; or the reason
     there is none."""
@@ -220,7 +192,7 @@ def resolve(params: dict[str, Any], labels: dict[str, str], workload_label: str 
     name, why = workload_name(workload_label, value)
     if why:
         return {}, why
-    target = {"workload": value, "name": name, "file": os.path.join(params["file"]["dir"], f"{name}.yaml")}
+    target = {"workload": value, "name": name, "file": os.path.join(params.file.dir, f"{name}.yaml")}
     if labels.get("namespace"):
         target["namespace"] = str(labels["namespace"])
     for k in ("node", "gpu", "npu", "chip"):     # where ``LOCAL_CPUS`` is looked up
@@ -235,10 +207,8 @@ topology collector's ``local_cpus`` for its PCI device): ``knobs: {cpu_affinity:
 moves a feeder running on the far socket next to its GPU."""
 
 
-def local_cpus(store: Any, target: dict[str, str]) -> tuple[list[int] | None, str]:
+def local_cpus(store: StoreReader, target: Mapping[str, str]) -> tuple[list[int] | None, str]:
     """The local CPUs of the trigger's GPU on its node, from the stored topology; (None, why) when unknown."""
-    from triscope.core.cpulist import parse_cpulist
-
     node, gpu = target.get("node"), target.get("gpu")
     if not node or not gpu:
         return None, "the trigger names no node and GPU, so no accelerator's local CPUs"
@@ -257,7 +227,7 @@ def local_cpus(store: Any, target: dict[str, str]) -> tuple[list[int] | None, st
     return None, f"the kernel gives no local CPUs for GPU {gpu} ({bus}) of node {node}"
 
 
-def target_key(target: dict[str, str]) -> tuple[str, str]:
+def target_key(target: Mapping[str, str]) -> tuple[str, str]:
     """(key for cooldowns, the breaker and active fallbacks; description)."""
     return f"{KEY_PREFIX}{target['file']}", f"knobs file {target['file']} (workload {target['workload']})"
 
@@ -348,52 +318,48 @@ def _remove(path: Path) -> None:
     _fsync_dir(path.parent)
 
 
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def render(rule: str, decision_id: int | None, until: float, name: str, knobs: dict[str, Any]) -> bytes:
+def render(rule: str, decision_id: int | None, until: float, name: str, knobs: Mapping[str, object]) -> bytes:
     """The file: the engine's ownership as a comment (the service ignores comments), then the document."""
     head = (f"# triscope fallback: rule={rule} decision={decision_id if decision_id is not None else '-'} "
-            f"until={_iso(until)}\n"
+            f"until={format_rfc3339(until)}\n"
             "# written by the remediation engine; put back (or removed) when the fallback ends, unless changed since\n")
     body = yaml.safe_dump({"version": 1, "kind": "fallback", "workload": name, "knobs": dict(knobs)},
                           sort_keys=False, default_flow_style=False, allow_unicode=False)
     return (head + body).encode("utf-8")
 
 
-def _knobs_text(knobs: dict[str, Any]) -> str:
+def _knobs_text(knobs: Mapping[str, object]) -> str:
     return ", ".join(f"{k}={json.dumps(v)}" for k, v in knobs.items())
 
 
 # ---------------------------------------------------------------------------------------------- switch
-def switch(ctx: ActionContext) -> ActionResult:
+def switch(ctx: ActionContext[KnobsFileParams]) -> ActionResult:
     """Write the fallback knobs to the workload's file (the row first, then the file)."""
     p = ctx.params
-    path = Path(ctx.target["file"])
-    ttl = float(p["ttl"])
+    path = Path(ctx.names["file"])
+    ttl = p.ttl
     now = ctx.decided_ts if ctx.decided_ts is not None else time.time()
     expires = now + ttl
-    resp: dict[str, Any] = {"path": str(path), "knobs": dict(p["knobs"]), "expires_at": _iso(expires)}
+    resp: dict[str, object] = {"path": str(path), "knobs": dict(p.knobs), "expires_at": format_rfc3339(expires)}
     with _lock(path):
-        existing = audit.active_fallbacks(ctx.store, ctx.target_key)
+        existing = audit.active_fallbacks(ctx.store, ctx.target.key)
         if not ctx.dry_run:   # a dry-run fallback changed nothing: it does not stand in a live one's way
             existing = [fb for fb in existing if not fb.dry_run]
         resume = bool(existing) and ctx.resumed and existing[0].rule == ctx.rule_name \
             and abs(existing[0].switched_at - now) < 1e-3
         if existing and not resume:
             fb = existing[0]
-            return ActionResult("suppressed", f"fallback {path} already active since {_iso(fb.switched_at)} "
+            return ActionResult("suppressed", f"fallback {path} already active since {format_rfc3339(fb.switched_at)} "
                                 f"(rule {fb.rule})", {**resp, "fallback_id": fb.id}, rail="live_state")
         # the trigger's GPU's local CPUs, after the check above: an active fallback is not re-resolved
-        knobs = dict(p["knobs"])
+        knobs = dict(p.knobs)
         for k, v in knobs.items():
             if v == LOCAL_CPUS:
-                cpus, why = local_cpus(ctx.store, ctx.target)
+                cpus, why = local_cpus(ctx.store, ctx.names)
                 if cpus is None:
                     return ActionResult("failed", f"knob {k}: {why}", {**resp, "knob": k})
                 knobs[k] = cpus
-        data = render(ctx.rule_name, ctx.decision_id, expires, ctx.target["name"], knobs)
+        data = render(ctx.rule_name, ctx.decision_id, expires, ctx.names["name"], knobs)
         digest = sha256(data)
         resp.update(sha256=digest, knobs=knobs)
         if resume:
@@ -406,31 +372,31 @@ def switch(ctx: ActionContext) -> ActionResult:
         except OSError as e:
             return ActionResult("failed", f"cannot read {path}: {e.strerror or e}", resp)
         resp["previous"] = {"exists": cur is not None, **({"sha256": sha256(cur)} if cur is not None else {})}
-        fid = audit.add_fallback(
-            ctx.store, rule=ctx.rule_name, target_key=ctx.target_key, namespace=ctx.target.get("namespace", ""),
+        fid = audit.add_fallback(ctx.store, audit.FallbackRow(
+            rule=ctx.rule_name, target_key=ctx.target.key, namespace=ctx.names.get("namespace", ""),
             configmap=str(path), key=FILE_KEY, value=digest,
             previous_value=cur.decode("utf-8") if cur is not None else None,
             trigger_key=ctx.episode or ctx.trigger_key, dry_run=ctx.dry_run, switched_at=now, expires_at=expires,
-            hold_s=float(p["hold"]), clear_since=None, state="active", reverted_at=None, revert_reason="")
+            hold_s=p.hold))
         resp["fallback_id"] = fid
         if ctx.dry_run:
             return ActionResult("dry_run", f"would write {path} (knobs {_knobs_text(knobs)}) for {ttl:g}s", resp)
-        return _write(ctx, fid, path, data, resp, f"wrote {path} (knobs {_knobs_text(knobs)}) until {_iso(expires)}")
+        return _write(ctx, fid, path, data, resp, f"wrote {path} (knobs {_knobs_text(knobs)}) until {format_rfc3339(expires)}")
 
 
-def _write(ctx: ActionContext, fid: int, path: Path, data: bytes, resp: dict[str, Any], reason: str) -> ActionResult:
+def _write(ctx: ActionContext[KnobsFileParams], fid: int, path: Path, data: bytes, resp: dict[str, object],
+           reason: str) -> ActionResult:
     try:
         write_atomically(path, data)
     except OSError as e:
-        audit.update_fallback(ctx.store, fid, state="failed", reverted_at=time.time(),
-                              revert_reason=f"not written: {e.strerror or e}")
+        audit.end_fallback(ctx.store, fid, "failed", time.time(), f"not written: {e.strerror or e}")
         return ActionResult("failed", f"cannot write {path}: {e.strerror or e}", resp)
     ctx.on_issued(time.time())
     return ActionResult("acted", reason, resp, issued_ts=time.time())
 
 
-def _resume(ctx: ActionContext, fb: audit.FallbackRow, path: Path, data: bytes,
-            resp: dict[str, Any]) -> ActionResult:
+def _resume(ctx: ActionContext[KnobsFileParams], fb: audit.FallbackRow, path: Path, data: bytes,
+            resp: dict[str, object]) -> ActionResult:
     """This decision's row is there (the engine stopped after recording it): its file is written, or
     still to write, or someone changed it meanwhile."""
     resp.update(fallback_id=fb.id, resumed=True,
@@ -450,11 +416,10 @@ def _resume(ctx: ActionContext, fb: audit.FallbackRow, path: Path, data: bytes,
     if not changed and (cur.decode("utf-8") if cur is not None else None) != fb.previous_value:
         changed = f"{path} changed while the engine was stopped"
     if changed:
-        audit.update_fallback(ctx.store, fb.id, state="reverted", reverted_at=time.time(),
-                              revert_reason=f"not written: {changed}")
+        audit.end_fallback(ctx.store, fb.id, "reverted", time.time(), f"not written: {changed}")
         return ActionResult("suppressed", f"{changed}: left as is", resp, rail="live_state")
     if sha256(data) != fb.value:
-        audit.update_fallback(ctx.store, fb.id, value=sha256(data))
+        audit.set_fallback_value(ctx.store, fb.id, sha256(data))
     return _write(ctx, fb.id, path, data, resp, f"wrote {path} (the engine stopped before writing it)")
 
 
@@ -464,7 +429,7 @@ def revert(fb: audit.FallbackRow, reason: str) -> ActionResult:
     still holds the bytes the fallback wrote; a file changed since is left as it is."""
     path = Path(fb.configmap)
     what = "restore the previous" if fb.previous_value is not None else "remove"
-    resp: dict[str, Any] = {"path": str(path), "sha256": fb.value, "fallback_id": fb.id, "why": reason,
+    resp: dict[str, object] = {"path": str(path), "sha256": fb.value, "fallback_id": fb.id, "why": reason,
                             "restored": "previous" if fb.previous_value is not None else "removed"}
     if fb.dry_run:
         return ActionResult("dry_run", f"would {what} {path} ({reason})", resp)
@@ -490,6 +455,5 @@ def revert(fb: audit.FallbackRow, reason: str) -> ActionResult:
         return ActionResult("acted", f"restored the previous {path} ({reason})", resp, issued_ts=time.time())
 
 
-__all__ = ["KEY_PREFIX", "FallbackParams", "KnobsFileDir", "KnobsFileParams", "LabelWorkloadReference",
-           "LabelWorkloadValue", "is_file_row", "target_problem", "read_current", "render", "resolve",
-           "revert", "switch", "target_key", "workload_name", "write_atomically"]
+__all__ = ["KEY_PREFIX", "FallbackParams", "KnobsFileDir", "KnobsFileParams", "is_file_row", "target_problem",
+           "read_current", "render", "resolve", "revert", "switch", "target_key", "workload_name", "write_atomically"]

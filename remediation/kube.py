@@ -2,9 +2,12 @@
 
 A small set of verbs (``restart_deployment``, ``rollout_status``, ``cordon``, ``uncordon``,
 ``evict``, ``set_preferred_node``, ``set_configmap_keys``, ``post_event``, ``pod_owner``, leases) over
-the official client, returning plain dicts, and the project's own error types so callers never see
-``ApiException`` or urllib3 errors.  Writes that depend on what was read carry the
-``resourceVersion`` they read, so a concurrent change answers 409 and the verb re-reads and retries.
+the official client, and the project's own error types so callers never see ``ApiException`` or
+urllib3 errors.  The client's untyped JSON stays in this module: objects read come back as typed
+views (``Deployment``, ``Node``, ``ConfigMap``) and verbs answer typed results (``TypedDict``s, so
+an action can put them in its audit response as they are).  Writes that depend on what was read
+carry the ``resourceVersion`` they read, so a concurrent change answers 409 and the verb re-reads
+and tries again (:func:`retry_on_conflict`, the one loop for all of them).
 """
 
 from __future__ import annotations
@@ -16,9 +19,11 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable
-from datetime import UTC, datetime
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NotRequired, TypedDict, TypeVar
+
+from triscope.core.timeparse import format_rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +44,11 @@ MERGE = "application/merge-patch+json"
 class KubeError(Exception):
     """A Kubernetes API call failed; ``status`` is the HTTP status (0: no answer)."""
 
-    def __init__(self, message: str, status: int = 0, reason: str = "", body: Any = None) -> None:
+    def __init__(self, message: str, status: int = 0, reason: str = "", body: object = None) -> None:
         super().__init__(message)
         self.status, self.reason, self.body = status, reason, body
 
-    def answer(self) -> dict[str, Any]:
+    def answer(self) -> ErrorAnswer:
         return {"status": self.status, "reason": self.reason, "message": str(self)}
 
 
@@ -70,7 +75,7 @@ class Forbidden(Unauthorized):
     are those of the refused request, read from the server's message; ``str()`` is one line naming
     them, what the shipped RBAC grants on that resource and what to add."""
 
-    def __init__(self, message: str, status: int = 403, reason: str = "Forbidden", body: Any = None, *,
+    def __init__(self, message: str, status: int = 403, reason: str = "Forbidden", body: object = None, *,
                  verb: str = "", resource: str = "", group: str = "", namespace: str = "", user: str = "") -> None:
         super().__init__(message, status, reason, body)
         self.verb, self.resource, self.group, self.namespace, self.user = verb, resource, group, namespace, user
@@ -97,7 +102,11 @@ class DegradedDeployment(KubeError):
 
 
 class RolloutTimeout(KubeError):
-    pass
+    """The rollout was not complete in time; ``rollout``: where it stood."""
+
+    def __init__(self, message: str, rollout: RolloutStatus) -> None:
+        super().__init__(message, body=rollout)
+        self.rollout = rollout
 
 
 class EvictionBlocked(KubeError):
@@ -109,11 +118,216 @@ class NotOurCordon(KubeError):
 
 
 def _now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return format_rfc3339(time.time())
 
 
-def _micro_now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+T = TypeVar("T")
+
+
+def retry_on_conflict(attempt: Callable[[], T], what: str, *, tries: int = 5,
+                      also: tuple[type[KubeError], ...] = ()) -> T:
+    """``attempt`` (a read-modify-write carrying the ``resourceVersion`` it read) again while it
+    raises ``Conflict`` (409: the object changed between the read and the write) or one of ``also``,
+    at most ``tries`` times; then ``Conflict`` saying ``what`` kept changing."""
+    again: tuple[type[KubeError], ...] = (Conflict, *also)
+    for _ in range(tries):
+        try:
+            return attempt()
+        except again:
+            continue
+    raise Conflict(f"{what} kept changing (409 {tries} times)", status=409)
+
+
+# typed results: what the verbs answer (JSON-able as they are, for the audit row's response) -------------
+class ErrorAnswer(TypedDict):
+    status: int
+    reason: str
+    message: str
+
+
+class DeploymentHealth(TypedDict):
+    desired: int
+    available: int
+    updated: int
+    paused: bool
+    generation: int
+    observed_generation: int
+
+
+class RolloutStatus(DeploymentHealth):
+    complete: bool
+
+
+class RestartResult(TypedDict):
+    restartedAt: str
+    generation: int | None
+    resourceVersion: str | None
+    already: NotRequired[bool]
+
+
+class PreferredNode(TypedDict):
+    preferred_node: str
+    weight: int
+    generation: int | None
+
+
+class EvictionResult(TypedDict):
+    pod: str
+    evicted: bool
+    attempts: int
+    note: NotRequired[str]
+
+
+class CordonResult(TypedDict):
+    node: str
+    result: str                  # cordoned | already_ours | cordoned_by_other | uncordoned | not_cordoned
+    cordoned_by: NotRequired[str | None]
+    note: NotRequired[str]
+
+
+class DeviceTaint(TypedDict, total=False):
+    """One accelerator's entry in a node's ``DEVICE_TAINTS`` annotation."""
+
+    effect: str
+    state: str
+    since: str
+    since_ts: float
+    rule: str
+    untaint_after: float
+    by: str
+
+
+class DeviceTaintResult(TypedDict):
+    node: str
+    accelerator: str
+    result: str                  # tainted | untainted | already_tainted | not_tainted
+    taint: NotRequired[DeviceTaint]
+
+
+class ConfigMapWrite(TypedDict):
+    previous: dict[str, str | None]
+    resourceVersion: str
+    created: bool
+
+
+# typed views of the objects read ------------------------------------------------------------------
+def _str_map(value: Any) -> dict[str, str]:
+    return {str(a): str(b) for a, b in value.items()} if isinstance(value, dict) else {}
+
+
+@dataclass(frozen=True)
+class Toleration:
+    key: str = ""
+    operator: str = "Equal"
+    value: str = ""
+    effect: str = ""
+
+    @classmethod
+    def of(cls, raw: Mapping[str, Any]) -> Toleration:
+        return cls(str(raw.get("key") or ""), str(raw.get("operator") or "Equal"), str(raw.get("value") or ""),
+                   str(raw.get("effect") or ""))
+
+    def tolerates(self, taint: Taint) -> bool:
+        """The Kubernetes scheduler's rule for one toleration and one taint."""
+        if self.effect and self.effect != taint.effect:
+            return False
+        if not self.key:
+            return self.operator == "Exists"
+        return self.key == taint.key and (self.operator == "Exists" or self.value == taint.value)
+
+
+@dataclass(frozen=True)
+class Taint:
+    key: str
+    value: str = ""
+    effect: str = ""
+
+    @classmethod
+    def of(cls, raw: Mapping[str, Any]) -> Taint:
+        return cls(str(raw.get("key") or ""), str(raw.get("value") or ""), str(raw.get("effect") or ""))
+
+    def __str__(self) -> str:
+        return f"{self.key}{'=' + self.value if self.value else ''}:{self.effect}"
+
+
+@dataclass(frozen=True)
+class Node:
+    """A Node as the actions read it."""
+
+    name: str
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    unschedulable: bool = False
+    ready: bool = True
+    taints: tuple[Taint, ...] = ()
+    device_taints: dict[str, DeviceTaint] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, raw: Mapping[str, Any]) -> Node:
+        meta = raw.get("metadata") or {}
+        ready = True
+        for c in (raw.get("status") or {}).get("conditions") or []:
+            if c.get("type") == "Ready":
+                ready = c.get("status") == "True"
+                break
+        return cls(str(meta.get("name") or ""), _str_map(meta.get("labels")), _str_map(meta.get("annotations")),
+                   bool((raw.get("spec") or {}).get("unschedulable")), ready,
+                   tuple(Taint.of(t) for t in node_taints(raw)), device_taints(raw))
+
+    @property
+    def control_plane(self) -> bool:
+        """A control-plane node: the ``node-role.kubernetes.io/control-plane`` (or ``master``) label or taint."""
+        return any(k in self.labels for k in CONTROL_PLANE_KEYS) or any(t.key in CONTROL_PLANE_KEYS for t in self.taints)
+
+    @property
+    def cordoned_by(self) -> str | None:
+        return self.annotations.get(CORDONED_BY)
+
+    def untolerated(self, tolerations: tuple[Toleration, ...]) -> list[str]:
+        """The NoSchedule / NoExecute taints ``tolerations`` do not tolerate, as ``key=value:Effect``."""
+        return [str(t) for t in self.taints
+                if t.effect in BLOCKING_EFFECTS and not any(tol.tolerates(t) for tol in tolerations)]
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """A Deployment as the actions read it: its health, its pod template's scheduling constraints."""
+
+    namespace: str
+    name: str
+    health: DeploymentHealth
+    replicas: int                                   # status.replicas: every pod, old and new
+    resource_version: str
+    restarted_at: str | None                        # the pod template's RESTARTED_AT annotation
+    match_labels: dict[str, str]
+    node_selector: dict[str, str]
+    tolerations: tuple[Toleration, ...]
+
+    @classmethod
+    def of(cls, raw: Mapping[str, Any]) -> Deployment:
+        meta, spec, st = raw.get("metadata") or {}, raw.get("spec") or {}, raw.get("status") or {}
+        tmpl = spec.get("template") or {}
+        pod = tmpl.get("spec") or {}
+        desired = int(spec["replicas"]) if spec.get("replicas") is not None else 1
+        health: DeploymentHealth = {
+            "desired": desired, "available": int(st.get("availableReplicas") or 0),
+            "updated": int(st.get("updatedReplicas") or 0), "paused": bool(spec.get("paused")),
+            "generation": int(meta.get("generation") or 0), "observed_generation": int(st.get("observedGeneration") or 0)}
+        tmpl_ann = (tmpl.get("metadata") or {}).get("annotations") or {}
+        return cls(str(meta.get("namespace") or ""), str(meta.get("name") or ""), health, int(st.get("replicas") or 0),
+                   str(meta.get("resourceVersion") or ""), tmpl_ann.get(RESTARTED_AT),
+                   _str_map((spec.get("selector") or {}).get("matchLabels")), _str_map(pod.get("nodeSelector")),
+                   tuple(Toleration.of(t) for t in pod.get("tolerations") or []))
+
+
+@dataclass(frozen=True)
+class ConfigMap:
+    data: dict[str, str]
+    annotations: dict[str, str]
+
+    @classmethod
+    def of(cls, raw: Mapping[str, Any]) -> ConfigMap:
+        return cls(_str_map(raw.get("data")), _str_map((raw.get("metadata") or {}).get("annotations")))
 
 
 # RBAC: what the shipped manifests grant the engine, to say what is missing when the API refuses ----------
@@ -138,7 +352,7 @@ _FORBIDDEN = re.compile(r'User "(?P<user>[^"]*)" cannot (?P<verb>\S+) resource "
                         r'"(?P<group>[^"]*)"(?: in the namespace "(?P<ns>[^"]*)"| at the cluster scope)')
 
 
-def forbidden_explained(message: str, body: Any = None) -> Forbidden:
+def forbidden_explained(message: str, body: object = None) -> Forbidden:
     """A 403 as one line: the refused verb and resource, where, for whom, what the shipped RBAC grants
     on that resource, and what to add."""
     m = _FORBIDDEN.search(message or "")
@@ -175,42 +389,48 @@ def forbidden_explained(message: str, body: Any = None) -> Forbidden:
 
 
 # nodes, taints, tolerations: what the scheduler would do ------------------------------------------
-def node_labels(node: dict[str, Any]) -> dict[str, str]:
+def node_labels(node: Mapping[str, Any]) -> dict[str, str]:
     return dict((node.get("metadata") or {}).get("labels") or {})
 
 
-def node_taints(node: dict[str, Any]) -> list[dict[str, Any]]:
+def node_taints(node: Mapping[str, Any]) -> list[dict[str, Any]]:
     return list((node.get("spec") or {}).get("taints") or [])
 
 
 def is_control_plane(node: dict[str, Any]) -> bool:
-    """A control-plane node: the ``node-role.kubernetes.io/control-plane`` (or ``master``) label or taint."""
-    labels = node_labels(node)
-    return any(k in labels for k in CONTROL_PLANE_KEYS) or any(
-        t.get("key") in CONTROL_PLANE_KEYS for t in node_taints(node))
+    """A control-plane node (a Node's JSON): see :attr:`Node.control_plane`."""
+    return Node.of(node).control_plane
 
 
 def tolerates(tolerations: list[dict[str, Any]], taint: dict[str, Any]) -> bool:
     """Does one of ``tolerations`` tolerate ``taint`` (the rules of the Kubernetes scheduler)?"""
-    for t in tolerations or []:
-        if t.get("effect") and t.get("effect") != taint.get("effect"):
-            continue
-        op = t.get("operator") or "Equal"
-        if not t.get("key"):
-            if op == "Exists":
-                return True
-            continue
-        if t.get("key") != taint.get("key"):
-            continue
-        if op == "Exists" or (t.get("value") or "") == (taint.get("value") or ""):
-            return True
-    return False
+    t = Taint.of(taint)
+    return any(Toleration.of(tol).tolerates(t) for tol in tolerations or [])
 
 
-def untolerated_taints(node: dict[str, Any], tolerations: list[dict[str, Any]]) -> list[str]:
-    """The node's NoSchedule / NoExecute taints that ``tolerations`` do not tolerate, as ``key=value:Effect``."""
-    return [f"{t.get('key')}{'=' + t['value'] if t.get('value') else ''}:{t.get('effect')}"
-            for t in node_taints(node) if t.get("effect") in BLOCKING_EFFECTS and not tolerates(tolerations, t)]
+def device_taints(node: Mapping[str, Any]) -> dict[str, DeviceTaint]:
+    """The devices of a Node (its JSON) triscope tainted: its ``DEVICE_TAINTS`` annotation ({} when none
+    or unreadable)."""
+    raw = ((node.get("metadata") or {}).get("annotations") or {}).get(DEVICE_TAINTS)
+    try:
+        got = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}
+    if not isinstance(got, dict):
+        return {}
+    return {str(a): _device_taint(v) for a, v in got.items() if isinstance(v, dict)}
+
+
+def _device_taint(v: dict[str, Any]) -> DeviceTaint:
+    def text(key: str) -> str:
+        return v[key] if isinstance(v.get(key), str) else ""
+
+    def number(key: str) -> float:
+        x = v.get(key)
+        return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else 0.0
+
+    return {"effect": text("effect"), "state": text("state"), "since": text("since"), "since_ts": number("since_ts"),
+            "rule": text("rule"), "untaint_after": number("untaint_after"), "by": text("by")}
 
 
 def controller_of(obj: dict[str, Any]) -> tuple[str, str] | None:
@@ -222,10 +442,20 @@ def controller_of(obj: dict[str, Any]) -> tuple[str, str] | None:
     return None if ref is None else (str(ref["kind"]), str(ref["name"]))
 
 
+def _apply(into: dict[str, Any], changes: Mapping[str, str | None]) -> None:
+    """Set each key of ``changes`` in ``into``; ``None`` removes it."""
+    for k, v in changes.items():
+        if v is None:
+            into.pop(k, None)
+        else:
+            into[k] = v
+
+
 class KubeAdapter:
     """Verbs over one API server.  Build it with :meth:`connect`."""
 
     def __init__(self, api_client: Any, *, describe: str = "") -> None:
+        # lazy: the client costs ~0.2 s to import, and an engine without an API never needs it
         from kubernetes import client
 
         self._api = api_client
@@ -243,7 +473,7 @@ class KubeAdapter:
                 context: str | None = None, in_cluster: bool = False, verify_ssl: bool = True,
                 ca_file: str | None = None) -> KubeAdapter:
         """An adapter for ``url`` (+ bearer ``token``), a kubeconfig file, or the in-cluster service account."""
-        from kubernetes import client, config
+        from kubernetes import client, config  # lazy: see __init__
 
         cfg = client.Configuration()
         try:
@@ -290,7 +520,7 @@ class KubeAdapter:
 
     # plumbing --------------------------------------------------------------------------------------
     def _call(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
-        from kubernetes.client.exceptions import ApiException
+        from kubernetes.client.exceptions import ApiException  # lazy: see __init__
 
         try:
             resp = fn(*args, _preload_content=False, _request_timeout=self.timeout, **kw)
@@ -336,20 +566,11 @@ class KubeAdapter:
         return cls(f"{status} {reason or e.reason}: {message}", status=status, reason=reason, body=body)
 
     # deployments -----------------------------------------------------------------------------------
-    def get_deployment(self, namespace: str, name: str) -> dict[str, Any]:
-        return self._call(self.apps.read_namespaced_deployment, name, namespace)
-
-    @staticmethod
-    def deployment_health(dep: dict[str, Any]) -> dict[str, int | bool]:
-        spec, st = dep.get("spec", {}), dep.get("status", {}) or {}
-        desired = int(spec.get("replicas", 1) if spec.get("replicas") is not None else 1)
-        return {"desired": desired, "available": int(st.get("availableReplicas") or 0),
-                "updated": int(st.get("updatedReplicas") or 0), "paused": bool(spec.get("paused")),
-                "generation": int(dep.get("metadata", {}).get("generation") or 0),
-                "observed_generation": int(st.get("observedGeneration") or 0)}
+    def get_deployment(self, namespace: str, name: str) -> Deployment:
+        return Deployment.of(self._call(self.apps.read_namespaced_deployment, name, namespace))
 
     def restart_deployment(self, namespace: str, name: str, *, stamp: str | None = None,
-                           allow_degraded: bool = False) -> dict[str, Any]:
+                           allow_degraded: bool = False) -> RestartResult:
         """``kubectl rollout restart``: stamp the pod template's ``restartedAt`` annotation.
 
         Re-reads the live object first and refuses a paused Deployment or one already below its
@@ -359,14 +580,12 @@ class KubeAdapter:
         engine that crashed after the patch and re-runs it): nothing is written again
         (``"already": True``), so the same decision never starts a second rollout.
         """
-        for _ in range(3):
+        def attempt() -> RestartResult:
             dep = self.get_deployment(namespace, name)
-            tmpl_ann = ((dep.get("spec", {}).get("template") or {}).get("metadata") or {}).get("annotations") or {}
-            if stamp is not None and tmpl_ann.get(RESTARTED_AT) == stamp:
-                return {"restartedAt": stamp, "already": True,
-                        "generation": dep.get("metadata", {}).get("generation"),
-                        "resourceVersion": dep.get("metadata", {}).get("resourceVersion")}
-            h = self.deployment_health(dep)
+            h = dep.health
+            if stamp is not None and dep.restarted_at == stamp:
+                return {"restartedAt": stamp, "already": True, "generation": h["generation"],
+                        "resourceVersion": dep.resource_version}
             if h["paused"]:
                 raise PausedDeployment(f"deployment {namespace}/{name} is paused: not restarting it")
             if not allow_degraded and h["available"] < h["desired"]:
@@ -374,40 +593,36 @@ class KubeAdapter:
                     f"deployment {namespace}/{name} has {h['available']}/{h['desired']} available replicas: "
                     "not restarting a workload that is already degraded")
             value = stamp or _now_rfc3339()
-            patch = {"metadata": {"resourceVersion": dep["metadata"]["resourceVersion"]},
+            patch = {"metadata": {"resourceVersion": dep.resource_version},
                      "spec": {"template": {"metadata": {"annotations": {RESTARTED_AT: value}}}}}
-            try:
-                out = self._call(self.apps.patch_namespaced_deployment, name, namespace, patch, _content_type=SMP)
-            except Conflict:
-                continue
-            return {"restartedAt": value, "generation": out.get("metadata", {}).get("generation"),
-                    "resourceVersion": out.get("metadata", {}).get("resourceVersion")}
-        raise Conflict(f"deployment {namespace}/{name} kept changing while restarting it", status=409)
+            out = self._call(self.apps.patch_namespaced_deployment, name, namespace, patch, _content_type=SMP)
+            meta = out.get("metadata", {})
+            return {"restartedAt": value, "generation": meta.get("generation"),
+                    "resourceVersion": meta.get("resourceVersion")}
+
+        return retry_on_conflict(attempt, f"deployment {namespace}/{name} (restarting it)", tries=3)
 
     def rollout_status(self, namespace: str, name: str, *, generation: int | None = None, timeout: float = 300.0,
-                       poll: float = 0.5, stop: Callable[[], bool] | None = None) -> dict[str, Any]:
+                       poll: float = 0.5, stop: Callable[[], bool] | None = None) -> RolloutStatus:
         """Follow a rollout the way ``kubectl rollout status`` does, until complete or ``timeout``."""
         deadline = time.monotonic() + timeout
-        h: dict[str, Any] = {}
         while True:
             dep = self.get_deployment(namespace, name)
-            h = dict(self.deployment_health(dep))
-            st = dep.get("status", {}) or {}
+            h = dep.health
             gen = generation or h["generation"]
-            total = int(st.get("replicas") or 0)
-            if (h["observed_generation"] >= gen and h["updated"] >= h["desired"] and total <= h["updated"]
-                    and h["available"] >= h["updated"]):
-                h["complete"] = True
-                return h
+            complete = (h["observed_generation"] >= gen and h["updated"] >= h["desired"] and dep.replicas <= h["updated"]
+                        and h["available"] >= h["updated"])
+            status: RolloutStatus = {**h, "complete": complete}
+            if complete:
+                return status
             if time.monotonic() >= deadline or (stop and stop()):
                 raise RolloutTimeout(f"rollout of {namespace}/{name} not complete after {timeout:g}s "
-                                     f"({h['updated']}/{h['desired']} updated, {h['available']} available)",
-                                     body=h)
+                                     f"({h['updated']}/{h['desired']} updated, {h['available']} available)", status)
             time.sleep(poll)
 
-    def set_preferred_node(self, namespace: str, name: str, node: str, weight: int = 100) -> dict[str, Any]:
+    def set_preferred_node(self, namespace: str, name: str, node: str, weight: int = 100) -> PreferredNode:
         """Steer new pods of a Deployment toward ``node`` with a preferred node affinity (keeps other terms)."""
-        dep = self.get_deployment(namespace, name)
+        dep = self._call(self.apps.read_namespaced_deployment, name, namespace)
         aff = dep.get("spec", {}).get("template", {}).get("spec", {}).get("affinity") or {}
         terms = [t for t in (aff.get("nodeAffinity", {}) or {}).get("preferredDuringSchedulingIgnoredDuringExecution", [])
                  or [] if not any(e.get("key") == HOSTNAME_LABEL
@@ -449,21 +664,23 @@ class KubeAdapter:
                 return rs_owner
         return kind, name
 
-    def list_pods(self, namespace: str, *, label_selector: str | None = None, node: str | None = None) -> list[dict[str, Any]]:
+    def pod_names(self, namespace: str, *, label_selector: str | None = None, node: str | None = None) -> list[str]:
+        """The names of the pods of ``namespace`` (matching ``label_selector``, on ``node``)."""
         kw: dict[str, Any] = {}
         if label_selector:
             kw["label_selector"] = label_selector
         if node:
             kw["field_selector"] = f"spec.nodeName={node}"
-        return list(self._call(self.core.list_namespaced_pod, namespace, **kw).get("items", []))
+        items = self._call(self.core.list_namespaced_pod, namespace, **kw).get("items", [])
+        return [str(p["metadata"]["name"]) for p in items]
 
     def evict(self, namespace: str, pod: str, *, timeout: float = 60.0, backoff: float = 0.5,
-              max_backoff: float = 5.0) -> dict[str, Any]:
+              max_backoff: float = 5.0) -> EvictionResult:
         """Evict through the Eviction API; a 429 (PodDisruptionBudget) backs off and retries until ``timeout``.
 
         Never deletes a pod directly.  A pod already gone counts as evicted.
         """
-        from kubernetes import client
+        from kubernetes import client  # lazy: see __init__
 
         body = client.V1Eviction(api_version="policy/v1", kind="Eviction",
                                  metadata=client.V1ObjectMeta(name=pod, namespace=namespace))
@@ -485,49 +702,40 @@ class KubeAdapter:
                 delay = min(max_backoff, delay * 2)
 
     # nodes -----------------------------------------------------------------------------------------
-    def get_node(self, name: str) -> dict[str, Any]:
+    def _node(self, name: str) -> dict[str, Any]:
         return self._call(self.core.read_node, name)
 
-    def list_nodes(self) -> list[dict[str, Any]]:
-        return list(self._call(self.core.list_node).get("items", []))
+    def get_node(self, name: str) -> Node:
+        return Node.of(self._node(name))
 
-    def cordon(self, name: str, *, by: str) -> dict[str, Any]:
+    def list_nodes(self) -> list[Node]:
+        return [Node.of(n) for n in self._call(self.core.list_node).get("items", [])]
+
+    def cordon(self, name: str, *, by: str) -> CordonResult:
         """Mark a node unschedulable, annotated as cordoned by ``by``.
 
         A node someone else already cordoned is left as it is (``cordoned_by_other``).
         """
-        for _ in range(5):
-            node = self.get_node(name)
+        def attempt() -> CordonResult:
+            node = self._node(name)
             ann = node.get("metadata", {}).get("annotations") or {}
             if node.get("spec", {}).get("unschedulable"):
                 return {"node": name, "result": "already_ours" if ann.get(CORDONED_BY) == by else "cordoned_by_other",
                         "cordoned_by": ann.get(CORDONED_BY)}
             node.setdefault("spec", {})["unschedulable"] = True
-            node["metadata"].setdefault("annotations", {})
             node["metadata"]["annotations"] = {**ann, CORDONED_BY: by, CORDONED_AT: _now_rfc3339()}
-            try:
-                self._call(self.core.replace_node, name, node)
-            except Conflict:
-                continue
+            self._call(self.core.replace_node, name, node)
             return {"node": name, "result": "cordoned"}
-        raise Conflict(f"node {name} kept changing while cordoning it", status=409)
 
-    def device_taints(self, node: dict[str, Any]) -> dict[str, dict[str, Any]]:
-        """The devices of ``node`` triscope tainted (its ``DEVICE_TAINTS`` annotation; {} when none or unreadable)."""
-        raw = (node.get("metadata", {}).get("annotations") or {}).get(DEVICE_TAINTS)
-        try:
-            got = json.loads(raw) if raw else {}
-        except ValueError:
-            return {}
-        return {str(a): v for a, v in got.items() if isinstance(v, dict)} if isinstance(got, dict) else {}
+        return retry_on_conflict(attempt, f"node {name} (cordoning it)")
 
-    def set_device_taint(self, name: str, accelerator: str, taint: dict[str, Any] | None) -> dict[str, Any]:
+    def set_device_taint(self, name: str, accelerator: str, taint: DeviceTaint | None) -> DeviceTaintResult:
         """Add (``taint``) or remove (None) one device's entry in the node's ``DEVICE_TAINTS`` annotation;
         read-modify-replace on resourceVersion, retried on a conflict.  The node's own taints, cordon
         and other annotations are left as they are."""
-        for _ in range(5):
-            node = self.get_node(name)
-            taints = self.device_taints(node)
+        def attempt() -> DeviceTaintResult:
+            node = self._node(name)
+            taints = device_taints(node)
             before = taints.get(accelerator)
             if taint is None and before is None:
                 return {"node": name, "accelerator": accelerator, "result": "not_tainted"}
@@ -543,17 +751,15 @@ class KubeAdapter:
             else:
                 ann.pop(DEVICE_TAINTS, None)
             node["metadata"]["annotations"] = ann
-            try:
-                self._call(self.core.replace_node, name, node)
-            except Conflict:
-                continue
+            self._call(self.core.replace_node, name, node)
             return {"node": name, "accelerator": accelerator, "result": "tainted" if taint is not None else "untainted"}
-        raise Conflict(f"node {name} kept changing while setting its device taints", status=409)
 
-    def uncordon(self, name: str, *, by: str) -> dict[str, Any]:
+        return retry_on_conflict(attempt, f"node {name} (setting its device taints)")
+
+    def uncordon(self, name: str, *, by: str) -> CordonResult:
         """Undo our own cordon; never uncordons a node cordoned by someone else."""
-        for _ in range(5):
-            node = self.get_node(name)
+        def attempt() -> CordonResult:
+            node = self._node(name)
             ann = dict(node.get("metadata", {}).get("annotations") or {})
             if not node.get("spec", {}).get("unschedulable"):
                 return {"node": name, "result": "not_cordoned"}
@@ -564,71 +770,62 @@ class KubeAdapter:
             ann.pop(CORDONED_BY, None)
             ann.pop(CORDONED_AT, None)
             node["metadata"]["annotations"] = ann
-            try:
-                self._call(self.core.replace_node, name, node)
-            except Conflict:
-                continue
+            self._call(self.core.replace_node, name, node)
             return {"node": name, "result": "uncordoned"}
-        raise Conflict(f"node {name} kept changing while uncordoning it", status=409)
+
+        return retry_on_conflict(attempt, f"node {name} (uncordoning it)")
 
     # configmaps ------------------------------------------------------------------------------------
-    def get_configmap(self, namespace: str, name: str) -> dict[str, Any]:
-        return self._call(self.core.read_namespaced_config_map, name, namespace)
+    def get_configmap(self, namespace: str, name: str) -> ConfigMap:
+        return ConfigMap.of(self._call(self.core.read_namespaced_config_map, name, namespace))
 
     def set_configmap_keys(self, namespace: str, name: str, data: dict[str, str | None],
                            annotations: dict[str, str | None] | None = None, *, create: bool = True,
-                           previous_annotation: str | None = None) -> dict[str, Any]:
+                           previous_annotation: str | None = None) -> ConfigMapWrite:
         """Set (or with ``None`` remove) keys of a ConfigMap; read-modify-replace with resourceVersion, retried on 409.
 
         Returns ``previous`` (the old values of those keys) and the new ``resourceVersion``.  With
         ``previous_annotation``, the old values (JSON) are also written to that annotation, from the
-        same read as the write, so whoever finds the change later knows what to restore.
+        same read as the write, so whoever finds the change later knows what to restore.  A ConfigMap
+        that does not exist is created (``create``); one created meanwhile by someone else is read again.
         """
-        for _ in range(8):
+        def attempt() -> ConfigMapWrite:
             try:
-                cm = self.get_configmap(namespace, name)
+                cm = self._call(self.core.read_namespaced_config_map, name, namespace)
             except NotFound:
                 if not create:
                     raise
-                ann0 = {k: v for k, v in (annotations or {}).items() if v is not None}
-                if previous_annotation:
-                    ann0[previous_annotation] = json.dumps({k: None for k in data}, sort_keys=True)
-                body = {"apiVersion": "v1", "kind": "ConfigMap",
-                        "metadata": {"name": name, "namespace": namespace, "annotations": ann0},
-                        "data": {k: v for k, v in data.items() if v is not None}}
-                try:
-                    out = self._call(self.core.create_namespaced_config_map, namespace, body)
-                except AlreadyExists:
-                    continue
-                return {"previous": {k: None for k in data}, "resourceVersion": out["metadata"]["resourceVersion"],
-                        "created": True}
+                return self._create_configmap(namespace, name, data, annotations, previous_annotation)
             cur = dict(cm.get("data") or {})
             previous = {k: cur.get(k) for k in data}
-            for k, v in data.items():
-                if v is None:
-                    cur.pop(k, None)
-                else:
-                    cur[k] = v
+            _apply(cur, data)
             ann = dict(cm.get("metadata", {}).get("annotations") or {})
-            for k, v in (annotations or {}).items():
-                if v is None:
-                    ann.pop(k, None)
-                else:
-                    ann[k] = v
+            _apply(ann, annotations or {})
             if previous_annotation:
                 ann[previous_annotation] = json.dumps(previous, sort_keys=True)
             cm["data"] = cur
             cm["metadata"]["annotations"] = ann
-            try:
-                out = self._call(self.core.replace_namespaced_config_map, name, namespace, cm)
-            except Conflict:
-                continue
+            out = self._call(self.core.replace_namespaced_config_map, name, namespace, cm)
             return {"previous": previous, "resourceVersion": out["metadata"]["resourceVersion"], "created": False}
-        raise Conflict(f"configmap {namespace}/{name} kept changing (409) while updating it", status=409)
+
+        return retry_on_conflict(attempt, f"configmap {namespace}/{name} (updating it)", tries=8,
+                                 also=(AlreadyExists,))
+
+    def _create_configmap(self, namespace: str, name: str, data: dict[str, str | None],
+                          annotations: dict[str, str | None] | None, previous_annotation: str | None) -> ConfigMapWrite:
+        ann0 = {k: v for k, v in (annotations or {}).items() if v is not None}
+        if previous_annotation:
+            ann0[previous_annotation] = json.dumps({k: None for k in data}, sort_keys=True)
+        body = {"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": name, "namespace": namespace, "annotations": ann0},
+                "data": {k: v for k, v in data.items() if v is not None}}
+        out = self._call(self.core.create_namespaced_config_map, namespace, body)
+        return {"previous": {k: None for k in data}, "resourceVersion": out["metadata"]["resourceVersion"],
+                "created": True}
 
     # events ----------------------------------------------------------------------------------------
     def post_event(self, namespace: str, involved: dict[str, str], *, reason: str, message: str,
-                   type_: str = "Normal", component: str = "triscope-remediation") -> dict[str, Any]:
+                   type_: str = "Normal", component: str = "triscope-remediation") -> None:
         """A core/v1 Event about ``involved`` (kind, name, namespace, apiVersion)."""
         now = _now_rfc3339()
         body = {"apiVersion": "v1", "kind": "Event",
@@ -636,7 +833,7 @@ class KubeAdapter:
                 "involvedObject": involved, "reason": reason, "message": message[:1024], "type": type_,
                 "source": {"component": component}, "reportingComponent": component,
                 "reportingInstance": os.uname().nodename, "firstTimestamp": now, "lastTimestamp": now, "count": 1}
-        return self._call(self.core.create_namespaced_event, namespace, body)
+        self._call(self.core.create_namespaced_event, namespace, body)
 
     # leases ----------------------------------------------------------------------------------------
     def get_lease(self, namespace: str, name: str) -> dict[str, Any]:
@@ -652,4 +849,4 @@ class KubeAdapter:
 
     @staticmethod
     def micro_time() -> str:
-        return _micro_now()
+        return format_rfc3339(time.time(), micro=True)

@@ -14,9 +14,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from datetime import UTC, datetime
 from typing import Any
 
+from triscope.core.timeparse import TimeParseError, parse_rfc3339
 from triscope.remediation import kube as k
 
 log = logging.getLogger(__name__)
@@ -26,8 +26,8 @@ def _parse_micro(v: str | None) -> float | None:
     if not v:
         return None
     try:
-        return datetime.fromisoformat(v.replace("Z", "+00:00")).timestamp()
-    except ValueError:
+        return parse_rfc3339(v)
+    except TimeParseError:
         return None
 
 
@@ -112,4 +112,4 @@ class LeaderElector:
         self._valid_until = 0.0
 
 
-__all__ = ["LeaderElector", "datetime", "UTC"]
+__all__ = ["LeaderElector"]

@@ -15,12 +15,14 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Discriminator, Field, PlainValidator, ValidationInfo, model_validator
 
+from triscope.analysis.slo import load_slo_file
 from triscope.core import yamlsafe
 from triscope.core.configfile import (
     ConfigFileError,
@@ -35,28 +37,26 @@ from triscope.core.configfile import (
 from triscope.core.configfile import validate as validate_config
 from triscope.core.durations import Duration
 from triscope.core.labels import Matcher
+from triscope.core.metrics import spec
 from triscope.remediation.actions import (
-    PER_WORKLOAD,
     CommandParams,
     DependencyFallbackParams,
     IsolateAcceleratorParams,
-    KubeName,
     RescheduleParams,
     RollingRestartParams,
 )
-from triscope.remediation.filefallback import (
-    FallbackParams,
-    KnobsFileParams,
-    LabelWorkloadReference,
-    LabelWorkloadValue,
-)
+from triscope.remediation.filefallback import FallbackParams, KnobsFileParams
 from triscope.remediation.filefallback import target_problem as knobs_file_target_problem
-from triscope.remediation.settings import (
-    Settings,
-    SettingsModel,
+from triscope.remediation.settings import Settings, SettingsModel
+from triscope.remediation.targets import (
+    PER_WORKLOAD,
+    QUIET_STATES,
+    TargetField,
+    TargetModel,
+    TargetReference,
     Text,
+    WorkloadReference,
 )
-from triscope.remediation.workloads import QUIET_STATES
 
 ACTIONS = ("rolling_restart", "dependency_fallback", "reschedule", "isolate_accelerator", "command")
 TRIGGER_KINDS = ("alert", "metric", "mismatch", "slo", "xid")
@@ -68,7 +68,6 @@ ACTION_TARGETS: dict[str, tuple[str, ...]] = {
     "isolate_accelerator": ("node",),        # + the accelerator the trigger names (resolve_rule_target)
     "command": (),
 }
-TARGET_FIELDS = ("namespace", "deployment", "node", "workload")   # workload: a knobs file's (filefallback.py)
 # states of the per-accelerator verdict (docs/workloads.md section 2); the quiet ones never trigger
 MISMATCH_STATES = ("idle", "demand-limited", "compute-bound", "balanced", "io-saturated", "staging-bound",
                    "network-bound")
@@ -80,17 +79,18 @@ def metric_scope(metric: str) -> str:
     """``accelerator`` (a catalogued metric with a ``gpu``, ``npu`` or ``workload`` label: it fires for
     one accelerator or workload), ``node`` (a catalogued metric with none: node-wide, it names no
     workload) or ``application`` (not in the catalogue: a scraped application's own metric)."""
-    from triscope.core.metrics import spec
-
     sp = spec(metric)
     if sp is None:
         return "application"
     return "accelerator" if any(lab in sp.labels for lab in _ACCELERATOR_LABELS) else "node"
+
+
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9_.-]{0,126}[a-z0-9])?$")
 _MATCHER = re.compile(r"^\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*\"?(.*?)\"?\s*$")
 _METRIC = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-OPS = {">": lambda a, b: a > b, ">=": lambda a, b: a >= b, "<": lambda a, b: a < b, "<=": lambda a, b: a <= b,
-       "==": lambda a, b: a == b, "!=": lambda a, b: a != b}
+OPS: dict[str, Callable[[float, float], bool]] = {
+    ">": lambda a, b: a > b, ">=": lambda a, b: a >= b, "<": lambda a, b: a < b, "<=": lambda a, b: a <= b,
+    "==": lambda a, b: a == b, "!=": lambda a, b: a != b}
 
 
 class PolicyError(ConfigFileError):
@@ -131,14 +131,11 @@ class Trigger:
         return f"XID {','.join(map(str, self.xid_codes))} within {self.within_s:g}s"
 
 
-@dataclass(frozen=True)
-class TargetField:
-    literal: str | None = None
-    label: str | None = None
-    default: str | None = None
-    from_workload: bool = False          # deployment: {from: workload}: the trigger's workload (remediation/workloads.py)
-    workload_label: str = "workload"     # ... read from these labels of the trigger
-    pod_label: str = "pod"
+ActionParams = (RollingRestartParams | DependencyFallbackParams | KnobsFileParams | RescheduleParams
+                | IsolateAcceleratorParams | CommandParams)
+"""A rule's params: its action's validated model (a knobs-file fallback's is ``KnobsFileParams``)."""
+_ACTION_PARAMS = (RollingRestartParams, DependencyFallbackParams, KnobsFileParams, RescheduleParams,
+                  IsolateAcceleratorParams, CommandParams)
 
 
 @dataclass(frozen=True)
@@ -147,7 +144,7 @@ class Rule:
     trigger: Trigger
     action: str
     target: dict[str, TargetField]
-    params: dict[str, Any]
+    params: ActionParams
     cooldown_s: float = 600.0
     max_actions: int = 6
     per_s: float = 3600.0
@@ -162,7 +159,7 @@ class Rule:
     @property
     def knobs_file(self) -> bool:
         """A ``dependency_fallback`` off Kubernetes: a knobs file, not a ConfigMap (``filefallback``)."""
-        return self.action == "dependency_fallback" and bool(self.params.get("file"))
+        return isinstance(self.params, KnobsFileParams)
 
 
 @dataclass(frozen=True)
@@ -229,34 +226,6 @@ def _xid_codes(value: Any) -> tuple[int, ...]:
 
 def _labels(value: Any) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(str_map(value, what="label").items()))
-
-
-def _target_form(value: Any) -> str:
-    return "<name>" if isinstance(value, str) else "<reference>" if isinstance(value, dict) else "<other>"
-
-
-def _workload_form(value: Any) -> str:
-    if isinstance(value, dict) and "from" in value:
-        return "<workload>"
-    return _target_form(value)
-
-
-def _not_a_target(value: Any) -> Any:
-    raise ValueError(f"must be a name or {{label: LABEL, default: NAME}}, not {show(value)}")
-
-
-def _not_a_workload_target(value: Any) -> Any:
-    raise ValueError(f"must be a name or {{label: LABEL, default: NAME}}, not {show(value)} (for a deployment: a "
-                     "name, {label: LABEL} or {from: workload}; never a default)")
-
-
-def _label_name(value: str) -> str:
-    if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", value):
-        raise ValueError(f"{show(value)} is not a label name")
-    return value
-
-
-LabelName = Annotated[str, AfterValidator(_label_name)]
 
 
 # the file: triggers ------------------------------------------------------------------------------
@@ -352,53 +321,6 @@ TriggerModel = Annotated[
 
 
 # the file: rules ---------------------------------------------------------------------------------
-class TargetReference(ConfigModel):
-    label: Text
-    default: KubeName | None = None
-
-
-class WorkloadReference(ConfigModel):
-    """``deployment: {from: workload}``: the workload the trigger names: its ``workload`` label
-    (``Deployment/NAME``), else its ``pod`` label resolved through ownerReferences."""
-
-    from_: Literal["workload"] = Field(alias="from")
-    workload_label: LabelName = "workload"
-    pod_label: LabelName = "pod"
-
-
-TargetValue = Annotated[
-    Annotated[KubeName, variant("name")] | Annotated[TargetReference, variant("reference")]
-    | Annotated[Any, AfterValidator(_not_a_target), variant("other")],
-    Discriminator(_target_form)]
-
-WorkloadTargetValue = Annotated[
-    Annotated[KubeName, variant("name")] | Annotated[TargetReference, variant("reference")]
-    | Annotated[WorkloadReference, variant("workload")]
-    | Annotated[Any, AfterValidator(_not_a_workload_target), variant("other")],
-    Discriminator(_workload_form)]
-
-
-class TargetModel(ConfigModel):
-    namespace: TargetValue | None = None
-    deployment: WorkloadTargetValue | None = None
-    node: TargetValue | None = None
-    workload: LabelWorkloadValue | None = None
-
-    def fields(self) -> dict[str, TargetField]:
-        out = {}
-        for name in TARGET_FIELDS:
-            v = getattr(self, name)
-            if isinstance(v, str):
-                out[name] = TargetField(literal=v)
-            elif isinstance(v, TargetReference):
-                out[name] = TargetField(label=v.label, default=v.default)
-            elif isinstance(v, WorkloadReference):
-                out[name] = TargetField(from_workload=True, workload_label=v.workload_label, pod_label=v.pod_label)
-            elif isinstance(v, LabelWorkloadReference):
-                out[name] = TargetField(from_workload=True, workload_label=v.workload_label, pod_label="")
-        return out
-
-
 class LimitsModel(ConfigModel):
     cooldown: Duration = 600.0
     max_actions: Annotated[int, Field(ge=1)] = 6
@@ -509,7 +431,9 @@ class _RuleModel(ConfigModel):
                           "the trigger did not name (leave the default out)", "target", "namespace", "default")
 
     def to_rule(self, slo_file: str, line: int) -> Rule:
-        params = self.params.model_dump() if isinstance(self.params, ConfigModel) else {}
+        params = self.params
+        if not isinstance(params, _ACTION_PARAMS):   # an unknown action never validates
+            raise TypeError(f"rule {self.name}: no params model for action {self.action!r}")
         return Rule(name=self.name, trigger=self.trigger.to_trigger(slo_file), action=self.action,
                     target=self.target.fields(), params=params, cooldown_s=self.limits.cooldown,
                     max_actions=self.limits.max_actions, per_s=max(1.0, self.limits.per), dry_run=self.dry_run,
@@ -646,10 +570,6 @@ def _slo_file(value: str | None, doc: yamlsafe.Document) -> tuple[str, dict[str,
             else path.resolve()
     if not path.is_file():
         raise fail(doc, at, f"{value!r}: no such file ({path})", PolicyError)
-    try:
-        from triscope.analysis.slo import load_slo_file
-    except ImportError:
-        return str(path), None
     try:
         specs = load_slo_file(path)
     except Exception as e:  # noqa: BLE001 - the SLO file's own one-line error, under the policy's line

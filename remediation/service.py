@@ -9,19 +9,24 @@ asked, serve the Alertmanager webhook; :class:`EngineHandle` stops all of it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+import os
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from sqlalchemy.exc import OperationalError
 
 from triscope.remediation import kube as k
 from triscope.remediation.engine import DEFAULT_POLICY, Engine
 from triscope.remediation.leader import LeaderElector
 from triscope.remediation.policy import Policy, load_policy
+from triscope.remediation.webhook import serve
+from triscope.store.api import Store
+from triscope.store.db import error_line
 from triscope.web.auth import WebConfig
 from triscope.web.loopback import is_loopback
-
-if TYPE_CHECKING:
-    from triscope.store.api import Store
 
 log = logging.getLogger("triscope.remediation.engine")
 
@@ -32,8 +37,7 @@ def build_scheduler(engine: Engine) -> Any:
 
     Built here and started by the caller (never at import time, never inside a web worker).
     """
-    from datetime import UTC, datetime
-
+    # lazy: APScheduler's import costs start-up time that only a running engine needs
     from apscheduler.schedulers.background import BackgroundScheduler
 
     s = engine.settings
@@ -68,12 +72,6 @@ def build_scheduler(engine: Engine) -> Any:
 def _db_guarded(job: Any) -> Any:
     """A scheduler job whose database error (the store failing over, unreachable) is one log line and
     a retry at the next run, not a traceback; anything else still propagates to APScheduler's log."""
-    import functools
-
-    from sqlalchemy.exc import OperationalError
-
-    from triscope.store.db import error_line
-
     @functools.wraps(job)
     def run() -> Any:
         try:
@@ -120,8 +118,6 @@ def start(store: Store, policy: Policy, *, listen: tuple[str, int] | None = None
           max_body: int = 1 << 20, web: WebConfig | None = None) -> EngineHandle:
     """Build and start an engine: leader election, scheduler jobs and (with ``listen``) the webhook
     (over TLS with ``web``: ``--web.config.file``)."""
-    from triscope.remediation.webhook import serve
-
     if kube is None:
         kube = kube_from_settings(policy)
     le = policy.settings.leader_election
@@ -151,10 +147,6 @@ def start_embedded(store_url: str, policy_path: str | Path | None = None,
     ``TRISCOPE_WEBHOOK_TOKEN``), except on a loopback address where it runs without auth.
     Returns a handle with ``.stop()``.
     """
-    import os
-
-    from triscope.store import Store
-
     policy = load_policy(policy_path or DEFAULT_POLICY)
     st = Store.open(store_url)
     st.require_schema()

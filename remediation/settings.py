@@ -15,20 +15,11 @@ from pydantic import AfterValidator, Field, PlainValidator, model_validator
 
 from triscope.core.configfile import ConfigModel, problem, show, str_map
 from triscope.core.durations import Duration
-from triscope.remediation.actions import KubeName
+from triscope.remediation.targets import KubeName, Text
 
 _NODE_PATTERN = re.compile(r"^[a-z0-9.*?\[\]!-]{1,253}$")
 _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
-
-
-def _non_empty(value: str) -> str:
-    if not value.strip():
-        raise ValueError("must be a non-empty string")
-    return value
-
-
-Text = Annotated[str, AfterValidator(_non_empty)]
 
 
 def _node_pattern(value: str) -> str:

@@ -14,18 +14,28 @@ always 200) and ``GET /metrics`` (the engine's Prometheus metrics).
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import json
 import logging
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal, NamedTuple, Protocol, cast
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    ValidationError,
+)
 
 from triscope.core.configfile import describe, show
 from triscope.core.textsafe import one_line
+from triscope.core.timeparse import TimeParseError, parse_rfc3339
 from triscope.remediation import metrics
-from triscope.remediation.triggers import parse_rfc3339
 from triscope.web.auth import RELOAD_EVERY, WebConfig
 from triscope.web.httpd import HttpServer, Limits, Request, Response
 
@@ -38,13 +48,13 @@ class PayloadError(ValueError):
     pass
 
 
-def _version(value: Any) -> str:
+def _version(value: object) -> str:
     if str(value) != "4":
         raise ValueError(f"unsupported webhook payload version {show(value, 'an object')} (expected \"4\")")
     return "4"
 
 
-def _alert_list(value: Any) -> Any:
+def _alert_list(value: object) -> object:
     if not isinstance(value, list) or not value:
         raise ValueError("must be a non-empty list")
     if len(value) > MAX_ALERTS:   # before any alert is looked at
@@ -52,10 +62,23 @@ def _alert_list(value: Any) -> Any:
     return value
 
 
-def _rfc3339(value: str) -> str:
-    if len(value) > 64 or parse_rfc3339(value) is None:
-        raise ValueError(f"must be an RFC 3339 time, not {show(value)}")
-    return value
+class AlertTime(NamedTuple):
+    """An alert's ``startsAt``: as Alertmanager wrote it (part of the delivery key) and as epoch seconds."""
+
+    text: str
+    ts: float
+
+
+def _alert_time(value: object) -> AlertTime:
+    """``startsAt``, read once: refused unless it is a string holding an RFC 3339 time (at most 64 characters)."""
+    if not isinstance(value, str):
+        raise ValueError(f"must be a string, not {show(value)}")
+    try:
+        if len(value) > 64:
+            raise TimeParseError(value)
+        return AlertTime(value, parse_rfc3339(value))
+    except TimeParseError:
+        raise ValueError(f"must be an RFC 3339 time, not {show(value)}") from None
 
 
 def _has_alertname(labels: dict[str, str]) -> dict[str, str]:
@@ -79,31 +102,48 @@ class WebhookAlert(_Model):
     status: Literal["firing", "resolved"]
     labels: Annotated[Strings, AfterValidator(_has_alertname)]
     annotations: Strings | None = None
-    startsAt: Annotated[str, AfterValidator(_rfc3339)]
+    startsAt: Annotated[AlertTime, PlainValidator(_alert_time)]
+    endsAt: str = ""
+    generatorURL: str = ""
     fingerprint: Annotated[str, Field(max_length=64)] | None = None
 
 
 class WebhookPayload(_Model):
-    """The Alertmanager webhook payload, version 4 (at most ``MAX_ALERTS`` alerts)."""
+    """The Alertmanager webhook payload, version 4 (at most ``MAX_ALERTS`` alerts), as the engine takes it."""
 
-    version: Annotated[Any, AfterValidator(_version)]
+    version: Annotated[str, PlainValidator(_version)]
     groupLabels: Strings | None = None
     commonLabels: Strings | None = None
     commonAnnotations: Strings | None = None
     alerts: Annotated[list[WebhookAlert], BeforeValidator(_alert_list)]
 
 
-def validate_payload(obj: Any) -> dict[str, Any]:
-    """Check an Alertmanager webhook v4 payload (``WebhookPayload``); return it as it came, or raise
+def validate_payload(obj: object) -> WebhookPayload:
+    """An Alertmanager webhook v4 payload (``WebhookPayload``, Alertmanager's other fields ignored), or
     ``PayloadError`` with the first problem, one short line (``alerts[0].status: must be ...``)."""
     if not isinstance(obj, dict):
         raise PayloadError("the body must be a JSON object (Alertmanager webhook payload)")
     try:
-        WebhookPayload.model_validate(obj)
+        return WebhookPayload.model_validate(obj)
     except ValidationError as e:
-        _, where, what = describe(e.errors(include_url=False)[0], mapping="an object")
+        # the one Any on the way: pydantic types each error's offending input as Any (describe reads its place)
+        _, where, what = describe(e.errors(include_url=False)[0], mapping="an object")  # type: ignore[misc]
         raise PayloadError(one_line(f"{where}: {what}" if where else what, 300)) from None
-    return obj
+
+
+class AlertSink(Protocol):
+    """What the webhook hands the alerts to (``triscope.remediation.engine.Engine``)."""
+
+    @property
+    def leader_now(self) -> bool:
+        """Whether this replica may act (it holds the Lease, or runs alone)."""
+        ...
+
+    def submit_alerts(self, payload: WebhookPayload, received_ts: float | None = None) -> tuple[int, int]:
+        ...
+
+    def status(self) -> dict[str, object]:
+        ...
 
 
 MIN_TOKEN_LEN = 16
@@ -137,17 +177,17 @@ class WebhookServer:
     for bursts.  Decisions run on the engine's workers; the request handler only validates and
     records the alerts, on a small pool of its own."""
 
-    def __init__(self, addr: tuple[str, int], engine: Any, token: str | None, max_body: int,
+    def __init__(self, addr: tuple[str, int], engine: AlertSink, token: str | None, max_body: int,
                  limits: Limits | None = None, web: WebConfig | None = None) -> None:
         self.engine = engine
         self.token = normalise_token(token)
         self.max_body = max_body
         lim = limits or WEBHOOK_LIMITS
-        lim = Limits(**{**lim.__dict__, "max_body": max_body})
+        lim = dataclasses.replace(lim, max_body=max_body)
         self.http = HttpServer(addr, self.handle, limits=lim, workers=8, name="remediation-webhook",
                                methods=("GET", "HEAD", "POST"), error=lambda code, msg: _json(code, {"error": msg}),
                                ssl_context=web.ssl_context if web is not None else None,
-                               every=(RELOAD_EVERY, web.refresh) if web is not None and web.tls else None)
+                               every=(RELOAD_EVERY, web.refresh) if web is not None and web.scheme == "https" else None)
         self.server_address = self.http.server_address
         self.scheme = web.scheme if web is not None else "http"
 
@@ -177,7 +217,7 @@ class WebhookServer:
         if ctype not in ("application/json", "text/json", ""):
             return _json(415, {"error": f"Content-Type {one_line(ctype, 80)} is not JSON"})
         try:
-            obj = json.loads(req.body)
+            obj = cast(object, json.loads(req.body))   # any JSON value: validate_payload types it
         except RecursionError:
             return _json(400, {"error": "body is not valid JSON: nested too deeply"})
         except (ValueError, UnicodeDecodeError) as e:
@@ -188,8 +228,7 @@ class WebhookServer:
             return _json(400, {"error": str(e)})
         except RecursionError:
             return _json(400, {"error": "payload nested too deeply"})
-        leader = getattr(self.engine, "leader", None)
-        if leader is not None and not leader.is_leader:
+        if not self.engine.leader_now:
             # a follower must not swallow the delivery: Alertmanager retries, and /readyz keeps the
             # Service pointing at the leader
             return _json(503, {"error": "this engine replica is not the leader; retry"}, headers=[("Retry-After", "1")])
@@ -205,22 +244,19 @@ class WebhookServer:
         if req.path == "/healthz":
             return _json(200, self.engine.status(), head=head)
         if req.path == "/readyz":
-            st = self.engine.status()
-            return _json(200 if st["leader"] else 503, st, head=head)
+            return _json(200 if self.engine.leader_now else 503, self.engine.status(), head=head)
         if req.path == "/metrics":
-            from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
             return Response(200, generate_latest(metrics.REGISTRY), CONTENT_TYPE_LATEST, head=head)
         return _json(404, {"error": f"no such path {one_line(req.path, 200)}; POST /api/v1/alerts"}, head=head)
 
 
-def _json(status: int, payload: dict[str, Any], *, close: bool = False, head: bool = False,
+def _json(status: int, payload: dict[str, object], *, close: bool = False, head: bool = False,
           headers: list[tuple[str, str]] | None = None) -> Response:
     return Response(status, json.dumps(payload).encode(), "application/json", headers=headers or [], close=close,
                     head=head)
 
 
-def serve(engine: Any, host: str, port: int, *, token: str | None, max_body: int = 1 << 20,
+def serve(engine: AlertSink, host: str, port: int, *, token: str | None, max_body: int = 1 << 20,
           web: WebConfig | None = None) -> WebhookServer:
     """Start the webhook on its own thread (TLS with ``web``: ``--web.config.file``); ``shutdown()`` to stop."""
     srv = WebhookServer((host, port), engine, token, max_body, web=web)

@@ -22,16 +22,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from triscope.core.vocabulary import ACCELERATOR_LABELS, QUIET_STATES, WORKLOAD_LABELS  # noqa: F401 - re-exported
 from triscope.remediation import kube as k
+from triscope.remediation.targets import TargetField
 from triscope.store import workloads as wstore
 
 if TYPE_CHECKING:
-    from triscope.remediation.policy import TargetField
     from triscope.store.api import Store
 
 log = logging.getLogger(__name__)
@@ -180,7 +179,7 @@ class WorkloadResolver:
         return done
 
 
-def target_owner(spec: TargetField, labels: dict[str, str], namespace: str, resolver: WorkloadResolver | None,
+def target_owner(spec: TargetField, labels: Mapping[str, str], namespace: str, resolver: WorkloadResolver | None,
                  *, kind: str = "Deployment", now: float | None = None) -> Owner:
     """The workload a ``{from: workload}`` target names, from the trigger's labels (see the module doc)."""
     wl = labels.get(spec.workload_label, "") or ""
@@ -206,15 +205,15 @@ def target_owner(spec: TargetField, labels: dict[str, str], namespace: str, reso
     return owner
 
 
-def pods_in_series(labels_list: Iterable[dict[str, Any]]) -> set[tuple[str, str]]:
+def pods_in_series(labels_list: Iterable[Mapping[str, str]]) -> set[tuple[str, str]]:
     """The (namespace, pod) pairs of per-accelerator series whose workload the agent left to the engine."""
     out = set()
     for lab in labels_list:
-        ns, pod = str(lab.get("namespace") or ""), str(lab.get("pod") or "")
+        ns, pod = lab.get("namespace") or "", lab.get("pod") or ""
         if ns and pod and not lab.get("workload"):
             out.add((ns, pod))
     return out
 
 
-__all__ = ["ACCELERATOR_LABELS", "QUIET_STATES", "WORKLOAD_LABELS", "Owner", "ResolveError", "WorkloadResolver",
+__all__ = ["Owner", "ResolveError", "WorkloadResolver",
            "parse_workload", "pods_in_series", "target_owner"]

@@ -26,10 +26,10 @@ dry-run still shows what a live engine would have done.  The audit rows keep the
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, cast
 
 from sqlalchemy import (
     JSON,
@@ -38,7 +38,6 @@ from sqlalchemy import (
     Index,
     Integer,
     String,
-    Table,
     Text,
     delete,
     func,
@@ -46,7 +45,9 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
+from sqlalchemy.orm import Mapped, MappedAsDataclass, Session, mapped_column
 
 from triscope.store.models import Base
 
@@ -83,8 +84,12 @@ def _seen_keys(key: str, dry_run: bool) -> list[str]:
     return [key[:_KEY_LEN], dry_run_key(key)] if dry_run else [key[:_KEY_LEN]]
 
 
-class RemediationAudit(Base):
-    """One row per decision: acted, dry-run, suppressed (``rail`` says by which), failed."""
+class RemediationAudit(MappedAsDataclass, Base, kw_only=True):
+    """One row per decision: acted, dry-run, suppressed (``rail`` says by which), failed.
+
+    The columns are spelled here only: the engine writes a decision as one of these (built with
+    its keywords, typed: :func:`decide`, :func:`record_decision`), and the reads answer with them
+    (``AuditRow`` is this class; ``as_dict()`` for JSON)."""
 
     __tablename__ = "remediation_audit"
     __table_args__ = (
@@ -93,7 +98,7 @@ class RemediationAudit(Base):
         Index("ix_remediation_audit_target_ts", "target_key", "ts"),
     )
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True, init=False)
     ts: Mapped[float] = mapped_column(Float)
     engine_id: Mapped[str] = mapped_column(String(128), default="")
     rule: Mapped[str] = mapped_column(String(128))
@@ -103,20 +108,27 @@ class RemediationAudit(Base):
     action: Mapped[str] = mapped_column(String(32))
     target: Mapped[str] = mapped_column(String(512), default="")
     target_key: Mapped[str] = mapped_column(String(512), default="")
-    node: Mapped[str | None] = mapped_column(String(253), nullable=True)
-    namespace: Mapped[str | None] = mapped_column(String(253), nullable=True)
+    node: Mapped[str | None] = mapped_column(String(253), nullable=True, default=None)
+    namespace: Mapped[str | None] = mapped_column(String(253), nullable=True, default=None)
     outcome: Mapped[str] = mapped_column(String(16))
-    rail: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    rail: Mapped[str | None] = mapped_column(String(32), nullable=True, default=None)
     reason: Mapped[str] = mapped_column(Text, default="")
     dry_run: Mapped[bool] = mapped_column(Boolean, default=False)
-    params: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    response: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    received_ts: Mapped[float | None] = mapped_column(Float, nullable=True)
-    issued_ts: Mapped[float | None] = mapped_column(Float, nullable=True)
-    finished_ts: Mapped[float | None] = mapped_column(Float, nullable=True)
+    params: Mapped[dict[str, object]] = mapped_column(JSON, default_factory=dict)
+    response: Mapped[dict[str, object]] = mapped_column(JSON, default_factory=dict)
+    received_ts: Mapped[float | None] = mapped_column(Float, nullable=True, default=None)
+    issued_ts: Mapped[float | None] = mapped_column(Float, nullable=True, default=None)
+    finished_ts: Mapped[float | None] = mapped_column(Float, nullable=True, default=None)
+
+    def as_dict(self) -> dict[str, object]:
+        return cast("dict[str, object]", dataclasses.asdict(self))
 
 
-class RemediationCooldown(Base):
+AuditRow = RemediationAudit
+"""An audit row, read or about to be written (its ``id`` is set once stored)."""
+
+
+class RemediationCooldown(MappedAsDataclass, Base, kw_only=True):
     """When each target was last acted on (per target, whatever rule acted)."""
 
     __tablename__ = "remediation_cooldowns"
@@ -126,7 +138,7 @@ class RemediationCooldown(Base):
     last_ts: Mapped[float] = mapped_column(Float)
 
 
-class RemediationDelivery(Base):
+class RemediationDelivery(MappedAsDataclass, Base, kw_only=True):
     """Trigger deliveries already handled (alert fingerprint + startsAt, threshold episodes, XID events)."""
 
     __tablename__ = "remediation_deliveries"
@@ -136,7 +148,7 @@ class RemediationDelivery(Base):
     ts: Mapped[float] = mapped_column(Float)
 
 
-class RemediationInbox(Base):
+class RemediationInbox(MappedAsDataclass, Base, kw_only=True):
     """Triggers accepted (the webhook answered 202, or a stored-data episode was queued) but not decided yet."""
 
     __tablename__ = "remediation_inbox"
@@ -146,29 +158,32 @@ class RemediationInbox(Base):
     ts: Mapped[float] = mapped_column(Float)
     rule: Mapped[str] = mapped_column(String(128))
     kind: Mapped[str] = mapped_column(String(32))
-    event: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    event: Mapped[dict[str, object]] = mapped_column(JSON, default_factory=dict)
 
 
-class RemediationBreaker(Base):
+InboxRow = RemediationInbox
+
+
+class RemediationBreaker(MappedAsDataclass, Base, kw_only=True):
     """The circuit breaker: one row (id 1)."""
 
     __tablename__ = "remediation_breaker"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     state: Mapped[str] = mapped_column(String(8), default="closed")
-    opened_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    opened_at: Mapped[float | None] = mapped_column(Float, nullable=True, default=None)
     reason: Mapped[str] = mapped_column(Text, default="")
-    reset_at: Mapped[float | None] = mapped_column(Float, nullable=True)
-    reset_by: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    reset_at: Mapped[float | None] = mapped_column(Float, nullable=True, default=None)
+    reset_by: Mapped[str | None] = mapped_column(String(128), nullable=True, default=None)
 
 
-class RemediationFallback(Base):
-    """A dependency switched to its fallback mode, until reverted."""
+class RemediationFallback(MappedAsDataclass, Base, kw_only=True):
+    """A dependency switched to its fallback mode, until reverted (``FallbackRow``)."""
 
     __tablename__ = "remediation_fallbacks"
     __table_args__ = (Index("ix_remediation_fallbacks_state", "state"),)
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True, init=False)
     rule: Mapped[str] = mapped_column(String(128))
     target_key: Mapped[str] = mapped_column(String(512))
     namespace: Mapped[str] = mapped_column(String(253))
@@ -181,200 +196,191 @@ class RemediationFallback(Base):
     switched_at: Mapped[float] = mapped_column(Float)
     expires_at: Mapped[float] = mapped_column(Float)
     hold_s: Mapped[float] = mapped_column(Float, default=0.0)
-    clear_since: Mapped[float | None] = mapped_column(Float, nullable=True)
+    clear_since: Mapped[float | None] = mapped_column(Float, nullable=True, default=None)
     state: Mapped[str] = mapped_column(String(16), default="active")
-    reverted_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    reverted_at: Mapped[float | None] = mapped_column(Float, nullable=True, default=None)
     revert_reason: Mapped[str] = mapped_column(Text, default="")
 
 
-_AUDIT = cast(Table, RemediationAudit.__table__)
-_COOL = cast(Table, RemediationCooldown.__table__)
-_DELIV = cast(Table, RemediationDelivery.__table__)
-_BREAKER = cast(Table, RemediationBreaker.__table__)
-_INBOX = cast(Table, RemediationInbox.__table__)
-_FALLBACK = cast(Table, RemediationFallback.__table__)
+FallbackRow = RemediationFallback
+
+_AUDIT_COLUMNS = frozenset(f.name for f in cast("tuple[dataclasses.Field[object], ...]",
+                                                 dataclasses.fields(RemediationAudit))) - {"id"}
+_JSON_DEFAULTS: tuple[tuple[str, object], ...] = (
+    ("params", {}), ("response", {}), ("reason", ""), ("trigger", ""), ("trigger_key", ""), ("target", ""),
+    ("target_key", ""), ("engine_id", ""), ("dry_run", False))
+
+
+def _add(conn: Connection, row: RemediationAudit | RemediationFallback) -> int:
+    """Insert ``row`` inside the caller's transaction; its id."""
+    with Session(conn) as s:
+        s.add(row)
+        s.flush()
+        return row.id
 
 
 # audit -------------------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class AuditRow:
-    id: int
-    ts: float
-    engine_id: str
-    rule: str
-    trigger_kind: str
-    trigger: str
-    trigger_key: str
-    action: str
-    target: str
-    target_key: str
-    node: str | None
-    namespace: str | None
-    outcome: str
-    rail: str | None
-    reason: str
-    dry_run: bool
-    params: dict[str, Any]
-    response: dict[str, Any]
-    received_ts: float | None
-    issued_ts: float | None
-    finished_ts: float | None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {f: getattr(self, f) for f in self.__slots__}
-
-
-def _row_defaults(values: dict[str, Any]) -> dict[str, Any]:
-    values.setdefault("ts", time.time())
-    for k, default in (("params", {}), ("response", {}), ("reason", ""), ("trigger", ""), ("trigger_key", ""),
-                       ("target", ""), ("target_key", ""), ("engine_id", ""), ("dry_run", False)):
-        if values.get(k) is None:
-            values[k] = default
-    return values
-
-
-def _insert_audit(conn: Any, values: dict[str, Any]) -> int:
-    return int(conn.execute(insert(_AUDIT).values(**values)).inserted_primary_key[0])
-
-
-def _stamp_cooldown(conn: Any, target_key: str, rule: str, ts: float) -> None:
-    n = conn.execute(update(_COOL).where(_COOL.c.target_key == target_key).values(rule=rule, last_ts=ts)).rowcount
+def _stamp_cooldown(conn: Connection, target_key: str, rule: str, ts: float) -> None:
+    n = conn.execute(update(RemediationCooldown).where(RemediationCooldown.target_key == target_key)
+                     .values(rule=rule, last_ts=ts)).rowcount
     if not n:
-        conn.execute(insert(_COOL).values(target_key=target_key, rule=rule, last_ts=ts))
+        conn.execute(insert(RemediationCooldown).values(target_key=target_key, rule=rule, last_ts=ts))
 
 
-def record_decision(store: Store, **values: Any) -> int:
-    """Insert one audit row (``ts`` defaults to now); returns its id."""
-    values = _row_defaults(values)
+def _remove_inbox(conn: Connection, key: str) -> None:
+    conn.execute(delete(RemediationInbox).where(RemediationInbox.key == key[:_KEY_LEN]))
+
+
+def record_decision(store: Store, row: AuditRow) -> int:
+    """Insert one audit row; returns its id."""
     with store.engine.begin() as conn:
-        return _insert_audit(conn, values)
+        return _add(conn, row)
 
 
-def import_decisions(store: Store, rows: Sequence[dict[str, Any]]) -> int:
-    """Insert recorded decisions (a trace's, already shifted in time); a row already there (same
-    ``ts``, rule, target and outcome) is skipped, so importing twice adds nothing.  Returns how
-    many were added."""
+def import_decisions(store: Store, rows: Sequence[Mapping[str, object]]) -> int:
+    """Insert recorded decisions (a trace's, already shifted in time: JSON objects with the audit
+    columns); a row already there (same ``ts``, rule, target and outcome) is skipped, so importing
+    twice adds nothing.  Returns how many were added."""
     if not rows:
         return 0
-    lo = min(float(r["ts"]) for r in rows) - 1.0
-    hi = max(float(r["ts"]) for r in rows) + 1.0
+    values: list[dict[str, object]] = []
+    for r in rows:
+        v = {k: x for k, x in r.items() if k in _AUDIT_COLUMNS}
+        for k, default in _JSON_DEFAULTS:
+            if v.get(k) is None:
+                v[k] = default
+        values.append(v)
+    stamps = [_number(v.get("ts")) for v in values]
     with store.engine.begin() as conn:
-        have = {(round(float(r.ts), 3), r.rule, r.target_key, r.outcome)
-                for r in conn.execute(select(_AUDIT.c.ts, _AUDIT.c.rule, _AUDIT.c.target_key, _AUDIT.c.outcome)
-                                      .where(_AUDIT.c.ts >= lo, _AUDIT.c.ts <= hi))}
-        added = 0
-        for r in rows:
-            values = _row_defaults({k: v for k, v in r.items() if k in _AUDIT.c and k != "id"})
-            key = (round(float(values["ts"]), 3), values["rule"], values["target_key"], values["outcome"])
-            if key in have:
-                continue
-            have.add(key)
-            _insert_audit(conn, values)
-            added += 1
-    return added
+        have = {(round(ts, 3), rule, target_key, outcome) for ts, rule, target_key, outcome in conn.execute(
+            select(RemediationAudit.ts, RemediationAudit.rule, RemediationAudit.target_key, RemediationAudit.outcome)
+            .where(RemediationAudit.ts >= min(stamps) - 1.0, RemediationAudit.ts <= max(stamps) + 1.0))}
+        fresh = []
+        for ts, v in zip(stamps, values, strict=True):
+            key = (round(ts, 3), str(v.get("rule")), str(v.get("target_key")), str(v.get("outcome")))
+            if key not in have:
+                have.add(key)
+                fresh.append(v)
+        if fresh:
+            conn.execute(insert(RemediationAudit), fresh)
+    return len(fresh)
 
 
-def decide(store: Store, key: str, values: dict[str, Any], *, stamp_cooldown: bool = False,
+def _texts(values: Iterable[str]) -> list[str]:
+    return list(values)
+
+
+def _number(x: object) -> float:
+    return float(x) if isinstance(x, (int, float, str)) else 0.0
+
+
+def decide(store: Store, key: str, row: AuditRow, *, stamp_cooldown: bool = False,
            open_breaker_reason: str | None = None) -> int | None:
-    """One transaction: claim the delivery ``key``, insert the decision's audit row, stamp the target's
-    cooldown (a decision that goes ahead), open the breaker (a decision that trips it), and remove the
-    key's inbox entry.  Returns the audit id, or None when the key was already claimed (nothing written).
+    """One transaction: claim the delivery ``key``, insert the decision's audit ``row``, stamp the
+    target's cooldown (a decision that goes ahead), open the breaker (a decision that trips it), and
+    remove the key's inbox entry.  Returns the audit id, or None when the key was already claimed
+    (nothing written).
 
-    A dry-run decision (``values["dry_run"]``) claims and stamps dry-run's own keys (:func:`dry_run_key`)
+    A dry-run decision (``row.dry_run``) claims and stamps dry-run's own keys (:func:`dry_run_key`)
     and is also a duplicate when an acting decision claimed ``key``; an acting decision is not stopped
     by a dry-run claim.
     """
-    values = _row_defaults(dict(values))
-    dry = bool(values["dry_run"])
+    dry = row.dry_run
     with store.engine.begin() as conn:
         if dry and _is_claimed(conn, key, False):
             return None
-        if not _claim(conn, _own_key(key, dry), values.get("received_ts") or values["ts"]):
+        if not _claim(conn, _own_key(key, dry), row.received_ts or row.ts):
             return None
-        audit_id = _insert_audit(conn, values)
-        if stamp_cooldown and values.get("target_key"):
-            _stamp_cooldown(conn, _own_key(values["target_key"], dry), values["rule"], values["ts"])
+        audit_id = _add(conn, row)
+        if stamp_cooldown and row.target_key:
+            _stamp_cooldown(conn, _own_key(row.target_key, dry), row.rule, row.ts)
         if open_breaker_reason is not None:
-            _open_breaker(conn, open_breaker_reason, values["ts"])
-        conn.execute(delete(_INBOX).where(_INBOX.c.key == key[:512]))
+            _open_breaker(conn, open_breaker_reason, row.ts)
+        _remove_inbox(conn, key)
     return audit_id
 
 
-def record_duplicate(store: Store, key: str, values: dict[str, Any]) -> int:
+def record_duplicate(store: Store, key: str, row: AuditRow) -> int:
     """The audit row of a delivery already handled, and its inbox entry (a re-delivery's) removed."""
-    values = _row_defaults(dict(values))
     with store.engine.begin() as conn:
-        audit_id = _insert_audit(conn, values)
-        conn.execute(delete(_INBOX).where(_INBOX.c.key == key[:512]))
+        audit_id = _add(conn, row)
+        _remove_inbox(conn, key)
     return audit_id
 
 
-def reserve_action(store: Store, target_key: str, **values: Any) -> int:
-    """One transaction: the audit row of a decision that goes ahead, and the target's cooldown stamp
+def reserve_action(store: Store, row: AuditRow) -> int:
+    """One transaction: the audit row of a decision that goes ahead, and its target's cooldown stamp
     (dry-run's own for a ``dry_run`` decision)."""
-    values = _row_defaults({**values, "target_key": target_key})
     with store.engine.begin() as conn:
-        audit_id = _insert_audit(conn, values)
-        _stamp_cooldown(conn, _own_key(target_key, bool(values["dry_run"])), values["rule"], values["ts"])
+        audit_id = _add(conn, row)
+        _stamp_cooldown(conn, _own_key(row.target_key, row.dry_run), row.rule, row.ts)
     return audit_id
 
 
-def update_decision(store: Store, audit_id: int, **values: Any) -> None:
+def update_decision(store: Store, audit_id: int, *, outcome: str, reason: str | None = None,
+                    rail: str | None = None, response: dict[str, object] | None = None,
+                    issued_ts: float | None = None, finished_ts: float | None = None) -> None:
+    """The final state of a decision's row: its ``outcome``, and each other column given (None: as it was)."""
+    stmt = update(RemediationAudit).where(RemediationAudit.id == audit_id).values(outcome=outcome)
+    if reason is not None:
+        stmt = stmt.values(reason=reason)
+    if rail is not None:
+        stmt = stmt.values(rail=rail)
+    if response is not None:
+        stmt = stmt.values(response=response)
+    if issued_ts is not None:
+        stmt = stmt.values(issued_ts=issued_ts)
+    if finished_ts is not None:
+        stmt = stmt.values(finished_ts=finished_ts)
     with store.engine.begin() as conn:
-        conn.execute(update(_AUDIT).where(_AUDIT.c.id == audit_id).values(**values))
+        conn.execute(stmt)
 
 
 def audit_log(store: Store, since: float | None = None, until: float | None = None, rule: str | None = None,
               outcome: str | Sequence[str] | None = None, limit: int = 500, action: str | None = None,
               target_key: str | None = None, newest_first: bool = True) -> list[AuditRow]:
     """Audit rows in [since, until], optionally one rule / outcome(s) / action / target, newest first."""
-    q = select(_AUDIT)
+    a = RemediationAudit
+    q = select(a)
     if since is not None:
-        q = q.where(_AUDIT.c.ts >= since)
+        q = q.where(a.ts >= since)
     if until is not None:
-        q = q.where(_AUDIT.c.ts <= until)
+        q = q.where(a.ts <= until)
     if rule is not None:
-        q = q.where(_AUDIT.c.rule == rule)
+        q = q.where(a.rule == rule)
     if action is not None:
-        q = q.where(_AUDIT.c.action == action)
+        q = q.where(a.action == action)
     if target_key is not None:
-        q = q.where(_AUDIT.c.target_key == target_key)
+        q = q.where(a.target_key == target_key)
     if outcome is not None:
-        q = q.where(_AUDIT.c.outcome.in_([outcome] if isinstance(outcome, str) else list(outcome)))
-    q = q.order_by(_AUDIT.c.ts.desc() if newest_first else _AUDIT.c.ts, _AUDIT.c.id.desc() if newest_first else _AUDIT.c.id)
-    q = q.limit(limit)
-    with store.engine.connect() as conn:
-        rows = conn.execute(q).mappings().all()
-    out = []
-    for r in rows:
-        d: dict[str, Any] = dict(r)
-        d["params"] = dict(d["params"] or {})
-        d["response"] = dict(d["response"] or {})
-        out.append(AuditRow(**d))
-    return out
+        q = q.where(a.outcome.in_(_texts([outcome] if isinstance(outcome, str) else outcome)))
+    q = q.order_by(a.ts.desc(), a.id.desc()) if newest_first else q.order_by(a.ts, a.id)
+    with Session(store.engine) as s:
+        return list(s.scalars(q.limit(limit)).all())
 
 
 def action_counts(store: Store, since: float | None = None, until: float | None = None) -> dict[tuple[str, str], int]:
     """Number of decisions per (action, outcome) in the window (dashboard summary)."""
-    q = select(_AUDIT.c.action, _AUDIT.c.outcome, func.count()).group_by(_AUDIT.c.action, _AUDIT.c.outcome)
+    a = RemediationAudit
+    q = select(a.action, a.outcome, func.count()).group_by(a.action, a.outcome)
     if since is not None:
-        q = q.where(_AUDIT.c.ts >= since)
+        q = q.where(a.ts >= since)
     if until is not None:
-        q = q.where(_AUDIT.c.ts <= until)
+        q = q.where(a.ts <= until)
     with store.engine.connect() as conn:
-        return {(a, o): int(n) for a, o, n in conn.execute(q)}
+        return {(action, outcome): int(n) for action, outcome, n in conn.execute(q)}
 
 
 def count_decisions(store: Store, since: float, *, rule: str | None = None,
                     outcomes: Iterable[str] = COUNTED, dry_run: bool = False) -> int:
     """Decisions that count against an acting decision's limits since ``since`` (one rule or all);
     ``dry_run``: against a dry-run decision's (dry-run decisions too)."""
-    q = select(func.count()).select_from(_AUDIT).where(_AUDIT.c.ts >= since,
-                                                       _AUDIT.c.outcome.in_(list(outcomes)))
+    a = RemediationAudit
+    q = select(func.count()).select_from(a).where(a.ts >= since, a.outcome.in_(_texts(outcomes)))
     if rule is not None:
-        q = q.where(_AUDIT.c.rule == rule)
+        q = q.where(a.rule == rule)
     if not dry_run:
-        q = q.where(_AUDIT.c.dry_run.is_(False))
+        q = q.where(a.dry_run.is_(False))
     with store.engine.connect() as conn:
         return int(conn.execute(q).scalar_one())
 
@@ -382,23 +388,28 @@ def count_decisions(store: Store, since: float, *, rule: str | None = None,
 def targets_hit(store: Store, since: float, *, dry_run: bool = False) -> tuple[set[str], set[str]]:
     """Distinct (target keys, nodes) acted on (or failed, in progress) since ``since``, by acting
     decisions; ``dry_run``: by dry-run decisions too."""
-    q = (select(_AUDIT.c.target_key, _AUDIT.c.node).distinct()
-         .where(_AUDIT.c.ts >= since, _AUDIT.c.outcome.in_(list(COUNTED))))
+    a = RemediationAudit
+    q = select(a.target_key, a.node).distinct().where(a.ts >= since, a.outcome.in_(_texts(COUNTED)))
     if not dry_run:
-        q = q.where(_AUDIT.c.dry_run.is_(False))
+        q = q.where(a.dry_run.is_(False))
     with store.engine.connect() as conn:
-        rows = conn.execute(q).all()
-    return {r[0] for r in rows if r[0]}, {r[1] for r in rows if r[1]}
+        rows = [(target_key, node) for target_key, node in conn.execute(q)]
+    return {t for t, _ in rows if t}, {n for _, n in rows if n}
 
 
 # cooldowns ---------------------------------------------------------------------------------------
+def _last_action(conn: Connection, target_key: str, dry_run: bool) -> float | None:
+    c = RemediationCooldown
+    v = conn.execute(select(func.max(c.last_ts)).where(c.target_key.in_(_seen_keys(target_key, dry_run)))
+                     ).scalar_one_or_none()
+    return None if v is None else float(v)
+
+
 def last_action(store: Store, target_key: str, *, dry_run: bool = False) -> float | None:
     """When ``target_key`` was last acted on, as an acting decision sees it (acting stamps only) or,
     with ``dry_run``, as a dry-run decision does (the later of the acting and the dry-run stamp)."""
     with store.engine.connect() as conn:
-        v = conn.execute(select(func.max(_COOL.c.last_ts))
-                         .where(_COOL.c.target_key.in_(_seen_keys(target_key, dry_run)))).scalar_one_or_none()
-    return None if v is None else float(v)
+        return _last_action(conn, target_key, dry_run)
 
 
 def set_last_action(store: Store, target_key: str, rule: str, ts: float, *, dry_run: bool = False) -> None:
@@ -408,27 +419,24 @@ def set_last_action(store: Store, target_key: str, rule: str, ts: float, *, dry_
 
 
 # delivery dedupe ---------------------------------------------------------------------------------
-def _insert_ignore_stmt(dialect: str, table: Any, key_cols: list[str]) -> Any:
-    if dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert as pg_insert
-
-        return pg_insert(table).on_conflict_do_nothing(index_elements=key_cols)
-    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-
-    return sqlite_insert(table).on_conflict_do_nothing(index_elements=key_cols)
-
-
-def _claim(conn: Any, key: str, ts: float) -> bool:
-    """Insert the delivery key unless it exists, inside the caller's transaction; True when this call inserted it."""
-    stmt = _insert_ignore_stmt(conn.dialect.name, _DELIV, ["key"]).values(key=key[:512], ts=ts)
+def _insert_ignore(conn: Connection, table: type[RemediationDelivery] | type[RemediationInbox],
+                   ) -> postgresql.Insert | sqlite.Insert:
+    """``INSERT ... ON CONFLICT (key) DO NOTHING`` in the connection's dialect."""
     if conn.dialect.name == "postgresql":
-        # psycopg reports rowcount -1 here: ask for the inserted key back instead
-        return conn.execute(stmt.returning(_DELIV.c.key)).first() is not None
-    return bool(conn.execute(stmt).rowcount)
+        return postgresql.insert(table).on_conflict_do_nothing(index_elements=["key"])
+    return sqlite.insert(table).on_conflict_do_nothing(index_elements=["key"])
 
 
-def _is_claimed(conn: Any, key: str, dry_run: bool) -> bool:
-    return conn.execute(select(_DELIV.c.key).where(_DELIV.c.key.in_(_seen_keys(key, dry_run)))).first() is not None
+def _claim(conn: Connection, key: str, ts: float) -> bool:
+    """Insert the delivery key unless it exists, inside the caller's transaction; True when this call inserted it."""
+    # executemany's and psycopg's rowcount are not reliable: ask for the inserted key back
+    stmt = _insert_ignore(conn, RemediationDelivery).values(key=key[:_KEY_LEN], ts=ts)
+    return conn.execute(stmt.returning(RemediationDelivery.key)).first() is not None
+
+
+def _is_claimed(conn: Connection, key: str, dry_run: bool) -> bool:
+    d = RemediationDelivery
+    return conn.execute(select(d.key).where(d.key.in_(_seen_keys(key, dry_run)))).first() is not None
 
 
 def claim_delivery(store: Store, key: str, ts: float | None = None, *, dry_run: bool = False) -> bool:
@@ -449,47 +457,39 @@ def is_claimed(store: Store, key: str, *, dry_run: bool = False) -> bool:
 def release_delivery(store: Store, key: str, *, dry_run: bool = False) -> None:
     """Forget a delivery (it was claimed but not handled, e.g. this engine lost leadership)."""
     with store.engine.begin() as conn:
-        conn.execute(delete(_DELIV).where(_DELIV.c.key == _own_key(key, dry_run)))
+        conn.execute(delete(RemediationDelivery).where(RemediationDelivery.key == _own_key(key, dry_run)))
 
 
 def prune(store: Store, deliveries_before: float) -> int:
     """Forget deliveries (and undecided inbox entries) older than ``deliveries_before``."""
     with store.engine.begin() as conn:
-        n = int(conn.execute(delete(_DELIV).where(_DELIV.c.ts < deliveries_before)).rowcount or 0)
-        conn.execute(delete(_INBOX).where(_INBOX.c.ts < deliveries_before))
+        n = int(conn.execute(delete(RemediationDelivery).where(RemediationDelivery.ts < deliveries_before)).rowcount
+                or 0)
+        conn.execute(delete(RemediationInbox).where(RemediationInbox.ts < deliveries_before))
     return n
 
 
 # the inbox: triggers accepted, not decided yet ---------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class InboxRow:
-    key: str
-    ts: float
-    rule: str
-    kind: str
-    event: dict[str, Any]
-
-
-def accept_triggers(store: Store, entries: Sequence[dict[str, Any]]) -> int:
-    """Store accepted triggers (``key``, ``ts``, ``rule``, ``kind``, ``event``) in one transaction, each
-    unless its key is already waiting.  When this returns, they survive a crash of the engine."""
+def accept_triggers(store: Store, entries: Sequence[InboxRow]) -> int:
+    """Store accepted triggers in one transaction, each unless its key is already waiting.  When this
+    returns, they survive a crash of the engine."""
     if not entries:
         return 0
-    rows = [{**e, "key": str(e["key"])[:512]} for e in entries]
+    rows = [{"key": e.key[:_KEY_LEN], "ts": e.ts, "rule": e.rule, "kind": e.kind, "event": e.event} for e in entries]
     with store.engine.begin() as conn:
         # executemany's rowcount is not reliable (psycopg): count the keys the INSERT returns
-        res = conn.execute(_insert_ignore_stmt(conn.dialect.name, _INBOX, ["key"]).returning(_INBOX.c.key), rows)
+        res = conn.execute(_insert_ignore(conn, RemediationInbox).returning(RemediationInbox.key), rows)
         return len(res.all())
 
 
 def inbox(store: Store, before: float | None = None, limit: int = 10_000) -> list[InboxRow]:
     """Undecided triggers, oldest first (optionally only those accepted before ``before``)."""
-    q = select(_INBOX).order_by(_INBOX.c.ts, _INBOX.c.key).limit(limit)
+    i = RemediationInbox
+    q = select(i).order_by(i.ts, i.key).limit(limit)
     if before is not None:
-        q = q.where(_INBOX.c.ts < before)
-    with store.engine.connect() as conn:
-        return [InboxRow(r["key"], r["ts"], r["rule"], r["kind"], dict(r["event"] or {}))
-                for r in conn.execute(q).mappings().all()]
+        q = q.where(i.ts < before)
+    with Session(store.engine) as s:
+        return list(s.scalars(q).all())
 
 
 def in_progress(store: Store, limit: int = 10_000) -> list[AuditRow]:
@@ -498,7 +498,7 @@ def in_progress(store: Store, limit: int = 10_000) -> list[AuditRow]:
 
 
 # circuit breaker ---------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class BreakerState:
     state: str
     opened_at: float | None
@@ -511,19 +511,29 @@ class BreakerState:
         return self.state == "open"
 
 
+CLOSED = BreakerState("closed", None, "", None, None)
+
+
+def _breaker_state(conn: Connection) -> BreakerState:
+    b = RemediationBreaker
+    r = conn.execute(select(b.state, b.opened_at, b.reason, b.reset_at, b.reset_by).where(b.id == 1)).first()
+    if r is None:
+        return CLOSED
+    state, opened_at, reason, reset_at, reset_by = r
+    return BreakerState(state, opened_at, reason or "", reset_at, reset_by)
+
+
 def breaker_state(store: Store) -> BreakerState:
     with store.engine.connect() as conn:
-        r = conn.execute(select(_BREAKER).where(_BREAKER.c.id == 1)).mappings().first()
-    if r is None:
-        return BreakerState("closed", None, "", None, None)
-    return BreakerState(r["state"], r["opened_at"], r["reason"] or "", r["reset_at"], r["reset_by"])
+        return _breaker_state(conn)
 
 
-def _open_breaker(conn: Any, reason: str, ts: float) -> None:
-    n = conn.execute(update(_BREAKER).where(_BREAKER.c.id == 1, _BREAKER.c.state != "open")
-                     .values(state="open", opened_at=ts, reason=reason)).rowcount
-    if not n and conn.execute(select(_BREAKER.c.id).where(_BREAKER.c.id == 1)).first() is None:
-        conn.execute(insert(_BREAKER).values(id=1, state="open", opened_at=ts, reason=reason))
+def _open_breaker(conn: Connection, reason: str, ts: float) -> None:
+    b = RemediationBreaker
+    n = conn.execute(update(b).where(b.id == 1, b.state != "open").values(state="open", opened_at=ts, reason=reason)
+                     ).rowcount
+    if not n and conn.execute(select(b.id).where(b.id == 1)).first() is None:
+        conn.execute(insert(b).values(id=1, state="open", opened_at=ts, reason=reason))
 
 
 def open_breaker(store: Store, reason: str, ts: float | None = None) -> None:
@@ -534,58 +544,73 @@ def open_breaker(store: Store, reason: str, ts: float | None = None) -> None:
 def reset_breaker(store: Store, by: str = "operator", ts: float | None = None) -> BreakerState:
     """Close the breaker.  Triggers that started before ``reset_at`` are not replayed."""
     ts = time.time() if ts is None else ts
+    b = RemediationBreaker
     with store.engine.begin() as conn:
-        n = conn.execute(update(_BREAKER).where(_BREAKER.c.id == 1)
-                         .values(state="closed", reset_at=ts, reset_by=by)).rowcount
+        n = conn.execute(update(b).where(b.id == 1).values(state="closed", reset_at=ts, reset_by=by)).rowcount
         if not n:
-            conn.execute(insert(_BREAKER).values(id=1, state="closed", reason="", reset_at=ts, reset_by=by))
+            conn.execute(insert(b).values(id=1, state="closed", reason="", reset_at=ts, reset_by=by))
     return breaker_state(store)
 
 
+# what one decision reads -------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True, slots=True)
+class DecisionState:
+    """What one decision reads of the store, in one go: whether its delivery was claimed, the breaker,
+    and its target's last action (cooldown)."""
+
+    claimed: bool
+    breaker: BreakerState
+    last_action: float | None
+
+
+def decision_state(store: Store, key: str, target_key: str | None, *, dry_run: bool = False) -> DecisionState:
+    """:func:`is_claimed`, :func:`breaker_state` and :func:`last_action` (``target_key`` None: none) on
+    one connection."""
+    with store.engine.connect() as conn:
+        return DecisionState(_is_claimed(conn, key, dry_run), _breaker_state(conn),
+                             None if target_key is None else _last_action(conn, target_key, dry_run))
+
+
 # dependency fallbacks ----------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class FallbackRow:
-    id: int
-    rule: str
-    target_key: str
-    namespace: str
-    configmap: str
-    key: str
-    value: str
-    previous_value: str | None
-    trigger_key: str
-    dry_run: bool
-    switched_at: float
-    expires_at: float
-    hold_s: float
-    clear_since: float | None
-    state: str
-    reverted_at: float | None
-    revert_reason: str
-
-
-def add_fallback(store: Store, **values: Any) -> int:
+def add_fallback(store: Store, row: FallbackRow) -> int:
     with store.engine.begin() as conn:
-        return int(conn.execute(insert(_FALLBACK).values(**values)).inserted_primary_key[0])  # type: ignore[index]
+        return _add(conn, row)
 
 
 def active_fallbacks(store: Store, target_key: str | None = None) -> list[FallbackRow]:
-    q = select(_FALLBACK).where(_FALLBACK.c.state == "active").order_by(_FALLBACK.c.id)
+    f = RemediationFallback
+    q = select(f).where(f.state == "active").order_by(f.id)
     if target_key is not None:
-        q = q.where(_FALLBACK.c.target_key == target_key)
-    with store.engine.connect() as conn:
-        return [FallbackRow(**r) for r in conn.execute(q).mappings().all()]
+        q = q.where(f.target_key == target_key)
+    with Session(store.engine) as s:
+        return list(s.scalars(q).all())
 
 
 def fallbacks(store: Store, limit: int = 200) -> list[FallbackRow]:
-    with store.engine.connect() as conn:
-        rows = conn.execute(select(_FALLBACK).order_by(_FALLBACK.c.id.desc()).limit(limit)).mappings().all()
-    return [FallbackRow(**r) for r in rows]
+    f = RemediationFallback
+    with Session(store.engine) as s:
+        return list(s.scalars(select(f).order_by(f.id.desc()).limit(limit)).all())
 
 
-def update_fallback(store: Store, fallback_id: int, **values: Any) -> None:
+def set_fallback_clear(store: Store, fallback_id: int, since: float | None) -> None:
+    """When the fallback's trigger was first seen clear (None: it holds again)."""
+    f = RemediationFallback
     with store.engine.begin() as conn:
-        conn.execute(update(_FALLBACK).where(_FALLBACK.c.id == fallback_id).values(**values))
+        conn.execute(update(f).where(f.id == fallback_id).values(clear_since=since))
+
+
+def end_fallback(store: Store, fallback_id: int, state: str, at: float, reason: str) -> None:
+    """The fallback is over: ``reverted``, or ``failed`` (never switched)."""
+    f = RemediationFallback
+    with store.engine.begin() as conn:
+        conn.execute(update(f).where(f.id == fallback_id).values(state=state, reverted_at=at, revert_reason=reason))
+
+
+def set_fallback_value(store: Store, fallback_id: int, value: str) -> None:
+    """What the fallback wrote (a knobs file's SHA-256, rendered again after a restart)."""
+    f = RemediationFallback
+    with store.engine.begin() as conn:
+        conn.execute(update(f).where(f.id == fallback_id).values(value=value))
 
 
 # the counted decisions of the recent past, in memory ---------------------------------------------
@@ -641,10 +666,13 @@ class DecisionWindow:
         self.dry = _Counted()
 
     def load(self, store: Store, now: float) -> None:
-        self.__init__(self.horizon_s)  # type: ignore[misc]
-        rows = audit_log(store, since=now - self.horizon_s, outcome=COUNTED, limit=10_000_000, newest_first=False)
-        for r in rows:
-            self.add(r.rule, r.target_key, r.node, r.ts, dry_run=r.dry_run)
+        self.acting, self.dry = _Counted(), _Counted()
+        a = RemediationAudit
+        q = (select(a.rule, a.target_key, a.node, a.ts, a.dry_run)
+             .where(a.ts >= now - self.horizon_s, a.outcome.in_(_texts(COUNTED))).order_by(a.ts, a.id))
+        with store.engine.connect() as conn:
+            for rule, target_key, node, ts, dry_run in conn.execute(q):
+                self.add(rule, target_key, node, ts, dry_run=dry_run)
 
     def add(self, rule: str, target_key: str, node: str | None, ts: float, *, dry_run: bool = False) -> None:
         (self.dry if dry_run else self.acting).add(rule, target_key, node, ts)

@@ -100,14 +100,15 @@ def seed_demo(store: Store, end: float, phase_s: int = 120, cycles: int = 2, wit
         store.write_ticks(H200, batch)
     out[H200] = (start, end)
     try:  # the remediation engine's audit log, when its tables exist
-        from triscope.store.audit import record_decision
+        from triscope.store.audit import AuditRow, record_decision
 
         for k, (outcome, rail) in enumerate((("dry_run", None), ("suppressed", "cooldown"))):
-            record_decision(store, ts=start + span * 0.6 + 30 * k, rule="gpu-xid-restart", trigger_kind="xid",
-                            trigger="XID 79 on gpu 0", action="rolling_restart", target="inference/llm-server",
-                            target_key="deployment/inference/llm-server", node=H200, namespace="inference",
-                            outcome=outcome, rail=rail, dry_run=True,
-                            reason="XID 79 (GPU fell off the bus)" + (": target in cooldown" if rail else ""))
+            record_decision(store, AuditRow(
+                ts=start + span * 0.6 + 30 * k, rule="gpu-xid-restart", trigger_kind="xid",
+                trigger="XID 79 on gpu 0", action="rolling_restart", target="inference/llm-server",
+                target_key="deployment/inference/llm-server", node=H200, namespace="inference",
+                outcome=outcome, rail=rail, dry_run=True,
+                reason="XID 79 (GPU fell off the bus)" + (": target in cooldown" if rail else "")))
     except Exception:  # noqa: BLE001 - no audit table in this store: the events above stand in
         pass
 

@@ -839,3 +839,10 @@ def alert_payload(alerts: list[dict[str, Any]], status: str = "firing") -> dict[
     return {"version": "4", "groupKey": "{}:{alertname=\"x\"}", "truncatedAlerts": 0, "status": status,
             "receiver": "triscope", "groupLabels": {}, "commonLabels": {}, "commonAnnotations": {},
             "externalURL": "http://alertmanager", "alerts": out}
+
+
+def webhook_payload(alerts: list[dict[str, Any]], status: str = "firing") -> Any:
+    """``alert_payload`` as the engine takes it: validated by the webhook's model (``WebhookPayload``)."""
+    from triscope.remediation.webhook import validate_payload
+
+    return validate_payload(alert_payload(alerts, status))

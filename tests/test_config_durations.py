@@ -93,7 +93,7 @@ def test_a_week_and_compounds_work_in_a_policy() -> None:
                        "p.yaml")
     r = pol.rule("r1")
     assert r.cooldown_s == 604800 and r.per_s == 129600 and r.trigger.for_s == 5400
-    assert r.params["timeout"] == 0.5
+    assert r.params.model_dump()["timeout"] == 0.5
     s = pol.settings
     assert s.evaluate_interval_s == 90 and s.dedupe_retention_s == 1209600 and s.breaker.window_s == 1800
     # the forms of the shipped example and of the tests still read the same

@@ -75,7 +75,7 @@ def test_each_action_template_is_valid() -> None:
     for action, rule in RULES.items():
         r = parse_policy(policy_text(rule, SETTINGS), "p.yaml").rule("r")
         assert r.action == action
-        assert set(r.params) == set(ACTION_PARAMS[action].model_fields), action
+        assert isinstance(r.params, ACTION_PARAMS[action]), action   # the validated model itself
 
 
 @pytest.mark.parametrize("action, old, new, line, reason", [

@@ -1,5 +1,5 @@
 """The Alertmanager webhook payload as a pydantic model (``WebhookPayload``): what it accepts
-(Alertmanager's real payload, passed through untouched) and the one short line each refusal gives
+(Alertmanager's real payload, read into the model the engine takes) and the one short line each refusal gives
 (the HTTP 400 body; the HTTP side is in test_remediation_webhook / test_faults_webhook)."""
 
 from __future__ import annotations
@@ -15,16 +15,21 @@ from triscope.remediation.webhook import MAX_ALERTS, PayloadError, validate_payl
 GOOD = alert_payload([{"labels": {"alertname": "Storm", "node": "n1"}, "annotations": {"summary": "s"}}])
 
 
-def test_a_real_payload_is_returned_as_it_came() -> None:
+def test_a_real_payload_is_read_into_the_model() -> None:
     body = copy.deepcopy(GOOD)
-    body["someFutureField"] = {"nested": [1, 2]}            # a newer Alertmanager may send more
+    body["someFutureField"] = {"nested": [1, 2]}            # a newer Alertmanager may send more: ignored
     body["alerts"][0]["endsAt"] = "0001-01-01T00:00:00Z"
-    assert validate_payload(body) is body and body["someFutureField"] == {"nested": [1, 2]}
+    p = validate_payload(body)
+    a = p.alerts[0]
+    assert (a.status, a.labels, a.endsAt, a.generatorURL) == ("firing", {"alertname": "Storm", "node": "n1"},
+                                                              "0001-01-01T00:00:00Z", "http://prometheus/graph")
+    # startsAt is read once, here: as Alertmanager wrote it (the delivery key) and as epoch seconds (nanoseconds cut)
+    assert a.startsAt.text == "2026-11-29T18:00:00.123456789Z" and a.startsAt.ts == 1795975200.123456
     body["version"] = 4                                       # a number is read as "4" too
-    assert validate_payload(body) is body
+    assert validate_payload(body).version == "4"
     many = copy.deepcopy(GOOD)
     many["alerts"] = many["alerts"] * MAX_ALERTS
-    assert validate_payload(many) is many
+    assert len(validate_payload(many).alerts) == MAX_ALERTS
 
 
 def change(path: tuple[Any, ...], value: Any) -> dict[str, Any]:

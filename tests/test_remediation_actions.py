@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_server import BASE_SETTINGS, KubeTestServer, alert_payload, open_store, policy_text
+from kube_server import BASE_SETTINGS, KubeTestServer, open_store, policy_text, webhook_payload
 
 from triscope.core.samples import EventRecord, Sample, Tick
 from triscope.remediation import kube as k
@@ -58,7 +58,7 @@ def test_rolling_restart_follows_rollout_and_records_everywhere(store: Any, srv:
     target: {namespace: {label: namespace}, deployment: {label: deployment}}
     params: {timeout: 10s}
 """)
-    eng.submit_alerts(alert_payload([{"labels": {"alertname": "Storm", "namespace": "inference", "deployment": "web",
+    eng.submit_alerts(webhook_payload([{"labels": {"alertname": "Storm", "namespace": "inference", "deployment": "web",
                                                  "node": "node-a"}}]))
     assert eng.drain(20)
     eng.close()
@@ -87,7 +87,7 @@ def test_rolling_restart_timeout_is_failed(store: Any, srv: KubeTestServer) -> N
     target: {namespace: inference, deployment: web}
     params: {timeout: 1s}
 """)
-    eng.submit_alerts(alert_payload([{"labels": {"alertname": "Storm"}}]))
+    eng.submit_alerts(webhook_payload([{"labels": {"alertname": "Storm"}}]))
     assert eng.drain(20)
     eng.close()
     row = audit.audit_log(store)[0]
@@ -106,14 +106,14 @@ def test_dependency_fallback_switch_and_revert_after_hold(store: Any, srv: KubeT
     srv.put("configmaps", {"metadata": {"name": "deps", "namespace": "inference"}, "data": {"mode": "normal", "x": "1"}})
     eng = engine(store, srv, FALLBACK.format(ttl="1h", hold="1s"))
     alert = {"labels": {"alertname": "DepSlow"}, "fingerprint": "fp1", "startsAt": "2099-01-01T00:00:00Z"}
-    eng.submit_alerts(alert_payload([alert]))
+    eng.submit_alerts(webhook_payload([alert]))
     assert eng.drain()
     cm = srv.get("configmaps", "inference", "deps")
     assert cm["data"] == {"mode": "fallback", "x": "1"}
     assert cm["metadata"]["annotations"]["triscope.io/fallback-rule"] == "fb"
     assert "triscope.io/fallback-expires-at" in cm["metadata"]["annotations"]
     assert eng.revert_fallbacks() == 0  # still firing: no revert
-    eng.submit_alerts(alert_payload([alert], status="resolved"))
+    eng.submit_alerts(webhook_payload([alert], status="resolved"))
     assert eng.drain()
     assert eng.revert_fallbacks() == 0  # clear, but not for the hold period yet
     time.sleep(1.1)
@@ -141,7 +141,7 @@ def test_dependency_fallback_ttl_revert_and_conflict_retry(store: Any, srv: Kube
         return orig(res, ns, name, body)
 
     srv._replace = racing_replace  # type: ignore[method-assign]
-    eng.submit_alerts(alert_payload([{"labels": {"alertname": "DepSlow"}}]))
+    eng.submit_alerts(webhook_payload([{"labels": {"alertname": "DepSlow"}}]))
     assert eng.drain()
     codes = [r.method for r in srv.calls("PUT", "/configmaps/deps")]
     assert len(codes) == 2  # one conflict, one success
@@ -244,7 +244,7 @@ def test_command_action_fixed_argv_and_timeout(store: Any, srv: KubeTestServer, 
     action: command
     params: {{argv: [sleep, "30"], timeout: 0.5s}}
 """)
-    eng.submit_alerts(alert_payload([{"labels": {"alertname": "Host", "node": "h1", "extra": "; rm -rf /"}},
+    eng.submit_alerts(webhook_payload([{"labels": {"alertname": "Host", "node": "h1", "extra": "; rm -rf /"}},
                                      {"labels": {"alertname": "Hang"}}]))
     assert eng.drain(20)
     eng.close()
@@ -366,9 +366,12 @@ def test_fallback_on_mismatch_state_reverts_when_state_clears(store: Any, srv: K
     assert eng.evaluate_triggers(t0 + 10) == 1
     assert eng.drain()
     assert srv.get("configmaps", "inference", "deps")["data"] == {"web.mode": "fallback"}   # that workload's key only
-    # the state clears: the hold period starts at the first evaluation that sees it clear
-    store.write_ticks("gpu-1", [Tick(t0 + 10 + i, [Sample("triscope_mismatch_state", 0.0, {"state": "network-bound", "gpu": "0", **wl})])
-                                for i in range(6)], rollup=False)
+    # the state clears (the verdict is another state now): the hold period starts at the first evaluation
+    # that sees it clear
+    store.write_ticks("gpu-1", [Tick(t0 + 10 + i, [
+        Sample("triscope_mismatch_state", 0.0, {"state": "network-bound", "gpu": "0", **wl}),
+        Sample("triscope_mismatch_state", 1.0, {"state": "balanced", "gpu": "0", **wl})]) for i in range(6)],
+        rollup=False)
     assert eng.evaluate_triggers(t0 + 15) == 0
     assert audit.active_fallbacks(store)[0].clear_since == pytest.approx(t0 + 15)
     assert eng.revert_fallbacks(t0 + 16) == 0  # clear for 1 s < hold 3 s
@@ -389,7 +392,7 @@ def test_cli_audit_lists_decisions(store: Any, srv: KubeTestServer, db_url: str)
     action: command
     params: {argv: ["true"]}
 """, dry_run=True)
-    eng.submit_alerts(alert_payload([{"labels": {"alertname": "A"}}]))
+    eng.submit_alerts(webhook_payload([{"labels": {"alertname": "A"}}]))
     assert eng.drain()
     eng.close()
     res = subprocess.run([sys.executable, "-m", "triscope", "remediate", "audit", "--db", db_url, "--json"],

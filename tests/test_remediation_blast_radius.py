@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kube_server import BASE_SETTINGS, KubeTestServer, alert_payload, open_store, policy_text
+from kube_server import BASE_SETTINGS, KubeTestServer, open_store, policy_text, webhook_payload
 
 from triscope.core.samples import Sample, Tick
 from triscope.remediation import kube as k
@@ -48,7 +48,7 @@ def fire(store: Any, srv: KubeTestServer, node: str, settings: str = NAMES, dry_
     eng = Engine(store, parse_policy(policy_text(MOVE, settings), "t.yaml"), kube=k.KubeAdapter.connect(url=srv.url),
                  dry_run=dry_run)
     try:
-        eng.submit_alerts(alert_payload([{"labels": {"alertname": "GpuBroken", "node": node},
+        eng.submit_alerts(webhook_payload([{"labels": {"alertname": "GpuBroken", "node": node},
                                           "fingerprint": f"fp-{node}-{time.time_ns()}"}]))
         assert eng.drain(30)
     finally:

@@ -20,10 +20,11 @@ from typing import Any
 
 import pytest
 import yaml
-from kube_server import alert_payload, open_store, policy_text
+from kube_server import open_store, policy_text, webhook_payload
 
 from triscope.core.samples import Sample, Tick
 from triscope.remediation import filefallback
+from triscope.remediation.actions import DependencyFallbackParams
 from triscope.remediation.engine import Engine
 from triscope.remediation.policy import PolicyError, parse_policy
 from triscope.store import audit
@@ -222,7 +223,7 @@ def test_revert_after_hold_restores_the_previous_file(any_store: Any, knobs_dir:
     path.write_bytes(before)
     path.chmod(0o640)
     eng = engine(any_store, rule(knobs_dir, trigger="{alert: TriscopeStagingBound}", hold="2s"))
-    assert eng.submit_alerts(alert_payload([alert("cmd:inference-b", "fp-b")])) == (1, 1)
+    assert eng.submit_alerts(webhook_payload([alert("cmd:inference-b", "fp-b")])) == (1, 1)
     assert eng.drain(30)
     [row] = decisions(any_store)
     assert row.outcome == "acted", row.reason
@@ -233,7 +234,7 @@ def test_revert_after_hold_restores_the_previous_file(any_store: Any, knobs_dir:
     assert fb.previous_value == before.decode()
 
     assert eng.revert_fallbacks() == 0   # still firing
-    eng.submit_alerts(alert_payload([alert("cmd:inference-b", "fp-b", status="resolved")], status="resolved"))
+    eng.submit_alerts(webhook_payload([alert("cmd:inference-b", "fp-b", status="resolved")], status="resolved"))
     assert eng.drain(30)
     assert eng.revert_fallbacks() == 0   # resolved, but not for the hold period yet
     assert eng.revert_fallbacks(time.time() + 2.5) == 1
@@ -246,7 +247,7 @@ def test_revert_after_hold_restores_the_previous_file(any_store: Any, knobs_dir:
 
 def test_a_file_changed_or_removed_by_someone_else_is_left_as_is(store: Any, knobs_dir: Path) -> None:
     eng = engine(store, rule(knobs_dir, trigger="{alert: TriscopeStagingBound}", ttl="1s"))
-    eng.submit_alerts(alert_payload([alert("cmd:inference-b", "fp-b"), alert("cmd:inference-c", "fp-c")]))
+    eng.submit_alerts(webhook_payload([alert("cmd:inference-b", "fp-b"), alert("cmd:inference-c", "fp-c")]))
     assert eng.drain(30)
     assert [r.outcome for r in decisions(store)] == ["acted", "acted"]
     changed = b"version: 1\nkind: experiment\nknobs: {pinned: false}\n"
@@ -274,7 +275,7 @@ def test_a_file_that_could_not_be_put_back_is_left_alone(store: Any, knobs_dir: 
     path = knobs_dir / "inference-b.yaml"
     path.write_bytes(content)
     eng = engine(store, rule(knobs_dir, trigger="{alert: TriscopeStagingBound}"))
-    eng.submit_alerts(alert_payload([alert("cmd:inference-b", "fp")]))
+    eng.submit_alerts(webhook_payload([alert("cmd:inference-b", "fp")]))
     assert eng.drain(30)
     eng.close()
     [row] = decisions(store)
@@ -364,7 +365,7 @@ def test_an_episode_begun_in_dry_run_is_acted_on_when_the_engine_is_switched_to_
 def test_a_label_that_names_no_single_workload_is_suppressed(store: Any, knobs_dir: Path, workload: str | None,
                                                             reason: str) -> None:
     eng = engine(store, rule(knobs_dir, trigger="{alert: TriscopeStagingBound}"))
-    eng.submit_alerts(alert_payload([alert(workload, "fp")]))
+    eng.submit_alerts(webhook_payload([alert(workload, "fp")]))
     assert eng.drain(30)
     eng.close()
     [row] = decisions(store)
@@ -377,7 +378,7 @@ def test_each_workload_label_form_names_its_own_file(store: Any, knobs_dir: Path
     (suppressed) beside one whose workload is a unit."""
     eng = engine(store, rule(knobs_dir, trigger="{alert: TriscopeStagingBound}")
                  + rule(knobs_dir, name="staging-stored"))
-    eng.submit_alerts(alert_payload([alert("cmd:inference-b", "1"), alert("unit:inference-u.service", "2"),
+    eng.submit_alerts(webhook_payload([alert("cmd:inference-b", "1"), alert("unit:inference-u.service", "2"),
                                      alert("Deployment/web", "3")]))
     now = time.time()
     write_verdicts(store, [("0", "staging-bound", "shared"), ("1", "staging-bound", "unit:batch.service")], now)
@@ -396,9 +397,9 @@ def test_each_workload_label_form_names_its_own_file(store: Any, knobs_dir: Path
 def test_cooldown_and_breaker_still_apply(store: Any, knobs_dir: Path) -> None:
     # cooldown: a second trigger for the same file within the cooldown is suppressed (before the live check)
     eng = engine(store, rule(knobs_dir, trigger="{alert: TriscopeStagingBound}", cooldown="10m"))
-    eng.submit_alerts(alert_payload([alert("cmd:inference-b", "first")]))
+    eng.submit_alerts(webhook_payload([alert("cmd:inference-b", "first")]))
     assert eng.drain(30)
-    eng.submit_alerts(alert_payload([alert("cmd:inference-b", "second")]))
+    eng.submit_alerts(webhook_payload([alert("cmd:inference-b", "second")]))
     assert eng.drain(30)
     eng.close()
     rows = decisions(store)
@@ -410,7 +411,7 @@ def test_cooldown_and_breaker_still_apply(store: Any, knobs_dir: Path) -> None:
     other = knobs_dir.parent / "other-knobs"
     eng = engine(store, rule(other, trigger="{alert: TriscopeStagingBound}", name="second-rule"),
                  settings="  breaker: {window: 15m, max_targets: 1, max_percent: 100, min_population: 1000}\n")
-    eng.submit_alerts(alert_payload([alert("cmd:inference-c", "third")]))
+    eng.submit_alerts(webhook_payload([alert("cmd:inference-c", "third")]))
     assert eng.drain(30)
     eng.close()
     last = decisions(store)[-1]
@@ -442,7 +443,7 @@ def test_a_decision_re_run_after_a_death_writes_once_and_knows_what_to_restore(
     monkeypatch.setattr(filefallback, "write_atomically", dying)
     rules = rule(knobs_dir, trigger="{alert: TriscopeStagingBound}", ttl="1s")
     first = engine(any_store, rules)
-    first.submit_alerts(alert_payload([alert("cmd:inference-b", "fp")]))
+    first.submit_alerts(webhook_payload([alert("cmd:inference-b", "fp")]))
     assert first.drain(30)
     first.close()
     [row] = audit.audit_log(any_store)
@@ -485,8 +486,8 @@ def test_the_file_form_loads_without_kubernetes_settings() -> None:
     pol = parse_policy(policy_text(FILE_RULE, "  evaluate_interval: 5s\n"), "p.yaml")
     r = pol.rule("fb")
     assert r.knobs_file and r.action == "dependency_fallback" and pol.settings.namespaces == ()
-    assert r.params == {"file": {"dir": "/var/lib/triscope/knobs"}, "knobs": {"pinned": True}, "ttl": 1800.0,
-                        "hold": 300.0}
+    assert r.params.model_dump() == {"file": {"dir": "/var/lib/triscope/knobs"}, "knobs": {"pinned": True},
+                                     "ttl": 1800.0, "hold": 300.0}
     assert r.target["workload"].from_workload and r.target["workload"].workload_label == "workload"
     # the ConfigMap form is unchanged beside it
     cm = parse_policy(policy_text("""  - name: cm
@@ -495,7 +496,7 @@ def test_the_file_form_loads_without_kubernetes_settings() -> None:
     target: {namespace: inference}
     params: {configmap: deps, key: mode}
 """, "  namespaces: [inference]\n"), "p.yaml").rule("cm")
-    assert not cm.knobs_file and cm.params["configmap"] == "deps"
+    assert not cm.knobs_file and isinstance(cm.params, DependencyFallbackParams) and cm.params.configmap == "deps"
 
 
 @pytest.mark.parametrize("old, new, line, reason", [
@@ -556,7 +557,7 @@ def test_cpu_affinity_follows_the_accelerators_local_cpus(store: Any, knobs_dir:
     eng = engine(store, text)
     gpu1 = alert("cmd:inference-c", "2")
     gpu1["labels"]["gpu"] = "1"
-    eng.submit_alerts(alert_payload([alert("cmd:inference-b", "1"), gpu1]))
+    eng.submit_alerts(webhook_payload([alert("cmd:inference-b", "1"), gpu1]))
     assert eng.drain(30)
     eng.close()
     doc = yaml.safe_load((knobs_dir / "inference-b.yaml").read_bytes())

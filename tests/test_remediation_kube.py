@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_server import KubeTestServer, alert_payload, open_store, policy_text
+from kube_server import KubeTestServer, open_store, policy_text, webhook_payload
 
 from triscope.remediation import kube as k
 from triscope.remediation.engine import Engine
@@ -108,8 +108,8 @@ def test_unreachable_api_is_a_failed_decision(tmp_path: Path, srv: KubeTestServe
     down.timeout = (0.5, 1.0)
     eng = Engine(st, parse_policy(policy_text(rules)), kube=down)
     no_api = Engine(st, parse_policy(policy_text(rules.replace("name: r", "name: r2").replace("deployment: web", "deployment: api"))), kube=None)
-    eng.submit_alerts(alert_payload([{"labels": {"alertname": "A"}, "fingerprint": "f1"}]))
-    no_api.submit_alerts(alert_payload([{"labels": {"alertname": "A"}, "fingerprint": "f2"}]))
+    eng.submit_alerts(webhook_payload([{"labels": {"alertname": "A"}, "fingerprint": "f1"}]))
+    no_api.submit_alerts(webhook_payload([{"labels": {"alertname": "A"}, "fingerprint": "f2"}]))
     assert eng.drain(30) and no_api.drain(30)
     eng.close()
     no_api.close()
@@ -127,7 +127,7 @@ def test_suppressed_decisions_are_kubernetes_events_too(tmp_path: Path, srv: Kub
     action: rolling_restart
     target: {namespace: inference, deployment: paused}
 """)), kube=kube)
-    eng.submit_alerts(alert_payload([{"labels": {"alertname": "A"}}]))
+    eng.submit_alerts(webhook_payload([{"labels": {"alertname": "A"}}]))
     assert eng.drain()
     eng.close()
     deadline = time.time() + 5

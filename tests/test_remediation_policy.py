@@ -36,7 +36,7 @@ def test_example_policy_is_valid_and_complete() -> None:
     assert r.cooldown_s == 1800 and r.max_actions == 3 and r.per_s == 3600
     assert r.trigger.matchers[0].matches({"severity": "page"})
     assert not r.trigger.matchers[0].matches({"severity": "info"})
-    assert pol.rule("fallback-when-network-bound").params["ttl"] == 1800
+    assert pol.rule("fallback-when-network-bound").params.model_dump()["ttl"] == 1800
     assert "inference" in pol.settings.namespaces
     # the rules that reschedule are bounded by a node allow-list
     assert pol.settings.nodes_bounded and pol.settings.node_selector == (("triscope.io/remediation", "allowed"),)
@@ -183,7 +183,7 @@ def test_targets_the_trigger_names_are_accepted(trigger: str, action: str, targe
 
 
 def test_a_per_workload_fallback_switches_only_that_workloads_key() -> None:
-    from triscope.remediation.actions import per_workload
+    from triscope.remediation.targets import per_workload
     from triscope.remediation.triggers import target_key
 
     pol = parse_policy(policy_text(_rule("{mismatch: network-bound}", "dependency_fallback", FROM_VERDICT,

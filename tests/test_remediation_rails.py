@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_server import KubeTestServer, alert_payload, open_store, policy_text
+from kube_server import KubeTestServer, open_store, policy_text, webhook_payload
 
 from triscope.core.samples import Sample, Tick
 from triscope.remediation.engine import Engine
@@ -73,7 +73,7 @@ def env(db_url: str) -> Iterator[Env]:
 
 def fire(eng: Engine, *alerts: dict[str, Any], status: str = "firing") -> list[audit.AuditRow]:
     before = {r.id for r in audit.audit_log(eng.store, limit=10000)}
-    eng.submit_alerts(alert_payload(list(alerts), status=status))
+    eng.submit_alerts(webhook_payload(list(alerts), status=status))
     assert eng.drain(20)
     rows = [r for r in audit.audit_log(eng.store, limit=10000, newest_first=False) if r.id not in before]
     return rows
@@ -182,7 +182,7 @@ def test_rail_in_flight_cap(env: Env) -> None:
     limits: {cooldown: 0s}
 """
     eng = env.engine(rules=rules, settings="  max_in_flight: 1\n")
-    eng.submit_alerts(alert_payload([storm(node="node-a")]))
+    eng.submit_alerts(webhook_payload([storm(node="node-a")]))
     deadline = time.time() + 10
     while eng.status()["in_flight"] < 1 and time.time() < deadline:
         time.sleep(0.02)
@@ -249,7 +249,7 @@ def test_rail_recheck_alert_resolved_before_acting(env: Env) -> None:
     firing = TriggerEvent(rule, "alert", "k1", "alert", labels, None, time.time(), time.time() - 1,
                           episode="alert:restart:fp1")
     # the firing delivery is still queued when Alertmanager's resolved for the same alert arrives
-    eng.submit_alerts(alert_payload([{"labels": labels, "fingerprint": "fp1"}], status="resolved"))
+    eng.submit_alerts(webhook_payload([{"labels": labels, "fingerprint": "fp1"}], status="resolved"))
     assert eng.drain()
     d = eng.handle(firing)
     assert (d.outcome, d.rail) == ("suppressed", "recheck")
@@ -286,7 +286,7 @@ def test_rail_live_state_paused_and_degraded(env: Env) -> None:
 
 def test_concurrent_duplicates_act_once(env: Env) -> None:
     eng = env.engine()
-    threads = [threading.Thread(target=eng.submit_alerts, args=(alert_payload([storm()]),)) for _ in range(8)]
+    threads = [threading.Thread(target=eng.submit_alerts, args=(webhook_payload([storm()]),)) for _ in range(8)]
     for t in threads:
         t.start()
     for t in threads:

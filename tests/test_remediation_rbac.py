@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from kube_rbac import AGENT_USER, ENGINE_USER, Rbac, shipped_rbac
-from kube_server import KubeTestServer, alert_payload, open_store, policy_text
+from kube_server import KubeTestServer, open_store, policy_text, webhook_payload
 
 from triscope.remediation import kube as k
 from triscope.remediation.engine import Engine
@@ -94,7 +94,7 @@ def run_every_action(store: Any, srv: KubeTestServer) -> dict[str, Any]:
                        {"alertname": "Fallback", "namespace": "inference"},
                        {"alertname": "GpuBroken", "node": "node-a"},
                        {"alertname": "HostBroken", "node": "node-a"}):
-            eng.submit_alerts(alert_payload([{"labels": labels, "fingerprint": f"fp-{labels['alertname']}"}]))
+            eng.submit_alerts(webhook_payload([{"labels": labels, "fingerprint": f"fp-{labels['alertname']}"}]))
             assert eng.drain(30)
         reverted = eng.revert_fallbacks(now=time.time() + 7200)    # the TTL ran out: get + update
     finally:
@@ -177,7 +177,7 @@ def test_a_namespace_without_a_rolebinding_is_refused_with_one_clear_line(
     eng = Engine(store, parse_policy(policy_text(rules, SETTINGS), "t.yaml"),
                  kube=k.KubeAdapter.connect(url=srv.url, token=ENGINE_TOKEN))
     try:
-        eng.submit_alerts(alert_payload([{"labels": {"alertname": "R"}}]))
+        eng.submit_alerts(webhook_payload([{"labels": {"alertname": "R"}}]))
         assert eng.drain(30)
     finally:
         eng.close()
@@ -274,7 +274,7 @@ def test_existing_callers_without_rbac_are_unchanged() -> None:
     srv = KubeTestServer().start()
     try:
         srv.add_node("n")
-        assert k.KubeAdapter.connect(url=srv.url).get_node("n")["metadata"]["name"] == "n"
+        assert k.KubeAdapter.connect(url=srv.url).get_node("n").name == "n"
         assert not srv.forbidden()
     finally:
         srv.stop()
@@ -305,7 +305,7 @@ def test_an_owner_lookup_refused_names_the_missing_grant_in_the_decision(store: 
     eng = Engine(store, parse_policy(policy_text(RULES, SETTINGS), "t.yaml"),
                  kube=k.KubeAdapter.connect(url=srv.url, token=ENGINE_TOKEN))
     try:
-        eng.submit_alerts(alert_payload([{"labels": {"alertname": "Restart", "namespace": "inference", "pod": web_pod}}]))
+        eng.submit_alerts(webhook_payload([{"labels": {"alertname": "Restart", "namespace": "inference", "pod": web_pod}}]))
         assert eng.drain(30)
     finally:
         eng.close()

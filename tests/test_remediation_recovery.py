@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_server import BASE_SETTINGS, KubeTestServer, alert_payload, open_store, policy_text
+from kube_server import BASE_SETTINGS, KubeTestServer, open_store, policy_text, webhook_payload
 from sqlalchemy import text
 
 from triscope.remediation import actions as act
@@ -108,7 +108,7 @@ def test_restart_left_in_progress_is_re_run_with_the_same_stamp(env: Env, monkey
                                                                  after: bool) -> None:
     monkeypatch.setitem(act.RUNNERS, "rolling_restart", dying(act.rolling_restart, after))
     first = env.engine()
-    first.submit_alerts(alert_payload([storm()]))
+    first.submit_alerts(webhook_payload([storm()]))
     assert first.drain()
     [row] = audit.audit_log(env.store)
     stamp = row.params["restartedAt"]
@@ -129,7 +129,7 @@ def test_restart_left_in_progress_is_re_run_with_the_same_stamp(env: Env, monkey
     assert tmpl["kubectl.kubernetes.io/restartedAt"] == stamp
     assert row.response["patch"].get("already") is (True if after else None)
     # Alertmanager delivers it again: a duplicate
-    second.submit_alerts(alert_payload([storm()]))
+    second.submit_alerts(webhook_payload([storm()]))
     assert second.drain()
     assert [(r.outcome, r.rail) for r in audit.audit_log(env.store, newest_first=False)] == [
         ("acted", None), ("suppressed", "duplicate")]
@@ -143,7 +143,7 @@ def test_accepted_alert_survives_a_death_right_after_the_202(env: Env, monkeypat
         raise Crash()
 
     monkeypatch.setattr(first, "handle", die)
-    assert first.submit_alerts(alert_payload([storm(), storm("api")])) == (2, 2)  # the webhook answers 202 now
+    assert first.submit_alerts(webhook_payload([storm(), storm("api")])) == (2, 2)  # the webhook answers 202 now
     assert first.drain()
     # nothing decided, nothing claimed, both triggers in the inbox
     assert audit.audit_log(env.store) == []
@@ -157,37 +157,40 @@ def test_accepted_alert_survives_a_death_right_after_the_202(env: Env, monkeypat
     assert sorted((r.target, r.outcome) for r in non_duplicates(env.store)) == [
         ("deployment inference/api", "acted"), ("deployment inference/web", "acted")]
     assert audit.inbox(env.store) == []
-    second.submit_alerts(alert_payload([storm(), storm("api")]))  # re-delivered: duplicates, nothing acts twice
+    second.submit_alerts(webhook_payload([storm(), storm("api")]))  # re-delivered: duplicates, nothing acts twice
     assert second.drain()
     assert len(non_duplicates(env.store)) == 2 and len(env.restart_patches()) == 1
 
 
 def test_claim_and_decision_commit_together(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     key = "alert:r:fp:2099-01-01T00:00:00Z:firing"
-    audit.accept_triggers(env.store, [{"key": key, "ts": 1.0, "rule": "r", "kind": "alert", "event": {}}])
-    assert audit.accept_triggers(env.store, [{"key": key, "ts": 2.0, "rule": "r", "kind": "alert", "event": {}}]) == 0
-    row = {"rule": "r", "trigger_kind": "alert", "trigger_key": key, "action": "rolling_restart",
-           "outcome": "in_progress", "target_key": "deployment/inference/web"}
-    real = audit._insert_audit
-    monkeypatch.setattr(audit, "_insert_audit", lambda conn, values: (_ for _ in ()).throw(RuntimeError("died")))
+    audit.accept_triggers(env.store, [audit.InboxRow(key=key, ts=1.0, rule="r", kind="alert")])
+    assert audit.accept_triggers(env.store, [audit.InboxRow(key=key, ts=2.0, rule="r", kind="alert")]) == 0
+
+    def row() -> audit.AuditRow:
+        return audit.AuditRow(ts=time.time(), rule="r", trigger_kind="alert", trigger_key=key, action="rolling_restart",
+                              outcome="in_progress", target_key="deployment/inference/web")
+
+    real = audit._add
+    monkeypatch.setattr(audit, "_add", lambda conn, values: (_ for _ in ()).throw(RuntimeError("died")))
     with pytest.raises(RuntimeError):
-        audit.decide(env.store, key, row, stamp_cooldown=True)
+        audit.decide(env.store, key, row(), stamp_cooldown=True)
     # the claim went with the failed transaction: a re-delivery still acts
     assert not audit.is_claimed(env.store, key) and [e.key for e in audit.inbox(env.store)] == [key]
     assert audit.last_action(env.store, "deployment/inference/web") is None
-    monkeypatch.setattr(audit, "_insert_audit", real)
-    aid = audit.decide(env.store, key, row, stamp_cooldown=True)
+    monkeypatch.setattr(audit, "_add", real)
+    aid = audit.decide(env.store, key, row(), stamp_cooldown=True)
     assert aid is not None and audit.is_claimed(env.store, key) and audit.inbox(env.store) == []
     assert audit.last_action(env.store, "deployment/inference/web") is not None
-    assert audit.decide(env.store, key, row) is None  # claimed: nothing written
+    assert audit.decide(env.store, key, row()) is None  # claimed: nothing written
     assert [r.id for r in audit.audit_log(env.store)] == [aid]
 
 
 def test_fallback_written_before_the_death_is_recognised(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     env.srv.put("configmaps", {"metadata": {"name": "deps", "namespace": "inference"}, "data": {"mode": "normal"}})
-    monkeypatch.setattr(audit, "add_fallback", lambda store, **kw: (_ for _ in ()).throw(Crash()))
+    monkeypatch.setattr(audit, "add_fallback", lambda store, row: (_ for _ in ()).throw(Crash()))
     first = env.engine(FALLBACK)
-    first.submit_alerts(alert_payload([{"labels": {"alertname": "DepSlow"}, "fingerprint": "fp1"}]))
+    first.submit_alerts(webhook_payload([{"labels": {"alertname": "DepSlow"}, "fingerprint": "fp1"}]))
     assert first.drain()
     [row] = audit.audit_log(env.store)
     cm = env.srv.get("configmaps", "inference", "deps")
@@ -216,7 +219,7 @@ def test_reschedule_finished_before_the_death_is_not_suppressed(env: Env, monkey
     settings = BASE_SETTINGS + "  node_names: [node-*]\n"
     monkeypatch.setitem(act.RUNNERS, "reschedule", dying(act.reschedule, after=True))
     first = env.engine(MOVE, settings)
-    first.submit_alerts(alert_payload([{"labels": {"alertname": "GpuBroken", "node": "node-a"}}]))
+    first.submit_alerts(webhook_payload([{"labels": {"alertname": "GpuBroken", "node": "node-a"}}]))
     assert first.drain()
     assert env.srv.get("nodes", "", "node-a")["spec"]["unschedulable"] is True
     monkeypatch.undo()
@@ -237,7 +240,7 @@ def test_command_is_not_re_run(env: Env, monkeypatch: pytest.MonkeyPatch, tmp_pa
 """
     monkeypatch.setitem(act.RUNNERS, "command", dying(act.command, after=False))
     first = env.engine(rules)
-    first.submit_alerts(alert_payload([{"labels": {"alertname": "Host"}}]))
+    first.submit_alerts(webhook_payload([{"labels": {"alertname": "Host"}}]))
     assert first.drain()
     monkeypatch.undo()
     second = env.engine(rules)
@@ -253,7 +256,7 @@ def test_store_failure_at_intake_raises_and_queues_nothing(env: Env) -> None:
     with env.store.engine.begin() as conn:
         conn.execute(text("DROP TABLE remediation_inbox"))
     with pytest.raises(IntakeError, match="cannot store the accepted triggers"):
-        eng.submit_alerts(alert_payload([storm()]))
+        eng.submit_alerts(webhook_payload([storm()]))
     assert eng.status()["pending"] == 0 and eng.drain(0.1)
     assert audit.audit_log(env.store) == [] and env.restart_patches() == []
 
@@ -265,7 +268,7 @@ def test_follower_leaves_the_trigger_to_the_leader(env: Env) -> None:
     me = LeaderElector(kube, "default", "triscope-remediation", "me", 30)
     eng = env.engine(leader=me)
     eng.leader_step()
-    eng.submit_alerts(alert_payload([storm()]))  # reached it while it was not the leader
+    eng.submit_alerts(webhook_payload([storm()]))  # reached it while it was not the leader
     assert eng.drain()
     assert [(r.outcome, r.rail) for r in audit.audit_log(env.store)] == [("suppressed", "leader")]
     assert len(audit.inbox(env.store)) == 1  # not swallowed
@@ -294,7 +297,7 @@ def test_an_outcome_the_store_could_not_take_is_re_run_without_a_restart(env: En
 
     monkeypatch.setattr(audit, "update_decision", update_once_failing)
     eng = env.engine()
-    eng.submit_alerts(alert_payload([storm()]))
+    eng.submit_alerts(webhook_payload([storm()]))
     assert eng.drain()
     [row] = audit.audit_log(env.store)
     assert row.outcome == "in_progress" and env.restart_patches() == [row.params["restartedAt"]]
@@ -316,17 +319,17 @@ def test_a_decision_the_store_failed_under_is_decided_again_not_failed(env: Env,
     it never acted).  Undecided, it stays in the inbox; the periodic resume decides it: one PATCH."""
     from sqlalchemy.exc import OperationalError
 
-    real = audit.is_claimed
+    real = audit.decision_state
     fails = [1]
 
-    def claimed_once_failing(*a: Any, **kw: Any) -> Any:
+    def read_once_failing(*a: Any, **kw: Any) -> Any:
         if fails and fails.pop():
             raise OperationalError("SELECT", {}, Exception("server closed the connection unexpectedly"))
         return real(*a, **kw)
 
-    monkeypatch.setattr(audit, "is_claimed", claimed_once_failing)
+    monkeypatch.setattr(audit, "decision_state", read_once_failing)
     eng = env.engine()
-    eng.submit_alerts(alert_payload([storm()]))
+    eng.submit_alerts(webhook_payload([storm()]))
     assert eng.drain()
     assert audit.audit_log(env.store) == [] and env.restart_patches() == []      # no "failed" decision
     assert len(audit.inbox(env.store)) == 1

@@ -33,8 +33,9 @@ def test_migration_matches_models_and_store_functions(db_url: str) -> None:
         audit.set_last_action(st, "deployment/a/b", "r", 5.0)
         audit.set_last_action(st, "deployment/a/b", "r", 6.0)
         assert audit.last_action(st, "deployment/a/b") == 6.0
-        aid = audit.reserve_action(st, "deployment/a/c", ts=30.0, rule="r", trigger_kind="alert", action="rolling_restart",
-                                   outcome=audit.IN_PROGRESS, params={"timeout": 5})
+        aid = audit.reserve_action(st, audit.AuditRow(ts=30.0, rule="r", trigger_kind="alert", action="rolling_restart",
+                                                      target_key="deployment/a/c", outcome=audit.IN_PROGRESS,
+                                                      params={"timeout": 5}))
         audit.update_decision(st, aid, outcome="acted", response={"ok": True}, issued_ts=30.5)
         rows = audit.audit_log(st, since=0)
         assert [(r.outcome, r.response, r.params) for r in rows] == [("acted", {"ok": True}, {"timeout": 5})]
@@ -43,9 +44,11 @@ def test_migration_matches_models_and_store_functions(db_url: str) -> None:
         assert audit.prune(st, deliveries_before=1.5) == 1
         assert audit.claim_delivery(st, "alert:r:fp:t:firing", 3.0)
         # the inbox: insert-if-absent, oldest first, pruned with the deliveries
-        entry = {"key": "alert:r:fp2:t:firing", "ts": 1.0, "rule": "r", "kind": "alert", "event": {"labels": {"a": "b"}}}
-        assert audit.accept_triggers(st, [entry, {**entry, "key": "alert:r:fp3:t:firing", "ts": 5.0}]) == 2
-        assert audit.accept_triggers(st, [{**entry, "ts": 9.0}]) == 0
+        def entry(key: str = "alert:r:fp2:t:firing", ts: float = 1.0) -> audit.InboxRow:
+            return audit.InboxRow(key=key, ts=ts, rule="r", kind="alert", event={"labels": {"a": "b"}})
+
+        assert audit.accept_triggers(st, [entry(), entry("alert:r:fp3:t:firing", 5.0)]) == 2
+        assert audit.accept_triggers(st, [entry(ts=9.0)]) == 0
         assert [(e.key, e.ts, e.event) for e in audit.inbox(st)] == [
             ("alert:r:fp2:t:firing", 1.0, {"labels": {"a": "b"}}), ("alert:r:fp3:t:firing", 5.0, {"labels": {"a": "b"}})]
         assert [e.key for e in audit.inbox(st, before=2.0)] == ["alert:r:fp2:t:firing"]
@@ -98,18 +101,20 @@ def test_dry_run_claims_cooldowns_and_counts_are_its_own(db_url: str) -> None:
         audit.set_last_action(st, "node/n1", "r", 12.0)
         assert audit.last_action(st, "node/n1", dry_run=True) == 12.0
         # decide: the claim and the cooldown stamp of a dry-run decision are dry-run's own
-        row = dict(ts=20.0, rule="r", trigger_kind="metric", action="command", target="node n2", target_key="node/n2",
-                   outcome=audit.IN_PROGRESS, dry_run=True)
+        def row(ts: float, dry_run: bool = True) -> audit.AuditRow:
+            return audit.AuditRow(ts=ts, rule="r", trigger_kind="metric", action="command", target="node n2",
+                                  target_key="node/n2", outcome=audit.IN_PROGRESS, dry_run=dry_run)
+
         k2 = "metric:hot:n2:gpu1:100"
-        assert audit.decide(st, k2, row, stamp_cooldown=True) is not None
-        assert audit.decide(st, k2, {**row, "ts": 21.0}, stamp_cooldown=True) is None
+        assert audit.decide(st, k2, row(20.0), stamp_cooldown=True) is not None
+        assert audit.decide(st, k2, row(21.0), stamp_cooldown=True) is None
         assert audit.last_action(st, "node/n2") is None and audit.last_action(st, "node/n2", dry_run=True) == 20.0
-        live = audit.decide(st, k2, {**row, "ts": 22.0, "dry_run": False}, stamp_cooldown=True)
+        live = audit.decide(st, k2, row(22.0, dry_run=False), stamp_cooldown=True)
         assert live is not None and audit.last_action(st, "node/n2") == 22.0
-        assert audit.decide(st, k2, {**row, "ts": 23.0, "dry_run": False}) is None
+        assert audit.decide(st, k2, row(23.0, dry_run=False)) is None
         k3 = "metric:hot:n2:gpu2:100"
-        assert audit.decide(st, k3, {**row, "ts": 24.0, "dry_run": False}) is not None
-        assert audit.decide(st, k3, {**row, "ts": 25.0}) is None          # dry-run after acting: a duplicate
+        assert audit.decide(st, k3, row(24.0, dry_run=False)) is not None
+        assert audit.decide(st, k3, row(25.0)) is None          # dry-run after acting: a duplicate
         assert {(r.trigger_key, r.target_key) for r in audit.audit_log(st)} == {("", "node/n2")}
         # the counts: an acting decision counts acting decisions only, a dry-run one both
         assert audit.count_decisions(st, 0) == 2 and audit.count_decisions(st, 0, dry_run=True) == 3

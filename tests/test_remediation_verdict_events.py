@@ -231,7 +231,7 @@ def test_a_staging_verdict_on_gpu_1_drains_and_taints_gpu_1_only(store: Any, srv
         assert evicted == [llm]                            # the GPU 0 pod is untouched
         assert [p["metadata"]["name"] for p in srv.pods_of("inference", "web")] == [web]
         node = srv.get("nodes", "", "node-a")
-        taints = kube.device_taints(node)
+        taints = k.device_taints(node)
         assert set(taints) == {"gpu=1"} and taints["gpu=1"]["state"] == "staging-bound"
         assert not node["spec"].get("unschedulable")      # not cordoned: a GPU-sized fault
         assert [(e.involved_object.kind, e.reason) for e in _kubectl_events(srv, "triscope")] == [
@@ -242,7 +242,7 @@ def test_a_staging_verdict_on_gpu_1_drains_and_taints_gpu_1_only(store: Any, srv
         assert eng.untaint_accelerators(now + 100) == 0
         # ... then it goes, and the node says so
         assert eng.untaint_accelerators(now + 150) == 1
-        assert kube.device_taints(srv.get("nodes", "", "node-a")) == {}
+        assert k.device_taints(srv.get("nodes", "", "node-a")) == {}
         assert "AcceleratorUntainted" in {e.reason for e in _kubectl_events(srv, "triscope")}
         assert srv.forbidden() == []                       # within the shipped RBAC
         assert act.pods_on_accelerator(store, "node-a", "gpu=0", now) == [("inference", web)]

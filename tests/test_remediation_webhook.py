@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from conftest import free_port, wait_for_port
-from kube_server import alert_payload, open_store, policy_text
+from kube_server import alert_payload, open_store, policy_text, webhook_payload
 
 from triscope.remediation.engine import Engine
 from triscope.remediation.policy import parse_policy
@@ -154,7 +154,7 @@ def test_leader_election_one_acts_and_takeover(tmp_path: Path) -> None:
         # an engine that is not the leader answers but does not act
         st = open_store(f"sqlite:///{tmp_path / 't.db'}")
         eng = Engine(st, parse_policy(policy_text(RULES)), leader=a)
-        eng.submit_alerts(alert_payload([{"labels": {"alertname": "Storm", "node": "n1"}}]))
+        eng.submit_alerts(webhook_payload([{"labels": {"alertname": "Storm", "node": "n1"}}]))
         assert eng.drain()
         eng.close()
         assert [(r.outcome, r.rail) for r in audit.audit_log(st)] == [("suppressed", "leader")]

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kube_server import BASE_SETTINGS, KubeTestServer, alert_payload, open_store, policy_text
+from kube_server import BASE_SETTINGS, KubeTestServer, open_store, policy_text, webhook_payload
 
 from triscope.core.samples import EventRecord, Sample, Tick
 from triscope.remediation import kube as k
@@ -112,7 +112,7 @@ def test_only_the_staging_bound_gpus_deployment_is_restarted(store: Any, srv: Ku
     before = list(srv.requests)
 
     # Alertmanager's payload: the alert names the namespace and GPU 0's pod, nothing else
-    assert eng.submit_alerts(alert_payload([{"labels": {"alertname": "TriscopeStagingBound", "namespace": "inference",
+    assert eng.submit_alerts(webhook_payload([{"labels": {"alertname": "TriscopeStagingBound", "namespace": "inference",
                                                         "pod": enc}}])) == (1, 1)
     assert eng.drain(30)
     # stored data: one trigger, for GPU 0 (not for the node, not for GPU 1), once
@@ -238,8 +238,8 @@ def test_alert_targets_from_labels_and_what_suppresses_them(store: Any, srv: Kub
     }
     fingerprints = {}
     for name, labels in cases.items():
-        payload = alert_payload([{"labels": {"alertname": "TriscopeStagingBound", **labels}}])
-        fingerprints[payload["alerts"][0]["fingerprint"]] = name
+        payload = webhook_payload([{"labels": {"alertname": "TriscopeStagingBound", **labels}}])
+        fingerprints[payload.alerts[0].fingerprint] = name
         eng.submit_alerts(payload)
         assert eng.drain(20)
     eng.close()
@@ -330,7 +330,7 @@ def test_unreachable_api_is_a_failed_decision_and_the_refresh_job_fills_the_tabl
     # an engine whose API does not answer cannot tell a pod's owner: failed, with the reason
     dead = Engine(store, parse_policy(policy_text(RESTART_RULES), "t.yaml"),
                   kube=k.KubeAdapter.connect(url="http://127.0.0.1:9"))
-    dead.submit_alerts(alert_payload([{"labels": {"alertname": "TriscopeStagingBound", "namespace": "inference",
+    dead.submit_alerts(webhook_payload([{"labels": {"alertname": "TriscopeStagingBound", "namespace": "inference",
                                                   "pod": "never-seen-pod"}}]))
     assert dead.drain(30)
     dead.close()

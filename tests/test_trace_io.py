@@ -187,11 +187,12 @@ def test_the_engine_s_decisions_travel_with_the_trace(tmp_path, capsys):
                              for i in range(60)])
     st.write_ticks("gpu-b", [Tick(t0 + i, [Sample("triscope_gpu_sm_active_ratio", 0.2, {"gpu": "0"})])
                              for i in range(60)])
-    audit.record_decision(st, ts=t0 + 30, rule="pinned-buffers", trigger_kind="mismatch", action="dependency_fallback",
-                          target="file:/k/inference-b.yaml", target_key="file:/k/inference-b.yaml", node="gpu-a",
-                          outcome="acted", reason="wrote it", issued_ts=t0 + 31, params={"knobs": {"pinned": True}})
-    audit.record_decision(st, ts=t0 + 40, rule="other-node", trigger_kind="mismatch", action="rolling_restart",
-                          node="gpu-b", outcome="dry_run")
+    audit.record_decision(st, audit.AuditRow(
+        ts=t0 + 30, rule="pinned-buffers", trigger_kind="mismatch", action="dependency_fallback",
+        target="file:/k/inference-b.yaml", target_key="file:/k/inference-b.yaml", node="gpu-a",
+        outcome="acted", reason="wrote it", issued_ts=t0 + 31, params={"knobs": {"pinned": True}}))
+    audit.record_decision(st, audit.AuditRow(ts=t0 + 40, rule="other-node", trigger_kind="mismatch",
+                                             action="rolling_restart", node="gpu-b", outcome="dry_run"))
     st.close()
     out = tmp_path / "a.jsonl.gz"
     assert main(["export-trace", "--db", src, "--node", "gpu-a", "-o", str(out)]) == 0

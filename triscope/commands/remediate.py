@@ -95,6 +95,7 @@ def _open_store(url: str):
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from triscope.remediation.filefallback import KnobsFileParams
     from triscope.remediation.policy import PolicyError, load_policy
 
     try:
@@ -109,8 +110,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     for r in pol.rules:
         tgt = ", ".join(f"{k}={v.literal or ('from:workload' if v.from_workload else 'label:' + str(v.label))}"
                         for k, v in r.target.items())
-        if r.knobs_file:
-            tgt += f", file={r.params['file']['dir']}/NAME.yaml"
+        if isinstance(r.params, KnobsFileParams):
+            tgt += f", file={r.params.file.dir}/NAME.yaml"
         print(f"  line {r.line}: {r.name}: {r.trigger.describe()} -> {r.action} [{tgt}] cooldown {r.cooldown_s:g}s, "
               f"max {r.max_actions}/{r.per_s:g}s{' (dry-run)' if r.dry_run else ''}")
     return 0

@@ -108,3 +108,23 @@ def allow_relative_times(parser: argparse.ArgumentParser) -> None:
     argparse decides whether a word that starts with ``-`` is an option or a value with the
     parser's negative-number pattern; this widens it to relative times (``-2h``, ``-1h30m``)."""
     parser._negative_number_matcher = _NEGATIVE_VALUE
+
+
+def parse_rfc3339(text: str) -> float:
+    """Epoch seconds of an RFC 3339 time (``2026-11-29T18:00:00.123456789Z``, ``...+01:00``): what
+    Kubernetes and Alertmanager write.  The zone is required; digits past microseconds are dropped
+    (Python 3.11's ``datetime.fromisoformat`` reads ``Z`` and any number of fraction digits).
+    Raises ``TimeParseError`` for anything else."""
+    try:
+        dt = datetime.fromisoformat(text.strip())
+    except (ValueError, TypeError, AttributeError):
+        raise TimeParseError(f"{text!r} is not an RFC 3339 time") from None
+    if dt.tzinfo is None:
+        raise TimeParseError(f"{text!r} has no time zone (RFC 3339 needs Z or +HH:MM)")
+    return dt.timestamp()
+
+
+def format_rfc3339(ts: float, *, micro: bool = False) -> str:
+    """``ts`` as RFC 3339 in UTC: ``2026-11-29T18:00:00Z`` (whole seconds), or with ``micro``
+    ``2026-11-29T18:00:00.123456Z`` (a Kubernetes MicroTime, a restart stamp)."""
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ" if micro else "%Y-%m-%dT%H:%M:%SZ")
