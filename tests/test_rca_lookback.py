@@ -1,35 +1,52 @@
-"""Root cause does not change with the look-back: every H200 recording imported as ``make run`` does
-(its verdict history written with its ticks), ``triscope rca`` over the last 30 minutes, 6 hours, 24
-hours and 7 days — the same episodes, bounds, states and top causes at all four, and none naming the
-healthy instance (``examples/inference/lookback.py``).
+"""Root cause does not change with the look-back, and names the right cause: every H200 recording
+imported as ``make run`` does (its verdict history written with its ticks), ``triscope rca`` over the
+last 30 minutes, 6 hours, 24 hours and 7 days (``examples/inference/lookback.py``).
 
-How often the top cause is the one the scenario expected is held at today's figures (20 of 26 bad
-episodes at every look-back; before the verdict history: 35 of 37 at raw resolution and 9 of 54
-past 30 minutes, counted per scenario).  The misses are the ranking's, the same at every look-back:
-back-to-back faults of one state merged into one episode with one top cause, and a copy hog's
-episode ranked on its pin churn before the link.
+At every look-back: the same episodes, bounds, states and top causes as at 30 minutes; none naming
+the healthy instance; and over all the recordings together, the top cause is the one the scenario
+expected in at least 90 % of the bad episodes judged (issue 27; measured: 33 of 33 at each of the
+four look-backs, docs/analysis.md "On the H200 recordings").
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
 
-from examples.inference.lookback import LOOKBACKS, score_recording
+from examples.inference.lookback import LOOKBACKS, TRACES, score_recording
 
-FLOOR = {"h200-inference-1": 3, "h200-inference-2": 3, "h200-inference-3": 4, "h200-inference-4": 3,
-         "h200-inference-5": 4, "h200-inference-6": 3}
+RECORDINGS = sorted(p.name.removesuffix(".timeline.jsonl") for p in TRACES.glob("h200-inference-*.timeline.jsonl"))
+TARGET = 0.90
+
+
+@functools.cache
+def _scores(node: str) -> dict[str, Any]:
+    return score_recording(node)
+
+
+def test_every_recording_is_here() -> None:
+    assert len(RECORDINGS) == 6
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("node", sorted(FLOOR))
+@pytest.mark.parametrize("node", RECORDINGS)
 def test_the_same_incidents_at_every_look_back(node: str) -> None:
-    got: dict[str, Any] = score_recording(node)
+    got = _scores(node)
     assert set(got) == set(LOOKBACKS)
     first = got["30m"]
-    assert first["episodes"] > 0
+    assert first["episodes"] > 0 and first["judged"] > 0
     for name, r in got.items():
         assert r["shape"] == first["shape"], (name, r["shape"], first["shape"])
         assert r["names_healthy"] == 0, (name, r["rows"])
-        assert r["right"] >= FLOOR[node], (name, r["right"], r["judged"], r["rows"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lookback", list(LOOKBACKS))
+def test_the_right_top_cause_at_every_look_back(lookback: str) -> None:
+    rows = [row for node in RECORDINGS for row in _scores(node)[lookback]["rows"] if row["expected_cause"]]
+    right = sum(row["right"] for row in rows)
+    wrong = [(r["scenario"], r["state"], r["expected_cause"], r["top_cause"]) for r in rows if not r["right"]]
+    assert len(rows) >= 26, len(rows)          # every faulty scenario of the six recordings is judged
+    assert right >= TARGET * len(rows), (lookback, right, len(rows), wrong)
