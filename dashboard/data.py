@@ -12,7 +12,6 @@ import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
 from triscope.analysis.mismatch import STATES
@@ -25,8 +24,9 @@ if TYPE_CHECKING:   # the audit tables are read with the store's engine: the who
 
 PRESETS: dict[str, float] = {"15m": 900.0, "1h": 3600.0, "24h": 86400.0, "7d": 7 * 86400.0}
 DATA_PRESET = "all"
-"""The node page's range for a node with less than 15 minutes of data: from its first sample."""
-LIVE_SLACK_S = 120.0   # a node whose last sample is this close to now counts as live
+"""A page's range over all of its data, from the first sample (``timerange.default_preset`` opens on it
+for data of less than an hour)."""
+LIVE_SLACK_S = 120.0   # an agent's node whose last sample is this close to now counts as live
 
 GB = 1e9
 
@@ -34,49 +34,16 @@ GB = 1e9
 # ---------------------------------------------------------------------------------------------- time windows
 @dataclass(frozen=True)
 class Window:
+    """The range a page shows (``triscope.dashboard.timerange.window``: the one default policy)."""
+
     start: float
     end: float
     live: bool               # anchored at now (True) or at the node's last sample (recorded data)
     note: str = ""
-    recording: str = ""      # the trace file the node's data was imported from ("" for an agent's node)
 
     @property
     def span(self) -> float:
         return self.end - self.start
-
-
-def resolve_window(store: StoreReader, node: str | None, preset: str, now: float,
-                   custom: tuple[float, float] | None = None) -> Window:
-    """The range a page shows.  Presets end at now for a live node, else at the node's last
-    sample (a recording, a node that stopped reporting), and say so.  A recording (a node imported
-    with ``triscope import-trace``, ``NodeInfo.recording``) is never live, even just after an
-    import shifted it to end now; for the whole fleet (``node`` None) the range ends at now while
-    any node an agent writes is live."""
-    infos = store.nodes()
-    me = next((n for n in infos if n.name == node), None) if node else None
-    rec = (me.recording or "") if me is not None else ""
-    if preset == "custom" and custom is not None:
-        a, b = custom
-        return Window(min(a, b), max(a, b), False, f"custom range; recording {rec}" if rec else "custom range", rec)
-    span = PRESETS.get(preset, 3600.0)
-    if node:
-        last = me.last_seen if me is not None else None
-        live = me is not None and not rec and abs(now - me.last_seen) <= LIVE_SLACK_S
-        if me is not None and preset == DATA_PRESET:   # all the node's data: a short trace or a node just started
-            span = max(60.0, (now if live else me.last_seen) - me.first_seen)
-    else:
-        # the nodes table knows each node's last sample (time_bounds() would scan every sample)
-        last = max((n.last_seen for n in infos), default=None)
-        live = any(not n.recording and abs(now - n.last_seen) <= LIVE_SLACK_S for n in infos)
-    if last is None or live:
-        return Window(now - span, now, True)
-    from datetime import datetime
-
-    when = datetime.fromtimestamp(last, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    what = "data" if preset == DATA_PRESET else f"the {preset} before the last sample"
-    if rec:
-        return Window(last - span, last + 1.0, False, f"recording {rec}: showing {what} ({when})", rec)
-    return Window(last - span, last + 1.0, False, f"not live: showing {what} ({when})")
 
 
 # ---------------------------------------------------------------------------------------------- recordings

@@ -9,7 +9,7 @@ from typing import Any
 import plotly.graph_objects as go
 import pytest
 
-from triscope.dashboard import data, figures
+from triscope.dashboard import data, figures, timerange
 from triscope.dashboard.data import EventMark, LaneTrace, NodeLanes, Segment, Window
 
 
@@ -142,7 +142,7 @@ def demo_store(db_url: str) -> Any:
 
 def test_node_lanes_from_the_store(demo_store: Any) -> None:
     st, spans = demo_store
-    w = data.resolve_window(st, "h200-node", "15m", now=time.time())
+    w = timerange.window("15m", timerange.node_bounds(st, "h200-node"), time.time())
     assert not w.live and "not live" in w.note and w.end == pytest.approx(spans["h200-node"][1], abs=2)
     lanes = data.node_lanes(st, "h200-node", w, max_points=200)
     names = {t.name for t in lanes.traces}
@@ -163,7 +163,7 @@ def test_node_lanes_from_the_store(demo_store: Any) -> None:
 
 def test_node_without_accelerators_says_so(demo_store: Any) -> None:
     st, _ = demo_store
-    w = data.resolve_window(st, "cpu-node", "1h", now=time.time())
+    w = timerange.window("1h", timerange.node_bounds(st, "cpu-node"), time.time())
     lanes = data.node_lanes(st, "cpu-node", w)
     assert lanes.missing["accelerators"].startswith("no GPU or NPU on this node")
     assert "network" not in lanes.missing and "io" not in lanes.missing
@@ -229,7 +229,7 @@ def test_npu_node_lanes_and_fleet(sqlite_url: str) -> None:
         Sample("triscope_npu_aicore_utilization_ratio", 0.25, {"npu": "1", "chip": "0"}),
         Sample("triscope_npu_health", 0.0, {"npu": "0", "chip": "0"}),
     ]) for i in range(120)])
-    w = data.resolve_window(st, "ascend-1", "15m", now=time.time())
+    w = timerange.window("15m", timerange.node_bounds(st, "ascend-1"), time.time())
     lanes = data.node_lanes(st, "ascend-1", w)
     aicore = sorted((t.name, t.values[0] * t.scale) for t in lanes.traces if t.lane == "accelerators")
     assert aicore == [("NPU 0/0 AICore", 50.0), ("NPU 1/0 AICore", 25.0)]
@@ -248,8 +248,8 @@ def test_a_node_with_little_data_opens_on_all_of_it(tmp_path):
     st.upgrade()
     t0 = 1_900_000_000.0
     st.write_ticks("short", [Tick(t0 + i, [Sample("triscope_cpu_busy_ratio", 0.1)]) for i in range(180)])
-    w = data.resolve_window(st, "short", data.DATA_PRESET, now=t0 + 10_000)
+    w = timerange.window(data.DATA_PRESET, timerange.node_bounds(st, "short"), t0 + 10_000)
     assert (w.start, w.end) == (t0, t0 + 180.0) and not w.live
-    w = data.resolve_window(st, "short", data.DATA_PRESET, now=t0 + 179.5)      # live: ends now
+    w = timerange.window(data.DATA_PRESET, timerange.node_bounds(st, "short"), t0 + 179.5)      # live: ends now
     assert w.live and (w.start, w.end) == (t0, t0 + 179.5)
     st.close()

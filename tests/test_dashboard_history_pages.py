@@ -61,15 +61,16 @@ def test_fleet_rows_are_the_histories_current_runs(imported: Any) -> None:
 
 def test_recordings_are_marked_until_an_agent_writes(imported: Any, tmp_path: Any) -> None:
     from triscope.core.samples import Sample, Tick
-    from triscope.dashboard import data
+    from triscope.dashboard import data, timerange
     from triscope.store import Store
 
     now = time.time()
     for node in TRACES:
-        w = data.resolve_window(imported, node, "1h", now)
-        assert not w.live and w.recording == f"{node}.jsonl.gz" and w.note.startswith("recording "), w
+        w = timerange.window("1h", timerange.node_bounds(imported, node), now)
+        assert not w.live and w.note.startswith("a recording: "), w        # it ends now, yet it is no live node
+        assert f"{node}.jsonl.gz" in data.recording_note(imported, node)
         assert "live" not in data.recording_note(imported, node).replace("not a live agent", ""), node
-    assert not data.resolve_window(imported, None, "1h", now).live    # a fleet of recordings only
+    assert not timerange.window("1h", timerange.store_bounds(imported), now).live    # a fleet of recordings only
     assert set(data.recordings(imported)) == set(TRACES)
     # an agent writing under a recording's name later makes it a live node again
     url = f"sqlite:///{tmp_path / 'one.db'}"
@@ -82,7 +83,7 @@ def test_recordings_are_marked_until_an_agent_writes(imported: Any, tmp_path: An
         st.write_ticks("n1", [Tick(now, [Sample("triscope_tcp_sockets", 1.0, {"state": "time_wait"})])])
         (n,) = st.nodes()
         assert n.recording is None
-        assert data.resolve_window(st, "n1", "1h", now).live
+        assert timerange.window("1h", timerange.node_bounds(st, "n1"), now).live
     finally:
         st.close()
 
@@ -162,9 +163,9 @@ def test_a_node_render_lists_its_series_once(imported: Any) -> None:
 
 
 def test_fleet_page_names_accelerators_and_keeps_quiet_states_quiet(imported: Any) -> None:
-    from triscope.core.vocabulary import IO_STATES
+    from triscope.core.vocabulary import IO_STATES, QUIET_STATES
     from triscope.dashboard.app import create_app
-    from triscope.dashboard.figures import STATE_COLORS
+    from triscope.dashboard.figures import DARK_INK, STATE_COLORS, STATE_INK
 
     app = create_app(store=imported)
     from triscope.dashboard.pages import fleet  # pages register once an app exists
@@ -174,10 +175,16 @@ def test_fleet_page_names_accelerators_and_keeps_quiet_states_quiet(imported: An
     table = _find(page, "fleet-table")
     heads = [c["name"] for c in table.columns if c["id"][1:].isdigit()]
     assert heads == [[fleet.ACCEL_HEAD, "GPU 0"]]
-    painted = {r["if"]["filter_query"].split('"')[1] for r in table.style_data_conditional
-               if r["if"].get("column_id") == "state" and "{rec}" not in r["if"]["filter_query"]
-               and r.get("backgroundColor") not in (None, "transparent")}
-    assert painted == set(IO_STATES) and painted <= set(STATE_COLORS)     # idle, demand-limited: not painted
+    rules = [r for r in table.style_data_conditional if r["if"].get("column_id") == "state"]
+    live = {r["if"]["filter_query"].split('"')[1]: r for r in rules if "{rec}" not in r["if"]["filter_query"]}
+    for s, r in live.items():     # each state in its colour and ink: the quiet ones pale, dark text, not bold
+        assert (r["backgroundColor"], r["color"]) == (STATE_COLORS[s], STATE_INK[s]), s
+        assert (r["fontWeight"] == "600") == (s in IO_STATES), s
+    assert {STATE_INK[s] for s in QUIET_STATES} == {DARK_INK} and {STATE_INK[s] for s in IO_STATES} == {"#ffffff"}
+    # a recording's row (rec = 1): outlined, never painted
+    rec_rules = [r for r in rules if "{rec} = 1" in r["if"]["filter_query"]]
+    assert len(rec_rules) == len(STATE_COLORS) and {r["backgroundColor"] for r in rec_rules} == {"transparent"}
+    assert rules.index(rec_rules[0]) > max(rules.index(r) for r in live.values())   # they come last: they win
     for rec in table.data:
         assert rec["last_seen"].endswith("(recording)") and rec["rec"] == 1, rec
     assert "recording" in str(_find(page, "fleet-recordings").children)

@@ -1,8 +1,8 @@
 """Fleet: every node with its current mismatch state and score (the verdict history's current runs),
 a cell per accelerator (its state colour and workload), SLO status and last remediation; sortable
 and filterable; a row opens the node page, an accelerator's cell the node page on that accelerator.
-I/O states are painted, the others marked only at the cell's edge (idle and demand-limited greyed);
-a recording is marked "recording" and its states outlined, never painted as live trouble."""
+Each state in its colour and ink (the quiet ``idle`` and ``demand-limited`` pale, the faults loud); a
+recording is marked "recording" and its states outlined, never painted as live trouble."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from triscope.core.vocabulary import IO_STATES, QUIET_STATES
 from triscope.dashboard import data, slo_view, timeview
 from triscope.dashboard.components import NAME_CHARS, error_note, fmt_ts, full, note, short
 from triscope.dashboard.context import ctx
-from triscope.dashboard.figures import STATE_COLORS
+from triscope.dashboard.figures import DARK_INK, STATE_COLORS, state_style
 from triscope.dashboard.registry import page_callback
 
 dash.register_page(__name__, path="/", name="Fleet", order=0, title="triscope - fleet")
@@ -37,7 +37,6 @@ WORKLOAD_CHARS = 30        # a workload's name in a cell; the whole of it in the
 ACCEL_HEAD = "per accelerator: workload, state (click one for its node page)"
 
 
-QUIET_TEXT = "#757575"      # idle, demand-limited: grey text, the state's colour only at the cell's edge
 RECORDING = "recording"
 
 
@@ -53,22 +52,18 @@ def accel_columns(rows: list[data.FleetRow], n: int) -> list[dict[str, Any]]:
 
 
 def state_styles(field: str, column: str) -> list[dict[str, Any]]:
-    """The conditional styles of a state column: I/O states (a page) painted in their colour,
-    compute-bound and balanced marked at the cell's left edge, idle and demand-limited (never a
-    page) the same with grey text; on a recording's row (hidden field ``rec``) every state outlined
-    only, in its colour: the recording's last state is no live trouble."""
+    """The conditional styles of a state column: each state in its colour and ink
+    (``figures.state_style``: the quiet states pale with dark text, the faults loud and bold); on a
+    recording's row (hidden field ``rec``) every state outlined only, dashed, in its colour: the
+    recording's last state is no live trouble."""
     out: list[dict[str, Any]] = []
-    for s, col in STATE_COLORS.items():
+    for s in STATE_COLORS:
         cond = {"filter_query": f'{{{field}}} = "{s}"', "column_id": column}
-        if s in IO_STATES:
-            out.append({"if": cond, "backgroundColor": col, "color": "white", "fontWeight": "600"})
-        else:
-            out.append({"if": cond, "borderLeft": f"4px solid {col}",
-                        **({"color": QUIET_TEXT} if s in QUIET_STATES else {})})
+        out.append({"if": cond, **state_style(s), "fontWeight": "600" if s in IO_STATES else "400"})
     for s, col in STATE_COLORS.items():   # after the above: these win on a recording's row
         out.append({"if": {"filter_query": f'{{rec}} = 1 && {{{field}}} = "{s}"', "column_id": column},
-                    "backgroundColor": "transparent", "color": QUIET_TEXT if s in QUIET_STATES else col,
-                    "fontWeight": "600" if s in IO_STATES else "400", "borderLeft": f"4px dashed {col}"})
+                    "backgroundColor": "transparent", "color": DARK_INK if s in QUIET_STATES else col,
+                    "borderLeft": f"4px dashed {col}"})
     return out
 
 
@@ -154,18 +149,10 @@ def layout(**_: Any) -> html.Div:
                                     for i in range(slots)],
             style_header={"fontWeight": "600", "backgroundColor": "#eceff1"},
         ),
-        html.Div([html.Span("states: ")] + [html.Span(s, className="state-chip", style=chip_style(s, col))
-                                            for s, col in STATE_COLORS.items()], className="legend-line",
+        html.Div([html.Span("states: ")] + [html.Span(s, className="state-chip", style=state_style(s))
+                                            for s in STATE_COLORS], className="legend-line",
                  id="fleet-legend"),
     ])
-
-
-def chip_style(state: str, col: str) -> dict[str, Any]:
-    """A legend chip as the table shows the state: painted for an I/O state, else edged."""
-    if state in IO_STATES:
-        return {"backgroundColor": col}
-    return {"backgroundColor": "transparent", "color": QUIET_TEXT if state in QUIET_STATES else "#212121",
-            "border": f"1px solid {col}", "borderLeft": f"4px solid {col}"}
 
 
 @page_callback(

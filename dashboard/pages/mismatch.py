@@ -11,7 +11,7 @@ from typing import Any
 import dash
 from dash import Input, Output, dcc, html
 
-from triscope.dashboard import data, export, figures, timeview, workload_data
+from triscope.dashboard import data, export, figures, timerange, timeview, workload_data
 from triscope.dashboard.components import (
     error_note,
     fmt_ts,
@@ -23,7 +23,7 @@ from triscope.dashboard.components import (
     short,
 )
 from triscope.dashboard.context import ctx
-from triscope.dashboard.figures import STATE_COLORS
+from triscope.dashboard.figures import STATE_COLORS, state_style
 from triscope.dashboard.registry import page_callback
 
 dash.register_page(__name__, path="/mismatch", name="Mismatch", order=2, title="triscope - mismatch")
@@ -31,11 +31,14 @@ ALL = "__fleet__"
 MAX_FLEET_NODES = 20  # each node's series are read for the scatter: bound the fleet view
 
 
-def layout(node: str = ALL, range: str = "1h", **_: Any) -> html.Div:  # noqa: A002
+def layout(node: str = ALL, range: str = "", **_: Any) -> html.Div:  # noqa: A002
     c = ctx()
     nodes = [n.name for n in c.store.nodes()]
     if not nodes:
         return html.Div([html.H2("Mismatch"), note("no nodes stored yet: start the agent or import a trace", "warn")])
+    if not range:   # default (timerange): the last hour of the data shown, all of it when less
+        range = timerange.default_preset(  # noqa: A001
+            timerange.node_bounds(c.store, node) if node in nodes else timerange.store_bounds(c.store))
     return html.Div([
         html.Div([html.H2("Coordination mismatch"), html.Span(id="mismatch-note", className="window-note")],
                  className="page-head"),
@@ -43,11 +46,11 @@ def layout(node: str = ALL, range: str = "1h", **_: Any) -> html.Div:  # noqa: A
             dcc.Dropdown(id="mismatch-node", options=[{"label": "whole fleet", "value": ALL}]
                          + node_options(nodes), value=node_value(node) if node in nodes else ALL,
                          clearable=False, className="node-select"),
-            range_picker("mismatch", range, custom=False),
+            range_picker("mismatch", range, custom=False, data=True),
         ], className="toolbar"),
-        html.Div([html.Span("states: ")] + [html.Span(st, className="state-chip", style={"backgroundColor": col},
+        html.Div([html.Span("states: ")] + [html.Span(st, className="state-chip", style=state_style(st),
                                                       title=STATE_HELP.get(st, ""))
-                                            for st, col in STATE_COLORS.items()],
+                                            for st in STATE_COLORS],
                  className="legend-line", id="mismatch-legend"),
         dcc.Store(id="mismatch-meta"),
         dcc.Loading([export.buttons("mismatch-scatter"),
@@ -94,7 +97,8 @@ def render(value: str, preset: str, tz: dict[str, Any] | None = None) -> tuple[A
         all_nodes = sorted(c.store.nodes(), key=lambda n: -n.last_seen)
         node = ALL if value == ALL else node_from_value(value, (n.name for n in all_nodes)) or ALL
         nodes = [n.name for n in all_nodes[:MAX_FLEET_NODES]] if node == ALL else [node]
-        w = data.resolve_window(c.store, None if node == ALL else node, preset, c.now())
+        bounds = timerange.node_bounds(c.store, node) if node != ALL else timerange.store_bounds(c.store, set(nodes))
+        w = timerange.window(preset, bounds, c.now())
         per_node = max(60, 300 // max(1, len(nodes)))
         pts, shares = data.mismatch_points(c.store, nodes, w, max_windows=per_node)
         head = f"{fmt_ts(w.start, zone)} to {fmt_ts(w.end, zone)} {timeview.zone_name(zone, w.end)}" + (

@@ -12,7 +12,7 @@ from urllib.parse import quote, urlencode
 import dash
 from dash import Input, Output, Patch, State, dcc, html, no_update
 
-from triscope.dashboard import data, export, figures, timeview, topology_view, workload_data
+from triscope.dashboard import data, export, figures, timerange, timeview, topology_view, workload_data
 from triscope.dashboard.components import error_note, fmt_ts, name_span, note, parse_ts, range_picker, short
 from triscope.dashboard.context import ctx
 from triscope.dashboard.node_parts import accel_picker, workload_panel, workload_states
@@ -27,8 +27,8 @@ def layout(node: str | None = None, range: str = "", start: str = "", end: str =
     c = ctx()
     infos = {n.name: n for n in c.store.nodes()}
     known = list(infos)
-    if not range and node in infos:  # default: 1 h, or all its data for a node with less than 15 minutes
-        range = data.DATA_PRESET if infos[node].last_seen - infos[node].first_seen <= 900 else "1h"  # noqa: A001
+    if not range and node in infos:  # default (timerange): the last hour of its data, all of it when less
+        range = timerange.default_preset(timerange.node_bounds(c.store, node))  # noqa: A001
     if not node or node not in known:
         msg = ("no nodes stored yet: start the agent ('triscope agent --db URL') or import a trace"
                if not known else f"unknown node {short(node)!r}" if node else "pick a node")
@@ -95,7 +95,7 @@ def _window(c: Any, node: str, preset: str, start: str | None, end: str | None) 
         if a is None or b is None or a == b:
             raise ValueError("custom range needs a start and an end (UTC ISO 8601 or epoch seconds)")
         custom = (a, b)
-    return data.resolve_window(c.store, node, preset, c.now(), custom)
+    return timerange.window(preset, timerange.node_bounds(c.store, node), c.now(), custom)
 
 
 @page_callback(
