@@ -48,6 +48,58 @@ def test_restart_retries_when_the_deployment_changes_under_it(srv: KubeTestServe
     assert all(p.body["metadata"]["resourceVersion"] for p in patches)
 
 
+@pytest.mark.parametrize("races", [1, 99])
+def test_every_read_modify_write_retries_on_conflict_then_gives_up(srv: KubeTestServer, kube: k.KubeAdapter,
+                                                                  races: int) -> None:
+    """Cordon, uncordon, device taints and ConfigMap keys go through the one conflict-retry helper: someone
+    writing the object between our read and our write (409) makes the verb read it again; one who keeps
+    doing so makes it give up after 5 tries (8 for a ConfigMap), naming the object, having written nothing."""
+    orig = srv._replace
+    left = {"n": races}
+
+    def racing_replace(res: str, ns: str, name: str, body: Any):  # type: ignore[no-untyped-def]
+        if left["n"] > 0:
+            left["n"] -= 1
+            srv.put(res, srv.get(res, ns, name))   # someone else's write: a new resourceVersion
+        return orig(res, ns, name, body)
+
+    srv._replace = racing_replace  # type: ignore[method-assign]
+    srv.put("configmaps", {"metadata": {"name": "deps", "namespace": "inference"}, "data": {"mode": "normal"}})
+    verbs = [("node-a", 5, lambda: kube.cordon("node-a", by="triscope")),
+             ("node-a", 5, lambda: kube.set_device_taint("node-a", "gpu=0", {"by": "triscope"})),
+             ("deps", 8, lambda: kube.set_configmap_keys("inference", "deps", {"mode": "x"}))]
+    for name, tries, verb in verbs:
+        left["n"] = races
+        before = len(srv.calls("PUT"))
+        if races == 1:
+            verb()
+            assert len(srv.calls("PUT")) - before == 2             # the lost race, then the write
+            continue
+        with pytest.raises(k.Conflict, match=rf"{name} \(.*\) kept changing \(409 {tries} times\)"):
+            verb()
+        assert len(srv.calls("PUT")) - before == tries
+    if races > 1:
+        assert not srv.get("nodes", "", "node-a")["spec"].get("unschedulable")
+        assert srv.get("configmaps", "inference", "deps")["data"] == {"mode": "normal"}
+    else:
+        assert srv.get("nodes", "", "node-a")["spec"]["unschedulable"] is True
+        assert kube.uncordon("node-a", by="triscope")["result"] == "uncordoned"
+
+
+def test_rfc3339_one_parser_one_formatter() -> None:
+    """What Kubernetes and Alertmanager write (nanoseconds, Z or an offset) and what the engine writes
+    (whole seconds; microseconds for a MicroTime or a restart stamp) read back to the same instant."""
+    from triscope.core.timeparse import TimeParseError, format_rfc3339, parse_rfc3339
+
+    ts = parse_rfc3339("2026-11-29T18:00:00.123456789Z")
+    assert ts == parse_rfc3339("2026-11-29T19:00:00.123456+01:00") == 1795975200.123456
+    assert format_rfc3339(ts) == "2026-11-29T18:00:00Z" and format_rfc3339(ts, micro=True) == "2026-11-29T18:00:00.123456Z"
+    assert parse_rfc3339(k.KubeAdapter.micro_time()) == pytest.approx(time.time(), abs=5)
+    for bad in ("", "yesterday", "2026-11-29T18:00:00"):          # no zone: not RFC 3339
+        with pytest.raises(TimeParseError):
+            parse_rfc3339(bad)
+
+
 def test_patch_content_types_are_honoured(srv: KubeTestServer, kube: k.KubeAdapter) -> None:
     # a JSON object sent as json-patch is a 400, as on a real API server (the official client itself
     # switches object bodies to strategic merge, so this is sent raw)
