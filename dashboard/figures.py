@@ -197,6 +197,7 @@ def node_lanes_figure(lanes: Any, uirevision: Any = "node", height: int = 860) -
     has_primary = {LANE_ROWS[t.lane] for t in lanes.traces if not t.secondary}
     units: dict[tuple[int, bool], str] = {}
     seen: dict[str, int] = {}
+    entries: list[tuple[dict[str, Any], int, str, bool]] = []    # one legend entry per kind: toggles all of it
     # the workloads' host-side evidence first (drawn beneath, thinner and lighter): the accelerator's
     # own busy line stays readable over several workloads' feeder and CPU-wait lines
     for t in sorted(lanes.traces, key=lambda t: t.metric not in HOST_EVIDENCE):
@@ -205,10 +206,11 @@ def node_lanes_figure(lanes: Any, uirevision: Any = "node", height: int = 860) -
         title, color = series_kind(t.metric)
         n = seen.get(title, 0)
         seen[title] = n + 1
-        if n == 0:   # the kind's legend entry: toggles every series of the kind
-            add({"type": "scatter", "x": [None], "y": [None], "mode": "lines", "name": title,
-                 "legendgroup": title, "legend": LANE_LEGENDS[row], "hoverinfo": "skip",
-                 "line": {"width": 2.2, "color": color, "dash": t.dash or "solid"}}, row, f"legend|{title}", secondary)
+        if n == 0:   # the kind's legend entry (added after the series: a lookup by name finds the series)
+            entries.append(({"type": "scatter", "x": [None], "y": [None], "mode": "lines", "name": title,
+                             "legendgroup": title, "legend": LANE_LEGENDS[row], "hoverinfo": "skip",
+                             "line": {"width": 2.2, "color": color, "dash": t.dash or "solid"}},
+                            row, f"legend|{title}", secondary))
         k = t.scale
         evidence = t.metric in HOST_EVIDENCE
         add({"type": "scatter", "x": to_dt(t.ts), "y": [v * k for v in t.values], "mode": "lines", "name": t.name,
@@ -220,6 +222,8 @@ def node_lanes_figure(lanes: Any, uirevision: Any = "node", height: int = 860) -
              "meta": {"labels": dict(t.labels), "unit": t.unit, "metric": t.metric, "kind": title}},
             row, t.key, secondary)
         units.setdefault((row, secondary), t.unit)
+    for entry in entries:
+        add(*entry)
     for lane, row in LANE_ROWS.items():
         msg = lanes.missing.get(lane)
         if msg:
