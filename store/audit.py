@@ -204,19 +204,28 @@ class RemediationFallback(MappedAsDataclass, Base, kw_only=True):
 
 FallbackRow = RemediationFallback
 
-_AUDIT_COLUMNS = frozenset(f.name for f in cast("tuple[dataclasses.Field[object], ...]",
-                                                 dataclasses.fields(RemediationAudit))) - {"id"}
+def _columns(model: type[RemediationAudit] | type[RemediationFallback]) -> tuple[str, ...]:
+    """The columns of a table, from its dataclass (its ``id`` left to the database)."""
+    return tuple(f.name for f in cast("tuple[dataclasses.Field[object], ...]", dataclasses.fields(model))
+                 if f.name != "id")
+
+
+_AUDIT_COLUMNS = _columns(RemediationAudit)
+_FALLBACK_COLUMNS = _columns(RemediationFallback)
 _JSON_DEFAULTS: tuple[tuple[str, object], ...] = (
     ("params", {}), ("response", {}), ("reason", ""), ("trigger", ""), ("trigger_key", ""), ("target", ""),
     ("target_key", ""), ("engine_id", ""), ("dry_run", False))
 
 
 def _add(conn: Connection, row: RemediationAudit | RemediationFallback) -> int:
-    """Insert ``row`` inside the caller's transaction; its id."""
-    with Session(conn) as s:
-        s.add(row)
-        s.flush()
-        return row.id
+    """Insert ``row`` inside the caller's transaction (one statement, no ORM session); its id."""
+    if isinstance(row, RemediationAudit):
+        values = {c: cast(object, getattr(row, c)) for c in _AUDIT_COLUMNS}
+        stmt = insert(RemediationAudit).values(values).returning(RemediationAudit.id)
+    else:
+        values = {c: cast(object, getattr(row, c)) for c in _FALLBACK_COLUMNS}
+        stmt = insert(RemediationFallback).values(values).returning(RemediationFallback.id)
+    return cast(int, conn.execute(stmt).scalar_one())
 
 
 # audit -------------------------------------------------------------------------------------------
