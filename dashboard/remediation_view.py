@@ -129,7 +129,7 @@ def node_link(node: str, ts: float, accelerator: str) -> str:
 
 def recorded_nodes(store: StoreReader) -> dict[str, str]:
     """node -> the trace file it was imported from, for the nodes that are recordings."""
-    return {n.name: str(n.recording) for n in store.nodes() if getattr(n, "recording", None)}
+    return {n.name: n.recording for n in store.nodes() if n.recording is not None}
 
 
 @dataclass

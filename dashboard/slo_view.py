@@ -63,7 +63,7 @@ def data_bounds(c: DashboardContext, slos: list[Any], ttl: float = 10.0) -> Boun
     last = max((ts for per in latest.values() for ts, _v in per.values()), default=None)
     nodes = [n for n in c.store.nodes() if n.name in latest]
     first = min((n.first_seen for n in nodes), default=None)
-    rec = bool(nodes) and all(getattr(n, "recording", None) for n in nodes)   # NodeInfo.recording
+    rec = bool(nodes) and all(n.recording is not None for n in nodes)
     out = None if last is None or first is None else Bounds(min(first, last), last, rec)
     c.cache[key] = (time.monotonic(), out)
     return out

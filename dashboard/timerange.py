@@ -22,10 +22,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 from triscope.dashboard.data import DATA_PRESET, LIVE_SLACK_S, PRESETS, Window
-from triscope.store.reader import StoreReader
+from triscope.store.reader import NodeInfo, StoreReader
 
 DEFAULT_PRESET = "1h"
 """What a page opens on when its data spans at least this long; less opens on all of it."""
@@ -45,8 +44,8 @@ class Bounds:
         return not self.recording and abs(now - self.last) <= LIVE_SLACK_S
 
 
-def _recording(n: Any) -> bool:
-    return bool(getattr(n, "recording", None))    # NodeInfo.recording: the node was imported from a trace
+def _recording(n: NodeInfo) -> bool:
+    return n.recording is not None    # the node's data was imported from a trace, nothing newer came
 
 
 def node_bounds(store: StoreReader, node: str) -> Bounds | None:
