@@ -1,10 +1,11 @@
 """Analysis benchmarks: the per-tick mismatch tracker, the stored-series classifier, the SLO
-evaluation and the RCA query (24 h window at 1 Hz, 200 series, against the preceding 24 h).
+evaluation and the RCA query (``triscope rca``: 24 h window at 1 Hz and 7 d at 0.1 Hz, 200 series,
+against the preceding window of the same length).
 
 Baselines measured in the same run:
 * tracker: recomputing the window from the last 10 s of raw samples every tick (no running sums);
-* RCA: the same query reading every raw point (``max_points=None``) instead of downsampled
-  rollups, on a 20-series subset, scaled x10 (reading 35 M raw points in full would take minutes).
+* RCA: the same query with its states read back from the state series' rollups instead of the
+  verdict history (``verdict_runs``), as the timeline did before the history existed.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import tempfile
 import time
 from collections import deque
 from pathlib import Path
+from typing import Any
 
 from bench.common import Row
 from triscope.analysis.mismatch import accelerator_states, node_states
@@ -116,27 +118,13 @@ def bench_node_states(tmp: Path, quick: bool) -> list[Row]:
 
 
 BENCH_BUS = "0000:1b:00.0"
+STATES = ("idle", "demand-limited", "compute-bound", "balanced", "io-saturated", "staging-bound", "network-bound")
+GPUS = 8
 
 
-def _rca_store(path: Path, hours: float) -> tuple[Store, float, float]:
-    """200 series at 1 Hz over 2 x ``hours`` of an 8-GPU node, every GPU balanced (SM 0.5); in the
-    second half, an hour in, GPU 0's process starts pinning host memory per request: DMA maps on its
-    PCI device jump to 1,100/s, its SM activity drops to 2 % and its link carries 5 GB/s (9 % of
-    Gen5 x16): staging-bound with pin churn.  No stored states (an older store: the classifier cuts
-    the episodes).  A complete store from an earlier run at ``path`` is reused (building 48 h takes
-    minutes)."""
-    n = int(hours * 3600)
-    t0 = 1_800_000_000.0
-    st = Store.open(f"sqlite:///{path}")
-    st.upgrade()
-    tb = st.time_bounds("bench")
-    if tb is not None and tb == (t0, t0 + 2 * n - 1) and len(st.series(node="bench")) == SERIES:
-        return st, t0 + n, t0 + 2 * n
-    st.close()
-    path.unlink(missing_ok=True)
-    st = Store.open(f"sqlite:///{path}")
-    st.upgrade()
-    rnd = random.Random(3)
+def _rca_names() -> list[tuple[str, dict[str, str], MetricKind]]:
+    """The 200 series of the RCA bench node: host and link facts, 4 per GPU, the agent's published
+    state (``triscope_mismatch_state``, one series per state) and score per GPU, filler."""
     names: list[tuple[str, dict[str, str], MetricKind]] = [("triscope_cpu_busy_ratio", {}, "gauge")]
     names += [("triscope_pressure_ratio", {"resource": r, "kind": "some"}, "gauge") for r in ("cpu", "memory", "io")]
     names += [("triscope_tcp_retransmits_total", {}, "counter"),
@@ -144,92 +132,149 @@ def _rca_store(path: Path, hours: float) -> tuple[Store, float, float]:
               ("triscope_gpu_info", {"gpu": "0", "bus_id": BENCH_BUS, "name": "NVIDIA H200", "uuid": "GPU-0"}, "gauge"),
               ("triscope_pcie_link_speed_gts", {"device": BENCH_BUS, "kind": "current"}, "gauge"),
               ("triscope_pcie_link_width", {"device": BENCH_BUS, "kind": "current"}, "gauge")]
-    for g in range(8):
+    for g in range(GPUS):
+        wl = {"gpu": str(g), "workload": f"cmd:infer-{g}"}
         names += [("triscope_gpu_sm_active_ratio", {"gpu": str(g)}, "gauge"),
                   ("triscope_gpu_pcie_rx_bytes_total", {"gpu": str(g)}, "counter"),
                   ("triscope_gpu_pcie_tx_bytes_total", {"gpu": str(g)}, "counter"),
                   ("triscope_gpu_power_watts", {"gpu": str(g)}, "gauge")]
+        names += [("triscope_mismatch_state", {**wl, "state": st}, "gauge") for st in STATES]
+        names.append(("triscope_mismatch_score", wl, "gauge"))
     while len(names) < SERIES:
         names.append(("app_filler_gauge", {"i": str(len(names))}, "gauge"))
+    return names
+
+
+def _rca_tick(ts: float, step: float, churn: bool, names: list[tuple[str, dict[str, str], MetricKind]],
+              cum: list[float], rnd: random.Random) -> Tick:
+    samples = []
+    for k, (m, lab, kind) in enumerate(names):
+        gpu0 = lab.get("gpu") == "0"
+        if kind == "counter":
+            if m == "triscope_dma_map_total":
+                rate = 1100.0 if churn else 2.0 * (1 + rnd.random() * 0.1)
+            elif m == "triscope_gpu_pcie_rx_bytes_total" and gpu0 and churn:
+                rate = 5e9 * (1 + rnd.random() * 0.05)
+            elif m == "triscope_tcp_retransmits_total":
+                rate = 0.1 * rnd.random()
+            else:
+                rate = 10.0 * (1 + rnd.random() * 0.1)
+            cum[k] += rate * step
+            samples.append(Sample(m, cum[k], lab, kind))
+        elif m in ("triscope_gpu_info", "triscope_pcie_link_speed_gts", "triscope_pcie_link_width"):
+            samples.append(Sample(m, {"triscope_gpu_info": 1.0, "triscope_pcie_link_speed_gts": 32.0}.get(m, 16.0),
+                                  lab, kind))
+        elif m == "triscope_mismatch_state":
+            now = "staging-bound" if gpu0 and churn else "balanced"
+            samples.append(Sample(m, 1.0 if lab["state"] == now else 0.0, lab, kind))
+        elif m == "triscope_mismatch_score":
+            samples.append(Sample(m, 0.97 if gpu0 and churn else 0.4, lab, kind))
+        elif m == "triscope_gpu_sm_active_ratio" and gpu0 and churn:
+            samples.append(Sample(m, 0.02 + rnd.random() * 0.01, lab, kind))
+        elif m in ("triscope_cpu_busy_ratio", "triscope_pressure_ratio"):     # a host with room to spare
+            samples.append(Sample(m, (0.3 if m == "triscope_cpu_busy_ratio" else 0.01) + rnd.random() * 0.02, lab, kind))
+        else:
+            samples.append(Sample(m, 0.5 + rnd.random() * 0.02, lab, kind))
+    return Tick(ts, samples)
+
+
+def _rca_store(path: Path, hours: float, step: float) -> tuple[Store, float, float]:
+    """200 series every ``step`` seconds over 2 x ``hours`` of an 8-GPU node, every GPU balanced (SM
+    0.5) with its published state; in the second half, an hour in, GPU 0's process starts pinning
+    host memory per request: DMA maps on its PCI device jump to 1,100/s, its SM activity drops to 2 %
+    and its link carries 5 GB/s (9 % of Gen5 x16): staging-bound with pin churn, as the agent
+    publishes it (the store writes the verdict history, ``verdict_runs``, with the ticks).  A complete
+    store from an earlier run at ``path`` is reused (building one takes minutes)."""
+    n = int(hours * 3600 / step)
+    t0 = 1_800_000_000.0
+    st = Store.open(f"sqlite:///{path}")
+    st.upgrade()
+    tb = st.time_bounds("bench")
+    if tb is not None and tb == (t0, t0 + (2 * n - 1) * step) and len(st.series(node="bench")) == SERIES:
+        return st, t0 + n * step, t0 + 2 * n * step
+    st.close()
+    path.unlink(missing_ok=True)
+    st = Store.open(f"sqlite:///{path}")
+    st.upgrade()
+    rnd = random.Random(3)
+    names = _rca_names()
     cum = [0.0] * len(names)
     batch: list[Tick] = []
-    onset = t0 + n + 3600
+    onset = t0 + n * step + 3600
     for i in range(2 * n):
-        ts = t0 + i
-        samples = []
-        churn = ts >= onset
-        for k, (m, lab, kind) in enumerate(names):
-            gpu0 = lab.get("gpu") == "0"
-            if kind == "counter":
-                if m == "triscope_dma_map_total":
-                    rate = 1100.0 if churn else 2.0 * (1 + rnd.random() * 0.1)
-                elif m == "triscope_gpu_pcie_rx_bytes_total" and gpu0 and churn:
-                    rate = 5e9 * (1 + rnd.random() * 0.05)
-                else:
-                    rate = 10.0 * (1 + rnd.random() * 0.1)
-                cum[k] += rate
-                samples.append(Sample(m, cum[k], lab, kind))
-            elif m in ("triscope_gpu_info", "triscope_pcie_link_speed_gts", "triscope_pcie_link_width"):
-                samples.append(Sample(m, {"triscope_gpu_info": 1.0, "triscope_pcie_link_speed_gts": 32.0}.get(m, 16.0),
-                                      lab, kind))
-            elif m == "triscope_gpu_sm_active_ratio" and gpu0 and churn:
-                samples.append(Sample(m, 0.02 + rnd.random() * 0.01, lab, kind))
-            else:
-                samples.append(Sample(m, 0.5 + rnd.random() * 0.02, lab, kind))
-        batch.append(Tick(ts, samples))
+        ts = t0 + i * step
+        batch.append(_rca_tick(ts, step, ts >= onset, names, cum, rnd))
         if len(batch) >= 600:
             st.write_ticks("bench", batch)
             batch = []
     if batch:
         st.write_ticks("bench", batch)
-    return st, t0 + n, t0 + 2 * n
+    return st, t0 + n * step, t0 + 2 * n * step
+
+
+class _RollupsOnly:
+    """The same store read without its verdict history: the timeline's older path, the states read
+    back from the state series' rollups (the named baseline; every other read is the store's own)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def verdict_runs(self, node: str, start: float, end: float) -> list[Any]:
+        return []
+
+
+def _best_of(fn: Any, n: int = 3) -> tuple[float, Any]:
+    times, out = [], None
+    for _ in range(n):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return min(times), out
+
+
+def _rca_window(hours: float, step: float, target: float | None) -> list[Row]:
+    """``triscope rca``'s query over a window of ``hours`` (the timeline: episodes from the verdict
+    history, each bad one's evidence read around it) against the same query reading the states from
+    rollups, on the store of ``_rca_store``."""
+    t_build = time.perf_counter()
+    st, a, b = _rca_store(Path(tempfile.gettempdir()) / f"triscope-bench-rca-v5-{hours:g}h-{step:g}s.db", hours, step)
+    build_s = time.perf_counter() - t_build
+    onset = a + 3600
+    try:
+        best, tl = _best_of(lambda: rca_timeline(st, "bench", a, b))
+        base, _tl = _best_of(lambda: rca_timeline(_RollupsOnly(st), "bench", a, b))  # type: ignore[arg-type]
+        ranked_s, res = _best_of(lambda: rank_causes(st, "bench", a, b))
+    finally:
+        st.close()
+    # the injected incident: one bad episode, on GPU 0, from the onset (the tracker's lag back), whose
+    # top cause is the DMA-map jump, read from the verdict history; the ranked list agrees
+    bad = [e for e in tl.episodes if e.kind == "state" and e.bad]
+    top_ok = (tl.source == "verdict history" and len(bad) == 1 and bad[0].accelerator == "gpu=0"
+              and abs(bad[0].start - onset) <= 2 * step + 10 and bool(bad[0].causes)
+              and bad[0].causes[0].key == "dma_mapping" and bool(res.causes) and res.causes[0].key == "dma_mapping")
+    window = f"{hours / 24:g} d" if hours >= 48 else f"{hours:g} h"
+    label = f"{window} window, {SERIES} series every {step:g} s, vs preceding {window}"
+    return [
+        Row("analysis rca (SQLite)", f"s per query (triscope rca), {label}, states from the verdict history",
+            round(best, 3), "s", f"<= {target:g}" if target else "", "states from the rollups (no verdict history)",
+            round(base, 3), best <= target if target else None),
+        Row("analysis rca (SQLite)", f"{window}: one bad episode, on GPU 0, from the onset, top cause the injected "
+            "DMA-map jump", 1.0 if top_ok else 0.0, "bool", "1", "", None, top_ok),
+        Row("analysis rca ranked list (SQLite)", f"s per query, {label} (rank_causes, the --ranked view)",
+            round(ranked_s, 3), "s", "", "", None, None),
+        Row("analysis rca (SQLite)", f"s to build (or reopen) the {window} x 2 test store, not a target",
+            round(build_s, 1), "s"),
+    ]
 
 
 def bench_rca(tmp: Path, quick: bool) -> list[Row]:
-    """``triscope rca``'s query (the timeline, ``rca_timeline``) and the older ranked list
-    (``rank_causes``, the dashboard's Root cause page) over the store of ``_rca_store``."""
-    hours = 2.0 if quick else 24.0
-    t_build = time.perf_counter()
-    st, a, b = _rca_store(Path(tempfile.gettempdir()) / f"triscope-bench-rca-v3-{hours:g}h.db", hours)
-    build_s = time.perf_counter() - t_build
-    onset = a + 3600
-
-    def best_of(fn):  # type: ignore[no-untyped-def]
-        times, out = [], None
-        for _ in range(3):
-            t0 = time.perf_counter()
-            out = fn()
-            times.append(time.perf_counter() - t0)
-        return min(times), out
-
-    best, tl = best_of(lambda: rca_timeline(st, "bench", a, b))
-    ranked_s, res = best_of(lambda: rank_causes(st, "bench", a, b))
-    # the injected incident: one bad episode, on GPU 0, from the onset (within the episode
-    # resolution: 1-minute rollups, 2-step flicker floor), whose top cause is the DMA-map jump
-    bad = [e for e in tl.episodes if e.kind == "state" and e.bad]
-    top_ok = (len(bad) == 1 and bad[0].accelerator == "gpu=0" and abs(bad[0].start - onset) <= 600
-              and bool(bad[0].causes) and bad[0].causes[0].key == "dma_mapping"
-              and bool(res.causes) and res.causes[0].key == "dma_mapping")
-    # baseline: every raw point, 20 series, scaled to 200
-    infos = st.series(node="bench")[:20]
-    t0 = time.perf_counter()
-    pts = 0
-    for info in infos:
-        sd = st.query_series(info, a - (b - a), b, max_points=None)
-        pts += len(sd.ts)
-    raw_s = (time.perf_counter() - t0) * (SERIES / len(infos))
-    st.close()
-    label = f"{hours:g} h window at 1 Hz, {SERIES} series, vs preceding {hours:g} h"
-    return [
-        Row("analysis rca (SQLite)", f"s per query, {label}", round(best, 3), "s", "<= 2" if not quick else "",
-            "raw points, no rollups (20 series x10)", round(raw_s, 2), best <= 2.0 if not quick else None),
-        Row("analysis rca (SQLite)", "top cause is the injected DMA-map jump", 1.0 if top_ok else 0.0, "bool", "1",
-            "", None, top_ok),
-        Row("analysis rca ranked list (SQLite)", f"s per query, {label} (rank_causes, the older view)",
-            round(ranked_s, 3), "s", "", "", None, None),
-        Row("analysis rca (SQLite)", f"s to build (or reopen) the {2 * hours:g} h test store, not a target",
-            round(build_s, 1), "s"),
-    ]
+    """``triscope rca`` over 24 h at 1 Hz and 7 d at 0.1 Hz (2 h and 12 h with --quick)."""
+    if quick:
+        return _rca_window(2.0, 1.0, None) + _rca_window(12.0, 10.0, None)
+    return _rca_window(24.0, 1.0, 2.0) + _rca_window(7 * 24.0, 10.0, 5.0)
 
 
 def bench_slo(tmp: Path, quick: bool) -> list[Row]:

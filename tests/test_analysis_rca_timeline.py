@@ -232,6 +232,10 @@ def test_cli_timeline_json_and_text(tmp_path: Path) -> None:
     # the example SLOs (deploy/slo.example.yaml) put the pageable phase's missed deadlines on the timeline
     slo = [e for e in d["episodes"] if e["kind"] == "slo"]
     assert slo and slo[0]["slo"] == "h200-inference-requests-on-time" and slo[0]["causes"][0]["cause"] == "host_staging"
+    assert slo[0]["reference"]["kind"] == "episode" and slo[0]["reference"]["link"] in ("overlaps", "follows")
+    # the app's /metrics going away at the end: an event on the lane, context, not a bad episode
+    late = [e for e in d["episodes"] if e["kind"] == "event"]
+    assert [e["state"] for e in late] == ["metrics-late"] and not late[0]["bad"] and not late[0]["causes"]
 
     r = subprocess.run([exe, "rca", "--db", url, "--node", info.node, *span], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
@@ -242,6 +246,7 @@ def test_cli_timeline_json_and_text(tmp_path: Path) -> None:
     assert "  gpu=0  io-saturated" in text and "reference: the healthy period before it: idle" in text
     assert "    1. PCIe link load" in text and "    1. DMA mapping" in text
     assert "link at " in text and "of its ceiling" in text
+    assert "metrics-late" in text and "context: the workload's own /metrics" in text
     # --ranked keeps the older view
     r = subprocess.run([exe, "rca", "--db", url, "--node", info.node, "--ranked", *span, "--json"],
                        capture_output=True, text=True)

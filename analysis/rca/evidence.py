@@ -390,11 +390,15 @@ FAULT_FAMILIES = frozenset({"gpu_health", "pcie_errors", "iommu_faults"})
 
 def absolute_part(strength: float | None) -> float:
     """A family's absolute part from its strongest figure: past its threshold (the detector's own
-    bar) the strength itself, up to ``ABS_CAP``; between ``ABS_MIN`` and the threshold only what it
-    exceeds ``ABS_MIN`` by (supporting evidence, at most 0.5); below, nothing."""
+    bar) from 1 towards ``ABS_CAP``, the further past the more (``1 + (ABS_CAP - 1) (1 - 1/s)``: two
+    families past their limits keep their order, neither drowns what moved); between ``ABS_MIN``
+    and the threshold only what it exceeds ``ABS_MIN`` by (supporting evidence, at most 0.5);
+    below, nothing."""
     if strength is None or strength < ABS_MIN:
         return 0.0
-    return min(ABS_CAP, strength) if strength >= 1.0 else strength - ABS_MIN
+    if strength >= 1.0:
+        return 1.0 + (ABS_CAP - 1.0) * (1.0 - 1.0 / strength)
+    return strength - ABS_MIN
 
 
 def limit_factor(key: str, strength: float | None) -> float:

@@ -82,11 +82,11 @@ def slo_burn_episodes(slos: Sequence[Any], series: Sequence[SeriesPoints], start
             if burn < factor:
                 continue
             if cur is not None and t - cur.end <= window:
-                cur.end = t + step
+                cur.end = min(t + step, end)
                 cur.samples += 1
                 cur.detail["peak_burn_rate"] = round(max(cur.detail["peak_burn_rate"], burn), 3)
                 continue
-            cur = Episode(t, t + step, "slo-burn", NODE, kind="slo", samples=1)
+            cur = Episode(t, min(t + step, end), "slo-burn", NODE, kind="slo", samples=1)
             cur.detail.update(slo=slo.id, objective=slo.objective, page_factor=factor,
                               peak_burn_rate=round(burn, 3), burn_window_s=window)
             out.append(cur)

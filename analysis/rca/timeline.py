@@ -307,7 +307,8 @@ def timeline_from(inputs: TimelineInputs, thresholds: MismatchThresholds | None 
             continue
         ref = choose_reference(e, eps, r.node, given, given_has_data, workload_refs or {}, reference_guard(step, th))
         around = local.around(e, ref, r.events) if local is not None else None
-        shown += explain_episode(e, ref, around or own, th, top, r, local_read=around is not None)
+        shown += explain_episode(e, ref, around or own, th, top, r, local_read=around is not None,
+                                 raw=around is not None or r.tier is None)
     for h in health_episodes(r.events, ctx.accelerator_of_device()):
         _explain_health(h)
         shown.append(h)
@@ -321,12 +322,13 @@ def timeline_from(inputs: TimelineInputs, thresholds: MismatchThresholds | None 
 
 
 def explain_episode(e: Episode, ref: Reference, around: Around, th: MismatchThresholds, top: int | None,
-                    r: RCAInputs, local_read: bool = False) -> list[Episode]:
-    """One bad episode: its phases (``phases.split_phases``), each with its reference, ranked causes,
-    context and the detector's reasons.  A later phase is compared with the phase before it: what
-    changed at its start is what made it a phase of its own."""
+                    r: RCAInputs, local_read: bool = False, raw: bool = True) -> list[Episode]:
+    """One bad episode: its phases (``phases.split_phases``; only where ``raw`` evidence was read:
+    rollups would cut other phases than a raw read, and the answer would change with the look-back),
+    each with its reference, ranked causes, context and the detector's reasons.  A later phase is
+    compared with the phase before it: what changed at its start is what made it a phase of its own."""
     ctx, index, data_start = around
-    out = split_phases(e, ctx, th.window_s)
+    out = split_phases(e, ctx, th.window_s) if raw else [e]
     for i, p in enumerate(out):
         pref = ref if i == 0 else previous_phase(out[i - 1], r.node)
         p.reference = pref.as_dict()
