@@ -15,7 +15,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "import-trace", help="load a recorded trace (e.g. examples/traces/h200-phases.jsonl.gz) into a store",
         description="Load a recorded trace into a store as one node, so the dashboard and the analysis show "
-                    "real GPU data on machines without a GPU.  Loading the same trace twice adds nothing.",
+                    "real GPU data on machines without a GPU.  The node is marked a recording (node labels "
+                    "triscope.recording and triscope.recording_end): the dashboard says 'recording', never "
+                    "'live', until an agent writes newer data under that name.  Loading the same trace twice "
+                    "adds nothing.",
     )
     p.add_argument("file", metavar="FILE", help="trace file (.jsonl.gz as written by 'triscope export-trace')")
     add_db_option(p)
