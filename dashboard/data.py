@@ -1,9 +1,11 @@
 """Everything the pages read, through the store's query functions and the analysis package only.
 
-No SQL here: ``store.Store`` (``nodes``, ``series``, ``query``, ``latest``, ``events``,
-``time_bounds``, ``fleet_latest``, ``series_keys``) and ``analysis.*``.  Every series is downsampled by the store
-(``max_points``) before it reaches a figure.  Functions return plain dataclasses; the figure
-builders in ``triscope.dashboard.figures`` turn them into Plotly figures.
+No SQL here: ``store.Store`` (``nodes``, ``series``, ``query_series``, ``latest``, ``events``,
+``fleet_latest``, ``series_keys``, ``verdict_runs``, ``current_verdicts``) and ``analysis.*``.  Every
+series is downsampled by the store (``max_points``) before it reaches a figure; every state shown is
+the verdict history's (no detector runs here).  A render lists a node's series once and keys its
+traces by ``SeriesInfo.id``.  Functions return plain dataclasses; the figure builders in
+``triscope.dashboard.figures`` turn them into Plotly figures.
 """
 
 from __future__ import annotations
