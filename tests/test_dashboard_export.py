@@ -76,7 +76,7 @@ def test_a_figure_drawn_in_local_time_exports_utc() -> None:
     timeview.localize_figure(fig, ZoneInfo("Asia/Tokyo"))
     assert fig["layout"]["meta"]["tz"] == "Asia/Tokyo"
     assert fig["layout"]["xaxis"]["range"][0] == "2027-01-15T17:00:00.000"      # drawn at +9 h
-    drawn = [t for t in fig["data"] if t["x"] is not None and len(t["x"])]      # legend-only entries hold no points
+    drawn = [t for t in fig["data"] if t["x"] is not None and t["x"][0] is not None]   # legend-only entries hold no points
     assert drawn[-1]["x"][0] == "2027-01-15T17:00:00.000"
     assert [s.points for s in export.series_from_figure(fig)] == utc_points      # the file stays UTC
 
