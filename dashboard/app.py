@@ -23,8 +23,13 @@ from typing import Any
 
 from triscope.core.errors import UserError
 from triscope.core.textsafe import one_line
+from triscope.dashboard import auth, registry, storerole, timeview
+from triscope.dashboard.auth import ProxyTrust
+from triscope.dashboard.components import error_note
 from triscope.dashboard.context import CONFIG_KEY, DashboardContext
 from triscope.store.api import Store
+from triscope.store.db import READ_STATEMENT_TIMEOUT_S
+from triscope.store.ha import server_role
 from triscope.web.loopback import is_loopback
 
 log = logging.getLogger(__name__)
@@ -60,7 +65,6 @@ def check_bind(host: str, password: str | None, proxy: Any = None) -> None:
 def proxy_trust(trusted: str | None = None, header: str | None = None) -> Any:
     """The trusted proxies (``auth.ProxyTrust``) from the arguments, else the environment; None when
     none are set.  The old all-or-nothing setting is refused with what replaced it."""
-    from triscope.dashboard.auth import ProxyTrust
 
     if os.environ.get(PROXY_ENV, "").strip():
         raise DashboardConfigError(OLD_PROXY_SETTING)
@@ -100,8 +104,6 @@ def _guarded(layout: Any, page: str) -> Any:
     def wrapper(**kwargs: Any) -> Any:
         from dash import html
 
-        from triscope.dashboard.components import error_note
-
         try:
             return layout(**kwargs)
         except Exception as e:  # noqa: BLE001 - one line in the page, the traceback in the log
@@ -126,13 +128,8 @@ def create_app(store_url: str | None = None, slo_file: str | Path | None = None,
     import dash
     from dash import dcc, html
 
-    from triscope.dashboard import auth, registry, storerole, timeview
-
     proxy = proxy_trust(trusted_proxies, proxy_user_header)   # refused before the store is opened
     if store is None:
-        from triscope.store import Store
-        from triscope.store.db import READ_STATEMENT_TIMEOUT_S
-
         store = Store.open(store_url, statement_timeout_s=READ_STATEMENT_TIMEOUT_S)   # it only reads
         store.require_schema()
     slo_path = Path(slo_file) if slo_file else None
@@ -161,7 +158,6 @@ def create_app(store_url: str | None = None, slo_file: str | Path | None = None,
 
     @app.server.route(auth.HEALTH_PATH)
     def _healthz() -> Any:  # for probes: 200 while the store answers, 503 with the reason otherwise
-        from triscope.store.ha import server_role
 
         try:
             store.nodes()

@@ -16,9 +16,25 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from triscope.analysis.mismatch import STATES
+from triscope.analysis.config import MismatchThresholds
+from triscope.analysis.features import (
+    GPU_BUSY,
+    NPU_BUSY,
+    PCIE_RX,
+    PCIE_TX,
+    buses_of_gpus,
+    effective_ceiling,
+    link_ids,
+    negotiated_capacity,
+)
+from triscope.analysis.mismatch import STATES, node_states
+from triscope.analysis.mismatch_inputs import link_facts_from
+from triscope.analysis.reader import SeriesPoints
+from triscope.core.names import shorten
+from triscope.core.samples import label_key, parse_label_key
 from triscope.core.vocabulary import accelerator_name
 from triscope.dashboard import workload_data as wd
+from triscope.store.audit import audit_log
 from triscope.store.reader import SeriesInfo, StoreReader
 
 if TYPE_CHECKING:   # the audit tables are read with the store's engine: the whole store, not the read interface
@@ -69,7 +85,6 @@ def recording_note(store: StoreReader, node: str | None = None) -> str:
                 "its states are the recording's") if rec else ""
     if not recs:
         return ""
-    from triscope.core.names import shorten
 
     names = sorted(recs)
     shown = ", ".join(shorten(n, 40) for n in names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
@@ -176,8 +191,6 @@ def _fmt(title: str, labels: Mapping[str, str]) -> str:
     class _D(dict):
         def __missing__(self, k: str) -> str:
             return "?"
-
-    from triscope.core.names import shorten
 
     return " ".join(title.format_map(_D({k: shorten(str(v), 48) for k, v in labels.items()})).replace("?", "").split())
 
@@ -320,9 +333,6 @@ def fetch_all(store: StoreReader, infos: Sequence[Any], start: float, end: float
 def link_capacities(store: StoreReader, node: str, listed: Sequence[SeriesInfo]) -> dict[str, float]:
     """gpu -> its link's negotiated one-way capacity (gen x width as trained now, else the stored
     capacity), from the newest link facts (``store.latest``: one read) of the GPUs with PCIe series."""
-    from triscope.analysis.features import PCIE_RX, PCIE_TX, buses_of_gpus, link_ids, negotiated_capacity
-    from triscope.analysis.mismatch_inputs import link_facts_from
-    from triscope.analysis.reader import SeriesPoints
 
     gpus = sorted({s.labels["gpu"] for s in listed if s.metric in (PCIE_RX, PCIE_TX) and s.labels.get("gpu")})
     if not gpus:
@@ -434,8 +444,6 @@ def computed_states(store: StoreReader, node: str, window: Window, max_windows: 
     instead of the detector's default 24 h: that look-back reads per-second rates from raw
     points, ~1.5 s a series on SQLite for 24 h, too slow for a page (the negotiated gen x width
     capacity still sets the ceiling; only links faster than that estimate are affected)."""
-    from triscope.analysis.config import MismatchThresholds
-    from triscope.analysis.mismatch import node_states
 
     th = MismatchThresholds()
     w = max(th.window_s, math.ceil(window.span / max_windows))
@@ -557,8 +565,6 @@ def _labels(lk: str) -> dict[str, str]:
     """Parsed label key; the few distinct keys of a fleet are parsed once."""
     got = _LABELS.get(lk)
     if got is None:
-        from triscope.core.samples import parse_label_key
-
         got = parse_label_key(lk)
         if len(_LABELS) < 100_000:
             _LABELS[lk] = got
@@ -577,8 +583,6 @@ def _accelerator_text(gpu_keys: Iterable[tuple[str, str]], npu_keys: Iterable[tu
     npus = {(_labels(lk).get("npu"), _labels(lk).get("chip")) for _, lk in npu_keys if _labels(lk).get("npu") is not None}
     parts = []
     if gpus:
-        from triscope.core.names import shorten
-
         models = sorted({shorten(m, 40) for m in names.values()}) or ["GPU"]
         parts.append(f"{len(gpus)} x {'/'.join(models)}")
     if npus:
@@ -594,7 +598,6 @@ def accelerator_summary(store: StoreReader, node: str) -> str:
 
 
 def _label_key_of(labels: Mapping[str, str]) -> str:
-    from triscope.core.samples import label_key
 
     return label_key(labels)
 
@@ -634,7 +637,6 @@ def mismatch_points(store: StoreReader, nodes: Sequence[str], window: Window, ma
     direction against the link's effective ceiling), coloured by the state its accelerator
     published for that window (the history read ``tracker_lag`` later: the tracker's state for a
     window comes that long after it)."""
-    from triscope.analysis.config import MismatchThresholds
 
     th = MismatchThresholds()
     lag = th.window_s / 2 + th.state_dwell_s   # root cause's tracker_lag: the median tick of a window, then the dwell
@@ -685,7 +687,6 @@ def _evidence_windows(store: StoreReader, node: str, listed: Sequence[SeriesInfo
     """(accelerator, window start, busy 0..1, link load 0..1 of the effective ceiling) per window of
     ``width`` seconds, from the stored series as the store downsamples them: SM activity (else the
     coarse NVML figure, or NPU AICore) and the busier PCIe direction."""
-    from triscope.analysis.features import GPU_BUSY, NPU_BUSY, PCIE_RX, PCIE_TX, effective_ceiling
 
     busy = [s for s in listed if s.metric in (GPU_BUSY, NPU_BUSY)] or [
         s for s in listed if s.metric == COARSE_GPU.metric]
@@ -733,7 +734,6 @@ class AuditRows:
 def audit_rows(store: Store, start: float | None = None, end: float | None = None, limit: int = 1000) -> AuditRows:
     """The remediation audit log: ``triscope.store.audit`` when the engine's table exists, else the
     ``remediation`` events; an explained empty state otherwise."""
-    from triscope.store.audit import audit_log
 
     why = ""
     try:

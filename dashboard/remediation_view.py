@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
 from triscope.core.vocabulary import IO_STATES, accelerator_labels
+from triscope.store import audit
 from triscope.store.reader import StoreReader, VerdictRun
 
 if TYPE_CHECKING:
@@ -77,7 +78,6 @@ def decision_accelerator(row: Mapping[str, Any]) -> str:
 def fill_revert_nodes(store: Store, rows: Sequence[dict[str, Any]]) -> None:
     """A decision without a node (a revert: the engine undoes what it did on a target) takes the
     node of the newest earlier decision on the same target that names one (in place)."""
-    from triscope.store import audit
 
     cache: dict[str, tuple[str, str]] = {}
     for r in rows:

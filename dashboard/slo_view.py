@@ -16,7 +16,16 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from triscope.analysis.slo import NOT_ENOUGH_DATA
+from triscope.analysis.counters import fetch_counters
+from triscope.analysis.slo import (
+    NOT_ENOUGH_DATA,
+    evaluate_inputs,
+    fetch_slo_inputs,
+    load_slo_file,
+    period_figure,
+    query_metrics,
+)
+from triscope.analysis.slo import evaluate as ev
 from triscope.dashboard.context import DashboardContext
 from triscope.dashboard.timerange import Bounds
 
@@ -37,7 +46,6 @@ def load(c: DashboardContext) -> SloSet:
     mtime = c.slo_file.stat().st_mtime if c.slo_file.exists() else None
     if cached and cached[0] == mtime:
         return cached[1]
-    from triscope.analysis.slo import load_slo_file
 
     try:
         out = SloSet(list(load_slo_file(c.slo_file)), "")
@@ -52,7 +60,6 @@ def load(c: DashboardContext) -> SloSet:
 def data_bounds(c: DashboardContext, slos: list[Any], ttl: float = 10.0) -> Bounds | None:
     """Where the SLOs' series are: from the first sample of the nodes that carry them to the newest
     point of any of them (``fleet_latest``); None when no node has them."""
-    from triscope.analysis.slo import query_metrics
 
     metrics = sorted({m for slo in slos for m in query_metrics(slo)})
     key = "slo_bounds|" + ",".join(metrics)
@@ -70,7 +77,6 @@ def data_bounds(c: DashboardContext, slos: list[Any], ttl: float = 10.0) -> Boun
 
 
 def evaluate(c: DashboardContext, slo: Any, now: float, node: str | None = None) -> Any:
-    from triscope.analysis.slo import evaluate as ev
 
     return ev(c.store, slo, now, node=node)
 
@@ -82,7 +88,6 @@ def fleet_status(c: DashboardContext, ttl: float = 30.0) -> dict[str, str] | Non
     Nodes evaluated at the same instant (every live node: now) share one fleet-wide read per SLO
     (``fetch_slo_inputs`` with no node), evaluated per node (``SLOInputs.for_node``); a stale
     node is evaluated at its last sample, from its own read."""
-    from triscope.analysis.slo import evaluate_inputs, fetch_slo_inputs
 
     ss = load(c)
     if not ss.slos:
@@ -117,8 +122,6 @@ def burn_down(c: DashboardContext, slo: Any, start: float, end: float, points: i
     instants across [start, end], None where there is no traffic or not enough data: the counters
     of every instant read first (``triscope.analysis.counters.fetch_counters``, one read per metric
     and instant), then ``triscope.analysis.slo.period_figure`` (a ratio of sums)."""
-    from triscope.analysis.counters import fetch_counters
-    from triscope.analysis.slo import period_figure, query_metrics
 
     ts = [start + (end - start) * (i + 1) / points for i in range(points)]
     reads = fetch_counters(c.store, query_metrics(slo), [(t - slo.period_s, t) for t in ts])

@@ -11,7 +11,7 @@ from typing import Any
 
 from dash import Input, Output, dcc, html
 
-from triscope.store.ha import ServerRole
+from triscope.store.ha import ServerRole, server_role
 
 ROLE_ID = "store-role"
 RECORDINGS_ID = "store-recordings"
@@ -48,7 +48,6 @@ def describe(role: ServerRole | None, error: str = "") -> tuple[str, str]:
 
 
 def attach(app: Any, store: Any) -> None:
-    from triscope.store.ha import server_role
 
     @app.callback(Output(ROLE_ID, "children"), Output(ROLE_ID, "title"), Input(TICK_ID, "n_intervals"))
     def _refresh(_n: int | None) -> tuple[str, str]:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from triscope.analysis.mismatch import IO_STATES, STATES
 from triscope.core.vocabulary import ACCELERATOR_LABELS, WORKLOAD_LABELS, accelerator_labels, workload_labels
 from triscope.store.reader import SeriesInfo, StoreReader, VerdictRun
+from triscope.store.workloads import owners, workloads
 
 if TYPE_CHECKING:   # the workloads table is read with the store's own functions (like the audit log)
     from triscope.store.api import Store
@@ -174,7 +175,6 @@ OWNERS_BULK = 500   # above this many pods one read of the whole table beats loo
 def workload_owners(store: Store, pods: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
     """(namespace, pod) -> ``Kind/name`` for ``pods`` from the engine's ``workloads`` table
     (``triscope.store.workloads``); empty when this store has no such table yet."""
-    from triscope.store.workloads import owners, workloads
 
     pairs = {(ns, pod) for ns, pod in pods if pod}
     if not pairs:

@@ -19,6 +19,7 @@ from triscope.dashboard import data, remediation_view, timerange, timeview
 from triscope.dashboard.components import empty_state, error_note, fmt_ts, full, note, range_picker, short
 from triscope.dashboard.context import ctx
 from triscope.dashboard.registry import page_callback
+from triscope.store.audit import audit_log
 
 dash.register_page(__name__, path="/remediation", name="Remediation", order=4, title="triscope - remediation")
 
@@ -43,7 +44,6 @@ WIDTHS = {"time": "90px", "rule": "170px", "target": "230px", "node": "130px", "
 def _bounds(c: Any) -> timerange.Bounds | None:
     """The decisions' span, reaching to the store's newest sample when that comes within the default
     range after the newest decision (the engine runs on: the page ends now)."""
-    from triscope.store.audit import audit_log
 
     try:
         newest = audit_log(c.store, limit=1)

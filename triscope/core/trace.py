@@ -36,7 +36,7 @@ from typing import IO, Any
 
 from triscope.core import names
 from triscope.core.errors import UserError
-from triscope.core.samples import EventRecord, Sample
+from triscope.core.samples import EventRecord, Sample, Tick
 from triscope.core.timeparse import MAX_TS
 
 FORMAT = "triscope-trace"
@@ -432,7 +432,6 @@ def _shift_details(details: dict[str, Any], offset: float, lo: float, hi: float)
 
 
 def iter_ticks(trace: Trace, offset: float = 0.0) -> Iterator[Any]:
-    from triscope.core.samples import Tick
 
     series = {int(s[0]): (str(s[1]), dict(s[2]), str(s[3])) for s in trace.header["series"]}
     for t, vals in trace.ticks:
