@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from triscope.analysis.mismatch import AcceleratorState, WindowState
 from triscope.analysis.reader import SeriesPoints, label_name
 from triscope.core.vocabulary import IO_STATES, NO_WORKLOAD, WORKLOAD_LABELS, WORST_FIRST, WorkloadKey
 
@@ -175,25 +176,24 @@ def stored_state_samples(series: Iterable[SeriesPoints]) -> tuple[str, dict[str,
     return source, out, _step(sorted(set(all_ts)))
 
 
-def classifier_state_samples(windows: Iterable[Any]) -> dict[str, list[StateSample]]:
+def classifier_state_samples(windows: Iterable[AcceleratorState | WindowState]) -> dict[str, list[StateSample]]:
     """accelerator -> samples from the stored-window classifier: one sample per window at its
     start.  Takes ``AcceleratorState`` rows (``mismatch.accelerator_window_states``: accelerator,
     state, score, workload) or the node's ``WindowState`` rows (per accelerator where the evidence
     lists them, ``evidence["accelerators"]``, else under the accelerator the evidence names)."""
     out: dict[str, list[StateSample]] = {}
     for w in windows:
-        if getattr(w, "accelerator", None):
-            wl = w.workload if isinstance(getattr(w, "workload", None), dict) else {}
-            out.setdefault(str(w.accelerator), []).append(StateSample(w.start, w.state, workload_of(wl), w.score))
+        if isinstance(w, AcceleratorState):
+            out.setdefault(w.accelerator, []).append(StateSample(w.start, w.state, workload_of(w.workload), w.score))
             continue
-        accs = w.evidence.get("accelerators") if isinstance(w.evidence, dict) else None
+        accs = w.evidence.get("accelerators")
         if isinstance(accs, dict) and accs:
             for name, d in accs.items():
                 st = d.get("state") if isinstance(d, dict) else None
                 if st:
                     out.setdefault(str(name), []).append(StateSample(w.start, str(st), NO_WORKLOAD, d.get("score")))
         else:
-            name = (w.evidence.get("accelerator") if isinstance(w.evidence, dict) else None) or NODE
+            name = w.evidence.get("accelerator") or NODE
             out.setdefault(str(name), []).append(StateSample(w.start, w.state, NO_WORKLOAD, w.score))
     for v in out.values():
         v.sort(key=lambda s: s.ts)
