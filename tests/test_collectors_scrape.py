@@ -208,3 +208,73 @@ def test_a_target_down_at_start_stays_in_the_agent(unused_port: int) -> None:
     assert not av.ok and av.transient
     kept, off = split_available([c])
     assert kept == [c] and not isinstance(kept[0], UnavailableCollector) and off == []
+
+
+def raw_target(answer: bytes) -> tuple[str, threading.Event]:
+    """A one-connection-at-a-time TCP target that reads the request and sends ``answer`` as is, then
+    closes; the request it got is kept for the test (``stop.request``)."""
+    import socket
+
+    sock = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+    stop.request = b""  # type: ignore[attr-defined]
+
+    def run() -> None:
+        sock.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = sock.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.settimeout(2)
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    chunk = conn.recv(4096)
+                    if not chunk:
+                        break
+                    data += chunk
+                stop.request = data  # type: ignore[attr-defined]
+                conn.sendall(answer)
+        sock.close()
+
+    threading.Thread(target=run, daemon=True).start()
+    return f"http://127.0.0.1:{sock.getsockname()[1]}/metrics?x=1", stop
+
+
+BODY = b"a 1\nb_total 2\n"
+
+
+@pytest.mark.parametrize(("answer", "expect"), [
+    (b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(BODY) + BODY, BODY),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4;x=y\r\na 1\n\r\na\r\nb_total 2\n\r\n0\r\nT: t\r\n\r\n", BODY),
+    (b"HTTP/1.0 200 OK\r\n\r\n" + BODY, BODY),                                # the body ends with the connection
+    (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 14\r\n\r\n" + BODY, BODY),
+    (b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; charset=latin-1\r\nContent-Length: 5\r\n\r\nc 1\xe9\n",
+     b"c 1\xe9\n"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 40\r\n\r\n" + BODY, "malformed HTTP response: peer closed"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n" + BODY, "malformed HTTP response"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n" + BODY, "malformed HTTP response"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "malformed HTTP response"),
+    (b"HTTP/1.1 200 OK\r\nX-Big: " + b"x" * (70 << 10) + b"\r\n\r\n", "response head larger than 65536 bytes"),
+    (b"\x16\x03\x01\x00\x05hello", "malformed HTTP response: illegal status line"),   # TLS where HTTP was asked
+    (b"", "connection closed before the response head"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 99999\r\n\r\n", "body larger than 1000 bytes"),   # at once, from the head
+    (b"HTTP/1.1 301 Moved\r\nLocation: /elsewhere\r\nContent-Length: 0\r\n\r\n", "redirect to '/elsewhere'"),
+    (b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 3\r\n\r\nabc", "Content-Encoding 'gzip'"),
+])
+def test_response_framing(answer: bytes, expect: bytes | str) -> None:
+    """What the h11-driven client makes of each framing a target may send: the body, or the error."""
+    url, stop = raw_target(answer)
+    try:
+        c = ScrapeCollector(url, timeout=2.0, max_bytes=1000)
+        if isinstance(expect, bytes):
+            assert c.fetch() == expect.decode("latin-1" if b"\xe9" in expect else "utf-8")
+            assert c.last_bytes == len(expect)
+        else:
+            with pytest.raises(ScrapeError, match=expect.replace("(", r"\(")):
+                c.fetch()
+        req = stop.request  # type: ignore[attr-defined]
+        assert req.startswith(b"GET /metrics?x=1 HTTP/1.1\r\nHost: 127.0.0.1:") and b"Connection: close" in req
+    finally:
+        stop.set()

@@ -57,7 +57,7 @@ def test_rendering_matches_the_client_library() -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
     process, tick = make_sources()
-    samples = [Sample("triscope_tcp_sockets", 3.0, {"state": 'we"ird\\x'}),
+    samples = [Sample("triscope_tcp_sockets", 3.0, {"state": 'we"ird\\x\nline'}),
                Sample("triscope_tcp_retransmits_total", 12.0, kind="counter"),
                Sample("triscope_gpu_sm_active_ratio", 0.25, {"gpu": "0"}),
                Sample("triscope_gpu_sm_active_ratio", 0.75, {"gpu": "1"})]

@@ -1,7 +1,7 @@
 """Application metrics: read a service's Prometheus text endpoint (an inference server's SLIs).
 
 The body is parsed with prometheus-client's own parser
-(``prometheus_client.parser.text_string_to_metric_families``).  Every sample keeps its own name
+(``prometheus_client.parser.text_string_to_metric_families``, imported at the first scrape).  Every sample keeps its own name
 and labels, plus ``job`` and ``instance`` (``host:port``); a ``job``/``instance`` label the
 service set itself is kept as ``exported_job``/``exported_instance`` (Prometheus'
 ``honor_labels: false``).  Kinds: counter samples, histogram/summary ``_bucket``/``_count``/``_sum``
@@ -10,8 +10,10 @@ ending in ``_total`` are counters); ``_created`` timestamps are dropped, and so 
 (an empty summary's quantiles), which no store or JSON can carry.
 
 Bounded: one GET with an overall deadline (``timeout``: connect, head and body together, not per
-``recv``), at most ``max_bytes`` of body and ``max_samples`` samples (a larger scrape fails as a
-whole, like Prometheus' ``sample_limit``).  In the agent each target runs on its own worker
+``recv``), a response head of at most 64 KiB, at most ``max_bytes`` of body and ``max_samples``
+samples (a larger scrape fails as a whole, like Prometheus' ``sample_limit``).  The HTTP/1.1
+framing (status line, headers, Content-Length, chunked or read-to-close bodies) is h11's: it is
+fed from this module's socket loop, so every wait stays bounded by the one deadline.  In the agent each target runs on its own worker
 (``triscope.agent.collectors.background``), so even that deadline never delays a tick.
 """
 
@@ -24,9 +26,9 @@ import socket
 import ssl
 import time
 from collections.abc import Iterator
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
-from prometheus_client.parser import text_string_to_metric_families
+import h11
 
 from triscope.agent.collectors.base import Availability, BaseCollector, CollectorUnavailable
 from triscope.core.samples import Sample
@@ -99,42 +101,9 @@ class ScrapeCollector(BaseCollector):
 
         deadline = time.monotonic() + self.timeout
         parts = urlsplit(self.url)
-        host = parts.hostname or ""
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        target = (parts.path or "/metrics") + (f"?{parts.query}" if parts.query else "")
-        host_header = self.instance if parts.port else (f"[{host}]" if ":" in host else host)
-        request = (f"GET {target} HTTP/1.1\r\nHost: {host_header}\r\nAccept: {ACCEPT}\r\n"
-                   f"Accept-Encoding: identity\r\nUser-Agent: triscope-agent\r\n"
-                   f"X-Prometheus-Scrape-Timeout-Seconds: {self.timeout:g}\r\nConnection: close\r\n\r\n").encode()
+        sock = self._connect(parts, deadline)
         try:
-            sock = _connect(host, port, deadline)
-        except TimeoutError:
-            raise ScrapeError(f"scrape {self.url}: timed out after {self.timeout:g} s connecting",
-                              "the endpoint is too slow or unreachable") from None
-        except ConnectionRefusedError:
-            raise ScrapeError(f"scrape {self.url}: connection refused (is the service running?)",
-                              "start the service or fix --scrape URL") from None
-        except socket.gaierror as e:
-            raise ScrapeError(f"scrape {self.url}: cannot resolve host ({e.strerror})",
-                              "start the service or fix --scrape URL") from None
-        except OSError as e:
-            raise ScrapeError(f"scrape {self.url}: {e.strerror or e}", "start the service or fix --scrape URL") from None
-        try:
-            if parts.scheme == "https":
-                sock = _tls(sock, host, deadline)
-            _send_all(sock, request, deadline)
-            status, reason, headers, body = _read_response(sock, deadline, self.max_bytes)
-        except _Deadline as e:
-            raise ScrapeError(f"scrape {self.url}: timed out after {self.timeout:g} s {e}",
-                              "the endpoint is too slow; raise the timeout") from None
-        except _TooLarge:
-            raise ScrapeError(f"scrape {self.url}: body larger than {self.max_bytes} bytes",
-                              "raise max_bytes or reduce the endpoint's cardinality") from None
-        except _Malformed as e:
-            raise ScrapeError(f"scrape {self.url}: malformed HTTP response: {e}",
-                              "the endpoint must speak HTTP/1.x") from None
-        except (OSError, ssl.SSLError) as e:  # reset mid-body, TLS failure, ...
-            raise ScrapeError(f"scrape {self.url}: {getattr(e, 'strerror', None) or e}", "") from None
+            status, reason, headers, body = self._exchange(sock, parts, deadline)
         finally:
             with contextlib.suppress(OSError):
                 sock.close()
@@ -149,18 +118,57 @@ class ScrapeCollector(BaseCollector):
             raise ScrapeError(f"scrape {self.url}: body sent with Content-Encoding {encoding[:40]!r}, "
                               "identity was asked for", "")
         self.last_bytes = len(body)
-        charset = "utf-8"
-        for param in headers.get("content-type", "").split(";")[1:]:
-            k, _, v = param.strip().partition("=")
-            if k.lower() == "charset" and v:
-                charset = v.strip('"')
+        return _decode(body, headers.get("content-type", ""))
+
+    def _connect(self, parts: SplitResult, deadline: float) -> socket.socket:
+        host = parts.hostname or ""
+        port = parts.port or (443 if parts.scheme == "https" else 80)
         try:
-            return body.decode(charset, errors="replace")
-        except LookupError:
-            return body.decode("utf-8", errors="replace")
+            return _connect(host, port, deadline)
+        except TimeoutError:
+            raise ScrapeError(f"scrape {self.url}: timed out after {self.timeout:g} s connecting",
+                              "the endpoint is too slow or unreachable") from None
+        except ConnectionRefusedError:
+            raise ScrapeError(f"scrape {self.url}: connection refused (is the service running?)",
+                              "start the service or fix --scrape URL") from None
+        except socket.gaierror as e:
+            raise ScrapeError(f"scrape {self.url}: cannot resolve host ({e.strerror})",
+                              "start the service or fix --scrape URL") from None
+        except OSError as e:
+            raise ScrapeError(f"scrape {self.url}: {e.strerror or e}", "start the service or fix --scrape URL") from None
+
+    def _exchange(self, sock: socket.socket, parts: SplitResult,
+                  deadline: float) -> tuple[int, str, dict[str, str], bytes]:
+        """TLS where asked, the request out, the response in: every wait bounded by ``deadline``."""
+        host = parts.hostname or ""
+        request = h11.Request(method="GET", target=(parts.path or "/metrics") + (f"?{parts.query}" if parts.query else ""),
+                              headers=[("Host", self.instance if parts.port else (f"[{host}]" if ":" in host else host)),
+                                       ("Accept", ACCEPT), ("Accept-Encoding", "identity"),
+                                       ("User-Agent", "triscope-agent"),
+                                       ("X-Prometheus-Scrape-Timeout-Seconds", f"{self.timeout:g}"),
+                                       ("Connection", "close")])
+        try:
+            if parts.scheme == "https":
+                sock = _tls(sock, host, deadline)
+            return _get(sock, request, deadline, self.max_bytes)
+        except _Deadline as e:
+            raise ScrapeError(f"scrape {self.url}: timed out after {self.timeout:g} s {e}",
+                              "the endpoint is too slow; raise the timeout") from None
+        except _TooLarge:
+            raise ScrapeError(f"scrape {self.url}: body larger than {self.max_bytes} bytes",
+                              "raise max_bytes or reduce the endpoint's cardinality") from None
+        except _Malformed as e:
+            raise ScrapeError(f"scrape {self.url}: malformed HTTP response: {e}",
+                              "the endpoint must speak HTTP/1.x") from None
+        except (OSError, ssl.SSLError) as e:  # reset mid-body, TLS failure, ...
+            raise ScrapeError(f"scrape {self.url}: {getattr(e, 'strerror', None) or e}", "") from None
 
     def parse(self, body: str) -> list[Sample]:
         """Prometheus text -> samples with ``job``/``instance``; raises ``ScrapeError`` on a malformed body."""
+
+        # imported at the first scrape, not with the agent: prometheus_client is 3.3 MB of resident
+        # memory, which an agent with no --scrape target never needs
+        from prometheus_client.parser import text_string_to_metric_families
 
         try:
             families = list(text_string_to_metric_families(body))
@@ -218,7 +226,7 @@ class ScrapeCollector(BaseCollector):
         yield from samples
 
 
-# a small HTTP/1.1 client whose every wait is bounded by one deadline ----------------------------------
+# an HTTP/1.1 client (h11 for the protocol) whose every wait is bounded by one deadline ----------------
 MAX_HEAD = 64 << 10
 
 
@@ -288,90 +296,71 @@ def _recv(sock: socket.socket, deadline: float, what: str) -> bytes:
         raise _Deadline(what) from None
 
 
-def _read_response(sock: socket.socket, deadline: float, max_bytes: int) -> tuple[int, str, dict[str, str], bytes]:
-    """(status, reason, headers with lower-case names, body); every recv waits at most until ``deadline``."""
-    buf = bytearray()
-    while b"\r\n\r\n" not in buf:
-        chunk = _recv(sock, deadline, "waiting for the response head")
-        if not chunk:
-            raise _Malformed("connection closed before the response head")
-        buf += chunk
-        if len(buf) > MAX_HEAD and b"\r\n\r\n" not in buf[:MAX_HEAD + 4]:
-            raise _Malformed(f"response head larger than {MAX_HEAD} bytes")
-    head, _, rest = bytes(buf).partition(b"\r\n\r\n")
-    lines = head.split(b"\r\n")
-    status_line = lines[0].decode("latin-1")
-    version, _, rest_line = status_line.partition(" ")
-    code_s, _, reason = rest_line.partition(" ")
-    if not version.startswith("HTTP/1.") or not (code_s.isdigit() and len(code_s) == 3):
-        raise _Malformed(f"bad status line {status_line[:80]!r}")
-    headers: dict[str, str] = {}
-    for raw in lines[1:]:
-        k, sep, v = raw.decode("latin-1").partition(":")
-        if sep:
-            key = k.strip().lower()
-            headers[key] = f"{headers[key]},{v.strip()}" if key in headers else v.strip()
-    status = int(code_s)
-    body: bytes | bytearray
-    if "chunked" in headers.get("transfer-encoding", "").lower():
-        body = _read_chunked(sock, deadline, bytearray(rest), max_bytes)
-    elif "content-length" in headers:
-        cl = headers["content-length"].split(",")[0].strip()
-        if not cl.isdigit():
-            raise _Malformed(f"bad Content-Length {cl[:40]!r}")
-        length = int(cl)
-        if length > max_bytes:
-            raise _TooLarge
-        body = bytearray(rest)
-        while len(body) < length:
-            chunk = _recv(sock, deadline, "reading the body")
-            if not chunk:
-                raise _Malformed(f"connection closed after {len(body)} of {length} body bytes")
-            body += chunk
-        del body[length:]
-    else:   # the body ends when the connection does
-        body = bytearray(rest)
-        while True:
+def _get(sock: socket.socket, request: h11.Request, deadline: float,
+         max_bytes: int) -> tuple[int, str, dict[str, str], bytes]:
+    """Send ``request`` and read the response through h11: (status, reason, headers with lower-case
+    names, repeated ones joined with ``,``, body).  Every recv waits at most until ``deadline``; the
+    head is bounded by ``MAX_HEAD``, the body by ``max_bytes`` (a larger Content-Length fails at once)."""
+    http = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)
+    _send_all(sock, (http.send(request) or b"") + (http.send(h11.EndOfMessage()) or b""), deadline)
+    response: h11.Response | None = None
+    body = bytearray()
+    received = 0     # bytes in before the head was complete
+    while True:
+        event = _next_event(http)
+        if event is h11.NEED_DATA:
+            chunk = _recv(sock, deadline, "reading the body" if response else "waiting for the response head")
+            if response is None:
+                if not chunk:
+                    raise _Malformed("connection closed before the response head")
+                received += len(chunk)
+            http.receive_data(chunk)    # b"": the end, which ends a body framed by the connection's close
+        elif isinstance(event, h11.Response):
+            response = event
+            _check_head(event, received - len(http.trailing_data[0]), max_bytes)
+        elif isinstance(event, h11.Data):
+            body += event.data
             if len(body) > max_bytes:
                 raise _TooLarge
-            chunk = _recv(sock, deadline, "reading the body")
-            if not chunk:
-                break
-            body += chunk
-    if len(body) > max_bytes:
-        raise _TooLarge
-    return status, reason.strip(), headers, bytes(body)
+        elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
+            break
+        # an InformationalResponse (1xx) is skipped: the final answer follows
+    assert response is not None
+    headers: dict[str, str] = {}
+    for k, v in response.headers:
+        key, value = k.decode("latin-1"), v.decode("latin-1")
+        headers[key] = f"{headers[key]},{value}" if key in headers else value
+    return response.status_code, response.reason.decode("latin-1").strip(), headers, bytes(body)
 
 
-def _read_chunked(sock: socket.socket, deadline: float, buf: bytearray, max_bytes: int) -> bytes:
-    body = bytearray()
-    pos = 0
-    while True:
-        while b"\r\n" not in buf[pos:pos + 1024]:
-            if len(buf) - pos > 1024:
-                raise _Malformed("chunk size line too long")
-            chunk = _recv(sock, deadline, "reading the body")
-            if not chunk:
-                raise _Malformed("connection closed inside a chunked body")
-            buf += chunk
-        end = buf.index(b"\r\n", pos)
-        size_s = bytes(buf[pos:end]).split(b";", 1)[0].strip()
-        try:
-            size = int(size_s, 16)
-        except ValueError:
-            raise _Malformed(f"bad chunk size {size_s[:20]!r}") from None
-        pos = end + 2
-        if size == 0:
-            return bytes(body)
-        if len(body) + size > max_bytes:
+def _next_event(http: h11.Connection) -> object:
+    try:
+        return http.next_event()
+    except h11.RemoteProtocolError as e:
+        if e.error_status_hint == 431:   # h11 buffered MAX_HEAD bytes of an unfinished head or chunk header
+            raise _Malformed(f"response head larger than {MAX_HEAD} bytes") from None
+        # h11 words its early check of the first line for either side as a "request line"
+        raise _Malformed(str(e).replace("request line", "status line")[:200]) from None
+
+
+def _check_head(response: h11.Response, size: int, max_bytes: int) -> None:
+    """A head over ``MAX_HEAD`` (h11 bounds what it buffers of an unfinished one; this, one that came
+    whole in a read) or a Content-Length over ``max_bytes`` fails before the body is read."""
+    if size > MAX_HEAD:
+        raise _Malformed(f"response head larger than {MAX_HEAD} bytes")
+    for k, v in response.headers:
+        if k == b"content-length" and int(v) > max_bytes:    # digits, one value: h11 checked
             raise _TooLarge
-        while len(buf) < pos + size + 2:
-            chunk = _recv(sock, deadline, "reading the body")
-            if not chunk:
-                raise _Malformed("connection closed inside a chunk")
-            buf += chunk
-        body += buf[pos:pos + size]
-        pos += size + 2
-        if pos > 1 << 20:   # keep the buffer short
-            del buf[:pos]
-            pos = 0
+
+
+def _decode(body: bytes, content_type: str) -> str:
+    """The body as text, in the charset its Content-Type names (UTF-8 when none or unknown)."""
+    charset = "utf-8"
+    for param in content_type.split(";")[1:]:
+        k, _, v = param.strip().partition("=")
+        if k.lower() == "charset" and v:
+            charset = v.strip('"')
+    try:
+        return body.decode(charset, errors="replace")
+    except LookupError:
+        return body.decode("utf-8", errors="replace")

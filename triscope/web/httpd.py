@@ -6,7 +6,10 @@ every few seconds holds a thread (or, single-threaded, the whole server) forever
 thread per connection with no bound (1,200 slow connections made 1,203 threads); its listen
 backlog is 5; ``Content-Length: -1`` made it read to EOF.
 
-Here one thread runs an asyncio loop for all connections:
+Here one thread runs an asyncio loop for all connections; the HTTP/1.1 framing (request line,
+headers, Content-Length and chunked bodies, keep-alive and pipelining, ``Expect: 100-continue``,
+the bytes of each response) is h11's, a sans-I/O parser fed from that loop, so every wait and
+bound below stays this server's:
 
 * **a whole-request deadline**: the request head must arrive within ``header_timeout`` of its
   first byte and the body within ``request_timeout``; a keep-alive connection may sit idle
@@ -18,6 +21,9 @@ Here one thread runs an asyncio loop for all connections:
   ``max_headers`` header lines, ``max_body`` for the body (``413``); a body needs a valid,
   single ``Content-Length`` (negative, non-numeric or repeated → ``400``; missing → ``411``) or
   ``Transfer-Encoding: chunked`` (counted against ``max_body`` as it arrives); both at once → ``400``;
+  h11 answers the rest of the grammar: a malformed request line or header, an HTTP/1.1 request
+  without ``Host``, a control character in a header value → ``400``; a transfer coding other than
+  ``chunked`` → ``501``; HTTP/2.0 and later → ``505``;
 * a listen **backlog** sized for bursts (``backlog``, capped by the kernel's ``somaxconn``).
 
 The handler is a plain function ``Request -> Response``: run on the loop itself when it is quick
@@ -37,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import socket
 import ssl
 import threading
@@ -44,6 +51,8 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+
+import h11
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +62,8 @@ REASONS = {100: "Continue", 200: "OK", 202: "Accepted", 400: "Bad Request", 401:
            500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable",
            505: "HTTP Version Not Supported"}
 BODY_METHODS = ("POST", "PUT", "PATCH")
+READ_SIZE = 16384
+_CONTENT_LENGTH = re.compile(rb"\r\ncontent-length[ \t]*:([^\r\n]*)", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -317,7 +328,8 @@ class HttpServer:
                 ctx = self.ssl_context() if callable(self.ssl_context) else self.ssl_context
                 assert ctx is not None
                 await writer.start_tls(ctx, ssl_handshake_timeout=1.0)
-            writer.write(_head(503, "text/plain; charset=utf-8", 0, close=True, extra=[("Retry-After", "1")]))
+            writer.write(_render(h11.Connection(h11.SERVER),
+                                 Response(503, headers=[("Retry-After", "1")], close=True)))
             await asyncio.wait_for(writer.drain(), 1.0)
         writer.close()
 
@@ -357,19 +369,22 @@ class HttpServer:
         lim = self.limits
         peer = writer.get_extra_info("peername")
         peer = (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) and len(peer) >= 2 else None
+        http = h11.Connection(h11.SERVER, max_incomplete_event_size=lim.max_header_bytes)
         while True:
             conn.idle = True
-            try:
-                first = await asyncio.wait_for(reader.read(1), lim.idle_timeout)
-            except TimeoutError:
-                self.timed_out += 1
-                return
-            if not first:
-                return
+            first = b""
+            if not http.trailing_data[0]:   # nothing of a next (pipelined) request buffered: wait for one
+                try:
+                    first = await asyncio.wait_for(reader.read(READ_SIZE), lim.idle_timeout)
+                except TimeoutError:
+                    self.timed_out += 1
+                    return
+                if not first:
+                    return
             conn.idle = False
             started = conn.started = time.monotonic()
             try:
-                req = await asyncio.wait_for(self._read_request(first, reader, writer, peer),
+                req = await asyncio.wait_for(self._read_request(http, first, reader, writer, peer),
                                              max(0.0, lim.request_timeout))
                 conn.started = None
             except TimeoutError:
@@ -382,29 +397,33 @@ class HttpServer:
                 return
             if time.monotonic() - started > lim.request_timeout:   # pragma: no cover - wait_for covers it
                 return
-            try:
-                if self._pool is None or (self.inline is not None and self.inline(req)):
-                    resp = self.handler(req)
-                elif self.admit is not None and (refusal := self.admit(req, self.queued)) is not None:
-                    self.turned_away += 1
-                    resp = refusal
-                    resp.close = True
-                else:
-                    self.queued += 1
-                    try:
-                        resp = await asyncio.get_running_loop().run_in_executor(self._pool, self.handler, req)
-                    finally:
-                        self.queued -= 1
-            except Exception as e:  # noqa: BLE001 - a handler bug is a 500 and one log line
-                log.exception("%s: %s %s failed", self.name, req.method, req.path)
-                resp = Response.text(500, f"internal error: {type(e).__name__}", close=True)
+            resp = await self._respond(req)
             keep = (req.version == "HTTP/1.1" and not resp.close
                     and (req.header("connection") or "").lower() != "close")
             resp.close = not keep
-            if not await self._write(writer, resp):
+            if not await self._write(writer, resp, http, head=req.method == "HEAD") or not keep:
                 return
-            if not keep:
+            if http.our_state is not h11.DONE or http.their_state is not h11.DONE:   # pragma: no cover
                 return
+            http.start_next_cycle()
+
+    async def _respond(self, req: Request) -> Response:
+        """The handler's answer: on the loop, or on the workers (after ``admit``); a handler bug is a 500."""
+        try:
+            if self._pool is None or (self.inline is not None and self.inline(req)):
+                return self.handler(req)
+            if self.admit is not None and (refusal := self.admit(req, self.queued)) is not None:
+                self.turned_away += 1
+                refusal.close = True
+                return refusal
+            self.queued += 1
+            try:
+                return await asyncio.get_running_loop().run_in_executor(self._pool, self.handler, req)
+            finally:
+                self.queued -= 1
+        except Exception as e:  # noqa: BLE001 - a handler bug is a 500 and one log line
+            log.exception("%s: %s %s failed", self.name, req.method, req.path)
+            return Response.text(500, f"internal error: {type(e).__name__}", close=True)
 
     def _error(self, status: int, message: str) -> Response:
         resp = self.error(status, message)
@@ -413,116 +432,132 @@ class HttpServer:
             resp.headers.append(("Allow", ", ".join(self.methods)))
         return resp
 
-    async def _read_request(self, first: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                            peer: tuple[str, int] | None) -> Request:
+    def _next(self, http: h11.Connection) -> object:
+        """h11's next event; a framing error it finds is the answer (its status hint: 400; 431 past
+        ``max_header_bytes`` of a head, chunk header or trailer still incomplete; 501)."""
+        try:
+            return http.next_event()
+        except h11.RemoteProtocolError as e:
+            if e.error_status_hint == 431:
+                raise _BadRequest(431, f"request head larger than {self.limits.max_header_bytes} bytes") from None
+            raise _BadRequest(e.error_status_hint, f"malformed request: {e}") from None
+
+    async def _read_head(self, http: h11.Connection, first: bytes, reader: asyncio.StreamReader) -> tuple[h11.Request, bytes]:
+        """The request line and headers (h11's ``Request``) and the raw bytes they took, within
+        ``header_timeout`` of the first byte and ``max_header_bytes`` (h11 stops buffering past it)."""
         lim = self.limits
-        try:
-            head = first + await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), lim.header_timeout)
-        except asyncio.LimitOverrunError:
-            raise _BadRequest(431, f"request head larger than {lim.max_header_bytes} bytes") from None
-        except asyncio.IncompleteReadError:
-            raise ConnectionResetError from None
-        if len(head) > lim.max_header_bytes:
+        deadline = time.monotonic() + lim.header_timeout
+        raw = bytearray(http.trailing_data[0]) + first
+        if first:   # (nothing new when a pipelined request is already buffered; b"" would mean EOF)
+            http.receive_data(first)
+        while (event := self._next(http)) is h11.NEED_DATA:
+            data = await asyncio.wait_for(reader.read(READ_SIZE), deadline - time.monotonic())
+            if not data:
+                raise ConnectionResetError
+            raw += data
+            http.receive_data(data)
+        if not isinstance(event, h11.Request):   # ConnectionClosed
+            raise ConnectionResetError
+        size = len(raw) - len(http.trailing_data[0])
+        if size > lim.max_header_bytes:   # a head that arrived whole in one read
             raise _BadRequest(431, f"request head larger than {lim.max_header_bytes} bytes")
-        lines = head[:-4].split(b"\r\n")
+        return event, bytes(raw[:size])
+
+    async def _read_request(self, http: h11.Connection, first: bytes, reader: asyncio.StreamReader,
+                            writer: asyncio.StreamWriter, peer: tuple[str, int] | None) -> Request:
+        lim = self.limits
+        event, head = await self._read_head(http, first, reader)
         try:
-            method, target, version = lines[0].decode("ascii").split(" ")
-        except (UnicodeDecodeError, ValueError):
+            method, target = event.method.decode("ascii"), event.target.decode("ascii")
+        except UnicodeDecodeError:
             raise _BadRequest(400, "malformed request line") from None
+        version = "HTTP/" + event.http_version.decode("ascii")
         if version not in ("HTTP/1.1", "HTTP/1.0"):
-            raise _BadRequest(505 if version.startswith("HTTP/") else 400, "only HTTP/1.0 and HTTP/1.1 are served")
+            raise _BadRequest(505, "only HTTP/1.0 and HTTP/1.1 are served")
         if not target.startswith("/") or not method.isalpha():
             raise _BadRequest(400, "malformed request line")
-        if len(lines) - 1 > lim.max_headers:
+        if len(event.headers) > lim.max_headers:
             raise _BadRequest(431, f"more than {lim.max_headers} header lines")
-        headers: list[tuple[str, str]] = []
-        for raw in lines[1:]:
-            name, sep, value = raw.partition(b":")
-            if not sep or not name or name != name.strip() or b" " in name:
-                raise _BadRequest(400, "malformed header line")
-            headers.append((name.decode("latin-1").lower(), value.strip().decode("latin-1")))
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in event.headers]
         req = Request(method, target, version, headers, b"", peer)
         if self.methods is not None and method not in self.methods:
             raise _BadRequest(405, f"method {method} is not served here (only {', '.join(self.methods)})")
-        req.body = await self._read_body(req, reader, writer)
+        self._check_framing(req, head)
+        if http.they_are_waiting_for_100_continue and not _no_body(req):
+            writer.write(http.send(h11.InformationalResponse(status_code=100, headers=[])))
+            await writer.drain()
+        req.body = await self._read_body(http, reader)
         return req
 
-    async def _read_body(self, req: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
+    def _check_framing(self, req: Request, head: bytes) -> None:
+        """What h11 lets through and this server refuses: a body with both framings, none on a POST,
+        one larger than ``max_body``; a repeated ``Content-Length`` (h11 folds equal ones into one,
+        RFC 9110 allows either; refused here, as a smuggling defence: so the raw head is looked at)."""
         lim = self.limits
-        te = [v.strip().lower() for v in ",".join(req.header_all("transfer-encoding")).split(",") if v.strip()]
-        cls = req.header_all("content-length")
-        if te and cls:
+        chunked = bool(req.header_all("transfer-encoding"))   # h11 passes only ``chunked``, once (else 501)
+        lengths = _CONTENT_LENGTH.findall(head)
+        if chunked and lengths:
             raise _BadRequest(400, "both Content-Length and Transfer-Encoding: refused")
-        if te:
-            if te != ["chunked"]:
-                raise _BadRequest(501, f"Transfer-Encoding {', '.join(te)} is not supported (only chunked)")
+        if len(lengths) > 1 or (lengths and b"," in lengths[0]):
+            raise _BadRequest(400, "more than one Content-Length")
+        if chunked:
             if lim.max_body <= 0:
                 raise _BadRequest(413, "this endpoint takes no request body")
-            await self._continue(req, writer)
-            return await self._read_chunked(reader)
-        if len(cls) > 1 or (cls and "," in cls[0]):
-            raise _BadRequest(400, "more than one Content-Length")
-        if not cls:
+            return
+        if not lengths:
             if req.method in BODY_METHODS:
                 raise _BadRequest(411, "Content-Length (or Transfer-Encoding: chunked) is required")
-            return b""
-        raw = cls[0]
-        if not raw.isdigit() or not raw.isascii() or len(raw) > 18:
-            raise _BadRequest(400, f"bad Content-Length {raw[:40]!r}: must be a non-negative integer")
-        length = int(raw)
-        if length == 0:
-            return b""
+            return
+        length = int(req.header("content-length") or 0)   # digits only: h11 checked
         if length > lim.max_body:
             raise _BadRequest(413, f"body too large ({length} bytes > {lim.max_body})"
                               if lim.max_body > 0 else "this endpoint takes no request body")
-        await self._continue(req, writer)
-        return await reader.readexactly(length)
 
-    async def _continue(self, req: Request, writer: asyncio.StreamWriter) -> None:
-        if (req.header("expect") or "").lower() == "100-continue" and req.version == "HTTP/1.1":
-            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            await writer.drain()
-
-    async def _read_chunked(self, reader: asyncio.StreamReader) -> bytes:
+    async def _read_body(self, http: h11.Connection, reader: asyncio.StreamReader) -> bytes:
+        """The body as h11 deframes it (Content-Length or chunked, trailers dropped), counted against
+        ``max_body`` as it arrives; bounded in time by the request deadline around it."""
         lim = self.limits
         body = bytearray()
-        while True:
-            line = await reader.readuntil(b"\r\n")
-            size_s = line[:-2].split(b";", 1)[0].strip()
-            if not size_s or len(size_s) > 16 or any(c not in b"0123456789abcdefABCDEF" for c in size_s):
-                raise _BadRequest(400, "malformed chunk size")
-            size = int(size_s, 16)
-            if size == 0:
-                break
-            if len(body) + size > lim.max_body:
-                raise _BadRequest(413, f"body too large (more than {lim.max_body} bytes)")
-            body += await reader.readexactly(size)
-            if await reader.readexactly(2) != b"\r\n":
-                raise _BadRequest(400, "malformed chunk")
-        trailer = 0
-        while True:   # trailer fields, discarded; bounded like the head
-            line = await reader.readuntil(b"\r\n")
-            trailer += len(line)
-            if line == b"\r\n":
-                return bytes(body)
-            if trailer > lim.max_header_bytes:
-                raise _BadRequest(431, "trailer too large")
+        while not isinstance(event := self._next(http), h11.EndOfMessage):
+            if event is h11.NEED_DATA:
+                data = await reader.read(READ_SIZE)
+                if not data:
+                    raise ConnectionResetError
+                http.receive_data(data)
+            elif isinstance(event, h11.Data):
+                body += event.data
+                if len(body) > lim.max_body:
+                    raise _BadRequest(413, f"body too large (more than {lim.max_body} bytes)")
+        return bytes(body)
 
-    async def _write(self, writer: asyncio.StreamWriter, resp: Response) -> bool:
+    async def _write(self, writer: asyncio.StreamWriter, resp: Response, http: h11.Connection | None = None,
+                     head: bool = False) -> bool:
+        """Send ``resp`` through h11: the request's connection state, or a fresh one for an answer to a
+        request that could not be read (h11 lets a server answer from its idle state)."""
         try:
-            writer.write(_head(resp.status, resp.content_type, len(resp.body), close=resp.close,
-                               extra=resp.headers) + (b"" if resp.head else resp.body))
+            writer.write(_render(http or h11.Connection(h11.SERVER), resp, head=head or resp.head))
             await asyncio.wait_for(writer.drain(), self.limits.write_timeout)
             return True
         except (TimeoutError, ConnectionError, OSError):
             self.timed_out += 1
             return False
+        except h11.LocalProtocolError as e:   # a handler's header h11 refuses to send (a newline in a value)
+            log.error("%s: answer %d not sent: %s", self.name, resp.status, e)
+            return False
 
 
-def _head(status: int, ctype: str, length: int, *, close: bool, extra: list[tuple[str, str]] | None = None) -> bytes:
-    lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'Unknown')}", f"Content-Type: {ctype}",
-             f"Content-Length: {length}"]
-    lines += [f"{k}: {v}" for k, v in (extra or [])]
-    if close:
-        lines.append("Connection: close")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+def _no_body(req: Request) -> bool:
+    return not req.header_all("transfer-encoding") and (req.header("content-length") or "0") == "0"
+
+
+def _render(http: h11.Connection, resp: Response, *, head: bool = False) -> bytes:
+    """A response's bytes through h11 (which checks the header names and values it is given)."""
+    headers = [("Content-Type", resp.content_type), ("Content-Length", str(len(resp.body))), *resp.headers]
+    if resp.close:
+        headers.append(("Connection", "close"))
+    pieces = http.send_with_data_passthrough(h11.Response(status_code=resp.status, headers=headers,
+                                                          reason=REASONS.get(resp.status, "Unknown"))) or []
+    if resp.body and not head:   # passed through as is: the body is copied once, by the join
+        pieces += http.send_with_data_passthrough(h11.Data(data=resp.body)) or []
+    pieces += http.send_with_data_passthrough(h11.EndOfMessage()) or []
+    return b"".join(pieces)
