@@ -221,7 +221,7 @@ class Engine:
         try:
             audit.accept_triggers(self.store, [audit.InboxRow(key=ev.key, ts=ev.received_ts, rule=ev.rule.name,
                                                               kind=ev.kind, event=event_to_dict(ev)) for ev in events])
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - whatever kept them from the inbox, the sender must hear 503 and retry
             self._mark(events, -1)
             first = (str(e).strip().splitlines() or [""])[0]
             raise IntakeError(f"cannot store the accepted triggers: {type(e).__name__}: {first}") from None
@@ -257,7 +257,7 @@ class Engine:
                                 ev.key, error_line(e))
                     return Decision("failed", None, reason)
                 return self._conclude(ev, None, "failed", None, reason, {})
-            except Exception:
+            except Exception:  # noqa: BLE001 - concluding failed too: the trigger stays in the inbox for the resume
                 log.warning("remediation: %s stays in the inbox (the store failed): %s", ev.key, reason)
                 return Decision("failed", None, reason)
         finally:
@@ -282,7 +282,7 @@ class Engine:
                     self._note_firing(ev)
                 else:
                     self._note_resolved(ev)  # in arrival order, before any later firing of the same alert
-            except Exception as e:  # fallback bookkeeping; the trigger itself is safe in the inbox
+            except Exception as e:  # noqa: BLE001 - fallback bookkeeping; the trigger itself is safe in the inbox
                 log.warning("remediation: cannot note the %s alert %s: %s", "firing" if ev.firing else "resolved",
                             ev.episode, e)
             self._queue(ev)
@@ -662,7 +662,7 @@ class Engine:
             try:
                 self.store.add_events(node, [EventRecord(kind="remediation", message=msg[:2000],
                                                          severity=_SEVERITY.get(outcome, "info"), details=details)])
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - the audit row is written; the timeline copy is best effort
                 log.warning("remediation: cannot record the timeline event: %s", e)
         if self.kube is not None and self.settings.kubernetes.events:
             act.post_decision_event(self.kube, self.settings.kubernetes.events_namespace, rule.params,
@@ -695,7 +695,7 @@ class Engine:
         for rule in self.data_rules:
             try:
                 events = stored_data_events(self.store, rule, now, self.stale_s, self._episodes)
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - one rule's failure must not stop the others
                 log.warning("remediation: evaluating rule %s failed: %s", rule.name, e)
                 continue
             if rule.action == "dependency_fallback":
@@ -779,7 +779,7 @@ class Engine:
                 del self._resolved[ep]
         try:
             wstore.prune_workloads(self.store, time.time() - max(self.settings.dedupe_retention_s, 3 * self.workloads.ttl_s))
-        except Exception as e:  # an older schema without the table: resolution still works from the API
+        except Exception as e:  # noqa: BLE001 - an older schema without the table: resolution still works from the API
             log.warning("remediation: cannot prune the workloads table: %s", e)
         return audit.prune(self.store, time.time() - self.settings.dedupe_retention_s)
 

@@ -493,7 +493,7 @@ class KubeAdapter:
                 path = kubeconfig or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
                 config.load_kube_config(config_file=path, context=context, client_configuration=cfg)
                 describe = f"kubeconfig {path}"
-        except Exception as e:  # ConfigException, FileNotFoundError, yaml errors
+        except Exception as e:  # noqa: BLE001 - ConfigException, FileNotFoundError, yaml errors: one NotConfigured line
             raise NotConfigured(f"cannot load Kubernetes configuration: {e}") from None
         cfg.retries = 1
         return cls(client.ApiClient(cfg), describe=describe)
@@ -529,7 +529,7 @@ class KubeAdapter:
             if isinstance(err, Forbidden):
                 self._log_refusal(err)
             raise err from None
-        except Exception as e:  # urllib3 MaxRetryError, timeouts, refused connections
+        except Exception as e:  # noqa: BLE001 - urllib3 MaxRetryError, timeouts, refused connections: Unavailable
             raise Unavailable(f"Kubernetes API {self.describe} unreachable: {type(e).__name__}: {e}") from None
         data = resp.data
         return json.loads(data) if data else {}

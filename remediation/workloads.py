@@ -146,7 +146,7 @@ class WorkloadResolver:
         self._remember(key, now, owner)
         try:
             wstore.upsert_workloads(self.store, [wstore.WorkloadRow(namespace, pod, kind, name, now)])
-        except Exception as e:  # the answer stands; the dashboard's copy waits for the next refresh
+        except Exception as e:  # noqa: BLE001 - the answer stands; the dashboard's copy waits for the next refresh
             log.warning("remediation: cannot store the workload of %s/%s: %s", namespace, pod, e)
         return owner
 
