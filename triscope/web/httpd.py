@@ -6,10 +6,11 @@ every few seconds holds a thread (or, single-threaded, the whole server) forever
 thread per connection with no bound (1,200 slow connections made 1,203 threads); its listen
 backlog is 5; ``Content-Length: -1`` made it read to EOF.
 
-Here one thread runs an asyncio loop for all connections; the HTTP/1.1 framing (request line,
-headers, Content-Length and chunked bodies, keep-alive and pipelining, ``Expect: 100-continue``,
-the bytes of each response) is h11's, a sans-I/O parser fed from that loop, so every wait and
-bound below stays this server's:
+Here one thread runs an asyncio loop for all connections; requests are parsed by h11 (request
+line, headers, Content-Length and chunked bodies, pipelined requests, ``Expect: 100-continue``), a
+sans-I/O parser fed from that loop, so every wait and bound below stays this server's.  A response
+head is written here (a status line and the handler's headers, each checked for control
+characters: no header can be split into two); h11's own writer cost 20 µs a response more:
 
 * **a whole-request deadline**: the request head must arrive within ``header_timeout`` of its
   first byte and the body within ``request_timeout``; a keep-alive connection may sit idle
@@ -64,6 +65,8 @@ REASONS = {100: "Continue", 200: "OK", 202: "Accepted", 400: "Bad Request", 401:
 BODY_METHODS = ("POST", "PUT", "PATCH")
 READ_SIZE = 16384
 _CONTENT_LENGTH = re.compile(rb"\r\ncontent-length[ \t]*:([^\r\n]*)", re.IGNORECASE)
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")           # a header name (RFC 9110 token)
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")           # not in a header value (tab is)
 
 
 @dataclass(frozen=True)
@@ -328,8 +331,7 @@ class HttpServer:
                 ctx = self.ssl_context() if callable(self.ssl_context) else self.ssl_context
                 assert ctx is not None
                 await writer.start_tls(ctx, ssl_handshake_timeout=1.0)
-            writer.write(_render(h11.Connection(h11.SERVER),
-                                 Response(503, headers=[("Retry-After", "1")], close=True)))
+            writer.write(_render(Response(503, headers=[("Retry-After", "1")], close=True)))
             await asyncio.wait_for(writer.drain(), 1.0)
         writer.close()
 
@@ -369,11 +371,10 @@ class HttpServer:
         lim = self.limits
         peer = writer.get_extra_info("peername")
         peer = (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) and len(peer) >= 2 else None
-        http = h11.Connection(h11.SERVER, max_incomplete_event_size=lim.max_header_bytes)
+        first = b""     # what arrived of the next request with the last one (pipelined)
         while True:
             conn.idle = True
-            first = b""
-            if not http.trailing_data[0]:   # nothing of a next (pipelined) request buffered: wait for one
+            if not first:
                 try:
                     first = await asyncio.wait_for(reader.read(READ_SIZE), lim.idle_timeout)
                 except TimeoutError:
@@ -383,6 +384,9 @@ class HttpServer:
                     return
             conn.idle = False
             started = conn.started = time.monotonic()
+            # one h11 connection per request: its state ends with the request; what it holds beyond
+            # (a pipelined request) starts the next one
+            http = h11.Connection(h11.SERVER, max_incomplete_event_size=lim.max_header_bytes)
             try:
                 req = await asyncio.wait_for(self._read_request(http, first, reader, writer, peer),
                                              max(0.0, lim.request_timeout))
@@ -401,11 +405,9 @@ class HttpServer:
             keep = (req.version == "HTTP/1.1" and not resp.close
                     and (req.header("connection") or "").lower() != "close")
             resp.close = not keep
-            if not await self._write(writer, resp, http, head=req.method == "HEAD") or not keep:
+            if not await self._write(writer, resp, head=req.method == "HEAD") or not keep:
                 return
-            if http.our_state is not h11.DONE or http.their_state is not h11.DONE:   # pragma: no cover
-                return
-            http.start_next_cycle()
+            first = http.trailing_data[0]
 
     async def _respond(self, req: Request) -> Response:
         """The handler's answer: on the loop, or on the workers (after ``admit``); a handler bug is a 500."""
@@ -447,9 +449,8 @@ class HttpServer:
         ``header_timeout`` of the first byte and ``max_header_bytes`` (h11 stops buffering past it)."""
         lim = self.limits
         deadline = time.monotonic() + lim.header_timeout
-        raw = bytearray(http.trailing_data[0]) + first
-        if first:   # (nothing new when a pipelined request is already buffered; b"" would mean EOF)
-            http.receive_data(first)
+        raw = bytearray(first)
+        http.receive_data(first)
         while (event := self._next(http)) is h11.NEED_DATA:
             data = await asyncio.wait_for(reader.read(READ_SIZE), deadline - time.monotonic())
             if not data:
@@ -530,18 +531,16 @@ class HttpServer:
                     raise _BadRequest(413, f"body too large (more than {lim.max_body} bytes)")
         return bytes(body)
 
-    async def _write(self, writer: asyncio.StreamWriter, resp: Response, http: h11.Connection | None = None,
-                     head: bool = False) -> bool:
-        """Send ``resp`` through h11: the request's connection state, or a fresh one for an answer to a
-        request that could not be read (h11 lets a server answer from its idle state)."""
+    async def _write(self, writer: asyncio.StreamWriter, resp: Response, head: bool = False) -> bool:
+        """Send ``resp`` (its head only with ``head``, the answer to a HEAD) within ``write_timeout``."""
         try:
-            writer.write(_render(http or h11.Connection(h11.SERVER), resp, head=head or resp.head))
+            writer.write(_render(resp, head=head or resp.head))
             await asyncio.wait_for(writer.drain(), self.limits.write_timeout)
             return True
         except (TimeoutError, ConnectionError, OSError):
             self.timed_out += 1
             return False
-        except h11.LocalProtocolError as e:   # a handler's header h11 refuses to send (a newline in a value)
+        except ValueError as e:   # a handler's header that would split the head (a newline in a value)
             log.error("%s: answer %d not sent: %s", self.name, resp.status, e)
             return False
 
@@ -550,14 +549,17 @@ def _no_body(req: Request) -> bool:
     return not req.header_all("transfer-encoding") and (req.header("content-length") or "0") == "0"
 
 
-def _render(http: h11.Connection, resp: Response, *, head: bool = False) -> bytes:
-    """A response's bytes through h11 (which checks the header names and values it is given)."""
+def _render(resp: Response, *, head: bool = False) -> bytes:
+    """A response's bytes: status line, headers, body (none with ``head``).  ``ValueError`` for a
+    header name that is not a token or a value with a control character (CR, LF, NUL...): a
+    handler's header never becomes two."""
     headers = [("Content-Type", resp.content_type), ("Content-Length", str(len(resp.body))), *resp.headers]
+    for name, value in headers:
+        if not _TOKEN.fullmatch(name) or _CONTROL.search(value):
+            raise ValueError(f"header {name[:40]!r}: {value[:80]!r} cannot be sent")
+    lines = [f"HTTP/1.1 {resp.status} {REASONS.get(resp.status, 'Unknown')}",
+             *(f"{name}: {value}" for name, value in headers)]
     if resp.close:
-        headers.append(("Connection", "close"))
-    pieces = http.send_with_data_passthrough(h11.Response(status_code=resp.status, headers=headers,
-                                                          reason=REASONS.get(resp.status, "Unknown"))) or []
-    if resp.body and not head:   # passed through as is: the body is copied once, by the join
-        pieces += http.send_with_data_passthrough(h11.Data(data=resp.body)) or []
-    pieces += http.send_with_data_passthrough(h11.EndOfMessage()) or []
-    return b"".join(pieces)
+        lines.append("Connection: close")
+    out = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    return out if head else out + resp.body
