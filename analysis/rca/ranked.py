@@ -44,6 +44,7 @@ from triscope.analysis.rca.context import Context, context_lines
 from triscope.analysis.rca.evidence import evidence_context, figures
 from triscope.analysis.rca.inputs import (
     RCAInputs,
+    baseline_of,
     data_end_of,
     data_start_of,
     fetch_onset_points,
@@ -180,7 +181,7 @@ def rank_causes_from(inputs: RCAInputs, thresholds: MismatchThresholds | None = 
 def rank_causes(store: StoreReader, node: str, start: float, end: float,
                 baseline: tuple[float, float] | None = None, max_points: int = 600,
                 thresholds: MismatchThresholds | None = None, top: int | None = None,
-                use_mismatch: bool = True) -> RCAResult:
+                use_mismatch: bool = True, inputs: RCAInputs | None = None) -> RCAResult:
     """Rank the likely causes of what changed on ``node`` in [start, end].
 
     ``baseline`` (start, end) defaults to the preceding window of the same length.  The fetch
@@ -188,9 +189,14 @@ def rank_causes(store: StoreReader, node: str, start: float, end: float,
     per metric: raw points downsampled to at most ``2 * max_points`` (min/max preserving) up to an
     hour, 1-minute rollups up to 12 hours, hourly rollups beyond (the onsets of the leading
     changes are then refined from the window's 1-minute rollups, ``fetch_onset_points``); the
-    ranking is ``rank_causes_from`` over what was read.
+    ranking is ``rank_causes_from`` over what was read.  ``inputs``: a read made already (the
+    timeline's), used when it is the read this call would make: the same node, window and baseline,
+    from rollups (whose points do not depend on ``max_points``).
     """
-    inputs = fetch_rca_inputs(store, node, start, end, baseline, max_points)
+    if not (inputs is not None and inputs.tier is not None and
+            (inputs.node, inputs.start, inputs.end, (inputs.baseline_start, inputs.baseline_end))
+            == (node, start, end, baseline_of(start, end, baseline))):
+        inputs = fetch_rca_inputs(store, node, start, end, baseline, max_points)
     onset_points = None
     if inputs.tier == "1h":
         onset_points = fetch_onset_points(store, node, onset_candidates(score_changes(inputs)), start, end)

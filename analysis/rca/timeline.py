@@ -299,13 +299,18 @@ def timeline_from(inputs: TimelineInputs, thresholds: MismatchThresholds | None 
     if not source:
         notes.append("no accelerator data in the range: no coordination states, only health events")
     shown: list[Episode] = []
+    bad: list[tuple[Episode, Reference]] = []
     for e in eps:
         if e.end <= start or e.start >= end:
             continue
         if not is_bad(e.state):
             shown.append(e)
             continue
-        ref = choose_reference(e, eps, r.node, given, given_has_data, workload_refs or {}, reference_guard(step, th))
+        bad.append((e, choose_reference(e, eps, r.node, given, given_has_data, workload_refs or {},
+                                        reference_guard(step, th))))
+    if local is not None:
+        local.plan([local.span(e, ref) for e, ref in bad])
+    for e, ref in bad:
         around = local.around(e, ref, r.events) if local is not None else None
         shown += explain_episode(e, ref, around or own, th, top, r, local_read=around is not None,
                                  raw=around is not None or r.tier is None)
@@ -376,25 +381,45 @@ class LocalEvidence:
     """The evidence of each bad episode read around it at the resolution a query of the last half
     hour would use — whatever range the timeline covers — so an episode's causes do not change with
     the look-back.  The read spans the episode, its reference and ``MIN_LOOKBACK_S`` before both,
-    raw points up to an hour (``fetch_rca_inputs``); overlapping spans share one read; at most
+    raw points up to an hour (``fetch_rca_inputs``).  ``plan`` joins the spans that overlap into
+    one read while the joined span stays within ``MAX_READ_S`` (the episodes of a burst, each with
+    its look-back, read once, not once each); a span inside an earlier read shares it; at most
     ``max_reads`` reads, the rest explained from the range's own read."""
+
+    MAX_READ_S = 3600.0
 
     def __init__(self, store: StoreReader, node: str, th: MismatchThresholds, max_reads: int = 24) -> None:
         self.store, self.node, self.th, self.max_reads = store, node, th, max_reads
         self._reads: list[tuple[float, float, Around]] = []
+        self._planned: list[tuple[float, float]] = []
 
-    def around(self, e: Episode, ref: Reference, events: Sequence[Any]) -> Around | None:
+    def span(self, e: Episode, ref: Reference) -> tuple[float, float]:
+        """What explaining ``e`` against ``ref`` reads: from ``MIN_LOOKBACK_S`` before the earlier of
+        the episode and its reference on this node, to one classifier window past its end."""
         lo = e.start
         if ref.series is None:      # the reference is on this node: its ranges are read too
             for a, _b in ref.ranges:
                 lo = min(lo, a)
-        lo -= MIN_LOOKBACK_S
-        hi = e.end + self.th.window_s
+        return lo - MIN_LOOKBACK_S, e.end + self.th.window_s
+
+    def plan(self, spans: Sequence[tuple[float, float]]) -> None:
+        """The reads for ``spans``: overlapping ones joined while the join lasts at most ``MAX_READ_S``."""
+        planned: list[tuple[float, float]] = []
+        for lo, hi in sorted(s for s in spans if s[1] - s[0] <= self.MAX_READ_S):
+            if planned and lo <= planned[-1][1] and max(hi, planned[-1][1]) - planned[-1][0] <= self.MAX_READ_S:
+                planned[-1] = (planned[-1][0], max(hi, planned[-1][1]))
+            else:
+                planned.append((lo, hi))
+        self._planned = planned
+
+    def around(self, e: Episode, ref: Reference, events: Sequence[Any]) -> Around | None:
+        lo, hi = self.span(e, ref)
         for a, b, read in self._reads:
             if a <= lo and hi <= b:
                 return read
-        if hi - lo > 3600 or len(self._reads) >= self.max_reads:
+        if hi - lo > self.MAX_READ_S or len(self._reads) >= self.max_reads:
             return None
+        lo, hi = next(((a, b) for a, b in self._planned if a <= lo and hi <= b), (lo, hi))
         rca = fetch_rca_inputs(self.store, self.node, lo, hi, (lo, lo), TIMELINE_MAX_POINTS)
         ctx = evidence_context(rca.series, events, self.th)
         index = index_series(rca.series)
@@ -406,10 +431,13 @@ class LocalEvidence:
 # ---------------------------------------------------------------------------------------------- entry point
 def rca_timeline(store: StoreReader, node: str, start: float, end: float, baseline: tuple[float, float] | None = None,
                  thresholds: MismatchThresholds | None = None, top: int | None = 5,
-                 slos: Sequence[Any] = ()) -> Timeline:
-    """Fetch, cut into episodes, fetch the references of other nodes where needed, explain."""
+                 slos: Sequence[Any] = (), inputs: TimelineInputs | None = None) -> Timeline:
+    """Fetch, cut into episodes, fetch the references of other nodes where needed, explain.
+    ``inputs``: ``fetch_timeline_inputs`` of these same arguments, read already (a caller that
+    shares the read with ``rank_causes``)."""
     th = thresholds or default_thresholds()
-    inputs = fetch_timeline_inputs(store, node, start, end, baseline, th, slos)
+    if inputs is None:
+        inputs = fetch_timeline_inputs(store, node, start, end, baseline, th, slos)
     refs: dict[tuple[str, float], Reference] = {}
     ctx = evidence_context(inputs.rca.series, inputs.rca.events, th)
     eps, source, step = timeline_episodes(inputs, ctx, th)
