@@ -27,7 +27,7 @@ from triscope.analysis.features import (
     link_ids,
     negotiated_capacity,
 )
-from triscope.analysis.mismatch import STATES, node_states
+from triscope.analysis.mismatch import STATES
 from triscope.analysis.mismatch_inputs import link_facts_from
 from triscope.analysis.reader import SeriesPoints
 from triscope.core.names import shorten
@@ -430,25 +430,6 @@ def mismatch_segments(store: StoreReader, node: str, window: Window, max_points:
     if not any(s.metric.startswith(("triscope_gpu_", "triscope_npu_")) for s in listed):
         return [], "no mismatch state: no accelerator data in this range"
     return [], "no mismatch state stored for this node (its agent publishes no verdict)"
-
-
-CEILING_LOOKBACK_S = 3600.0
-
-
-def computed_states(store: StoreReader, node: str, window: Window, max_windows: int = 400) -> list[Any]:
-    """``triscope.analysis.mismatch.node_states`` with a window size that keeps at most ``max_windows``.
-    No page of this package calls it (they read the verdict history); kept for the root-cause page's
-    detector summary over a window its result carries none for.
-
-    The link ceiling's observed part looks back ``CEILING_LOOKBACK_S`` (1 h) before the range
-    instead of the detector's default 24 h: that look-back reads per-second rates from raw
-    points, ~1.5 s a series on SQLite for 24 h, too slow for a page (the negotiated gen x width
-    capacity still sets the ceiling; only links faster than that estimate are affected)."""
-
-    th = MismatchThresholds()
-    w = max(th.window_s, math.ceil(window.span / max_windows))
-    return list(node_states(store, node, window.start, window.end, window=w, thresholds=th,
-                            ceiling_lookback_s=CEILING_LOOKBACK_S))
 
 
 LIVE_LOOKBACK_S = 30.0   # counters need the point before the first new one for its rate

@@ -397,12 +397,23 @@ def evidence_figure(title: str, ts: Sequence[float], values: Sequence[float], wi
     return fig
 
 
+# the timeline's markers by episode kind: health incidents loud (a fault), SLO burns a red star, lane
+# events (a scrape target's late /metrics: context, never a bad episode) a small quiet grey ring
+EPISODE_MARKS: dict[str, dict[str, Any]] = {
+    "health": {"symbol": "x", "size": 12, "color": "#c62828", "line": {"width": 1}},
+    "slo": {"symbol": "star", "size": 12, "color": "#c62828", "line": {"width": 1}},
+    "event": {"symbol": "circle-open", "size": 8, "color": "#78909c", "line": {"width": 1.5}},
+}
+EPISODE_MARK_NAMES = {"health": "health incident", "slo": "SLO burn", "event": "event (context)"}
+
+
 def episode_timeline_figure(episodes: Sequence[Any], window: tuple[float, float], height: int | None = None,
                             zone: Any = None) -> go.Figure:
     """The episode timeline: a row per accelerator (its workload in the row label), each run of one
-    state a bar in the state's colour, health incidents and SLO burn periods as markers; bad
-    episodes outlined.  ``episodes`` carry ``start``, ``end``, ``state``, ``kind``, ``bad``,
-    ``where`` (the row), ``workload`` (``display``) and ``causes`` (``title``)."""
+    state a bar in the state's colour, health incidents and SLO burn periods as red markers, lane
+    events (never bad) as quiet grey rings (``EPISODE_MARKS``).  ``episodes`` carry ``start``,
+    ``end``, ``state``, ``kind``, ``bad``, ``where`` (the row), ``workload`` (``display``) and
+    ``causes`` (``title``)."""
     if not episodes:
         return empty_figure("no episodes in this window: no accelerator state and no health event stored", 200)
     a, b = window
@@ -453,9 +464,8 @@ def episode_timeline_figure(episodes: Sequence[Any], window: tuple[float, float]
     fig.add_trace(go.Scatter(x=mid_x, y=mid_y, mode="markers", marker=dict(size=14, opacity=0), showlegend=False,
                              text=mid_text, hovertemplate="%{text}<extra></extra>", name="episodes"))
     for kind, (x, yv, tx) in marks.items():
-        fig.add_trace(go.Scatter(x=x, y=yv, mode="markers", name=kind,
-                                 marker=dict(symbol="star" if kind == "slo" else "x", size=12, color="#c62828",
-                                             line=dict(width=1)),
+        fig.add_trace(go.Scatter(x=x, y=yv, mode="markers", name=EPISODE_MARK_NAMES.get(kind, kind),
+                                 marker=EPISODE_MARKS.get(kind, EPISODE_MARKS["health"]),
                                  text=tx, hovertemplate="%{text}<extra></extra>"))
     fig.update_yaxes(tickvals=list(range(len(rows))), ticktext=[labels.get(r, r) for r in rows],
                      range=[len(rows) - 0.5, -0.5], fixedrange=True)

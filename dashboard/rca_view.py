@@ -10,6 +10,9 @@ never ranked).  ``timeline(store, node, start, end)`` returns the window's episo
 (docs/workloads.md section 3): runs of one state per accelerator with their workload, each bad one
 with its ranked causes and context; where the timeline fails, the dashboard's own runs from the
 stored per-accelerator states, each bad one explained by the ranked view over its span.
+``history_shares(store, node, start, end)`` is the node's share of time in each state over a range,
+from the verdict history (the Node page's ribbon, the Mismatch page's per-node shares): what the
+page says about the window's states, with no detector run.
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from triscope.analysis.rca.inputs import RCAInputs
 from triscope.analysis.rca.ranked import rank_causes
-from triscope.analysis.rca.timeline import rca_timeline
+from triscope.analysis.rca.timeline import fetch_timeline_inputs, rca_timeline
 from triscope.core.names import shorten
+from triscope.dashboard.data import Segment, Window, mismatch_segments
 from triscope.dashboard.export import Series
 from triscope.dashboard.workload_data import (
     HEALTHY,
@@ -88,8 +93,11 @@ CATEGORY_SERIES = {
 }
 
 
-def explain(store: StoreReader, node: str, start: float, end: float, top: int = 8) -> RcaResult:
-    res = rank_causes(store, node, start, end)
+def explain(store: StoreReader, node: str, start: float, end: float, top: int = 8,
+            inputs: RCAInputs | None = None) -> RcaResult:
+    """The ranked causes of the whole window; ``inputs``: the timeline's read (``TimelineView.read``),
+    which ``rank_causes`` reuses where it is its own (over rollups: a window of more than 30 min)."""
+    res = rank_causes(store, node, start, end, inputs=inputs)
     by_cat: dict[str, list[Any]] = {}
     for ch in sorted(res.changes, key=lambda c: -c.score):
         by_cat.setdefault(ch.category, []).append(ch)
@@ -147,6 +155,7 @@ class TimelineView:
     episodes: list[EpisodeView]
     source: str                    # who cut the episodes
     notes: list[str] = field(default_factory=list)
+    read: RCAInputs | None = None  # the node's series the timeline read over the window and its look-back
 
     @property
     def bad(self) -> list[EpisodeView]:
@@ -165,14 +174,17 @@ def timeline(store: StoreReader, node: str, start: float, end: float,
     per accelerator from the stored per-accelerator state series, each bad one explained by
     ``rank_causes`` over its own span, and a note saying why."""
     try:
-        got = rca_timeline(store, node, start, end)
+        inputs = fetch_timeline_inputs(store, node, start, end)
+        got = rca_timeline(store, node, start, end, inputs=inputs)
     except Exception as e:  # noqa: BLE001 - the page keeps working on the stored states; the note says why
         logging.getLogger("dashboard").exception("%s failed", TIMELINE_FUNCTION)
         tv = fallback_timeline(store, node, start, end, owners)
         tv.notes.insert(0, f"{TIMELINE_FUNCTION} failed ({type(e).__name__}: {str(e)[:160]}): episodes from the "
                            "stored per-accelerator states instead")
         return tv
-    return timeline_from_dict(got.as_dict(), owners)
+    tv = timeline_from_dict(got.as_dict(), owners)
+    tv.read = inputs.rca
+    return tv
 
 
 def _accel_of_name(name: str) -> Accel | None:
@@ -266,3 +278,26 @@ def episode_series(episodes: Sequence[EpisodeView], a: float, b: float) -> list[
             "bad": "true" if e.bad else "false", "top_cause": e.causes[0].key if e.causes else ""},
             "seconds (episode length, at its start)", [(s0, round(s1 - s0, 3))]))
     return out
+
+
+# ---------------------------------------------------------------------------------------------- states from the history
+@dataclass
+class StateShares:
+    shares: dict[str, float]       # state -> share of the range's stored state time
+    worst: Segment | None          # the bad stretch with the highest score (None: no bad one)
+    source: str                    # where the states came from, or why there are none
+
+
+def history_shares(store: StoreReader, node: str, start: float, end: float, max_points: int = 600) -> StateShares:
+    """The node's time in each state over [start, end]: the verdict history's roll-up runs (a node
+    with one accelerator and no roll-up: that one's), for stores written before it the stored
+    state series — the segments the Node page's ribbon draws (``data.mismatch_segments``)."""
+    segs, source = mismatch_segments(store, node, Window(start, end, False), max_points)
+    counts: dict[str, float] = {}
+    for sg in segs:
+        counts[sg.state] = counts.get(sg.state, 0.0) + (sg.end - sg.start)
+    total = sum(counts.values())
+    shares = {k: v / total for k, v in counts.items() if v > 0} if total > 0 else {}
+    bad = [sg for sg in segs if sg.state not in HEALTHY]
+    worst = max(bad, key=lambda sg: (sg.score or 0.0, sg.end - sg.start), default=None)
+    return StateShares(shares, worst, source)

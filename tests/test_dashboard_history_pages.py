@@ -100,7 +100,6 @@ def test_mismatch_shares_come_from_the_history_without_detector_windows(store: A
                                            Sample("triscope_mismatch_score", 0.9 if st != "idle" else 0.0)])
                              for i, st in enumerate(states)])
     w = data.Window(t0, t0 + len(states), False)
-    assert data.computed_states(store, "n1", w) == []        # what the page ran before: nothing
     pts, shares = data.mismatch_points(store, ["n1"], w)
     assert pts == []                                          # no busy series: no point to draw
     assert shares["n1"] == pytest.approx({"staging-bound": 60 / 90, "idle": 30 / 90}, abs=0.02)

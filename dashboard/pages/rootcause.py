@@ -1,10 +1,16 @@
 """Root cause: node and window in; out the episode timeline (runs of one state per accelerator
 with their workload, each bad one with its ranked causes: ``rca_view.timeline``), the ranked
-causes of the whole window with their evidence charts (``triscope.analysis.rca.ranked``), and what the
-mismatch detector and the events say about the window."""
+causes of the whole window with their evidence charts (``triscope.analysis.rca.ranked``), the
+node's share of time in each state over the window and its baseline (the verdict history, as the
+Node and Mismatch pages read it: ``rca_view.history_shares``) and the window's events.
+
+The window opens where every page opens (``timerange``: the last hour of the node's data, all of
+it when shorter, ending at now or at its last sample); ``?range=24h`` picks another look-back,
+``?start=&end=`` an exact window."""
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -12,7 +18,7 @@ from urllib.parse import quote, urlencode
 import dash
 from dash import Input, Output, State, dcc, html
 
-from triscope.dashboard import data, export, figures, rca_view, timeview
+from triscope.dashboard import data, export, figures, rca_view, timerange, timeview
 from triscope.dashboard.components import (
     empty_state,
     error_note,
@@ -26,13 +32,23 @@ from triscope.dashboard.components import (
     short,
 )
 from triscope.dashboard.context import ctx
-from triscope.dashboard.figures import STATE_COLORS
+from triscope.dashboard.figures import state_style
 from triscope.dashboard.registry import page_callback
+from triscope.dashboard.workload_data import workload_owners
 
 dash.register_page(__name__, path="/rootcause", name="Root cause", order=5, title="triscope - root cause")
 
 
-def layout(node: str = "", start: str = "", end: str = "", **_: Any) -> html.Div:
+LOOKBACKS = (*data.PRESETS, data.DATA_PRESET)    # the look-back links: 15m 1h 24h 7d, all data
+
+
+def default_window(c: Any, node: str, preset: str = "") -> data.Window:
+    """The window the page opens on for ``node`` (``timerange``: ``preset``, else the default one)."""
+    b = timerange.node_bounds(c.store, node)
+    return timerange.window(preset if preset in LOOKBACKS else timerange.default_preset(b), b, c.now())
+
+
+def layout(node: str = "", start: str = "", end: str = "", range: str = "", **_: Any) -> html.Div:  # noqa: A002
     c = ctx()
     nodes = [n.name for n in c.store.nodes()]
     if not nodes:
@@ -42,14 +58,16 @@ def layout(node: str = "", start: str = "", end: str = "", **_: Any) -> html.Div
                  or c.store.series(node=n, metric="triscope_npu_aicore_utilization_ratio")]
         node = (accel or nodes)[0]
     a, b = parse_ts(start), parse_ts(end)
-    if a is None or b is None:  # default: the node's last 15 minutes of data
-        last = next(n.last_seen for n in c.store.nodes() if n.name == node)
-        b = min(c.now(), last + 1)
-        a = b - 900
+    head: list[Any] = [html.H2("Root cause"),
+                       html.Span("what changed on this node in this window, against the preceding window of "
+                                 "the same length", className="window-note")]
+    if a is None or b is None:  # default (timerange): the last hour of the node's data, all of it when less
+        w = default_window(c, node, range)
+        a, b = w.start, w.end
+        if w.note:
+            head.append(html.Span(w.note, className="window-note", id="rootcause-window-note"))
     return html.Div([
-        html.Div([html.H2("Root cause"), html.Span("what changed on this node in this window, against the "
-                                                    "preceding window of the same length", className="window-note")],
-                 className="page-head"),
+        html.Div(head, className="page-head"),
         html.Div([
             dcc.Dropdown(id="rootcause-node", options=node_options(nodes), value=node_value(node),
                          clearable=False, className="node-select"),
@@ -57,65 +75,110 @@ def layout(node: str = "", start: str = "", end: str = "", **_: Any) -> html.Div
             dcc.Input(id="rootcause-end", type="text", value=fmt_ts(b), debounce=True, className="ts-input"),
             html.Button("Explain", id="rootcause-go", n_clicks=0, className="btn btn-primary"),
             dcc.Link("open on the node page", href=f"/node/{quote(node)}", id="rootcause-nodelink", className="btn"),
+            _lookbacks(node, range if not (start and end) else ""),
         ], className="toolbar"),
         dcc.Loading(html.Div(id="rootcause-body"), delay_show=300, type="dot"),
     ])
 
 
+def _lookbacks(node: str, current: str) -> html.Div:
+    """Links to the same node over each look-back, ending where the default window ends."""
+    links: list[Any] = [html.Span("look back: ", className="muted")]
+    for p in LOOKBACKS:
+        links.append(dcc.Link("all data" if p == data.DATA_PRESET else p,
+                              href="/rootcause?" + urlencode({"node": node, "range": p}),
+                              className="btn btn-small" + (" btn-current" if p == current else "")))
+    return html.Div(links, className="range-presets", id="rootcause-lookbacks")
+
+
 @page_callback(
     Output("rootcause-body", "children"), Output("rootcause-nodelink", "href"),
+    Output("rootcause-lookbacks", "children"),
+    Output("rootcause-start", "value"), Output("rootcause-end", "value"),
     Input("rootcause-go", "n_clicks"), Input("rootcause-node", "value"),
     State("rootcause-start", "value"), State("rootcause-end", "value"),
     Input(timeview.TZ_STORE, "data"),   # the local-time toggle redraws (the start / end fields stay UTC)
 )
-def explain(_n: int, value: str, start: str | None, end: str | None, tz: dict[str, Any] | None = None) -> tuple[Any, Any]:
+def explain(_n: int, value: str, start: str | None, end: str | None,
+            tz: dict[str, Any] | None = None) -> tuple[Any, ...]:
+    """The page's answer for a node and window; picking another node opens on its own default window."""
     c = ctx()
     zone = timeview.zone_of(tz)
     node = node_from_value(value, (n.name for n in c.store.nodes()))
     if node is None:
-        return note("that node is no longer in the store: pick another", "warn"), "/node"
+        return note("that node is no longer in the store: pick another", "warn"), "/node", [], start, end
     link = f"/node/{quote(node)}"
+    if _triggered() == "rootcause-node":    # another node: its own data, as the page opens on it
+        w = default_window(c, node)
+        start, end = fmt_ts(w.start), fmt_ts(w.end)
+    looks = _lookbacks(node, "").children
     a, b = parse_ts(start), parse_ts(end)
     if a is None or b is None or b <= a:
-        return note("give the window as UTC times (2026-11-29 17:00:00) or epoch seconds, start before end", "warn"), link
+        return (note("give the window as UTC times (2026-11-29 17:00:00) or epoch seconds, start before end", "warn"),
+                link, looks, start, end)
     link = f"/node/{quote(node)}?range=custom&start={a:.0f}&end={b:.0f}"
+    return answer(c, node, a, b, zone), link, looks, start, end
+
+
+def _triggered() -> Any:
+    try:
+        return dash.callback_context.triggered_id
+    except dash.exceptions.MissingCallbackContextException:   # called outside a request (benchmark)
+        return None
+
+
+def answer(c: Any, node: str, a: float, b: float, zone: Any = None) -> list[Any]:
+    """Everything the page shows for ``node`` over [a, b]: the recording note, the episode timeline,
+    the ranked causes of the whole window, the state shares from the verdict history, the events."""
     t0 = time.perf_counter()
     parts: list[Any] = []
+    rec = data.recording_note(c.store, node)
+    if rec:
+        parts.append(note(rec, "info", id="rootcause-recording-note"))
+    read = None
     try:
-        parts += _episodes(c, node, a, b, zone)
+        got, read = _episodes(c, node, a, b, zone)
+        parts += got
     except Exception as e:  # noqa: BLE001
         parts.append(error_note("the episode timeline", e))
     try:
-        res = rca_view.explain(c.store, node, a, b)
+        res = rca_view.explain(c.store, node, a, b, inputs=read)   # the timeline's read, where it is the same
     except Exception as e:  # noqa: BLE001
         res = None
         parts.append(error_note("the root-cause query", e))
     if res is not None:
-        if res.causes:
-            parts.append(html.H3(f"Likely causes over the whole window ({len(res.causes)}; {res.series_examined} series against the "
-                                 f"baseline {fmt_ts(res.baseline[0], zone) if res.baseline else ''} to "
-                                 f"{fmt_ts(res.baseline[1], zone) if res.baseline else ''} "
-                                 f"{timeview.zone_name(zone, b)})"))
-            parts.append(html.Ol([_cause(c, node, i, cz, a, b, res.baseline, zone) for i, cz in enumerate(res.causes[:8])],
-                                 className="causes", id="rootcause-causes"))
-        else:
-            parts.append(empty_state("No ranked causes", res.note, id="rootcause-nocauses"))
-        if res.context:
-            parts.append(_context(res.context, "rootcause-context"))
+        parts += _causes(c, node, res, a, b, zone)
     try:
-        parts += _detector(c, node, a, b, res.mismatch if res is not None else None, zone)
+        parts += _states(c, node, a, b, res.baseline if res is not None else None, zone)
+    except Exception as e:  # noqa: BLE001
+        parts.append(error_note("reading the verdict history", e))
+    try:
+        parts += _events(c, node, a, b, zone)
     except Exception as e:  # noqa: BLE001
         parts.append(error_note("reading the window's events", e))
     parts.append(html.Div(f"answered in {(time.perf_counter() - t0) * 1000:.0f} ms", className="status-line"))
-    return parts, link
+    return parts
 
 
-def _episodes(c: Any, node: str, a: float, b: float, zone: Any = None) -> list[Any]:
-    """The window's episode timeline and its bad episodes, each with its ranked causes."""
-    import functools
+def _causes(c: Any, node: str, res: rca_view.RcaResult, a: float, b: float, zone: Any) -> list[Any]:
+    out: list[Any] = []
+    if res.causes:
+        out.append(html.H3(f"Likely causes over the whole window ({len(res.causes)}; {res.series_examined} series "
+                           f"against the baseline {fmt_ts(res.baseline[0], zone) if res.baseline else ''} to "
+                           f"{fmt_ts(res.baseline[1], zone) if res.baseline else ''} "
+                           f"{timeview.zone_name(zone, b)})"))
+        out.append(html.Ol([_cause(c, node, i, cz, a, b, res.baseline, zone) for i, cz in enumerate(res.causes[:8])],
+                           className="causes", id="rootcause-causes"))
+    else:
+        out.append(empty_state("No ranked causes", res.note, id="rootcause-nocauses"))
+    if res.context:
+        out.append(_context(res.context, "rootcause-context"))
+    return out
 
-    from triscope.dashboard.workload_data import workload_owners
 
+def _episodes(c: Any, node: str, a: float, b: float, zone: Any = None) -> tuple[list[Any], Any]:
+    """The window's episode timeline and its bad episodes, each with its ranked causes; and what the
+    timeline read (``TimelineView.read``)."""
     tv = rca_view.timeline(c.store, node, a, b, owners=functools.partial(workload_owners, c.store))
     fig = export.attach_series(figures.episode_timeline_figure(tv.episodes, (a, b), zone=zone),
                                rca_view.episode_series(tv.episodes, a, b))
@@ -131,14 +194,14 @@ def _episodes(c: Any, node: str, a: float, b: float, zone: Any = None) -> list[A
     else:
         out.append(html.Ol([_episode(node, e, zone) for e in bad[:20]], className="episodes causes", id="rootcause-episodes"))
     out.append(html.Div(f"episodes from {tv.source}", className="muted"))
-    return out
+    return out, tv.read
 
 
 def _episode(node: str, e: rca_view.EpisodeView, zone: Any = None) -> html.Li:
     wl = e.workload.display if e.workload is not None and e.workload.display else ""
     head = [html.B(e.where), html.Span(short(wl, 80), className="muted", title=full(e.workload.detail))
             if wl and e.workload is not None else None,
-            html.Span(e.state, className="state-chip", style={"backgroundColor": STATE_COLORS.get(e.state, "#9e9e9e")}),
+            html.Span(e.state, className="state-chip", style=state_style(e.state)),
             html.Span(f"{fmt_ts(e.start, zone)} → {fmt_ts(e.end, zone)} {timeview.zone_name(zone, e.end)} "
                       f"({figures._dur(e.duration)})"
                       + (" (began before the window)" if e.started_before else ""), className="ep-span"),
@@ -199,40 +262,40 @@ def _cause(c: Any, node: str, i: int, cz: rca_view.Cause, a: float, b: float,
 
 
 def _chips(shares: dict[str, float]) -> list[Any]:
-    return [html.Span(f"{s} {f:.0%}", className="state-chip", style={"backgroundColor": STATE_COLORS.get(s, "#9e9e9e")})
-            for s, f in sorted(shares.items(), key=lambda kv: -kv[1])]
-
-
-def _detector(c: Any, node: str, a: float, b: float, mismatch: dict[str, Any] | None = None,
-              zone: Any = None) -> list[Any]:
-    """The detector's verdict over the window: from the root-cause result when it carries it (the
-    RCA already ran the detector over the window and its baseline), else run here."""
-    out: list[Any] = [html.H3("Mismatch detector over the window")]
-    if mismatch and mismatch.get("window_states"):
-        out.append(html.Div(_chips(mismatch["window_states"]), className="legend-line", id="rootcause-states"))
-        if mismatch.get("baseline_states"):
-            out.append(html.Div([html.Span("baseline: ", className="muted")] + _chips(mismatch["baseline_states"]),
-                                className="legend-line"))
-    else:
-        try:
-            states = data.computed_states(c.store, node, data.Window(a, b, False), max_windows=200)
-        except Exception as e:  # noqa: BLE001
-            return out + [error_note("the mismatch detector", e)]
-        if not states:
-            out.append(note("no accelerator data in this window: the detector has nothing to classify", "info"))
-        else:
-            from triscope.analysis.mismatch import state_fractions
-
-            out.append(html.Div(_chips(state_fractions(states)), className="legend-line", id="rootcause-states"))
-            worst = max(states, key=lambda s: s.score)
-            reasons = worst.evidence.get("reasons") or []
-            if reasons:
-                out.append(html.Div(f"worst window {fmt_ts(worst.start, zone)}: {worst.state} (score {worst.score:.2f}): "
-                                    + "; ".join(reasons), className="muted"))
-    evs = c.store.events(node=node, start=a, end=b, limit=51)
-    if evs:
-        out.append(html.H3(f"Events in the window ({len(evs) if len(evs) <= 50 else '50+'})"))
-        out.append(html.Ul([html.Li(short(f"{fmt_ts(e.ts, zone)} {e.kind} ({e.severity}): {e.message}", 300))
-                            for e in evs[:50]],
-                           className="events"))
+    out = []
+    for s, f in sorted(shares.items(), key=lambda kv: -kv[1]):
+        attrs: dict[str, Any] = {"data-state": s}
+        out.append(html.Span(f"{s} {f:.0%}", className="state-chip", style=state_style(s), **attrs))
     return out
+
+
+def _states(c: Any, node: str, a: float, b: float, baseline: tuple[float, float] | None = None,
+            zone: Any = None) -> list[Any]:
+    """The node's share of time in each state over the window and over its baseline, from the verdict
+    history (the Node page's ribbon, the Mismatch page's shares): no detector runs here."""
+    out: list[Any] = [html.H3("State over the window (the verdict history)")]
+    win = rca_view.history_shares(c.store, node, a, b)
+    if not win.shares:
+        return out + [note(win.source, "info", id="rootcause-nostates")]
+    out.append(html.Div(_chips(win.shares), className="legend-line", id="rootcause-states"))
+    if baseline is not None:
+        base = rca_view.history_shares(c.store, node, *baseline)
+        if base.shares:
+            out.append(html.Div([html.Span("baseline: ", className="muted")] + _chips(base.shares),
+                                className="legend-line", id="rootcause-baseline-states"))
+    if win.worst is not None:
+        w = win.worst
+        out.append(html.Div(f"worst stretch {fmt_ts(w.start, zone)} → {fmt_ts(w.end, zone)} "
+                            f"{timeview.zone_name(zone, w.end)}: {w.state}"
+                            + (f" (score {w.score:.2f})" if w.score is not None else ""), className="muted"))
+    out.append(html.Div(f"from the {win.source}", className="muted"))
+    return out
+
+
+def _events(c: Any, node: str, a: float, b: float, zone: Any = None) -> list[Any]:
+    evs = c.store.events(node=node, start=a, end=b, limit=51)
+    if not evs:
+        return []
+    return [html.H3(f"Events in the window ({len(evs) if len(evs) <= 50 else '50+'})"),
+            html.Ul([html.Li(short(f"{fmt_ts(e.ts, zone)} {e.kind} ({e.severity}): {e.message}", 300))
+                     for e in evs[:50]], className="events")]
