@@ -1,11 +1,12 @@
 """The Root cause page on a recording, in a real browser (Debian's headless Chromium).
 
-One H200 recording (``examples/traces/h200-inference-5``) imported with the real ``triscope
-import-trace`` at its recorded times (it ended long ago) and served by the real ``triscope
-dashboard``.  Opened with no window in its URL, the page opens on the recording's data (all of it:
-it lasts minutes), says it is a recording, lists its bad episodes, and paints every state chip in
-``figures.state_style`` as the browser computes it (the quiet states pale with dark ink, the faults
-loud with white); its 24 h look-back link answers with the same episodes.
+Two H200 recordings (``examples/traces/h200-inference-5`` and ``-3``, three hours apart) imported
+with the real ``triscope import-trace`` at their recorded times (they ended long ago) and served by
+the real ``triscope dashboard``.  Opened with no window in its URL, the page opens on the
+recording's data (all of it: it lasts minutes), says it is a recording, lists its bad episodes, and
+paints every state chip in ``figures.state_style`` as the browser computes it (the quiet states
+pale with dark ink, the faults loud with white); its 24 h look-back link answers with the same
+episodes; picking the other recording opens on that one's data, not on the first one's window.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from tests.test_dashboard_browser import TRISCOPE, Page
 pytestmark = pytest.mark.browser
 
 NODE = "h200-inference-5"
+OTHER = "h200-inference-3"
 
 
 def _rgb(hex_color: str) -> str:
@@ -37,8 +39,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any]
     from triscope.store import Store
 
     url = f"sqlite:///{tmp_path_factory.mktemp('rootcause-browser') / 'triscope.db'}"
-    subprocess.run([TRISCOPE, "import-trace", str(REPO / "examples" / "traces" / f"{NODE}.jsonl.gz"), "--db", url],
-                   cwd=REPO, check=True, capture_output=True, timeout=300)
+    for node in (NODE, OTHER):
+        subprocess.run([TRISCOPE, "import-trace", str(REPO / "examples" / "traces" / f"{node}.jsonl.gz"), "--db", url],
+                       cwd=REPO, check=True, capture_output=True, timeout=300)
     port = free_port()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("TRISCOPE_DASHBOARD_PASSWORD", None)
@@ -116,6 +119,32 @@ def test_it_opens_on_the_recording_with_state_style_chips(browser: Any, served: 
         pg.wait_for_selector("#rootcause-episodes", timeout=60000)
         p.settle(60000)
         assert _episodes(pg) == eps
+        assert pg.inner_text("#rootcause-lookbacks b") == "24h"         # the look-back shown, not a link
+        assert p.errors == [], p.errors
+    finally:
+        p.close()
+
+
+def test_another_node_opens_on_its_own_data(browser: Any, served: tuple[str, Any]) -> None:
+    base, st = served
+    other = next(n for n in st.nodes() if n.name == OTHER)
+    p = Page(browser, base)
+    try:
+        pg = p.goto(f"/rootcause?node={NODE}")
+        pg.wait_for_selector("#rootcause-states", timeout=60000)
+        p.settle(60000)
+        pg.click("#rootcause-node")
+        option = pg.locator(".dash-dropdown-option", has_text=OTHER).first
+        option.wait_for(timeout=10000)
+        option.click()
+        pg.wait_for_function(f"() => Math.abs(Date.parse(document.querySelector('#rootcause-start').value"
+                             f".replace(' ', 'T') + 'Z') / 1000 - {other.first_seen:.0f}) <= 1", timeout=30000)
+        p.settle(60000)
+        assert abs(_ts(pg.input_value("#rootcause-end")) - (other.last_seen + 1)) <= 1
+        assert f"{OTHER}.jsonl.gz" in pg.inner_text("#rootcause-recording-note")
+        assert len(_episodes(pg)) >= 1 and pg.locator("#rootcause-states .state-chip").count() >= 2
+        assert all(f"node={OTHER}" in (a.get_attribute("href") or "")
+                   for a in pg.locator("#rootcause-lookbacks a").all())
         assert p.errors == [], p.errors
     finally:
         p.close()

@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 import dash
-from dash import Input, Output, State, dcc, html
+from dash import Input, Output, State, dcc, html, no_update
 
 from triscope.dashboard import data, export, figures, rca_view, timerange, timeview
 from triscope.dashboard.components import (
@@ -85,9 +85,9 @@ def _lookbacks(node: str, current: str) -> html.Div:
     """Links to the same node over each look-back, ending where the default window ends."""
     links: list[Any] = [html.Span("look back: ", className="muted")]
     for p in LOOKBACKS:
-        links.append(dcc.Link("all data" if p == data.DATA_PRESET else p,
-                              href="/rootcause?" + urlencode({"node": node, "range": p}),
-                              className="btn btn-small" + (" btn-current" if p == current else "")))
+        text = "all data" if p == data.DATA_PRESET else p
+        links.append(html.B(text, className="btn btn-small") if p == current else      # the one shown
+                     dcc.Link(text, href="/rootcause?" + urlencode({"node": node, "range": p}), className="btn btn-small"))
     return html.Div(links, className="range-presets", id="rootcause-lookbacks")
 
 
@@ -106,12 +106,13 @@ def explain(_n: int, value: str, start: str | None, end: str | None,
     zone = timeview.zone_of(tz)
     node = node_from_value(value, (n.name for n in c.store.nodes()))
     if node is None:
-        return note("that node is no longer in the store: pick another", "warn"), "/node", [], start, end
+        return note("that node is no longer in the store: pick another", "warn"), "/node", no_update, start, end
     link = f"/node/{quote(node)}"
+    looks: Any = no_update
     if _triggered() == "rootcause-node":    # another node: its own data, as the page opens on it
         w = default_window(c, node)
         start, end = fmt_ts(w.start), fmt_ts(w.end)
-    looks = _lookbacks(node, "").children
+        looks = _lookbacks(node, "").children
     a, b = parse_ts(start), parse_ts(end)
     if a is None or b is None or b <= a:
         return (note("give the window as UTC times (2026-11-29 17:00:00) or epoch seconds, start before end", "warn"),
