@@ -6,7 +6,12 @@
 * browser: first render of the node page complete in headless Chromium (navigation start to
   the figure drawn with its traces and no callback in flight), median of 5 loads;
 * named baseline, measured in the same run: the same figure built from raw, un-downsampled
-  points (``max_points=None``): its render callback time and its payload size.
+  points (``max_points=None``): its render callback time and its payload size;
+* the Root cause page's callback (everything the page computes for a node: the episode timeline
+  with each bad episode explained, the ranked causes of the whole window, the verdict history's
+  state shares, the events) at a 24 h look-back, against the same callback over 15 minutes, on
+  the store above and on the six H200 recordings imported as ``make run`` imports them
+  (``import_for_demo``: shifted to end now, marked recordings), the slowest of their nodes.
 
 Run alone: ``python -m bench.bench_dashboard [--quick]``.
 """
@@ -30,6 +35,10 @@ if TYPE_CHECKING:
     from triscope.store.api import Store
 
 NODE = "bench-node"
+ROOT_CAUSE_24H = "root cause page, 24 h look-back"
+ROOT_CAUSE_BASE = "root cause explain (15 min window)"
+ROOT_CAUSE_TARGET_MS = 2000.0    # issue 27: the Root cause page answers within 2 s for 24 h
+TRACES = Path(__file__).resolve().parents[1] / "examples" / "traces"
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]
@@ -95,6 +104,8 @@ def _callbacks(app: Any, end: float, runs: int) -> tuple[dict[str, tuple[float, 
         a = f"{end - 900:.0f}"
         out["root cause explain (15 min window)"] = _timed(
             lambda: to_json(rootcause.explain(1, NODE, a, f"{end:.0f}")), max(3, runs // 4))
+        day = f"{end - 86400:.0f}"
+        out[ROOT_CAUSE_24H] = _timed(lambda: to_json(rootcause.explain(1, NODE, day, f"{end:.0f}")), max(3, runs // 4))
         # named baseline: the same 24 h figure from raw points
         mp = c.max_points
         c.max_points = None
@@ -202,9 +213,7 @@ def run(quick: bool = False) -> list[Row]:
     first = _browser(app, 2 if quick else 5)
     load = os.getloadavg()[0]
     label = f"dashboard node page ({hours:g} h at 1 Hz, 10 series, SQLite; load avg {load:.1f} on {os.cpu_count()} cpu)"
-    rows = [Row(label, f"callback {k} (server wall, median; CPU {cpu:.0f} ms)", round(v, 1), "ms", "<= 300",
-                "same figure from raw points (render 24h)" if k == "render 24h" else "",
-                round(base_ms, 1) if k == "render 24h" else None, v <= 300) for k, (v, cpu) in cb.items()]
+    rows = [_callback_row(label, k, v, cpu, base_ms, cb) for k, (v, cpu) in cb.items()]
     rows.append(Row(label, "node page payload (24h figure JSON)", round(payload_ds / 1024, 1), "KiB", "",
                     "raw points", round(payload_raw / 1024, 1)))
     if first is not None:
@@ -212,8 +221,61 @@ def run(quick: bool = False) -> list[Row]:
                         "", None, first <= 1500))
     rows.append(Row(label, f"seed: {n} samples written", round(n / seed_s), "samples/s"))
     st.close()
+    rows += root_cause_on_recordings(tmp, 2 if quick else 6, 3)
     shutil.rmtree(tmp, ignore_errors=True)
     return rows
+
+
+def _callback_row(label: str, k: str, v: float, cpu: float, base_ms: float,
+                  cb: dict[str, tuple[float, float]]) -> Row:
+    """One callback's row: <= 300 ms, the Root cause page at 24 h <= 2 s against its 15-minute view."""
+    fig = f"callback {k} (server wall, median; CPU {cpu:.0f} ms)"
+    if k == ROOT_CAUSE_24H:
+        return Row(label, fig, round(v, 1), "ms", f"<= {ROOT_CAUSE_TARGET_MS:g}", "the same callback, 15 min window",
+                   round(cb[ROOT_CAUSE_BASE][0], 1), v <= ROOT_CAUSE_TARGET_MS)
+    return Row(label, fig, round(v, 1), "ms", "<= 300", "same figure from raw points (render 24h)" if k == "render 24h"
+               else "", round(base_ms, 1) if k == "render 24h" else None, v <= 300)
+
+
+def root_cause_on_recordings(tmp: Path, nodes: int = 6, runs: int = 3) -> list[Row]:
+    """The Root cause page's callback on the demo's data: the first ``nodes`` H200 recordings imported
+    as ``make run`` does (``import_for_demo``), for each node at a 24 h look-back and over its last 15
+    minutes (the named baseline), ending at its last sample; the slowest node's median of ``runs``."""
+    from dash._utils import to_json
+
+    from triscope.commands.run import import_for_demo
+    from triscope.dashboard.app import create_app
+    from triscope.store import Store
+
+    traces = sorted(TRACES.glob("h200-inference-*.jsonl.gz"))[:nodes]
+    if not traces:
+        return []
+    url = f"sqlite:///{tmp / 'recordings.db'}"
+    names = [import_for_demo(url, p) for p in traces]
+    st = Store.open(url)
+    app = create_app(url, store=st)
+    from triscope.dashboard.pages import rootcause  # pages register once an app exists
+
+    worst: tuple[float, float, float, str] = (0.0, 0.0, 0.0, "")
+    with app.server.test_request_context("/_dash-update-component", method="POST"):
+        for node in names:
+            end = next(n.last_seen for n in st.nodes() if n.name == node) + 1
+
+            def page(span: float, node: str = node, end: float = end) -> Any:
+                return to_json(rootcause.explain(1, node, f"{end - span:.0f}", f"{end:.0f}"))
+
+            day, cpu = _timed(lambda: page(86400.0), runs)
+            base = _median_ms(lambda: page(900.0), runs)
+            if day > worst[0]:
+                worst = (day, cpu, base, node)
+    st.close()
+    load = os.getloadavg()[0]
+    day, cpu, base, node = worst
+    label = (f"dashboard root cause page ({len(names)} H200 recordings as make run imports them, SQLite; "
+             f"load avg {load:.1f} on {os.cpu_count()} cpu)")
+    return [Row(label, f"callback at a 24 h look-back, slowest node ({node}; server wall, median; CPU {cpu:.0f} ms)",
+                round(day, 1), "ms", f"<= {ROOT_CAUSE_TARGET_MS:g}", "the same node, 15 min window",
+                round(base, 1), day <= ROOT_CAUSE_TARGET_MS)]
 
 
 if __name__ == "__main__":
