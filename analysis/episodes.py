@@ -11,9 +11,11 @@ Where the states come from, best first (``state_samples``):
 3. neither: the stored-window classifier's verdicts (``triscope.analysis.mismatch.window_states``
    over the same points), per accelerator where it gives them (``evidence["accelerators"]``).
 
-At each time the state whose series reads >= 0.5 is the accelerator's state (1-minute rollups give
-a bucket's min and max: in a bucket where the state changed several series read 1, and the worst
-one wins, I/O states first, ``STATE_ORDER``).  A run ends where the state or the workload changes
+At each time the state whose series reads highest is the accelerator's state: raw points read 1
+for the published state and 0 for the others; a rollup or downsampled bucket reads each state's
+share of the bucket (the store reads state series as time shares, ``triscope.store.reads``), so
+the state the accelerator spent most of the minute in is the minute's state, never the "worst" one
+it touched.  Equal shares go to the I/O state (``STATE_ORDER``).  A run ends where the state or the workload changes
 or the data stops for more than ``GAP_STEPS`` sampling steps.  **Flickers** shorter than
 ``min_episode_s(step)`` (``MIN_EPISODE_S``, 10 s, the detector's window, or two sampling steps on
 rollups) are merged into a neighbour, shortest first: into both neighbours when they have the same
@@ -149,7 +151,7 @@ def stored_state_samples(series: Iterable[SeriesPoints]) -> tuple[str, dict[str,
         use = [sp for sp in states if accelerator_of(sp.labels) is None]
         source = "node state series" if use else ""
     rank = {s: i for i, s in enumerate(STATE_ORDER)}
-    best: dict[str, dict[float, tuple[int, str, Workload]]] = {}
+    best: dict[str, dict[float, tuple[float, int, str, Workload]]] = {}
     all_ts: list[float] = []
     for sp in use:
         acc = accelerator_of(sp.labels) or NODE
@@ -158,10 +160,10 @@ def stored_state_samples(series: Iterable[SeriesPoints]) -> tuple[str, dict[str,
         got = best.setdefault(acc, {})
         r = rank.get(state, len(rank))
         for t, v in zip(sp.ts, sp.values, strict=True):
-            if v >= 0.5:
+            if v > 0:          # the largest share at t; a tie goes to the worse state
                 cur = got.get(t)
-                if cur is None or r < cur[0]:
-                    got[t] = (r, state, w)
+                if cur is None or (v, -r) > (cur[0], -cur[1]):
+                    got[t] = (v, r, state, w)
         all_ts.extend(sp.ts)
     score_at: dict[tuple[str, float], float] = {}
     for sp in scores:
@@ -171,7 +173,7 @@ def stored_state_samples(series: Iterable[SeriesPoints]) -> tuple[str, dict[str,
         for t, v in zip(sp.ts, sp.values, strict=True):
             if v == v:
                 score_at[(acc, t)] = max(v, score_at.get((acc, t), 0.0))
-    out = {acc: [StateSample(t, s, w, score_at.get((acc, t))) for t, (_r, s, w) in sorted(got.items())]
+    out = {acc: [StateSample(t, s, w, score_at.get((acc, t))) for t, (_v, _r, s, w) in sorted(got.items())]
            for acc, got in best.items()}
     return source, out, _step(sorted(set(all_ts)))
 

@@ -3,7 +3,10 @@ newest points.
 
 ``query`` serves a range from raw samples or a rollup tier, whichever keeps the row count small,
 and downsamples in SQL to at most ``max_points`` (the min and the max of each bucket survive, so
-spikes do).  A rollup tier's not-yet-rolled tail comes from the next finer tier.  Counters come
+spikes do).  A state series (``SHARE_METRICS``: 1 while the accelerator is in that state, else 0)
+is the exception: a bucket of it reads its mean, the share of the bucket spent in the state, so a
+minute with 10 s of one state and 50 s of another reads 0.17 and 0.83, never 1 and 1 (the minute's
+"worst state" is no reading of it).  A rollup tier's not-yet-rolled tail comes from the next finer tier.  Counters come
 back as per-second rates with resets handled.  Reads never touch the writer's cache.
 """
 
@@ -31,10 +34,11 @@ from triscope.store.reader import (
     SeriesKey,
     VerdictRun,
 )
-from triscope.store.verdicts import read_runs
+from triscope.store.verdicts import STATE_METRIC, read_runs
 
 RAW_POINTS_PER_OUTPUT_POINT = 50   # the tier choice: raw while a range holds at most this many per point (1 Hz)
 SMALL_RANGE_POINTS = 4             # a raw range of at most this many seconds per output point is read whole
+SHARE_METRICS = frozenset({STATE_METRIC})   # 0/1 series whose buckets read the time share (their mean)
 
 
 class StoreReads:
@@ -205,8 +209,9 @@ class StoreReads:
     def _query_one(self, conn: Connection, info: SeriesInfo, start: float, end: float,
                    max_points: int | None, as_rate: bool, tier: str | None) -> SeriesData:
         tier = tier or choose_tier(start, end, max_points)
+        share = not as_rate and info.metric in SHARE_METRICS
         if tier == "raw":
-            ts, vals = self._raw(conn, info.id, start, end, as_rate, max_points)
+            ts, vals = self._raw(conn, info.id, start, end, as_rate, max_points, share)
             return SeriesData(info, ts, vals, "raw")
         # rollup tier, with the not-yet-rolled tail served from the next finer tier
         width = 60.0 if tier == "1m" else 3600.0
@@ -215,20 +220,24 @@ class StoreReads:
         vals = []
         roll_end = min(end, wm) if wm is not None else start
         if roll_end > start:
-            ts, vals = self._rollup_points(conn, tier, width, info.id, start, roll_end, as_rate)
+            ts, vals = self._rollup_points(conn, tier, width, info.id, start, roll_end, as_rate, share)
         if roll_end < end:
             if tier == "1m":
                 t2, v2 = self._raw(conn, info.id, max(start, roll_end), end, as_rate, None)
+                if share:
+                    t2, v2 = bucket_means(t2, v2, 60.0)
             else:
                 wm1 = self._watermark(conn, info.id, "1m")
                 mid = min(end, wm1) if wm1 is not None else max(start, roll_end)
-                t2, v2 = self._rollup_points(conn, "1m", 60.0, info.id, max(start, roll_end), mid, as_rate)
+                t2, v2 = self._rollup_points(conn, "1m", 60.0, info.id, max(start, roll_end), mid, as_rate, share)
                 if mid < end:
                     t3, v3 = self._raw(conn, info.id, max(start, mid), end, as_rate, None)
+                    if share:
+                        t3, v3 = bucket_means(t3, v3, 60.0)
                     t2, v2 = t2 + t3, v2 + v3
             ts, vals = ts + t2, vals + v2
         if max_points is not None and len(ts) > max_points:
-            ts, vals = minmax_downsample(ts, vals, max_points)
+            ts, vals = (mean_downsample if share else minmax_downsample)(ts, vals, max_points)
         return SeriesData(info, ts, vals, tier)
 
     def _watermark(self, conn: Connection, series_id: int, tier: str) -> float | None:
@@ -238,7 +247,7 @@ class StoreReads:
         return None if row is None else float(row[0])
 
     def _raw(self, conn: Connection, sid: int, start: float, end: float, as_rate: bool,
-             max_points: int | None) -> tuple[list[float], list[float]]:
+             max_points: int | None, share: bool = False) -> tuple[list[float], list[float]]:
         params = {"s": sid, "a": start, "b": end}
         if as_rate:
             inner = ("SELECT ts, CASE WHEN prev IS NULL OR ts <= pts THEN NULL "
@@ -252,22 +261,28 @@ class StoreReads:
             # a short range holds few raw points (1 Hz): one indexed read and min/max per bucket here
             # beat counting, then bucketing in SQL
             rows = conn.execute(text(base + " ORDER BY ts"), params).all()
-            return minmax_downsample([float(r[0]) for r in rows], [float(r[1]) for r in rows], max_points)
+            down = mean_downsample if share else minmax_downsample
+            return down([float(r[0]) for r in rows], [float(r[1]) for r in rows], max_points)
         if max_points is not None and max_points >= 4:
             count = conn.execute(text("SELECT count(*) FROM samples WHERE series_id = :s AND ts >= :a AND ts <= :b"),
                                  params).scalar_one()
             if count > max_points:
-                return self._sql_downsample(conn, base, params, start, end, max_points)
+                return self._sql_downsample(conn, base, params, start, end, max_points, share)
         rows = conn.execute(text(base + " ORDER BY ts"), params).all()
         return [float(r[0]) for r in rows], [float(r[1]) for r in rows]
 
     def _sql_downsample(self, conn: Connection, base: str, params: dict[str, Any], start: float, end: float,
-                        max_points: int) -> tuple[list[float], list[float]]:
-        """Min/max per bucket in SQL: at most ``max_points`` rows leave the database."""
-        nb = max(1, max_points // 2)
+                        max_points: int, share: bool = False) -> tuple[list[float], list[float]]:
+        """Min/max per bucket in SQL (a state series: its mean per bucket): at most ``max_points``
+        rows leave the database."""
+        nb = max(1, max_points // (1 if share else 2))
         width = max((end - start) / nb, 1e-9)
         p = dict(params, w=width, a0=start)
         sub = f"SELECT ts, value, {self.sql.floor('(ts - :a0)', ':w')} AS b FROM ({base}) x"
+        if share:
+            means = conn.execute(text(f"SELECT b, avg(value) FROM ({sub}) y GROUP BY b ORDER BY b"), p).all()
+            # at the bucket's middle: every state series of one accelerator reads the same instants
+            return [start + (float(r[0]) + 0.5) * width for r in means], [float(r[1]) for r in means]
         rows = self.sql.bucket_extremes(conn, sub, p)
         ts: list[float] = []
         vals: list[float] = []
@@ -278,7 +293,7 @@ class StoreReads:
         return ts, vals
 
     def _rollup_points(self, conn: Connection, tier: str, width: float, sid: int, start: float, end: float,
-                       as_rate: bool) -> tuple[list[float], list[float]]:
+                       as_rate: bool, share: bool = False) -> tuple[list[float], list[float]]:
         table = f"rollup_{tier}"
         a = math.floor(start / width) * width
         rows = conn.execute(text(f"SELECT bucket, min, max, sum, count, increase FROM {table} "
@@ -286,10 +301,13 @@ class StoreReads:
                             {"s": sid, "a": a, "b": end}).all()
         ts: list[float] = []
         vals: list[float] = []
-        for bucket, vmin, vmax, _vsum, cnt, inc in rows:
+        for bucket, vmin, vmax, vsum, cnt, inc in rows:
             if as_rate:
                 ts.append(float(bucket) + width / 2)
                 vals.append(float(inc) / width)
+            elif share:              # the time share of the bucket in the state, not "was it ever"
+                ts.append(float(bucket) + width / 2)
+                vals.append(float(vsum) / float(cnt) if cnt else 0.0)
             elif cnt == 1 or vmin == vmax:
                 ts.append(float(bucket) + width / 2)
                 vals.append(float(vmin))
@@ -328,6 +346,33 @@ def json_dict(v: Any) -> dict[str, Any]:
     if isinstance(v, dict):
         return v
     return dict(json.loads(v))
+
+
+def bucket_means(ts: list[float], vals: list[float], width: float) -> tuple[list[float], list[float]]:
+    """The mean of the points in each ``width``-second bucket (aligned like the rollups), at the
+    bucket's middle: the not-yet-rolled tail of a state series read like its rolled part."""
+    sums: dict[float, list[float]] = {}
+    for t, v in zip(ts, vals, strict=True):
+        acc = sums.setdefault(math.floor(t / width) * width, [0.0, 0.0])
+        acc[0] += v
+        acc[1] += 1
+    keys = sorted(sums)
+    return [k + width / 2 for k in keys], [sums[k][0] / sums[k][1] for k in keys]
+
+
+def mean_downsample(ts: list[float], vals: list[float], max_points: int) -> tuple[list[float], list[float]]:
+    """The mean time and value of each of ``max_points`` equal-count buckets, in time order."""
+    n = len(ts)
+    if n <= max_points:
+        return ts, vals
+    out_t: list[float] = []
+    out_v: list[float] = []
+    for b in range(max_points):
+        lo, hi = b * n // max_points, (b + 1) * n // max_points
+        if hi > lo:
+            out_t.append(sum(ts[lo:hi]) / (hi - lo))
+            out_v.append(sum(vals[lo:hi]) / (hi - lo))
+    return out_t, out_v
 
 
 def minmax_downsample(ts: list[float], vals: list[float], max_points: int) -> tuple[list[float], list[float]]:
