@@ -148,6 +148,126 @@ def ribbon_shapes(segments: Sequence[Any]) -> tuple[dict[str, list[Any]], dict[s
 NODE_AXES = {1: ("x", "y", None), 2: ("x2", "y2", None), 3: ("x3", "y3", "y4"), 4: ("x4", "y5", "y6")}
 
 
+class _NodeFigure:
+    """The node page's figure as it is built: the traces, their keys and the annotations."""
+
+    def __init__(self, lanes: Any) -> None:
+        self.lanes = lanes
+        self.layout = _node_layout_base()
+        self.data: list[dict[str, Any]] = []
+        self.keys: list[str] = []
+        self.notes: list[dict[str, Any]] = []
+        self.units: dict[tuple[int, bool], str] = {}
+        self.a, self.b = to_dt([lanes.window.start, lanes.window.end])
+
+    def add(self, trace: dict[str, Any], row: int, key: str, secondary: bool = False) -> None:
+        xa, ya, ya2 = NODE_AXES[row]
+        trace["xaxis"], trace["yaxis"] = xa, (ya2 if secondary and ya2 else ya)
+        self.data.append(trace)
+        self.keys.append(key)
+
+    def frames(self) -> None:
+        """One invisible trace per row keeps every subplot (and its axes and notes) drawn when a
+        lane is empty."""
+        for row in NODE_AXES:
+            self.add({"type": "scatter", "x": [self.a, self.b], "y": [0, 0], "mode": "lines", "line": {"width": 0},
+                      "opacity": 0, "showlegend": False, "hoverinfo": "skip"}, row, f"frame|{row}")
+
+    def ribbon(self) -> None:
+        xs, ys, _ = ribbon_shapes(self.lanes.segments)
+        for state in [s for s in STATE_COLORS if s in xs] + [s for s in xs if s not in STATE_COLORS]:
+            self.add({"type": "scatter", "x": xs[state], "y": ys[state], "fill": "toself", "mode": "lines",
+                      "line": {"width": 0}, "fillcolor": STATE_COLORS.get(state, "#bdbdbd"), "name": state,
+                      "hoverinfo": "name", "hoveron": "fills"}, 1, f"ribbon|{state}")
+        if not self.lanes.segments:
+            self.notes.append(dict(_note(self.lanes.segments_note or "no mismatch state", 1, 11), x=0.0, xanchor="left"))
+
+    def events(self) -> None:
+        """Events as markers on the ribbon row, one trace per kind."""
+        by_kind: dict[str, list[Any]] = {}
+        for e in self.lanes.events:
+            by_kind.setdefault(e.kind, []).append(e)
+        for kind, evs in by_kind.items():
+            self.add({"type": "scatter", "x": to_dt([e.ts for e in evs]), "y": [0.5] * len(evs), "mode": "markers",
+                      "name": f"event: {kind}",
+                      "marker": {"symbol": EVENT_SYMBOLS.get(kind, "circle"), "size": 11, "line": {"width": 2},
+                                 "color": [SEVERITY_COLORS.get(e.severity, "#546e7a") for e in evs]},
+                      "text": [shorten(f"{e.kind} ({e.severity}): {e.message}", 300) for e in evs],
+                      "hovertemplate": "%{text}<extra></extra>"}, 1, f"events|{kind}")
+
+    def series(self) -> None:
+        """The lanes (a lane with only secondary-axis series draws them on its primary axis): each
+        series in its kind's colour (a lighter shade for the next GPU or workload of that kind), one
+        legend entry per kind in the lane's own legend beside it; hovering a line names the series.
+        The workloads' host-side evidence comes first (drawn beneath, thinner and lighter): the
+        accelerator's own busy line stays readable over several workloads' feeder and CPU-wait lines."""
+        has_primary = {LANE_ROWS[t.lane] for t in self.lanes.traces if not t.secondary}
+        seen: dict[str, int] = {}
+        entries: list[tuple[dict[str, Any], int, str, bool]] = []    # one legend entry per kind: toggles all of it
+        for t in sorted(self.lanes.traces, key=lambda t: t.metric not in HOST_EVIDENCE):
+            row = LANE_ROWS[t.lane]
+            secondary = bool(t.secondary and NODE_AXES[row][2] and row in has_primary)
+            title, color = series_kind(t.metric)
+            n = seen.get(title, 0)
+            seen[title] = n + 1
+            if n == 0:   # the kind's legend entry (added after the series: a lookup by name finds the series)
+                entries.append(({"type": "scatter", "x": [None], "y": [None], "mode": "lines", "name": title,
+                                 "legendgroup": title, "legend": LANE_LEGENDS[row], "hoverinfo": "skip",
+                                 "line": {"width": 2.2, "color": color, "dash": t.dash or "solid"}},
+                                row, f"legend|{title}", secondary))
+            evidence = t.metric in HOST_EVIDENCE
+            self.add({"type": "scatter", "x": to_dt(t.ts), "y": [v * t.scale for v in t.values], "mode": "lines",
+                      "name": t.name,
+                      "line": {"width": 1.0 if evidence else 1.4, "dash": t.dash or "solid", "shape": t.shape,
+                               "color": shade(color, n)}, "opacity": 0.65 if evidence else 1.0,
+                      "legendgroup": title, "showlegend": False, "legend": LANE_LEGENDS[row],
+                      "hovertemplate": f"%{{y:.3g}} {t.unit}<extra>{t.name}</extra>",
+                      # what the export (dashboard/export.py) writes beside each point
+                      "meta": {"labels": dict(t.labels), "unit": t.unit, "metric": t.metric, "kind": title}},
+                     row, t.key, secondary)
+            self.units.setdefault((row, secondary), t.unit)
+        for entry in entries:
+            self.add(*entry)
+
+    def lane_notes(self) -> None:
+        for lane, row in LANE_ROWS.items():
+            msg = self.lanes.missing.get(lane)
+            if msg:
+                self.notes.append(_note(msg, row, 13))
+        titles = {1: "state", 2: "Accelerators", 3: "I/O: PCIe / DMA / IOMMU", 4: "Network"}
+        for row, title in titles.items():
+            xa, ya, _ = NODE_AXES[row]
+            self.notes.append({"text": f"<b>{title}</b>", "xref": f"{xa} domain", "yref": f"{ya} domain", "x": 0,
+                               "y": 1, "xanchor": "left", "yanchor": "bottom", "showarrow": False,
+                               "font": {"size": 12, "color": "#37474f"}})
+
+    def yax(self, row: int, secondary: bool = False) -> dict[str, Any]:
+        _, ya, ya2 = NODE_AXES[row]
+        name = ya2 if secondary and ya2 else ya
+        axis: dict[str, Any] = self.layout["yaxis" + name[1:]]
+        return axis
+
+    def axes(self, height: int, uirevision: Any) -> None:
+        for (row, secondary), unit in self.units.items():
+            self.yax(row, secondary).update(title={"text": unit}, rangemode="tozero")
+        for row in (3, 4):
+            if (row, True) not in self.units:
+                self.yax(row, True)["visible"] = False
+            if (row, False) not in self.units:
+                self.yax(row)["rangemode"] = "tozero"
+        self.yax(2)["range"] = [0, 105]
+        self.yax(1).update(visible=False, fixedrange=True, range=[0, 1])
+        for ax in ("xaxis", "xaxis2", "xaxis3", "xaxis4"):
+            # live mode moves the range along unless the user zoomed
+            self.layout[ax].update(type="date", range=[self.a, self.b], showticklabels=ax == "xaxis4")
+        for row, name in LANE_LEGENDS.items():   # each lane's legend at its right, level with its top
+            if name != "legend":
+                top = self.layout["yaxis" + NODE_AXES[row][1][1:]]["domain"][1]
+                self.layout[name] = {"x": 1.01, "xanchor": "left", "y": top, "yanchor": "top", "orientation": "v",
+                                     "font": {"size": 11}, "bgcolor": "rgba(255,255,255,0.7)"}
+        self.layout.update(height=height, uirevision=uirevision, annotations=self.notes)
+
+
 def node_lanes_figure(lanes: Any, uirevision: Any = "node", height: int = 860) -> tuple[dict[str, Any], list[str]]:
     """The node page's figure: the mismatch ribbon and events on top, then the accelerator, I/O
     and network lanes on one shared time axis.  Returns (figure as a plain dict, trace keys in
@@ -155,108 +275,14 @@ def node_lanes_figure(lanes: Any, uirevision: Any = "node", height: int = 860) -
 
     The layout comes from ``make_subplots``; the traces are plain dicts with list values (no
     per-point validation, and lists that ``dash.Patch`` can extend in live mode)."""
-    layout = _node_layout_base()
-    data: list[dict[str, Any]] = []
-    keys: list[str] = []
-
-    def add(trace: dict[str, Any], row: int, key: str, secondary: bool = False) -> None:
-        xa, ya, ya2 = NODE_AXES[row]
-        trace["xaxis"], trace["yaxis"] = xa, (ya2 if secondary and ya2 else ya)
-        data.append(trace)
-        keys.append(key)
-
-    a, b = to_dt([lanes.window.start, lanes.window.end])
-    # one invisible trace per row keeps every subplot (and its axes and notes) drawn when a lane is empty
-    for row in NODE_AXES:
-        add({"type": "scatter", "x": [a, b], "y": [0, 0], "mode": "lines", "line": {"width": 0}, "opacity": 0,
-             "showlegend": False, "hoverinfo": "skip"}, row, f"frame|{row}")
-    # ribbon
-    xs, ys, _ = ribbon_shapes(lanes.segments)
-    for state in [s for s in STATE_COLORS if s in xs] + [s for s in xs if s not in STATE_COLORS]:
-        add({"type": "scatter", "x": xs[state], "y": ys[state], "fill": "toself", "mode": "lines",
-             "line": {"width": 0}, "fillcolor": STATE_COLORS.get(state, "#bdbdbd"), "name": state,
-             "hoverinfo": "name", "hoveron": "fills"},
-            1, f"ribbon|{state}")
-    notes: list[dict[str, Any]] = []
-    if not lanes.segments:
-        notes.append(dict(_note(lanes.segments_note or "no mismatch state", 1, 11), x=0.0, xanchor="left"))
-    # events as markers on the ribbon row
-    by_kind: dict[str, list[Any]] = {}
-    for e in lanes.events:
-        by_kind.setdefault(e.kind, []).append(e)
-    for kind, evs in by_kind.items():
-        add({"type": "scatter", "x": to_dt([e.ts for e in evs]), "y": [0.5] * len(evs), "mode": "markers",
-             "name": f"event: {kind}",
-             "marker": {"symbol": EVENT_SYMBOLS.get(kind, "circle"), "size": 11, "line": {"width": 2},
-                        "color": [SEVERITY_COLORS.get(e.severity, "#546e7a") for e in evs]},
-             "text": [shorten(f"{e.kind} ({e.severity}): {e.message}", 300) for e in evs],
-             "hovertemplate": "%{text}<extra></extra>"}, 1, f"events|{kind}")
-    # lanes (a lane with only secondary-axis series draws them on its primary axis): each series in
-    # its kind's colour (a lighter shade for the next GPU or workload of that kind), one legend entry
-    # per kind in the lane's own legend beside it; hovering a line names the series itself
-    has_primary = {LANE_ROWS[t.lane] for t in lanes.traces if not t.secondary}
-    units: dict[tuple[int, bool], str] = {}
-    seen: dict[str, int] = {}
-    entries: list[tuple[dict[str, Any], int, str, bool]] = []    # one legend entry per kind: toggles all of it
-    # the workloads' host-side evidence first (drawn beneath, thinner and lighter): the accelerator's
-    # own busy line stays readable over several workloads' feeder and CPU-wait lines
-    for t in sorted(lanes.traces, key=lambda t: t.metric not in HOST_EVIDENCE):
-        row = LANE_ROWS[t.lane]
-        secondary = bool(t.secondary and NODE_AXES[row][2] and row in has_primary)
-        title, color = series_kind(t.metric)
-        n = seen.get(title, 0)
-        seen[title] = n + 1
-        if n == 0:   # the kind's legend entry (added after the series: a lookup by name finds the series)
-            entries.append(({"type": "scatter", "x": [None], "y": [None], "mode": "lines", "name": title,
-                             "legendgroup": title, "legend": LANE_LEGENDS[row], "hoverinfo": "skip",
-                             "line": {"width": 2.2, "color": color, "dash": t.dash or "solid"}},
-                            row, f"legend|{title}", secondary))
-        k = t.scale
-        evidence = t.metric in HOST_EVIDENCE
-        add({"type": "scatter", "x": to_dt(t.ts), "y": [v * k for v in t.values], "mode": "lines", "name": t.name,
-             "line": {"width": 1.0 if evidence else 1.4, "dash": t.dash or "solid", "shape": t.shape,
-                      "color": shade(color, n)}, "opacity": 0.65 if evidence else 1.0,
-             "legendgroup": title, "showlegend": False, "legend": LANE_LEGENDS[row],
-             "hovertemplate": f"%{{y:.3g}} {t.unit}<extra>{t.name}</extra>",
-             # what the export (dashboard/export.py) writes beside each point
-             "meta": {"labels": dict(t.labels), "unit": t.unit, "metric": t.metric, "kind": title}},
-            row, t.key, secondary)
-        units.setdefault((row, secondary), t.unit)
-    for entry in entries:
-        add(*entry)
-    for lane, row in LANE_ROWS.items():
-        msg = lanes.missing.get(lane)
-        if msg:
-            notes.append(_note(msg, row, 13))
-    titles = {1: "state", 2: "Accelerators", 3: "I/O: PCIe / DMA / IOMMU", 4: "Network"}
-    for row, title in titles.items():
-        xa, ya, _ = NODE_AXES[row]
-        notes.append({"text": f"<b>{title}</b>", "xref": f"{xa} domain", "yref": f"{ya} domain", "x": 0, "y": 1,
-                      "xanchor": "left", "yanchor": "bottom", "showarrow": False, "font": {"size": 12, "color": "#37474f"}})
-    def yax(row: int, secondary: bool = False) -> dict[str, Any]:
-        _, ya, ya2 = NODE_AXES[row]
-        name = ya2 if secondary and ya2 else ya
-        return layout["yaxis" + name[1:]]
-
-    for (row, secondary), unit in units.items():
-        yax(row, secondary).update(title={"text": unit}, rangemode="tozero")
-    for row in (3, 4):
-        if (row, True) not in units:
-            yax(row, True)["visible"] = False
-        if (row, False) not in units:
-            yax(row)["rangemode"] = "tozero"
-    yax(2)["range"] = [0, 105]
-    yax(1).update(visible=False, fixedrange=True, range=[0, 1])
-    for ax in ("xaxis", "xaxis2", "xaxis3", "xaxis4"):
-        # live mode moves the range along unless the user zoomed
-        layout[ax].update(type="date", range=[a, b], showticklabels=ax == "xaxis4")
-    for row, name in LANE_LEGENDS.items():   # each lane's legend at its right, level with its top
-        if name != "legend":
-            top = layout["yaxis" + NODE_AXES[row][1][1:]]["domain"][1]
-            layout[name] = {"x": 1.01, "xanchor": "left", "y": top, "yanchor": "top", "orientation": "v",
-                            "font": {"size": 11}, "bgcolor": "rgba(255,255,255,0.7)"}
-    layout.update(height=height, uirevision=uirevision, annotations=notes)
-    return {"data": data, "layout": layout}, keys
+    f = _NodeFigure(lanes)
+    f.frames()
+    f.ribbon()
+    f.events()
+    f.series()
+    f.lane_notes()
+    f.axes(height, uirevision)
+    return {"data": f.data, "layout": f.layout}, f.keys
 
 
 _NODE_LAYOUT: dict[str, Any] | None = None
