@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
-from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
 from dash import dcc, html
 
 from triscope.core.names import shorten
+from triscope.core.timeparse import TimeParseError, parse_time
 from triscope.dashboard import timeview
 from triscope.dashboard.data import DATA_PRESET, PRESETS
 from triscope.dashboard.figures import NAME_CHARS, TITLE_CHARS
@@ -72,21 +72,15 @@ def fmt_ts(ts: float | None, zone: ZoneInfo | None = None) -> str:
 
 
 def parse_ts(value: str | None) -> float | None:
-    """ISO 8601 (UTC when no zone) or epoch seconds; None when empty or unreadable."""
+    """A time field or URL parameter: every form of the CLI's time arguments (ISO 8601, UTC when
+    no zone; epoch seconds; ``now``; ``-2h``), ``triscope.core.timeparse``; None when empty or
+    unreadable."""
     if not value:
         return None
-    v = str(value).strip()
     try:
-        return float(v)
-    except ValueError:
-        pass
-    try:
-        dt = datetime.fromisoformat(v.replace("Z", "+00:00").replace(" ", "T"))
-    except ValueError:
+        return parse_time(str(value))
+    except TimeParseError:
         return None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return dt.timestamp()
 
 
 def range_picker(prefix: str, value: str = "1h", start: str = "", end: str = "", custom: bool = True,
