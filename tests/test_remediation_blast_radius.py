@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kube_server import BASE_SETTINGS, KubeTestServer, open_store, policy_text, webhook_payload
+from kube_server import BASE_SETTINGS, KubeTestServer, policy_text, webhook_payload
 
 from triscope.core.samples import Sample, Tick
 from triscope.remediation import kube as k
@@ -35,13 +35,6 @@ def srv() -> Iterator[KubeTestServer]:
     s = KubeTestServer(rollout_delay=0.05).start()
     yield s
     s.stop()
-
-
-@pytest.fixture
-def store(sqlite_url: str) -> Iterator[Any]:
-    st = open_store(sqlite_url)
-    yield st
-    st.close()
 
 
 def fire(store: Any, srv: KubeTestServer, node: str, settings: str = NAMES, dry_run: bool = False) -> audit.AuditRow:

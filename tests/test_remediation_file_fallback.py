@@ -57,13 +57,6 @@ def engine(store: Any, rules: str, *, settings: str = SETTINGS, dry_run: bool = 
 
 
 @pytest.fixture
-def store(sqlite_url: str) -> Iterator[Any]:
-    st = open_store(sqlite_url)
-    yield st
-    st.close()
-
-
-@pytest.fixture
 def any_store(db_url: str) -> Iterator[Any]:
     st = open_store(db_url)
     yield st

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from kube_rbac import AGENT_USER, ENGINE_USER, Rbac, shipped_rbac
-from kube_server import KubeTestServer, open_store, policy_text, webhook_payload
+from kube_server import KubeTestServer, policy_text, webhook_payload
 
 from triscope.remediation import kube as k
 from triscope.remediation.engine import Engine
@@ -72,13 +71,6 @@ def server(rbac: Rbac) -> KubeTestServer:
     srv.add_deployment("inference", "llm", replicas=1, nodes=["node-a"])
     srv.add_deployment("default", "x", replicas=1, nodes=["node-b"])
     return srv
-
-
-@pytest.fixture
-def store(sqlite_url: str) -> Iterator[Any]:
-    st = open_store(sqlite_url)
-    yield st
-    st.close()
 
 
 def run_every_action(store: Any, srv: KubeTestServer) -> dict[str, Any]:

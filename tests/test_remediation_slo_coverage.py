@@ -4,12 +4,11 @@ real store, the SLO evaluated by ``triscope.analysis.slo``."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_server import BASE_SETTINGS, open_store, policy_text
+from kube_server import BASE_SETTINGS, policy_text
 
 from triscope.core.samples import Sample, Tick
 from triscope.remediation.engine import Engine
@@ -45,10 +44,9 @@ RULES = """  - name: slo-page
 
 
 @pytest.fixture
-def store(db_url: str) -> Iterator[Any]:
-    st = open_store(db_url)
-    yield st
-    st.close()
+def store(any_store: Any) -> Any:
+    """These tests run on SQLite and on PostgreSQL: conftest's ``any_store``."""
+    return any_store
 
 
 def _errors(end: float, minutes: float, step: float = 10.0) -> list[Tick]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from kube_rbac import ENGINE_USER, Rbac, shipped_rbac_objects
-from kube_server import KubeTestServer, open_store, policy_text
+from kube_server import KubeTestServer, policy_text
 
 from triscope.core.samples import EventRecord, Sample, Tick
 from triscope.remediation import kube as k
@@ -41,13 +41,6 @@ RULE = """  - name: noop
 """
 T0 = 1_800_000_000.0
 REASON = "inference/llm-0 throttled in 97 % of its CPU periods (>= 25 %): held at its CPU limit"
-
-
-@pytest.fixture
-def store(sqlite_url: str) -> Iterator[Any]:
-    st = open_store(sqlite_url)
-    yield st
-    st.close()
 
 
 @pytest.fixture

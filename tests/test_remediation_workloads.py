@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kube_server import BASE_SETTINGS, KubeTestServer, open_store, policy_text, webhook_payload
+from kube_server import BASE_SETTINGS, KubeTestServer, policy_text, webhook_payload
 
 from triscope.core.samples import EventRecord, Sample, Tick
 from triscope.remediation import kube as k
@@ -34,10 +34,9 @@ def srv() -> Iterator[KubeTestServer]:
 
 
 @pytest.fixture
-def store(db_url: str) -> Iterator[Any]:
-    st = open_store(db_url)
-    yield st
-    st.close()
+def store(any_store: Any) -> Any:
+    """These tests run on SQLite and on PostgreSQL: conftest's ``any_store``."""
+    return any_store
 
 
 def pod_of(srv: KubeTestServer, deployment: str) -> str:
