@@ -40,8 +40,14 @@ setup-run: system-run $(RUN_STAMP)
 run: setup-run
 	@$(VENV)/bin/triscope run
 
+# the suite in three groups, each with its own summary (tests/unit, tests/integration, tests/e2e);
+# every group runs, and make fails if any group failed (or collected nothing: pytest's exit 5)
 test: setup
-	@$(PY) -m pytest tests
+	@failed=""; for g in unit integration e2e; do \
+	  echo "== $$g tests (tests/$$g)"; \
+	  $(PY) -m pytest tests/$$g || failed="$$failed $$g"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "== failed:$$failed"; exit 1; fi; echo "== unit, integration and e2e tests passed"
 
 bench: setup
 	@$(PY) -m bench

@@ -4,12 +4,12 @@ Setup: a real Patroni cluster (one etcd, three PostgreSQL 15 servers, synchronou
 ttl 10 s, loop_wait 1 s, retry_timeout 4 s; tests/ha_cluster.py), two ``triscope agent``
 processes at 1 Hz and a ``triscope remediate`` engine handling a stream of 60 alerts, all on the
 multi-host URL with ``target_session_attrs=read-write`` (tests/ha_failover.py, the scenario of
-tests/test_store_failover.py).  Two faults, 8 s in, each run on a fresh cluster; the figures are
+tests/e2e/test_store_failover.py).  Two faults, 8 s in, each run on a fresh cluster; the figures are
 medians over the runs (3 per fault; ``quick``: 1):
 
 * kill: the leader's postmaster is SIGKILLed (its clients get a reset at once);
 * partition (root only): each node in a network namespace of its own, the leader's link taken
-  down for 60 s, then restored (tests/test_store_partition.py): its clients get no reply and no
+  down for 60 s, then restored (tests/e2e/test_store_partition.py): its clients get no reply and no
   reset, and give up on it through the store's TCP keepalives and ``tcp_user_timeout``.
 
 Figures: time from the fault to the first tick committed on the new leader (a poller reading the
@@ -34,6 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def run(quick: bool = False) -> list[Row]:
     sys.path.insert(0, str(REPO / "tests"))
+    sys.path.insert(0, str(REPO / "tests" / "e2e"))   # the scenario (test_faults_engine, test_store_partition)
     from ha_cluster import missing_parts, netns_refused
 
     rows = []

@@ -335,7 +335,7 @@ RBAC_FILE = "deploy/kustomize/base/engine-rbac.yaml"
 _WORKLOADS = "ClusterRole triscope-engine-workloads, bound per namespace by deploy/kustomize/targets"
 _NODES = "ClusterRole triscope-engine-nodes, bound cluster-wide"
 _LEADER = "Role triscope-engine-leader in the engine's namespace"
-# (apiGroup, resource) -> [(verbs, where)]: the engine's RBAC as shipped (tests/test_deploy_manifests.py
+# (apiGroup, resource) -> [(verbs, where)]: the engine's RBAC as shipped (tests/integration/test_deploy_manifests.py
 # checks this table against the rendered manifests, so it cannot drift from them)
 SHIPPED_GRANTS: dict[tuple[str, str], list[tuple[tuple[str, ...], str]]] = {
     ("apps", "deployments"): [(("get", "patch"), _WORKLOADS)],

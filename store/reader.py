@@ -5,7 +5,7 @@ the commands read, and the rows it answers with.
 and signatures ``Store`` has.  Code that only reads types its store parameter as ``StoreReader``;
 anything with these methods (a ``Store``, an in-memory stand-in built over fetched series, a
 caching wrapper) satisfies it.  ``Store`` is checked against it by the type checker
-(``store/api.py``) and by a test (``tests/test_store_reader.py``).
+(``store/api.py``) and by a test (``tests/integration/test_store_cache.py``).
 """
 
 from __future__ import annotations

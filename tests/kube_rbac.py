@@ -25,7 +25,7 @@ answers (``responsewriters.forbiddenMessage`` + ``apierrors.NewForbidden``).
 
 ``shipped_rbac`` reads the RBAC objects of ``deploy/kustomize`` (base + targets) straight from the
 YAML files, applying each kustomization's ``namespace`` the way kustomize does for these kinds;
-``tests/test_deploy_manifests.py`` checks the result equals what ``kubectl kustomize`` renders.
+``tests/integration/test_deploy_manifests.py`` checks the result equals what ``kubectl kustomize`` renders.
 """
 
 from __future__ import annotations

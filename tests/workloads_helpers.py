@@ -1,4 +1,4 @@
-"""Real processes in real cgroups for the workload-attribution tests (tests/test_workloads_*.py).
+"""Real processes in real cgroups for the workload-attribution tests (tests/*/test_workloads_*.py).
 
 ``Cgroups(root)`` creates cgroup directories under this machine's cgroup v2 hierarchy (the kubelet's
 and systemd's layouts), moves real processes into them through ``cgroup.procs`` and removes what it

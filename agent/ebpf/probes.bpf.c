@@ -15,7 +15,7 @@
 
 #define AF_INET_ 2
 #define AF_INET6_ 10
-#define SKB_CB_OFF 40 /* offsetof(struct sk_buff, cb), 64-bit; tests/test_ebpf_probes.py checks it */
+#define SKB_CB_OFF 40 /* offsetof(struct sk_buff, cb), 64-bit; tests/integration/test_ebpf_probes.py checks it */
 
 // slots of the `counters` per-CPU array (keep in sync with agent/ebpf/layout.py)
 #define C_TCP_SKB 0

@@ -15,7 +15,7 @@ I/O state, it names the faulty instance's workload.
 
 ``RECORDINGS`` says, for each recording, whether the rules were fitted on it (``fitted``) or it was
 recorded after the rule it is scored on was fixed (``held_out``): docs/inference-validation.md
-publishes the two apart.  ``tests/test_verdict_acceptance.py`` holds the thresholds and the mutation
+publishes the two apart.  ``tests/unit/test_verdict_acceptance.py`` holds the thresholds and the mutation
 check (a constant classifier, or "name the largest SM share", must fail it).
 """
 

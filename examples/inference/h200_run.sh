@@ -1,7 +1,7 @@
 #!/bin/bash
 # On the H200 machine, from the repository root (nothing can be installed there):
 #   bash examples/inference/h200_run.sh probe|tests|short|hold OUTDIR [SCENARIOS] [HOLD_S]
-# probe: GPU, packages, drop tools; tests: tests/test_inference_*.py; short: the scenario runner with
+# probe: GPU, packages, drop tools; tests: tests/*/test_inference_*.py; short: the scenario runner with
 # the torch backend, 3 s per scenario; hold: the named scenarios (comma-separated), HOLD_S each (>= 45).
 # nft comes from Debian 12's packages carried in .deb/nft (apt-get download nftables libnftables1
 # libnftnl11 libmnl0 libjansson4 libxtables12), unpacked into /opt/nft.
@@ -29,9 +29,9 @@ case $mode in
     } 2>&1 | tee "$out/probe.txt"
     ;;
   tests)
-    python3 -m pytest tests/test_inference_preprocess.py tests/test_inference_batching.py tests/test_inference_knobs.py \
-      tests/test_inference_server.py tests/test_inference_netfault.py tests/test_inference_scenarios.py \
-      tests/test_inference_gpu.py -q -rs -s -p no:cacheprovider 2>&1 | tee "$out/pytest.log"
+    python3 -m pytest tests/unit/test_inference_preprocess.py tests/unit/test_inference_batching.py tests/integration/test_inference_knobs.py \
+      tests/integration/test_inference_server.py tests/integration/test_inference_netfault.py tests/integration/test_inference_scenarios.py \
+      tests/integration/test_inference_gpu.py -q -rs -s -p no:cacheprovider 2>&1 | tee "$out/pytest.log"
     ;;
   short)
     python3 -m examples.inference.scenarios --backend torch --gpus "$gpus" --short \

@@ -6,7 +6,7 @@ Each recording is imported into a SQLite store as ``make run`` does (its verdict
 the ticks are written), and ``triscope rca`` asked for the last 30 minutes, 6 hours, 24 hours and 7
 days before the recording's end.  For every bad episode overlapping a faulty scenario's settled span
 (after its first 15 s, by at least 5 s) the top cause is scored against the cause the timeline
-expected; an episode naming the healthy instance is counted apart.  ``tests/test_rca_lookback.py``
+expected; an episode naming the healthy instance is counted apart.  ``tests/unit/test_rca_lookback.py``
 holds the result.
 """
 

@@ -20,5 +20,5 @@ sleep $((PS*3+15)); python3 -c "import urllib.request;print(urllib.request.urlop
 wait $WL
 wait
 cd "$OUT" && tail -c 3000 dma.err; cd - >/dev/null
-timeout 150 python3 -m pytest -p no:cacheprovider -q -s tests/test_nvml_gpu.py -o addopts="" 2>&1 | tail -30
+timeout 150 python3 -m pytest -p no:cacheprovider -q -s tests/integration/test_nvml_gpu.py -o addopts="" 2>&1 | tail -30
 echo done
