@@ -5,7 +5,7 @@ sliding window (``thresholds.window_s``) of the detector's inputs, one point per
 (counters as rates), builds the window's features with ``triscope.analysis.features.window_features``
 and classifies them with ``classify_window``: the same two functions the stored-window classifier
 (``triscope.analysis.mismatch.window_verdicts``) runs over windows cut from stored series, so the
-two agree (``tests/test_analysis_agreement.py`` runs both over the recorded H200 trace).  It returns
+two agree (``tests/unit/test_analysis_agreement.py`` runs both over the recorded H200 trace).  It returns
 
 * per accelerator (docs/workloads.md section 2), labelled with the accelerator (``gpu``, or
   ``npu`` and ``chip``) and its dominant workload (``namespace``, ``pod``, ``container``,
