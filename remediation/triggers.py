@@ -56,6 +56,7 @@ from triscope.remediation.targets import per_workload
 from triscope.remediation.webhook import WebhookAlert
 from triscope.remediation.workloads import Owner, ResolveError, WorkloadResolver, target_owner
 from triscope.store.reader import NodeInfo, SeriesData, StoreReader, VerdictRun
+from triscope.store.verdicts import MAX_GAP_S
 
 log = logging.getLogger(__name__)
 
@@ -305,11 +306,12 @@ def workload_matches(trigger: Trigger, workload: Mapping[str, str]) -> bool:
 
 
 def _run_start(ts: list[float], vals: list[float], op: str, thr: float) -> tuple[float | None, float | None]:
-    """Start of the trailing run of points satisfying ``op thr`` (None when the newest point does not)."""
+    """Start of the trailing run of points satisfying ``op thr`` (None when the newest point does not).
+    A silence longer than ``MAX_GAP_S`` between two points ends the run: no data is no time in it."""
     f = OPS[op]
     start = None
     for t, v in zip(reversed(ts), reversed(vals), strict=True):
-        if v != v or not f(v, thr):  # NaN never satisfies
+        if v != v or not f(v, thr) or (start is not None and start - t > MAX_GAP_S):  # NaN never satisfies
             break
         start = t
     return start, (vals[-1] if vals else None)
@@ -349,7 +351,9 @@ def stretches(store: StoreReader, node: str, since: float, now: float) -> dict[s
         last = rs[-1]
         start = last.start
         for r in reversed(rs[:-1]):
-            if r.state != last.state or r.workload != last.workload:
+            # an earlier run of the same verdict continues the stretch only across a gap the history
+            # itself would have joined: a silence (the agent down) is no time in the state
+            if r.state != last.state or r.workload != last.workload or start - r.end > MAX_GAP_S:
                 break
             start = r.start
         out[acc] = Stretch(acc, last.state, last.workload, start, min(last.end, now))

@@ -114,17 +114,30 @@ def test_the_quiet_check_and_an_xids_workload_read_the_verdict(recorded: tuple[S
     assert triggers.xid_workload(st, NODE, "1", now, 60.0)["pod"] == "llm-0"
 
 
-def test_consecutive_runs_of_one_state_are_one_stretch(store: Store) -> None:
-    """The history splits a run at a silence longer than its gap; the trigger joins runs of one state and
-    workload that follow each other (as the series' points did), and a state between them splits it."""
+def test_a_stretch_spans_one_state_not_a_silence_or_another_state(store: Store) -> None:
+    """Ticks of one state and workload are one stretch across short gaps; a silence longer than the
+    history's gap (the agent down) is no time in the state, so a ``for:`` cannot be met across it; a
+    state between two runs splits them too."""
     now = time.time()
     calm = {"0": ("staging-bound", WEB)}
-    store.write_ticks(NODE, [_tick(now - 100 + i, calm, {"0": 0.1}) for i in range(10)])      # 10 s
-    store.write_ticks(NODE, [_tick(now - 40 + i, calm, {"0": 0.1}) for i in range(41)])       # after a 50 s silence
+    store.write_ticks(NODE, [_tick(now - 160 + i, calm, {"0": 0.1}) for i in range(10)])      # 10 s
+    store.write_ticks(NODE, [_tick(now - 130 + i, calm, {"0": 0.1}) for i in range(10)])      # after 20 s: one run
+    got = triggers.stretches(store, NODE, now - 200, now - 115)
+    assert got is not None and got["gpu=0"].start == pytest.approx(now - 160, abs=0.01)
+    store.write_ticks(NODE, [_tick(now - 40 + i, calm, {"0": 0.1}) for i in range(41)])       # after a 80 s silence
     got = triggers.stretches(store, NODE, now - 200, now)
-    assert got is not None and got["gpu=0"].start == pytest.approx(now - 100, abs=0.01)
+    assert got is not None and got["gpu=0"].start == pytest.approx(now - 40, abs=0.01)
     assert got["gpu=0"].end == pytest.approx(now, abs=0.01)
     store.write_ticks(NODE, [_tick(now + 1, {"0": ("balanced", WEB)}, {"0": 0.1})])
     store.write_ticks(NODE, [_tick(now + 2 + i, calm, {"0": 0.1}) for i in range(3)])
     got = triggers.stretches(store, NODE, now - 200, now + 5)
     assert got is not None and got["gpu=0"].start == pytest.approx(now + 2, abs=0.01)
+
+
+def test_a_metric_condition_held_across_a_silence_starts_again_after_it() -> None:
+    """A metric trigger's ``for:`` counts time with data: points before a silence longer than the
+    history's gap do not extend the run that follows it."""
+    ts = [0.0, 1.0, 2.0, 3.0, 100.0, 101.0, 102.0]
+    vals = [0.1] * len(ts)
+    assert triggers._run_start(ts, vals, "<", 0.2) == (100.0, 0.1)
+    assert triggers._run_start([0.0, 10.0, 20.0], [0.1] * 3, "<", 0.2) == (0.0, 0.1)   # 10 s steps hold
