@@ -146,6 +146,9 @@ def test_expect_100_continue_is_answered_before_the_body(port: int) -> None:
     (b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabc", 400),
     (b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: -3\r\n\r\n", 400),
     (b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n", 400),
+    # the same smuggling forms with bare \n line endings, which h11 accepts
+    (b"POST /x HTTP/1.1\nHost: x\nContent-Length: 3\nTransfer-Encoding: chunked\n\n", 400),
+    (b"POST /x HTTP/1.1\nHost: x\nContent-Length: 3\nContent-Length: 3\n\nabc", 400),
     (b"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", 501),
     (b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 1001\r\n\r\n", 413),
     (b"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3e9\r\n" + b"x" * 1001 + b"\r\n", 413),
@@ -184,3 +187,10 @@ def test_a_header_with_a_newline_is_never_sent() -> None:
         assert got == []
     finally:
         srv.shutdown()
+
+
+def test_a_body_framed_with_bare_newlines_is_read(port: int) -> None:
+    """Bare ``\\n`` line endings (h11 takes them): the Content-Length is still seen, so the POST is
+    served, not refused as unframed."""
+    [got] = exchange(port, b"POST /e HTTP/1.1\nHost: x\nContent-Length: 4\n\nabcd")
+    assert status(got) == 200 and got.endswith(b"POST /e 4\n"), got

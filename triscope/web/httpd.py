@@ -64,7 +64,7 @@ REASONS = {100: "Continue", 200: "OK", 202: "Accepted", 400: "Bad Request", 401:
            505: "HTTP Version Not Supported"}
 BODY_METHODS = ("POST", "PUT", "PATCH")
 READ_SIZE = 16384
-_CONTENT_LENGTH = re.compile(rb"\r\ncontent-length[ \t]*:([^\r\n]*)", re.IGNORECASE)
+_CONTENT_LENGTH = re.compile(rb"\ncontent-length[ \t]*:([^\r\n]*)", re.IGNORECASE)   # after \r\n or a bare \n (h11 takes both)
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")           # a header name (RFC 9110 token)
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")           # not in a header value (tab is)
 
