@@ -242,7 +242,7 @@ def _healthy_hours(state_series: Sequence[SeriesPoints]) -> list[tuple[float, st
         if not is_healthy(sp.labels.get("state", "")):
             continue
         for t, v in zip(sp.ts, sp.values, strict=True):
-            if v >= 0.5:
+            if v > 0:          # a coarse read holds the hour's share in the state: any share is "seen"
                 got.add((t // 3600 * 3600, sp.node))
     return sorted(got, reverse=True)
 

@@ -12,6 +12,7 @@ from triscope.analysis.episodes import Episode
 from triscope.analysis.rca.context import context_lines, metrics_late_events
 from triscope.analysis.rca.evidence import LIMIT_FLOOR, evidence_context, figures
 from triscope.analysis.rca.phases import split_phases
+from triscope.analysis.rca.reference import _healthy_hours
 from triscope.analysis.rca.score import score_cause
 from triscope.analysis.rca.slo import link_burn
 from triscope.analysis.reader import SeriesPoints
@@ -112,3 +113,11 @@ def test_a_busy_link_is_the_limit_and_the_host_side_load() -> None:
     quiet = figures(evidence_context(_node(lambda t: 0.95, lambda t: 0.0, lambda t: 3e9), [], TH), "gpu=0", 40, 160)
     assert any(f.name == "pageable_signature" for f in quiet["host_staging"])
     assert max(f.strength for f in quiet["host_staging"]) > 1.5
+
+
+def test_an_hour_partly_healthy_is_a_reference_hour() -> None:
+    """Hourly reads of a state series are time shares: an hour with 20 minutes balanced (0.33) saw
+    a healthy state and may serve as the reference; an hour with no share in it did not."""
+    sp = SeriesPoints("triscope_mismatch_state", {"state": "balanced", "gpu": "0"}, [7200.0 + 1800, 10800.0 + 1800],
+                      [0.33, 0.0], node="n")
+    assert _healthy_hours([sp]) == [(7200.0, "n")]
