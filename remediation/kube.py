@@ -621,19 +621,24 @@ class KubeAdapter:
             time.sleep(poll)
 
     def set_preferred_node(self, namespace: str, name: str, node: str, weight: int = 100) -> PreferredNode:
-        """Steer new pods of a Deployment toward ``node`` with a preferred node affinity (keeps other terms)."""
-        dep = self._call(self.apps.read_namespaced_deployment, name, namespace)
-        aff = dep.get("spec", {}).get("template", {}).get("spec", {}).get("affinity") or {}
-        terms = [t for t in (aff.get("nodeAffinity", {}) or {}).get("preferredDuringSchedulingIgnoredDuringExecution", [])
-                 or [] if not any(e.get("key") == HOSTNAME_LABEL
-                                  for e in t.get("preference", {}).get("matchExpressions", []) or [])]
-        terms.append({"weight": int(weight), "preference": {"matchExpressions": [
-            {"key": HOSTNAME_LABEL, "operator": "In", "values": [node]}]}})
-        patch = {"metadata": {"resourceVersion": dep["metadata"]["resourceVersion"]},
-                 "spec": {"template": {"spec": {"affinity": {"nodeAffinity": {
-                     "preferredDuringSchedulingIgnoredDuringExecution": terms}}}}}}
-        out = self._call(self.apps.patch_namespaced_deployment, name, namespace, patch, _content_type=SMP)
-        return {"preferred_node": node, "weight": weight, "generation": out.get("metadata", {}).get("generation")}
+        """Steer new pods of a Deployment toward ``node`` with a preferred node affinity (keeps other terms).
+        A read-modify-write: the Deployment changing in between (its status, a scale) is read again."""
+
+        def attempt() -> PreferredNode:
+            dep = self._call(self.apps.read_namespaced_deployment, name, namespace)
+            aff = dep.get("spec", {}).get("template", {}).get("spec", {}).get("affinity") or {}
+            terms = [t for t in (aff.get("nodeAffinity", {}) or {}).get("preferredDuringSchedulingIgnoredDuringExecution", [])
+                     or [] if not any(e.get("key") == HOSTNAME_LABEL
+                                      for e in t.get("preference", {}).get("matchExpressions", []) or [])]
+            terms.append({"weight": int(weight), "preference": {"matchExpressions": [
+                {"key": HOSTNAME_LABEL, "operator": "In", "values": [node]}]}})
+            patch = {"metadata": {"resourceVersion": dep["metadata"]["resourceVersion"]},
+                     "spec": {"template": {"spec": {"affinity": {"nodeAffinity": {
+                         "preferredDuringSchedulingIgnoredDuringExecution": terms}}}}}}
+            out = self._call(self.apps.patch_namespaced_deployment, name, namespace, patch, _content_type=SMP)
+            return {"preferred_node": node, "weight": weight, "generation": out.get("metadata", {}).get("generation")}
+
+        return retry_on_conflict(attempt, f"deployment {namespace}/{name} (steering it to {node})")
 
     # pods and their owners ---------------------------------------------------------------------------
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:

@@ -48,6 +48,27 @@ def test_restart_retries_when_the_deployment_changes_under_it(srv: KubeTestServe
     assert all(p.body["metadata"]["resourceVersion"] for p in patches)
 
 
+def test_steering_to_a_node_retries_when_the_deployment_changes_under_it(srv: KubeTestServer,
+                                                                         kube: k.KubeAdapter) -> None:
+    """A reschedule cordons, then steers the Deployment: a status or scale update between its read and
+    its patch (409) is read again, not a failed decision that leaves the node cordoned."""
+    orig = srv._patch
+    state = {"n": 0}
+
+    def racing_patch(res: str, ns: str, name: str, ctype: str, body: Any):  # type: ignore[no-untyped-def]
+        state["n"] += 1
+        if state["n"] == 1:
+            srv.put("deployments", srv.get("deployments", ns, name))   # someone else's write
+        return orig(res, ns, name, ctype, body)
+
+    srv._patch = racing_patch  # type: ignore[method-assign]
+    out = kube.set_preferred_node("inference", "web", "node-a")
+    assert out["preferred_node"] == "node-a" and state["n"] == 2
+    aff = srv.get("deployments", "inference", "web")["spec"]["template"]["spec"]["affinity"]
+    [term] = aff["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["preference"]["matchExpressions"][0]["values"] == ["node-a"]
+
+
 @pytest.mark.parametrize("races", [1, 99])
 def test_every_read_modify_write_retries_on_conflict_then_gives_up(srv: KubeTestServer, kube: k.KubeAdapter,
                                                                   races: int) -> None:
