@@ -235,6 +235,8 @@ class StoreReads:
                     if share:
                         t3, v3 = bucket_means(t3, v3, 60.0)
                     t2, v2 = t2 + t3, v2 + v3
+                if share:        # the tail's minutes as hours too: every point then weighs one hour
+                    t2, v2 = bucket_means(t2, v2, width)
             ts, vals = ts + t2, vals + v2
         if max_points is not None and len(ts) > max_points:
             ts, vals = (mean_downsample if share else minmax_downsample)(ts, vals, max_points)
