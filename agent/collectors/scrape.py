@@ -26,7 +26,7 @@ import socket
 import ssl
 import time
 from collections.abc import Iterator
-from urllib.parse import SplitResult, urlsplit
+from urllib.parse import SplitResult, quote, urlsplit
 
 import h11
 
@@ -35,6 +35,7 @@ from triscope.core.samples import Sample
 from triscope.core.textsafe import label_text
 
 ACCEPT = "text/plain;version=0.0.4;q=1.0,*/*;q=0.1"
+URL_SAFE = "/?=&%:@!$'()*+,;-._~"   # what a request target keeps as it is (RFC 3986 reserved and unreserved)
 COUNTER_SUFFIXES = {
     "counter": ("_total", ""),
     "histogram": ("_bucket", "_count", "_sum"),
@@ -141,12 +142,19 @@ class ScrapeCollector(BaseCollector):
                   deadline: float) -> tuple[int, str, dict[str, str], bytes]:
         """TLS where asked, the request out, the response in: every wait bounded by ``deadline``."""
         host = parts.hostname or ""
-        request = h11.Request(method="GET", target=(parts.path or "/metrics") + (f"?{parts.query}" if parts.query else ""),
-                              headers=[("Host", self.instance if parts.port else (f"[{host}]" if ":" in host else host)),
-                                       ("Accept", ACCEPT), ("Accept-Encoding", "identity"),
-                                       ("User-Agent", "triscope-agent"),
-                                       ("X-Prometheus-Scrape-Timeout-Seconds", f"{self.timeout:g}"),
-                                       ("Connection", "close")])
+        # a non-ASCII path or query goes out percent-encoded (as UTF-8), a non-ASCII host as IDNA
+        target = quote((parts.path or "/metrics") + (f"?{parts.query}" if parts.query else ""), safe=URL_SAFE)
+        try:
+            host_header = self.instance if parts.port else (f"[{host}]" if ":" in host else host)
+            host_header = host_header if host_header.isascii() else host_header.encode("idna").decode("ascii")
+            request = h11.Request(method="GET", target=target,
+                                  headers=[("Host", host_header), ("Accept", ACCEPT), ("Accept-Encoding", "identity"),
+                                           ("User-Agent", "triscope-agent"),
+                                           ("X-Prometheus-Scrape-Timeout-Seconds", f"{self.timeout:g}"),
+                                           ("Connection", "close")])
+        except (UnicodeError, h11.LocalProtocolError) as e:
+            raise ScrapeError(f"scrape {self.url}: cannot send a request to this URL ({e})",
+                              "fix --scrape URL") from None
         try:
             if parts.scheme == "https":
                 sock = _tls(sock, host, deadline)

@@ -278,3 +278,16 @@ def test_response_framing(answer: bytes, expect: bytes | str) -> None:
         assert req.startswith(b"GET /metrics?x=1 HTTP/1.1\r\nHost: 127.0.0.1:") and b"Connection: close" in req
     finally:
         stop.set()
+
+
+def test_a_non_ascii_path_goes_out_percent_encoded() -> None:
+    """A URL the collector accepts with non-ASCII in its path or query is scraped: the request
+    target is its UTF-8 percent-encoding, never an encoding error that ends the agent's check."""
+    url, stop = raw_target(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(BODY) + BODY)
+    try:
+        c = ScrapeCollector(url.replace("/metrics?x=1", "/métriques?q=é"), timeout=2.0)
+        assert c.fetch() == BODY.decode()
+        req = stop.request  # type: ignore[attr-defined]
+        assert req.startswith(b"GET /m%C3%A9triques?q=%C3%A9 HTTP/1.1\r\n"), req
+    finally:
+        stop.set()
