@@ -9,73 +9,21 @@ every one of its ticks once.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 from sqlalchemy.engine import make_url
+from tcp_relay import Forwarder
 
 from triscope.agent.spool import Spool, database_identity, default_spool_root, spool_dir_for
 from triscope.store import Store
 from triscope.store.db import upgrade
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
-
-
-class Forwarder:
-    """127.0.0.1:<port> -> the real server, while open."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        self.port = s.getsockname()[1]
-        s.close()
-        self.lst: socket.socket | None = None
-
-    def open(self) -> None:
-        lst = socket.socket()
-        lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        lst.bind(("127.0.0.1", self.port))
-        lst.listen(16)
-        self.lst = lst
-        threading.Thread(target=self._accept, args=(lst,), daemon=True).start()
-
-    def _accept(self, lst: socket.socket) -> None:
-        while True:
-            try:
-                c, _ = lst.accept()
-            except OSError:
-                return
-            self._relay(c, socket.create_connection(self.target))
-
-    def _relay(self, c: socket.socket, u: socket.socket) -> None:
-        """Copy both ways between the client ``c`` and the server ``u`` (a subclass may do otherwise)."""
-        for a, b in ((c, u), (u, c)):
-            threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(a: socket.socket, b: socket.socket) -> None:
-        try:
-            while data := a.recv(65536):
-                b.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (a, b):
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
-
-    def close(self) -> None:
-        if self.lst is not None:
-            self.lst.close()
-            self.lst = None
 
 
 def agent(db: str, spool: Path, node: str, seconds: int, cwd: Path) -> str:

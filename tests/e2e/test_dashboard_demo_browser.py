@@ -23,10 +23,9 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import pytest
-
-from tests.browser_support import chromium, stop_checked
-from tests.conftest import REPO, free_port, wait_for_port
-from tests.e2e.test_dashboard_browser import TRISCOPE, Page, graph_js
+from browser_support import chromium, stop_checked
+from conftest import REPO, free_port, wait_for_port
+from test_dashboard_browser import TRISCOPE, Page, graph_js
 
 pytestmark = pytest.mark.browser
 

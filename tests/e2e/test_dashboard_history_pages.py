@@ -19,8 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
-from tests.conftest import REPO
+from conftest import REPO
 
 TRISCOPE = os.path.join(os.path.dirname(sys.executable), "triscope")
 TRACES = {n: REPO / "examples" / "traces" / f"{n}.jsonl.gz" for n in ("h200-inference-3", "h200-inference-5")}

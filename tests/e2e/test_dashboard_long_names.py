@@ -16,9 +16,8 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-
-from tests.browser_support import chromium, stop_checked
-from tests.conftest import REPO, free_port, wait_for_port
+from browser_support import chromium, stop_checked
+from conftest import REPO, free_port, wait_for_port
 
 TRISCOPE = os.path.join(os.path.dirname(sys.executable), "triscope")
 LONG = "gpu-node-" + "x" * (10 * 1024 - 18) + "-end"   # 10 KiB, one unbroken word

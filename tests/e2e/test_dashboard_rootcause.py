@@ -16,8 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
-from tests.conftest import REPO
+from conftest import REPO
 
 TRISCOPE = os.path.join(os.path.dirname(sys.executable), "triscope")
 NODE = "h200-inference-5"

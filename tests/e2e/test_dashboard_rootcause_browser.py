@@ -18,10 +18,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-
-from tests.browser_support import chromium, stop_checked
-from tests.conftest import REPO, free_port, wait_for_port
-from tests.e2e.test_dashboard_browser import TRISCOPE, Page
+from browser_support import chromium, stop_checked
+from conftest import REPO, free_port, wait_for_port
+from test_dashboard_browser import TRISCOPE, Page
 
 pytestmark = pytest.mark.browser
 

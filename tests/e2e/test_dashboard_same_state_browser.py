@@ -20,9 +20,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-
-from tests.browser_support import chromium, stop_checked
-from tests.conftest import REPO, free_port, wait_for_port
+from browser_support import chromium, stop_checked
+from conftest import REPO, free_port, wait_for_port
 
 TRISCOPE = os.path.join(os.path.dirname(sys.executable), "triscope")
 NODES = ("h200-inference-3", "h200-inference-5")

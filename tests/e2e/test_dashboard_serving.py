@@ -13,8 +13,7 @@ import urllib.request
 from typing import Any
 
 import pytest
-
-from tests.conftest import REPO, free_port, wait_for_port
+from conftest import REPO, free_port, wait_for_port
 
 TRISCOPE = os.path.join(os.path.dirname(sys.executable), "triscope")  # the console script
 

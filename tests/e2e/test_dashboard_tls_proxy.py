@@ -16,9 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import REPO, free_port, wait_for_port
 from tls_support import Certs, make_certs
-
-from tests.conftest import REPO, free_port, wait_for_port
 
 PROXY, DIRECT = "127.0.0.2", "127.0.0.3"
 

@@ -23,9 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from tests.browser_support import chromium, stop_checked
-from tests.conftest import REPO, free_port, wait_for_port
+from browser_support import chromium, stop_checked
+from conftest import REPO, free_port, wait_for_port
 
 TRISCOPE = os.path.join(os.path.dirname(sys.executable), "triscope")
 SHOTS = REPO / "artifacts" / "screenshots"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy.engine import make_url
-from tests.e2e.test_agent_spool_database import Forwarder
+from tcp_relay import Forwarder
 
 from triscope.agent.spool import Spool
 from triscope.agent.writer import StoreWriter

@@ -11,7 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from tests.conftest import REPO
+from conftest import REPO
+
 from triscope.agent.collectors.processset import ProcessTree
 
 

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import FIXTURES
 
-from tests.conftest import FIXTURES
 from triscope.agent.collectors.npu import NpuSmiCollector, SmiError, run_smi
 from triscope.core.samples import EventRecord, Sample
 

@@ -17,7 +17,7 @@ import time
 import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
-from tests.e2e.test_agent_spool_database import Forwarder
+from tcp_relay import Forwarder
 
 from triscope.core.samples import Sample, Tick
 from triscope.store import Store

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import REPO
 
-from tests.conftest import REPO
 from triscope.core.trace import import_trace, read_trace
 from triscope.store import Store, audit
 

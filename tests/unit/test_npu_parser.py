@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from conftest import FIXTURES
 
-from tests.conftest import FIXTURES
 from triscope.agent.collectors.npu import health_value, info_samples, parse_info, parse_kv, parse_usages
 
 NPU = FIXTURES / "npu-smi"
