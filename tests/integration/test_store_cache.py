@@ -219,7 +219,8 @@ def test_store_is_a_store_reader(sqlite_url: str) -> None:
 
     reads = [n for n, v in vars(StoreReader).items() if callable(v) and not n.startswith("_")]
     assert sorted(reads) == sorted(["nodes", "series", "metric_names", "time_bounds", "query", "query_series",
-                                    "latest", "fleet_latest", "series_keys", "events", "verdict_runs"])
+                                    "latest", "fleet_latest", "series_keys", "events", "verdict_runs",
+                                    "current_verdicts"])
     for name in reads:
         want = inspect.signature(getattr(StoreReader, name))
         got = inspect.signature(getattr(Store, name))

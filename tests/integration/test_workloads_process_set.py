@@ -112,7 +112,9 @@ def test_loader_workers_are_the_gpu_process_s_workload() -> None:
     try:
         items = collect(p.pid, 4)
         assert one(items, "triscope_workload_processes") == 5
-        assert one(items, "triscope_workload_feeder_busy_ratio") >= 0.9
+        # a pegged worker reads 0.9-1.0 on an idle host and 0.8 under a loaded 2-core one (the CPU is
+        # shared): 0.6 stays far above the GPU process alone (< 0.2, below) without timing the host
+        assert one(items, "triscope_workload_feeder_busy_ratio") >= 0.6
         assert not any(isinstance(s, Sample) and s.labels.get("workload") != series_workload(items) for s in items
                        if isinstance(s, Sample) and s.name.startswith("triscope_workload_"))
         # only the GPU process is followed without the process set
