@@ -445,6 +445,9 @@ def test_local_time_toggle_shows_the_browser_zone_and_stays_on(browser: Any, ser
         axis1 = graph_js(pg, "node-graph", "gd._fullLayout.xaxis.range[1]")
         shift = datetime.fromisoformat(axis1.replace(" ", "T")) - datetime.fromisoformat(axis0.replace(" ", "T"))
         assert shift.total_seconds() == pytest.approx(9 * 3600, abs=120)
+        # the link is rewritten by its own callback, which may land after the note's: wait for it
+        pg.wait_for_function("() => document.querySelector('#node-explain-link').innerText.includes('Asia/Tokyo')",
+                             timeout=15000)
         assert "Asia/Tokyo" in pg.inner_text("#node-explain-link")
         # another page, then back: still on (the choice is in the browser's localStorage)
         pg = p.goto("/mismatch")

@@ -15,7 +15,6 @@ headless Chromium: what is on each page, read from the page itself.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 from collections.abc import Iterator
@@ -23,8 +22,8 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import pytest
-from browser_support import chromium, stop_checked
-from conftest import REPO, free_port, wait_for_port
+from browser_support import chromium, dashboard_over
+from conftest import REPO
 from test_dashboard_browser import TRISCOPE, Page, graph_js
 
 pytestmark = pytest.mark.browser
@@ -40,24 +39,13 @@ def _rgb(hex_color: str) -> str:
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any]]:
-    from triscope.store import Store
 
     url = f"sqlite:///{tmp_path_factory.mktemp('demo') / 'demo.db'}"
     for node in NODES:
         subprocess.run([TRISCOPE, "import-trace", str(REPO / "examples" / "traces" / f"{node}.jsonl.gz"),
                         "--db", url], cwd=REPO, check=True, capture_output=True, timeout=300)
-    port = free_port()
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env.pop("TRISCOPE_DASHBOARD_PASSWORD", None)
-    proc = subprocess.Popen([TRISCOPE, "dashboard", "--db", url, "--port", str(port), "--slo", str(DEMO_SLO)],
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    st = Store.open(url)
-    try:
-        wait_for_port(port, timeout=60)
-        yield f"http://127.0.0.1:{port}", st
-    finally:
-        st.close()
-        stop_checked(proc)
+    with dashboard_over(url, "--slo", str(DEMO_SLO)) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")

@@ -11,15 +11,14 @@ episodes; picking the other recording opens on that one's data, not on the first
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from browser_support import chromium, stop_checked
-from conftest import REPO, free_port, wait_for_port
+from browser_support import chromium, dashboard_over
+from conftest import REPO
 from test_dashboard_browser import TRISCOPE, Page
 
 pytestmark = pytest.mark.browser
@@ -35,24 +34,13 @@ def _rgb(hex_color: str) -> str:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any]]:
-    from triscope.store import Store
 
     url = f"sqlite:///{tmp_path_factory.mktemp('rootcause-browser') / 'triscope.db'}"
     for node in (NODE, OTHER):
         subprocess.run([TRISCOPE, "import-trace", str(REPO / "examples" / "traces" / f"{node}.jsonl.gz"), "--db", url],
                        cwd=REPO, check=True, capture_output=True, timeout=300)
-    port = free_port()
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env.pop("TRISCOPE_DASHBOARD_PASSWORD", None)
-    proc = subprocess.Popen([TRISCOPE, "dashboard", "--db", url, "--port", str(port)], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    st = Store.open(url)
-    try:
-        wait_for_port(port, timeout=60)
-        yield f"http://127.0.0.1:{port}", st
-    finally:
-        st.close()
-        stop_checked(proc)
+    with dashboard_over(url) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")

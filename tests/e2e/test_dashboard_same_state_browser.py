@@ -20,8 +20,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from browser_support import chromium, stop_checked
-from conftest import REPO, free_port, wait_for_port
+from browser_support import chromium, dashboard_over
+from conftest import REPO
 
 TRISCOPE = os.path.join(os.path.dirname(sys.executable), "triscope")
 NODES = ("h200-inference-3", "h200-inference-5")
@@ -33,24 +33,13 @@ pytestmark = pytest.mark.browser
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any]]:
-    from triscope.store import Store
 
     url = f"sqlite:///{tmp_path_factory.mktemp('same-state') / 'triscope.db'}"
     for node in NODES:
         subprocess.run([TRISCOPE, "import-trace", str(REPO / "examples" / "traces" / f"{node}.jsonl.gz"), "--db", url,
                         "--shift-to-now"], cwd=REPO, check=True, capture_output=True, timeout=300)
-    port = free_port()
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env.pop("TRISCOPE_DASHBOARD_PASSWORD", None)
-    proc = subprocess.Popen([TRISCOPE, "dashboard", "--db", url, "--port", str(port)], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    st = Store.open(url)
-    try:
-        wait_for_port(port, timeout=60)
-        yield f"http://127.0.0.1:{port}", st
-    finally:
-        st.close()
-        stop_checked(proc)
+    with dashboard_over(url) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
