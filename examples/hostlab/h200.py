@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -66,6 +67,7 @@ class TorchService:
 
 A_HEALTHY = TorchService(model="resnet50", batch=64, workers=6, image=384, rate=640, fetch=A_PORT)
 B_LIGHT = TorchService(model="resnet18", batch=8, workers=2, image=256, rate=16, fetch=B_PORT)
+A_THIRD = TorchService(model="resnet101", batch=48, workers=6, image=320, rate=480, fetch=A_PORT)
 
 
 @dataclass(frozen=True)
@@ -129,16 +131,73 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("healthy_1pct", "a at its load, b resnet18 at 8 img/s: both healthy", A_HEALTHY,
              TorchService(model="resnet18", batch=4, workers=2, image=256, rate=8, fetch=B_PORT), HEALTHY, False,
              note="nothing limits either"),
+    # third set (h200-lab-3 and h200-lab-4, written 2026-12-05 before either run, with the rules of the commit
+    # that records them and no threshold changed after): other models, loaders, limits and loss rates again,
+    # a different healthy heavy instance, 60 s or more a class
+    Scenario("healthy_3pct", "a resnet101 at 480 img/s, b shufflenet_v2 at 20 img/s: both healthy",
+             A_THIRD, TorchService(model="shufflenet_v2_x1_0", batch=4, workers=2, image=256, rate=20, fetch=B_PORT),
+             HEALTHY, False, note="nothing limits either: never an I/O state"),
+    Scenario("loader_one_worker", "b: one DataLoader worker decoding 896 px JPEGs for densenet121, as fast as it delivers",
+             A_THIRD, TorchService(model="densenet121", batch=16, workers=1, image=896, rate=0, fetch=B_PORT),
+             ("staging-bound",), True, knobs={"workers": 1, "image": 896},
+             note="b's GPU waits on its one pegged worker"),
+    Scenario("workers_on_one_core_4", "b: 4 DataLoader workers confined to CPU 13, 768 px JPEGs, regnet_y_800mf",
+             A_THIRD, TorchService(model="regnet_y_800mf", batch=16, workers=4, image=768, rate=0, fetch=B_PORT,
+                                   worker_cpus="13"),
+             ("staging-bound",), True, knobs={"worker_cpus": "13"},
+             note="four workers share one core: each waits for it most of the time"),
+    Scenario("pod_cpu_limit_0_4", "b's cgroup (GPU process and workers) limited to 0.4 CPU, mobilenet_v2, 448 px",
+             A_THIRD, TorchService(model="mobilenet_v2", batch=8, workers=2, image=448, rate=0, fetch=B_PORT),
+             ("staging-bound",), True, b_cpu_limit=0.4, knobs={"cpu_limit": 0.4},
+             note="throttled in most CFS periods"),
+    Scenario("own_loss_8pct", "b downloads 250 kB per request at 3/s over a path losing 8 %, squeezenet1_1",
+             A_THIRD, TorchService(model="squeezenet1_1", batch=1, workers=2, image=256, rate=3, fetch=B_PORT,
+                                   fetch_bytes=250_000),
+             ("network-bound",), True, b_loss=0.08, knobs={"net_drop": 0.08},
+             note="a low-rate service losing 8 % of its own packets"),
+    Scenario("foreign_loss_10pct", "a process with no GPU streams over a connection losing 10 %; a and b healthy",
+             A_THIRD, TorchService(model="mnasnet1_0", batch=4, workers=2, image=256, rate=12, fetch=B_PORT),
+             HEALTHY, False, unrelated_loss=0.10, note="the node retransmits, none of it a GPU service's"),
+    Scenario("gpu_full_vit", "a runs vit_b_16 at batch 128 on GPU-resident inputs: the GPU busy",
+             TorchService(model="vit_b_16", batch=128, workers=0, gpu_input=True),
+             TorchService(model="shufflenet_v2_x1_0", batch=4, workers=2, image=256, rate=20, fetch=B_PORT),
+             ("compute-bound", "balanced"), False, note="the GPU is the limit (SM activity >= 0.7 expected)"),
+    Scenario("loader_three_workers_1280", "b: 3 DataLoader workers decoding 1280 px JPEGs for efficientnet_b1",
+             A_THIRD, TorchService(model="efficientnet_b1", batch=24, workers=3, image=1280, rate=0, fetch=B_PORT),
+             ("staging-bound",), True, knobs={"workers": 3, "image": 1280},
+             note="b's GPU waits on its three pegged workers"),
+    Scenario("own_loss_12pct_2rps", "b fetches 150 kB per request at 2/s over a path losing 12 %, resnet18, one worker",
+             A_THIRD, TorchService(model="resnet18", batch=1, workers=1, image=256, rate=2, fetch=B_PORT,
+                                   fetch_bytes=150_000),
+             ("network-bound",), True, b_loss=0.12, knobs={"net_drop": 0.12},
+             note="a very low-rate service: a handful of retransmits a second, a high loss ratio"),
 )
 FIRST_SET = ("healthy_2pct", "loader_too_few_workers", "workers_on_one_core", "pod_cpu_limit", "own_loss_6pct",
              "foreign_loss_15pct", "gpu_full")
 SECOND_SET = ("workers_on_two_cores", "own_loss_4pct_download", "pod_cpu_limit_0_3", "healthy_1pct")
+THIRD_SET_A = ("healthy_3pct", "loader_one_worker", "workers_on_one_core_4", "pod_cpu_limit_0_4", "own_loss_8pct")
+THIRD_SET_B = ("foreign_loss_10pct", "gpu_full_vit", "loader_three_workers_1280", "own_loss_12pct_2rps")
+SETS = {"second": SECOND_SET, "third-a": THIRD_SET_A, "third-b": THIRD_SET_B}
 
 
 def _cpu_seconds(pid: int) -> float:
     data = Path(f"/proc/{pid}/stat").read_bytes()
     f = data[data.rindex(b")") + 2:].split()
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _profiler(pid: int, out: Path) -> subprocess.Popen[bytes] | None:
+    """py-spy sampling the agent without pausing it (``PROFILE_AGENT=1`` and py-spy on PATH or in
+    /tmp/site/bin): where its CPU goes, per thread, written to ``agent-profile.txt`` when stopped."""
+    if not os.environ.get("PROFILE_AGENT"):
+        return None
+    exe = shutil.which("py-spy") or shutil.which("py-spy", path="/tmp/site/bin")
+    if exe is None:
+        print("h200 lab: PROFILE_AGENT set but no py-spy found", file=sys.stderr)
+        return None
+    return subprocess.Popen([exe, "record", "--nonblocking", "--threads", "-r", "1000", "-f", "raw",
+                             "-o", str(out / "agent-profile.txt"), "-p", str(pid)],
+                            stdout=subprocess.DEVNULL, stderr=open(out / "py-spy.log", "w"))  # noqa: SIM115
 
 
 def record(node: str, out: Path, hold: float, only: list[str] | None = None) -> None:
@@ -183,6 +242,7 @@ def record(node: str, out: Path, hold: float, only: list[str] | None = None) -> 
                 urllib.request.urlopen("http://127.0.0.1:9464/metrics", timeout=2).read()
                 break
             time.sleep(0.5)
+        prof = _profiler(agent.pid, out)
         cpu0, wall0 = _cpu_seconds(agent.pid), time.monotonic()
         for sc in SCENARIOS:
             if only and sc.name not in only:
@@ -199,6 +259,10 @@ def record(node: str, out: Path, hold: float, only: list[str] | None = None) -> 
             limit.limit(None)
             time.sleep(3.0)
         cpu1, wall1 = _cpu_seconds(agent.pid), time.monotonic()
+        if prof is not None:
+            prof.send_signal(signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                prof.wait(60)
         (out / f"{node}.agent.json").write_text(json.dumps({
             "agent_cpu_seconds": round(cpu1 - cpu0, 3), "wall_seconds": round(wall1 - wall0, 3),
             "agent_core_share": round((cpu1 - cpu0) / (wall1 - wall0), 5), "nproc": os.cpu_count()}) + "\n")
@@ -226,9 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--hold", type=float, default=45.0, help="seconds per scenario (default 45)")
     ap.add_argument("--only", default="", help="comma-separated scenario names (default: the first set; "
-                    "'second': the second set)")
+                    "'second', 'third-a', 'third-b': those sets)")
     args = ap.parse_args(argv)
-    only = list(SECOND_SET) if args.only == "second" else [s for s in args.only.split(",") if s] or list(FIRST_SET)
+    only = list(SETS[args.only]) if args.only in SETS else [s for s in args.only.split(",") if s] or list(FIRST_SET)
     record(args.node, args.out, args.hold, only)
     return 0
 

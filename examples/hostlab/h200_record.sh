@@ -4,7 +4,8 @@
 # Installs the carried wheels, BCC and nftables (examples/workload/h200_setup.sh), runs
 # examples.hostlab.h200 (the real agent, two stock-PyTorch services on GPU 0, one scenario after
 # another) into a scratch folder, replays the trace through today's verdict, and copies back at most
-# eight files: the trace, its timeline, the agent's CPU, the acceptance table, and the logs.
+# eight files: the trace, its timeline, the agent's CPU, the acceptance table, and the logs
+# (TOPOLOGY=1: topology.json first; PROFILE_AGENT=1: py-spy's agent-profile.txt in the logs).
 FINAL=${OUT:-/tmp/out}; mkdir -p "$FINAL"
 NODE=${NODE:-h200-lab-1}
 WORK=${WORK:-/tmp/h200-lab}; rm -rf "$WORK"; mkdir -p "$WORK"
@@ -24,6 +25,10 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
   python3 -c 'import bcc; print("bcc", bcc.__file__)'
   cat /sys/fs/cgroup/cgroup.controllers; } 2>&1 | tee "$WORK/machine.txt"
 echo "setup took $(( $(date +%s) - T0 )) s"
+if [ -n "$TOPOLOGY" ]; then     # the one-socket topology measurement (examples/hostlab/h200_topology.py)
+  timeout 90 python3 -m examples.hostlab.h200_topology --out "$FINAL"
+  echo "topology rc=$? after $(( $(date +%s) - T0 )) s"
+fi
 timeout 540 python3 -m examples.hostlab.h200 --node "$NODE" --out "$WORK" "$@"
 echo "lab rc=$? after $(( $(date +%s) - T0 )) s"
 cp "$WORK/$NODE.jsonl.gz" "$WORK/$NODE.timeline.jsonl" "$WORK/$NODE.agent.json" "$FINAL/" 2>&1
