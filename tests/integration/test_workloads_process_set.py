@@ -231,6 +231,28 @@ def test_sock_diag_reads_each_sockets_own_counters() -> None:
             s.close()
 
 
+def test_one_dump_for_both_families_finds_every_socket_of_either() -> None:
+    """The single walk (inet_diag's TCPDIAG_GETSOCK, every family at once) answers for the same
+    sockets as one dump per family, IPv6 ones included, with their own counters."""
+    v6 = socket.socket(socket.AF_INET6)
+    v6.bind(("::1", 0))
+    v6.listen()
+    c6 = socket.create_connection(("::1", v6.getsockname()[1]))
+    lst, cs = _syn_retransmitter(1)
+    try:
+        both = tcp_counters()
+        apart = {**tcp_counters((socket.AF_INET,)), **tcp_counters((socket.AF_INET6,))}
+        for s in (v6, c6, lst, *cs):
+            ino = os.fstat(s.fileno()).st_ino
+            assert ino in both and ino in apart, ino
+        assert os.fstat(c6.fileno()).st_ino in tcp_counters((socket.AF_INET6,))
+        assert os.fstat(c6.fileno()).st_ino not in tcp_counters((socket.AF_INET,))
+        assert both[os.fstat(c6.fileno()).st_ino][1] >= 1       # its own segments sent (the handshake's ACK)
+    finally:
+        for s in (v6, c6, lst, *cs):
+            s.close()
+
+
 def test_a_workloads_own_retransmits_and_never_another_process_s() -> None:
     """The GPU process's own connections retransmit: its workload counts them (and its segments);
     another process on the node retransmitting more is not in it."""
