@@ -18,20 +18,29 @@ sysfs speed strings are ``"16.0 GT/s PCIe"`` on current kernels, ``"8 GT/s"`` on
 
 Note: many GPUs drop the link to 2.5 GT/s when idle to save power and retrain under load; pass
 ``degraded_on_speed=False`` to flag only lost lanes.
+
+Cost: each of these files is a read of the device's PCIe capability in config space, which a
+virtual machine traps (the H200 machine: ~0.47 ms a tick for its one GPU's four files).  The
+negotiated speed and width are read every tick; the maxima are the device's (and its slot's)
+capabilities, fixed while it is plugged in, and are read when a device appears and again every
+``CAPS_EVERY`` seconds.  A device's class and place in the tree are read once, and the class filter
+is applied before any link file is read; a device without link files (plain PCI, virtio) is
+asked again only every ``CAPS_EVERY`` seconds.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from triscope.agent.collectors.base import Availability, BaseCollector, CollectorUnavailable
 from triscope.core.pcie import link_capacity_bytes_per_second
 from triscope.core.samples import Sample
 
-LINK_FILES = ("current_link_speed", "max_link_speed", "current_link_width", "max_link_width")
+CAPS_EVERY = 60.0      # seconds between reads of what does not change while a device is plugged in
 BDF_RE = re.compile(r"^[0-9a-fA-F]{4,}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 SPEED_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*GT/s")
 
@@ -99,7 +108,7 @@ class PcieLinkCollector(BaseCollector):
     name = "pcie_link"
 
     def __init__(self, sys: str = "/sys", classes: Iterable[str] | None = None, include_bridges: bool = True,
-                 degraded_on_speed: bool = True) -> None:
+                 degraded_on_speed: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
         self.sys = sys
         self.devices_dir = os.path.join(sys, "bus/pci/devices")
         self.class_prefixes = None
@@ -114,7 +123,10 @@ class PcieLinkCollector(BaseCollector):
             self.class_prefixes = tuple(prefixes)
         self.include_bridges = include_bridges
         self.degraded_on_speed = degraded_on_speed
+        self.clock = clock
         self._static: dict[str, tuple[str, str | None]] = {}
+        # BDF -> (max speed, max width, when read); max speed NaN: the device has no link files
+        self._caps: dict[str, tuple[float | None, int | None, float]] = {}
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -130,15 +142,26 @@ class PcieLinkCollector(BaseCollector):
         parent = os.path.basename(os.path.dirname(os.path.realpath(dev_path)))
         return parent if BDF_RE.match(parent) else None
 
+    def _caps_of(self, name: str, path: str, now: float) -> tuple[float | None, int | None] | None:
+        """The device's maximum speed and width (read again every ``CAPS_EVERY`` s); None: no link files."""
+        got = self._caps.get(name)
+        if got is None or now - got[2] >= CAPS_EVERY:
+            try:
+                got = (parse_speed(_read(os.path.join(path, "max_link_speed"))),
+                       parse_width(_read(os.path.join(path, "max_link_width"))), now)
+            except OSError:
+                got = (float("nan"), None, now)   # no PCIe capability (plain PCI, virtio): not asked every tick
+            self._caps[name] = got
+        if got[0] is not None and got[0] != got[0]:
+            return None
+        return got[0], got[1]
+
     def read_links(self) -> list[LinkState]:
         names = list_pci_devices(self.devices_dir)
+        now = self.clock()
         links: list[LinkState] = []
         for name in names:
             path = os.path.join(self.devices_dir, name)
-            try:
-                raw = [_read(os.path.join(path, f)) for f in LINK_FILES]
-            except OSError:
-                continue  # no PCIe capability (plain PCI, virtio) or the device is gone / not answering
             static = self._static.get(name)
             if static is None:  # class and place in the tree are fixed while the device exists
                 try:
@@ -148,10 +171,19 @@ class PcieLinkCollector(BaseCollector):
                 static = self._static[name] = (pci_class, self._upstream(path))
             if not self._wanted(static[0]):
                 continue
-            links.append(LinkState(name, static[0], parse_speed(raw[0]), parse_speed(raw[1]),
-                                   parse_width(raw[2]), parse_width(raw[3]), static[1]))
+            caps = self._caps_of(name, path, now)
+            if caps is None:
+                continue
+            try:
+                cur_speed = _read(os.path.join(path, "current_link_speed"))
+                cur_width = _read(os.path.join(path, "current_link_width"))
+            except OSError:
+                continue  # the device is gone or not answering
+            links.append(LinkState(name, static[0], parse_speed(cur_speed), caps[0],
+                                   parse_width(cur_width), caps[1], static[1]))
         for gone in self._static.keys() - set(names):  # hot-unplugged: forget, a new device may reuse the BDF
             del self._static[gone]
+            self._caps.pop(gone, None)
         return links
 
     # -- protocol ------------------------------------------------------------------------------
@@ -205,9 +237,8 @@ class PcieLinkCollector(BaseCollector):
             yield Sample("triscope_pcie_link_degraded", 1.0 if degraded else 0.0, {"device": link.device}, "gauge")
 
     def _read_one(self, name: str) -> LinkState | None:
-        path = os.path.join(self.devices_dir, name)
-        try:
-            raw = [_read(os.path.join(path, f)) for f in LINK_FILES]
-        except OSError:
+        """An upstream port the class filter left out: only its maxima are used."""
+        caps = self._caps_of(name, os.path.join(self.devices_dir, name), self.clock())
+        if caps is None:
             return None
-        return LinkState(name, "", parse_speed(raw[0]), parse_speed(raw[1]), parse_width(raw[2]), parse_width(raw[3]))
+        return LinkState(name, "", None, caps[0], None, caps[1])

@@ -114,3 +114,27 @@ def test_real_sys(tmp_path) -> None:
         assert got == {}
     missing = PcieLinkCollector(sys=str(tmp_path))
     assert not missing.check().ok and "not found" in missing.check().reason
+
+
+def test_maxima_are_read_again_only_every_caps_every_seconds(tmp_path) -> None:
+    """The negotiated link is read every tick; the maxima (config-space reads a VM traps) are kept
+    until CAPS_EVERY has passed."""
+    import shutil
+
+    from triscope.agent.collectors import pcie
+
+    shutil.copytree(H200, tmp_path / "sys", symlinks=True)
+    dev = tmp_path / "sys" / "bus" / "pci" / "devices" / "0000:9a:00.0"
+    now = [100.0]
+    c = PcieLinkCollector(sys=str(tmp_path / "sys"), classes=["gpu"], clock=lambda: now[0])
+    first = table(c.collect(now[0]))
+    assert first[("triscope_pcie_link_width", "0000:9a:00.0", "max")] == 16
+    (dev / "max_link_width").write_text("8\n")
+    (dev / "current_link_width").write_text("4\n")
+    now[0] += 1.0
+    second = table(c.collect(now[0]))
+    assert second[("triscope_pcie_link_width", "0000:9a:00.0", "current")] == 4      # read every tick
+    assert second[("triscope_pcie_link_width", "0000:9a:00.0", "max")] == 16         # kept
+    now[0] += pcie.CAPS_EVERY
+    third = table(c.collect(now[0]))
+    assert third[("triscope_pcie_link_width", "0000:9a:00.0", "max")] == 8           # read again
