@@ -40,6 +40,7 @@ from triscope.core.samples import EventRecord, Sample
 log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
+STATIC_EVERY = 60.0   # seconds between reads of what a GPU cannot change while up (its link's maxima)
 
 # PCIe transfer rate per lane in GT/s by generation, and the line-code efficiency.
 PCIE_GEN_GTS = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
@@ -197,6 +198,7 @@ class _Gpu:
     nvlinks: list[int] = field(default_factory=list)
     last_read_s: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    static: dict[str, tuple[Any, float]] = field(default_factory=dict)   # key -> (value, when read)
 
 
 class NvmlCollector(BaseCollector):
@@ -447,6 +449,16 @@ class NvmlCollector(BaseCollector):
                 log.debug("GPU %s: %s failed (%s)", g.label, key, e)
             return None
 
+    def _q_static(self, g: _Gpu, key: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """``_q`` for what the GPU cannot change while it is up (its link's maximum generation and
+        width): asked again every ``STATIC_EVERY`` seconds, not every tick."""
+        now = self.clock()
+        got = g.static.get(key)
+        if got is None or now - got[1] >= STATIC_EVERY:
+            got = (self._q(g, key, fn, *args), now)
+            g.static[key] = got
+        return got[0]
+
     def _read_gpu(self, g: _Gpu, lab: dict[str, str]) -> list[Sample]:
         nv = self._nv
         out: list[Sample] = []
@@ -507,9 +519,9 @@ class NvmlCollector(BaseCollector):
         """The GPU's PCIe link: speed and width (current and max), degraded or not, its capacity."""
         nv = self._nv
         cg = self._q(g, "curgen", nv.nvmlDeviceGetCurrPcieLinkGeneration)
-        mg = self._q(g, "maxgen", nv.nvmlDeviceGetMaxPcieLinkGeneration)
+        mg = self._q_static(g, "maxgen", nv.nvmlDeviceGetMaxPcieLinkGeneration)
         cw = self._q(g, "curwidth", nv.nvmlDeviceGetCurrPcieLinkWidth)
-        mw = self._q(g, "maxwidth", nv.nvmlDeviceGetMaxPcieLinkWidth)
+        mw = self._q_static(g, "maxwidth", nv.nvmlDeviceGetMaxPcieLinkWidth)
         dev = {"device": g.bus_id}
         out: list[Sample] = []
         if cg is not None:

@@ -205,3 +205,37 @@ def test_older_gpu_no_gpm_lost_gpu_and_xid():
         t0 = time.monotonic()
         c.close()
         assert time.monotonic() - t0 < 2.5
+
+
+def test_link_maxima_are_asked_once_a_minute_the_negotiated_link_every_tick():
+    """The maximum generation and width cannot change while the GPU is up: asked when first read and
+    every STATIC_EVERY seconds, while the current ones (a link that trains down) are asked every tick."""
+    from triscope.agent.collectors import nvml as nvml_mod
+
+    nv = FakeNvml()
+    asked = {"max": 0, "cur": 0}
+    real_max, real_cur = nv.nvmlDeviceGetMaxPcieLinkWidth, nv.nvmlDeviceGetCurrPcieLinkWidth
+
+    def max_width(h):
+        asked["max"] += 1
+        return real_max(h)
+
+    def cur_width(h):
+        asked["cur"] += 1
+        return real_cur(h)
+
+    nv.nvmlDeviceGetMaxPcieLinkWidth, nv.nvmlDeviceGetCurrPcieLinkWidth = max_width, cur_width
+    now = [1000.0]
+    c = NvmlCollector(nvml=nv, xid_events=False, pcie_poll_s=0.01, clock=lambda: now[0])
+    try:
+        assert c.check().ok
+        for _ in range(5):
+            d = _s(c.collect(time.time()))
+            now[0] += 1.0
+        assert d[("triscope_pcie_link_width", (("device", "0000:3c:00.0"), ("kind", "max")))] == 16
+        assert asked == {"max": 2, "cur": 10}          # two GPUs: maxima once each, current every tick
+        now[0] += nvml_mod.STATIC_EVERY
+        list(c.collect(time.time()))
+        assert asked["max"] == 4
+    finally:
+        c.close()
