@@ -23,7 +23,9 @@ For each (accelerator, workload) whose accelerator's PCI address is known:
   accelerator's own node (``None`` when its node is unknown: ``numa_node`` -1).
 
 The accelerator's local CPUs and node come from ``/sys/bus/pci/devices/BUS/{local_cpulist,numa_node}``
-(read once per bus).  On a one-socket machine every CPU is local: ``cpu_local`` reads 1.
+(read once per bus).  Where they are every CPU the host has online (``/sys/devices/system/cpu/online``:
+a one-socket machine, as the H200 machine is) nothing is read for the CPU side: ``cpu_local`` and
+``allowed_local`` are 1 by definition.
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ class WorkloadPlacement:
         self._threads: dict[int, dict[int, tuple[int, int]]] = {}   # pid -> tid -> (ticks at its last read, over it)
         self._at: dict[int, float] = {}                    # pid -> when its stat was last read
         self._placed: dict[Hashable, Placed] = {}
+        self._online: frozenset[int] | None = None
         self.threads_read = 0
 
     def due(self) -> bool:
@@ -99,6 +102,16 @@ class WorkloadPlacement:
             node, cpus = device_locality(os.path.join(self.sys, "bus/pci/devices", bus))
             got = self._local[bus] = Locality(frozenset(parse_cpulist(cpus)), node)
         return got
+
+    def online(self) -> frozenset[int]:
+        """The host's online CPUs (read once; empty when unreadable)."""
+        if self._online is None:
+            try:
+                with open(os.path.join(self.sys, "devices/system/cpu/online")) as f:
+                    self._online = frozenset(parse_cpulist(f.read().strip()))
+            except (OSError, ValueError):
+                self._online = frozenset()
+        return self._online
 
     def read(self, groups: Mapping[Hashable, tuple[str, Sequence[int]]]) -> None:
         now = self.clock()
@@ -117,7 +130,10 @@ class WorkloadPlacement:
             loc = self.locality(bus)
             old = self._placed.get(key)
             p = placed[key] = Placed(None, old.mem_local if old is not None and not mem else None)
-            if loc.cpus:
+            online = self.online()
+            if loc.cpus and online and online <= loc.cpus:
+                p.cpu_local = p.allowed_local = 1.0     # every CPU is local: nothing to read
+            elif loc.cpus:
                 self._place_cpu(p, old, loc.cpus, pids, cpu_of, alive)
             if mem and loc.node is not None:
                 p.mem_local = self._mem_local(loc.node, pids, pages_of)

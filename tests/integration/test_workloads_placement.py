@@ -202,3 +202,26 @@ def test_root_cause_has_a_numa_locality_figure_for_a_working_feeder_only() -> No
     assert [f.name for f in got] == ["cpu_remote"] and got[0].value == pytest.approx(0.9)
     assert "runs 90% of its CPU time off its accelerator's NUMA node" in got[0].detail
     assert not figs(0.05).get("numa_locality")        # an idle workload's placement is no feeder's
+
+
+def test_where_every_cpu_is_local_nothing_is_read(tmp_path: Path) -> None:
+    """A one-socket host (the H200 machine: local_cpulist is every online CPU): the CPU side is 1 by
+    definition and no process's stat or threads are read for it."""
+    root = Path(sysfs(tmp_path, "0-15"))
+    (root / "devices/system/cpu").mkdir(parents=True)
+    (root / "devices/system/cpu/online").write_text("0-15\n")
+    proc = tmp_path / "proc"
+    _proc_tree(proc, {100: (1000, 3), 101: (500, 7)}, "")
+    now = [0.0]
+    pl = WorkloadPlacement(str(proc), str(root), min_cpu_s=0.0, clock=lambda: now[0])
+    pl.read({"gpu0": (BUS, [100])})
+    now[0] = 10.0
+    pl.read({"gpu0": (BUS, [100])})
+    got = pl.get("gpu0")
+    assert got is not None and got.cpu_local == 1.0 and got.allowed_local == 1.0
+    assert pl.threads_read == 0 and not pl._ticks
+    # one CPU more online than the accelerator's list: read as before
+    (root / "devices/system/cpu/online").write_text("0-16\n")
+    pl2 = WorkloadPlacement(str(proc), str(root), min_cpu_s=0.0, clock=lambda: now[0])
+    pl2.read({"gpu0": (BUS, [100])})
+    assert pl2._ticks
