@@ -28,6 +28,7 @@ import contextlib
 import os
 import socket
 import struct
+from collections.abc import Mapping
 
 NETLINK_SOCK_DIAG = 4
 SOCK_DIAG_BY_FAMILY = 20
@@ -40,7 +41,10 @@ INET_DIAG_INFO = 2
 _NLMSG = struct.Struct("=IHHII")            # len, type, flags, seq, pid
 _REQ = struct.Struct("=BBBxI48x")            # family, protocol, ext, pad, states, inet_diag_sockid (zeros)
 _REQ_COMPAT = struct.Struct("=BBBB48xII")    # inet_diag_req: family, src_len, dst_len, ext, sockid, states, dbs
-_MSG_INODE = 4 + 48 + 16                     # inet_diag_msg: family..retrans, id, expires, rqueue, wqueue, uid
+_SOCKID = 48                                 # struct inet_diag_sockid: ports, addresses, interface, cookie
+_MSG_INODE = 4 + _SOCKID + 16                # inet_diag_msg: family..retrans, id, expires, rqueue, wqueue, uid
+_REQ_EXACT = struct.Struct("=BBBxI")         # family, protocol, ext, pad, states; the sockid follows
+LOOKUP_BATCH = 64                            # exact requests sent before their answers are read
 _RTA = struct.Struct("=HH")
 TOTAL_RETRANS_AT = 100
 SEGS_OUT_AT = 136
@@ -71,9 +75,40 @@ Counters = tuple[int, int, int, int]
 """(total_retrans, segs_out, rcv_ooopack, data_segs_in) of one socket (the last two 0 before 5.4)."""
 
 
-def parse_dump(data: bytes, out: dict[int, Counters]) -> bool:
-    """Parse one buffer of a sock_diag answer into ``out`` (inode -> ``Counters``);
-    True once the dump's end (``NLMSG_DONE``) is in it.  Raises ``SockDiagError`` on an error answer."""
+SockKey = tuple[int, bytes]     # (address family, the socket's inet_diag_sockid as the kernel gave it)
+
+
+def _message(data: bytes, off: int, length: int) -> tuple[int, SockKey, Counters | None]:
+    """One ``inet_diag_msg`` at ``off``: (inode, its exact-lookup key, its counters or None)."""
+    body = off + _NLMSG.size
+    (inode,) = struct.unpack_from("=I", data, body + _MSG_INODE)
+    key = (data[body], bytes(data[body + 4:body + 4 + _SOCKID]))
+    a = body + _MSG_INODE + 4
+    end = off + length
+    while inode and a + _RTA.size <= end:
+        alen, atype = _RTA.unpack_from(data, a)
+        if alen < _RTA.size:
+            break
+        if atype == INET_DIAG_INFO:
+            info = a + _RTA.size
+            size = alen - _RTA.size
+            if size < SEGS_OUT_AT + 4:
+                break
+            (retrans,) = struct.unpack_from("=I", data, info + TOTAL_RETRANS_AT)
+            (segs,) = struct.unpack_from("=I", data, info + SEGS_OUT_AT)
+            ooo = data_in = 0
+            if size >= RCV_OOOPACK_AT + 4:
+                (data_in,) = struct.unpack_from("=I", data, info + DATA_SEGS_IN_AT)
+                (ooo,) = struct.unpack_from("=I", data, info + RCV_OOOPACK_AT)
+            return inode, key, (retrans, segs, ooo, data_in)
+        a += (alen + 3) & ~3
+    return inode, key, None
+
+
+def parse_dump(data: bytes, out: dict[int, Counters], keys: dict[int, SockKey] | None = None) -> bool:
+    """Parse one buffer of a sock_diag answer into ``out`` (inode -> ``Counters``) and, when given,
+    ``keys`` (inode -> the key ``tcp_lookup`` asks for it by); True once the dump's end
+    (``NLMSG_DONE``) is in it.  Raises ``SockDiagError`` on an error answer."""
     off, n = 0, len(data)
     while off + _NLMSG.size <= n:
         length, mtype, _flags, _seq, _pid = _NLMSG.unpack_from(data, off)
@@ -86,62 +121,87 @@ def parse_dump(data: bytes, out: dict[int, Counters]) -> bool:
             if err:
                 raise SockDiagError(-err, os.strerror(-err))
             return True
-        body = off + _NLMSG.size
         if mtype in (SOCK_DIAG_BY_FAMILY, TCPDIAG_GETSOCK) and length >= _NLMSG.size + _MSG_INODE + 4:
-            (inode,) = struct.unpack_from("=I", data, body + _MSG_INODE)
-            a = body + _MSG_INODE + 4
-            end = off + length
-            while inode and a + _RTA.size <= end:
-                alen, atype = _RTA.unpack_from(data, a)
-                if alen < _RTA.size:
-                    break
-                if atype == INET_DIAG_INFO:
-                    info = a + _RTA.size
-                    size = alen - _RTA.size
-                    if size >= SEGS_OUT_AT + 4:
-                        (retrans,) = struct.unpack_from("=I", data, info + TOTAL_RETRANS_AT)
-                        (segs,) = struct.unpack_from("=I", data, info + SEGS_OUT_AT)
-                        ooo = data_in = 0
-                        if size >= RCV_OOOPACK_AT + 4:
-                            (data_in,) = struct.unpack_from("=I", data, info + DATA_SEGS_IN_AT)
-                            (ooo,) = struct.unpack_from("=I", data, info + RCV_OOOPACK_AT)
-                        out[inode] = (retrans, segs, ooo, data_in)
-                    break
-                a += (alen + 3) & ~3
+            inode, key, c = _message(data, off, length)
+            if inode and c is not None:
+                out[inode] = c
+                if keys is not None:
+                    keys[inode] = key
         off += (length + 3) & ~3
     return False
 
 
-def _dump(s: socket.socket, request: bytes, out: dict[int, Counters]) -> None:
+def _dump(s: socket.socket, request: bytes, out: dict[int, Counters], keys: dict[int, SockKey] | None) -> None:
     s.send(request)
     got = 0
     while True:
         data = s.recv(1 << 16)
         got += len(data)
-        if not data or parse_dump(data, out) or got > MAX_ANSWER:
+        if not data or parse_dump(data, out, keys) or got > MAX_ANSWER:
             break
 
 
-def tcp_counters(families: tuple[int, ...] = (socket.AF_INET, socket.AF_INET6)) -> dict[int, Counters]:
-    """Every TCP socket of this network namespace with an inode: inode -> ``Counters``.
-
-    Both families in one dump (``TCPDIAG_GETSOCK``) where the kernel answers it; one dump per family
-    (``SOCK_DIAG_BY_FAMILY``) where it refuses that request, or when ``families`` is not both."""
-    out: dict[int, Counters] = {}
+def _netlink() -> socket.socket:
     try:
         s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_SOCK_DIAG)
     except OSError as e:
         raise SockDiagError(e.errno or 0, f"no sock_diag netlink socket: {e.strerror or e}") from None
-    with contextlib.closing(s):
-        s.settimeout(2.0)
+    s.settimeout(2.0)
+    return s
+
+
+def tcp_counters(families: tuple[int, ...] = (socket.AF_INET, socket.AF_INET6),
+                 keys: dict[int, SockKey] | None = None) -> dict[int, Counters]:
+    """Every TCP socket of this network namespace with an inode: inode -> ``Counters`` (and, into
+    ``keys``, what ``tcp_lookup`` asks for each by).
+
+    Both families in one dump (``TCPDIAG_GETSOCK``) where the kernel answers it; one dump per family
+    (``SOCK_DIAG_BY_FAMILY``) where it refuses that request, or when ``families`` is not both."""
+    out: dict[int, Counters] = {}
+    with contextlib.closing(_netlink()) as s:
         if set(families) == {socket.AF_INET, socket.AF_INET6}:
             try:
-                _dump(s, _request_both(1), out)
+                _dump(s, _request_both(1), out, keys)
                 return out
             except SockDiagError:
                 out.clear()         # a kernel without the old request: one dump per family below
+                if keys is not None:
+                    keys.clear()
         for seq, fam in enumerate(families, 2):
-            _dump(s, _request(fam, seq), out)
+            _dump(s, _request(fam, seq), out, keys)
+    return out
+
+
+def tcp_lookup(keys: Mapping[int, SockKey]) -> dict[int, Counters]:
+    """The counters of the sockets named by ``keys`` (inode -> key from ``tcp_counters``), each asked
+    for on its own (sock_diag's exact request: a hash lookup by its addresses and ports, checked
+    against its cookie), so the cost is the sockets asked for, not the size of the host's tables.
+    A socket that closed (or whose addresses a new one reuses) is not in the answer."""
+    out: dict[int, Counters] = {}
+    items = list(keys.items())
+    ext = 1 << (INET_DIAG_INFO - 1)
+    with contextlib.closing(_netlink()) as s:
+        for start in range(0, len(items), LOOKUP_BATCH):
+            batch = items[start:start + LOOKUP_BATCH]
+            for seq, (_ino, (family, sockid)) in enumerate(batch, start + 1):
+                body = _REQ_EXACT.pack(family, socket.IPPROTO_TCP, ext, 0xFFFFFFFF) + sockid
+                s.send(_NLMSG.pack(_NLMSG.size + len(body), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, seq, 0) + body)
+            answered = 0
+            while answered < len(batch):
+                data = s.recv(1 << 16)
+                if not data:
+                    break
+                off = 0
+                while off + _NLMSG.size <= len(data):
+                    length, mtype, _flags, _seq, _pid = _NLMSG.unpack_from(data, off)
+                    if length < _NLMSG.size or off + length > len(data):
+                        break
+                    answered += 1            # an answer or an error (ENOENT, ESTALE: closed or reused)
+                    if mtype == SOCK_DIAG_BY_FAMILY and length >= _NLMSG.size + _MSG_INODE + 4:
+                        inode, _key, c = _message(data, off, length)
+                        if inode and c is not None:
+                            out[inode] = c
+                    off += (length + 3) & ~3
     return out
 
 

@@ -376,3 +376,51 @@ def test_loss_on_the_way_in_shows_as_out_of_order_arrivals() -> None:
         subprocess.run(["nft", "delete", "table", "inet", table], check=False, capture_output=True)
         p.kill()
         p.wait()
+
+
+def test_known_sockets_are_asked_for_alone_and_the_table_only_for_new_ones() -> None:
+    """After the first read (the whole table: a new process) each known socket is asked for by its
+    key; a new socket of a known process waits for the next whole-table read (full_every), then
+    counts whole; a closed one is no longer asked for."""
+    lst = socket.socket()
+    lst.bind(("127.0.0.1", 0))
+    lst.listen()
+    c1 = socket.create_connection(lst.getsockname())
+    a1, _ = lst.accept()
+    now = [0.0]
+    tcp = WorkloadTcp(every=0.0, fds_every=0.0, full_every=30.0, clock=lambda: now[0])
+    me = {"me": [os.getpid()]}
+    try:
+        tcp.read(me)
+        assert tcp.full_reads == 1
+        before = tcp.counters("me")
+        assert before is not None
+        c1.sendall(b"x" * 4096)
+        a1.recv(8192)
+        now[0] += 5.0
+        tcp.read(me)
+        after = tcp.counters("me")
+        assert tcp.full_reads == 1 and after is not None and after[1] > before[1]     # asked alone
+        c2 = socket.create_connection(lst.getsockname())
+        a2, _ = lst.accept()
+        c2_ino = os.fstat(c2.fileno()).st_ino
+        now[0] += 5.0
+        tcp.read(me)
+        assert tcp.full_reads == 1 and c2_ino not in tcp._keys                  # waits for the next table
+        now[0] += 30.0
+        seen = tcp.counters("me")
+        tcp.read(me)
+        got = tcp.counters("me")
+        assert tcp.full_reads == 2 and c2_ino in tcp._keys
+        assert got is not None and seen is not None and got[1] > seen[1]          # its handshake counted
+        c1_ino = os.fstat(c1.fileno()).st_ino
+        c1.close()
+        now[0] += 5.0
+        tcp.read(me)
+        assert c1_ino not in tcp._keys and tcp.full_reads == 2
+    finally:
+        for s in (lst, c1, a1):
+            s.close()
+        with contextlib.suppress(NameError):
+            c2.close()
+            a2.close()
