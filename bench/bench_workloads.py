@@ -30,6 +30,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from bench.common import Row
 
@@ -358,6 +359,45 @@ def _numa_maps_cost(pids: list[int]) -> float:
     return time.thread_time() - t0
 
 
+def _tcp_read_cost(reps: int) -> dict[str, float]:
+    """Thread CPU of one per-workload TCP read, three ways, over 32 loopback connections of this
+    process (64 sockets) and whatever else the host holds: a workload's 16 sockets asked for alone
+    (``tcp_lookup``, what the worker does), one dump of the whole table for both families
+    (``TCPDIAG_GETSOCK``), and one dump per family (the agent before)."""
+    import socket
+
+    from triscope.agent.collectors.sockdiag import SockKey, tcp_counters, tcp_lookup
+
+    lst = socket.socket()
+    lst.bind(("127.0.0.1", 0))
+    lst.listen(64)
+    socks: list[socket.socket] = [lst]
+    for _ in range(32):
+        c = socket.create_connection(lst.getsockname())
+        a, _ = lst.accept()
+        socks += [c, a]
+    try:
+        keys: dict[int, SockKey] = {}
+        table = tcp_counters(keys=keys)
+        mine = {os.fstat(s.fileno()).st_ino for s in socks[1:17]}
+        want = {i: keys[i] for i in mine if i in keys}
+
+        def median(fn: Any) -> float:
+            out = []
+            for _ in range(reps):
+                t0 = time.thread_time()
+                fn()
+                out.append(time.thread_time() - t0)
+            return statistics.median(out)
+
+        return {"lookup": median(lambda: tcp_lookup(want)), "both": median(tcp_counters),
+                "apart": median(lambda: (tcp_counters((socket.AF_INET,)), tcp_counters((socket.AF_INET6,)))),
+                "asked": len(want), "table": len(table)}
+    finally:
+        for s in socks:
+            s.close()
+
+
 def run(quick: bool = False) -> list[Row]:
     if not sys.platform.startswith("linux"):
         return [Row("workloads", "needs Linux procfs", float("nan"), "", ok=False)]
@@ -368,6 +408,7 @@ def run(quick: bool = False) -> list[Row]:
         farm = Farm(tmp)
         try:
             load = os.getloadavg()[0]
+            tcp = _tcp_read_cost(20 if quick else 50)
             cost = tick_cost(farm, n_ticks, quiet_every=5)
             placed = tick_cost(farm, n_ticks, quiet_every=5, sys_root=_gpu_tree(tmp))
             maps_s = _numa_maps_cost(farm.pids)
@@ -422,6 +463,12 @@ def run(quick: bool = False) -> list[Row]:
             round(alone["worker"] * ms, 3), whole["worker"] <= 0.002),
         Row("workloads process set", "every process read every tick (quiet_every=1)", round(whole_all["median"] * ms, 3),
             "ms", "", "quiet ones in rotation (the default)", round(whole["median"] * ms, 3)),
+        Row("workloads tcp", f"per-workload TCP read, thread CPU, median: a workload's {tcp['asked']:.0f} sockets "
+            f"asked for alone (sock_diag exact requests; {tcp['table']:.0f} TCP sockets on the host)",
+            round(tcp["lookup"] * ms, 3), "ms", "", "the whole table, one dump for both families (read every 5 s before)",
+            round(tcp["both"] * ms, 3)),
+        Row("workloads tcp", "the whole table, one dump for both families (TCPDIAG_GETSOCK), thread CPU, median",
+            round(tcp["both"] * ms, 3), "ms", "", "one dump per family (the agent before)", round(tcp["apart"] * ms, 3)),
         Row("workloads footprint", f"agent steady RSS, workloads on ({on_note}; max over {window:.0f} s)",
             round(rss_on, 1), "MB", "<= 60", "--no-workloads, same agent", round(rss_off, 1), rss_on <= 60),
     ]
