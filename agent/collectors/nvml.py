@@ -41,6 +41,9 @@ log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
 STATIC_EVERY = 60.0   # seconds between reads of what a GPU cannot change while up (its link's maxima)
+LINK_EVERY = 5.0      # the negotiated link and the replay counter: each a driver round trip (0.1-0.3 ms on
+                      # the H100 machine, py-spy in h200-lab-3), rarely changing: the last value in between
+XID_WAIT_MS = 2000    # the XID thread's wait per call (each return cost ~0.1 ms there: 0.5 s waits, 0.22 ms/s)
 
 # PCIe transfer rate per lane in GT/s by generation, and the line-code efficiency.
 PCIE_GEN_GTS = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
@@ -385,7 +388,7 @@ class NvmlCollector(BaseCollector):
     def close(self) -> None:
         self._stop.set()
         for t in self._threads:
-            t.join(timeout=2.0)
+            t.join(timeout=XID_WAIT_MS / 1000 + 1.0)
         self._threads.clear()
         if self._initialised:
             nv = self._nv
@@ -449,12 +452,14 @@ class NvmlCollector(BaseCollector):
                 log.debug("GPU %s: %s failed (%s)", g.label, key, e)
             return None
 
-    def _q_static(self, g: _Gpu, key: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """``_q`` for what the GPU cannot change while it is up (its link's maximum generation and
-        width): asked again every ``STATIC_EVERY`` seconds, not every tick."""
+    def _q_every(self, g: _Gpu, key: str, every: float, fn: Callable[..., Any], *args: Any) -> Any:
+        """``_q`` asked again only every ``every`` seconds, the last answer in between: for what the
+        GPU cannot change while it is up (its link's maxima, ``STATIC_EVERY``) and what changes
+        rarely and is read for its level, not its moment (the negotiated link, the replay counter:
+        ``LINK_EVERY``)."""
         now = self.clock()
         got = g.static.get(key)
-        if got is None or now - got[1] >= STATIC_EVERY:
+        if got is None or now - got[1] >= every:
             got = (self._q(g, key, fn, *args), now)
             g.static[key] = got
         return got[0]
@@ -474,7 +479,7 @@ class NvmlCollector(BaseCollector):
         if mem is not None:
             add(Sample("triscope_gpu_memory_used_bytes", float(mem.used), lab))
             add(Sample("triscope_gpu_memory_total_bytes", float(mem.total), lab))
-        replays = self._q(g, "replay", nv.nvmlDeviceGetPcieReplayCounter)
+        replays = self._q_every(g, "replay", LINK_EVERY, nv.nvmlDeviceGetPcieReplayCounter)
         if replays is not None:
             add(Sample("triscope_gpu_pcie_replays_total", float(replays), lab, "counter"))
         power = self._q(g, "power", nv.nvmlDeviceGetPowerUsage)
@@ -518,10 +523,10 @@ class NvmlCollector(BaseCollector):
     def _read_link(self, g: _Gpu, busy: bool) -> list[Sample]:
         """The GPU's PCIe link: speed and width (current and max), degraded or not, its capacity."""
         nv = self._nv
-        cg = self._q(g, "curgen", nv.nvmlDeviceGetCurrPcieLinkGeneration)
-        mg = self._q_static(g, "maxgen", nv.nvmlDeviceGetMaxPcieLinkGeneration)
-        cw = self._q(g, "curwidth", nv.nvmlDeviceGetCurrPcieLinkWidth)
-        mw = self._q_static(g, "maxwidth", nv.nvmlDeviceGetMaxPcieLinkWidth)
+        cg = self._q_every(g, "curgen", LINK_EVERY, nv.nvmlDeviceGetCurrPcieLinkGeneration)
+        mg = self._q_every(g, "maxgen", STATIC_EVERY, nv.nvmlDeviceGetMaxPcieLinkGeneration)
+        cw = self._q_every(g, "curwidth", LINK_EVERY, nv.nvmlDeviceGetCurrPcieLinkWidth)
+        mw = self._q_every(g, "maxwidth", STATIC_EVERY, nv.nvmlDeviceGetMaxPcieLinkWidth)
         dev = {"device": g.bus_id}
         out: list[Sample] = []
         if cg is not None:
@@ -643,7 +648,7 @@ class NvmlCollector(BaseCollector):
         try:
             while not self._stop.is_set():
                 try:
-                    data = nv.nvmlEventSetWait_v2(es, 500)
+                    data = nv.nvmlEventSetWait_v2(es, XID_WAIT_MS)
                 except nv.NVMLError as e:
                     if _code(e) == 10:  # timeout
                         continue

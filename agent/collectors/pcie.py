@@ -21,7 +21,8 @@ Note: many GPUs drop the link to 2.5 GT/s when idle to save power and retrain un
 
 Cost: each of these files is a read of the device's PCIe capability in config space, which a
 virtual machine traps (the H200 machine: ~0.47 ms a tick for its one GPU's four files).  The
-negotiated speed and width are read every tick; the maxima are the device's (and its slot's)
+negotiated speed and width are read every ``LINK_EVERY`` seconds (5; the last reading in between:
+a link that trains down shows within that); the maxima are the device's (and its slot's)
 capabilities, fixed while it is plugged in, and are read when a device appears and again every
 ``CAPS_EVERY`` seconds.  A device's class and place in the tree are read once, and the class filter
 is applied before any link file is read; a device without link files (plain PCI, virtio) is
@@ -41,6 +42,7 @@ from triscope.core.pcie import link_capacity_bytes_per_second
 from triscope.core.samples import Sample
 
 CAPS_EVERY = 60.0      # seconds between reads of what does not change while a device is plugged in
+LINK_EVERY = 5.0       # seconds between reads of the negotiated link (the last one in between)
 BDF_RE = re.compile(r"^[0-9a-fA-F]{4,}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 SPEED_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*GT/s")
 
@@ -127,6 +129,8 @@ class PcieLinkCollector(BaseCollector):
         self._static: dict[str, tuple[str, str | None]] = {}
         # BDF -> (max speed, max width, when read); max speed NaN: the device has no link files
         self._caps: dict[str, tuple[float | None, int | None, float]] = {}
+        self._links: list[LinkState] | None = None     # the last reading, reused until LINK_EVERY has passed
+        self._links_at = -1e18
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -205,7 +209,10 @@ class PcieLinkCollector(BaseCollector):
         return Availability(True, f"ok ({len(links)} PCIe links)")
 
     def collect(self, now: float) -> Iterator[Sample]:
-        links = self.read_links()
+        t = self.clock()
+        if self._links is None or t - self._links_at >= LINK_EVERY:
+            self._links, self._links_at = self.read_links(), t
+        links = self._links
         by_name = {link.device: link for link in links}
         for link in links:
             labels_cur = {"device": link.device, "kind": "current"}

@@ -117,8 +117,8 @@ def test_real_sys(tmp_path) -> None:
 
 
 def test_maxima_are_read_again_only_every_caps_every_seconds(tmp_path) -> None:
-    """The negotiated link is read every tick; the maxima (config-space reads a VM traps) are kept
-    until CAPS_EVERY has passed."""
+    """The negotiated link is read every LINK_EVERY seconds (the last reading in between); the maxima
+    (config-space reads a VM traps) are kept until CAPS_EVERY has passed."""
     import shutil
 
     from triscope.agent.collectors import pcie
@@ -129,12 +129,17 @@ def test_maxima_are_read_again_only_every_caps_every_seconds(tmp_path) -> None:
     c = PcieLinkCollector(sys=str(tmp_path / "sys"), classes=["gpu"], clock=lambda: now[0])
     first = table(c.collect(now[0]))
     assert first[("triscope_pcie_link_width", "0000:9a:00.0", "max")] == 16
+    cur = first[("triscope_pcie_link_width", "0000:9a:00.0", "current")]
     (dev / "max_link_width").write_text("8\n")
     (dev / "current_link_width").write_text("4\n")
     now[0] += 1.0
+    held = table(c.collect(now[0]))
+    assert held[("triscope_pcie_link_width", "0000:9a:00.0", "current")] == cur     # the last reading
+    now[0] += pcie.LINK_EVERY
     second = table(c.collect(now[0]))
-    assert second[("triscope_pcie_link_width", "0000:9a:00.0", "current")] == 4      # read every tick
+    assert second[("triscope_pcie_link_width", "0000:9a:00.0", "current")] == 4      # read again
     assert second[("triscope_pcie_link_width", "0000:9a:00.0", "max")] == 16         # kept
+    assert second[("triscope_pcie_link_degraded", "0000:9a:00.0", "")] == 1
     now[0] += pcie.CAPS_EVERY
     third = table(c.collect(now[0]))
     assert third[("triscope_pcie_link_width", "0000:9a:00.0", "max")] == 8           # read again
