@@ -76,6 +76,13 @@ RECORDINGS: tuple[Recording, ...] = (
               "h200-lab-1's fixes, before this run)", "held_out",
               "the held-out score of those fixes: other loaders (8 workers on two cores), another loss (4 % on a "
               "download), another limit (0.3 CPU), 1 % load; 40 s a class, so 2 windows each", LAB_TRACES),
+    Recording("h200-lab-3", "2026-12-05, the device's H100 (80 GB HBM3; nvidia-h200 lent none), examples/hostlab/"
+              "h200.py --only workers_on_one_core_4,own_loss_8pct,foreign_loss_10pct (the third set, written "
+              "before any of its runs)", "held_out",
+              "other models, loaders and loss rates again (resnet101 the healthy heavy instance; regnet_y_800mf "
+              "with 4 workers on one core; squeezenet1_1 downloading 250 kB at 3/s over 8 % loss; a non-GPU "
+              "stream losing 10 %); 60 s a class, 4 windows each; the device time left allowed 3 of its 9 "
+              "classes", LAB_TRACES),
 )
 """Every recording so far came before the whole-process-set, CFS-throttling and per-workload
 network evidence: none of them holds those series, so on them the verdict runs its older paths (a

@@ -82,6 +82,13 @@ def test_every_recording_replayed_through_today_s_classifier(today: list[dict[st
     assert h200["own_loss_4pct_download"]["states"] == {"network-bound": 2}
     for name in ("workers_on_two_cores", "own_loss_4pct_download", "pod_cpu_limit_0_3"):
         assert set(h200[name]["io_named"]) == {"cmd:lab-b"}, name
+    # the third set on the device's GPU: other loaders and loss rates, and a foreign lossy stream
+    third = next(r for r in today if r["node"] == "h200-lab-3")["classes"]
+    assert third["workers_on_one_core_4"]["states"] == {"staging-bound": 4}
+    assert third["own_loss_8pct"]["states"] == {"network-bound": 4}
+    for name in ("workers_on_one_core_4", "own_loss_8pct"):
+        assert set(third[name]["io_named"]) == {"cmd:lab-b"}, name
+    assert not {"network-bound", "staging-bound", "io-saturated"} & set(third["foreign_loss_10pct"]["states"])
     # the faults the per-workload evidence decides, on the recordings that have it
     for r in today:
         if r["node"] in FULL:
