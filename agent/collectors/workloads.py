@@ -193,6 +193,7 @@ class WorkloadsCollector(BaseCollector):
         self._info: dict[int, ProcessInfo | None] = {}
         self._known = _Known(proc)
         self._hidden_said = False
+        self._hidden_lists = 0      # process lists in a row in which no listed process was in our /proc
         self._owner_cache: dict[str, str | None] = {}
         self._source_down: dict[str, str] = {}
         self._next_procs = 0.0
@@ -360,7 +361,11 @@ class WorkloadsCollector(BaseCollector):
         self._info = self._known.get({r.pid for r in rows})
         self._members = self._process_sets()
         hidden = sum(1 for i in self._info.values() if i is None)
-        if rows and hidden == len(self._info) and not self._hidden_said:
+        # none of them in our /proc: either the PIDs are another namespace's, or they all just exited
+        # (the driver lists a process for a moment after it died: services restarted at once, as the
+        # H200 lab's are between scenarios); only a second list in a row says which
+        self._hidden_lists = self._hidden_lists + 1 if rows and hidden == len(self._info) else 0
+        if self._hidden_lists >= 2 and not self._hidden_said:
             self._hidden_said = True   # said once: the PIDs are the root namespace's, not ours
             log.warning("workloads: none of the %d processes on the accelerators is in %s (a PID namespace of "
                         "its own? the agent needs hostPID): no per-process CPU evidence, pods from "

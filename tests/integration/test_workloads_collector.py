@@ -441,3 +441,23 @@ def test_a_cgroup_two_workloads_share_gives_neither_its_pressure(monkeypatch: py
         stop(a, own)
         b.kill()
         b.wait()
+
+
+def test_processes_that_just_exited_are_not_called_another_pid_namespace(caplog: pytest.LogCaptureFixture) -> None:
+    """The driver lists a process for a moment after it died: one list in which no listed process is
+    in /proc says nothing; a second in a row says the agent needs hostPID (once)."""
+    import logging
+
+    gone = AcceleratorProcess(gpu_labels(0), "GPU-x", 4_194_000, "0")      # above any PID in use here
+    assert not os.path.exists(f"/proc/{gone.pid}")
+    c = WorkloadsCollector([ListedProcessSource([gone])], background=False,
+                           pod_resources_socket="/nonexistent/kubelet.sock")
+    try:
+        with caplog.at_level(logging.WARNING, logger="triscope.agent.collectors.workloads"):
+            c.refresh(force=True)
+            assert "hostPID" not in caplog.text
+            c.refresh(force=True)
+            c.refresh(force=True)
+        assert caplog.text.count("hostPID") == 1
+    finally:
+        c.close()
