@@ -44,7 +44,9 @@ _REQ_COMPAT = struct.Struct("=BBBB48xII")    # inet_diag_req: family, src_len, d
 _SOCKID = 48                                 # struct inet_diag_sockid: ports, addresses, interface, cookie
 _MSG_INODE = 4 + _SOCKID + 16                # inet_diag_msg: family..retrans, id, expires, rqueue, wqueue, uid
 _REQ_EXACT = struct.Struct("=BBBxI")         # family, protocol, ext, pad, states; the sockid follows
-LOOKUP_BATCH = 64                            # exact requests sent before their answers are read
+LOOKUP_BATCH = 32                            # exact requests sent before their answers are read (~1.3 KB each)
+LOOKUP_RCVBUF = 1 << 20                      # asked for on the lookup socket (the kernel caps it at rmem_max)
+TCP_LISTEN = 10
 _RTA = struct.Struct("=HH")
 TOTAL_RETRANS_AT = 100
 SEGS_OUT_AT = 136
@@ -78,11 +80,13 @@ Counters = tuple[int, int, int, int]
 SockKey = tuple[int, bytes]     # (address family, the socket's inet_diag_sockid as the kernel gave it)
 
 
-def _message(data: bytes, off: int, length: int) -> tuple[int, SockKey, Counters | None]:
-    """One ``inet_diag_msg`` at ``off``: (inode, its exact-lookup key, its counters or None)."""
+def _message(data: bytes, off: int, length: int) -> tuple[int, SockKey | None, Counters | None]:
+    """One ``inet_diag_msg`` at ``off``: (inode, its exact-lookup key, its counters or None).  A
+    listener gets no key: under ``SO_REUSEPORT`` the lookup by its addresses finds a sibling of its
+    group and the cookie check refuses it, and a listener sends no data to lose."""
     body = off + _NLMSG.size
     (inode,) = struct.unpack_from("=I", data, body + _MSG_INODE)
-    key = (data[body], bytes(data[body + 4:body + 4 + _SOCKID]))
+    key = None if data[body + 1] == TCP_LISTEN else (data[body], bytes(data[body + 4:body + 4 + _SOCKID]))
     a = body + _MSG_INODE + 4
     end = off + length
     while inode and a + _RTA.size <= end:
@@ -115,6 +119,11 @@ def parse_dump(data: bytes, out: dict[int, Counters], keys: dict[int, SockKey] |
         if length < _NLMSG.size or off + length > n:
             return True         # malformed: stop here rather than loop
         if mtype == NLMSG_DONE:
+            # a dump that failed says so here (a negative errno after the header), not in NLMSG_ERROR
+            if length >= _NLMSG.size + 4:
+                (err,) = struct.unpack_from("=i", data, off + _NLMSG.size)
+                if err < 0:
+                    raise SockDiagError(-err, os.strerror(-err))
             return True
         if mtype == NLMSG_ERROR:
             (err,) = struct.unpack_from("=i", data, off + _NLMSG.size)
@@ -125,7 +134,7 @@ def parse_dump(data: bytes, out: dict[int, Counters], keys: dict[int, SockKey] |
             inode, key, c = _message(data, off, length)
             if inode and c is not None:
                 out[inode] = c
-                if keys is not None:
+                if keys is not None and key is not None:
                     keys[inode] = key
         off += (length + 3) & ~3
     return False
@@ -176,11 +185,14 @@ def tcp_lookup(keys: Mapping[int, SockKey]) -> dict[int, Counters]:
     """The counters of the sockets named by ``keys`` (inode -> key from ``tcp_counters``), each asked
     for on its own (sock_diag's exact request: a hash lookup by its addresses and ports, checked
     against its cookie), so the cost is the sockets asked for, not the size of the host's tables.
-    A socket that closed (or whose addresses a new one reuses) is not in the answer."""
+    A socket that closed (or whose addresses a new one reuses) is not in the answer.  Raises
+    ``OSError`` when the answers cannot be read (a receive buffer too small: ``ENOBUFS``)."""
     out: dict[int, Counters] = {}
     items = list(keys.items())
     ext = 1 << (INET_DIAG_INFO - 1)
     with contextlib.closing(_netlink()) as s:
+        with contextlib.suppress(OSError):
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, LOOKUP_RCVBUF)
         for start in range(0, len(items), LOOKUP_BATCH):
             batch = items[start:start + LOOKUP_BATCH]
             for seq, (_ino, (family, sockid)) in enumerate(batch, start + 1):

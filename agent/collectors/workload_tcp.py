@@ -10,10 +10,11 @@ rate.  So the loss is read per workload, two ways by where its processes run:
   ``tcp_info`` counters of the sockets each process holds (``/proc/PID/fd``), from sock_diag.  The
   whole table (``sockdiag.tcp_counters``: one netlink dump for both address families, whose cost
   hardly depends on the socket count: the kernel walks every bucket of its established hash, ~1 ms
-  with 24 GiB of memory and more with more) is read only when a workload holds a socket not known
-  yet: a new process's at once, a known process's new one within ``full_every`` seconds (30).
-  Otherwise each known socket is asked for alone (``sockdiag.tcp_lookup``: a hash lookup by its
-  addresses, checked against its cookie; 0.07 ms for six here).  A socket's counters are summed as
+  with 24 GiB of memory and more with more) is read only when a process is new or holds a socket
+  no read has seen yet (a socket that turns out not to be TCP, or a listener, is remembered as such:
+  it asks for the table once).  Otherwise each known TCP socket is asked for alone
+  (``sockdiag.tcp_lookup``: a hash lookup by its addresses, checked against its cookie; 0.07 ms for
+  six here), and the table is read instead when those answers cannot be.  A socket's counters are summed as
   deltas between reads: one first seen in a process already read counts whole (it was opened since),
   one of a process read for the first time is a baseline.  A socket that opens and closes between
   two reads is not seen.
@@ -58,7 +59,7 @@ class _Proc:
 class WorkloadTcp:
     """Per-workload TCP counters.  ``read(groups)`` with ``groups``: workload key -> its processes."""
 
-    def __init__(self, proc: str = "/proc", *, every: float = 5.0, fds_every: float = 15.0, full_every: float = 30.0,
+    def __init__(self, proc: str = "/proc", *, every: float = 5.0, fds_every: float = 15.0,
                  clock: Callable[[], float] = time.monotonic,
                  dump: Callable[..., dict[int, Counters]] = tcp_counters,
                  lookup: Callable[[Mapping[int, SockKey]], dict[int, Counters]] = tcp_lookup) -> None:
@@ -66,12 +67,12 @@ class WorkloadTcp:
         self.every = every
         self.fds_every = fds_every
         self.clock = clock
-        self.full_every = full_every
         self.dump = dump
         self.lookup = lookup
         self.full_reads = 0                                 # whole-table dumps so far (tests, the benchmark)
         self._keys: dict[int, SockKey] = {}                 # inode -> its exact-lookup key (the workloads' sockets)
-        self._last_full = -1e18
+        self._other: set[int] = set()                       # workloads' sockets a whole-table read gave no key:
+                                                            # not TCP (UNIX, UDP, netlink) or a listener
         self.next_due = 0.0
         self.problem = ""                       # why sock_diag cannot be read here ("" when it can)
         self._own_ns = netns_id(proc, os.getpid())
@@ -142,9 +143,11 @@ class WorkloadTcp:
                 t[i] += d[i]
 
     def _read_host(self, host: dict[object, list[int]], now: float) -> None:
-        listed, baseline, new_process = self._list_fds(host, now)
-        socks = self._socket_counters(set().union(*listed.values()) if listed else set(), new_process, now)
+        listed, baseline, firsts = self._list_fds(host, now)
+        socks = self._socket_counters(set().union(*listed.values()) if listed else set(), bool(firsts))
         if socks is None:
+            for p in firsts:            # their baseline was not read: they are new again next time
+                p.listed_at = -1e18
             return
         seen: set[int] = set()
         for wl, mine in listed.items():
@@ -161,15 +164,18 @@ class WorkloadTcp:
                     for i in range(4):
                         t[i] += c[i]
             seen |= mine
-        self._sockets = {ino: c for ino, c in socks.items() if ino in seen}
+        # a socket still held but not answered this time (a listener, a lookup it missed) keeps its
+        # last counters, so that its next answer counts only what is new
+        old = self._sockets
+        self._sockets = {ino: socks[ino] if ino in socks else old[ino] for ino in seen if ino in socks or ino in old}
 
-    def _list_fds(self, host: dict[object, list[int]], now: float) -> tuple[dict[object, set[int]], set[int], bool]:
+    def _list_fds(self, host: dict[object, list[int]], now: float) -> tuple[dict[object, set[int]], set[int], list[_Proc]]:
         """Each workload's socket inodes; the sockets of processes listed for the first time (a
-        baseline, not counted); whether there was such a process."""
+        baseline, not counted); those processes."""
         n_all = sum(len(v) for v in host.values())
         listed: dict[object, set[int]] = {}
         baseline: set[int] = set()
-        new_process = False
+        firsts: list[_Proc] = []
         for wl, pids in host.items():
             mine = listed[wl] = set()
             for pid in pids:
@@ -182,26 +188,33 @@ class WorkloadTcp:
                         continue
                     if first:
                         baseline |= got
-                        new_process = True
+                        firsts.append(p)
                     p.inodes, p.listed_at = got, now
                 mine |= p.inodes
-        return listed, baseline, new_process
+        return listed, baseline, firsts
 
-    def _socket_counters(self, wanted: set[int], new_process: bool, now: float) -> dict[int, Counters] | None:
-        """The counters of the sockets in ``wanted``: the whole table only when one is not known yet
-        (a new process's at once, a known process's new one within ``full_every``), otherwise each
-        known socket asked for alone.  None when sock_diag cannot be asked (said once)."""
+    def _socket_counters(self, wanted: set[int], new_process: bool) -> dict[int, Counters] | None:
+        """The counters of the sockets in ``wanted``: the whole table when a process is new or holds
+        a socket no read has seen yet (at most once per socket: one that is not TCP, or a listener,
+        is remembered as such), otherwise each known TCP socket asked for alone.  None when
+        sock_diag cannot be asked (said once)."""
+        self._other &= wanted
         try:
-            if new_process or (wanted - self._keys.keys() and now - self._last_full >= self.full_every):
+            socks = None
+            if not new_process and not wanted - self._keys.keys() - self._other:
+                try:
+                    socks = self.lookup({ino: self._keys[ino] for ino in wanted if ino in self._keys})
+                except OSError as e:            # the answers could not be read (ENOBUFS): the table instead
+                    log.debug("workloads: sock_diag lookups failed (%s): reading the whole table", e)
+                else:
+                    for ino in [i for i in self._keys if i not in socks]:
+                        del self._keys[ino]     # closed (or its addresses reused): no longer asked for
+            if socks is None:
                 keys: dict[int, SockKey] = {}
                 socks = self.dump(keys=keys)
                 self._keys = {ino: keys[ino] for ino in wanted if ino in keys}
-                self._last_full = now
+                self._other = wanted - keys.keys()
                 self.full_reads += 1
-            else:
-                socks = self.lookup({ino: self._keys[ino] for ino in wanted if ino in self._keys})
-                for ino in [i for i in self._keys if i not in socks]:
-                    del self._keys[ino]          # closed (or its addresses reused): no longer asked for
         except (SockDiagError, OSError) as e:
             if not self.problem:
                 log.warning("workloads: no per-workload TCP evidence in the agent's network namespace: %s", e)

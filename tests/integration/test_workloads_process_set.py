@@ -379,48 +379,115 @@ def test_loss_on_the_way_in_shows_as_out_of_order_arrivals() -> None:
 
 
 def test_known_sockets_are_asked_for_alone_and_the_table_only_for_new_ones() -> None:
-    """After the first read (the whole table: a new process) each known socket is asked for by its
-    key; a new socket of a known process waits for the next whole-table read (full_every), then
-    counts whole; a closed one is no longer asked for."""
+    """After the first read (the whole table: a new process) each known TCP socket is asked for by
+    its key; a new socket of a known process brings one whole-table read at the next read and counts
+    whole; a socket that is not TCP (a UNIX pair) or a listener asks for the table once, not again;
+    a closed one is no longer asked for."""
     lst = socket.socket()
     lst.bind(("127.0.0.1", 0))
     lst.listen()
     c1 = socket.create_connection(lst.getsockname())
     a1, _ = lst.accept()
-    now = [0.0]
-    tcp = WorkloadTcp(every=0.0, fds_every=0.0, full_every=30.0, clock=lambda: now[0])
+    extra: list[socket.socket] = []
+    tcp = WorkloadTcp(every=0.0, fds_every=0.0)
     me = {"me": [os.getpid()]}
     try:
         tcp.read(me)
         assert tcp.full_reads == 1
+        assert os.fstat(lst.fileno()).st_ino not in tcp._keys            # a listener: no key
         before = tcp.counters("me")
         assert before is not None
         c1.sendall(b"x" * 4096)
         a1.recv(8192)
-        now[0] += 5.0
         tcp.read(me)
         after = tcp.counters("me")
         assert tcp.full_reads == 1 and after is not None and after[1] > before[1]     # asked alone
+        extra += socket.socketpair()                                      # not TCP: one table read
+        tcp.read(me)
+        tcp.read(me)
+        assert tcp.full_reads == 2
         c2 = socket.create_connection(lst.getsockname())
         a2, _ = lst.accept()
-        c2_ino = os.fstat(c2.fileno()).st_ino
-        now[0] += 5.0
-        tcp.read(me)
-        assert tcp.full_reads == 1 and c2_ino not in tcp._keys                  # waits for the next table
-        now[0] += 30.0
+        extra += [c2, a2]
         seen = tcp.counters("me")
-        tcp.read(me)
+        tcp.read(me)                                                      # a new TCP socket: the table
         got = tcp.counters("me")
-        assert tcp.full_reads == 2 and c2_ino in tcp._keys
+        assert tcp.full_reads == 3 and os.fstat(c2.fileno()).st_ino in tcp._keys
         assert got is not None and seen is not None and got[1] > seen[1]          # its handshake counted
+        tcp.read(me)
+        assert tcp.full_reads == 3
         c1_ino = os.fstat(c1.fileno()).st_ino
         c1.close()
-        now[0] += 5.0
         tcp.read(me)
-        assert c1_ino not in tcp._keys and tcp.full_reads == 2
+        assert c1_ino not in tcp._keys and tcp.full_reads == 3
     finally:
-        for s in (lst, c1, a1):
+        for s in (lst, c1, a1, *extra):
             s.close()
-        with contextlib.suppress(NameError):
-            c2.close()
-            a2.close()
+
+
+def test_a_new_processs_past_is_not_counted_when_its_first_read_fails() -> None:
+    """The first read of a process is its baseline; if sock_diag fails then, the next read is its
+    baseline again, not a count of its sockets' whole past."""
+    lst = socket.socket()
+    lst.bind(("127.0.0.1", 0))
+    lst.listen()
+    c = socket.create_connection(lst.getsockname())
+    a, _ = lst.accept()
+    c.sendall(b"x" * 65536)
+    a.recv(1 << 17)
+    fail = [True]
+
+    def dump(**kw: object) -> dict[int, tuple[int, int, int, int]]:
+        if fail[0]:
+            fail[0] = False
+            raise TimeoutError("sock_diag answered late")
+        return tcp_counters(**kw)  # type: ignore[arg-type]
+
+    tcp = WorkloadTcp(every=0.0, fds_every=0.0, dump=dump)
+    try:
+        tcp.read({"me": [os.getpid()]})
+        assert tcp.problem
+        tcp.read({"me": [os.getpid()]})
+        got = tcp.counters("me")
+        assert not tcp.problem and got is not None and got[1] == 0, got       # the past is a baseline
+    finally:
+        for s in (lst, c, a):
+            s.close()
+
+
+def test_lookups_in_batches_and_a_socket_that_is_gone() -> None:
+    """More keys than one batch, and one whose addresses no socket has (ENOENT): each answered or
+    left out, no error."""
+    from triscope.agent.collectors.sockdiag import tcp_lookup
+
+    lst = socket.socket()
+    lst.bind(("127.0.0.1", 0))
+    lst.listen(128)
+    socks = []
+    for _ in range(40):
+        c = socket.create_connection(lst.getsockname())
+        socks += [c, lst.accept()[0]]
+    try:
+        keys: dict[int, tuple[int, bytes]] = {}
+        tcp_counters(keys=keys)
+        mine = {os.fstat(x.fileno()).st_ino: keys[os.fstat(x.fileno()).st_ino] for x in socks}
+        fam, sid = next(iter(mine.values()))
+        mine[1] = (fam, b"\x00\x01" + sid[2:])          # another source port: nobody's
+        got = tcp_lookup(mine)
+        assert set(got) == set(mine) - {1}
+    finally:
+        for x in (lst, *socks):
+            x.close()
+
+
+def test_a_dump_that_failed_in_its_done_message_is_an_error() -> None:
+    """The kernel reports a failed dump as a negative errno inside NLMSG_DONE: an error, not an
+    empty table (which would silently say no socket retransmitted)."""
+    import struct
+
+    from triscope.agent.collectors.sockdiag import NLMSG_DONE, SockDiagError, parse_dump
+
+    done = struct.pack("=IHHII", 20, NLMSG_DONE, 2, 1, 0)
+    assert parse_dump(done + struct.pack("=i", 0), {}) is True
+    with pytest.raises(SockDiagError):
+        parse_dump(done + struct.pack("=i", -2), {})
