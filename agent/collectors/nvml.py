@@ -411,6 +411,7 @@ class NvmlCollector(BaseCollector):
                 try:
                     nv.nvmlDeviceGetPowerUsage(g.handle)
                     g.up = True
+                    g.static.clear()     # back from lost (a reset, a new link training): read afresh
                     out.append(EventRecord(kind="collector", severity="info",
                                            message=f"GPU {g.label} answers NVML again",
                                            details={"collector": self.name, "gpu": g.label}))
@@ -460,8 +461,11 @@ class NvmlCollector(BaseCollector):
         now = self.clock()
         got = g.static.get(key)
         if got is None or now - got[1] >= every:
-            got = (self._q(g, key, fn, *args), now)
-            g.static[key] = got
+            value = self._q(g, key, fn, *args)
+            if value is None:           # failed or unsupported: nothing kept (an unsupported one is
+                g.static.pop(key, None)  # remembered by _q and costs nothing next time)
+                return None
+            got = g.static[key] = (value, now)
         return got[0]
 
     def _read_gpu(self, g: _Gpu, lab: dict[str, str]) -> list[Sample]:
@@ -525,6 +529,11 @@ class NvmlCollector(BaseCollector):
         nv = self._nv
         cg = self._q_every(g, "curgen", LINK_EVERY, nv.nvmlDeviceGetCurrPcieLinkGeneration)
         mg = self._q_every(g, "maxgen", STATIC_EVERY, nv.nvmlDeviceGetMaxPcieLinkGeneration)
+        if busy and cg is not None and mg is not None and cg < mg:
+            # a generation kept from an idle moment (GPUs drop the link when idle) is not evidence
+            # against a busy GPU: ask again now (rare: only while it reads below its maximum)
+            g.static.pop("curgen", None)
+            cg = self._q_every(g, "curgen", LINK_EVERY, nv.nvmlDeviceGetCurrPcieLinkGeneration)
         cw = self._q_every(g, "curwidth", LINK_EVERY, nv.nvmlDeviceGetCurrPcieLinkWidth)
         mw = self._q_every(g, "maxwidth", STATIC_EVERY, nv.nvmlDeviceGetMaxPcieLinkWidth)
         dev = {"device": g.bus_id}

@@ -151,10 +151,15 @@ class PcieLinkCollector(BaseCollector):
         got = self._caps.get(name)
         if got is None or now - got[2] >= CAPS_EVERY:
             try:
-                got = (parse_speed(_read(os.path.join(path, "max_link_speed"))),
-                       parse_width(_read(os.path.join(path, "max_link_width"))), now)
+                speed = parse_speed(_read(os.path.join(path, "max_link_speed")))
+                width = parse_width(_read(os.path.join(path, "max_link_width")))
             except OSError:
                 got = (float("nan"), None, now)   # no PCIe capability (plain PCI, virtio): not asked every tick
+            else:
+                if not speed or not width:        # a device not answering right now: asked again next time
+                    self._caps.pop(name, None)
+                    return speed, width
+                got = (speed, width, now)
             self._caps[name] = got
         if got[0] is not None and got[0] != got[0]:
             return None

@@ -243,3 +243,31 @@ def test_link_maxima_are_asked_once_a_minute_the_negotiated_link_every_few_secon
         assert asked["max"] == 4
     finally:
         c.close()
+
+
+def test_a_busy_gpu_is_not_called_degraded_on_a_generation_kept_from_an_idle_moment():
+    """GPUs drop the link when idle: a generation read while idle and kept for LINK_EVERY must not
+    make the same GPU degraded the moment it is busy; it is asked again then."""
+    nv = FakeNvml()
+    gen = {"v": 1}
+    nv.nvmlDeviceGetCurrPcieLinkGeneration = lambda h: (nv._idx(h), gen["v"])[1]
+    busy = {"v": 0}
+    nv.nvmlDeviceGetUtilizationRates = lambda h: (nv._idx(h), SimpleNamespace(gpu=busy["v"], memory=0))[1]
+    now = [1000.0]
+    c = NvmlCollector(nvml=nv, xid_events=False, pcie_poll_s=0.01, clock=lambda: now[0])
+    try:
+        assert c.check().ok
+        idle = _s(c.collect(time.time()))
+        assert idle[("triscope_pcie_link_degraded", (("device", "0000:3b:00.0"),))] == 0.0   # idle at Gen1: fine
+        gen["v"], busy["v"] = 3, 100            # it trains up as the work starts
+        now[0] += 1.0
+        got = _s(c.collect(time.time()))
+        assert got[("triscope_pcie_link_degraded", (("device", "0000:3b:00.0"),))] == 0.0
+        assert got[("triscope_pcie_link_speed_gts", (("device", "0000:3b:00.0"), ("kind", "current")))] == 8.0
+        gen["v"] = 1                            # busy and really at Gen1: degraded, within LINK_EVERY
+        from triscope.agent.collectors import nvml as nvml_mod
+        now[0] += nvml_mod.LINK_EVERY
+        got = _s(c.collect(time.time()))
+        assert got[("triscope_pcie_link_degraded", (("device", "0000:3b:00.0"),))] == 1.0
+    finally:
+        c.close()
