@@ -22,6 +22,7 @@ from triscope.store.db import sqlite_on_connect
 from triscope.store.write import TickWriter
 
 INSERT_OR_IGNORE = "INSERT OR IGNORE INTO samples (series_id, ts, value) VALUES (?, ?, ?)"
+WRITER_CACHE_KIB = 512     # the steady-state writer's own page cache (SQLite's default: 2,000 KiB)
 
 
 class SqliteWriter(TickWriter):
@@ -86,6 +87,10 @@ class SqliteWriter(TickWriter):
                 return None
             con = sqlite3.connect(path, timeout=10, isolation_level=None, check_same_thread=False)
             sqlite_on_connect(con, None)
+            # an append-mostly writer touches one page per series a tick: SQLite's default 2 MB page
+            # cache only fills with pages it will not read again (the agent's RSS kept growing by it
+            # for minutes); 512 KiB holds the index's upper levels
+            con.execute(f"PRAGMA cache_size=-{WRITER_CACHE_KIB}")
             self.direct = con
         return self.direct
 
