@@ -5,7 +5,9 @@
 # examples.hostlab.h200 (the real agent, two stock-PyTorch services on GPU 0, one scenario after
 # another) into a scratch folder, replays the trace through today's verdict, and copies back at most
 # eight files: the trace, its timeline, the agent's CPU, the acceptance table, and the logs
-# (TOPOLOGY=1: topology.json first; PROFILE_AGENT=1: py-spy's agent-profile.txt in the logs).
+# (TOPOLOGY=1: topology.json first; PROFILE_AGENT=1: py-spy's agent-profile.txt in the logs; py-spy
+# travels as a wheel: here `pip download --no-deps -d .prof py-spy` with /.prof/ in .git/info/exclude,
+# there `pip install --no-index --no-deps --target /tmp/pyspy .prof/*.whl; PATH=/tmp/pyspy/bin:$PATH`).
 FINAL=${OUT:-/tmp/out}; mkdir -p "$FINAL"
 NODE=${NODE:-h200-lab-1}
 WORK=${WORK:-/tmp/h200-lab}; rm -rf "$WORK"; mkdir -p "$WORK"
