@@ -90,7 +90,7 @@ def h2d(sets: dict[str, set[int]], mib: int = 256, reps: int = 12) -> list[dict[
                     "copy_64k_us_p99": round(sorted(lat)[int(len(lat) * 0.99) - 1], 1)})
         print(json.dumps(out[-1]), file=sys.stderr, flush=True)
         del src, small
-    os.sched_setaffinity(0, set(range(os.cpu_count() or 1)) & set(sets["all"]))
+    os.sched_setaffinity(0, sets["all"])
     return out
 
 
