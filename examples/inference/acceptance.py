@@ -83,6 +83,17 @@ RECORDINGS: tuple[Recording, ...] = (
               "with 4 workers on one core; squeezenet1_1 downloading 250 kB at 3/s over 8 % loss; a non-GPU "
               "stream losing 10 %); 60 s a class, 4 windows each; the device time left allowed 3 of its 9 "
               "classes", LAB_TRACES),
+    Recording("h200-lab-4", "2026-12-05, the device's H100 (80 GB HBM3, lent as nvidia-h200), examples/hostlab/"
+              "h200.py --only healthy_3pct,loader_one_worker,pod_cpu_limit_0_4,gpu_full_vit (the third set, "
+              "written before any of its runs; a later session, no rule changed since h200-lab-3)", "held_out",
+              "shufflenet_v2 at 20 img/s beside resnet101 (healthy); densenet121 fed by one worker decoding "
+              "896 px JPEGs; mobilenet_v2 with GPU process and workers under a 0.4 CPU limit; vit_b_16 at "
+              "batch 128 on GPU-resident inputs (the GPU busy); 60 s a class, 4 windows each", LAB_TRACES),
+    Recording("h200-lab-5", "2026-12-05, the device's H100 (80 GB HBM3, lent as nvidia-h200), examples/hostlab/"
+              "h200.py --only loader_three_workers_1280,own_loss_12pct_2rps (the rest of the third set)",
+              "held_out",
+              "efficientnet_b1 fed by 3 workers decoding 1280 px JPEGs; resnet18 fetching 150 kB at 2/s over a "
+              "path losing 12 %; 60 s a class, 4 windows each", LAB_TRACES),
 )
 """Every recording so far came before the whole-process-set, CFS-throttling and per-workload
 network evidence: none of them holds those series, so on them the verdict runs its older paths (a

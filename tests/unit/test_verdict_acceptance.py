@@ -89,6 +89,16 @@ def test_every_recording_replayed_through_today_s_classifier(today: list[dict[st
     for name in ("workers_on_one_core_4", "own_loss_8pct"):
         assert set(third[name]["io_named"]) == {"cmd:lab-b"}, name
     assert not {"network-bound", "staging-bound", "io-saturated"} & set(third["foreign_loss_10pct"]["states"])
+    # the rest of the third set, a later session: one worker, a 0.4 CPU limit, 1280 px JPEGs, 12 % loss at 2/s,
+    # a healthy 3 % load and a GPU truly busy
+    third = {**next(r for r in today if r["node"] == "h200-lab-4")["classes"],
+             **next(r for r in today if r["node"] == "h200-lab-5")["classes"]}
+    for name in ("loader_one_worker", "pod_cpu_limit_0_4", "loader_three_workers_1280"):
+        assert third[name]["states"] == {"staging-bound": 4} and set(third[name]["io_named"]) == {"cmd:lab-b"}, name
+    assert third["own_loss_12pct_2rps"]["states"] == {"network-bound": 4}
+    assert set(third["own_loss_12pct_2rps"]["io_named"]) == {"cmd:lab-b"}
+    assert third["healthy_3pct"]["io_named"] == {} and third["healthy_3pct"]["right"] == 4
+    assert third["gpu_full_vit"]["states"] == {"compute-bound": 4}
     # the faults the per-workload evidence decides, on the recordings that have it
     for r in today:
         if r["node"] in FULL:
