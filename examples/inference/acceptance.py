@@ -94,6 +94,13 @@ RECORDINGS: tuple[Recording, ...] = (
               "held_out",
               "efficientnet_b1 fed by 3 workers decoding 1280 px JPEGs; resnet18 fetching 150 kB at 2/s over a "
               "path losing 12 %; 60 s a class, 4 windows each", LAB_TRACES),
+    Recording("h200-lab-6", "2026-12-05, the device's H100 (80 GB HBM3, lent as nvidia-h200), examples/hostlab/"
+              "h200.py --only workers_on_one_core,own_loss_6pct (two of the first set's classes again)",
+              "held_out",
+              "the two classes h200-lab-1 got wrong, recorded again after the fixes that recording led to: the "
+              "same scenarios (resnet18, 6 workers on CPU 15; 400 kB at 5/s over 6 % loss), so it shows the fixes "
+              "on a new recording of the class they came from, not on a new class; 60 s a class, 4 windows each",
+              LAB_TRACES),
 )
 """Every recording so far came before the whole-process-set, CFS-throttling and per-workload
 network evidence: none of them holds those series, so on them the verdict runs its older paths (a

@@ -99,6 +99,12 @@ def test_every_recording_replayed_through_today_s_classifier(today: list[dict[st
     assert set(third["own_loss_12pct_2rps"]["io_named"]) == {"cmd:lab-b"}
     assert third["healthy_3pct"]["io_named"] == {} and third["healthy_3pct"]["right"] == 4
     assert third["gpu_full_vit"]["states"] == {"compute-bound": 4}
+    # h200-lab-1's two misses recorded again after the fixes they led to
+    again = next(r for r in today if r["node"] == "h200-lab-6")["classes"]
+    assert again["workers_on_one_core"]["states"] == {"staging-bound": 4}
+    assert again["own_loss_6pct"]["states"] == {"network-bound": 4}
+    for name in ("workers_on_one_core", "own_loss_6pct"):
+        assert set(again[name]["io_named"]) == {"cmd:lab-b"}, name
     # the faults the per-workload evidence decides, on the recordings that have it
     for r in today:
         if r["node"] in FULL:
