@@ -359,14 +359,19 @@ def _numa_maps_cost(pids: list[int]) -> float:
     return time.thread_time() - t0
 
 
+TIME_WAIT_SOCKETS = 2000
+
+
 def _tcp_read_cost(reps: int) -> dict[str, float]:
     """Thread CPU of one per-workload TCP read, three ways, over 32 loopback connections of this
     process (64 sockets) and whatever else the host holds: a workload's 16 sockets asked for alone
     (``tcp_lookup``, what the worker does), one dump of the whole table for both families
-    (``TCPDIAG_GETSOCK``), and one dump per family (the agent before)."""
+    (``TCPDIAG_GETSOCK``), and one dump per family (the agent before).  Then, with ``TIME_WAIT``
+    connections closed by this side (a service opening a connection per request), one dump of the
+    states a process can hold (``DUMP_STATES``) against one of every state (the agent before)."""
     import socket
 
-    from triscope.agent.collectors.sockdiag import SockKey, tcp_counters, tcp_lookup
+    from triscope.agent.collectors.sockdiag import ALL_STATES, SockKey, tcp_counters, tcp_lookup
 
     lst = socket.socket()
     lst.bind(("127.0.0.1", 0))
@@ -390,9 +395,17 @@ def _tcp_read_cost(reps: int) -> dict[str, float]:
                 out.append(time.thread_time() - t0)
             return statistics.median(out)
 
-        return {"lookup": median(lambda: tcp_lookup(want)), "both": median(tcp_counters),
-                "apart": median(lambda: (tcp_counters((socket.AF_INET,)), tcp_counters((socket.AF_INET6,)))),
-                "asked": len(want), "table": len(table)}
+        got = {"lookup": median(lambda: tcp_lookup(want)), "both": median(tcp_counters),
+               "apart": median(lambda: (tcp_counters((socket.AF_INET,)), tcp_counters((socket.AF_INET6,)))),
+               "asked": len(want), "table": len(table)}
+        for _ in range(TIME_WAIT_SOCKETS):
+            c = socket.create_connection(lst.getsockname())
+            a, _ = lst.accept()
+            c.close()           # the active close: c's side waits in TIME_WAIT for a minute
+            a.close()
+        got["tw_live"] = median(tcp_counters)
+        got["tw_all"] = median(lambda: tcp_counters(states=ALL_STATES))
+        return got
     finally:
         for s in socks:
             s.close()
@@ -469,6 +482,9 @@ def run(quick: bool = False) -> list[Row]:
             round(tcp["both"] * ms, 3)),
         Row("workloads tcp", "the whole table, one dump for both families (TCPDIAG_GETSOCK), thread CPU, median",
             round(tcp["both"] * ms, 3), "ms", "", "one dump per family (the agent before)", round(tcp["apart"] * ms, 3)),
+        Row("workloads tcp", f"the whole table with {TIME_WAIT_SOCKETS:,} more in TIME_WAIT, the states a process holds "
+            "(sock_diag's state filter), thread CPU, median",
+            round(tcp["tw_live"] * ms, 3), "ms", "", "every state (the agent before)", round(tcp["tw_all"] * ms, 3)),
         Row("workloads footprint", f"agent steady RSS, workloads on ({on_note}; max over {window:.0f} s)",
             round(rss_on, 1), "MB", "<= 60", "--no-workloads, same agent", round(rss_off, 1), rss_on <= 60),
     ]

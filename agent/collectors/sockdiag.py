@@ -1,13 +1,16 @@
 """TCP sockets' own counters, per socket, from the kernel's sock_diag netlink interface.
 
 ``tcp_counters()`` asks ``NETLINK_SOCK_DIAG`` for every TCP socket of the caller's network namespace
-(IPv4 and IPv6, every state) with ``INET_DIAG_INFO``, and returns, per socket inode, the two
+(IPv4 and IPv6, every state a process can hold: ``DUMP_STATES``) with ``INET_DIAG_INFO``, and returns, per socket inode, the two
 ``struct tcp_info`` counters the verdict reads: ``tcpi_total_retrans`` (segments this socket
 retransmitted over its life) and ``tcpi_segs_out`` (segments it sent).  This is what ``ss -ti``
 prints as ``retrans:x/<total>`` and ``segs_out``.  It needs no kprobe, no BPF and no privilege
 beyond the namespace: a socket's owner is joined in user space from ``/proc/PID/fd``
-(``socket_inodes``).  Sockets without an inode (``TIME_WAIT``, request sockets) are left out: no
-process holds them.
+(``socket_inodes``).  Sockets without an inode (``TIME_WAIT``, request sockets) are not asked for:
+no process holds them, and a host that opens a connection per request keeps thousands in
+``TIME_WAIT`` that the kernel would otherwise write out and the agent parse at every dump
+(``python -m bench --only workloads``, "workloads tcp").  Listeners are not asked for either: they
+send no data to lose.
 
 ``netns_tcp_totals(proc, pid)`` reads a network namespace's own totals (``/proc/PID/net/snmp``,
 ``Tcp: RetransSegs OutSegs``): the route for a process in a namespace of its own (a pod's), where
@@ -47,6 +50,10 @@ _REQ_EXACT = struct.Struct("=BBBxI")         # family, protocol, ext, pad, state
 LOOKUP_BATCH = 32                            # exact requests sent before their answers are read (~1.3 KB each)
 LOOKUP_RCVBUF = 1 << 20                      # asked for on the lookup socket (the kernel caps it at rmem_max)
 TCP_LISTEN = 10
+ALL_STATES = 0xFFFFFFFF
+DUMP_STATES = ALL_STATES & ~((1 << 6) | (1 << TCP_LISTEN) | (1 << 12))
+"""The states a dump asks for: all but ``TCP_TIME_WAIT`` (6) and ``TCP_NEW_SYN_RECV`` (12), which have
+no inode, and ``TCP_LISTEN`` (no key, no data sent); the kernel skips the others before writing them."""
 _RTA = struct.Struct("=HH")
 TOTAL_RETRANS_AT = 100
 SEGS_OUT_AT = 136
@@ -59,17 +66,17 @@ class SockDiagError(OSError):
     """sock_diag cannot be asked here (no netlink, a kernel without inet_diag)."""
 
 
-def _request(family: int, seq: int) -> bytes:
-    body = _REQ.pack(family, socket.IPPROTO_TCP, 1 << (INET_DIAG_INFO - 1), 0xFFFFFFFF)
+def _request(family: int, seq: int, states: int = DUMP_STATES) -> bytes:
+    body = _REQ.pack(family, socket.IPPROTO_TCP, 1 << (INET_DIAG_INFO - 1), states)
     return _NLMSG.pack(_NLMSG.size + len(body), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + body
 
 
-def _request_both(seq: int) -> bytes:
+def _request_both(seq: int, states: int = DUMP_STATES) -> bytes:
     """inet_diag's original request (``TCPDIAG_GETSOCK``): the kernel answers it for every address family
     (``AF_UNSPEC``) in **one** walk of the TCP hash tables.  Each walk visits every bucket of the
     established table, empty or not (262,144 here with 24 GiB, more on larger hosts): ~1 ms of the
     agent's CPU whatever the number of sockets, so two walks (one per family) cost twice that."""
-    body = _REQ_COMPAT.pack(0, 0, 0, 1 << (INET_DIAG_INFO - 1), 0xFFFFFFFF, 0)
+    body = _REQ_COMPAT.pack(0, 0, 0, 1 << (INET_DIAG_INFO - 1), states, 0)
     return _NLMSG.pack(_NLMSG.size + len(body), TCPDIAG_GETSOCK, NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + body
 
 
@@ -160,9 +167,9 @@ def _netlink() -> socket.socket:
 
 
 def tcp_counters(families: tuple[int, ...] = (socket.AF_INET, socket.AF_INET6),
-                 keys: dict[int, SockKey] | None = None) -> dict[int, Counters]:
-    """Every TCP socket of this network namespace with an inode: inode -> ``Counters`` (and, into
-    ``keys``, what ``tcp_lookup`` asks for each by).
+                 keys: dict[int, SockKey] | None = None, states: int = DUMP_STATES) -> dict[int, Counters]:
+    """Every TCP socket of this network namespace with an inode, in ``states`` (a bit per
+    ``TCP_*`` state): inode -> ``Counters`` (and, into ``keys``, what ``tcp_lookup`` asks for each by).
 
     Both families in one dump (``TCPDIAG_GETSOCK``) where the kernel answers it; one dump per family
     (``SOCK_DIAG_BY_FAMILY``) where it refuses that request, or when ``families`` is not both."""
@@ -170,14 +177,14 @@ def tcp_counters(families: tuple[int, ...] = (socket.AF_INET, socket.AF_INET6),
     with contextlib.closing(_netlink()) as s:
         if set(families) == {socket.AF_INET, socket.AF_INET6}:
             try:
-                _dump(s, _request_both(1), out, keys)
+                _dump(s, _request_both(1, states), out, keys)
                 return out
             except SockDiagError:
                 out.clear()         # a kernel without the old request: one dump per family below
                 if keys is not None:
                     keys.clear()
         for seq, fam in enumerate(families, 2):
-            _dump(s, _request(fam, seq), out, keys)
+            _dump(s, _request(fam, seq, states), out, keys)
     return out
 
 

@@ -242,9 +242,12 @@ def test_one_dump_for_both_families_finds_every_socket_of_either() -> None:
     try:
         both = tcp_counters()
         apart = {**tcp_counters((socket.AF_INET,)), **tcp_counters((socket.AF_INET6,))}
-        for s in (v6, c6, lst, *cs):
+        for s in (c6, *cs):
             ino = os.fstat(s.fileno()).st_ino
             assert ino in both and ino in apart, ino
+        for s in (v6, lst):                 # listeners are not asked for, by either route
+            ino = os.fstat(s.fileno()).st_ino
+            assert ino not in both and ino not in apart, ino
         assert os.fstat(c6.fileno()).st_ino in tcp_counters((socket.AF_INET6,))
         assert os.fstat(c6.fileno()).st_ino not in tcp_counters((socket.AF_INET,))
         assert both[os.fstat(c6.fileno()).st_ino][1] >= 1       # its own segments sent (the handshake's ACK)
@@ -491,3 +494,52 @@ def test_a_dump_that_failed_in_its_done_message_is_an_error() -> None:
     assert parse_dump(done + struct.pack("=i", 0), {}) is True
     with pytest.raises(SockDiagError):
         parse_dump(done + struct.pack("=i", -2), {})
+
+
+def _dumped_states(states: int) -> list[int]:
+    """The TCP state of every socket one real dump of this namespace answered with."""
+    import struct
+
+    from triscope.agent.collectors import sockdiag
+
+    out: list[int] = []
+    with contextlib.closing(sockdiag._netlink()) as s:
+        s.send(sockdiag._request_both(1, states))
+        while data := s.recv(1 << 16):
+            off = 0
+            while off + 16 <= len(data):
+                length, mtype = struct.unpack_from("=IH", data, off)
+                if mtype in (sockdiag.NLMSG_DONE, sockdiag.NLMSG_ERROR):
+                    return out
+                out.append(data[off + 16 + 1])      # inet_diag_msg.idiag_state
+                off += (length + 3) & ~3
+    return out
+
+
+def test_a_dump_leaves_time_wait_and_listeners_to_the_kernel() -> None:
+    """Connections closed by this side wait in TIME_WAIT (no inode, nobody's): the agent's dump
+    does not ask for them, nor for listeners, so a host that opens a connection per request does
+    not have thousands written out and parsed at every dump; live sockets are all still there."""
+    from triscope.agent.collectors.sockdiag import ALL_STATES, DUMP_STATES
+
+    lst = socket.socket()
+    lst.bind(("127.0.0.1", 0))
+    lst.listen(64)
+    for _ in range(50):
+        c = socket.create_connection(lst.getsockname())
+        a, _ = lst.accept()
+        c.close()           # the active close: c's side waits in TIME_WAIT
+        a.close()
+    live = socket.create_connection(lst.getsockname())
+    peer, _ = lst.accept()
+    try:
+        every = _dumped_states(ALL_STATES)
+        assert every.count(6) >= 50 and 10 in every, "the set-up made no TIME_WAIT sockets or no listener"
+        asked = _dumped_states(DUMP_STATES)
+        assert 6 not in asked and 10 not in asked and 12 not in asked
+        got = tcp_counters()
+        assert {os.fstat(live.fileno()).st_ino, os.fstat(peer.fileno()).st_ino} <= set(got)
+        assert os.fstat(lst.fileno()).st_ino not in got
+    finally:
+        for x in (lst, live, peer):
+            x.close()
