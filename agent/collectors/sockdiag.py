@@ -6,11 +6,14 @@
 retransmitted over its life) and ``tcpi_segs_out`` (segments it sent).  This is what ``ss -ti``
 prints as ``retrans:x/<total>`` and ``segs_out``.  It needs no kprobe, no BPF and no privilege
 beyond the namespace: a socket's owner is joined in user space from ``/proc/PID/fd``
-(``socket_inodes``).  Sockets without an inode (``TIME_WAIT``, request sockets) are not asked for:
-no process holds them, and a host that opens a connection per request keeps thousands in
-``TIME_WAIT`` that the kernel would otherwise write out and the agent parse at every dump
-(``python -m bench --only workloads``, "workloads tcp").  Listeners are not asked for either: they
-send no data to lose.
+(``socket_inodes``).  A dump asks only for what can carry counters (``DUMP_STATES``).
+``TIME_WAIT`` sockets have no inode and no process holds them, yet a host that opens a connection per
+request keeps thousands: the kernel would write each out and the agent parse it at every dump.
+Listeners send no data to lose.  Sockets bound but never connected (``TCP_BOUND_INACTIVE``, 6.8+)
+make the kernel walk its whole bind table as well, and they come back without ``tcp_info``
+(``python -m bench --only workloads``, "workloads tcp").  Request sockets still come back:
+the kernel adds them whenever ``SYN_RECV`` is asked for, which a Fast Open socket a process
+accepted can be in.  They have no inode and are skipped.
 
 ``netns_tcp_totals(proc, pid)`` reads a network namespace's own totals (``/proc/PID/net/snmp``,
 ``Tcp: RetransSegs OutSegs``): the route for a process in a namespace of its own (a pod's), where
@@ -49,11 +52,18 @@ _MSG_INODE = 4 + _SOCKID + 16                # inet_diag_msg: family..retrans, i
 _REQ_EXACT = struct.Struct("=BBBxI")         # family, protocol, ext, pad, states; the sockid follows
 LOOKUP_BATCH = 32                            # exact requests sent before their answers are read (~1.3 KB each)
 LOOKUP_RCVBUF = 1 << 20                      # asked for on the lookup socket (the kernel caps it at rmem_max)
+TCP_TIME_WAIT = 6
 TCP_LISTEN = 10
+TCP_NEW_SYN_RECV = 12
+TCP_BOUND_INACTIVE = 13                      # kernel 6.8+: bound, neither connected nor listening
 ALL_STATES = 0xFFFFFFFF
-DUMP_STATES = ALL_STATES & ~((1 << 6) | (1 << TCP_LISTEN) | (1 << 12))
-"""The states a dump asks for: all but ``TCP_TIME_WAIT`` (6) and ``TCP_NEW_SYN_RECV`` (12), which have
-no inode, and ``TCP_LISTEN`` (no key, no data sent); the kernel skips the others before writing them."""
+DUMP_STATES = ALL_STATES & ~((1 << TCP_TIME_WAIT) | (1 << TCP_LISTEN) | (1 << TCP_NEW_SYN_RECV)
+                             | (1 << TCP_BOUND_INACTIVE))
+"""The states a dump asks for (inet_diag's ``idiag_states``, a bit per state).  Left out:
+``TIME_WAIT`` (no inode), ``LISTEN`` (no key, no data sent) and ``BOUND_INACTIVE`` (a walk of the
+bind table for sockets without ``tcp_info``).  ``NEW_SYN_RECV`` is cleared too, but the kernel adds it
+back with ``SYN_RECV``.  Kept: every state a connected socket a process holds can be in.  A
+connection that ends in ``TIME_WAIT`` leaves its socket in ``CLOSE``, which is kept."""
 _RTA = struct.Struct("=HH")
 TOTAL_RETRANS_AT = 100
 SEGS_OUT_AT = 136

@@ -238,11 +238,12 @@ def test_one_dump_for_both_families_finds_every_socket_of_either() -> None:
     v6.bind(("::1", 0))
     v6.listen()
     c6 = socket.create_connection(("::1", v6.getsockname()[1]))
+    a6, _ = v6.accept()
     lst, cs = _syn_retransmitter(1)
     try:
         both = tcp_counters()
         apart = {**tcp_counters((socket.AF_INET,)), **tcp_counters((socket.AF_INET6,))}
-        for s in (c6, *cs):
+        for s in (c6, a6, *cs):
             ino = os.fstat(s.fileno()).st_ino
             assert ino in both and ino in apart, ino
         for s in (v6, lst):                 # listeners are not asked for, by either route
@@ -252,7 +253,7 @@ def test_one_dump_for_both_families_finds_every_socket_of_either() -> None:
         assert os.fstat(c6.fileno()).st_ino not in tcp_counters((socket.AF_INET,))
         assert both[os.fstat(c6.fileno()).st_ino][1] >= 1       # its own segments sent (the handshake's ACK)
     finally:
-        for s in (v6, c6, lst, *cs):
+        for s in (v6, c6, a6, lst, *cs):
             s.close()
 
 
@@ -496,13 +497,13 @@ def test_a_dump_that_failed_in_its_done_message_is_an_error() -> None:
         parse_dump(done + struct.pack("=i", -2), {})
 
 
-def _dumped_states(states: int) -> list[int]:
-    """The TCP state of every socket one real dump of this namespace answered with."""
+def _dumped(states: int) -> list[tuple[int, int]]:
+    """(TCP state, inode) of every socket one real dump of this namespace answered with."""
     import struct
 
     from triscope.agent.collectors import sockdiag
 
-    out: list[int] = []
+    out: list[tuple[int, int]] = []
     with contextlib.closing(sockdiag._netlink()) as s:
         s.send(sockdiag._request_both(1, states))
         while data := s.recv(1 << 16):
@@ -511,15 +512,17 @@ def _dumped_states(states: int) -> list[int]:
                 length, mtype = struct.unpack_from("=IH", data, off)
                 if mtype in (sockdiag.NLMSG_DONE, sockdiag.NLMSG_ERROR):
                     return out
-                out.append(data[off + 16 + 1])      # inet_diag_msg.idiag_state
+                (inode,) = struct.unpack_from("=I", data, off + 16 + sockdiag._MSG_INODE)
+                out.append((data[off + 16 + 1], inode))      # inet_diag_msg.idiag_state, idiag_inode
                 off += (length + 3) & ~3
     return out
 
 
-def test_a_dump_leaves_time_wait_and_listeners_to_the_kernel() -> None:
+def test_a_dump_leaves_time_wait_listeners_and_idle_binds_to_the_kernel() -> None:
     """Connections closed by this side wait in TIME_WAIT (no inode, nobody's): the agent's dump
-    does not ask for them, nor for listeners, so a host that opens a connection per request does
-    not have thousands written out and parsed at every dump; live sockets are all still there."""
+    does not ask for them, so a host that opens a connection per request does not have thousands
+    written out and parsed at every dump; nor for listeners, nor (6.8+) for sockets bound and never
+    connected, whose state makes the kernel walk its bind table.  Live sockets are all still there."""
     from triscope.agent.collectors.sockdiag import ALL_STATES, DUMP_STATES
 
     lst = socket.socket()
@@ -532,14 +535,22 @@ def test_a_dump_leaves_time_wait_and_listeners_to_the_kernel() -> None:
         a.close()
     live = socket.create_connection(lst.getsockname())
     peer, _ = lst.accept()
+    idle = socket.socket()
+    idle.bind(("127.0.0.1", 0))
+    ino = {x: os.fstat(x.fileno()).st_ino for x in (lst, live, peer, idle)}
     try:
-        every = _dumped_states(ALL_STATES)
-        assert every.count(6) >= 50 and 10 in every, "the set-up made no TIME_WAIT sockets or no listener"
-        asked = _dumped_states(DUMP_STATES)
-        assert 6 not in asked and 10 not in asked and 12 not in asked
+        every = _dumped(ALL_STATES)
+        states = [st for st, _ in every]
+        assert states.count(6) >= 50 and (10, ino[lst]) in every, "the set-up made no TIME_WAIT socket or listener"
+        asked = _dumped(DUMP_STATES)
+        assert not {6, 10, 13} & {st for st, _ in asked}
+        inodes = {i for _, i in asked}
+        assert {ino[live], ino[peer]} <= inodes and ino[lst] not in inodes and ino[idle] not in inodes
+        major, minor = (int(x) for x in os.uname().release.split(".")[:2])
+        if (major, minor) >= (6, 8):
+            assert ino[idle] in {i for _, i in every}, "a 6.8+ kernel answers for a bound socket when asked"
         got = tcp_counters()
-        assert {os.fstat(live.fileno()).st_ino, os.fstat(peer.fileno()).st_ino} <= set(got)
-        assert os.fstat(lst.fileno()).st_ino not in got
+        assert {ino[live], ino[peer]} <= set(got) and ino[lst] not in got
     finally:
-        for x in (lst, live, peer):
+        for x in (lst, live, peer, idle):
             x.close()

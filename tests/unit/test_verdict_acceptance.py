@@ -8,8 +8,9 @@ The H200 recordings were made before this revision's rules (whole process set, C
 per-workload TCP) and earlier rules were fitted on them: they are held to what they show today, as
 a floor (docs/inference-validation.md reports them apart).  None carries per-workload TCP series,
 so their ``net_drop`` windows read the node's retransmits and name no workload.  The held-out
-recordings (made after the rules were fixed: the host lab's, GPU simulated) are held to the
-issue's bar: at least 95 % of each class's windows right and none naming the healthy workload.
+recordings (made after the rules were fixed: the host lab's with the GPU simulated, and the device's
+stock-PyTorch ones, h200-lab-2 to -6) are held to the issue's bar: at least 95 % of each class's
+windows right and none naming the healthy workload.
 """
 
 from __future__ import annotations
