@@ -14,7 +14,8 @@ rate.  So the loss is read per workload, two ways by where its processes run:
   no read has seen yet (a socket that turns out not to be TCP, or a listener, is remembered as such:
   it asks for the table once).  Otherwise each known TCP socket is asked for alone
   (``sockdiag.tcp_lookup``: a hash lookup by its addresses, checked against its cookie; 0.10 ms for
-  a workload's 16 sockets against 0.90 ms for the table: bench/RESULTS.md, "workloads tcp"), and the table is read instead when those answers cannot be.  A socket's counters are summed as
+  a workload's 16 sockets against 0.90 ms for the table: bench/RESULTS.md, "workloads tcp"), and
+  the table is read instead when those answers cannot be.  A socket's counters are summed as
   deltas between reads: one first seen in a process already read counts whole (it was opened since),
   one of a process read for the first time is a baseline.  A socket that opens and closes between
   two reads is not seen.

@@ -21,6 +21,7 @@ PARTS = {
     "the NVML collector on the tick": "NvmlCollector.collect",
     "the mismatch tracker": "MismatchTracker.process",
     "per-workload TCP": "WorkloadTcp.read",
+    "  of which whole-table sock_diag dumps": "tcp_counters (",
     "the PCIe link collector (sysfs)": "PcieLinkCollector.collect",
     "the NVML XID thread": "NvmlCollector._xid_loop",
     "the workloads collector on the tick": "WorkloadsCollector.collect",
