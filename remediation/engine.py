@@ -47,6 +47,7 @@ import logging
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, cast
 
@@ -177,6 +178,7 @@ class Engine:
         self._idle = threading.Condition(self._state)
         self._pool = ThreadPoolExecutor(max_workers=policy.settings.workers, thread_name_prefix="remediation")
         self._side = ThreadPoolExecutor(max_workers=2, thread_name_prefix="remediation-events")
+        self._side_pending: set[Future[None]] = set()   # timeline and Kubernetes Events not yet posted
         self._seen: dict[str, float] = {}          # stored-data keys already submitted (avoid re-queueing)
         self._resolved: dict[str, float] = {}      # alert episode -> when a resolved notification came
         self._episodes: dict[tuple[str, str], float] = {}
@@ -289,7 +291,8 @@ class Engine:
         return len(payload.alerts), len(events)
 
     def drain(self, timeout: float = 30.0) -> bool:
-        """Wait until every submitted trigger is decided and its action finished (tests, shutdown)."""
+        """Wait until every submitted trigger is decided, its action finished and its events (the
+        timeline's, Kubernetes') posted (tests, shutdown)."""
         deadline = time.monotonic() + timeout
         with self._state:
             while self._pending > 0:
@@ -297,7 +300,9 @@ class Engine:
                 if left <= 0:
                     return False
                 self._idle.wait(left)
-        return True
+            side = list(self._side_pending)
+        _done, not_done = futures_wait(side, timeout=max(0.0, deadline - time.monotonic()))
+        return not not_done
 
     # the decision ------------------------------------------------------------------------------------
     def _target(self, ev: TriggerEvent, res: TargetResolution) -> Target:
@@ -548,7 +553,10 @@ class Engine:
         log.log(level, "remediation %s: rule=%s action=%s target=%s%s %s", outcome, rule.name, rule.action,
                 target.description if target else "-", f" rail={rail}" if rail else "", reason)
         if rail not in QUIET_RAILS:
-            self._side.submit(self._emit_events, ev, target, outcome, rail, reason, audit_id, dry)
+            fut = self._side.submit(self._emit_events, ev, target, outcome, rail, reason, audit_id, dry)
+            with self._state:
+                self._side_pending.add(fut)
+            fut.add_done_callback(self._side_posted)
         return Decision(outcome, rail, reason, audit_id)
 
     # after a crash, or on becoming the leader ---------------------------------------------------------
@@ -648,6 +656,10 @@ class Engine:
         log.info("remediation: re-running decision %d (%s %s), left in progress", row.id, row.action, row.target)
         self._run_action(ev, target, row.dry_run, row.id, row.ts, _recorded_model(rule, recorded),
                          stamp if isinstance(stamp, str) else "", resumed=True)
+
+    def _side_posted(self, fut: Future[None]) -> None:
+        with self._state:
+            self._side_pending.discard(fut)
 
     def _emit_events(self, ev: TriggerEvent, target: Target | None, outcome: str, rail: str | None, reason: str,
                      audit_id: int, dry: bool) -> None:

@@ -197,10 +197,22 @@ ISOLATE = """  - name: isolate
 """
 
 
-def test_a_staging_verdict_on_gpu_1_drains_and_taints_gpu_1_only(store: Any, srv: KubeTestServer) -> None:
+@pytest.mark.parametrize("events_late", [False, True], ids=["events-at-once", "events-posted-late"])
+def test_a_staging_verdict_on_gpu_1_drains_and_taints_gpu_1_only(store: Any, srv: KubeTestServer, events_late: bool,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """``events-posted-late``: the decision's Event is posted on the engine's side thread; ``drain``
+    waits for it too (a slow API server delays it by 0.5 s here)."""
     from triscope.remediation import actions as act
     from triscope.store import audit
 
+    if events_late:
+        post = act.post_decision_event
+
+        def slow_post(*a: Any, **kw: Any) -> None:
+            time.sleep(0.5)
+            post(*a, **kw)
+
+        monkeypatch.setattr(act, "post_decision_event", slow_post)
     srv.add_deployment("inference", "web", replicas=1, nodes=["node-a"])     # holds GPU 0
     srv.add_deployment("inference", "llm", replicas=1, nodes=["node-a"])     # holds GPU 1
     web = srv.pods_of("inference", "web")[0]["metadata"]["name"]
