@@ -127,8 +127,7 @@ class EbpfCollector(BaseCollector):
         for p in plans:
             if not p.ok:
                 self.reasons[p.spec.name], self.hints[p.spec.name] = _unplanned_reason(p, tracefs, why)
-        attach = [{"probe": p.spec.name, "tp": tp, "kind": p.spec.kind, "fn": p.spec.fn}
-                  for p in plans if p.ok for tp in p.tracepoints]
+        attach = [a for p in plans if p.ok for a in p.attach_entries()]
         allowed, why_not = bpf_privileges()
         if attach and not allowed:
             self._explain_planned(plans, why_not, HINT_PERM)

@@ -21,9 +21,14 @@ from collections.abc import Iterator
 _NR_BPF = {"x86_64": 321, "aarch64": 280, "ppc64le": 361, "s390x": 351, "riscv64": 280}
 
 BPF_MAP_LOOKUP_ELEM = 1
+BPF_MAP_UPDATE_ELEM = 2
+BPF_MAP_DELETE_ELEM = 3
 BPF_MAP_GET_NEXT_KEY = 4
 BPF_OBJ_GET_INFO_BY_FD = 15
 BPF_MAP_LOOKUP_BATCH = 24
+BPF_MAP_LOOKUP_AND_DELETE_BATCH = 25
+BPF_ANY = 0
+BPF_NOEXIST = 1
 
 MAP_TYPE_HASH = 1
 MAP_TYPE_ARRAY = 2
@@ -128,6 +133,7 @@ class BpfMap:
         self.stride = (info.value_size + 7) & ~7 if self.percpu else info.value_size
         self.value_total = self.stride * self.ncpus
         self._batch_ok: bool | None = None
+        self._drain_ok: bool | None = None
         self._kbuf = ctypes.create_string_buffer(max(self.key_size, 1))
         self._vbuf = ctypes.create_string_buffer(max(self.value_total, 1))
         self.syscalls = 0
@@ -144,6 +150,54 @@ class BpfMap:
                 return None
             raise
         return self._vbuf.raw[: self.value_total]
+
+    def update(self, key: bytes, value: bytes, flags: int = BPF_ANY) -> bool:
+        """Write one element; False when ``BPF_NOEXIST`` found it there already (EEXIST)."""
+        kb = ctypes.create_string_buffer(key, self.key_size)
+        vb = ctypes.create_string_buffer(value, self.value_total)
+        attr = _MapElemAttr(map_fd=self.fd, key=ctypes.addressof(kb), value=ctypes.addressof(vb), flags=flags)
+        self.syscalls += 1
+        try:
+            bpf(BPF_MAP_UPDATE_ELEM, attr)
+        except BpfError as e:
+            if e.errno == errno.EEXIST:
+                return False
+            raise
+        return True
+
+    def delete(self, key: bytes) -> bool:
+        """Remove one element; False when it was not there."""
+        kb = ctypes.create_string_buffer(key, self.key_size)
+        attr = _MapElemAttr(map_fd=self.fd, key=ctypes.addressof(kb))
+        self.syscalls += 1
+        try:
+            bpf(BPF_MAP_DELETE_ELEM, attr)
+        except BpfError as e:
+            if e.errno == errno.ENOENT:
+                return False
+            raise
+        return True
+
+    def drain(self) -> list[tuple[bytes, bytes]]:
+        """Every (key, value), each removed as it is read (``BPF_MAP_LOOKUP_AND_DELETE_BATCH``, hash
+        maps, Linux 5.6+; else key by key).  A program adding to an element the moment it is taken
+        can lose that one addition."""
+        if self._drain_ok is not False:
+            try:
+                out = self._batch(BPF_MAP_LOOKUP_AND_DELETE_BATCH)
+                self._drain_ok = True
+                return out
+            except BpfError as e:
+                if self._drain_ok is None and e.errno in (errno.EINVAL, errno.ENOTSUP, 524, errno.EPERM):
+                    self._drain_ok = False
+                else:
+                    raise
+        out = []
+        for k in list(self.keys()):
+            v = self.lookup(k)
+            if v is not None and self.delete(k):
+                out.append((k, v))
+        return out
 
     def keys(self) -> Iterator[bytes]:
         nxt = ctypes.create_string_buffer(self.key_size)
@@ -184,6 +238,9 @@ class BpfMap:
         return out
 
     def _items_batch(self) -> list[tuple[bytes, bytes]]:
+        return self._batch(BPF_MAP_LOOKUP_BATCH)
+
+    def _batch(self, cmd: int) -> list[tuple[bytes, bytes]]:
         n = min(self.BATCH_CHUNK, max(self.max_entries, 1))
         out: list[tuple[bytes, bytes]] = []
         token_in = ctypes.create_string_buffer(max(self.key_size, 8))
@@ -198,7 +255,7 @@ class BpfMap:
             done = False
             self.syscalls += 1
             try:
-                bpf(BPF_MAP_LOOKUP_BATCH, attr)
+                bpf(cmd, attr)
             except BpfError as e:
                 if e.errno == errno.ENOENT:
                     done = True

@@ -144,6 +144,34 @@ class ProbePlan:
     def ok(self) -> bool:
         return bool(self.tracepoints)
 
+    def attach_entries(self) -> list[dict[str, str]]:
+        """What the loader child attaches for this probe: one program per tracepoint."""
+        fns = dict(zip(self.spec.tracepoints, self.spec.fns, strict=True)) if self.spec.fns else {}
+        return [{"probe": self.spec.name, "tp": tp, "kind": self.spec.kind, "fn": fns.get(tp, self.spec.fn)}
+                for tp in self.tracepoints]
+
+
+def _plan_all(p: ProbePlan, tracefs: str) -> None:
+    """A probe of several programs (``spec.fns``): every tracepoint, with its fields, or none."""
+    missing, bad = [], []
+    for tp in p.spec.tracepoints:
+        f = tracepoint_fields(tracefs, tp)
+        if f is None:
+            missing.append(tp)
+            continue
+        want = [x.rsplit(":", 1)[1] for x in p.spec.fields if x.rsplit(":", 1)[0] == tp]
+        lacks = [x for x in want if x not in f]
+        if lacks:
+            bad.append(f"{tp} lacks fields {lacks}")
+        p.fields[tp] = f
+    if missing or bad:
+        p.fields.clear()
+        p.reason = "; ".join(([f"tracepoint absent: {', '.join(missing)}"] if missing else [])
+                             + ([f"unexpected tracepoint layout: {'; '.join(bad)}"] if bad else []))
+        p.hint = HINT_TP if missing and not bad else "this kernel's tracepoint differs from what the probe reads; probe left off"
+        return
+    p.tracepoints = list(p.spec.tracepoints)
+
 
 def plan_probes(tracefs: str | None, wanted: set[str] | None = None) -> list[ProbePlan]:
     plans = []
@@ -153,6 +181,10 @@ def plan_probes(tracefs: str | None, wanted: set[str] | None = None) -> list[Pro
         p = ProbePlan(spec)
         if tracefs is None:
             p.reason, p.hint = "no tracefs", HINT_TRACEFS
+            plans.append(p)
+            continue
+        if spec.fns:
+            _plan_all(p, tracefs)
             plans.append(p)
             continue
         bad_layout = []
@@ -174,17 +206,25 @@ def plan_probes(tracefs: str | None, wanted: set[str] | None = None) -> list[Pro
                 p.reason = "tracepoint absent: " + ", ".join(spec.tracepoints)
                 p.hint = HINT_AER if spec.name == "aer" else HINT_TP
         plans.append(p)
+    by_name = {p.spec.name: p for p in plans}
+    for p in plans:
+        need = by_name.get(p.spec.requires) if p.spec.requires else None
+        if p.spec.requires and p.ok and (need is None or not need.ok):
+            p.tracepoints = []
+            p.reason = f"needs the {p.spec.requires} probe, which is off" + (f" ({need.reason})" if need else "")
+            p.hint = need.hint if need else ""
     return plans
 
 
 def defines_for(plans: list[ProbePlan]) -> list[str]:
     """``-D`` names for the program from the probes planned (and their tracepoint formats)."""
 
-    out = []
+    out: list[str] = []
     for p in plans:
         if not p.ok:
             continue
-        out.append(p.spec.define)
+        if p.spec.define not in out:
+            out.append(p.spec.define)
         fields = set().union(*p.fields.values())
         if p.spec.name == "tcp_retransmit":
             if "err" in fields:
@@ -195,7 +235,22 @@ def defines_for(plans: list[ProbePlan]) -> list[str]:
             out.append("DMA_SG_HAS_FULL_ENTS")
         if p.spec.name == "aer" and {"tlp_header_valid", "tlp_header"} <= fields:
             out.append("AER_HAS_TLP")
+        if p.spec.name == "waitfor":
+            out.append(f"WF_BITS_WORDS={(pid_max() + 63) // 64}")
+            if not Path(BTF_VMLINUX).exists():
+                out.append("WF_NO_REGS")      # no kernel BTF: the blocked syscall is not read (its waker still is)
     return out
+
+
+BTF_VMLINUX = "/sys/kernel/btf/vmlinux"
+
+
+def pid_max(path: str = "/proc/sys/kernel/pid_max") -> int:
+    """The highest pid + 1 this kernel hands out (the wait-for bit arrays' size)."""
+    try:
+        return max(1, min(int(Path(path).read_text().split()[0]), 1 << 22))
+    except (OSError, ValueError, IndexError):
+        return 1 << 22
 
 
 def classify_error(text: str) -> tuple[str, str]:

@@ -29,6 +29,7 @@ C_TCP_PEERS_INSERT_FAIL = 14
 C_DMA_EVENTS = 15
 C_TCP_STATE = 16           # + TCP state (1..13): slots 17..29
 C_DMA_SG_ESTIMATED_BYTES = 30   # dma_map_sg bytes past the 128 entries an event carries, estimated from full_ents
+C_WF_LOST = 31                  # wait-for: an interval not recorded (its thread's or the wait map full)
 N_COUNTERS = 32
 
 PEERS_MAX = 1024
@@ -57,6 +58,10 @@ class ProbeSpec:
     (renamed tracepoints across kernel versions, e.g. ``dma_map_page`` -> ``dma_map_phys``).
     ``fields`` must all be present in the tracepoint's tracefs format: for raw tracepoints this
     guards the argument positions the program reads.
+
+    ``fns``: a probe made of several programs, one per tracepoint (aligned with ``tracepoints``);
+    then every tracepoint is required, not a candidate, and ``fields`` lists ``tracepoint:field``.
+    ``requires``: another probe this one is useless without (left off with it).
     """
 
     name: str
@@ -66,6 +71,8 @@ class ProbeSpec:
     tracepoints: tuple[str, ...]
     fields: tuple[str, ...] = ()
     description: str = ""
+    fns: tuple[str, ...] = ()
+    requires: str = ""
 
 
 PROBES: tuple[ProbeSpec, ...] = (
@@ -97,12 +104,42 @@ PROBES: tuple[ProbeSpec, ...] = (
               ("iommu:io_page_fault",), ("device", "driver", "iova", "flags"), "IOMMU I/O page faults (events)"),
     ProbeSpec("aer", "WANT_AER", "on_aer_event", "tracepoint",
               ("ras:aer_event",), ("dev_name", "status", "severity"), "PCIe AER errors (events)"),
+    ProbeSpec("waitfor", "WANT_WAITFOR", "on_wf_switch", "tracepoint",
+              ("sched:sched_switch", "sched:sched_waking"),
+              ("sched:sched_switch:prev_state", "sched:sched_switch:next_pid", "sched:sched_waking:pid"),
+              "wait-for: the tracked workloads' threads on a CPU, waiting for one, blocked (in which syscall "
+              "and descriptor) and who ended each wait", fns=("on_wf_switch", "on_wf_waking")),
+    ProbeSpec("waitfor_irq", "WANT_WAITFOR", "on_wf_softirq_entry", "tracepoint",
+              ("irq:softirq_entry", "irq:softirq_exit", "irq:irq_handler_entry", "irq:irq_handler_exit",
+               "timer:hrtimer_expire_entry", "timer:hrtimer_expire_exit"),
+              ("irq:softirq_entry:vec", "irq:irq_handler_entry:irq"),
+              "wait-for: wakeups in interrupt context (network receive, timers, device IRQs) told from the "
+              "task they interrupted",
+              fns=("on_wf_softirq_entry", "on_wf_softirq_exit", "on_wf_irq_entry", "on_wf_irq_exit",
+                   "on_wf_hrtimer_entry", "on_wf_hrtimer_exit"), requires="waitfor"),
 )
 
 PROBE_BY_NAME = {p.name: p for p in PROBES}
 
 # map name -> what the parent expects; only the maps of attached sections exist
-MAPS = ("counters", "tcp_peers", "dma_stats", "dma_devs", "dma_named", "rare_events")
+MAPS = ("counters", "tcp_peers", "dma_stats", "dma_devs", "dma_named", "rare_events",
+        "wf_tgid_bits", "wf_tid_bits", "wf_cur", "wf_wait")
+
+# wait-for (waitfor.bpf.c): map sizes, and the records the agent reads
+WF_THREADS_MAX = 16384
+WF_WAITS_MAX = 32768
+WF_ONCPU, WF_RUNNABLE, WF_BLOCKED, WF_UNKNOWN = 1, 2, 3, 0
+WF_KIND_BLOCKED, WF_KIND_RUNQ = 0, 1
+WF_CTX_SOFTIRQ, WF_CTX_HARDIRQ, WF_CTX_HRTIMER, WF_CTX_NONE = 1, 2, 3, 4
+# struct wf_cur: u64 since, cpu_ns, runq_ns, blocked_ns, switches; u32 tgid, state; s32 nr, fd; u32 by, pad
+WF_CUR = struct.Struct("<5QIIiiII")
+# struct wf_key: u32 tid, kind; s32 nr, fd; u32 waker_tgid, waker_tid, ctx, pad
+WF_KEY = struct.Struct("<IIiiIIII")
+# struct wf_val: u64 ns, count
+WF_VAL = struct.Struct("<QQ")
+# softirq vectors (include/linux/interrupt.h)
+SOFTIRQ_NAMES = {0: "hi", 1: "timer", 2: "net_tx", 3: "net_rx", 4: "block", 5: "irq_poll", 6: "tasklet",
+                 7: "sched", 8: "hrtimer", 9: "rcu"}
 
 # struct rare_event (probes.bpf.c): u64 ts, u64 addr, u32 kind, status, severity, tlp_valid, tlp[4],
 # char dev[32], char drv[32]

@@ -22,9 +22,11 @@ from pathlib import Path
 
 from triscope.agent.ebpf.bpfsys import possible_cpus
 from triscope.agent.ebpf.discover import DEFAULT_BCC_PATH
-from triscope.agent.ebpf.layout import DMA_KEYS_MAX, MAPS, PEERS_MAX
+from triscope.agent.ebpf.layout import DMA_KEYS_MAX, MAPS, PEERS_MAX, WF_THREADS_MAX, WF_WAITS_MAX
 
 SOURCE = Path(__file__).with_name("probes.bpf.c")
+# compiled as one text after SOURCE: sections of their own, switched on by their defines
+EXTRA_SOURCES = (Path(__file__).with_name("waitfor.bpf.c"),)
 # the directory the ``triscope`` package was imported from: the child imports the same code
 _ROOT = Path(sys.modules["triscope"].__file__ or ".").parent.parent
 
@@ -73,9 +75,10 @@ def run_loader(defines: list[str], attach: list[dict[str, str]], *, python: str 
 
     t0 = time.monotonic()
     cfg = {
-        "source": str(source or SOURCE),
+        "source": [str(source)] if source else [str(p) for p in (SOURCE, *EXTRA_SOURCES)],
         "bcc_path": bcc_path or "",
-        "cflags": [f"-D{d}" for d in defines] + [f"-DPEERS_MAX={PEERS_MAX}", f"-DDMA_KEYS_MAX={DMA_KEYS_MAX}"]
+        "cflags": [f"-D{d}" for d in defines] + [f"-DPEERS_MAX={PEERS_MAX}", f"-DDMA_KEYS_MAX={DMA_KEYS_MAX}",
+                                                 f"-DWF_THREADS_MAX={WF_THREADS_MAX}", f"-DWF_WAITS_MAX={WF_WAITS_MAX}"]
         + ([f"-DCOUNTERS_ROWS={possible_cpus()}"] if counters_rows else []) + list(extra_cflags or []),
         "attach": attach,
         "load_only": load_only or [],
@@ -162,7 +165,8 @@ def _child(cfg: dict, sock: socket.socket) -> None:
     timings["import_bcc"] = time.monotonic() - t0
     t1 = time.monotonic()
     try:
-        text = Path(cfg["source"]).read_text()
+        srcs = cfg["source"] if isinstance(cfg["source"], list) else [cfg["source"]]
+        text = "\n".join(Path(x).read_text() for x in srcs)
         b = BPF(text=text, cflags=cfg["cflags"])
     except Exception as e:  # noqa: BLE001 - BCC reports a failed compile as a bare Exception: told to the parent
         send({"fatal": "compile", "error": f"{type(e).__name__}: {e}"})

@@ -36,6 +36,7 @@
 #define C_DMA_EVENTS 15 /* any DMA map/unmap/error seen: the agent reads the DMA hashes only when it moved */
 #define C_TCP_STATE 16 /* 16 + tcp state: TCP states are 1..13, so slots 17..29 */
 #define C_DMA_SG_ESTIMATED_BYTES 30 /* bytes past the entries a dma_map_sg event carries, estimated */
+#define C_WF_LOST 31 /* wait-for: an interval not recorded (its thread or wait map full) */
 #define N_COUNTERS 32
 
 #ifdef COUNTERS_ROWS

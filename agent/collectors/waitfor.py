@@ -1,0 +1,269 @@
+"""Wait-for evidence, read: where each tracked thread's time went, and who ended each of its waits.
+
+The kernel side is ``agent/ebpf/waitfor.bpf.c`` (loaded with the other probes by the eBPF
+collector's loader child); this module holds its maps and turns them into per-thread seconds:
+
+* ``track(tgids)`` says which processes to follow: their bits in the program's pid-indexed arrays,
+  and an entry per thread they already have, initialised from ``/proc/PID/task/TID/{stat,syscall}``
+  (a thread that never leaves its CPU, a spinning one, is seen from the start).  Processes no
+  longer asked for are forgotten, in the kernel too.
+* ``read()`` returns, since the last read, each thread's seconds on a CPU, runnable without one
+  and blocked, and its waits: each blocked interval that ended (the syscall and descriptor it
+  blocked in, and the waking task or interrupt context), each runnable interval after a
+  preemption (the thread that took the CPU), and the blocked interval still open (its syscall,
+  no waker yet).  Open intervals count as they go: a thread blocked for a minute shows blocked
+  in every read, not all at once when it wakes; what was counted while open is taken off the
+  interval's total when it closes.
+
+Nothing here decides anything: ``waitchain.py`` follows the waits from an accelerator's driving
+thread; the verdict reads what that publishes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import struct
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from triscope.agent.ebpf import layout as L
+from triscope.agent.ebpf.bpfsys import BPF_NOEXIST, BpfError, BpfMap
+
+log = logging.getLogger(__name__)
+
+_U64 = struct.Struct("<Q")
+_U32 = struct.Struct("<I")
+# x86_64 syscalls whose first argument is the descriptor they wait on (as waitfor.bpf.c reads them)
+FD_SYSCALLS_X86_64 = frozenset({0, 1, 16, 17, 19, 20, 42, 43, 44, 45, 46, 47, 232, 281, 288, 299, 307, 441, 295})
+
+
+@dataclass(slots=True)
+class ThreadTime:
+    """One thread since the last read, in seconds."""
+
+    tid: int
+    tgid: int
+    cpu: float = 0.0
+    runq: float = 0.0
+    blocked: float = 0.0
+
+
+@dataclass(slots=True, frozen=True)
+class Wait:
+    """Seconds of one thread's waits of one kind since the last read.
+
+    ``kind`` ``blocked``: blocked in syscall ``nr`` (-1 unknown) on descriptor ``fd`` (-1 none),
+    ended by ``waker_tgid``/``waker_tid`` (a task: 0/0 the idle task) or, when ``ctx`` is not 0, by
+    an interrupt context (``ctx >> 24``: 1 softirq, 2 hardware IRQ, 3 hrtimer, 4 no wakeup seen; the
+    low bits its vector or IRQ); ``open``: still blocked at the read (no waker yet);
+    ``runq``: runnable after a preemption, ``waker_tid`` the thread that took the CPU."""
+
+    tid: int
+    kind: str
+    nr: int
+    fd: int
+    waker_tgid: int
+    waker_tid: int
+    ctx: int
+    seconds: float
+    count: int = 0
+
+
+@dataclass(slots=True)
+class WaitRead:
+    threads: dict[int, ThreadTime] = field(default_factory=dict)
+    waits: list[Wait] = field(default_factory=list)
+    seconds: float = 0.0          # wall time since the last read
+    lost: int = 0                 # intervals the kernel could not record (maps full), cumulative
+
+
+@dataclass(slots=True)
+class _Open:
+    since: int
+    state: int
+    reported: int = 0             # ns of it already counted as open
+
+
+class WaitFor:
+    """The wait-for maps, held by the agent.  ``maps``: ``wf_tgid_bits``, ``wf_tid_bits``,
+    ``wf_cur``, ``wf_wait`` (``BpfMap``); ``lost``: a callable giving the program's lost count."""
+
+    def __init__(self, maps: dict[str, BpfMap], *, proc: str = "/proc",
+                 clock_ns: Callable[[], int] = time.monotonic_ns, lost: Callable[[], int] | None = None) -> None:
+        self.tgid_bits = maps["wf_tgid_bits"]
+        self.tid_bits = maps["wf_tid_bits"]
+        self.cur = maps["wf_cur"]
+        self.wait = maps["wf_wait"]
+        self.proc = proc
+        self.clock_ns = clock_ns
+        self.lost = lost
+        self.words = self.tgid_bits.max_entries
+        self.tracked: set[int] = set()
+        self._tgid_words: dict[int, int] = {}        # word index -> bits set there by us
+        self._tid_words: dict[int, int] = {}
+        self._prev: dict[int, tuple[int, int, int]] = {}      # tid -> cumulative (cpu, runq, blocked) ns
+        self._open: dict[int, _Open] = {}
+        self._last = clock_ns()
+
+    # ------------------------------------------------------------------ what to follow
+    def track(self, tgids: Iterable[int]) -> None:
+        """Follow exactly these processes (and every thread they have or start)."""
+        want = {t for t in tgids if 0 < t < self.words * 64}
+        new, gone = want - self.tracked, self.tracked - want
+        if not new and not gone:
+            return
+        for t in new:
+            self._set(self.tgid_bits, self._tgid_words, t, True)
+        for t in gone:
+            self._set(self.tgid_bits, self._tgid_words, t, False)
+        self.tracked = want
+        if gone:
+            self._forget(gone)
+        now = self.clock_ns()
+        for t in new:
+            self._seed(t, now)
+
+    def _set(self, m: BpfMap, words: dict[int, int], ident: int, on: bool) -> None:
+        w, bit = ident >> 6, 1 << (ident & 63)
+        cur = words.get(w, 0)
+        val = cur | bit if on else cur & ~bit
+        if val == cur and (on or not cur):
+            return
+        # the program may have set bits of this word itself (a tracked process's new thread): read it first
+        raw = m.lookup(_U32.pack(w))
+        kernel = _U64.unpack_from(raw)[0] if raw else 0
+        kval = kernel | bit if on else kernel & ~bit
+        m.update(_U32.pack(w), _U64.pack(kval))
+        if val:
+            words[w] = val
+        else:
+            words.pop(w, None)
+
+    def _seed(self, tgid: int, now: int) -> None:
+        """An entry per thread the process has now, in the state ``/proc`` shows, so that a thread
+        which never switches (a spinning one) is counted from the start."""
+        try:
+            tids = [int(x) for x in os.listdir(f"{self.proc}/{tgid}/task") if x.isdigit()]
+        except OSError:
+            return
+        for tid in tids:
+            state, nr, fd = L.WF_UNKNOWN, -1, -1
+            base = f"{self.proc}/{tgid}/task/{tid}"
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                stat = open(f"{base}/stat", "rb").read()            # noqa: SIM115 - read at once
+                ch = stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3]
+                if ch in (b"S", b"D", b"I"):
+                    state = L.WF_BLOCKED
+                    parts = open(f"{base}/syscall").read().split()  # noqa: SIM115
+                    if parts and parts[0].lstrip("-").isdigit():
+                        nr = int(parts[0])
+                        if nr in FD_SYSCALLS_X86_64 and len(parts) > 1:
+                            fd = int(parts[1], 16)
+                            fd = fd if fd < 1 << 31 else -1
+            if tid < self.words * 64:
+                value = L.WF_CUR.pack(now, 0, 0, 0, 0, tgid, state, nr, fd, 0, 0)
+                try:
+                    self.cur.update(_U32.pack(tid), value, BPF_NOEXIST)
+                except BpfError as e:      # map full: the program counts what it cannot keep too
+                    log.debug("wait-for: thread %d not seeded: %s", tid, e)
+                    continue
+                self._set(self.tid_bits, self._tid_words, tid, True)
+
+    def _forget(self, tgids: set[int]) -> None:
+        for k, v in self.cur.items():
+            tid = _U32.unpack_from(k)[0]
+            if L.WF_CUR.unpack(v)[5] in tgids:
+                self.cur.delete(k)
+                self._set(self.tid_bits, self._tid_words, tid, False)
+                self._prev.pop(tid, None)
+                self._open.pop(tid, None)
+
+    # ------------------------------------------------------------------ reading
+    def read(self) -> WaitRead:
+        now = self.clock_ns()
+        since_last = max(1, now - self._last)
+        out = WaitRead(seconds=since_last / 1e9, lost=self.lost() if self.lost else 0)
+        correction: dict[int, tuple[int, int]] = {}      # tid -> (closed state, ns counted while it was open)
+        seen: set[int] = set()
+        opens: list[tuple[int, int, int, int]] = []      # (tid, nr, fd, ns) blocked and still open
+        for k, v in self.cur.items():
+            tid = _U32.unpack_from(k)[0]
+            since, cpu, runq, blocked, _sw, tgid, state, nr, fd, _by, _pad = L.WF_CUR.unpack(v)
+            if tgid not in self.tracked:
+                continue
+            seen.add(tid)
+            p = self._prev.get(tid, (0, 0, 0))
+            self._prev[tid] = (cpu, runq, blocked)
+            t = out.threads[tid] = ThreadTime(tid, tgid, max(0, cpu - p[0]) / 1e9, max(0, runq - p[1]) / 1e9,
+                                              max(0, blocked - p[2]) / 1e9)
+            o = self._open.get(tid)
+            if o is not None and o.since != since:       # the interval counted while open has closed
+                correction[tid] = (o.state, o.reported)
+                o = None
+            if state == L.WF_UNKNOWN or not since:
+                self._open.pop(tid, None)
+                continue
+            if o is None:
+                o = self._open[tid] = _Open(since, state)
+            part = max(0, now - max(since, self._last))
+            o.reported += part
+            sec = part / 1e9
+            if state == L.WF_ONCPU:
+                t.cpu += sec
+            elif state == L.WF_RUNNABLE:
+                t.runq += sec
+            else:
+                t.blocked += sec
+                opens.append((tid, nr, fd, part))
+        for tid in [x for x in self._open if x not in seen]:
+            del self._open[tid]
+        for tid in [x for x in self._prev if x not in seen]:
+            del self._prev[tid]
+        for tid, (state, ns) in correction.items():
+            t = out.threads.get(tid)
+            if t is None:
+                continue
+            sec = ns / 1e9
+            if state == L.WF_ONCPU:
+                t.cpu = max(0.0, t.cpu - sec)
+            elif state == L.WF_RUNNABLE:
+                t.runq = max(0.0, t.runq - sec)
+            else:
+                t.blocked = max(0.0, t.blocked - sec)
+        self._waits(out, correction, opens)
+        self._last = now
+        return out
+
+    def _waits(self, out: WaitRead, correction: dict[int, tuple[int, int]],
+               opens: list[tuple[int, int, int, int]]) -> None:
+        """The waits that ended since the last read (drained from the kernel), less what each
+        thread's closed interval had already counted while open, and the still-open ones."""
+        closed: dict[int, list[list]] = {}
+        for k, v in self.wait.drain():
+            tid, kind, nr, fd, wtgid, wtid, ctx, _ = L.WF_KEY.unpack(k)
+            if tid not in out.threads:
+                continue
+            ns, cnt = L.WF_VAL.unpack(v)
+            closed.setdefault(tid, []).append([kind, nr, fd, wtgid, wtid, ctx, ns, cnt])
+        for tid, rows in closed.items():
+            fix = correction.get(tid)
+            if fix is not None and fix[0] == L.WF_BLOCKED and fix[1] > 0:
+                blocked = [r for r in rows if r[0] == L.WF_KIND_BLOCKED]
+                total = sum(r[6] for r in blocked)
+                if total > 0:
+                    for r in blocked:       # spread over its closed waits (the interval is one of them)
+                        r[6] = max(0, r[6] - fix[1] * r[6] // total)
+            for kind, nr, fd, wtgid, wtid, ctx, ns, cnt in rows:
+                if ns <= 0 and not cnt:
+                    continue
+                out.waits.append(Wait(tid, "blocked" if kind == L.WF_KIND_BLOCKED else "runq", nr, fd, wtgid, wtid,
+                                      ctx, ns / 1e9, cnt))
+        for tid, nr, fd, ns in opens:
+            out.waits.append(Wait(tid, "open", nr, fd, 0, 0, 0, ns / 1e9))
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError, BpfError):
+            self.track(())
