@@ -67,7 +67,10 @@ def run_loader(defines: list[str], attach: list[dict[str, str]], *, python: str 
                maps: list[str] | None = None, counters_rows: bool = True) -> LoadResult:
     """Spawn the loader child and receive its fds.  Never raises for load problems: see ``fatal``.
 
-    ``attach``: ``[{"probe", "tp", "kind" ("tracepoint"|"raw"), "fn"}]``.
+    ``attach``: ``[{"probe", "tp", "kind" ("tracepoint"|"raw"), "fn"}]``; kinds ``uprobe`` and
+    ``uretprobe`` also carry ``path`` (a library or executable) and ``sym`` (the symbol): their
+    perf-event fds come back like a tracepoint's (closing them detaches); with ``skip_endbr64``
+    a function that starts with ``endbr64`` is probed just past it (its ``tp`` comes back + "+4").
     ``load_only``: functions to load as tracepoint programs without attaching (verifier check).
     ``counters_rows``: the counters as one mmapable row per possible CPU (Linux 5.5+), else the
     per-CPU array of older kernels (``triscope.agent.ebpf.bpfsys.Counters`` reads either).
@@ -182,6 +185,16 @@ def _child(cfg: dict, sock: socket.socket) -> None:
                 ev = a["tp"].split(":", 1)[1]
                 b.attach_raw_tracepoint(tp=ev, fn_name=a["fn"])
                 fd = b.raw_tracepoint_fds[ev.encode()]
+            elif a["kind"] in ("uprobe", "uretprobe"):
+                before = set(b.uprobe_fds)
+                attach_fn = b.attach_uprobe if a["kind"] == "uprobe" else b.attach_uretprobe
+                past = _past_endbr64(BPF, a["path"], a["sym"]) if a.get("skip_endbr64") else None
+                if past is None:
+                    attach_fn(name=a["path"], sym=a["sym"], fn_name=a["fn"])
+                else:
+                    attach_fn(name=a["path"], addr=past, fn_name=a["fn"])
+                    r["tp"] = a["tp"] + "+4"
+                fd = next(v for k, v in b.uprobe_fds.items() if k not in before)
             else:
                 b.attach_tracepoint(tp=a["tp"], fn_name=a["fn"])
                 fd = b.tracepoint_fds[a["tp"].encode()]
@@ -210,6 +223,24 @@ def _child(cfg: dict, sock: socket.socket) -> None:
         fds.append(t.map_fd)
     timings["child_total"] = time.monotonic() - t0
     send({"maps": maps, "attach": results, "loaded": loaded, "load_errors": load_errors}, fds)
+
+
+def _past_endbr64(bpf_cls: type, path: str, sym: str) -> int | None:
+    """The address just past a function's first instruction when that is ``endbr64`` (the x86_64
+    CET landing pad: it changes no register and no memory), else None.  The kernel emulates some
+    first instructions of a uprobe (push, nop, jumps) but single-steps others out of line, endbr64
+    among them: about ten times the cost on a VM (bench/bench_cuda_uprobes.py); a probe just past
+    it sees the same registers and stack."""
+    try:
+        module, off = bpf_cls._check_path_symbol(path, sym, None, -1)  # type: ignore[attr-defined]
+        with open(module, "rb") as f:
+            f.seek(off)
+            if f.read(4) != b"\xf3\x0f\x1e\xfa":
+                return None
+        addrs = bpf_cls.get_user_addresses(path, f"^{sym}$")  # type: ignore[attr-defined]
+        return next(iter(addrs)) + 4 if len(addrs) == 1 else None
+    except Exception:  # noqa: BLE001 - BCC reports a symbol it cannot resolve as a bare Exception: probe at the symbol
+        return None
 
 
 def main(argv: list[str]) -> None:
