@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from triscope.agent.collectors.base import Availability, BaseCollector, Collector
+from triscope.agent.ebpf.layout import PROBES
 from triscope.core.samples import EventRecord, Sample
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,9 @@ class AgentOptions:
     npu: bool = True
     npu_smi: str | None = None
     workloads: bool = True         # which workload uses each accelerator (needs NVML or npu-smi)
+    waitfor: bool = True           # wait-for probes (sched tracepoints) on the workloads' threads
+    cuda_probes: bool = True       # uprobes on the CUDA driver (sync, copies): the driving threads
+    cuda_launch_probe: bool = False   # ... and on every kernel launch (off: ~1-24 us a launch, bench cuda_uprobes)
     pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
     pods_log_dir: str = "/var/log/pods"
     scrape_timeout: float = 2.0    # one scrape, connect to last byte
@@ -75,10 +79,12 @@ def _make(name: str, factory: Callable[[], Collector]) -> Collector:
         return UnavailableCollector(name, f"cannot start: {e}")
 
 
-def _ebpf() -> Collector:
+def _ebpf(opts: AgentOptions) -> Collector:
     from triscope.agent.collectors.ebpf import EbpfCollector
 
-    return EbpfCollector()
+    if opts.waitfor:
+        return EbpfCollector()
+    return EbpfCollector(probes=[p.name for p in PROBES if not p.name.startswith("waitfor")])
 
 
 def _tcp(opts: AgentOptions, emit_retransmits: bool) -> Collector:
@@ -129,7 +135,7 @@ def _npu(opts: AgentOptions) -> Collector:
     return NpuSmiCollector(npu_smi=opts.npu_smi) if opts.npu_smi else NpuSmiCollector()
 
 
-def _workloads(opts: AgentOptions, npu: Collector | None) -> Collector:
+def _workloads(opts: AgentOptions, npu: Collector | None, ebpf: Collector | None = None) -> Collector:
     """Attribution and per-workload host evidence, fed by NVML's process lists and the npu-smi
     collector's process table (no npu-smi run of its own).  Without either it reports itself off
     at the start check (and costs nothing more)."""
@@ -144,8 +150,17 @@ def _workloads(opts: AgentOptions, npu: Collector | None) -> Collector:
         sources.append(NvmlProcessSource())
     if isinstance(npu, NpuSmiCollector):
         sources.append(NpuProcessSource(npu))
+    waitfor = getattr(ebpf, "waitfor", None) if opts.waitfor else None
+    api = None
+    if waitfor is not None and opts.nvml and opts.cuda_probes:
+        from triscope.agent.collectors.cudacalls import CudaCalls
+
+        try:
+            api = CudaCalls(launch_probe=opts.cuda_launch_probe, proc=opts.proc)
+        except Exception as e:  # noqa: BLE001 - the driver probes are optional evidence
+            log.warning("CUDA driver probes off: %s", e)
     return WorkloadsCollector(sources, proc=opts.proc, sys=opts.sys, pod_resources_socket=opts.pod_resources_socket,
-                              pods_log_dir=opts.pods_log_dir)
+                              pods_log_dir=opts.pods_log_dir, waitfor=waitfor, api=api)
 
 
 def _scrape(opts: AgentOptions, url: str) -> Collector:
@@ -160,7 +175,7 @@ def build_collectors(opts: AgentOptions) -> list[Collector]:
     from triscope.agent.collectors.scrape import parse_scrape_url
 
     collectors: list[Collector] = []
-    ebpf = _make("ebpf", _ebpf) if opts.ebpf else None
+    ebpf = _make("ebpf", lambda: _ebpf(opts)) if opts.ebpf else None
     tcp_probe = bool(ebpf is not None and getattr(ebpf, "attached", {}).get("tcp_retransmit", False))
     collectors.append(_make("tcp", lambda: _tcp(opts, emit_retransmits=not tcp_probe)))
     collectors.append(_make("cpu", lambda: _cpu(opts)))
@@ -176,7 +191,7 @@ def build_collectors(opts: AgentOptions) -> list[Collector]:
     if npu is not None:
         collectors.append(npu)
     if opts.workloads and (opts.nvml or opts.npu):
-        collectors.append(_make("workloads", lambda: _workloads(opts, npu)))
+        collectors.append(_make("workloads", lambda: _workloads(opts, npu, ebpf)))
     for url in opts.scrape:
         try:
             name = "scrape:" + parse_scrape_url(url)[1]

@@ -168,6 +168,31 @@ class MismatchThresholds:
     (0: at once).  Transition ticks (a GPM sample half idle, half copying) do not make states."""
     min_coverage: float = 0.5
     """A window needs accelerator data for at least this share of its ticks to be classified."""
+    # --- wait-for (docs/waitfor.md).  None of these was fitted on a recording: they are set from what
+    # each means, before the recordings they are scored on (h200-lab-7 and later) were made.
+    waitfor_min_seconds: float = 4.0
+    """Wait-for evidence decides a workload's verdict only when its driving threads were traced for
+    at least this many thread-seconds in the window (two fifths of a 10 s window for one thread);
+    less (a thread just found, a process that just started) and the older rules decide."""
+    waitfor_cause_share: float = 0.5
+    """An I/O cause — host staging (a thread on the chain working on a CPU, waiting for one, held at
+    its CPU limit, copying from pageable memory, reading disk) or a connection that loses packets —
+    makes the verdict when it holds at least this share of the driving threads' **working** time
+    (their time less what they spent waiting for requests, pacing or idle) and more than the
+    accelerator itself does: the accelerator waits on it more than on everything else together."""
+    waitfor_work_floor: float = 0.1
+    """Below this share of their time with work (the rest waiting for requests, sleeping, idle) the
+    driving threads are not held back by anything: the workload waits for demand, whatever its few
+    busy moments waited on."""
+    waitfor_requests_min: float = 0.2
+    """A workload whose threads wait for requests (blocked on the server's side of a connection or on
+    a listener) at least this many thread-seconds per second, and longer than its threads wait on its
+    driving thread, is waiting for demand: its driving thread's own CPU time then is polling (a
+    worker spinning on an empty queue), not work the accelerator waits on."""
+    waitfor_engaged: float = 0.3
+    """An accelerator engaged at least this share of the time (the higher of SM activity and NVML's
+    kernel-time utilisation) is being driven: its driving thread's own CPU time is launching work
+    (launch overhead), not host staging.  The same bar as ``starved_busy``."""
 
     def with_overrides(self, values: Mapping[str, Any], source: str = "overrides") -> MismatchThresholds:
         """These thresholds with ``values`` (field name: value) applied; ``ConfigError`` naming

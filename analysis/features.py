@@ -68,19 +68,44 @@ WORKLOAD_TCP_SEGMENTS_IN = "triscope_workload_tcp_data_segments_received_total"
 WORKLOAD_CPU_LOCAL = "triscope_workload_cpu_local_ratio"
 WORKLOAD_MEM_LOCAL = "triscope_workload_memory_local_ratio"
 WORKLOAD_ALLOWED_LOCAL = "triscope_workload_cpus_allowed_local_ratio"
+# wait-for (docs/waitfor.md): the workload's driving threads on the accelerator, where their time
+# went and where the chain of waits from them ends
+WAIT_DRIVER = "triscope_workload_driver_seconds_total"
+WAIT_CHAIN = "triscope_workload_wait_chain_seconds_total"
+WAIT_THREADS = "triscope_workload_driver_threads"
+WAIT_REQUESTS = "triscope_workload_requests_wait_seconds_total"
+WAIT_WAITED_ON = "triscope_workload_driver_waited_on_seconds_total"
+CHAIN_LABELS = ("cause", "relation", "culprit", "culprit_namespace", "culprit_pod", "culprit_container",
+                "culprit_workload")
+ChainKey = tuple[str, str, str, str, str, str, str]
+"""(cause, relation, culprit, culprit namespace, pod, container, workload) of a chain series."""
+WAIT_CONNECTION = {"triscope_workload_wait_connection_retransmits_total": "retransmits",
+                   "triscope_workload_wait_connection_segments_sent_total": "segments",
+                   "triscope_workload_wait_connection_ooo_received_total": "ooo_in",
+                   "triscope_workload_wait_connection_segments_received_total": "segments_in"}
+WAIT_KEYED: dict[str, tuple[str, tuple[str, ...], bool]] = {
+    WAIT_DRIVER: ("driver", ("state",), True),
+    WAIT_CHAIN: ("chain", CHAIN_LABELS, True),
+    WAIT_THREADS: ("driver_threads", ("found_by",), False),
+    **{m: ("conn", ("culprit",), True) for m in WAIT_CONNECTION},
+}
+"""Per-workload series with labels of their own: metric -> (``WorkloadWindow`` dict field, the labels
+keying it, counter?).  A connection series is keyed by (culprit, which counter)."""
 WORKLOAD_FIELDS: dict[str, str | None] = {
     WORKLOAD_INFO: None, WORKLOAD_PROCESSES: "processes", WORKLOAD_SM: "sm", WORKLOAD_FEEDER: "feeder",
     WORKLOAD_CPU_WAIT: "cpu_wait", WORKLOAD_CPU_PRESSURE: "cpu_pressure", WORKLOAD_CPU: "cores",
     WORKLOAD_CPU_PERIODS: "periods", WORKLOAD_CPU_THROTTLED: "throttled",
     WORKLOAD_TCP_RETRANSMITS: "retransmits", WORKLOAD_TCP_SEGMENTS: "segments",
     WORKLOAD_TCP_OOO_IN: "ooo_in", WORKLOAD_TCP_SEGMENTS_IN: "segments_in",
-    WORKLOAD_CPU_LOCAL: "cpu_local", WORKLOAD_MEM_LOCAL: "mem_local", WORKLOAD_ALLOWED_LOCAL: "allowed_local"}
+    WORKLOAD_CPU_LOCAL: "cpu_local", WORKLOAD_MEM_LOCAL: "mem_local", WORKLOAD_ALLOWED_LOCAL: "allowed_local",
+    WAIT_REQUESTS: "requests_wait", WAIT_WAITED_ON: "waited_on"}
 """Per-workload metric -> its ``WorkloadWindow`` field (the info series only says the workload is there)."""
 WORKLOAD_COUNTER_FIELDS = frozenset({"cores", "periods", "throttled", "retransmits", "segments", "ooo_in",
-                                     "segments_in"})
+                                     "segments_in", "requests_wait", "waited_on"})
 """Fields read from counters: per-second rates (the tracker's consecutive ticks, the store's rate read)."""
-WORKLOAD_METRICS = tuple(WORKLOAD_FIELDS)
-INPUT_METRICS = (GPU_BUSY, NPU_BUSY, PCIE_RX, PCIE_TX, CPU_BUSY, PRESSURE, DMA_MAPS, RETRANSMITS,
+WORKLOAD_METRICS = (*WORKLOAD_FIELDS, *WAIT_KEYED)
+GPU_UTIL = "triscope_gpu_utilization_ratio"   # NVML: share of time a kernel ran (copies count as busy)
+INPUT_METRICS = (GPU_BUSY, NPU_BUSY, GPU_UTIL, PCIE_RX, PCIE_TX, CPU_BUSY, PRESSURE, DMA_MAPS, RETRANSMITS,
                  *LINK_CAPACITY, *LINK_SPEED, *LINK_WIDTH, *WORKLOAD_METRICS)
 OTHER_WORKLOAD = "other"     # the agent's sum of the workloads past max_workloads_per_accelerator
 # link fact metrics by kind, each tuple in order of preference
@@ -89,6 +114,63 @@ LINK_FACT_METRICS: tuple[tuple[str, tuple[str, ...]], ...] = (("speed", LINK_SPE
 
 
 # ---------------------------------------------------------------------------------------------- features
+@dataclass(slots=True, frozen=True)
+class WaitEvidence:
+    """Where one workload's driving threads' time went over a window (docs/waitfor.md): shares of
+    their thread-seconds, first hop (``states``) and followed along the chain of waits to where it
+    ends (``chain``); the seconds behind those shares; demand (``requests_wait``: its threads'
+    seconds per second waiting for requests; ``waited_on``: its other threads' seconds per second
+    waiting on its driving threads); the network culprits' connections (per second: retransmits,
+    segments, ooo_in, segments_in)."""
+
+    seconds: float
+    states: dict[str, float]
+    chain: dict[ChainKey, float]
+    requests_wait: float | None = None
+    waited_on: float | None = None
+    found_by: str = ""
+    connections: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def connection_loss(self, culprit: str) -> tuple[float | None, float | None]:
+        """(its own segments retransmitted over segments sent, out-of-order arrivals over data
+        segments received) of a network culprit's connection; None where not known."""
+        c = self.connections.get(culprit)
+        if not c:
+            return None, None
+        out = c["retransmits"] / c["segments"] if c.get("segments", 0) > 0 and "retransmits" in c else None
+        inn = min(1.0, c["ooo_in"] / c["segments_in"]) if c.get("segments_in", 0) > 0 and "ooo_in" in c else None
+        return out, inn
+
+
+def wait_subkey(metric: str, labels: Mapping[str, str]) -> tuple[str, ...]:
+    """A keyed wait-for series' key inside its field (``WAIT_KEYED``): its own labels' values; a
+    connection series' (culprit, counter)."""
+    _fld, names, _counter = WAIT_KEYED[metric]
+    key = tuple(labels.get(n, "") for n in names)
+    if metric in WAIT_CONNECTION:
+        return (key[0], WAIT_CONNECTION[metric])
+    return key
+
+
+def wait_evidence(w: WorkloadWindow) -> WaitEvidence | None:
+    """A workload's ``WaitEvidence`` from its window's series; None without driving-thread series."""
+    totals = {k[0]: sum(v) for k, v in w.driver.items() if v}
+    seconds = sum(totals.values())
+    if seconds <= 0:
+        return None
+    chain = {k: sum(v) for k, v in w.chain.items() if v}
+    csum = sum(chain.values())
+    found = max(((sum(v), k[0]) for k, v in w.driver_threads.items() if v), default=(0.0, ""))[1]
+    conns: dict[str, dict[str, float]] = {}
+    for (culprit, which), vals in w.conn.items():
+        m = mean(vals)
+        if m is not None:
+            conns.setdefault(culprit, {})[which] = m
+    return WaitEvidence(seconds, {k: v / seconds for k, v in totals.items()},
+                        {k: v / csum for k, v in chain.items()} if csum > 0 else {},  # type: ignore[misc]
+                        mean(w.requests_wait), mean(w.waited_on), found, conns)
+
+
 @dataclass(slots=True, frozen=True)
 class WorkloadEvidence:
     """One workload's host and network evidence on one accelerator over one window (window means,
@@ -108,6 +190,7 @@ class WorkloadEvidence:
     cpu_local: float | None = None       # share of its CPU time on its accelerator's local CPUs
     mem_local: float | None = None       # share of its host pages on its accelerator's NUMA node
     allowed_local: float | None = None   # share of the CPUs it may run on that are local (0: pinned away)
+    wait: WaitEvidence | None = None     # what its driving threads waited on (wait-for probes)
 
     @property
     def throttled(self) -> float | None:
@@ -156,6 +239,9 @@ class AcceleratorFeatures:
     link_typical_bytes_per_second: float | None = None
     # DMA maps/s on the accelerator's own PCI device(s); None: not told apart, the node's rate counts
     dma_map_rate: float | None = None
+    # NVML utilisation (share of time a kernel ran; copies count too), mean and median; None: no series
+    util: float | None = None
+    util_typical: float | None = None
     # per-workload evidence, the highest window mean over the accelerator's workloads (None: no such
     # series: a recording or agent without per-workload evidence) and whose it is
     feeder_busy: float | None = None
@@ -181,6 +267,11 @@ class AcceleratorFeatures:
     def has_workload_tcp(self) -> bool:
         """The agent attributed TCP sockets to this accelerator's workloads in the window."""
         return any(w.has_tcp for w in self.per_workload)
+
+    @property
+    def has_waitfor(self) -> bool:
+        """Some workload on it has wait-for evidence (its driving threads traced) in the window."""
+        return any(w.wait is not None for w in self.per_workload)
 
     @property
     def link_util(self) -> float | None:
@@ -231,6 +322,14 @@ class WorkloadWindow:
     cpu_local: Sequence[float] = ()         # triscope_workload_cpu_local_ratio
     mem_local: Sequence[float] = ()         # triscope_workload_memory_local_ratio
     allowed_local: Sequence[float] = ()     # triscope_workload_cpus_allowed_local_ratio
+    requests_wait: Sequence[float] = ()     # triscope_workload_requests_wait_seconds_total, per second
+    waited_on: Sequence[float] = ()         # triscope_workload_driver_waited_on_seconds_total, per second
+    # keyed wait-for series (WAIT_KEYED), per second: state -> values; ChainKey -> values;
+    # found_by -> driving threads; (culprit, counter) -> values
+    driver: dict[tuple[str, ...], Sequence[float]] = field(default_factory=dict)
+    chain: dict[tuple[str, ...], Sequence[float]] = field(default_factory=dict)
+    driver_threads: dict[tuple[str, ...], Sequence[float]] = field(default_factory=dict)
+    conn: dict[tuple[str, ...], Sequence[float]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -245,6 +344,7 @@ class AcceleratorWindow:
     # DMA-map rates of its own PCI device(s), one list per series; None: not told apart (the node's)
     dma_map_rates: Sequence[Sequence[float]] | None = None
     workloads: Sequence[WorkloadWindow] = ()
+    util: Sequence[float] | None = None     # NVML utilisation; None: no series
 
 
 @dataclass(slots=True)
@@ -342,7 +442,8 @@ def window_features(values: WindowValues) -> WindowFeatures:
             a.name, mean(a.busy), mean(link) if link else None, a.ceiling or None,
             min(1.0, len(a.busy) / max(a.expected, 1.0)), upper_median(a.busy),
             upper_median(link) if link else None,
-            dma_map_rate=node_dma if a.dma_map_rates is None else (_summed_means(a.dma_map_rates) or 0.0))
+            dma_map_rate=node_dma if a.dma_map_rates is None else (_summed_means(a.dma_map_rates) or 0.0),
+            util=mean(a.util) if a.util else None, util_typical=upper_median(a.util) if a.util else None)
         if a.workloads:
             ws = a.workloads
             f.feeder_busy, f.feeder_of = _highest_of(ws, "feeder")
@@ -355,7 +456,7 @@ def window_features(values: WindowValues) -> WindowFeatures:
                                                f.workload_cores.get(w.key), mean(w.periods), mean(w.throttled),
                                                mean(w.retransmits), mean(w.segments), mean(w.ooo_in),
                                                mean(w.segments_in), mean(w.cpu_local), mean(w.mem_local),
-                                               mean(w.allowed_local))
+                                               mean(w.allowed_local), wait_evidence(w))
                               for w in ws]
         accs.append(f)
     return WindowFeatures(accs, cpu_busy=mean(values.cpu_busy), pressure=_highest_mean(values.pressure),

@@ -60,6 +60,7 @@ from triscope.analysis.features import (  # noqa: F401 - the detector's names, r
     PCIE_TX,
     PRESSURE,
     RETRANSMITS,
+    WAIT_KEYED,
     WORKLOAD_CPU,
     WORKLOAD_CPU_PERIODS,
     WORKLOAD_CPU_PRESSURE,
@@ -88,6 +89,7 @@ from triscope.analysis.features import (  # noqa: F401 - the detector's names, r
     link_ids,
     negotiated_capacity,
     own_dma_series,
+    wait_subkey,
     window_features,
     workload_key,
 )
@@ -201,15 +203,19 @@ def _workload_windows(series: Sequence[SeriesPoints], start: float, w: float, n:
     for acc, wls in by.items():
         per: list[list[WorkloadWindow]] = [[] for _ in range(n)]
         for key, sps in sorted(wls.items()):
-            cuts = [(sp.metric, *_cut_last(sp, start, w, n)) for sp in sps]
+            cuts = [((sp.metric, wait_subkey(sp.metric, sp.labels) if sp.metric in WAIT_KEYED else None),
+                     *_cut_last(sp, start, w, n)) for sp in sps]
             for i in range(n):
                 last = [lt[i] for _m, _v, lt in cuts if lt[i] is not None]
                 if not last:
                     continue
                 ww = WorkloadWindow(key, max(x for x in last if x is not None))
-                for metric, vals, _lt in cuts:
-                    fld = WORKLOAD_FIELDS.get(metric)
-                    if fld is not None and vals[i]:
+                for (metric, sub), vals, _lt in cuts:
+                    if not vals[i]:
+                        continue
+                    if sub is not None:
+                        getattr(ww, WAIT_KEYED[metric][0])[sub] = vals[i]
+                    elif (fld := WORKLOAD_FIELDS.get(metric)) is not None:
                         setattr(ww, fld, vals[i])
                 per[i].append(ww)
         out[acc] = per
@@ -259,6 +265,7 @@ def window_verdicts(inputs: MismatchInputs, start: float | None = None, end: flo
     devices = [sp.labels.get("device") for sp in inputs.dma_maps]
     dma_cut = [_cut(sp, start, w, n) for sp in inputs.dma_maps]
     workloads = _workload_windows(inputs.workloads, start, w, n)
+    util = {label_name(sp.labels): _cut(sp, start, w, n) for sp in inputs.util}
     accs: list[tuple[str, list[Sequence[float]], list[Sequence[float]] | None, float | None, float]] = []
     for sp in inputs.busy:
         name = label_name(sp.labels)
@@ -293,7 +300,8 @@ def window_verdicts(inputs: MismatchInputs, start: float | None = None, end: flo
             [AcceleratorWindow(name, busy[i], None if link is None else link[i], ceiling, expected,
                                None if dma_of is None or name not in dma_of else
                                [dma_cut[present[k]][i] for k in dma_of[name]],
-                               workloads[name][i] if name in workloads else ())
+                               workloads[name][i] if name in workloads else (),
+                               util[name][i] if name in util and util[name][i] else None)
              for name, busy, link, ceiling, expected in accs],
             cpu_busy=cpu[0][i] if len(cpu) == 1 else [v for c in cpu for v in c[i]],
             pressure=[c[i] for c in psi], dma_map_rates=[dma_cut[j][i] for j in own],

@@ -20,6 +20,7 @@ from triscope.analysis.features import (
     DMA_MAPS,
     GPU_BUSY,
     GPU_INFO,
+    GPU_UTIL,
     LINK_FACT_METRICS,
     NPU_BUSY,
     PCIE_RX,
@@ -33,7 +34,8 @@ from triscope.analysis.features import (
 )
 from triscope.analysis.reader import SeriesPoints, StoreReader, label_name, points_of
 
-MAIN_METRICS = (GPU_BUSY, NPU_BUSY, PCIE_RX, PCIE_TX, CPU_BUSY, PRESSURE, DMA_MAPS, RETRANSMITS, *WORKLOAD_METRICS)
+MAIN_METRICS = (GPU_BUSY, NPU_BUSY, GPU_UTIL, PCIE_RX, PCIE_TX, CPU_BUSY, PRESSURE, DMA_MAPS, RETRANSMITS,
+                *WORKLOAD_METRICS)
 LINK_FACT_LOOKBACK_S = 3600.0      # link facts: the newest value in the hour before the range and in it
 
 
@@ -58,6 +60,7 @@ class MismatchInputs:
     link_history_max: dict[str, float] = field(default_factory=dict)
     # every per-workload series (docs/workloads.md: accelerator + workload labels), all metrics
     workloads: list[SeriesPoints] = field(default_factory=list)
+    util: list[SeriesPoints] = field(default_factory=list)          # NVML utilisation per GPU
 
 
 def read_plan(span: float, window: float, tier: str | None) -> tuple[str | None, int | None]:
@@ -129,7 +132,7 @@ def fetch_mismatch_inputs(store: StoreReader, node: str, start: float, end: floa
     inputs = MismatchInputs(start, end, got[GPU_BUSY] + got[NPU_BUSY], got[PCIE_RX], got[PCIE_TX], got[CPU_BUSY],
                             got[PRESSURE], got[DMA_MAPS], got[RETRANSMITS],
                             [dict(i.labels) for i in store.series(node=node, metric=GPU_INFO)],
-                            workloads=[sp for m in WORKLOAD_METRICS for sp in got[m]])
+                            workloads=[sp for m in WORKLOAD_METRICS for sp in got[m]], util=got[GPU_UTIL])
     if inputs.busy and (inputs.pcie_rx or inputs.pcie_tx):   # the link ceiling is needed
         facts: dict[str, list[SeriesPoints]] = {}
         for _kind, metrics in LINK_FACT_METRICS:
@@ -160,7 +163,7 @@ def mismatch_inputs_from_series(series: Iterable[SeriesPoints], start: float, en
     inputs = MismatchInputs(start, end, main(GPU_BUSY) + main(NPU_BUSY), main(PCIE_RX), main(PCIE_TX),
                             main(CPU_BUSY), main(PRESSURE), main(DMA_MAPS), main(RETRANSMITS),
                             [dict(sp.labels) for sp in by_metric.get(GPU_INFO, ())],
-                            workloads=[sp for m in WORKLOAD_METRICS for sp in main(m)])
+                            workloads=[sp for m in WORKLOAD_METRICS for sp in main(m)], util=main(GPU_UTIL))
     inputs.link_facts = link_facts_from(by_metric, start - LINK_FACT_LOOKBACK_S, end)
     if ceiling_lookback_s > 0:
         inputs.link_history_max = _history_max(by_metric.get(PCIE_RX, []) + by_metric.get(PCIE_TX, []),

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from triscope.analysis.config import MismatchThresholds, default_thresholds
 from triscope.analysis.features import (
@@ -39,12 +40,14 @@ from triscope.analysis.features import (
     DMA_MAPS,
     GPU_BUSY,
     GPU_INFO,
+    GPU_UTIL,
     LINK_FACT_METRICS,
     NPU_BUSY,
     PCIE_RX,
     PCIE_TX,
     PRESSURE,
     RETRANSMITS,
+    WAIT_KEYED,
     WORKLOAD_COUNTER_FIELDS,
     WORKLOAD_FIELDS,
     AcceleratorWindow,
@@ -61,6 +64,7 @@ from triscope.analysis.features import (
     link_ids,
     negotiated_capacity,
     own_dma_series,
+    wait_subkey,
     window_features,
     workload_key,
 )
@@ -70,7 +74,8 @@ from triscope.core.samples import EventRecord, Sample
 from triscope.core.vocabulary import accelerator_name
 
 _KIND = {GPU_INFO: "info", GPU_BUSY: "busy", NPU_BUSY: "busy", PCIE_RX: "rx", PCIE_TX: "tx", CPU_BUSY: "cpu", PRESSURE: "psi",
-         DMA_MAPS: "dma", RETRANSMITS: "rtx", **dict.fromkeys(WORKLOAD_FIELDS, "wl")}
+         DMA_MAPS: "dma", RETRANSMITS: "rtx", GPU_UTIL: "util", **dict.fromkeys(WORKLOAD_FIELDS, "wl"),
+         **dict.fromkeys(WAIT_KEYED, "wl")}
 _FACT: dict[str, tuple[str, int]] = {}   # link-fact metric -> (fact, preference: lower wins)
 for _fact, _metrics in LINK_FACT_METRICS:
     for _rank, _m in enumerate(_metrics):
@@ -117,8 +122,9 @@ class _Workload:
     accelerator: str                # "gpu=0"
     key: WorkloadKey
     last: float = float("-inf")     # its newest tick
-    series: dict[str, _Rolling] = field(default_factory=dict)   # WorkloadWindow field -> points
-    prev: dict[str, tuple[float, float]] = field(default_factory=dict)   # counter field -> (ts, value)
+    # WorkloadWindow field -> points; a keyed wait-for series under (field, its key)
+    series: dict[str | tuple[str, tuple[str, ...]], _Rolling] = field(default_factory=dict)
+    prev: dict[str | tuple[str, tuple[str, ...]], tuple[float, float]] = field(default_factory=dict)   # counter -> (ts, value)
 
 
 @dataclass(slots=True)
@@ -162,6 +168,7 @@ class MismatchTracker:
         self._counters: dict[tuple[str, str], tuple[float, float]] = {}  # (metric, labels) -> (ts, value)
         self._busy: dict[str, _Rolling] = {}
         self._busy_labels: dict[str, dict[str, str]] = {}
+        self._util: dict[str, _Rolling] = {}       # accelerator -> NVML utilisation per tick
         self._link: dict[str, _Rolling] = {}       # accelerator -> busier PCIe direction per tick, bytes/s
         self._link_max: dict[str, float] = {}
         # link facts: link id -> fact -> (preference, value); gpu -> its PCI addresses
@@ -229,6 +236,8 @@ class MismatchTracker:
                 continue
             if k == "busy":
                 self._ingest_busy(s, now, v)
+            elif k == "util":
+                self._add(self._util, label_name(s.labels), now, v)
             elif k == "rx" or k == "tx":
                 self._ingest_link_rate(s, now, v, link_now)
             elif k == "wl":
@@ -278,17 +287,25 @@ class MismatchTracker:
                 return
             w = self._wl[ident] = _Workload(acc, workload_key(s.labels))
         w.last = now
-        fld = WORKLOAD_FIELDS[s.name]
-        if fld in WORKLOAD_COUNTER_FIELDS:      # a counter: its per-second rate
-            prev = w.prev.get(fld)
-            w.prev[fld] = (now, v)
+        keyed = WAIT_KEYED.get(s.name)
+        fld: str | None
+        if keyed is not None:
+            fld, _names, is_counter = keyed
+            key: str | tuple[str, tuple[str, ...]] = (fld, wait_subkey(s.name, s.labels))
+        else:
+            fld = WORKLOAD_FIELDS[s.name]
+            is_counter = fld in WORKLOAD_COUNTER_FIELDS
+            key = fld or ""
+        if is_counter:      # a counter: its per-second rate
+            prev = w.prev.get(key)
+            w.prev[key] = (now, v)
             if prev is None or now <= prev[0]:
                 return
             v = (v - prev[1] if v >= prev[1] else v) / (now - prev[0])
         if fld is not None:
-            r = w.series.get(fld)
+            r = w.series.get(key)
             if r is None:
-                r = w.series[fld] = _Rolling()
+                r = w.series[key] = _Rolling()
             r.add(now, v)
 
     def _ingest_rate(self, k: str, s: Sample, now: float, v: float) -> None:
@@ -346,12 +363,11 @@ class MismatchTracker:
                 ceiling = effective_ceiling(self._capacity(name), self._link_max.get(name), self.th)
             mine = None if dma_of is None else dma_of.get(name)
             wls = by_acc.get(name)
-            workloads = [] if not wls else [
-                WorkloadWindow(w.key, w.last, **{fld: vals(sr) for fld, sr in w.series.items()})
-                for w in sorted(wls, key=lambda x: x.key)]
+            workloads = [] if not wls else [_workload_window(w, vals) for w in sorted(wls, key=lambda x: x.key)]
+            ur = self._util.get(name)
             accs.append(AcceleratorWindow(name, vals(r), None if lr is None else vals(lr), ceiling, ticks,
                                           None if mine is None else [vals(self._dma[dma_keys[i]]) for i in mine],
-                                          workloads))
+                                          workloads, None if ur is None else vals(ur)))
         own = own_dma_series(devices, self._bus_ids)
         return WindowValues(accs, vals(self._cpu), [vals(r) for r in self._psi.values()],
                             [vals(self._dma[dma_keys[i]]) for i in own], [vals(r) for r in self._rtx.values()])
@@ -372,7 +388,7 @@ class MismatchTracker:
         cutoff = now - self.th.window_s
         self._cpu.expire(cutoff)
         self._ticks.expire(cutoff)
-        for series in (self._busy, self._link, self._psi, self._dma, self._rtx):
+        for series in (self._busy, self._util, self._link, self._psi, self._dma, self._rtx):
             _expire_all(series, cutoff)
         if self._wl:
             self._expire_workloads(cutoff)
@@ -424,6 +440,17 @@ class MismatchTracker:
             self.pin_churn = verdict.pin_churn
         self.last = verdict
         return out
+
+
+def _workload_window(w: _Workload, vals: Any) -> WorkloadWindow:
+    """One workload's window: its plain series by field, its keyed wait-for series into their dicts."""
+    ww = WorkloadWindow(w.key, w.last)
+    for key, sr in w.series.items():
+        if isinstance(key, tuple):
+            getattr(ww, key[0])[key[1]] = vals(sr)
+        else:
+            setattr(ww, key, vals(sr))
+    return ww
 
 
 def accelerator_event(now: float, before: str | None, state: str, score: float, labels: dict[str, str],

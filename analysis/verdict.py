@@ -43,6 +43,7 @@ from triscope.analysis.features import (
     workload_labels,
     workload_text,
 )
+from triscope.analysis.waitverdict import ChainFinding, chain_finding, chain_reasons, no_chain_reason
 from triscope.core.vocabulary import IO_STATES, STATES, WORST_FIRST  # noqa: F401 - STATES re-exported
 
 # roll-up order among equal scores: I/O states first, then the busiest
@@ -259,11 +260,103 @@ def _copy_feeders(acc: AcceleratorFeatures, th: MismatchThresholds, u: float | N
                    if c >= th.host_copy_cores and k[3] != OTHER_WORKLOAD), reverse=True)
 
 
+def engaged(acc: AcceleratorFeatures) -> float:
+    """How much of the time the accelerator runs work: the higher of its typical SM activity and
+    NVML's kernel-time utilisation (many small kernels keep a GPU running with few SMs active)."""
+    b = acc.busy_typical if acc.busy_typical is not None else (acc.busy or 0.0)
+    return max(b, acc.util_typical or 0.0)
+
+
+def chain_findings(acc: AcceleratorFeatures, th: MismatchThresholds) -> list[tuple[ChainFinding, WorkloadEvidence]]:
+    """Each workload's reading of its wait-for chain (those with enough evidence)."""
+    e = engaged(acc)
+    return [(f, w) for w in acc.per_workload if (f := chain_finding(w, e, th)) is not None]
+
+
+def deciding_chain(acc: AcceleratorFeatures, th: MismatchThresholds
+                   ) -> tuple[ChainFinding, WorkloadEvidence] | None:
+    """The chain finding that makes the accelerator's I/O state: the strongest one with an I/O
+    state; None when none has one."""
+    io = [(f, w) for f, w in chain_findings(acc, th) if f.state]
+    return max(io, key=lambda fw: (fw[0].strength, fw[0].state == "staging-bound")) if io else None
+
+
+def _without(acc: AcceleratorFeatures, keys: set[WorkloadKey]) -> AcceleratorFeatures:
+    """The accelerator's features without the workloads in ``keys`` (their chain decided them):
+    the symptom rules then read only the workloads that were not traced."""
+    from dataclasses import replace
+
+    rest = [w for w in acc.per_workload if w.key not in keys]
+
+    def top(attr: str) -> tuple[float | None, WorkloadKey | None]:
+        got = [(v, w.key) for w in rest if (v := getattr(w, attr)) is not None]
+        return max(got) if got else (None, None)
+
+    fb, fb_of = top("feeder")
+    cw, cw_of = top("cpu_wait")
+    cp, cp_of = top("cpu_pressure")
+    return replace(acc, per_workload=rest, feeder_busy=fb, feeder_of=fb_of, cpu_wait=cw, cpu_wait_of=cw_of,
+                   cpu_pressure=cp, cpu_pressure_of=cp_of,
+                   workload_cores={k: v for k, v in acc.workload_cores.items() if k not in keys})
+
+
 def classify_accelerator(acc: AcceleratorFeatures, f: WindowFeatures,
                          th: MismatchThresholds) -> tuple[str, float, list[str]]:
     """State, score and the reasons for one accelerator.  ``acc.busy`` must not be None.
 
-    The state is decided on the window's typical tick (medians), the score on its means."""
+    The state is decided on the window's typical tick (medians), the score on its means.  Where its
+    workloads' driving threads were traced (wait-for), their chains decide (``waitverdict``): a
+    busy thread nobody waits on is never a cause; the older symptom rules read only the workloads
+    that were not traced."""
+    if acc.has_waitfor:
+        return _classify_traced(acc, f, th)
+    state, score, reasons = _classify_symptoms(acc, f, th)
+    if state in IO_STATES and state != "io-saturated" and (acc.has_workload_evidence or acc.has_workload_tcp):
+        reasons = [*reasons, no_chain_reason(True)]
+    return state, score, reasons
+
+
+def _classify_traced(acc: AcceleratorFeatures, f: WindowFeatures, th: MismatchThresholds) -> tuple[str, float, list[str]]:
+    """An accelerator with wait-for evidence: compute and link states as ever; then the chains."""
+    b = max(0.0, min(1.0, acc.busy_typical if acc.busy_typical is not None else (acc.busy or 0.0)))
+    bm = max(0.0, min(1.0, acc.busy or 0.0))
+    u = acc.link_util_typical
+    saturated = u is not None and u >= th.io_saturated_link
+    if b >= th.compute_busy or (saturated and b < th.starved_busy):
+        return _classify_symptoms(acc, f, th)
+    found = chain_findings(acc, th)
+    io = [(c, w) for c, w in found if c.state]
+    name = acc.name.replace("=", " ").upper() if acc.name.startswith("gpu=") else acc.name
+    if io:
+        c, w = max(io, key=lambda fw: (fw[0].strength, fw[0].state == "staging-bound"))
+        return c.state, 1 - bm, chain_reasons(c, name, b, w, th)
+    traced = {c.workload for c, _w in found}
+    rest = _without(acc, traced)
+    if rest.per_workload and (rest.has_workload_evidence or rest.has_workload_tcp):
+        state, score, reasons = _classify_symptoms(rest, f, th)
+        if state in IO_STATES:
+            return state, score, [*reasons, "decided on host symptoms for the workloads whose waits were not traced"]
+    quiet = replace_evidence(acc, traced)
+    state, score, reasons = _classify_symptoms(quiet, f, th)
+    if found:
+        c, w = max(found, key=lambda fw: fw[1].wait.seconds if fw[1].wait else 0.0)
+        reasons = [*reasons, *chain_reasons(c, name, b, w, th)]
+    return state, score, reasons
+
+
+def replace_evidence(acc: AcceleratorFeatures, traced: set[WorkloadKey]) -> AcceleratorFeatures:
+    """The accelerator with its traced workloads' symptoms taken out and none left to read: what the
+    non-I/O states are decided on (idle, demand-limited, balanced) once the chains found no cause."""
+    from dataclasses import replace
+
+    return replace(_without(acc, traced), per_workload=[], feeder_busy=None, cpu_wait=None, cpu_pressure=None,
+                   workload_cores={})
+
+
+def _classify_symptoms(acc: AcceleratorFeatures, f: WindowFeatures,
+                       th: MismatchThresholds) -> tuple[str, float, list[str]]:
+    """The older rules: host symptoms of the workloads (a busy thread, throttling, CPU wait, their
+    sockets' loss) and the link."""
     b = max(0.0, min(1.0, acc.busy_typical if acc.busy_typical is not None else (acc.busy or 0.0)))
     u = acc.link_util_typical
     u0 = 0.0 if u is None else u
@@ -336,6 +429,28 @@ def accelerator_evidence(acc: AcceleratorFeatures) -> dict[str, Any]:
     return out
 
 
+def waitfor_evidence(acc: AcceleratorFeatures, state: str, th: MismatchThresholds) -> dict[str, Any]:
+    """The chains behind a verdict, for the pages and root cause: per traced workload, where its
+    driving threads' time went (first hop), the chain's ends (largest first, with their group) and
+    the groups' shares; ``deciding``: the workload whose chain made the I/O state."""
+    out: dict[str, Any] = {"workloads": []}
+    got = deciding_chain(acc, th) if state in ("staging-bound", "network-bound") else None
+    for c, w in chain_findings(acc, th):
+        ev = w.wait
+        assert ev is not None
+        out["workloads"].append({
+            "workload": list(w.key), "text": workload_text(w.key), "state": c.state, "strength": round(c.strength, 4),
+            "named": list(c.named), "work": round(c.work, 4), "seconds": round(ev.seconds, 2), "found_by": ev.found_by,
+            "states": {k: round(v, 4) for k, v in sorted(ev.states.items(), key=lambda kv: -kv[1])},
+            "groups": {k: round(v, 4) for k, v in c.groups.items()},
+            "requests_wait": _r(ev.requests_wait, 3), "waited_on": _r(ev.waited_on, 3),
+            "ends": [{**e, "workload": list(e["workload"]), "share": round(float(e["share"]), 4)}  # type: ignore[call-overload]
+                     for e in c.ends[:6]]})
+        if got is not None and got[0].workload == c.workload:
+            out["deciding"] = workload_text(w.key)
+    return out
+
+
 def _workload_of(acc: AcceleratorFeatures) -> WorkloadKey:
     return acc.workload or NO_WORKLOAD
 
@@ -358,6 +473,11 @@ def _named_workload(acc: AcceleratorFeatures, state: str, th: MismatchThresholds
     is short for all of them, and the verdict names none.  ``network-bound`` on per-workload TCP
     evidence names the workload whose own sockets lose the most; on the node's retransmits alone,
     none.  Everything else names the dominant workload (SM share, processes)."""
+    if state in ("staging-bound", "network-bound") and acc.has_waitfor:
+        got = deciding_chain(acc, th)
+        if got is not None and got[0].state == state:
+            return got[0].named, f"wait-for chain: {got[0].state}"
+        acc = _without(acc, {c.workload for c, _w in chain_findings(acc, th)})
     if state == "staging-bound" and acc.has_workload_evidence:
         named = _staging_workload(acc, th)
         if named is not None:
@@ -447,6 +567,8 @@ def classify_window(features: WindowFeatures, thresholds: MismatchThresholds | N
         score = round(max(0.0, min(1.0, score)), 4)
         ev = accelerator_evidence(acc)
         ev["reasons"] = reasons
+        if acc.has_waitfor:
+            ev["waitfor"] = waitfor_evidence(acc, state, th)
         dma = _device_dma(acc, features)
         named, why = _named_workload(acc, state, th)
         if acc.workloads:

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from triscope.agent.collectors.base import Availability, BaseCollector
+from triscope.agent.collectors.waitfor import WaitFor
 from triscope.agent.ebpf import layout as L
 from triscope.agent.ebpf.bpfsys import BpfError, BpfMap, Counters, RingBuffer, possible_cpus, sum_u64_percpu
 from triscope.agent.ebpf.decode import cstr, decode_peer, decode_rare
@@ -108,6 +109,7 @@ class EbpfCollector(BaseCollector):
         self._dma_ticks = 0
         self._dma_out: list[Sample] = []          # and the samples they gave
         self._states_seen: set[int] = set()
+        self.waitfor: WaitFor | None = None       # the wait-for maps' reader, when that probe attached
         self._fault_by_dev: dict[str, int] = {}
         self._aer_by_dev: dict[tuple[str, str], int] = {}
         if start:
@@ -222,8 +224,17 @@ class EbpfCollector(BaseCollector):
             else:
                 self._maps[name] = BpfMap(fd, self._ncpus)
             del res.maps[name]
+        wf = ("wf_tgid_bits", "wf_tid_bits", "wf_cur", "wf_wait")
+        if self.attached.get("waitfor") and all(m in self._maps for m in wf):
+            counters = self._counters
+            self.waitfor = WaitFor({m: self._maps[m] for m in wf},
+                                   lost=(lambda: counters.read()[L.C_WF_LOST]) if counters is not None else None)
 
     def close(self) -> None:
+        if self.waitfor is not None:
+            with contextlib.suppress(OSError, BpfError):
+                self.waitfor.close()
+            self.waitfor = None
         for m in self._maps.values():
             with contextlib.suppress(OSError):
                 m.close()

@@ -41,6 +41,7 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from triscope.agent.collectors.accelprocs import AcceleratorProcess, ProcessSource, device_keys, owner_key
 from triscope.agent.collectors.attribution import (
@@ -60,7 +61,9 @@ from triscope.agent.collectors.placement import WorkloadPlacement
 from triscope.agent.collectors.podresources import DEFAULT_SOCKET, DeviceOwner, PodResourcesWatch
 from triscope.agent.collectors.processset import CgroupCpu, CgroupDirs, ProcessTree, cgroup_dirs, process_set
 from triscope.agent.collectors.procstat import ProcSample, ProcStats
+from triscope.agent.collectors.waitfor import WaitFor
 from triscope.agent.collectors.workload_tcp import WorkloadTcp
+from triscope.agent.collectors.workload_waits import WorkloadWaits
 from triscope.core.samples import EventRecord, Sample
 
 log = logging.getLogger(__name__)
@@ -76,6 +79,7 @@ class _Accel:
     groups: tuple[tuple[Workload, tuple[int, ...]], ...]     # each workload on it and its whole process set
     cpu_stat: tuple[tuple[Workload, tuple[str, str]], ...] = ()   # each workload's cgroup cpu.stat (path, v1|v2)
     bus_id: str = ""          # its PCI address ("" unknown): where its local CPUs and NUMA node are read
+    listed: tuple[tuple[Workload, tuple[int, ...]], ...] = ()    # each workload's processes the source lists on it
 
 
 GroupTotals = tuple[int, float, float, float, int, int, int, int, float]
@@ -161,7 +165,8 @@ class WorkloadsCollector(BaseCollector):
                  max_workloads_per_accelerator: int = 8, busy_cores: float = 0.5,
                  process_every: float = 5.0, share_every: float = 5.0, pod_resources_every: float = 30.0,
                  max_processes_per_workload: int = 64, tcp_every: float = 5.0, placement_every: float = 10.0,
-                 background: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
+                 background: bool = True, clock: Callable[[], float] = time.monotonic,
+                 waitfor: WaitFor | None = None, api: Any = None) -> None:
         if max_workloads_per_accelerator < 1:
             raise ValueError("max_workloads_per_accelerator must be >= 1")
         if max_processes_per_workload < 1:
@@ -208,6 +213,10 @@ class WorkloadsCollector(BaseCollector):
         self._psi_fds: dict[str, int] = {}
         self._next_psi = 0.0
         self._cg_root: str | None | bool = False    # False: not looked up yet
+        # wait-for evidence (docs/waitfor.md): on when the eBPF collector loaded its probes
+        self.waits = WorkloadWaits(waitfor, proc=proc, api=api, clock=clock,
+                                   tcp_keys=lambda: self.tcp._keys if self.tcp is not None else {},
+                                   pods=lambda: self.pods, cpu_stat=self._cpu_stat_of) if waitfor is not None else None
 
     # ------------------------------------------------------------------ protocol
     def check(self) -> Availability:
@@ -249,6 +258,8 @@ class WorkloadsCollector(BaseCollector):
         procs = self.stats.sample()
         for acc in plan.accels:
             self._accelerator(acc, plan, procs, out)
+        if self.waits is not None:
+            self.waits.tick(plan.accels, out)
         return out
 
     def close(self) -> None:
@@ -268,6 +279,8 @@ class WorkloadsCollector(BaseCollector):
         for c in self._cpu_stat.values():
             c.close()
         self._cpu_stat.clear()
+        if self.waits is not None:
+            self.waits.close()
 
     # ------------------------------------------------------------------ refresh worker (off the tick)
     def _start(self) -> None:
@@ -381,6 +394,14 @@ class WorkloadsCollector(BaseCollector):
             self._cg_root = unified_root(self.sys)
         return cgroup_dirs(self.sys, dict(info.cgroups), self._cg_root if isinstance(self._cg_root, str) else None)
 
+    def _cpu_stat_of(self, info: ProcessInfo) -> tuple[str, str] | None:
+        """A process's cgroup ``cpu.stat`` (path, v1|v2), for the wait-for chain's throttling."""
+        if not info.cgroups:
+            return None
+        if self._cg_root is False:
+            self._cg_root = unified_root(self.sys)
+        return cgroup_dirs(self.sys, dict(info.cgroups), self._cg_root if isinstance(self._cg_root, str) else None).cpu_stat
+
     def _process_sets(self) -> dict[int, list[int]]:
         """Each listed process's whole process set: its container's or service's cgroup members and
         its descendants (``processset.process_set``), the other listed processes left to their own."""
@@ -415,6 +436,7 @@ class WorkloadsCollector(BaseCollector):
         by_accel: dict[Labels, tuple[str, dict[Workload, dict[int, None]]]] = {}
         bus_of: dict[Labels, str] = {}
         stat_of: dict[Labels, dict[Workload, tuple[str, str]]] = {}
+        listed_of: dict[Labels, dict[Workload, dict[int, None]]] = {}
         for r in self._rows:
             info = self._info.get(r.pid)
             owners: list[DeviceOwner] = []
@@ -422,6 +444,7 @@ class WorkloadsCollector(BaseCollector):
                 owners += owners_by_key.get(k, ())
             wl = attribute(info, owners, self.pods)
             group = by_accel.setdefault(r.labels, (r.uuid, {}))[1].setdefault(wl, {})
+            listed_of.setdefault(r.labels, {}).setdefault(wl, {})[r.pid] = None
             if r.bus_id:
                 bus_of[r.labels] = r.bus_id
             for pid in self._members.get(r.pid, (r.pid,)):
@@ -433,7 +456,8 @@ class WorkloadsCollector(BaseCollector):
                 if cs is not None:
                     stat_of.setdefault(r.labels, {})[wl] = cs
         accels = tuple(_Accel(labels, uuid, tuple((wl, tuple(pids)) for wl, pids in groups.items()),
-                              tuple(sorted(stat_of.get(labels, {}).items())), bus_of.get(labels, ""))
+                              tuple(sorted(stat_of.get(labels, {}).items())), bus_of.get(labels, ""),
+                              tuple((wl, tuple(ps)) for wl, ps in listed_of.get(labels, {}).items()))
                        for labels, (uuid, groups) in sorted(by_accel.items()))
         # every process of every set; a listed one the agent cannot see (another PID namespace) is left out
         pids = frozenset(p for a in accels for _wl, ps in a.groups for p in ps

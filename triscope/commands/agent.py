@@ -47,6 +47,15 @@ def add_agent_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spool-max-mb", type=float, default=256, help="spool size bound; beyond it the oldest "
                    "ticks are dropped and counted (default 256)")
     p.add_argument("--no-ebpf", action="store_true", help="do not load the eBPF probes (procfs fallbacks only)")
+    p.add_argument("--no-waitfor", action="store_true",
+                   help="do not trace what the workloads' threads wait on (the sched_switch/sched_waking probes; "
+                        "the verdict then decides on the older symptoms and says the evidence is missing)")
+    p.add_argument("--no-cuda-probes", action="store_true",
+                   help="do not put uprobes on the CUDA driver's sync and copy calls (which thread drives each GPU, "
+                        "time spinning in a sync, pageable vs pinned copies)")
+    p.add_argument("--cuda-launch-probe", action="store_true",
+                   help="also probe every kernel launch (off by default: ~1 us or more per launch, "
+                        "see 'python -m bench --only cuda_uprobes')")
     p.add_argument("--no-nvml", action="store_true", help="do not start the NVML (NVIDIA GPU) collector")
     p.add_argument("--no-npu", action="store_true", help="do not start the npu-smi (Ascend NPU) collector")
     p.add_argument("--npu-smi", metavar="PATH", help="npu-smi executable (default: found on PATH)")
@@ -119,6 +128,8 @@ def build_config(args: argparse.Namespace, listen: tuple[str, int] | None):
     opts = AgentOptions(proc=args.proc, sys=args.sys, scrape=list(args.scrape), ebpf=not args.no_ebpf,
                         nvml=not args.no_nvml, npu=not args.no_npu, npu_smi=args.npu_smi,
                         workloads=not args.no_workloads, pod_resources_socket=args.pod_resources_socket,
+                        waitfor=not args.no_waitfor, cuda_probes=not args.no_cuda_probes,
+                        cuda_launch_probe=bool(args.cuda_launch_probe),
                         scrape_timeout=args.scrape_timeout, interval=args.interval)
     return AgentConfig(db_url=db_url(args), node=args.node, interval=args.interval, write_every=args.write_every,
                        listen=listen, otlp=otlp_options(args),

@@ -51,6 +51,16 @@ def gather(proc: str = "/proc", sys_: str = "/sys",
     except ImportError:
         rows.append({"kind": "probe", "name": "ebpf", "ok": False, "reason": "eBPF support not installed",
                      "hint": ""})
+    try:        # the CUDA driver's uprobes: attached to the node's libcuda where there is one, then detached
+        from triscope.agent.collectors.cudacalls import CudaCalls
+        cc = CudaCalls()
+        try:
+            for probe, ok, reason, hint in cc.status():
+                rows.append({"kind": "probe", "name": probe, "ok": ok, "reason": reason, "hint": hint})
+        finally:
+            cc.close()
+    except ImportError:
+        pass
     return rows
 
 

@@ -1,0 +1,304 @@
+"""The workloads collector's wait-for series: each workload's driving threads on each accelerator,
+where their time went, and where the chain of waits from them ends (docs/waitfor.md).
+
+``WorkloadWaits`` is driven by the workloads collector's tick: ``tick(accels, out)`` follows the
+processes of every workload on every accelerator (and the producers the chain reached last tick,
+at most ``max_followed``), reads the kernel's wait-for maps (``waitfor.WaitFor``) and the
+accelerator API probes (``cudacalls``, when there), walks the chain (``waitchain.WaitChain``) and
+appends, per accelerator and workload (labels: the accelerator's, ``namespace``, ``pod``,
+``container``, ``workload``):
+
+* ``triscope_workload_driver_threads{found_by}``: how many driving threads, found how;
+* ``triscope_workload_driver_seconds_total{state}``: their time, first hop (``waitchain.STATES``);
+* ``triscope_workload_wait_chain_seconds_total{cause, relation, culprit, culprit_namespace,
+  culprit_pod, culprit_container, culprit_workload}``: their time followed to where it ends
+  (``waitchain.CAUSES``); ``relation`` of the culprit to the workload: ``self`` (a driving
+  thread), ``process`` (another thread of its process), ``workload`` (another process of its
+  set, e.g. a DataLoader worker), ``pod`` (another container of its pod), ``other`` (another
+  workload), ``kernel``, and for a network end ``inbound`` (the server's side of a connection:
+  requests) or ``outbound`` (the client's side: an upstream); the ``top`` culprits of each tick
+  by seconds, the rest summed per cause with empty culprit labels;
+* ``triscope_workload_wait_connection_{retransmits,segments_sent,ooo_received,segments_received}_total{culprit}``:
+  the counters of each network culprit's connection (its own socket's ``tcp_info``);
+* ``triscope_workload_requests_wait_seconds_total``: its threads' time waiting for requests;
+* ``triscope_workload_driver_waited_on_seconds_total``: its other threads' time waiting on its
+  driving threads.
+
+Every counter counts from when the agent began following its series; one not seen for
+``keep_s`` is forgotten (and starts again at 0: a reset, which rates handle).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from triscope.agent.collectors.attribution import WORKLOAD_LABELS, PodDir, ProcessInfo, Workload
+from triscope.agent.collectors.sockdiag import Counters, tcp_counters, tcp_lookup
+from triscope.agent.collectors.waitchain import Term, WaitChain, WorkloadChain
+from triscope.agent.collectors.waitfor import WaitFor
+from triscope.agent.collectors.waitwhat import FdIndex, Irqs, Procs, SocketIndex
+from triscope.core.samples import Sample
+
+log = logging.getLogger(__name__)
+
+Labels = tuple[tuple[str, str], ...]
+CULPRIT_LABELS = ("culprit_namespace", "culprit_pod", "culprit_container", "culprit_workload")
+CONN_SERIES = ("triscope_workload_wait_connection_retransmits_total",
+               "triscope_workload_wait_connection_segments_sent_total",
+               "triscope_workload_wait_connection_ooo_received_total",
+               "triscope_workload_wait_connection_segments_received_total")
+
+
+class WorkloadWaits:
+    """``waitfor``: the kernel maps' reader; ``api``: an object with ``track(tgids)`` and
+    ``read() -> {tid: ApiTime}`` (``cudacalls.CudaCalls``) or None; ``tcp_keys``: the per-workload
+    TCP reader's inode -> sock_diag key; ``pods``: the kubelet log tree; ``cpu_stat``: a process's
+    cgroup ``cpu.stat``."""
+
+    def __init__(self, waitfor: WaitFor, *, proc: str = "/proc", api: Any = None,
+                 tcp_keys: Callable[[], Mapping[int, tuple[int, bytes]]] = dict,
+                 pods: Callable[[], Mapping[str, PodDir] | None] = lambda: None,
+                 cpu_stat: Callable[[ProcessInfo], tuple[str, str] | None] = lambda _i: None,
+                 top: int = 3, max_followed: int = 32, keep_s: float = 600.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.waitfor = waitfor
+        self.api = api
+        self.top = top
+        self.max_followed = max_followed
+        self.keep_s = keep_s
+        self.clock = clock
+        self.procs = Procs(proc, pods, cpu_stat, clock=clock)
+        self.sockets = SocketIndex(tcp_keys, dump=tcp_counters, proc=proc, clock=clock)
+        self.chain = WaitChain(FdIndex(proc, clock=clock), self.sockets, Irqs(proc), self.procs,
+                               lossy=self._lossy, clock=clock)
+        self._followed: dict[int, float] = {}
+        self._tracked: frozenset[int] = frozenset()
+        # accelerator + workload labels -> (metric, further labels) -> [labels, value, last seen]
+        self._counters: dict[Labels, dict[tuple[str, Labels], list[Any]]] = {}
+        self._conn: dict[int, tuple[Counters, float]] = {}            # inode -> (counters, read at)
+        self._conn_hist: dict[int, list[tuple[float, Counters]]] = {}
+        self._conn_keys: dict[int, tuple[int, bytes]] = {}
+        self._next_conn = 0.0
+        self.problem = ""
+        # the API probes attach a library by a loader run (~1 s): done on a worker of its own, never
+        # on the tick; a read finding the worker busy skips its probes that tick
+        self._api_lock = threading.Lock()
+        self._api_want: frozenset[int] | None = None
+        self._api_wake = threading.Event()
+        self._api_stop = False
+        self._api_thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ the tick
+    def tick(self, accels: Sequence[Any], out: list[Any]) -> None:
+        """``accels``: the workloads collector's plan (``_Accel``: labels, groups, listed)."""
+        now = self.clock()
+        pids = {p for a in accels for _wl, ps in a.groups for p in ps}
+        for tg in self.chain.want_follow:
+            self._followed[tg] = now
+        for tg in [t for t, at in self._followed.items() if now - at > 60.0 or t in pids]:
+            del self._followed[tg]
+        if len(self._followed) > self.max_followed:
+            keep = sorted(self._followed.items(), key=lambda kv: -kv[1])[: self.max_followed]
+            self._followed = dict(keep)
+        want = frozenset(pids) | frozenset(self._followed)
+        if want != self._tracked:
+            try:
+                self.waitfor.track(want)
+            except OSError as e:
+                self._say(f"cannot follow the workloads' threads: {e}")
+                return
+            self._tracked = want
+            if self.api is not None:
+                self._api_track(frozenset(pids))
+        try:
+            read = self.waitfor.read()
+        except OSError as e:
+            self._say(f"cannot read the wait-for maps: {e}")
+            return
+        api: Mapping[int, Any] = {}
+        if self.api is not None and self._api_lock.acquire(blocking=False):
+            try:
+                api = self.api.read()
+            except Exception as e:  # noqa: BLE001 - the API probes are optional evidence
+                log.debug("wait-for: accelerator API probes unreadable: %s", e)
+            finally:
+                self._api_lock.release()
+        self.problem = ""
+        self.chain.begin(read, api)
+        self._read_connections(now)
+        for acc in accels:
+            listed = dict(getattr(acc, "listed", ()))
+            for wl, ps in acc.groups:
+                got = self.chain.workload((acc.labels, wl), listed.get(wl, ps[:1]), ps)
+                if got is not None:
+                    self._emit(acc.labels, wl, set(ps), got, now, out)
+        self._forget(now)
+
+    def _api_track(self, pids: frozenset[int]) -> None:
+        """Hand the accelerator processes to the API probes' worker (started on first use)."""
+        self._api_want = pids
+        self._api_wake.set()
+        if self._api_thread is None:
+            self._api_thread = threading.Thread(target=self._api_loop, name="accelerator-api", daemon=True)
+            self._api_thread.start()
+
+    def _api_loop(self) -> None:
+        while not self._api_stop:
+            self._api_wake.wait()
+            self._api_wake.clear()
+            want = self._api_want
+            if self._api_stop or want is None:
+                continue
+            with self._api_lock:
+                try:
+                    self.api.track(want)
+                except Exception as e:  # noqa: BLE001 - the worker never dies; the probes are optional
+                    log.warning("wait-for: accelerator API probes: %s", e)
+
+    def _say(self, why: str) -> None:
+        if why != self.problem:
+            log.warning("wait-for: %s", why)
+        self.problem = why
+
+    # ------------------------------------------------------------------ series
+    def _emit(self, acc: Labels, wl: Workload, pids: set[int], c: WorkloadChain, now: float, out: list[Any]) -> None:
+        base: Labels = (*acc, *zip(WORKLOAD_LABELS, wl, strict=True))
+        out.append(Sample("triscope_workload_driver_threads", float(len(c.drivers)), {**dict(base), "found_by": c.found_by}))
+        for state, sec in c.states.items():
+            self._add("triscope_workload_driver_seconds_total", base, (("state", state),), sec, now)
+        self._add("triscope_workload_requests_wait_seconds_total", base, (), c.requests_wait, now)
+        self._add("triscope_workload_driver_waited_on_seconds_total", base, (), c.waited_on, now)
+        ranked = sorted(c.causes.items(), key=lambda kv: -kv[1])
+        drivers = set(c.drivers)
+        driver_tgids = {t for t in (self.procs.tgid(d) for d in drivers) if t}
+        for i, (term, sec) in enumerate(ranked):
+            if i < self.top:
+                culprit = self._culprit(term, wl, pids, drivers, driver_tgids)
+            else:
+                culprit = (("relation", ""), ("culprit", ""), *((k, "") for k in CULPRIT_LABELS))
+            self._add("triscope_workload_wait_chain_seconds_total", base, (("cause", term.cause), *culprit), sec, now)
+            if i < self.top and term.cause == "network" and term.inode:
+                got = self._conn.get(term.inode)
+                if got is not None:
+                    name = dict(culprit)["culprit"]
+                    for metric, v in zip(CONN_SERIES, got[0], strict=True):
+                        self._set(metric, base, (("culprit", name),), float(v), now)
+        for metric, st in self._counters.get(base, {}).items():
+            if now - st[2] < self.keep_s:
+                out.append(Sample(metric[0], float(st[1]), st[0], "counter"))
+
+    def _culprit(self, term: Term, wl: Workload, pids: set[int], drivers: set[int],
+                 driver_tgids: set[int]) -> tuple[tuple[str, str], ...]:
+        if term.cause == "network":
+            rel = "inbound" if term.inbound else "outbound"
+            name = term.conn or "?"
+            labels: Workload = ("", "", "", "")
+        elif not term.tgid:
+            rel, name, labels = "", "", ("", "", "", "")
+        else:
+            facts = self.procs.get(term.tgid)
+            labels = facts.workload if facts is not None else ("", "", "", "")
+            name = facts.comm if facts is not None else str(term.tgid)
+            if term.tid in drivers:
+                rel = "self"
+                name = self.procs.thread_comm(term.tgid, term.tid) or name
+            elif term.tgid in driver_tgids:
+                rel = "process"
+                name = self.procs.thread_comm(term.tgid, term.tid) or name
+            elif term.tgid in pids:
+                rel = "workload"
+            elif facts is not None and facts.kernel:
+                rel = "kernel"
+            elif wl[1] and (labels[0], labels[1]) == (wl[0], wl[1]):
+                rel = "pod"
+            else:
+                rel = "other"
+        return (("relation", rel), ("culprit", name), *zip(CULPRIT_LABELS, labels, strict=True))
+
+    def _state(self, metric: str, base: Labels, extra: Labels, now: float) -> list[Any]:
+        """A series' [labels, value, last seen], kept under its accelerator and workload labels."""
+        per = self._counters.setdefault(base, {})
+        st = per.get((metric, extra))
+        if st is None:
+            st = per[(metric, extra)] = [dict(base + extra), 0.0, now]
+        return st
+
+    def _add(self, metric: str, base: Labels, extra: Labels, sec: float, now: float) -> None:
+        st = self._state(metric, base, extra, now)
+        st[1] += max(0.0, sec)
+        st[2] = now
+
+    def _set(self, metric: str, base: Labels, extra: Labels, value: float, now: float) -> None:
+        st = self._state(metric, base, extra, now)
+        st[1] = value
+        st[2] = now
+
+    def _forget(self, now: float) -> None:
+        for base in list(self._counters):
+            per = self._counters[base]
+            for k in [k for k, st in per.items() if now - st[2] > self.keep_s]:
+                del per[k]
+            if not per:
+                del self._counters[base]
+
+    # ------------------------------------------------------------------ connections the chain ends on
+    def _read_connections(self, now: float) -> None:
+        """The counters of the TCP connections the last ticks' chains ended on, every 2 s (sock_diag
+        exact lookups: the sockets asked for, not the host's tables)."""
+        if now < self._next_conn:
+            return
+        self._next_conn = now + 2.0
+        tk = self.chain._tick
+        if tk is None:
+            return
+        want: dict[int, tuple[int, bytes]] = {}
+        for tid in tk.threads:
+            for w in tk.waits.get(tid, ()):
+                if w.fd < 0 or w.kind == "runq":
+                    continue
+                fd = self.chain.fds.get(tk.threads[tid].tgid, w.fd)
+                if fd.kind == "socket" and fd.inode:
+                    s = self.sockets.get(fd.inode, allow_dump=False)
+                    if s is not None and s.key is not None:
+                        want[fd.inode] = s.key
+        if not want:
+            return
+        try:
+            got = tcp_lookup(want)
+        except OSError as e:
+            log.debug("wait-for: connection lookups failed: %s", e)
+            return
+        for ino, c in got.items():
+            self._conn[ino] = (c, now)
+            hist = self._conn_hist.setdefault(ino, [])
+            hist.append((now, c))
+            while hist and now - hist[0][0] > 12.0:
+                hist.pop(0)
+        for ino in [i for i, (_c, at) in self._conn.items() if now - at > 60.0]:
+            self._conn.pop(ino, None)
+            self._conn_hist.pop(ino, None)
+
+    def _lossy(self, inode: int) -> bool:
+        """Did this connection lose packets in the last ~10 s (a retransmit, or an out-of-order arrival)?"""
+        hist = self._conn_hist.get(inode)
+        if not hist or len(hist) < 2:
+            return False
+        a, b = hist[0][1], hist[-1][1]
+        return b[0] > a[0] or b[2] > a[2]
+
+    def close(self) -> None:
+        self._api_stop = True
+        self._api_wake.set()
+        if self._api_thread is not None:
+            self._api_thread.join(timeout=5.0)
+        if self.api is not None:
+            with contextlib.suppress(Exception):
+                self.api.close()
+        self.chain.close()
+        with contextlib.suppress(Exception):
+            self.waitfor.close()

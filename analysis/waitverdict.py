@@ -1,0 +1,190 @@
+"""The verdict from the chain: what a workload's driving threads wait on decides its state.
+
+``chain_finding(w, engaged, th)`` reads one workload's ``WaitEvidence`` (docs/waitfor.md): the
+driving threads' time followed along the waits to where it ends, each end with its culprit.  The
+ends fall into groups:
+
+* **staging** — the host does not produce what the accelerator needs: a thread on the chain
+  working on a CPU (a loader worker, a sidecar, another thread of the process — or the driving
+  thread itself, see below), runnable without a CPU (``cpu_wait``), held at its cgroup's CPU limit
+  (``cpu_throttled``), copying from pageable memory, reading disk;
+* **network** — a network connection on the chain that loses packets (its own retransmits over
+  its segments sent, or out-of-order arrivals over segments received, at the per-workload loss
+  bars; where the connection's counters are not known, the workload's own sockets' loss);
+* **accelerator** — waiting on the accelerator (its driver, a synchronisation call) or on pinned
+  copies: the accelerator is the limit;
+* **demand** — waiting for requests that do not come (the server's side of a lossless connection,
+  a listener), sleeping (pacing), ended by nothing identifiable;
+* **upstream** — the client's side of a lossless connection (a slow dependency, not a loss).
+
+The driving thread's **own** CPU time is the one end read with care, because a busy thread is a
+symptom, not a cause: with the accelerator engaged (``waitfor_engaged``: it runs the work the
+thread launches) it is launch overhead (accelerator group); with the workload waiting for demand
+(``waitfor_requests_min``: its threads wait for requests longer than anyone waits on the driving
+thread) it is polling, nobody waits on it (demand group); otherwise it is the host work the
+accelerator waits on (decode on the main thread: staging).
+
+The groups' shares are read over the driving threads' **working** time (their time less demand):
+an I/O group holding ``waitfor_cause_share`` of it, and more than the accelerator group, makes the
+state; with less than ``waitfor_work_floor`` of their time working, nothing holds them back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from triscope.analysis.config import MismatchThresholds
+from triscope.analysis.features import ChainKey, WaitEvidence, WorkloadEvidence, workload_text
+from triscope.core.vocabulary import WorkloadKey
+
+STAGING = "staging"
+NETWORK = "network"
+ACCELERATOR = "accelerator"
+DEMAND = "demand"
+UPSTREAM = "upstream"
+GROUPS = (STAGING, NETWORK, ACCELERATOR, DEMAND, UPSTREAM)
+_STAGING_CAUSES = frozenset({"cpu", "cpu_wait", "cpu_throttled", "copy_pageable", "disk"})
+_ACCEL_CAUSES = frozenset({"accelerator", "copy_pinned"})
+
+
+@dataclass(slots=True)
+class ChainFinding:
+    """One workload's reading of its chain over a window."""
+
+    workload: WorkloadKey
+    state: str                                  # "staging-bound", "network-bound", or "" (no I/O state)
+    strength: float                             # the deciding group's share of the working time
+    named: WorkloadKey                          # the workload an I/O verdict names
+    groups: dict[str, float]                    # group -> share of the driving threads' time
+    work: float                                 # share of their time with work (not demand)
+    ends: list[dict[str, object]] = field(default_factory=list)   # the chain's ends, largest first
+    reasons: list[str] = field(default_factory=list)
+
+
+def _lossy(w: WorkloadEvidence, ev: WaitEvidence, culprit: str, th: MismatchThresholds) -> tuple[bool, str]:
+    """Does the connection a network end names lose packets?  (yes, in words)."""
+    out, inn = ev.connection_loss(culprit)
+    c = ev.connections.get(culprit, {})
+    bar, rate = th.workload_retransmit_ratio, th.workload_retransmit_rate
+    if out is not None and out >= bar and c.get("retransmits", 0.0) >= rate:
+        return True, f"retransmits {out:.1%} of its segments ({c['retransmits']:.1f}/s)"
+    if inn is not None and inn >= bar and c.get("ooo_in", 0.0) >= rate:
+        return True, f"receives {inn:.1%} of its segments out of order, after a loss ({c['ooo_in']:.1f}/s)"
+    if out is None and inn is None:
+        # the connection's own counters are not known (an epoll set of several, a socket not read):
+        # the workload's own sockets together
+        if w.loss is not None and w.loss >= bar and (w.retransmits or 0.0) >= rate:
+            return True, f"the workload's sockets retransmit {w.loss:.1%} of their segments"
+        if w.loss_in is not None and w.loss_in >= bar and (w.ooo_in or 0.0) >= rate:
+            return True, f"the workload's sockets receive {w.loss_in:.1%} of their segments out of order"
+    return False, ""
+
+
+def _group(key: ChainKey, w: WorkloadEvidence, ev: WaitEvidence, engaged: float, demand_waits: bool,
+           th: MismatchThresholds) -> tuple[str, str]:
+    """The group of one end of the chain, and what it is in words."""
+    cause, relation, culprit = key[0], key[1], key[2]
+    if cause == "network":
+        lossy, how = _lossy(w, ev, culprit, th)
+        where = f"connection {'from' if relation == 'inbound' else 'to'} {culprit or 'a peer'}"
+        if lossy:
+            return NETWORK, f"on its {where}, which {how}"
+        return (DEMAND, f"for requests on its {where}") if relation == "inbound" else \
+            (UPSTREAM, f"on its {where} (no loss: the peer is slow)")
+    if cause in _ACCEL_CAUSES:
+        return ACCELERATOR, "on the accelerator" if cause == "accelerator" else "on pinned copies to the accelerator"
+    if cause == "cpu" and relation == "self":
+        if engaged >= th.waitfor_engaged:
+            return ACCELERATOR, "launching work on the accelerator (its own CPU time, the accelerator engaged)"
+        if demand_waits:
+            return DEMAND, "busy on its own CPU while the workload waits for requests (polling: nobody waits on it)"
+        return STAGING, "working on its own CPU between accelerator calls (host work on the accelerator's path)"
+    if cause in _STAGING_CAUSES:
+        return STAGING, _staging_words(cause, relation, culprit, key)
+    return DEMAND, {"timer": "sleeping (pacing, timeouts)", "producer": f"on {culprit or 'a process'} (not traced yet)"
+                    }.get(cause, "on nothing identifiable")
+
+
+_RELATION = {"self": "itself", "process": "another thread of its process", "workload": "its own workload",
+             "pod": "the same pod", "other": "another workload", "kernel": "a kernel thread"}
+
+
+def _staging_words(cause: str, relation: str, culprit: str, key: ChainKey) -> str:
+    who = "itself" if relation == "self" else (
+        f"{culprit or 'a producer'} ({_RELATION.get(relation, relation)}"
+        + (f", container {key[5]}" if relation == "pod" and key[5] else "") + ")")
+    return {"cpu": f"on {who} working on a CPU",
+            "cpu_wait": f"on {who} waiting for a CPU" if relation != "self" else "waiting for a CPU",
+            "cpu_throttled": f"on {who} held at its CPU limit (throttled)" if relation != "self"
+            else "held at its CPU limit (throttled)",
+            "copy_pageable": "copying from pageable memory" if relation == "self" else f"on {who} copying from pageable memory",
+            "disk": f"on disk ({who})"}[cause]
+
+
+def chain_finding(w: WorkloadEvidence, engaged: float, th: MismatchThresholds) -> ChainFinding | None:
+    """The workload's state from its chain; None without enough wait-for evidence (the older rules
+    decide then)."""
+    ev = w.wait
+    if ev is None or ev.seconds < th.waitfor_min_seconds or not ev.chain:
+        return None
+    req, waited = ev.requests_wait or 0.0, ev.waited_on or 0.0
+    demand_waits = req >= th.waitfor_requests_min and req > waited
+    groups = dict.fromkeys(GROUPS, 0.0)
+    ends: list[dict[str, object]] = []
+    for key, share in sorted(ev.chain.items(), key=lambda kv: -kv[1]):
+        g, words = _group(key, w, ev, engaged, demand_waits, th)
+        groups[g] += share
+        ends.append({"cause": key[0], "relation": key[1], "culprit": key[2], "workload": key[3:7], "share": share,
+                     "group": g, "words": words})
+    work = 1.0 - groups[DEMAND]
+    named = w.key
+    f = ChainFinding(w.key, "", 0.0, named, groups, work, ends)
+    if work < th.waitfor_work_floor or work <= 0:
+        return f
+    staging, network, accel = groups[STAGING] / work, groups[NETWORK] / work, groups[ACCELERATOR] / work
+    best = max(staging, network)
+    if best < th.waitfor_cause_share or best <= accel:
+        return f
+    f.strength = best
+    if network >= staging:
+        f.state = "network-bound"
+    else:
+        f.state = "staging-bound"
+        top = next(e for e in ends if e["group"] == STAGING)
+        culprit_wl = top["workload"]
+        if top["relation"] in ("pod", "other") and isinstance(culprit_wl, tuple) and any(culprit_wl):
+            f.named = culprit_wl  # type: ignore[assignment]
+    return f
+
+
+def chain_reasons(f: ChainFinding, accelerator: str, busy: float, w: WorkloadEvidence,
+                  th: MismatchThresholds) -> list[str]:
+    """The chain in words an SRE can act on: who waited on what, how much, and what that was doing."""
+    ev = w.wait
+    assert ev is not None
+    who = workload_text(w.key)
+    deciding = {"staging-bound": STAGING, "network-bound": NETWORK}.get(f.state)
+    lead = [e for e in f.ends if e["group"] == deciding] if deciding else f.ends[:1]
+    parts = [f"{e['share']:.0%} {e['words']}" for e in lead[:2]]
+    first = ", ".join(f"{k} {v:.0%}" for k, v in sorted(ev.states.items(), key=lambda kv: -kv[1])[:3] if v >= 0.01)
+    out = [f"{accelerator} busy {busy:.0%}: {who}'s driving thread{'s' if ev.found_by != 'main_thread' else ''} "
+           f"waited {'; '.join(parts)} of the window" + (f" (it blocked in: {first})" if first else "")]
+    if deciding:
+        out.append(f"the {deciding} causes hold {f.strength:.0%} of its working time "
+                   f"({f.work:.0%} of its time had work; the accelerator itself {f.groups[ACCELERATOR] / max(f.work, 1e-9):.0%})")
+    elif f.work < th.waitfor_work_floor:
+        out.append(f"{1 - f.work:.0%} of its time waiting for requests, pacing or idle: nothing holds it back")
+    else:
+        out.append(f"no I/O cause holds {th.waitfor_cause_share:.0%} of its working time ({f.work:.0%} of its time "
+                   f"had work; staging {f.groups[STAGING] / f.work:.0%}, network {f.groups[NETWORK] / f.work:.0%}, "
+                   f"the accelerator {f.groups[ACCELERATOR] / f.work:.0%})")
+    if ev.found_by and ev.found_by != "driver_calls":
+        out.append(f"driving thread found by {ev.found_by.replace('_', ' ')} (no driver API probes)")
+    return out
+
+
+def no_chain_reason(acc_has_workloads: bool) -> str:
+    """Said where the older rules decided: the wait-for evidence was missing."""
+    return ("no wait-for evidence (the driving thread's waits were not traced: an older agent or "
+            "recording, a kernel without the sched tracepoints, or --no-waitfor): decided on host symptoms"
+            if acc_has_workloads else "no workload evidence: decided on the accelerator and its link")
