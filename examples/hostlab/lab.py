@@ -1,6 +1,7 @@
 """The host lab: the production-like classes of the verdict on this machine's real kernel, the GPU simulated.
 
     sudo .venv/bin/python -m examples.hostlab.lab --node cpu-lab-3        # ~5 minutes, into examples/hostlab/traces
+    sudo .venv/bin/python -m examples.hostlab.lab --node cpu-lab-4 --set fourth --hold 50   # the fourth set (fourth.py)
 
 No GPU is needed, and only the GPU is stood in for.  Two stand-in services (``service.py``: a real
 DataLoader-style host side, worker processes that decode on the CPU, payloads fetched over TCP;
@@ -430,7 +431,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--node", required=True, help="the recording's node name (cpu-lab-N)")
     ap.add_argument("--out", type=Path, default=REPO / "examples" / "hostlab" / "traces")
     ap.add_argument("--hold", type=float, default=45.0, help="seconds per scenario (default 45)")
+    ap.add_argument("--set", default="", help="'fourth' (or 'fourth-a', 'fourth-b', or comma-separated class names): "
+                    "the fourth set's classes (fourth.py), pods and the stand-in CUDA driver; default: SCENARIOS")
+    ap.add_argument("--no-ebpf", action="store_true", help="fourth set: without the eBPF probes (wait-for evidence)")
     args = ap.parse_args(argv)
+    if args.set:
+        from . import fourth, fourth_cpu
+
+        names = list(fourth.SETS[args.set]) if args.set in fourth.SETS else [n for n in args.set.split(",") if n]
+        unknown = [n for n in names if n not in fourth.CPU_BY_NAME]
+        if unknown:
+            ap.error(f"unknown fourth-set classes: {', '.join(unknown)}")
+        trace = fourth_cpu.record(args.node, args.out, args.hold, names, ebpf=not args.no_ebpf)
+        print(f"hostlab: wrote {trace} and its timeline", file=sys.stderr)
+        return 0
     trace = record(args.node, args.out, args.hold)
     print(f"hostlab: wrote {trace} and its timeline", file=sys.stderr)
     return 0

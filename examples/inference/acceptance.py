@@ -11,7 +11,10 @@ scenario runner from ``scenarios.py`` when the scenario ran.  This feeds the rec
 verdicts the recording published left out, through ``MismatchTracker`` in memory (no store, about a
 second a recording), and scores every 10 s window after a scenario's first 15 s with
 ``report.score_tracks``: a window is right when its state is one the timeline expects and, for an
-I/O state, it names the faulty instance's workload.
+I/O state, it names the faulty instance (a or b: the timeline's ``faulty`` line; its workload, or
+one of the names its ``accept`` list gives, e.g. a pod and its containers).  A verdict's identity
+is its ``workload`` label, or on Kubernetes, where that is empty, ``pod:<namespace>/<pod>[/<container>]``
+(``report.identity``); ``io_named`` counts those.
 
 ``RECORDINGS`` says, for each recording, whether the rules were fitted on it (``fitted``) or it was
 recorded after the rule it is scored on was fixed (``held_out``): docs/inference-validation.md
@@ -32,7 +35,7 @@ from typing import Any
 from triscope.core.vocabulary import accelerator_name
 
 from .peers import PEER_SAYS_IO, PeerRecorder, peer_windows
-from .report import IO_STATES, Track, load_timeline, score_tracks
+from .report import IO_STATES, Track, identity, load_timeline, score_tracks
 
 REPO = Path(__file__).resolve().parents[2]
 TRACES = REPO / "examples" / "traces"
@@ -109,7 +112,7 @@ revision is the first ``held_out`` one."""
 
 
 def replay_tracks(trace: Path, thresholds: Any = None, peers: PeerRecorder | None = None) -> dict[str, Track]:
-    """Every accelerator's (state, workload) per tick from the recorded inputs through today's tracker
+    """Every accelerator's (state, identity) per tick from the recorded inputs through today's tracker
     (and, with ``peers``, the inputs the peer rules read)."""
     from triscope.analysis.online import MismatchTracker
     from triscope.core.samples import Sample
@@ -134,7 +137,7 @@ def replay_tracks(trace: Path, thresholds: Any = None, peers: PeerRecorder | Non
             if s.name == "triscope_mismatch_score":
                 track.scores[t] = float(s.value)
             elif s.value >= 0.5:
-                track.points[t] = (lab.get("state", ""), lab.get("workload", ""))
+                track.points[t] = (lab.get("state", ""), identity(lab))
     return out
 
 
@@ -142,12 +145,13 @@ def score(node: str, thresholds: Any = None, traces: Path = TRACES) -> dict[str,
     """One recording replayed and scored: per scenario (class) windows, right, pages on the healthy
     instance, states and the workloads I/O states named."""
     lines = load_timeline(traces / f"{node}.timeline.jsonl")
-    gpus = {str(ln["gpu"]) for ln in lines if ln.get("instance") == "b" and "gpu" in ln}
+    gpus = {str(ln["gpu"]) for ln in lines if ln.get("instance") == "b" and "gpu" in ln}    # a and b share it
     rec = PeerRecorder(min(gpus) if gpus else "0")
     rows = score_tracks(replay_tracks(traces / f"{node}.jsonl.gz", thresholds, rec), lines)
     peer = peer_windows(rec.data, lines)
     classes = {r["scenario"]: {"windows": r["windows"], "right": r["right"], "pages_on_healthy": r["pages_on_healthy"],
-                               "expected": r["expected_b"], "states": r["states"], "io_named": r["io_named"],
+                               "expected": r["expected_b"], "faulty": r["faulty"], "states": r["states"],
+                               "io_named": r["io_named"],
                                "peers": peer.get(r["scenario"], {}),
                                "io_only_right": sum(int((w["state"] in IO_STATES) == any(e in IO_STATES for e in r["expected_b"]))
                                                     for w in r["window_detail"])}

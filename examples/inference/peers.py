@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .report import IO_STATES
+from .report import IO_STATES, scenario_roles
 
 GPU_UTIL = "triscope_gpu_utilization_ratio"
 MEM_COPY = "triscope_gpu_memory_utilization_ratio"
@@ -118,7 +118,8 @@ def peer_windows(data: PeerInputs, lines: Sequence[dict[str, Any]], settle: floa
         b = mine.get("b")
         if b is None or "a" not in mine:
             continue
-        expect = list(b["expected_state"])
+        faulty, _ = scenario_roles(mine)
+        expect = list((faulty or b)["expected_state"])
         hog = next((ln for ln in scen if ln["scenario"] == name and ln["instance"] == "b:neighbour"), None)
         if hog is not None and mine["a"]["gpu"] == b["gpu"]:
             expect = list(hog["expected_state"])

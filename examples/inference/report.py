@@ -10,11 +10,14 @@ with its workload labels, one point per tick), and:
 
 * **windows**: the scenario's span after ``settle`` seconds (the fault is set at its start; the
   tracker's 10 s window and 2 s dwell need that long to see it) cut into ``window`` s windows
-  aligned to the scenario's start; each window's verdict is the (state, workload) the tracker
-  published on most of its ticks.  A window is **right** when its state is one the timeline
-  expects for the faulty instance and, for an I/O state, it names the faulty instance's workload;
-  for the both-healthy scenarios when the state is a healthy one.  **Pages on the healthy
-  instance**: windows whose I/O state names the healthy instance.
+  aligned to the scenario's start; each window's verdict is the (state, identity) the tracker
+  published on most of its ticks (``identity``: the ``workload`` label, or on Kubernetes, where
+  it is empty, the pod).  A window is **right** when its state is one the timeline expects for the
+  faulty instance and, for an I/O state, it names the faulty instance (its ``workload``, or any
+  of the names in its line's ``accept`` list); for the both-healthy scenarios when the state is a healthy
+  one.  The faulty instance is the line marked ``faulty`` (``a`` or ``b``; the inference
+  timelines, which do not mark it, have ``b`` faulty when a knob is off its default).  **Pages on
+  the healthy instance**: I/O windows naming an instance that carried no fault, whichever it is.
 * **rca**: ``triscope rca``'s incident timeline over the whole recording; per scenario the bad
   episodes overlapping its settled span, with their top cause.
 * **alerts**: the shipped alerting rules on the accelerator's series (``deploy/prometheus/
@@ -33,7 +36,7 @@ import argparse
 import json
 import sys
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,8 +69,57 @@ def load_timeline(path: Path) -> list[dict[str, Any]]:
     return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
 
 
+def identity(labels: Mapping[str, str]) -> str:
+    """What a verdict names, as one string: its ``workload`` label (``cmd:lab-b``,
+    ``unit:x.service``, ``Deployment/x``, ``shared``); on Kubernetes, where the agent leaves
+    ``workload`` empty and sets the pod labels, ``pod:<namespace>/<pod>`` and ``/<container>``
+    when the container is named; ``""`` when it names nothing."""
+    w = labels.get("workload", "") or ""
+    pod = labels.get("pod", "") or ""
+    if w or not pod:
+        return w
+    ctr = labels.get("container", "") or ""
+    return f"pod:{labels.get('namespace', '') or ''}/{pod}" + (f"/{ctr}" if ctr else "")
+
+
+def identity_names(ident: str) -> set[str]:
+    """The names an ``identity`` answers to: ``cmd:lab-b`` -> {lab-b}; ``pod:lab/lab-b/lab-b-prep``
+    -> {lab-b, lab-b-prep, lab/lab-b} (the pod, its container, the namespaced pod)."""
+    if ident.startswith("pod:"):
+        ns, _, rest = ident[len("pod:"):].partition("/")
+        pod, _, ctr = rest.partition("/")
+        return {n for n in (pod, ctr, f"{ns}/{pod}" if ns and pod else "") if n}
+    n = _workload_name(ident)
+    return {n} if n else set()
+
+
+def accepted_names(line: Mapping[str, Any]) -> set[str]:
+    """The names a right verdict may give for the instance of timeline ``line``: its ``accept``
+    list when it has one (a pod, its containers), else its ``workload``."""
+    acc = line.get("accept")
+    return {str(x) for x in acc} if acc else {str(line.get("workload", ""))} - {""}
+
+
+def names_instance(ident: str, line: Mapping[str, Any] | None) -> bool:
+    """Does a verdict naming ``ident`` name the instance of timeline ``line``?"""
+    return line is not None and bool(identity_names(ident) & accepted_names(line))
+
+
+def scenario_roles(mine: Mapping[str, dict[str, Any]]) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """A scenario's lines by instance -> (the faulty instance's line or None, the healthy ones').
+    A timeline that marks ``faulty`` (the host labs') is taken at its word, a or b; the inference
+    timelines mark none: b is faulty when a knob is off its default (``_faulty``), a healthy."""
+    pair = [mine[w] for w in ("a", "b") if w in mine]
+    if any("faulty" in ln for ln in pair):
+        faulty = next((ln for ln in pair if ln.get("faulty")), None)
+        return faulty, [ln for ln in pair if ln is not faulty]
+    b = mine.get("b")
+    faulty = b if b is not None and b.get("knobs") and _faulty(b) else None
+    return faulty, [ln for ln in pair if ln is not faulty]
+
+
 def tracks(store: Any, node: str, start: float, end: float) -> dict[str, Track]:
-    """Every accelerator's published (state, workload) per tick from the stored state series."""
+    """Every accelerator's published (state, identity) per tick from the stored state series."""
     out: dict[str, Track] = {}
     for sd in store.query("triscope_mismatch_state", node=node, start=start, end=end, max_points=None):
         lab = sd.info.labels
@@ -77,7 +129,7 @@ def tracks(store: Any, node: str, start: float, end: float) -> dict[str, Track]:
         tr = out.setdefault(acc, Track(acc, {}, {}))
         for t, v in zip(sd.ts, sd.values, strict=True):
             if v >= 0.5:
-                tr.points[round(t, 3)] = (lab.get("state", ""), lab.get("workload", ""))
+                tr.points[round(t, 3)] = (lab.get("state", ""), identity(lab))
     for sd in store.query("triscope_mismatch_score", node=node, start=start, end=end, max_points=None):
         lab = sd.info.labels
         acc = accelerator_name(lab)
@@ -148,38 +200,39 @@ def score_tracks(trs: dict[str, Track], lines: Sequence[dict[str, Any]], settle:
         b, a = mine.get("b"), mine.get("a")
         if b is None or a is None:
             continue
-        both_healthy = not (b.get("knobs") and _faulty(b))
-        expect = list(b["expected_state"])
+        faulty, healthy = scenario_roles(mine)
+        both_healthy = faulty is None
+        expect = list((faulty or b)["expected_state"])
         hog = next((ln for ln in scen if ln["scenario"] == name and ln["instance"] == "b:neighbour"), None)
         one_gpu = a["gpu"] == b["gpu"]
         if hog is not None and one_gpu:
             # one GPU: the hog shares it, so the GPU's verdict is the hog's line's
             expect, both_healthy = list(hog["expected_state"]), True
-        gpu_b = f"gpu={b['gpu']}"
+        gpu_b = f"gpu={(faulty or b)['gpu']}"
         tr = trs.get(gpu_b)
         s0, s1 = float(b["start"]) + settle, float(b["end"])
         wins: list[dict[str, Any]] = []
-        right = pages_a = 0
+        right = pages = 0
         t = s0
         while t + window <= s1 + 1e-6 and tr is not None:
             v = _majority(tr.between(t, t + window))
             if v is not None:
                 state, wl = v
-                ok = state in expect and (both_healthy or state not in IO_STATES
-                                          or _workload_name(wl) == b["workload"])
-                page_a = state in IO_STATES and _workload_name(wl) == a["workload"]
+                ok = state in expect and (both_healthy or state not in IO_STATES or names_instance(wl, faulty))
+                page = state in IO_STATES and any(names_instance(wl, h) for h in healthy)
                 right += ok
-                pages_a += page_a
+                pages += page
                 wins.append({"start": round(t, 1), "state": state, "workload": wl, "right": ok})
             t += window
         states = Counter(w["state"] for w in wins)
         named = Counter(w["workload"] for w in wins if w["state"] in IO_STATES)
         rows.append({
             "scenario": name, "title": b.get("title", ""), "start": float(b["start"]), "end": float(b["end"]),
-            "gpu_a": a["gpu"], "gpu_b": b["gpu"], "expected_b": expect, "expected_cause": b.get("expected_cause"),
+            "gpu_a": a["gpu"], "gpu_b": b["gpu"], "faulty": (faulty or {}).get("instance"),
+            "expected_b": expect, "expected_cause": b.get("expected_cause"),
             "expected_page": bool(b.get("page")), "load": {"a": (a.get("load") or {}).get("level"),
                                                            "b": (b.get("load") or {}).get("level")},
-            "windows": len(wins), "right": right, "pages_on_healthy": pages_a,
+            "windows": len(wins), "right": right, "pages_on_healthy": pages,
             "states": dict(states.most_common()), "io_named": dict(named.most_common()),
             "verdict": states.most_common(1)[0][0] if states else None,
             "client_p99_ms": {"a": (a.get("client") or {}).get("p99_ms"), "b": (b.get("client") or {}).get("p99_ms")},
@@ -190,7 +243,7 @@ def score_tracks(trs: dict[str, Track], lines: Sequence[dict[str, Any]], settle:
     return rows
 
 
-def _faulty(line: dict[str, Any]) -> bool:
+def _faulty(line: Mapping[str, Any]) -> bool:
     """Did b carry a fault (any knob off its start-up default) in this scenario?  A timeline that
     says so itself (``faulty``: the host lab's) is taken at its word."""
     if "faulty" in line:
