@@ -99,6 +99,8 @@ def _group(key: ChainKey, w: WorkloadEvidence, ev: WaitEvidence, engaged: float,
         if demand_waits:
             return DEMAND, "busy on its own CPU while the workload waits for requests (polling: nobody waits on it)"
         return STAGING, "working on its own CPU between accelerator calls (host work on the accelerator's path)"
+    if cause == "cpu_wait" and relation == "self" and demand_waits:
+        return DEMAND, "waiting for a CPU to poll on while the workload waits for requests (nobody waits on it)"
     if cause in _STAGING_CAUSES:
         return STAGING, _staging_words(cause, relation, culprit, key)
     return DEMAND, {"timer": "sleeping (pacing, timeouts)", "producer": f"on {culprit or 'a process'} (not traced yet)"

@@ -43,6 +43,11 @@ class PodDir:
     namespace: str
     pod: str
     containers: tuple[str, ...]
+    by_id: tuple[tuple[str, str], ...] = ()     # (container ID, container name), from /var/log/containers
+
+    def container_named(self, container_id: str) -> str:
+        """The name of this pod's container with that runtime ID ("" when not known)."""
+        return next((n for i, n in self.by_id if i == container_id), "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +66,7 @@ def read_pod_dirs(path: str = DEFAULT_PODS_LOG_DIR) -> dict[str, PodDir] | None:
         entries = os.listdir(path)
     except OSError:
         return None
+    ids = read_container_ids(os.path.join(os.path.dirname(path.rstrip("/")) or "/", "containers"))
     out: dict[str, PodDir] = {}
     for e in entries:
         parts = e.split("_")
@@ -71,7 +77,29 @@ def read_pod_dirs(path: str = DEFAULT_PODS_LOG_DIR) -> dict[str, PodDir] | None:
                                       if os.path.isdir(os.path.join(path, e, c))))
         except OSError:
             containers = ()
-        out[parts[2].lower()] = PodDir(clean(parts[0], 253), clean(parts[1], 253), tuple(clean(c) for c in containers))
+        ns, pod = clean(parts[0], 253), clean(parts[1], 253)
+        out[parts[2].lower()] = PodDir(ns, pod, tuple(clean(c) for c in containers),
+                                       tuple(sorted((cid, name) for cid, (n, p, name) in ids.items() if (n, p) == (ns, pod))))
+    return out
+
+
+def read_container_ids(path: str = "/var/log/containers") -> dict[str, tuple[str, str, str]]:
+    """{container ID: (namespace, pod, container)} from the kubelet's log links
+    (``<pod>_<namespace>_<container>-<64 hex id>.log``): which container of a pod a process's
+    cgroup (its container ID) is.  Empty when the directory cannot be read."""
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return {}
+    out: dict[str, tuple[str, str, str]] = {}
+    for n in names:
+        if not n.endswith(".log") or len(n) < 70:
+            continue
+        stem, cid = n[:-4].rsplit("-", 1) if "-" in n else ("", "")
+        parts = stem.split("_")
+        if len(cid) != 64 or len(parts) != 3 or not all(parts):
+            continue
+        out[cid] = (clean(parts[1], 253), clean(parts[0], 253), clean(parts[2]))
     return out
 
 
@@ -117,16 +145,19 @@ def attribute(info: ProcessInfo | None, owners: Sequence[DeviceOwner], pods: Map
                 return (*mine[0], "")
             if mine:
                 return (pod.namespace, pod.pod, "", "")
-            return _pod_labels(pod)           # in a pod that was not given this device
+            return _pod_labels(pod, owner.container_id if owner is not None else "")   # in a pod not given this device
         if len(distinct) == 1:
             return (*distinct[0], "")
         return SHARED
     if pod is not None:
-        return _pod_labels(pod)
+        return _pod_labels(pod, owner.container_id if owner is not None else "")
     if info is None:
         return ("", "", "", "")
     return host_workload(info)
 
 
-def _pod_labels(pod: PodDir) -> Workload:
-    return (pod.namespace, pod.pod, pod.containers[0] if len(pod.containers) == 1 else "", "")
+def _pod_labels(pod: PodDir, container_id: str = "") -> Workload:
+    """A pod's labels; its container named by the runtime ID where the kubelet's log links say which,
+    else when the pod has one container."""
+    name = pod.container_named(container_id) if container_id else ""
+    return (pod.namespace, pod.pod, name or (pod.containers[0] if len(pod.containers) == 1 else ""), "")

@@ -198,6 +198,32 @@ def tcp_counters(families: tuple[int, ...] = (socket.AF_INET, socket.AF_INET6),
     return out
 
 
+def listening_ports() -> set[int]:
+    """The TCP ports some socket of this network namespace listens on (one dump of the ``LISTEN``
+    state only): the server's side of a connection is the one whose local port is among them."""
+    out: set[int] = set()
+    with contextlib.closing(_netlink()) as s:
+        s.send(_request_both(1, 1 << TCP_LISTEN))
+        got = 0
+        while got < MAX_ANSWER:
+            data = s.recv(1 << 16)
+            if not data:
+                break
+            got += len(data)
+            off, done = 0, False
+            while off + _NLMSG.size <= len(data):
+                length, mtype, _f, _s, _p = _NLMSG.unpack_from(data, off)
+                if length < _NLMSG.size or off + length > len(data) or mtype in (NLMSG_DONE, NLMSG_ERROR):
+                    done = True
+                    break
+                if mtype in (SOCK_DIAG_BY_FAMILY, TCPDIAG_GETSOCK) and length >= _NLMSG.size + 8:
+                    out.add(struct.unpack_from(">H", data, off + _NLMSG.size + 4)[0])
+                off += (length + 3) & ~3
+            if done:
+                break
+    return out
+
+
 def tcp_lookup(keys: Mapping[int, SockKey]) -> dict[int, Counters]:
     """The counters of the sockets named by ``keys`` (inode -> key from ``tcp_counters``), each asked
     for on its own (sock_diag's exact request: a hash lookup by its addresses and ports, checked

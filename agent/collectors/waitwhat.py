@@ -137,15 +137,20 @@ def _addr(family: int, raw: bytes) -> str:
     return "?"
 
 
-def sock_from_key(inode: int, key: tuple[int, bytes], ephemeral: tuple[int, int]) -> Sock:
-    """A socket from its sock_diag key (``inet_diag_sockid``: sport, dport big-endian, src, dst)."""
+def sock_from_key(inode: int, key: tuple[int, bytes], ephemeral: tuple[int, int],
+                  listening: set[int] | frozenset[int] = frozenset()) -> Sock:
+    """A socket from its sock_diag key (``inet_diag_sockid``: sport, dport big-endian, src, dst).
+    The server's side: its local port is one a socket here listens on (``listening``); where that
+    says nothing (both or neither), the side without the ephemeral port, else the lower port."""
     family, sockid = key
     sport, dport = struct.unpack_from(">HH", sockid, 0)
     src, dst = _addr(family, sockid[4:20]), _addr(family, sockid[20:36])
     lo, hi = ephemeral
     s_eph, d_eph = lo <= sport <= hi, lo <= dport <= hi
-    # the client's side holds the ephemeral port; both or neither ephemeral: the lower port serves
-    inbound = (not s_eph and d_eph) or (s_eph == d_eph and sport < dport)
+    if (sport in listening) != (dport in listening):
+        inbound = sport in listening
+    else:
+        inbound = (not s_eph and d_eph) or (s_eph == d_eph and sport < dport)
     loop = _is_loopback(dst) or dst == src
     fmt = "[{}]:{}" if family == 10 else "{}:{}"
     return Sock(inode, fmt.format(src, sport), fmt.format(dst, dport), inbound, loop, key)
@@ -168,10 +173,13 @@ class SocketIndex:
     of loopback connections; ``proc``: where to find which process holds an inode."""
 
     def __init__(self, keys: Callable[[], Mapping[int, tuple[int, bytes]]], *,
-                 dump: Callable[..., object] | None = None, proc: str = "/proc", dump_every: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 dump: Callable[..., object] | None = None, listeners: Callable[[], set[int]] | None = None,
+                 proc: str = "/proc", dump_every: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.keys = keys
         self.dump = dump
+        self.listeners = listeners
+        self._listening: set[int] = set()
+        self._next_listen = 0.0
         self.proc = proc
         self.dump_every = dump_every
         self.clock = clock
@@ -186,7 +194,18 @@ class SocketIndex:
         key = self.keys().get(inode) or self._all.get(inode)
         if key is None and allow_dump and self._refresh():
             key = self._all.get(inode)
-        return None if key is None else sock_from_key(inode, key, self.ephemeral)
+        return None if key is None else sock_from_key(inode, key, self.ephemeral, self._listening_ports())
+
+    def _listening_ports(self) -> set[int]:
+        """The ports listened on here, read again at most every ``dump_every`` seconds."""
+        now = self.clock()
+        if self.listeners is not None and now >= self._next_listen:
+            self._next_listen = now + self.dump_every
+            try:
+                self._listening = self.listeners()
+            except OSError:
+                pass
+        return self._listening
 
     def _refresh(self) -> bool:
         now = self.clock()

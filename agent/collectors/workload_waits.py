@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from triscope.agent.collectors.attribution import WORKLOAD_LABELS, PodDir, ProcessInfo, Workload
-from triscope.agent.collectors.sockdiag import Counters, tcp_counters, tcp_lookup
+from triscope.agent.collectors.sockdiag import Counters, listening_ports, tcp_counters, tcp_lookup
 from triscope.agent.collectors.waitchain import Term, WaitChain, WorkloadChain
 from triscope.agent.collectors.waitfor import WaitFor
 from triscope.agent.collectors.waitwhat import FdIndex, Irqs, Procs, SocketIndex
@@ -73,7 +73,7 @@ class WorkloadWaits:
         self.keep_s = keep_s
         self.clock = clock
         self.procs = Procs(proc, pods, cpu_stat, clock=clock)
-        self.sockets = SocketIndex(tcp_keys, dump=tcp_counters, proc=proc, clock=clock)
+        self.sockets = SocketIndex(tcp_keys, dump=tcp_counters, listeners=listening_ports, proc=proc, clock=clock)
         self.chain = WaitChain(FdIndex(proc, clock=clock), self.sockets, Irqs(proc), self.procs,
                                lossy=self._lossy, clock=clock)
         self._followed: dict[int, float] = {}
@@ -263,7 +263,7 @@ class WorkloadWaits:
                     continue
                 fd = self.chain.fds.get(tk.threads[tid].tgid, w.fd)
                 if fd.kind == "socket" and fd.inode:
-                    s = self.sockets.get(fd.inode, allow_dump=False)
+                    s = self.sockets.get(fd.inode)
                     if s is not None and s.key is not None:
                         want[fd.inode] = s.key
         if not want:
@@ -284,11 +284,16 @@ class WorkloadWaits:
             self._conn_hist.pop(ino, None)
 
     def _lossy(self, inode: int) -> bool:
-        """Did this connection lose packets in the last ~10 s (a retransmit, or an out-of-order arrival)?"""
+        """Did this connection lose packets lately: a retransmit or an out-of-order arrival between
+        its reads of the last ~10 s; read once only, any in its life so far (a connection the chain
+        meets for the first time is judged at once, not followed to its peer until it is)."""
         hist = self._conn_hist.get(inode)
-        if not hist or len(hist) < 2:
+        if not hist:
             return False
-        a, b = hist[0][1], hist[-1][1]
+        b = hist[-1][1]
+        if len(hist) < 2:
+            return b[0] > 0 or b[2] > 0
+        a = hist[0][1]
         return b[0] > a[0] or b[2] > a[2]
 
     def close(self) -> None:
