@@ -189,6 +189,13 @@ class MismatchThresholds:
     a listener) at least this many thread-seconds per second, and longer than its threads wait on its
     driving thread, is waiting for demand: its driving thread's own CPU time then is polling (a
     worker spinning on an empty queue), not work the accelerator waits on."""
+    waitfor_service_min_seconds: float = 1.0
+    """A workload whose driving threads mostly wait for work (demand at least half their time) is
+    judged by its **request path** too — the time its intake and handler threads spend once a request
+    is in (``triscope_workload_service_chain_seconds_total``) — when that path holds at least this many
+    thread-seconds in the window: a connection losing packets that holds ``waitfor_cause_share`` of it
+    makes the accelerator ``network-bound`` (its requests arrive late: an upstream dependency losing
+    packets).  Only loss counts there: CPU work on the request path is what serving is."""
     waitfor_engaged: float = 0.3
     """An accelerator engaged at least this share of the time (the higher of SM activity and NVML's
     kernel-time utilisation) is being driven: its driving thread's own CPU time is launching work

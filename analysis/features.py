@@ -72,6 +72,7 @@ WORKLOAD_ALLOWED_LOCAL = "triscope_workload_cpus_allowed_local_ratio"
 # went and where the chain of waits from them ends
 WAIT_DRIVER = "triscope_workload_driver_seconds_total"
 WAIT_CHAIN = "triscope_workload_wait_chain_seconds_total"
+WAIT_SERVICE = "triscope_workload_service_chain_seconds_total"
 WAIT_THREADS = "triscope_workload_driver_threads"
 WAIT_REQUESTS = "triscope_workload_requests_wait_seconds_total"
 WAIT_WAITED_ON = "triscope_workload_driver_waited_on_seconds_total"
@@ -86,6 +87,7 @@ WAIT_CONNECTION = {"triscope_workload_wait_connection_retransmits_total": "retra
 WAIT_KEYED: dict[str, tuple[str, tuple[str, ...], bool]] = {
     WAIT_DRIVER: ("driver", ("state",), True),
     WAIT_CHAIN: ("chain", CHAIN_LABELS, True),
+    WAIT_SERVICE: ("service", CHAIN_LABELS, True),
     WAIT_THREADS: ("driver_threads", ("found_by",), False),
     **{m: ("conn", ("culprit",), True) for m in WAIT_CONNECTION},
 }
@@ -130,6 +132,8 @@ class WaitEvidence:
     waited_on: float | None = None
     found_by: str = ""
     connections: dict[str, dict[str, float]] = field(default_factory=dict)
+    service: dict[ChainKey, float] = field(default_factory=dict)   # the request path's shares
+    service_seconds: float = 0.0                                    # ... and its seconds
 
     def connection_loss(self, culprit: str) -> tuple[float | None, float | None]:
         """(its own segments retransmitted over segments sent, out-of-order arrivals over data
@@ -166,9 +170,12 @@ def wait_evidence(w: WorkloadWindow) -> WaitEvidence | None:
         m = mean(vals)
         if m is not None:
             conns.setdefault(culprit, {})[which] = m
+    service = {k: sum(v) for k, v in w.service.items() if v}
+    ssum = sum(service.values())
     return WaitEvidence(seconds, {k: v / seconds for k, v in totals.items()},
                         {k: v / csum for k, v in chain.items()} if csum > 0 else {},  # type: ignore[misc]
-                        mean(w.requests_wait), mean(w.waited_on), found, conns)
+                        mean(w.requests_wait), mean(w.waited_on), found, conns,
+                        {k: v / ssum for k, v in service.items()} if ssum > 0 else {}, ssum)  # type: ignore[misc]
 
 
 @dataclass(slots=True, frozen=True)
@@ -328,6 +335,7 @@ class WorkloadWindow:
     # found_by -> driving threads; (culprit, counter) -> values
     driver: dict[tuple[str, ...], Sequence[float]] = field(default_factory=dict)
     chain: dict[tuple[str, ...], Sequence[float]] = field(default_factory=dict)
+    service: dict[tuple[str, ...], Sequence[float]] = field(default_factory=dict)
     driver_threads: dict[tuple[str, ...], Sequence[float]] = field(default_factory=dict)
     conn: dict[tuple[str, ...], Sequence[float]] = field(default_factory=dict)
 

@@ -243,7 +243,21 @@ def window_verdicts(inputs: MismatchInputs, start: float | None = None, end: flo
                     window: float | None = None, thresholds: MismatchThresholds | None = None) -> list[WindowVerdict]:
     """Cut [start, end) (default: the inputs' range) into windows of ``window`` seconds (default
     ``thresholds.window_s``) and classify each one: the node's roll-up and every accelerator.
-    Windows without accelerator data are left out.  Pure: no store, no clock.
+    Windows without accelerator data are left out.  Pure: no store, no clock."""
+    th = thresholds or default_thresholds()
+    out: list[WindowVerdict] = []
+    for ws, we, feats in window_feature_list(inputs, start, end, window, th):
+        v = classify_window(feats, th)
+        if v is not None:
+            out.append(WindowVerdict(ws, we, v))
+    return out
+
+
+def window_feature_list(inputs: MismatchInputs, start: float | None = None, end: float | None = None,
+                        window: float | None = None, thresholds: MismatchThresholds | None = None
+                        ) -> list[tuple[float, float, WindowFeatures]]:
+    """(start, end, features) of each window ``window_verdicts`` classifies (root cause reads an
+    episode's chain from these: one window as long as the episode).
 
     Each window's values go through ``window_features``: the same features the per-tick tracker
     builds over its sliding window.  A window's coverage is its accelerator points against the
@@ -288,7 +302,7 @@ def window_verdicts(inputs: MismatchInputs, start: float | None = None, end: flo
     own = own_dma_series(devices, (b for bs in buses.values() for b in bs))
     rtx = [_cut(sp, start, w, n) for sp in inputs.retransmits]
 
-    out: list[WindowVerdict] = []
+    out: list[tuple[float, float, WindowFeatures]] = []
     for i in range(n):
         if not any(a[1][i] for a in accs):
             continue
@@ -306,11 +320,8 @@ def window_verdicts(inputs: MismatchInputs, start: float | None = None, end: flo
             cpu_busy=cpu[0][i] if len(cpu) == 1 else [v for c in cpu for v in c[i]],
             pressure=[c[i] for c in psi], dma_map_rates=[dma_cut[j][i] for j in own],
             retransmit_rates=[c[i] for c in rtx])
-        v = classify_window(window_features(values), th)
-        if v is None:
-            continue
         ws = start + i * w
-        out.append(WindowVerdict(ws, min(end, ws + w), v))
+        out.append((ws, min(end, ws + w), window_features(values)))
     return out
 
 

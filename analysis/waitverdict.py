@@ -59,6 +59,8 @@ class ChainFinding:
     work: float                                 # share of their time with work (not demand)
     ends: list[dict[str, object]] = field(default_factory=list)   # the chain's ends, largest first
     reasons: list[str] = field(default_factory=list)
+    path: str = "driver"                        # what decided: the driving threads' chain, or "service"
+    service: list[dict[str, object]] = field(default_factory=list)  # the request path's ends
 
 
 def _lossy(w: WorkloadEvidence, ev: WaitEvidence, culprit: str, th: MismatchThresholds) -> tuple[bool, str]:
@@ -66,10 +68,11 @@ def _lossy(w: WorkloadEvidence, ev: WaitEvidence, culprit: str, th: MismatchThre
     out, inn = ev.connection_loss(culprit)
     c = ev.connections.get(culprit, {})
     bar, rate = th.workload_retransmit_ratio, th.workload_retransmit_rate
-    if out is not None and out >= bar and c.get("retransmits", 0.0) >= rate:
+    lost = c.get("retransmits", 0.0) + c.get("ooo_in", 0.0)       # losses either way, per second
+    if out is not None and out >= bar and lost >= rate:
         return True, f"retransmits {out:.1%} of its segments ({c['retransmits']:.1f}/s)"
-    if inn is not None and inn >= bar and c.get("ooo_in", 0.0) >= rate:
-        return True, f"receives {inn:.1%} of its segments out of order, after a loss ({c['ooo_in']:.1f}/s)"
+    if inn is not None and inn >= bar and lost >= rate:
+        return True, f"receives {inn:.1%} of its segments after a loss ({c['ooo_in']:.1f}/s)"
     if out is None and inn is None:
         # the connection's own counters are not known (an epoll set of several, a socket not read):
         # the workload's own sockets together
@@ -84,6 +87,8 @@ def _group(key: ChainKey, w: WorkloadEvidence, ev: WaitEvidence, engaged: float,
            th: MismatchThresholds) -> tuple[str, str]:
     """The group of one end of the chain, and what it is in words."""
     cause, relation, culprit = key[0], key[1], key[2]
+    if cause == "network" and culprit in ("?", ""):
+        return UPSTREAM, "on a socket not told apart (an epoll set of several)"
     if cause == "network":
         lossy, how = _lossy(w, ev, culprit, th)
         where = f"connection {'from' if relation == 'inbound' else 'to'} {culprit or 'a peer'}"
@@ -141,6 +146,10 @@ def chain_finding(w: WorkloadEvidence, engaged: float, th: MismatchThresholds) -
     work = 1.0 - groups[DEMAND]
     named = w.key
     f = ChainFinding(w.key, "", 0.0, named, groups, work, ends)
+    if groups[DEMAND] >= 0.5:
+        _service_finding(f, w, ev, engaged, demand_waits, th)
+        if f.state:
+            return f
     if work < th.waitfor_work_floor or work <= 0:
         return f
     staging, network, accel = groups[STAGING] / work, groups[NETWORK] / work, groups[ACCELERATOR] / work
@@ -159,6 +168,23 @@ def chain_finding(w: WorkloadEvidence, engaged: float, th: MismatchThresholds) -
     return f
 
 
+def _service_finding(f: ChainFinding, w: WorkloadEvidence, ev: WaitEvidence, engaged: float, demand_waits: bool,
+                     th: MismatchThresholds) -> None:
+    """The driving threads mostly wait for work: what delays it once a request is in (the request
+    path)?  A connection losing packets holding ``waitfor_cause_share`` of it makes ``network-bound``."""
+    if not ev.service or ev.service_seconds < th.waitfor_service_min_seconds:
+        return
+    net = 0.0
+    for key, share in sorted(ev.service.items(), key=lambda kv: -kv[1]):
+        g, words = _group(key, w, ev, engaged, demand_waits, th)
+        f.service.append({"cause": key[0], "relation": key[1], "culprit": key[2], "workload": key[3:7],
+                          "share": share, "group": g, "words": words})
+        if g == NETWORK:
+            net += share
+    if net >= th.waitfor_cause_share:
+        f.state, f.strength, f.path = "network-bound", net, "service"
+
+
 def chain_reasons(f: ChainFinding, accelerator: str, busy: float, w: WorkloadEvidence,
                   th: MismatchThresholds) -> list[str]:
     """The chain in words an SRE can act on: who waited on what, how much, and what that was doing."""
@@ -166,6 +192,13 @@ def chain_reasons(f: ChainFinding, accelerator: str, busy: float, w: WorkloadEvi
     assert ev is not None
     who = workload_text(w.key)
     deciding = {"staging-bound": STAGING, "network-bound": NETWORK}.get(f.state)
+    if f.path == "service":
+        lead = [e for e in f.service if e["group"] == NETWORK]
+        parts = [f"{e['share']:.0%} {e['words']}" for e in lead[:2]]
+        return [f"{accelerator} busy {busy:.0%}: {workload_text(w.key)}'s driving threads wait for work "
+                f"{f.groups[DEMAND]:.0%} of the window; once a request is in, its handlers wait {'; '.join(parts)} "
+                f"({ev.service_seconds:.1f} thread-seconds of request handling in the window)",
+                f"the lossy connections hold {f.strength:.0%} of the request path: its requests arrive late"]
     lead = [e for e in f.ends if e["group"] == deciding] if deciding else f.ends[:1]
     parts = [f"{e['share']:.0%} {e['words']}" for e in lead[:2]]
     first = ", ".join(f"{k} {v:.0%}" for k, v in sorted(ev.states.items(), key=lambda kv: -kv[1])[:3] if v >= 0.01)

@@ -63,6 +63,7 @@ class Traced:
 
     states: dict[str, float] = field(default_factory=dict)
     chain: dict[tuple[str, ...], float] = field(default_factory=dict)
+    service: dict[tuple[str, ...], float] = field(default_factory=dict)
     found_by: str = ""
     requests_wait: float = 0.0
     waited_on: float = 0.0
@@ -120,10 +121,11 @@ def _summed(out: list[Any], base: dict[tuple[str, tuple[tuple[str, str], ...]], 
         lab = s.labels
         if s.name == "triscope_workload_driver_seconds_total":
             t.states[lab["state"]] = t.states.get(lab["state"], 0.0) + d
-        elif s.name == "triscope_workload_wait_chain_seconds_total":
+        elif s.name in ("triscope_workload_wait_chain_seconds_total", "triscope_workload_service_chain_seconds_total"):
             k = (lab["cause"], lab["relation"], lab["culprit"], lab["culprit_namespace"], lab["culprit_pod"],
                  lab["culprit_container"], lab["culprit_workload"])
-            t.chain[k] = t.chain.get(k, 0.0) + d
+            into = t.chain if s.name == "triscope_workload_wait_chain_seconds_total" else t.service
+            into[k] = into.get(k, 0.0) + d
         elif s.name == "triscope_workload_driver_threads":
             t.found_by = lab["found_by"]
         elif s.name == "triscope_workload_requests_wait_seconds_total":

@@ -198,9 +198,10 @@ def tcp_counters(families: tuple[int, ...] = (socket.AF_INET, socket.AF_INET6),
     return out
 
 
-def listening_ports() -> set[int]:
+def listening_ports(inodes: set[int] | None = None) -> set[int]:
     """The TCP ports some socket of this network namespace listens on (one dump of the ``LISTEN``
-    state only): the server's side of a connection is the one whose local port is among them."""
+    state only): the server's side of a connection is the one whose local port is among them.
+    ``inodes``: filled with the listening sockets' inodes."""
     out: set[int] = set()
     with contextlib.closing(_netlink()) as s:
         s.send(_request_both(1, 1 << TCP_LISTEN))
@@ -216,20 +217,24 @@ def listening_ports() -> set[int]:
                 if length < _NLMSG.size or off + length > len(data) or mtype in (NLMSG_DONE, NLMSG_ERROR):
                     done = True
                     break
-                if mtype in (SOCK_DIAG_BY_FAMILY, TCPDIAG_GETSOCK) and length >= _NLMSG.size + 8:
+                if mtype in (SOCK_DIAG_BY_FAMILY, TCPDIAG_GETSOCK) and length >= _NLMSG.size + _MSG_INODE + 4:
                     out.add(struct.unpack_from(">H", data, off + _NLMSG.size + 4)[0])
+                    if inodes is not None:
+                        inodes.add(struct.unpack_from("=I", data, off + _NLMSG.size + _MSG_INODE)[0])
                 off += (length + 3) & ~3
             if done:
                 break
     return out
 
 
-def tcp_lookup(keys: Mapping[int, SockKey]) -> dict[int, Counters]:
+def tcp_lookup(keys: Mapping[int, SockKey], keys_out: dict[int, SockKey] | None = None) -> dict[int, Counters]:
     """The counters of the sockets named by ``keys`` (inode -> key from ``tcp_counters``), each asked
     for on its own (sock_diag's exact request: a hash lookup by its addresses and ports, checked
     against its cookie), so the cost is the sockets asked for, not the size of the host's tables.
     A socket that closed (or whose addresses a new one reuses) is not in the answer.  Raises
-    ``OSError`` when the answers cannot be read (a receive buffer too small: ``ENOBUFS``)."""
+    ``OSError`` when the answers cannot be read (a receive buffer too small: ``ENOBUFS``).
+    ``keys_out``: filled with each answering socket's key (its inode may not be the one asked by:
+    a lookup of a connection's other end by its addresses, ``waitwhat.peer_key``)."""
     out: dict[int, Counters] = {}
     items = list(keys.items())
     ext = 1 << (INET_DIAG_INFO - 1)
@@ -253,9 +258,11 @@ def tcp_lookup(keys: Mapping[int, SockKey]) -> dict[int, Counters]:
                         break
                     answered += 1            # an answer or an error (ENOENT, ESTALE: closed or reused)
                     if mtype == SOCK_DIAG_BY_FAMILY and length >= _NLMSG.size + _MSG_INODE + 4:
-                        inode, _key, c = _message(data, off, length)
+                        inode, key, c = _message(data, off, length)
                         if inode and c is not None:
                             out[inode] = c
+                            if keys_out is not None and key is not None:
+                                keys_out[inode] = key
                     off += (length + 3) & ~3
     return out
 

@@ -93,7 +93,10 @@ class _Follow:
 
 @dataclass(frozen=True, slots=True)
 class _FollowProc:
+    """The other end of a loopback connection whose client we are: the process serving us."""
+
     tgid: int
+    conn: Term | None = None       # the connection itself: where the wait ends if the server shows nothing
 
 
 Target = Term | _Follow | _FollowProc
@@ -109,6 +112,9 @@ class WorkloadChain:
     causes: dict[Term, float] = field(default_factory=dict)
     requests_wait: float = 0.0
     waited_on: float = 0.0
+    # the request path: the workload's threads that waited for requests this tick (intake, handlers),
+    # their time once a request is in (their waits for requests left out), followed as the chain is
+    service: dict[Term, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -116,7 +122,7 @@ class _Tick:
     threads: dict[int, ThreadTime]
     waits: dict[int, list[Wait]]
     api: Mapping[int, Any]
-    memo: dict[int, dict[Term, float]] = field(default_factory=dict)
+    memo: dict[tuple[int, bool], dict[Term, float]] = field(default_factory=dict)
     busy: set[int] = field(default_factory=set)
     parts: dict[int, list[tuple[float, str, Target]]] = field(default_factory=dict)
 
@@ -179,7 +185,9 @@ class WaitChain:
                 out.causes[term] = out.causes.get(term, 0.0) + share * total
         self._split_throttled(out)
         dset = set(drivers)
+        intake: list[ThreadTime] = []
         for t in threads:
+            waited = False
             for w in tk.waits.get(t.tid, ()):
                 if w.kind == "runq":
                     continue
@@ -187,7 +195,28 @@ class WaitChain:
                     out.waited_on += w.seconds
                 if self._is_request_wait(t.tgid, w):
                     out.requests_wait += w.seconds
+                    waited = True
+            if waited and t.tid not in dset:
+                intake.append(t)
+        for t in intake:
+            self._service(t, out)
         return out
+
+    def _service(self, t: ThreadTime, out: WorkloadChain) -> None:
+        """One intake or handler thread's time once a request is in: its parts less its waits for
+        requests, each followed to where it ends, into ``out.service``."""
+        tk = self._tick
+        assert tk is not None
+        for sec, _state, target in self._parts(t.tid):
+            if sec <= 0 or (isinstance(target, Term) and target.cause == "network" and target.inbound):
+                continue
+            if isinstance(target, Term):
+                out.service[target] = out.service.get(target, 0.0) + sec
+                continue
+            for term, share in self._follow(target, 0).items():
+                if term.cause == "network" and term.inbound:
+                    continue          # reached a wait for requests further on: demand, not service
+                out.service[term] = out.service.get(term, 0.0) + sec * share
 
     # ------------------------------------------------------------------ driving threads
     def _driving(self, key: tuple[Any, Any], listed: set[int], threads: list[ThreadTime]) -> tuple[set[int], str]:
@@ -278,15 +307,19 @@ class WaitChain:
         if (fd is not None and fd.kind == "file") or nr in IO_SYSCALLS or (kind == L.WF_CTX_SOFTIRQ and detail == _BLOCK_VEC) \
                 or (kind == L.WF_CTX_HARDIRQ and self.irqs.kind(detail) == "disk"):
             return "disk", Term("disk", tid, tgid)
-        sock = self._socket_of(tgid, fd) if fd is not None else None
+        sock = self._socket_of(tgid, fd, w.fd) if fd is not None else None
         if sock is not None:
-            if sock.loopback and not self.lossy(sock.inode):
+            # the client's side of a loopback connection whose other end serves it (a feeder over
+            # 127.0.0.1) is followed there; the server's side waits for requests: demand, not a producer
+            if sock.loopback and not sock.inbound and not self.lossy(sock.inode):
                 peer = self.sockets.peer_owner(sock, lambda: sorted({x.tgid for x in self._tick.threads.values()})
                                                if self._tick else [])
+                conn = Term("network", conn=sock.remote, inbound=sock.inbound, inode=sock.inode)
                 if peer and peer != tgid:
-                    return "network", _FollowProc(peer)
+                    return "network", _FollowProc(peer, conn)
+                return "network", conn
             return "network", Term("network", conn=sock.remote, inbound=sock.inbound, inode=sock.inode)
-        if nr in ACCEPT_SYSCALLS:
+        if nr in ACCEPT_SYSCALLS or (fd is not None and fd.kind == "socket" and self.sockets.is_listener(fd.inode)):
             return "network", Term("network", conn="listener", inbound=True)
         net_woken = kind == L.WF_CTX_SOFTIRQ and detail in _NET_VECS
         if fd is not None and fd.kind in ("socket", "epoll") and net_woken:
@@ -299,12 +332,13 @@ class WaitChain:
             state = "other"
         return state, self._ended_by(t, w, state)
 
-    def _socket_of(self, tgid: int, fd: Any) -> Sock | None:
+    def _socket_of(self, tgid: int, fd: Any, fdnum: int = -1) -> Sock | None:
         if fd.kind == "socket" and fd.inode:
-            return self.sockets.get(fd.inode)
+            return self.sockets.get(fd.inode, holder=(tgid, fdnum) if fdnum >= 0 else None)
         if fd.kind == "epoll":
             found = [s for m in fd.members[:16] if (mf := self.fds.get(tgid, m)).kind == "socket"
-                     and (s := self.sockets.get(mf.inode, allow_dump=False)) is not None]
+                     and not self.sockets.is_listener(mf.inode)
+                     and (s := self.sockets.get(mf.inode, allow_dump=False, holder=(tgid, m))) is not None]
             if len(found) == 1:
                 return found[0]
         return None
@@ -334,50 +368,57 @@ class WaitChain:
         return _Follow(w.waker_tid, w.waker_tgid)
 
     # ------------------------------------------------------------------ the chain
-    def _resolve(self, tid: int, depth: int) -> dict[Term, float]:
-        """Shares (summing to 1, or empty) of where one thread's time ends up."""
+    def _resolve(self, tid: int, depth: int, serving: bool = False) -> dict[Term, float]:
+        """Shares (summing to 1, or empty) of where one thread's time ends up.  ``serving``: the
+        thread is a server we are the client of (the other end of a loopback connection): its waits
+        for requests are waits for us, left out."""
         tk = self._tick
         assert tk is not None
-        got = tk.memo.get(tid)
+        got = tk.memo.get((tid, serving))
         if got is not None:
             return got
         tk.busy.add(tid)
         acc: dict[Term, float] = {}
         total = 0.0
         for sec, _state, target in self._parts(tid):
-            if sec <= 0:
+            if sec <= 0 or (serving and isinstance(target, Term) and target.cause == "network" and target.inbound):
                 continue
             if isinstance(target, Term):
                 acc[target] = acc.get(target, 0.0) + sec
                 total += sec
                 continue
-            nxt = self._next_thread(target)
-            if nxt is None:
-                tg = target.tgid
-                if tg not in {x.tgid for x in tk.threads.values()}:
-                    self.want_follow.add(tg)
-                term = Term("producer", target.tid if isinstance(target, _Follow) else 0, tg)
-                acc[term] = acc.get(term, 0.0) + sec
-                total += sec
-                continue
-            if nxt in tk.busy:
-                continue                 # a cycle: the producer waiting on its consumer
-            if depth + 1 >= self.max_depth:
-                t2 = tk.threads[nxt]
-                term = Term("producer", nxt, t2.tgid)
-                acc[term] = acc.get(term, 0.0) + sec
-                total += sec
-                continue
-            sub = self._resolve(nxt, depth + 1)
-            if not sub:                  # followed, but nothing of it traced this tick yet
-                sub = {Term("producer", nxt, tk.threads[nxt].tgid): 1.0}
-            for term, share in sub.items():
+            for term, share in self._follow(target, depth).items():
                 acc[term] = acc.get(term, 0.0) + sec * share
             total += sec
         tk.busy.discard(tid)
         out = {k: v / total for k, v in acc.items()} if total > 0 else {}
-        tk.memo[tid] = out
+        tk.memo[(tid, serving)] = out
         return out
+
+    def _follow(self, target: _Follow | _FollowProc, depth: int) -> dict[Term, float]:
+        """Where a wait ended by another task (or served by another process) goes: that task's own
+        time, shares summing to 1; the producer itself when it is not traced (followed from the next
+        tick), too deep, or shows nothing; nothing for a cycle (a producer waiting on its consumer)."""
+        tk = self._tick
+        assert tk is not None
+        serving = isinstance(target, _FollowProc)
+        nxt = self._next_thread(target)
+        if nxt is None:
+            if target.tgid not in {x.tgid for x in tk.threads.values()}:
+                self.want_follow.add(target.tgid)
+            if serving and target.conn is not None:
+                return {target.conn: 1.0}
+            return {Term("producer", target.tid if isinstance(target, _Follow) else 0, target.tgid): 1.0}
+        if nxt in tk.busy:
+            return {}
+        if depth + 1 >= self.max_depth:
+            return {Term("producer", nxt, tk.threads[nxt].tgid): 1.0}
+        sub = self._resolve(nxt, depth + 1, serving)
+        if not sub:         # nothing of it traced this tick, or (a server) all its time waiting for us
+            if serving and target.conn is not None:
+                return {target.conn: 1.0}
+            return {Term("producer", nxt, tk.threads[nxt].tgid): 1.0}
+        return sub
 
     def _next_thread(self, target: _Follow | _FollowProc) -> int | None:
         """The traced thread a wait continues into: the waker itself, or the busiest thread of the
@@ -437,6 +478,8 @@ class WaitChain:
         fd = self.fds.get(tgid, w.fd)
         if fd.kind != "socket":
             return False
+        if self.sockets.is_listener(fd.inode):
+            return True
         s = self.sockets.get(fd.inode, allow_dump=False)
         return s is not None and s.inbound
 

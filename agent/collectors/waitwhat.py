@@ -18,8 +18,10 @@ file unreadable.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import ipaddress
 import os
+import socket
 import struct
 import time
 from collections.abc import Callable, Mapping
@@ -156,6 +158,54 @@ def sock_from_key(inode: int, key: tuple[int, bytes], ephemeral: tuple[int, int]
     return Sock(inode, fmt.format(src, sport), fmt.format(dst, dport), inbound, loop, key)
 
 
+NOCOOKIE = b"\xff" * 8     # INET_DIAG_NOCOOKIE: an exact lookup that does not check the socket's cookie
+
+
+def peer_key(key: tuple[int, bytes]) -> tuple[int, bytes]:
+    """The sock_diag key of a loopback connection's other end: ports and addresses swapped, no cookie."""
+    fam, sid = key
+    return fam, sid[2:4] + sid[0:2] + sid[20:36] + sid[4:20] + sid[36:40] + NOCOOKIE
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_NR_PIDFD_GETFD = 438
+
+
+def key_of_fd(pid: int, fd: int) -> tuple[int, bytes] | None:
+    """A TCP socket's sock_diag key read from the socket itself: the descriptor duplicated from its
+    process (``pidfd_getfd``, Linux 5.6+, root), its own and its peer's address, then closed.  For a
+    socket no dump has seen yet (a connection per request).  None when it cannot be read."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (OSError, AttributeError):
+        return None
+    try:
+        dup = _libc.syscall(_NR_PIDFD_GETFD, pidfd, fd, 0)
+        if dup < 0:
+            return None
+        try:
+            s = socket.socket(fileno=dup)
+        except OSError:
+            os.close(dup)
+            return None
+        try:
+            if s.type != socket.SOCK_STREAM or s.family not in (socket.AF_INET, socket.AF_INET6):
+                return None
+            local, remote = s.getsockname(), s.getpeername()
+        except OSError:
+            return None
+        finally:
+            s.close()
+    finally:
+        os.close(pidfd)
+    fam = 2 if s.family == socket.AF_INET else 10
+    if fam == 2:
+        src, dst = socket.inet_aton(local[0]) + bytes(12), socket.inet_aton(remote[0]) + bytes(12)
+    else:
+        src, dst = socket.inet_pton(socket.AF_INET6, local[0]), socket.inet_pton(socket.AF_INET6, remote[0])
+    return fam, struct.pack(">HH", local[1], remote[1]) + src + dst + bytes(4) + NOCOOKIE
+
+
 def _is_loopback(a: str) -> bool:
     try:
         ip = ipaddress.ip_address(a)
@@ -173,12 +223,13 @@ class SocketIndex:
     of loopback connections; ``proc``: where to find which process holds an inode."""
 
     def __init__(self, keys: Callable[[], Mapping[int, tuple[int, bytes]]], *,
-                 dump: Callable[..., object] | None = None, listeners: Callable[[], set[int]] | None = None,
+                 dump: Callable[..., object] | None = None, listeners: Callable[..., set[int]] | None = None,
                  proc: str = "/proc", dump_every: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.keys = keys
         self.dump = dump
         self.listeners = listeners
         self._listening: set[int] = set()
+        self._listeners: set[int] = set()          # the listening sockets' inodes
         self._next_listen = 0.0
         self.proc = proc
         self.dump_every = dump_every
@@ -187,11 +238,21 @@ class SocketIndex:
         self._all: dict[int, tuple[int, bytes]] = {}      # the last whole-table read's keys
         self._by_tuple: dict[tuple[int, bytes], int] = {}  # (family, sport..dst) -> inode
         self._next_dump = 0.0
+        self._probed: dict[int, tuple[int, bytes]] = {}    # inode -> key read from the socket itself
         self._owner: dict[int, tuple[int, float]] = {}     # inode -> (pid, when found)
         self._next_scan = 0.0
 
-    def get(self, inode: int, allow_dump: bool = True) -> Sock | None:
-        key = self.keys().get(inode) or self._all.get(inode)
+    def get(self, inode: int, allow_dump: bool = True, holder: tuple[int, int] | None = None) -> Sock | None:
+        """The socket by its inode: from the keys known (the per-workload TCP reader's, the last
+        whole-table read's, those read from sockets themselves), else read from the socket through
+        ``holder`` (pid, fd) when given, else a whole-table read (at most every ``dump_every`` s)."""
+        key = self.keys().get(inode) or self._all.get(inode) or self._probed.get(inode)
+        if key is None and holder is not None and not self.is_listener(inode):
+            key = key_of_fd(*holder)
+            if key is not None:
+                if len(self._probed) > 4096:
+                    self._probed.clear()
+                self._probed[inode] = key
         if key is None and allow_dump and self._refresh():
             key = self._all.get(inode)
         return None if key is None else sock_from_key(inode, key, self.ephemeral, self._listening_ports())
@@ -201,11 +262,19 @@ class SocketIndex:
         now = self.clock()
         if self.listeners is not None and now >= self._next_listen:
             self._next_listen = now + self.dump_every
-            try:
-                self._listening = self.listeners()
-            except OSError:
-                pass
+            inodes: set[int] = set()
+            with contextlib.suppress(OSError):
+                self._listening = self.listeners(inodes)
+                self._listeners = inodes
         return self._listening
+
+    def is_listener(self, inode: int) -> bool:
+        """A listening socket: waiting on it is waiting for connections, for requests."""
+        self._listening_ports()
+        if inode not in self._listeners and self.listeners is not None and inode not in self.keys():
+            self._next_listen = 0.0      # a socket not seen yet: the listeners read again (rate-limited by ttl)
+            self._listening_ports()
+        return inode in self._listeners
 
     def _refresh(self) -> bool:
         now = self.clock()

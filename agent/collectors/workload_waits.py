@@ -20,6 +20,9 @@ appends, per accelerator and workload (labels: the accelerator's, ``namespace``,
   by seconds, the rest summed per cause with empty culprit labels;
 * ``triscope_workload_wait_connection_{retransmits,segments_sent,ooo_received,segments_received}_total{culprit}``:
   the counters of each network culprit's connection (its own socket's ``tcp_info``);
+* ``triscope_workload_service_chain_seconds_total{cause, relation, culprit, ...}``: the request path:
+  the time of its threads that waited for requests, once a request was in (their waits for requests
+  left out), followed to where it ends (the two largest culprits, the rest per cause);
 * ``triscope_workload_requests_wait_seconds_total``: its threads' time waiting for requests;
 * ``triscope_workload_driver_waited_on_seconds_total``: its other threads' time waiting on its
   driving threads.
@@ -41,7 +44,7 @@ from triscope.agent.collectors.attribution import WORKLOAD_LABELS, PodDir, Proce
 from triscope.agent.collectors.sockdiag import Counters, listening_ports, tcp_counters, tcp_lookup
 from triscope.agent.collectors.waitchain import Term, WaitChain, WorkloadChain
 from triscope.agent.collectors.waitfor import WaitFor
-from triscope.agent.collectors.waitwhat import FdIndex, Irqs, Procs, SocketIndex
+from triscope.agent.collectors.waitwhat import FdIndex, Irqs, Procs, SocketIndex, peer_key
 from triscope.core.samples import Sample
 
 log = logging.getLogger(__name__)
@@ -173,6 +176,14 @@ class WorkloadWaits:
             self._add("triscope_workload_driver_seconds_total", base, (("state", state),), sec, now)
         self._add("triscope_workload_requests_wait_seconds_total", base, (), c.requests_wait, now)
         self._add("triscope_workload_driver_waited_on_seconds_total", base, (), c.waited_on, now)
+        ranked_service = sorted(c.service.items(), key=lambda kv: -kv[1])
+        for i, (term, sec) in enumerate(ranked_service):
+            if i < 2:
+                culprit = self._culprit(term, wl, pids, set(c.drivers), set())
+                self._connection(term, culprit, base, now)
+            else:
+                culprit = (("relation", ""), ("culprit", ""), *((k, "") for k in CULPRIT_LABELS))
+            self._add("triscope_workload_service_chain_seconds_total", base, (("cause", term.cause), *culprit), sec, now)
         ranked = sorted(c.causes.items(), key=lambda kv: -kv[1])
         drivers = set(c.drivers)
         driver_tgids = {t for t in (self.procs.tgid(d) for d in drivers) if t}
@@ -182,15 +193,21 @@ class WorkloadWaits:
             else:
                 culprit = (("relation", ""), ("culprit", ""), *((k, "") for k in CULPRIT_LABELS))
             self._add("triscope_workload_wait_chain_seconds_total", base, (("cause", term.cause), *culprit), sec, now)
-            if i < self.top and term.cause == "network" and term.inode:
-                got = self._conn.get(term.inode)
-                if got is not None:
-                    name = dict(culprit)["culprit"]
-                    for metric, v in zip(CONN_SERIES, got[0], strict=True):
-                        self._set(metric, base, (("culprit", name),), float(v), now)
+            if i < self.top:
+                self._connection(term, culprit, base, now)
         for metric, st in self._counters.get(base, {}).items():
             if now - st[2] < self.keep_s:
                 out.append(Sample(metric[0], float(st[1]), st[0], "counter"))
+
+    def _connection(self, term: Term, culprit: tuple[tuple[str, str], ...], base: Labels, now: float) -> None:
+        """A network culprit's connection counters, under its name."""
+        if term.cause != "network" or not term.inode:
+            return
+        got = self._conn.get(term.inode)
+        if got is not None:
+            name = dict(culprit)["culprit"]
+            for metric, v in zip(CONN_SERIES, got[0], strict=True):
+                self._set(metric, base, (("culprit", name),), float(v), now)
 
     def _culprit(self, term: Term, wl: Workload, pids: set[int], drivers: set[int],
                  driver_tgids: set[int]) -> tuple[tuple[str, str], ...]:
@@ -253,27 +270,27 @@ class WorkloadWaits:
         if now < self._next_conn:
             return
         self._next_conn = now + 2.0
-        tk = self.chain._tick
-        if tk is None:
+        if self.chain._tick is None:
             return
-        want: dict[int, tuple[int, bytes]] = {}
-        for tid in tk.threads:
-            for w in tk.waits.get(tid, ()):
-                if w.fd < 0 or w.kind == "runq":
-                    continue
-                fd = self.chain.fds.get(tk.threads[tid].tgid, w.fd)
-                if fd.kind == "socket" and fd.inode:
-                    s = self.sockets.get(fd.inode)
-                    if s is not None and s.key is not None:
-                        want[fd.inode] = s.key
+        want, peers = self._connections_waited_on()
         if not want:
             return
+        answered: dict[int, tuple[int, bytes]] = {}
         try:
-            got = tcp_lookup(want)
+            got = tcp_lookup({**want, **{-i: k for i, k in peers.items()}}, answered)
         except OSError as e:
             log.debug("wait-for: connection lookups failed: %s", e)
             return
-        for ino, c in got.items():
+        ends = {(k[0], k[1][:36]): ino for ino, k in answered.items()}
+        for ino in want:
+            c = got.get(ino)
+            if c is None:
+                continue
+            pk = peers.get(ino)
+            other = ends.get((pk[0], pk[1][:36])) if pk is not None else None
+            if other is not None and other in got and other != ino:
+                # its other end retransmitted to it: a loss on the way in, as out-of-order arrivals are
+                c = (c[0], c[1], c[2] + got[other][0], c[3])
             self._conn[ino] = (c, now)
             hist = self._conn_hist.setdefault(ino, [])
             hist.append((now, c))
@@ -282,6 +299,27 @@ class WorkloadWaits:
         for ino in [i for i, (_c, at) in self._conn.items() if now - at > 60.0]:
             self._conn.pop(ino, None)
             self._conn_hist.pop(ino, None)
+
+    def _connections_waited_on(self) -> tuple[dict[int, tuple[int, bytes]], dict[int, tuple[int, bytes]]]:
+        """The TCP connections the traced threads blocked on this tick (inode -> sock_diag key), and,
+        for those over loopback, their other end's key (inode -> the peer's key)."""
+        tk = self.chain._tick
+        assert tk is not None
+        want: dict[int, tuple[int, bytes]] = {}
+        peers: dict[int, tuple[int, bytes]] = {}
+        for tid, t in tk.threads.items():
+            for w in tk.waits.get(tid, ()):
+                if w.fd < 0 or w.kind == "runq":
+                    continue
+                fd = self.chain.fds.get(t.tgid, w.fd)
+                if fd.kind != "socket" or not fd.inode or fd.inode in want or self.sockets.is_listener(fd.inode):
+                    continue
+                s = self.sockets.get(fd.inode, holder=(t.tgid, w.fd))
+                if s is not None and s.key is not None:
+                    want[fd.inode] = s.key
+                    if s.loopback:
+                        peers[fd.inode] = peer_key(s.key)
+        return want, peers
 
     def _lossy(self, inode: int) -> bool:
         """Did this connection lose packets lately: a retransmit or an out-of-order arrival between

@@ -19,6 +19,7 @@ import numpy as np
 
 from triscope.analysis.episodes import Episode, accelerator_of
 from triscope.analysis.rca.categories import CATEGORY_BY_KEY, EVENT_CATEGORY, categorize
+from triscope.analysis.rca.chain import chain_cause, put_first
 from triscope.analysis.rca.changes import (
     SeriesChange,
     appeared_with_data,
@@ -140,4 +141,5 @@ def explain(e: Episode, ref: Reference, ctx: EvidenceContext, index: Sequence[In
         evs.setdefault(EVENT_CATEGORY[ev.kind], []).append(ev)
     causes = [score_cause(key, figs.get(key, ()), per_cat.get(key, ()), evs.get(key, ()))
               for key in dict.fromkeys([*figs, *per_cat, *evs]) if key in CATEGORY_BY_KEY]
-    return rank(causes, top), context_lines(changes, inside, figs)
+    ranked = put_first(rank(causes), chain_cause(e, ctx))
+    return (ranked[:top] if top is not None else ranked), context_lines(changes, inside, figs)

@@ -140,6 +140,8 @@ def hog(procs: int, weight: int) -> Instance:
 # Pod weights are the kubelet's from each pod's CPU request (weight = 1 + (request_millicores *
 # 1.024 - 2) * 9999 / 262142): a 4-CPU request ~157, 2 CPUs ~79, 100m 4, 15.5 CPUs ~606 (the hog at 590).
 W_A, W_B = 157, 79
+# the cause root cause must put first for an episode of a faulty class (its key, analysis/rca)
+EXPECTED_CAUSE = {"staging-bound": "host_staging", "network-bound": "network"}
 
 # ------------------------------------------------------------------------------------------------
 # The GPU machine (one H100/H200, 16 cores, cgroup v2).  Written 2026-12-06, before the wait-for
@@ -398,7 +400,9 @@ class Runner:
                                     "procs": [asdict(p) for p in inst.procs]},
                         "hog": asdict(sc.hog) if sc.hog is not None else None,
                         "knobs": sc.knobs if faulty else {}, "faulty": faulty,
-                        "expected_state": list(sc.expect), "note": sc.note})
+                        "expected_state": list(sc.expect), "note": sc.note,
+                        # root cause's truth, by the expected state (written with the set, before any run)
+                        "expected_cause": EXPECTED_CAUSE.get(sc.expect[0]) if faulty else None})
         return out
 
 

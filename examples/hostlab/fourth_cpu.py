@@ -74,6 +74,10 @@ def record(node: str, out: Path, hold: float, only: list[str] | None = None, ebp
     waitfor = next((getattr(c, "waitfor", None) for c in base if getattr(c, "name", "") == "ebpf"), None)
     if waitfor is not None and "waitfor" in inspect.signature(WorkloadsCollector).parameters:
         kw["waitfor"] = waitfor
+        # the driver probes on the stand-in libcuda the services map (as the agent does on a GPU node)
+        from triscope.agent.collectors.cudacalls import CudaCalls
+
+        kw["api"] = CudaCalls(search_host=False)
     wl = WorkloadsCollector([lab.source], pods_log_dir=str(pods_dir), pod_resources_socket=str(tmp / "no.sock"), **kw)
     print(f"hostlab: fourth set, eBPF {'on' if any(getattr(c, 'name', '') == 'ebpf' for c in base) else 'off'}, "
           f"wait-for {'on' if kw else 'off'}", file=sys.stderr, flush=True)

@@ -229,7 +229,7 @@ def score_tracks(trs: dict[str, Track], lines: Sequence[dict[str, Any]], settle:
         rows.append({
             "scenario": name, "title": b.get("title", ""), "start": float(b["start"]), "end": float(b["end"]),
             "gpu_a": a["gpu"], "gpu_b": b["gpu"], "faulty": (faulty or {}).get("instance"),
-            "expected_b": expect, "expected_cause": b.get("expected_cause"),
+            "expected_b": expect, "expected_cause": (faulty or b).get("expected_cause"),
             "expected_page": bool(b.get("page")), "load": {"a": (a.get("load") or {}).get("level"),
                                                            "b": (b.get("load") or {}).get("level")},
             "windows": len(wins), "right": right, "pages_on_healthy": pages,

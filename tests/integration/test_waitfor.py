@@ -78,8 +78,9 @@ def test_pipe_consumer_waits_on_a_producer_in_another_pod_container(probes: Ebpf
         os.close(w)
     assert got.found_by == "main_thread"
     assert got.share("ipc") > 0.6, got.states
-    prod_cpu = got.chain_share(lambda cause, rel, culprit, *_: cause == "cpu" and culprit == "prep-producer")
-    assert prod_cpu > 0.5, got.chain
+    # the producer's time: working, or waiting for a CPU to work on (this machine may be busy)
+    prod = got.chain_share(lambda cause, rel, culprit, *_: cause in ("cpu", "cpu_wait") and culprit == "prep-producer")
+    assert prod > 0.5, got.chain
     key = next(k for k in got.chain if k[0] == "cpu" and k[2] == "prep-producer")
     assert key[1] == "pod" and key[3:6] == ("wftest", "wf-pod", "prep"), key
     own = got.chain_share(lambda cause, rel, *_: cause == "cpu" and rel == "self")
@@ -117,7 +118,7 @@ def test_futex_wait_ended_by_another_thread_of_the_process(probes: EbpfCollector
     finally:
         stop(p)
     assert got.share("lock") > 0.5, got.states
-    worker = got.chain_share(lambda cause, rel, culprit, *_: cause == "cpu" and culprit == "futex-worker"
+    worker = got.chain_share(lambda cause, rel, culprit, *_: cause in ("cpu", "cpu_wait") and culprit == "futex-worker"
                              and rel == "process")
     assert worker > 0.5, got.chain
 
@@ -191,7 +192,7 @@ def test_a_spinning_thread_nobody_waits_on_is_no_cause(probes: EbpfCollector) ->
     finally:
         stop(cli, svc)
     assert got.found_by == "driver_calls"
-    assert got.share("cpu") > 0.6, got.states
+    assert got.share("cpu") + got.share("cpu_wait") > 0.8, got.states      # spinning, or waiting for a CPU to spin on
     assert got.requests_wait > 2 * got.waited_on and got.requests_wait > 1.0, (got.requests_wait, got.waited_on)
     seconds = sum(got.states.values())
     ev = WaitEvidence(seconds, {k: v / seconds for k, v in got.states.items()},
@@ -306,7 +307,7 @@ def test_lossless_loopback_peer_is_followed_to_the_producer(probes: EbpfCollecto
     finally:
         stop(rd, srv)
     assert got.share("network") > 0.5, got.states
-    sender = got.chain_share(lambda cause, rel, culprit, *_: cause == "cpu" and culprit == "net-sender")
+    sender = got.chain_share(lambda cause, rel, culprit, *_: cause in ("cpu", "cpu_wait") and culprit == "net-sender")
     assert sender > 0.4, got.chain
 
 
