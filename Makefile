@@ -63,23 +63,12 @@ typecheck: setup
 	@$(VENV)/bin/mypy
 
 # The wheels examples/workload/h200_setup.sh installs on the GPU machine, which has no package
-# registries (.whl/, git-ignored, carried with the working tree): the runtime dependencies (and
-# theirs) that machine lacks, for its Python 3.12 on x86_64; torch and numpy are there already.
-# One version of each: a package already in .whl/ is not fetched again (delete it to update it).
-H200_WHEELS := sqlalchemy alembic mako greenlet apscheduler tzlocal nvidia-ml-py prometheus-client psutil pyyaml \
-	pydantic pydantic-core annotated-types typing-extensions typing-inspection bcrypt \
-	h11 h2 hpack hyperframe opentelemetry-proto protobuf
-WHEEL_PLATFORMS := manylinux_2_28_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 \
-	manylinux_2_12_x86_64 manylinux2010_x86_64
-
+# registries (.whl/, git-ignored, carried with the working tree): the agent's runtime dependencies
+# (and theirs) that machine lacks, for its Python 3.12 on x86_64, pinned in scripts/device-bundle.sh
+# (one version each; torch and numpy are there already). The whole bundle (+ BCC, kernel headers,
+# nftables in .deb/): sudo bash scripts/device-bundle.sh
 wheels:
-	@mkdir -p .whl
-	@for w in $(H200_WHEELS); do \
-	  n=$$(echo $$w | tr - _); ls .whl/ | grep -qi "^$$n-" && continue; \
-	  $(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-	    $(addprefix --platform ,$(WHEEL_PLATFORMS)) -d .whl $$w || exit 1; \
-	done
-	@ls .whl
+	@bash scripts/device-bundle.sh wheels
 
 clean:
 	rm -rf $(VENV) triscope.db triscope.db-* artifacts

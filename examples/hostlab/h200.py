@@ -210,7 +210,35 @@ def _profiler(pid: int, out: Path) -> subprocess.Popen[bytes] | None:
                             stdout=subprocess.DEVNULL, stderr=open(out / "py-spy.log", "w"))  # noqa: SIM115
 
 
-def record(node: str, out: Path, hold: float, only: list[str] | None = None) -> None:
+def _bpf_time() -> dict[str, tuple[int, int]]:
+    """Kernel time of the agent's wait-for and CUDA-driver programs so far: {name: (run ns, runs)}
+    (BPF time is charged to the tasks the programs run in, never to the agent's own CPU)."""
+    try:
+        from triscope.agent.ebpf import progstats
+
+        out: dict[str, tuple[int, int]] = {}
+        for p in progstats.programs():
+            if p.name.startswith(("on_wf_", "on_cu")):
+                t, n = out.get(p.name, (0, 0))
+                out[p.name] = (t + p.run_time_ns, n + p.run_cnt)
+        return out
+    except Exception as e:  # noqa: BLE001 - a figure for the record, never a reason to stop it
+        print(f"h200 lab: BPF program times unreadable: {e}", file=sys.stderr)
+        return {}
+
+
+def _rss_kb(pid: int) -> int | None:
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        return int(next(ln for ln in Path(f"/proc/{pid}/status").read_text().splitlines()
+                        if ln.startswith("VmRSS:")).split()[1])
+    return None
+
+
+def record(node: str, out: Path, hold: float, only: list[str] | None = None, deadline: float = 0.0) -> None:
+    """``deadline``: seconds of wall time (from this call) the whole recording must fit in, the
+    trace export included; a class that would not fit is skipped and said so (0: none)."""
+    t_start = time.monotonic()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))     # a timeout still exports what was recorded
     out.mkdir(parents=True, exist_ok=True)
     db = out / f"{node}.db"
     url = f"sqlite:///{db}"
@@ -257,6 +285,13 @@ def record(node: str, out: Path, hold: float, only: list[str] | None = None) -> 
                 break
             time.sleep(0.5)
         prof = _profiler(agent.pid, out)
+        stats = contextlib.ExitStack()
+        with contextlib.suppress(Exception):
+            from triscope.agent.ebpf import progstats
+
+            stats.enter_context(progstats.stats_enabled())
+        bpf0 = _bpf_time()
+        rss0 = _rss_kb(agent.pid)
         cpu0, wall0 = _cpu_seconds(agent.pid), time.monotonic()
         for sc in SCENARIOS:
             if only and sc.name not in only:
@@ -274,6 +309,10 @@ def record(node: str, out: Path, hold: float, only: list[str] | None = None) -> 
             time.sleep(3.0)
         for sc4 in later:
             assert runner is not None
+            left = deadline - (time.monotonic() - t_start) if deadline > 0 else float("inf")
+            if left < hold + 75.0:    # its start (up to ~35 s with a cold torch import), hold, stop, export
+                print(f"h200 lab: {sc4.name} skipped: {left:.0f} s left of the deadline", file=sys.stderr, flush=True)
+                continue
             runner.start(sc4)
             t0 = time.time()
             print(f"h200 lab: {sc4.name}: {sc4.title}", file=sys.stderr, flush=True)
@@ -282,13 +321,22 @@ def record(node: str, out: Path, hold: float, only: list[str] | None = None) -> 
             runner.stop()
             time.sleep(2.0)
         cpu1, wall1 = _cpu_seconds(agent.pid), time.monotonic()
+        bpf = {k: (t - bpf0.get(k, (0, 0))[0], n - bpf0.get(k, (0, 0))[1]) for k, (t, n) in _bpf_time().items()}
+        stats.close()
         if prof is not None:
             prof.send_signal(signal.SIGINT)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 prof.wait(60)
+        bpf_ns = sum(t for t, _n in bpf.values())
         (out / f"{node}.agent.json").write_text(json.dumps({
             "agent_cpu_seconds": round(cpu1 - cpu0, 3), "wall_seconds": round(wall1 - wall0, 3),
-            "agent_core_share": round((cpu1 - cpu0) / (wall1 - wall0), 5), "nproc": os.cpu_count()}) + "\n")
+            "agent_core_share": round((cpu1 - cpu0) / (wall1 - wall0), 5), "nproc": os.cpu_count(),
+            # the programs' own kernel time (bpf_stats), charged to the tasks they run in
+            "bpf_seconds": round(bpf_ns / 1e9, 4), "bpf_core_share": round(bpf_ns / 1e9 / (wall1 - wall0), 5),
+            "agent_and_bpf_core_share": round((cpu1 - cpu0 + bpf_ns / 1e9) / (wall1 - wall0), 5),
+            "bpf_programs": {k: {"run_ns": t, "runs": n, "ns_per_run": round(t / n, 1) if n else None}
+                             for k, (t, n) in sorted(bpf.items())},
+            "agent_rss_kb_start": rss0, "agent_rss_kb_end": _rss_kb(agent.pid)}) + "\n")
     finally:
         stop_all()
         if runner is not None:
@@ -305,8 +353,9 @@ def record(node: str, out: Path, hold: float, only: list[str] | None = None) -> 
         with contextlib.suppress(subprocess.TimeoutExpired):
             agent.wait(60)
         (out / f"{node}.timeline.jsonl").write_text("".join(json.dumps(ln) + "\n" for ln in timeline))
-    subprocess.run([sys.executable, "-m", "triscope", "export-trace", "--db", url, "--node", node,
-                    "-o", str(out / f"{node}.jsonl.gz")], check=True, cwd=REPO, env=env)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        subprocess.run([sys.executable, "-m", "triscope", "export-trace", "--db", url, "--node", node,
+                        "-o", str(out / f"{node}.jsonl.gz")], check=True, cwd=REPO, env=env)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -314,11 +363,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--node", required=True, help="the recording's node name (h200-lab-N)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--hold", type=float, default=45.0, help="seconds per scenario (default 45)")
+    ap.add_argument("--deadline", type=float, default=0.0, metavar="SECONDS",
+                    help="the whole recording must fit in this many seconds: classes that would not are skipped")
     ap.add_argument("--only", default="", help="comma-separated scenario names (default: the first set; "
                     "'second', 'third-a', 'third-b', 'fourth', 'fourth-a', 'fourth-b': those sets)")
     args = ap.parse_args(argv)
     only = list(SETS[args.only]) if args.only in SETS else [s for s in args.only.split(",") if s] or list(FIRST_SET)
-    record(args.node, args.out, args.hold, only)
+    record(args.node, args.out, args.hold, only, args.deadline)
     return 0
 
 

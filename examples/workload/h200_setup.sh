@@ -2,7 +2,8 @@
 # Source this on the H200 machine (no package registries there): installs the carried wheels
 # (.whl/) into /tmp/site, unpacks BCC + kernel headers into /opt/bcc (.deb/bcc.tar.xz, a trimmed
 # dpkg -x tree of Debian 12's packages; else the raw .deb/gpu/*.deb) and, where the host has no
-# nft, Debian's nftables (.deb/nft/*.deb) into /opt/nft.
+# nft, Debian's nftables (.deb/nft/*.deb) into /opt/nft. scripts/device-bundle.sh builds .whl/
+# and .deb/ (and checks them in a chroot like this machine: no BCC, LLVM, libz3 or libbpf).
 #   . examples/workload/h200_setup.sh
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -41,11 +42,12 @@ if ! command -v nft >/dev/null 2>&1 && ls .deb/nft/*.deb >/dev/null 2>&1; then
   export LD_LIBRARY_PATH=/opt/nft/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
 # libraries BCC (libLLVM-14, libbcc) or nft need that this host may lack: the tarball's fallbacks
-# (real libelf/libedit/libbsd/libmd; stand-ins for libz3 and libxml2, see its README), linked
-# into /opt/bcc/compat only for a soname that ldconfig does not know here
+# (scripts/device-bundle.sh: a stand-in libz3.so.4; its README says which), linked into
+# /opt/bcc/compat only for a soname that ldconfig does not know here
 if [ -d /opt/bcc/usr/lib/bcc-compat ]; then
   mkdir -p /opt/bcc/compat
   for f in /opt/bcc/usr/lib/bcc-compat/lib*.so.[0-9]; do
+    [ -e "$f" ] || continue
     l=${f##*/}
     ldconfig -p 2>/dev/null | grep -q "^[[:space:]]*$l (" || ln -sfn "$f" /opt/bcc/compat/$l
   done

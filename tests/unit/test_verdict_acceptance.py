@@ -130,8 +130,26 @@ def largest_sm_share() -> Iterator[None]:
         yield
 
 
-@pytest.mark.parametrize("mutant", [lambda: constant("idle"), lambda: constant("compute-bound"), largest_sm_share],
-                         ids=["constant-idle", "constant-compute-bound", "largest-sm-share"])
+@contextmanager
+def other_workload() -> Iterator[None]:
+    """Name another workload than the classifier would: one of another pod where the accelerator
+    has one (a sidecar's pod-mate would still be the right pod), else any other, else none."""
+    real = verdict_mod._named_workload
+
+    def named(acc: Any, state: str, th: Any) -> tuple[Any, str]:
+        key, _why = real(acc, state, th)
+        others = sorted({w.key for w in acc.per_workload} - {key})
+        far = [k for k in others if not key[1] or (k[0], k[1]) != (key[0], key[1])]
+        pick = far or others
+        return (pick[0] if pick else ("", "", "", "")), "mutant: the other workload"
+
+    with mock.patch.object(verdict_mod, "_named_workload", named):
+        yield
+
+
+@pytest.mark.parametrize("mutant", [lambda: constant("idle"), lambda: constant("compute-bound"), largest_sm_share,
+                                    other_workload],
+                         ids=["constant-idle", "constant-compute-bound", "largest-sm-share", "other-workload"])
 def test_the_acceptance_fails_every_mutant(mutant: Callable[[], Any]) -> None:
     with mutant():
         got = failures(score_all())
