@@ -315,18 +315,18 @@ _POOL: Any = None
 
 
 def fetch_all(store: StoreReader, infos: Sequence[Any], start: float, end: float, max_points: int | None,
-              rate: bool | None = None) -> list[Any]:
-    """``store.query_series`` for each series (the store downsamples), a few at a time on a small
-    thread pool (the database works while Python waits: ~2x on a page of 10-15 series, more on
-    PostgreSQL)."""
+              rate: bool | None = None, tier: str | None = None) -> list[Any]:
+    """``store.query_series`` for each series (the store downsamples; ``tier`` forces a tier), a few
+    at a time on a small thread pool (the database works while Python waits: ~2x on a page of 10-15
+    series, more on PostgreSQL)."""
     global _POOL
     if len(infos) <= 1:
-        return [store.query_series(i, start, end, max_points=max_points, rate=rate) for i in infos]
+        return [store.query_series(i, start, end, max_points=max_points, rate=rate, tier=tier) for i in infos]
     if _POOL is None:
         from concurrent.futures import ThreadPoolExecutor
 
         _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="triscope-dash-query")
-    futs = [_POOL.submit(store.query_series, i, start, end, max_points, rate) for i in infos]
+    futs = [_POOL.submit(store.query_series, i, start, end, max_points, rate, tier) for i in infos]
     return [f.result() for f in futs]
 
 

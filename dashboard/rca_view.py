@@ -28,6 +28,7 @@ from triscope.analysis.rca.timeline import fetch_timeline_inputs, rca_timeline
 from triscope.core.names import shorten
 from triscope.dashboard.data import Segment, Window, mismatch_segments
 from triscope.dashboard.export import Series
+from triscope.dashboard.waitfor_view import chain_evidence
 from triscope.dashboard.workload_data import (
     HEALTHY,
     Accel,
@@ -60,16 +61,20 @@ class Cause:
     series: list[Evidence] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     peers: list[str] = field(default_factory=list)
+    chain: dict[str, Any] | None = None     # the wait-for chain behind it (``waitfor_view.chain_evidence``)
 
 
 @dataclass
 class EpisodeCause:
-    """A ranked cause of an episode (``score`` set), or a context line beside them (``score`` None)."""
+    """A ranked cause of an episode (``score`` set), or a context line beside them (``score`` None);
+    ``chain``: the wait-for chain that made it the top cause (its first evidence item, of type
+    ``chain``: ``triscope.analysis.rca.chain``), None for any other cause."""
 
     key: str
     title: str
     score: float | None
     summary: str = ""
+    chain: dict[str, Any] | None = None
 
 
 @dataclass
@@ -112,7 +117,8 @@ def explain(store: StoreReader, node: str, start: float, end: float, top: int = 
                     ev.append(Evidence(metric, dict(infos[0].labels), None, None, "detector input", c.onset))
                     break
         causes.append(Cause(c.key, c.title, c.summary, c.score, c.onset, ev,
-                            [e for e in c.evidence if e.get("type") == "event"], list(c.peers)))
+                            [e for e in c.evidence if e.get("type") == "event"], list(c.peers),
+                            chain_evidence(c.evidence)))
     note = "" if causes else (f"nothing moved against the baseline in this window "
                               f"({res.series_examined} series examined)")
     return RcaResult(causes, (res.baseline_start, res.baseline_end), note, res.series_examined, dict(res.mismatch),
@@ -226,7 +232,8 @@ def timeline_from_dict(d: Mapping[str, Any], owners: OwnerLookup | None = None) 
             WorkloadRef.of(wl, found) if wl else None, str(e.get("kind", "state")),
             bool(e.get("bad", e.get("state") not in HEALTHY)), e.get("score"),
             [EpisodeCause(str(c.get("cause", "")), str(c.get("title", c.get("cause", ""))), c.get("score"),
-                          str(c.get("summary", ""))) for c in e.get("causes") or []],
+                          str(c.get("summary", "")), chain_evidence(c.get("evidence")))
+             for c in e.get("causes") or []],
             _reference_text(e.get("reference")), bool(e.get("started_before")),
             [EpisodeCause(str(c.get("context", "")), str(c.get("title", "")), None, str(c.get("summary", "")))
              for c in e.get("context") or []],

@@ -12,11 +12,23 @@ from urllib.parse import quote, urlencode
 import dash
 from dash import Input, Output, Patch, State, dcc, html, no_update
 
-from triscope.dashboard import data, export, figures, timerange, timeview, topology_view, workload_data
+from triscope.dashboard import (
+    data,
+    export,
+    figures,
+    timerange,
+    timeview,
+    topology_view,
+    waitfor_data,
+    waitfor_view,
+    workload_data,
+)
 from triscope.dashboard.components import error_note, fmt_ts, name_span, note, parse_ts, range_picker, short
 from triscope.dashboard.context import ctx
 from triscope.dashboard.node_parts import accel_picker, workload_panel, workload_states
 from triscope.dashboard.registry import page_callback
+
+WAITFOR_LIVE_S = 30.0   # live mode redraws the wait-for panel this often (it reads the whole range again)
 
 dash.register_page(__name__, path="/node", path_template="/node/<node>", name="Node", order=1, title="triscope - node",
                    nav_hidden=True)
@@ -63,6 +75,11 @@ def layout(node: str | None = None, range: str = "", start: str = "", end: str =
         dcc.Loading(dcc.Graph(id="node-graph", config={"displaylogo": False, "scrollZoom": False},
                               figure=figures.empty_figure("loading...", 820)), delay_show=400, type="dot"),
         html.Div(id="node-status", className="status-line"),
+        # where each accelerator's driving threads' time went (docs/waitfor.md): its own callback, so the
+        # lanes draw first; refreshed with them, and every WAITFOR_LIVE_S in live mode
+        dcc.Interval(id="node-waitfor-interval", interval=int(max(WAITFOR_LIVE_S, c.live_interval_s) * 1000),
+                     disabled=True),
+        dcc.Loading(html.Div(id="node-waitfor", className="waitfor"), delay_show=400, type="dot"),
         _topology(c, node),
     ])
 
@@ -167,9 +184,51 @@ def _accel_parts(c: Any, node: str, lanes: data.NodeLanes, w: data.Window, prese
     return accel_picker(node, lanes.accels, lanes.accel, now, keep), workload_panel(rows, lanes.accel, w, states)
 
 
-@page_callback(Output("node-interval", "disabled"), Input("node-live", "value"))
-def toggle_live(value: list[str] | None) -> bool:
-    return "live" not in (value or [])
+@page_callback(Output("node-interval", "disabled"), Output("node-waitfor-interval", "disabled"),
+               Input("node-live", "value"))
+def toggle_live(value: list[str] | None) -> tuple[bool, bool]:
+    off = "live" not in (value or [])
+    return off, off
+
+
+@page_callback(
+    Output("node-waitfor", "children"),
+    Input("node-range", "value"), Input("node-apply", "n_clicks"), Input("node-name", "data"),
+    Input("node-waitfor-interval", "n_intervals"),
+    State("node-start", "value"), State("node-end", "value"), State("node-accel", "data"),
+    Input(timeview.TZ_STORE, "data"),
+)
+def render_waitfor(preset: str, _clicks: int, node: str, _n: int | None, start: str | None, end: str | None,
+                   accel_query: str | None = None, tz: dict[str, Any] | None = None) -> Any:
+    """Per accelerator (the picked one), where its workloads' driving threads' time went over the
+    range and where the chain of waits from them ends (``waitfor_data.node_waitfor``)."""
+    import functools
+
+    c = ctx()
+    zone = timeview.zone_of(tz)
+    accel = _accel(accel_query)
+    try:
+        w = _window(c, node, preset, start, end)
+    except ValueError:
+        return no_update          # the lanes' callback says what is wrong with the range
+    except Exception as e:  # noqa: BLE001 - the store is unreachable: say so
+        return error_note("reading the node's wait-for evidence", e)
+    try:
+        rows = waitfor_data.node_waitfor(c.store, node, w.start, w.end, accel,
+                                         owners=functools.partial(workload_data.workload_owners, c.store),
+                                         fetch=_fetch_waitfor)
+        if not rows and accel is None:
+            return ""             # no accelerator with workloads: nothing to say here
+        return waitfor_view.node_panel(rows, (w.start, w.end), accel,
+                                       uirevision=f"{node}|{accel_query or ''}|{preset}|{zone.key if zone else 'UTC'}",
+                                       zone=zone)
+    except Exception as e:  # noqa: BLE001 - say it in the page, never a traceback
+        return error_note("reading the node's wait-for evidence", e)
+
+
+def _fetch_waitfor(store: Any, infos: Any, start: float, end: float, tier: str | None) -> list[Any]:
+    """The wait-for series on the page's small thread pool (``data.fetch_all``), every point of ``tier``."""
+    return data.fetch_all(store, infos, start, end, None, tier=tier)
 
 
 @page_callback(

@@ -18,7 +18,7 @@ from urllib.parse import quote, urlencode
 import dash
 from dash import Input, Output, State, dcc, html, no_update
 
-from triscope.dashboard import data, export, figures, rca_view, timerange, timeview
+from triscope.dashboard import data, export, figures, rca_view, timerange, timeview, waitfor_view
 from triscope.dashboard.components import (
     empty_state,
     error_note,
@@ -218,6 +218,8 @@ def _episode(node: str, e: rca_view.EpisodeView, zone: Any = None) -> html.Li:
                                       html.Span(f" score {cz.score:.2f}" if cz.score is not None else "", className="muted")],
                                      title=short(cz.summary, 600) or None)
                              for cz in e.causes[:3]], className="ep-causes"))
+        if e.causes[0].chain:    # the top cause is the verdict's chain: draw it (the others stay as context)
+            kids.append(waitfor_view.chain_view(e.causes[0].chain, e.where))
     if e.context:
         kids.append(_context(e.context))
     if e.reference:
@@ -241,6 +243,8 @@ def _cause(c: Any, node: str, i: int, cz: rca_view.Cause, a: float, b: float,
                                  html.Span(f"onset {fmt_ts(cz.onset, zone)}" if cz.onset else "", className="muted")],
                                 className="card-head"),
                        html.Div(short(cz.summary, 600), className="muted")]
+    if cz.chain:
+        kids.append(waitfor_view.chain_view(cz.chain))
     if cz.peers:
         kids.append(html.Div("peers: " + ", ".join(short(p) for p in cz.peers[:5]), className="muted"))
     if cz.series and i < 5:  # evidence chart of the series that moved most, baseline and window shaded
