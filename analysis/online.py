@@ -149,7 +149,7 @@ class _Dwell:
         return self.state
 
 
-def _expire_all(series: dict[str, _Rolling], cutoff: float) -> None:
+def _expire_all(series: dict[Any, _Rolling], cutoff: float) -> None:
     """Expire every series; forget those left empty (a series that stopped reporting)."""
     gone = []
     for key, r in series.items():

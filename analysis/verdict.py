@@ -444,11 +444,9 @@ def waitfor_evidence(acc: AcceleratorFeatures, state: str, th: MismatchThreshold
             "states": {k: round(v, 4) for k, v in sorted(ev.states.items(), key=lambda kv: -kv[1])},
             "groups": {k: round(v, 4) for k, v in c.groups.items()},
             "requests_wait": _r(ev.requests_wait, 3), "waited_on": _r(ev.waited_on, 3),
-            "ends": [{**e, "workload": list(e["workload"]), "share": round(float(e["share"]), 4)}  # type: ignore[call-overload]
-                     for e in c.ends[:6]],
+            "ends": [e.as_dict() for e in c.ends[:6]],
             "path": c.path, "service_seconds": round(ev.service_seconds, 2),
-            "service": [{**e, "workload": list(e["workload"]), "share": round(float(e["share"]), 4)}  # type: ignore[call-overload]
-                        for e in c.service[:4]]})
+            "service": [e.as_dict() for e in c.service[:4]]})
         if got is not None and got[0].workload == c.workload:
             out["deciding"] = workload_text(w.key)
     return out

@@ -47,6 +47,25 @@ _STAGING_CAUSES = frozenset({"cpu", "cpu_wait", "cpu_throttled", "copy_pageable"
 _ACCEL_CAUSES = frozenset({"accelerator", "copy_pinned"})
 
 
+@dataclass(slots=True, frozen=True)
+class End:
+    """One end of a chain over a window: its cause, the culprit's relation and name, the culprit's
+    workload, its share of the driving threads' (or the request path's) time, its group, in words."""
+
+    cause: str
+    relation: str
+    culprit: str
+    workload: WorkloadKey
+    share: float
+    group: str
+    words: str
+
+    def as_dict(self) -> dict[str, object]:
+        return {"cause": self.cause, "relation": self.relation, "culprit": self.culprit,
+                "workload": list(self.workload), "share": round(self.share, 4), "group": self.group,
+                "words": self.words}
+
+
 @dataclass(slots=True)
 class ChainFinding:
     """One workload's reading of its chain over a window."""
@@ -57,10 +76,10 @@ class ChainFinding:
     named: WorkloadKey                          # the workload an I/O verdict names
     groups: dict[str, float]                    # group -> share of the driving threads' time
     work: float                                 # share of their time with work (not demand)
-    ends: list[dict[str, object]] = field(default_factory=list)   # the chain's ends, largest first
+    ends: list[End] = field(default_factory=list)    # the chain's ends, largest first
     reasons: list[str] = field(default_factory=list)
     path: str = "driver"                        # what decided: the driving threads' chain, or "service"
-    service: list[dict[str, object]] = field(default_factory=list)  # the request path's ends
+    service: list[End] = field(default_factory=list)  # the request path's ends
 
 
 def _lossy(w: WorkloadEvidence, ev: WaitEvidence, culprit: str, th: MismatchThresholds) -> tuple[bool, str]:
@@ -137,12 +156,11 @@ def chain_finding(w: WorkloadEvidence, engaged: float, th: MismatchThresholds) -
     req, waited = ev.requests_wait or 0.0, ev.waited_on or 0.0
     demand_waits = req >= th.waitfor_requests_min and req > waited
     groups = dict.fromkeys(GROUPS, 0.0)
-    ends: list[dict[str, object]] = []
+    ends: list[End] = []
     for key, share in sorted(ev.chain.items(), key=lambda kv: -kv[1]):
         g, words = _group(key, w, ev, engaged, demand_waits, th)
         groups[g] += share
-        ends.append({"cause": key[0], "relation": key[1], "culprit": key[2], "workload": key[3:7], "share": share,
-                     "group": g, "words": words})
+        ends.append(End(key[0], key[1], key[2], (key[3], key[4], key[5], key[6]), share, g, words))
     work = 1.0 - groups[DEMAND]
     named = w.key
     f = ChainFinding(w.key, "", 0.0, named, groups, work, ends)
@@ -161,10 +179,9 @@ def chain_finding(w: WorkloadEvidence, engaged: float, th: MismatchThresholds) -
         f.state = "network-bound"
     else:
         f.state = "staging-bound"
-        top = next(e for e in ends if e["group"] == STAGING)
-        culprit_wl = top["workload"]
-        if top["relation"] in ("pod", "other") and isinstance(culprit_wl, tuple) and any(culprit_wl):
-            f.named = culprit_wl  # type: ignore[assignment]
+        top = next(e for e in ends if e.group == STAGING)
+        if top.relation in ("pod", "other") and any(top.workload):
+            f.named = top.workload
     return f
 
 
@@ -177,8 +194,7 @@ def _service_finding(f: ChainFinding, w: WorkloadEvidence, ev: WaitEvidence, eng
     net = 0.0
     for key, share in sorted(ev.service.items(), key=lambda kv: -kv[1]):
         g, words = _group(key, w, ev, engaged, demand_waits, th)
-        f.service.append({"cause": key[0], "relation": key[1], "culprit": key[2], "workload": key[3:7],
-                          "share": share, "group": g, "words": words})
+        f.service.append(End(key[0], key[1], key[2], (key[3], key[4], key[5], key[6]), share, g, words))
         if g == NETWORK:
             net += share
     if net >= th.waitfor_cause_share:
@@ -193,14 +209,14 @@ def chain_reasons(f: ChainFinding, accelerator: str, busy: float, w: WorkloadEvi
     who = workload_text(w.key)
     deciding = {"staging-bound": STAGING, "network-bound": NETWORK}.get(f.state)
     if f.path == "service":
-        lead = [e for e in f.service if e["group"] == NETWORK]
-        parts = [f"{e['share']:.0%} {e['words']}" for e in lead[:2]]
+        lead = [e for e in f.service if e.group == NETWORK]
+        parts = [f"{e.share:.0%} {e.words}" for e in lead[:2]]
         return [f"{accelerator} busy {busy:.0%}: {workload_text(w.key)}'s driving threads wait for work "
                 f"{f.groups[DEMAND]:.0%} of the window; once a request is in, its handlers wait {'; '.join(parts)} "
                 f"({ev.service_seconds:.1f} thread-seconds of request handling in the window)",
                 f"the lossy connections hold {f.strength:.0%} of the request path: its requests arrive late"]
-    lead = [e for e in f.ends if e["group"] == deciding] if deciding else f.ends[:1]
-    parts = [f"{e['share']:.0%} {e['words']}" for e in lead[:2]]
+    lead = [e for e in f.ends if e.group == deciding] if deciding else f.ends[:1]
+    parts = [f"{e.share:.0%} {e.words}" for e in lead[:2]]
     first = ", ".join(f"{k} {v:.0%}" for k, v in sorted(ev.states.items(), key=lambda kv: -kv[1])[:3] if v >= 0.01)
     out = [f"{accelerator} busy {busy:.0%}: {who}'s driving thread{'s' if ev.found_by != 'main_thread' else ''} "
            f"waited {'; '.join(parts)} of the window" + (f" (it blocked in: {first})" if first else "")]

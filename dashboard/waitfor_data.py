@@ -303,7 +303,7 @@ def _chain(dt: DriverTime, got: tuple[WorkloadEvidence, float] | None, datas: Se
         dt.requests_wait, dt.waited_on = ev.requests_wait, ev.waited_on
     f = chain_finding(w, eng, th) if w is not None else None
     if f is not None and w is not None:
-        dt.ends = _ends([_end_row(x) for x in f.ends])
+        dt.ends = _ends([_end_row(x.as_dict()) for x in f.ends])
         dt.groups, dt.work, dt.state, dt.strength = dict(f.groups), f.work, f.state, f.strength
         dt.deciding = DECIDING_GROUP.get(f.state, "")
         dt.named = f.named if f.state else None

@@ -406,7 +406,7 @@ class WaitChain:
         if nxt is None:
             if target.tgid not in {x.tgid for x in tk.threads.values()}:
                 self.want_follow.add(target.tgid)
-            if serving and target.conn is not None:
+            if isinstance(target, _FollowProc) and target.conn is not None:
                 return {target.conn: 1.0}
             return {Term("producer", target.tid if isinstance(target, _Follow) else 0, target.tgid): 1.0}
         if nxt in tk.busy:
@@ -415,7 +415,7 @@ class WaitChain:
             return {Term("producer", nxt, tk.threads[nxt].tgid): 1.0}
         sub = self._resolve(nxt, depth + 1, serving)
         if not sub:         # nothing of it traced this tick, or (a server) all its time waiting for us
-            if serving and target.conn is not None:
+            if isinstance(target, _FollowProc) and target.conn is not None:
                 return {target.conn: 1.0}
             return {Term("producer", nxt, tk.threads[nxt].tgid): 1.0}
         return sub

@@ -223,16 +223,16 @@ class WaitFor:
         for tid in [x for x in self._prev if x not in seen]:
             del self._prev[tid]
         for tid, (state, ns) in correction.items():
-            t = out.threads.get(tid)
-            if t is None:
+            tt = out.threads.get(tid)
+            if tt is None:
                 continue
             sec = ns / 1e9
             if state == L.WF_ONCPU:
-                t.cpu = max(0.0, t.cpu - sec)
+                tt.cpu = max(0.0, tt.cpu - sec)
             elif state == L.WF_RUNNABLE:
-                t.runq = max(0.0, t.runq - sec)
+                tt.runq = max(0.0, tt.runq - sec)
             else:
-                t.blocked = max(0.0, t.blocked - sec)
+                tt.blocked = max(0.0, tt.blocked - sec)
         self._waits(out, correction, opens)
         self._last = now
         return out

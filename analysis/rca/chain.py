@@ -54,7 +54,7 @@ def chain_cause(e: Episode, ctx: EvidenceContext) -> Cause | None:
     f, w = got
     key = CHAIN_KEY[f.state]
     group = STAGING if key == "host_staging" else NETWORK
-    ends = [x for x in f.ends if x["group"] == group]
+    ends = [x for x in (f.service if f.path == "service" else f.ends) if x.group == group]
     top = ends[0] if ends else None
     b = engaged(acc)
     reasons = chain_reasons(f, acc.name.replace("=", " ").upper(), b, w, ctx.th)
@@ -62,16 +62,17 @@ def chain_cause(e: Episode, ctx: EvidenceContext) -> Cause | None:
         return None
     who = workload_text(f.named)
     if key == "host_staging":
-        title = f"Host staging: {workload_text(w.key)}'s driving thread waits on {top['words']}"
+        title = f"Host staging: {workload_text(w.key)}'s driving thread waits {top.words}"
+    elif f.path == "service":
+        title = f"Network: {workload_text(w.key)}'s requests wait {top.words}"
     else:
-        title = f"Network: {workload_text(w.key)}'s driving thread waits {top['words']}"
+        title = f"Network: {workload_text(w.key)}'s driving thread waits {top.words}"
     evidence: list[dict[str, Any]] = [{
         "type": "chain", "detail": reasons[0], "state": f.state, "workload": list(w.key), "named": list(f.named),
         "strength": round(f.strength, 4), "work": round(f.work, 4),
         "groups": {k: round(v, 4) for k, v in f.groups.items()},
-        "ends": [{"cause": x["cause"], "relation": x["relation"], "culprit": x["culprit"],
-                  "workload": list(x["workload"]), "share": round(float(x["share"]), 4),  # type: ignore[call-overload]
-                  "group": x["group"], "words": x["words"]} for x in f.ends[:6]],
+        "ends": [x.as_dict() for x in f.ends[:6]], "path": f.path,
+        "service": [x.as_dict() for x in f.service[:4]],
     }]
     summary = "; ".join(reasons[:2]) + (f" (names {who})" if who != workload_text(w.key) else "")
     return Cause(key, title, 0.0, e.start, summary, evidence)
