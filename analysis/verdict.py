@@ -336,8 +336,22 @@ def _classify_traced(acc: AcceleratorFeatures, f: WindowFeatures, th: MismatchTh
         state, score, reasons = _classify_symptoms(rest, f, th)
         if state in IO_STATES:
             return state, score, [*reasons, "decided on host symptoms for the workloads whose waits were not traced"]
+    # no chain found a cause: the non-I/O state of the accelerator, on its own evidence only (the
+    # node's CPU, PSI and retransmits are other processes' as much as its workloads')
     quiet = replace_evidence(acc, traced)
-    state, score, reasons = _classify_symptoms(quiet, f, th)
+    from dataclasses import replace
+
+    state, score, reasons = _classify_symptoms(quiet, replace(f, cpu_busy=None, pressure=None, retransmit_rate=None), th)
+    if state in ("staging-bound", "network-bound"):
+        # only the link's share was left to read, and a moving link is no cause where the chains
+        # saw the copies (they would have shown as pageable copies or waits on the accelerator)
+        u = acc.link_util_typical
+        moving = u is not None and u >= th.idle_link
+        state = "balanced" if moving and b >= th.starved_busy else "idle" if b < th.idle_busy and not moving \
+            else "demand-limited"
+        score = 0.0
+        reasons = [f"accelerator busy {b:.0%}, {'link ' + format(u, '.0%') + ' of its ceiling' if u is not None else 'no link data'}: "
+                   "the traced workloads' chains hold no I/O cause"]
     if found:
         c, w = max(found, key=lambda fw: fw[1].wait.seconds if fw[1].wait else 0.0)
         reasons = [*reasons, *chain_reasons(c, name, b, w, th)]

@@ -268,10 +268,9 @@ class WaitChain:
             if w.kind == "runq":
                 continue
             state, target = self._classify(t, w)
-            if w.kind == "blocked" and w.seconds > 0:
-                prev = self._carry.get((tid, w.nr, w.fd))
-                if prev is None or not isinstance(target, Term) or target.cause != "other":
-                    self._carry[(tid, w.nr, w.fd)] = (target, self.clock())
+            if w.kind == "blocked" and w.seconds > 0 and isinstance(target, (_Follow, _FollowProc)):
+                # who ended this kind of wait: what an open one, or one that timed out, waits for
+                self._carry[(tid, w.nr, w.fd)] = (target, self.clock())
             if state == "accelerator":
                 accel_blocked += w.seconds
             out.append((w.seconds, state, target))
@@ -348,14 +347,16 @@ class WaitChain:
             prev = self._carry.get((t.tid, w.nr, w.fd))
             return prev[0] if prev is not None else Term("other")
         kind, detail = w.ctx >> 24, w.ctx & 0xFFFFFF
+        timed_out = kind == L.WF_CTX_HRTIMER or (kind == L.WF_CTX_SOFTIRQ and detail in _TIMER_VECS)
+        if timed_out:
+            # a wait (not a sleep: those are timers already) that ran out its timeout waited for
+            # whoever usually ends it: a feeder too slow to answer within it is still the feeder
+            prev = self._carry.get((t.tid, w.nr, w.fd))
+            return prev[0] if prev is not None else Term("timer", t.tid, t.tgid)
         if kind == L.WF_CTX_SOFTIRQ:
             if detail in _NET_VECS:
                 return Term("network", conn="?")
-            if detail in _TIMER_VECS:
-                return Term("timer", t.tid, t.tgid)
             return Term("other")
-        if kind == L.WF_CTX_HRTIMER:
-            return Term("timer", t.tid, t.tgid)
         if kind == L.WF_CTX_HARDIRQ:
             k = self.irqs.kind(detail)
             return Term("accelerator", t.tid, t.tgid) if k == "accel" else Term("disk", t.tid, t.tgid) \

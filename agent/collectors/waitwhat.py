@@ -230,6 +230,8 @@ class SocketIndex:
         self.listeners = listeners
         self._listening: set[int] = set()
         self._listeners: set[int] = set()          # the listening sockets' inodes
+        self._not_listener: dict[int, float] = {}  # inodes found not listening, and when (asked again after 30 s)
+        self._last_forced = -1e18
         self._next_listen = 0.0
         self.proc = proc
         self.dump_every = dump_every
@@ -238,7 +240,7 @@ class SocketIndex:
         self._all: dict[int, tuple[int, bytes]] = {}      # the last whole-table read's keys
         self._by_tuple: dict[tuple[int, bytes], int] = {}  # (family, sport..dst) -> inode
         self._next_dump = 0.0
-        self._probed: dict[int, tuple[int, bytes]] = {}    # inode -> key read from the socket itself
+        self._probed: dict[int, tuple[int, bytes] | None] = {}   # inode -> key read from the socket (None: not TCP)
         self._owner: dict[int, tuple[int, float]] = {}     # inode -> (pid, when found)
         self._next_scan = 0.0
 
@@ -247,12 +249,11 @@ class SocketIndex:
         whole-table read's, those read from sockets themselves), else read from the socket through
         ``holder`` (pid, fd) when given, else a whole-table read (at most every ``dump_every`` s)."""
         key = self.keys().get(inode) or self._all.get(inode) or self._probed.get(inode)
-        if key is None and holder is not None and not self.is_listener(inode):
-            key = key_of_fd(*holder)
-            if key is not None:
-                if len(self._probed) > 4096:
-                    self._probed.clear()
-                self._probed[inode] = key
+        if key is None and holder is not None and inode not in self._probed and not self.is_listener(inode):
+            key = key_of_fd(*holder)          # None: not a TCP socket (UNIX, UDP, ...), remembered as such
+            if len(self._probed) > 4096:
+                self._probed.clear()
+            self._probed[inode] = key
         if key is None and allow_dump and self._refresh():
             key = self._all.get(inode)
         return None if key is None else sock_from_key(inode, key, self.ephemeral, self._listening_ports())
@@ -269,12 +270,24 @@ class SocketIndex:
         return self._listening
 
     def is_listener(self, inode: int) -> bool:
-        """A listening socket: waiting on it is waiting for connections, for requests."""
+        """A listening socket: waiting on it is waiting for connections, for requests.  A socket
+        not seen before has the listeners read again, at most once a second."""
         self._listening_ports()
-        if inode not in self._listeners and self.listeners is not None and inode not in self.keys():
-            self._next_listen = 0.0      # a socket not seen yet: the listeners read again (rate-limited by ttl)
+        if inode in self._listeners:
+            return True
+        now = self.clock()
+        if now - self._not_listener.get(inode, -1e18) < 30.0 or inode in self.keys():
+            return False
+        if self.listeners is not None and now - self._last_forced >= 1.0:
+            self._last_forced = now
+            self._next_listen = 0.0
             self._listening_ports()
-        return inode in self._listeners
+        if inode in self._listeners:
+            return True
+        if len(self._not_listener) > 8192:
+            self._not_listener.clear()
+        self._not_listener[inode] = now
+        return False
 
     def _refresh(self) -> bool:
         now = self.clock()

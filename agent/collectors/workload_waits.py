@@ -85,7 +85,8 @@ class WorkloadWaits:
         self._counters: dict[Labels, dict[tuple[str, Labels], list[Any]]] = {}
         self._conn: dict[int, tuple[Counters, float]] = {}            # inode -> (counters, read at)
         self._conn_hist: dict[int, list[tuple[float, Counters]]] = {}
-        self._conn_keys: dict[int, tuple[int, bytes]] = {}
+        self._conn_totals: dict[tuple[Labels, str], list[float]] = {}   # (workload, culprit) -> running totals
+        self._conn_seen: dict[int, Counters] = {}                         # inode -> its counters last counted
         self._next_conn = 0.0
         self.problem = ""
         # the API probes attach a library by a loader run (~1 s): done on a worker of its own, never
@@ -176,38 +177,53 @@ class WorkloadWaits:
             self._add("triscope_workload_driver_seconds_total", base, (("state", state),), sec, now)
         self._add("triscope_workload_requests_wait_seconds_total", base, (), c.requests_wait, now)
         self._add("triscope_workload_driver_waited_on_seconds_total", base, (), c.waited_on, now)
-        ranked_service = sorted(c.service.items(), key=lambda kv: -kv[1])
-        for i, (term, sec) in enumerate(ranked_service):
-            if i < 2:
-                culprit = self._culprit(term, wl, pids, set(c.drivers), set())
-                self._connection(term, culprit, base, now)
-            else:
-                culprit = (("relation", ""), ("culprit", ""), *((k, "") for k in CULPRIT_LABELS))
-            self._add("triscope_workload_service_chain_seconds_total", base, (("cause", term.cause), *culprit), sec, now)
-        ranked = sorted(c.causes.items(), key=lambda kv: -kv[1])
         drivers = set(c.drivers)
         driver_tgids = {t for t in (self.procs.tgid(d) for d in drivers) if t}
-        for i, (term, sec) in enumerate(ranked):
-            if i < self.top:
-                culprit = self._culprit(term, wl, pids, drivers, driver_tgids)
-            else:
-                culprit = (("relation", ""), ("culprit", ""), *((k, "") for k in CULPRIT_LABELS))
-            self._add("triscope_workload_wait_chain_seconds_total", base, (("cause", term.cause), *culprit), sec, now)
-            if i < self.top:
-                self._connection(term, culprit, base, now)
+        for chain_metric, causes, keep in (("triscope_workload_service_chain_seconds_total", c.service, 2),
+                                           ("triscope_workload_wait_chain_seconds_total", c.causes, self.top)):
+            for extra, sec, inodes in self._ranked(causes, keep, wl, pids, drivers, driver_tgids):
+                self._add(chain_metric, base, extra, sec, now)
+                if inodes:
+                    self._connections(inodes, dict(extra)["culprit"], base, now)
         for metric, st in self._counters.get(base, {}).items():
             if now - st[2] < self.keep_s:
                 out.append(Sample(metric[0], float(st[1]), st[0], "counter"))
 
-    def _connection(self, term: Term, culprit: tuple[tuple[str, str], ...], base: Labels, now: float) -> None:
-        """A network culprit's connection counters, under its name."""
-        if term.cause != "network" or not term.inode:
-            return
-        got = self._conn.get(term.inode)
-        if got is not None:
-            name = dict(culprit)["culprit"]
-            for metric, v in zip(CONN_SERIES, got[0], strict=True):
-                self._set(metric, base, (("culprit", name),), float(v), now)
+    def _ranked(self, causes: Mapping[Term, float], keep: int, wl: Workload, pids: set[int], drivers: set[int],
+                driver_tgids: set[int]) -> list[tuple[Labels, float, set[int]]]:
+        """The chain's ends as series labels: ends with the same labels merged (every connection to
+        one upstream, every thread of one feeder), the ``keep`` largest by seconds, the rest summed per
+        cause with empty culprit labels; with each, the sockets of its network ends."""
+        merged: dict[Labels, list[Any]] = {}
+        for term, sec in causes.items():
+            extra = (("cause", term.cause), *self._culprit(term, wl, pids, drivers, driver_tgids))
+            m = merged.setdefault(extra, [0.0, set()])
+            m[0] += sec
+            if term.cause == "network" and term.inode:
+                m[1].add(term.inode)
+        ranked = sorted(merged.items(), key=lambda kv: -kv[1][0])
+        out: list[tuple[Labels, float, set[int]]] = [(extra, m[0], m[1]) for extra, m in ranked[:keep]]
+        rest: dict[str, float] = {}
+        for extra, m in ranked[keep:]:
+            rest[extra[0][1]] = rest.get(extra[0][1], 0.0) + m[0]
+        blank = (("relation", ""), ("culprit", ""), *((k, "") for k in CULPRIT_LABELS))
+        out += [((("cause", cause), *blank), sec, set()) for cause, sec in rest.items()]
+        return out
+
+    def _connections(self, inodes: set[int], name: str, base: Labels, now: float) -> None:
+        """A network culprit's connections' counters, summed under its name as running totals of
+        each socket's increase (a connection per request comes and goes; its counts stay)."""
+        tot = self._conn_totals.setdefault((base, name), [0.0, 0.0, 0.0, 0.0])
+        for ino in inodes:
+            got = self._conn.get(ino)
+            if got is None:
+                continue
+            prev = self._conn_seen.get(ino, (0, 0, 0, 0))
+            for i in range(4):
+                tot[i] += max(0, got[0][i] - prev[i])
+            self._conn_seen[ino] = got[0]
+        for metric, v in zip(CONN_SERIES, tot, strict=True):
+            self._set(metric, base, (("culprit", name),), v, now)
 
     def _culprit(self, term: Term, wl: Workload, pids: set[int], drivers: set[int],
                  driver_tgids: set[int]) -> tuple[tuple[str, str], ...]:
@@ -256,6 +272,8 @@ class WorkloadWaits:
         st[2] = now
 
     def _forget(self, now: float) -> None:
+        for ck in [ck for ck in self._conn_totals if ck[0] not in self._counters]:
+            del self._conn_totals[ck]
         for base in list(self._counters):
             per = self._counters[base]
             for k in [k for k, st in per.items() if now - st[2] > self.keep_s]:
@@ -299,6 +317,7 @@ class WorkloadWaits:
         for ino in [i for i, (_c, at) in self._conn.items() if now - at > 60.0]:
             self._conn.pop(ino, None)
             self._conn_hist.pop(ino, None)
+            self._conn_seen.pop(ino, None)
 
     def _connections_waited_on(self) -> tuple[dict[int, tuple[int, bytes]], dict[int, tuple[int, bytes]]]:
         """The TCP connections the traced threads blocked on this tick (inode -> sock_diag key), and,
