@@ -123,12 +123,20 @@ def _group(key: ChainKey, w: WorkloadEvidence, ev: WaitEvidence, engaged: float,
         if demand_waits:
             return DEMAND, "busy on its own CPU while the workload waits for requests (polling: nobody waits on it)"
         return STAGING, "working on its own CPU between accelerator calls (host work on the accelerator's path)"
-    if cause == "cpu_wait" and relation == "self" and demand_waits:
+    if cause == "cpu_wait" and relation == "self" and demand_waits and _runs_more_than_it_waits(ev):
         return DEMAND, "waiting for a CPU to poll on while the workload waits for requests (nobody waits on it)"
     if cause in _STAGING_CAUSES:
         return STAGING, _staging_words(cause, relation, culprit, key)
     return DEMAND, {"timer": "sleeping (pacing, timeouts)", "producer": f"on {culprit or 'a process'} (not traced yet)"
                     }.get(cause, "on nothing identifiable")
+
+
+def _runs_more_than_it_waits(ev: WaitEvidence) -> bool:
+    """The driving threads ran on a CPU at least as long as they waited for one: their waits for a
+    CPU are their own busy loop's, not a starvation (a thread starved of CPU barely runs)."""
+    run = sum(v for k, v in ev.chain.items() if k[0] == "cpu" and k[1] == "self")
+    wait = sum(v for k, v in ev.chain.items() if k[0] == "cpu_wait" and k[1] == "self")
+    return run >= wait
 
 
 _RELATION = {"self": "itself", "process": "another thread of its process", "workload": "its own workload",

@@ -341,17 +341,18 @@ class WorkloadWaits:
         return want, peers
 
     def _lossy(self, inode: int) -> bool:
-        """Did this connection lose packets lately: a retransmit or an out-of-order arrival between
-        its reads of the last ~10 s; read once only, any in its life so far (a connection the chain
-        meets for the first time is judged at once, not followed to its peer until it is)."""
+        """Does this connection lose packets: at least two losses (its retransmits, or segments it
+        received after a loss) making at least 1 % of its segments, between its reads of the last
+        ~10 s; read once only, over its life so far (a connection the chain meets for the first time
+        is judged at once).  One stray retransmit (a SYN under load) is not a lossy path."""
         hist = self._conn_hist.get(inode)
         if not hist:
             return False
         b = hist[-1][1]
-        if len(hist) < 2:
-            return b[0] > 0 or b[2] > 0
-        a = hist[0][1]
-        return b[0] > a[0] or b[2] > a[2]
+        a = hist[0][1] if len(hist) >= 2 else (0, 0, 0, 0)
+        lost = (b[0] - a[0]) + (b[2] - a[2])
+        segs = (b[1] - a[1]) + (b[3] - a[3])
+        return lost >= 2 and lost >= 0.01 * max(segs, 1)
 
     def close(self) -> None:
         self._api_stop = True

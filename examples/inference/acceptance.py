@@ -104,6 +104,16 @@ RECORDINGS: tuple[Recording, ...] = (
               "same scenarios (resnet18, 6 workers on CPU 15; 400 kB at 5/s over 6 % loss), so it shows the fixes "
               "on a new recording of the class they came from, not on a new class; 60 s a class, 4 windows each",
               LAB_TRACES),
+    Recording("cpu-lab-3", "2026-12-06, the CPU machine, host lab fourth set (examples/hostlab/fourth.py: pods, "
+              "sidecars, HTTP services, the GPU simulated through the stand-in libcuda), the first agent with "
+              "wait-for probes", "fitted",
+              "the chain rules were developed on it (no driver probes in that lab yet: driving threads found as the "
+              "main thread; no request-path series)", LAB_TRACES),
+    Recording("cpu-lab-7", "2026-12-06, the CPU machine, host lab fourth set again, the agent of this revision",
+              "fitted",
+              "the request path, timed-out waits carried to their producer and the starvation test of a driving "
+              "thread's own CPU wait were written from it and cpu-lab-4 to -6 (recorded under other sessions' "
+              "load, not kept): 24/24 after those changes, so fitted, not held out", LAB_TRACES),
 )
 """Every recording so far came before the whole-process-set, CFS-throttling and per-workload
 network evidence: none of them holds those series, so on them the verdict runs its older paths (a

@@ -30,7 +30,9 @@ from triscope.analysis import verdict as verdict_mod
 FULL = ("h200-inference-4", "h200-inference-5", "h200-inference-6")
 # the first three (no per-workload CPU counters; BLAS pools as wide as the host made the healthy
 # full load wait for CPUs): today's right windows are their floor
-FLOOR = {"h200-inference-1": 15, "h200-inference-2": 20, "h200-inference-3": 10, "h200-lab-1": 15}
+FLOOR = {"h200-inference-1": 15, "h200-inference-2": 20, "h200-inference-3": 10, "h200-lab-1": 15,
+         # the CPU lab's fourth set (GPU simulated), the wait-for rules fitted on it: today's right windows
+         "cpu-lab-3": 18, "cpu-lab-7": 24}
 # h200-lab-1 (stock PyTorch on the H200, held out when made): its recorded inputs came from the
 # collector before the fixes it led to (a worker's main-thread wait, a shared cgroup's pressure,
 # loss on the way in), so its replay keeps the defects it showed; they are its floor and ceiling
