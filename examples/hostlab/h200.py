@@ -310,7 +310,7 @@ def record(node: str, out: Path, hold: float, only: list[str] | None = None, dea
         for sc4 in later:
             assert runner is not None
             left = deadline - (time.monotonic() - t_start) if deadline > 0 else float("inf")
-            if left < hold + 75.0:    # its start (up to ~35 s with a cold torch import), hold, stop, export
+            if left < hold + 40.0:    # its start (up to ~35 s with a cold torch import), its hold, its stop
                 print(f"h200 lab: {sc4.name} skipped: {left:.0f} s left of the deadline", file=sys.stderr, flush=True)
                 continue
             runner.start(sc4)
