@@ -180,10 +180,15 @@ class MismatchThresholds:
     makes the verdict when it holds at least this share of the driving threads' **working** time
     (their time less what they spent waiting for requests, pacing or idle) and more than the
     accelerator itself does: the accelerator waits on it more than on everything else together."""
-    waitfor_work_floor: float = 0.1
-    """Below this share of their time with work (the rest waiting for requests, sleeping, idle) the
-    driving threads are not held back by anything: the workload waits for demand, whatever its few
-    busy moments waited on."""
+    waitfor_work_floor: float = 0.5
+    """Below this share of their time with work (the rest waiting for requests, sleeping to keep a
+    pace, idle) the driving threads keep up with their demand: they have slack, so nothing on their
+    chain holds the accelerator back, whatever their busy moments waited on (a paced consumer that
+    waits on its loader workers between its sleeps is healthy; one that cannot keep up never
+    sleeps).  Only the request path's loss is read then (``waitfor_service_min_seconds``).  Was 0.1
+    when h200-lab-7 was recorded (held out: 14/18, two classes paged the healthy heavy instance,
+    a paced DataLoader service with 36 % of its time working); 0.5 after it, so h200-lab-7 is
+    fitted for this value and no held-out recording scores it yet."""
     waitfor_requests_min: float = 0.2
     """A workload whose threads wait for requests (blocked on the server's side of a connection or on
     a listener) at least this many thread-seconds per second, and longer than its threads wait on its

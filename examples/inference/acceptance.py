@@ -114,6 +114,18 @@ RECORDINGS: tuple[Recording, ...] = (
               "the request path, timed-out waits carried to their producer and the starvation test of a driving "
               "thread's own CPU wait were written from it and cpu-lab-4 to -6 (recorded under other sessions' "
               "load, not kept): 24/24 after those changes, so fitted, not held out", LAB_TRACES),
+    Recording("h200-lab-7", "2026-12-06, the device's H100 (80 GB HBM3, lent as nvidia-h100-x1), examples/hostlab/"
+              "h200.py --only sidecar_shm,spin_poll,upstream_loss,contention_weight,launch_bound,sidecar_tcp (the "
+              "fourth set, written before the wait-for rules; the agent of commit 5905b44, its rules fixed before "
+              "this run; 45 s a class, 3 windows each; the device time left allowed 6 of the 8 classes, one run)",
+              "fitted",
+              "held out when made: scored on the device by the rules of that commit, 14/18 windows right, 4 naming "
+              "the healthy heavy instance (upstream_loss and launch_bound: its paced DataLoader service, working 36 % "
+              "of its time, read as staging-bound); waitfor_work_floor went from 0.1 to 0.5 after it (a workload "
+              "waiting for demand most of its time keeps up), so it is fitted from here on.  Sidecars over shared "
+              "memory and loopback TCP, a worker spin-polling an empty queue, an upstream dependency losing 5 %, "
+              "CPU contention by cpu.weight on the heavier instance, launch overhead; stock PyTorch and "
+              "torchvision, the real agent with the CUDA driver probes", LAB_TRACES),
 )
 """Every recording so far came before the whole-process-set, CFS-throttling and per-workload
 network evidence: none of them holds those series, so on them the verdict runs its older paths (a

@@ -32,7 +32,10 @@ FULL = ("h200-inference-4", "h200-inference-5", "h200-inference-6")
 # full load wait for CPUs): today's right windows are their floor
 FLOOR = {"h200-inference-1": 15, "h200-inference-2": 20, "h200-inference-3": 10, "h200-lab-1": 15,
          # the CPU lab's fourth set (GPU simulated), the wait-for rules fitted on it: today's right windows
-         "cpu-lab-3": 18, "cpu-lab-7": 24}
+         "cpu-lab-3": 15, "cpu-lab-7": 24,
+         # the fourth set on the device's H100 (held out when made, 14/18 with 4 pages on the healthy heavy
+         # instance; fitted since waitfor_work_floor moved)
+         "h200-lab-7": 18}
 # h200-lab-1 (stock PyTorch on the H200, held out when made): its recorded inputs came from the
 # collector before the fixes it led to (a worker's main-thread wait, a shared cgroup's pressure,
 # loss on the way in), so its replay keeps the defects it showed; they are its floor and ceiling
@@ -108,6 +111,19 @@ def test_every_recording_replayed_through_today_s_classifier(today: list[dict[st
     assert again["own_loss_6pct"]["states"] == {"network-bound": 4}
     for name in ("workers_on_one_core", "own_loss_6pct"):
         assert set(again[name]["io_named"]) == {"cmd:lab-b"}, name
+    # the fourth set (wait-for chains): on the CPU lab's cpu-lab-7 and the device's h200-lab-7, the fault on
+    # either instance, the driving thread's wait followed to the sidecar, the spinning worker no cause
+    for node in ("cpu-lab-7", "h200-lab-7"):
+        fourth = next(r for r in today if r["node"] == node)["classes"]
+        for name in ("sidecar_shm", "sidecar_tcp"):
+            assert fourth[name]["states"] == {"staging-bound": 3}, (node, name, fourth[name]["states"])
+            assert set(fourth[name]["io_named"]) == {"pod:lab/lab-b/lab-b-prep"}, (node, name)
+        assert fourth["contention_weight"]["states"] == {"staging-bound": 3}, node
+        assert set(fourth["contention_weight"]["io_named"]) == {"pod:lab/lab-a/lab-a"}, node
+        assert fourth["upstream_loss"]["states"] == {"network-bound": 3}, node
+        assert set(fourth["upstream_loss"]["io_named"]) == {"pod:lab/lab-b/lab-b"}, node
+        for name in ("spin_poll", "launch_bound"):
+            assert not {"network-bound", "staging-bound", "io-saturated"} & set(fourth[name]["states"]), (node, name)
     # the faults the per-workload evidence decides, on the recordings that have it
     for r in today:
         if r["node"] in FULL:
