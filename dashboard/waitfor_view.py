@@ -19,10 +19,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dash import html
+from dash import dcc, html
 
 from triscope.analysis.features import workload_text
 from triscope.core.names import shorten
+from triscope.dashboard.components import note
 from triscope.dashboard.figures import (
     FONT,
     SERIES_KINDS,
@@ -31,6 +32,7 @@ from triscope.dashboard.figures import (
     display_names,
     to_dt,
 )
+from triscope.dashboard.timeview import localize_figure
 from triscope.dashboard.waitfor_data import NO_EVIDENCE, AccelWaitFor, ChainEnd, DriverTime
 
 FIRST_HOP_COLORS: dict[str, str] = {
@@ -345,11 +347,6 @@ def node_panel(rows: Sequence[AccelWaitFor], window: tuple[float, float], picked
     """The Node page's wait-for section: per accelerator its figure (``driver_time_figure``) with the
     verdict's reading of each workload's chain under it; workloads without wait-for series in one
     line each (``NO_EVIDENCE``), never an empty chart."""
-    from dash import dcc
-
-    from triscope.dashboard.components import note
-    from triscope.dashboard.timeview import localize_figure
-
     where = picked.name if picked is not None else "each accelerator"
     kids: list[Any] = [html.H3(f"Where the driving threads' time went, {where}")]
     if any(aw.traced for aw in rows):

@@ -73,6 +73,12 @@ class Traced:
         tot = sum(self.states.values())
         return self.states.get(state, 0.0) / tot if tot else 0.0
 
+    def blocked_share(self, state: str) -> float:
+        """Of the time blocked (not on a CPU, not waiting for one), the share in ``state``: what a
+        thread waits on, whatever else runs on this machine."""
+        tot = sum(v for k, v in self.states.items() if k not in ("cpu", "cpu_wait"))
+        return self.states.get(state, 0.0) / tot if tot else 0.0
+
     def chain_share(self, pred: Any) -> float:
         tot = sum(self.chain.values())
         return sum(v for k, v in self.chain.items() if pred(*k)) / tot if tot else 0.0
@@ -85,10 +91,11 @@ class Traced:
         return {k[2] for k, v in self.chain.items() if v > 0}
 
 
-def trace(waitfor: Any, pids: list[int], listed: list[int], seconds: float = 4.0, warmup: float = 2.0,
+def trace(waitfor: Any, pids: list[int], listed: list[int], seconds: float = 4.0, warmup: float = 4.5,
           api: Any = None) -> Traced:
     """Follow ``pids`` (one workload on "GPU 0", ``listed`` its processes on it) for ``warmup``
-    seconds (the chain's producers get followed), then count ``seconds`` more."""
+    seconds (two reads of the maps, 2 s apart: the chain's producers get followed), then count
+    ``seconds`` more."""
     ww = WorkloadWaits(waitfor, api=api, pods=lambda: read_pod_dirs())
     info = read_process("/proc", listed[0])
     wl = attribute(info, (), read_pod_dirs()) if info is not None else WL

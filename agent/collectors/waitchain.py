@@ -125,6 +125,7 @@ class _Tick:
     memo: dict[tuple[int, bool], dict[Term, float]] = field(default_factory=dict)
     busy: set[int] = field(default_factory=set)
     parts: dict[int, list[tuple[float, str, Target]]] = field(default_factory=dict)
+    by_tgid: dict[int, list[ThreadTime]] = field(default_factory=dict)
 
 
 class WaitChain:
@@ -156,6 +157,8 @@ class WaitChain:
         for w in read.waits:
             waits.setdefault(w.tid, []).append(w)
         self._tick = _Tick(read.threads, waits, api or {})
+        for t in read.threads.values():
+            self._tick.by_tgid.setdefault(t.tgid, []).append(t)
         self._throttle.clear()
         self.want_follow = set()
         now = self.clock()
@@ -168,8 +171,7 @@ class WaitChain:
         tk = self._tick
         if tk is None:
             return None
-        mine = set(pids)
-        threads = [t for t in tk.threads.values() if t.tgid in mine]
+        threads = [t for p in set(pids) for t in tk.by_tgid.get(p, ())]
         if not threads:
             return None
         drivers, found_by = self._driving(key, set(listed), threads)
@@ -405,7 +407,7 @@ class WaitChain:
         serving = isinstance(target, _FollowProc)
         nxt = self._next_thread(target)
         if nxt is None:
-            if target.tgid not in {x.tgid for x in tk.threads.values()}:
+            if target.tgid not in tk.by_tgid:
                 self.want_follow.add(target.tgid)
             if isinstance(target, _FollowProc) and target.conn is not None:
                 return {target.conn: 1.0}
@@ -429,8 +431,8 @@ class WaitChain:
         if isinstance(target, _Follow):
             return target.tid if target.tid in tk.threads else None
         best, who = -1.0, None
-        for t in tk.threads.values():
-            if t.tgid == target.tgid and t.cpu + t.runq > best:
+        for t in tk.by_tgid.get(target.tgid, ()):
+            if t.cpu + t.runq > best:
                 best, who = t.cpu + t.runq, t.tid
         return who
 

@@ -28,6 +28,7 @@ import struct
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from triscope.agent.ebpf import layout as L
 from triscope.agent.ebpf.bpfsys import BPF_NOEXIST, BpfError, BpfMap
@@ -51,8 +52,7 @@ class ThreadTime:
     blocked: float = 0.0
 
 
-@dataclass(slots=True, frozen=True)
-class Wait:
+class Wait(NamedTuple):
     """Seconds of one thread's waits of one kind since the last read.
 
     ``kind`` ``blocked``: blocked in syscall ``nr`` (-1 unknown) on descriptor ``fd`` (-1 none),
@@ -69,7 +69,7 @@ class Wait:
     waker_tid: int
     ctx: int
     seconds: float
-    count: int = 0
+    waits: int = 0               # how many ended (0: open or runnable)
 
 
 @dataclass(slots=True)
@@ -189,10 +189,11 @@ class WaitFor:
         correction: dict[int, tuple[int, int]] = {}      # tid -> (closed state, ns counted while it was open)
         seen: set[int] = set()
         opens: list[tuple[int, int, int, int]] = []      # (tid, nr, fd, ns) blocked and still open
-        for k, v in self.cur.items():
-            tid = _U32.unpack_from(k)[0]
-            since, cpu, runq, blocked, _sw, tgid, state, nr, fd, _by, _pad = L.WF_CUR.unpack(v)
-            if tgid not in self.tracked:
+        kr, vr, _n = self.cur.items_raw()
+        tracked = self.tracked
+        for (tid,), (since, cpu, runq, blocked, _sw, tgid, state, nr, fd, _by, _pad) in zip(
+                _U32.iter_unpack(kr), L.WF_CUR.iter_unpack(vr), strict=True):
+            if tgid not in tracked:
                 continue
             seen.add(tid)
             p = self._prev.get(tid, (0, 0, 0))
@@ -242,12 +243,12 @@ class WaitFor:
         """The waits that ended since the last read (drained from the kernel), less what each
         thread's closed interval had already counted while open, and the still-open ones."""
         closed: dict[int, list[list]] = {}
-        for k, v in self.wait.drain():
-            tid, kind, nr, fd, wtgid, wtid, ctx, _ = L.WF_KEY.unpack(k)
-            if tid not in out.threads:
-                continue
-            ns, cnt = L.WF_VAL.unpack(v)
-            closed.setdefault(tid, []).append([kind, nr, fd, wtgid, wtid, ctx, ns, cnt])
+        threads = out.threads
+        kr, vr, _n = self.wait.drain_raw()
+        for (tid, kind, nr, fd, wtgid, wtid, ctx, _), (ns, cnt) in zip(
+                L.WF_KEY.iter_unpack(kr), L.WF_VAL.iter_unpack(vr), strict=True):
+            if tid in threads:
+                closed.setdefault(tid, []).append([kind, nr, fd, wtgid, wtid, ctx, ns, cnt])
         for tid, rows in closed.items():
             fix = correction.get(tid)
             if fix is not None and fix[0] == L.WF_BLOCKED and fix[1] > 0:
@@ -256,11 +257,11 @@ class WaitFor:
                 if total > 0:
                     for r in blocked:       # spread over its closed waits (the interval is one of them)
                         r[6] = max(0, r[6] - fix[1] * r[6] // total)
+            append = out.waits.append
             for kind, nr, fd, wtgid, wtid, ctx, ns, cnt in rows:
-                if ns <= 0 and not cnt:
-                    continue
-                out.waits.append(Wait(tid, "blocked" if kind == L.WF_KIND_BLOCKED else "runq", nr, fd, wtgid, wtid,
-                                      ctx, ns / 1e9, cnt))
+                if ns > 0 or cnt:
+                    append(Wait(tid, "blocked" if kind == L.WF_KIND_BLOCKED else "runq", nr, fd, wtgid, wtid, ctx,
+                                ns / 1e9, cnt))
         for tid, nr, fd, ns in opens:
             out.waits.append(Wait(tid, "open", nr, fd, 0, 0, 0, ns / 1e9))
 

@@ -224,10 +224,12 @@ class SocketIndex:
 
     def __init__(self, keys: Callable[[], Mapping[int, tuple[int, bytes]]], *,
                  dump: Callable[..., object] | None = None, listeners: Callable[..., set[int]] | None = None,
+                 lookup: Callable[..., object] | None = None,
                  proc: str = "/proc", dump_every: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.keys = keys
         self.dump = dump
         self.listeners = listeners
+        self.lookup = lookup
         self._listening: set[int] = set()
         self._listeners: set[int] = set()          # the listening sockets' inodes
         self._not_listener: dict[int, float] = {}  # inodes found not listening, and when (asked again after 30 s)
@@ -312,6 +314,14 @@ class SocketIndex:
         fam, sid = s.key
         rev = (fam, sid[2:4] + sid[0:2] + sid[20:36] + sid[4:20])
         ino = self._by_tuple.get(rev)
+        if ino is None and self.lookup is not None:
+            # the other end asked for by its addresses (an exact lookup, not the whole table)
+            answered: dict[int, tuple[int, bytes]] = {}
+            with contextlib.suppress(OSError):
+                self.lookup({0: peer_key(s.key)}, answered)
+            ino = next(iter(answered), None)
+            if ino is not None:
+                self._by_tuple[rev] = ino
         if ino is None and self._refresh():
             ino = self._by_tuple.get(rev)
         if ino is None:

@@ -67,16 +67,20 @@ class WorkloadWaits:
                  tcp_keys: Callable[[], Mapping[int, tuple[int, bytes]]] = dict,
                  pods: Callable[[], Mapping[str, PodDir] | None] = lambda: None,
                  cpu_stat: Callable[[ProcessInfo], tuple[str, str] | None] = lambda _i: None,
-                 top: int = 3, max_followed: int = 32, keep_s: float = 600.0,
+                 top: int = 3, max_followed: int = 32, keep_s: float = 600.0, read_every: float = 2.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.waitfor = waitfor
         self.api = api
+        self.read_every = read_every
+        self._next_read = 0.0
+        self._last_accels: tuple[Any, ...] = ()
         self.top = top
         self.max_followed = max_followed
         self.keep_s = keep_s
         self.clock = clock
         self.procs = Procs(proc, pods, cpu_stat, clock=clock)
-        self.sockets = SocketIndex(tcp_keys, dump=tcp_counters, listeners=listening_ports, proc=proc, clock=clock)
+        self.sockets = SocketIndex(tcp_keys, dump=tcp_counters, listeners=listening_ports, lookup=tcp_lookup, proc=proc,
+                                   clock=clock)
         self.chain = WaitChain(FdIndex(proc, clock=clock), self.sockets, Irqs(proc), self.procs,
                                lossy=self._lossy, clock=clock)
         self._followed: dict[int, float] = {}
@@ -86,6 +90,7 @@ class WorkloadWaits:
         self._conn: dict[int, tuple[Counters, float]] = {}            # inode -> (counters, read at)
         self._conn_hist: dict[int, list[tuple[float, Counters]]] = {}
         self._conn_totals: dict[tuple[Labels, str], list[float]] = {}   # (workload, culprit) -> running totals
+        self._threads: dict[Labels, tuple[float, str]] = {}               # workload -> driving threads, found by
         self._conn_seen: dict[int, Counters] = {}                         # inode -> its counters last counted
         self._next_conn = 0.0
         self.problem = ""
@@ -99,8 +104,15 @@ class WorkloadWaits:
 
     # ------------------------------------------------------------------ the tick
     def tick(self, accels: Sequence[Any], out: list[Any]) -> None:
-        """``accels``: the workloads collector's plan (``_Accel``: labels, groups, listed)."""
+        """``accels``: the workloads collector's plan (``_Accel``: labels, groups, listed).  The maps
+        are read and the chain walked every ``read_every`` seconds (the verdict reads 10 s windows of
+        these counters); the ticks between publish the counters as they stand."""
         now = self.clock()
+        if now < self._next_read and tuple(accels) == self._last_accels:
+            self._publish(accels, now, out)
+            return
+        self._next_read = now + self.read_every
+        self._last_accels = tuple(accels)
         pids = {p for a in accels for _wl, ps in a.groups for p in ps}
         for tg in self.chain.want_follow:
             self._followed[tg] = now
@@ -143,6 +155,18 @@ class WorkloadWaits:
                     self._emit(acc.labels, wl, set(ps), got, now, out)
         self._forget(now)
 
+    def _publish(self, accels: Sequence[Any], now: float, out: list[Any]) -> None:
+        """Every series of these accelerators' workloads as it stands (a tick between reads)."""
+        for acc in accels:
+            for wl, _ps in acc.groups:
+                base: Labels = (*acc.labels, *zip(WORKLOAD_LABELS, wl, strict=True))
+                n = self._threads.get(base)
+                if n is not None:
+                    out.append(Sample("triscope_workload_driver_threads", n[0], {**dict(base), "found_by": n[1]}))
+                for metric, st in self._counters.get(base, {}).items():
+                    if now - st[2] < self.keep_s:
+                        out.append(Sample(metric[0], float(st[1]), st[0], "counter"))
+
     def _api_track(self, pids: frozenset[int]) -> None:
         """Hand the accelerator processes to the API probes' worker (started on first use)."""
         self._api_want = pids
@@ -172,6 +196,7 @@ class WorkloadWaits:
     # ------------------------------------------------------------------ series
     def _emit(self, acc: Labels, wl: Workload, pids: set[int], c: WorkloadChain, now: float, out: list[Any]) -> None:
         base: Labels = (*acc, *zip(WORKLOAD_LABELS, wl, strict=True))
+        self._threads[base] = (float(len(c.drivers)), c.found_by)
         out.append(Sample("triscope_workload_driver_threads", float(len(c.drivers)), {**dict(base), "found_by": c.found_by}))
         for state, sec in c.states.items():
             self._add("triscope_workload_driver_seconds_total", base, (("state", state),), sec, now)

@@ -17,6 +17,7 @@ import os
 import platform
 import struct
 from collections.abc import Iterator
+from typing import Any
 
 _NR_BPF = {"x86_64": 321, "aarch64": 280, "ppc64le": 361, "s390x": 351, "riscv64": 280}
 
@@ -134,6 +135,7 @@ class BpfMap:
         self.value_total = self.stride * self.ncpus
         self._batch_ok: bool | None = None
         self._drain_ok: bool | None = None
+        self._bufs: tuple[int, Any, Any, Any, Any] | None = None   # batch buffers, kept between reads
         self._kbuf = ctypes.create_string_buffer(max(self.key_size, 1))
         self._vbuf = ctypes.create_string_buffer(max(self.value_total, 1))
         self.syscalls = 0
@@ -241,14 +243,44 @@ class BpfMap:
         return self._batch(BPF_MAP_LOOKUP_BATCH)
 
     def _batch(self, cmd: int) -> list[tuple[bytes, bytes]]:
+        kr, vr, got = self._batch_raw(cmd)
+        ks, vs = self.key_size, self.value_total
+        return [(kr[i * ks:(i + 1) * ks], vr[i * vs:(i + 1) * vs]) for i in range(got)]
+
+    def items_raw(self) -> tuple[bytes, bytes, int]:
+        """Every element as two buffers, keys and values back to back, and how many: one batch read
+        (``BPF_MAP_LOOKUP_BATCH``), for a reader that unpacks them at once (``struct.iter_unpack``)."""
+        return self._batch_raw(BPF_MAP_LOOKUP_BATCH)
+
+    def drain_raw(self) -> tuple[bytes, bytes, int]:
+        """``drain`` as two buffers (``items_raw``); falls back to ``drain`` on kernels without the batch op."""
+        if self._drain_ok is not False:
+            try:
+                out = self._batch_raw(BPF_MAP_LOOKUP_AND_DELETE_BATCH)
+                self._drain_ok = True
+                return out
+            except BpfError as e:
+                if self._drain_ok is None and e.errno in (errno.EINVAL, errno.ENOTSUP, 524, errno.EPERM):
+                    self._drain_ok = False
+                else:
+                    raise
+        pairs = self.drain()
+        return b"".join(k for k, _ in pairs), b"".join(v for _, v in pairs), len(pairs)
+
+    def _batch_raw(self, cmd: int) -> tuple[bytes, bytes, int]:
+        """Keys and values of every element (``cmd``: lookup or lookup-and-delete batch), read in
+        chunks into buffers kept for the next call."""
         n = min(self.BATCH_CHUNK, max(self.max_entries, 1))
-        out: list[tuple[bytes, bytes]] = []
-        token_in = ctypes.create_string_buffer(max(self.key_size, 8))
-        token_out = ctypes.create_string_buffer(max(self.key_size, 8))
+        ks, vs = self.key_size, self.value_total
+        if self._bufs is None or self._bufs[0] < n:
+            self._bufs = (n, ctypes.create_string_buffer(n * ks), ctypes.create_string_buffer(n * vs),
+                          ctypes.create_string_buffer(max(ks, 8)), ctypes.create_string_buffer(max(ks, 8)))
+        _n, keys, vals, token_in, token_out = self._bufs
+        kparts: list[bytes] = []
+        vparts: list[bytes] = []
+        total = 0
         first = True
         while True:
-            keys = ctypes.create_string_buffer(n * self.key_size)
-            vals = ctypes.create_string_buffer(n * self.value_total)
             attr = _BatchAttr(in_batch=0 if first else ctypes.addressof(token_in),
                               out_batch=ctypes.addressof(token_out), keys=ctypes.addressof(keys),
                               values=ctypes.addressof(vals), count=n, map_fd=self.fd)
@@ -261,20 +293,24 @@ class BpfMap:
                     done = True
                 elif e.errno == errno.ENOSPC and n < self.max_entries:  # a hash bucket larger than n
                     n = min(n * 4, self.max_entries)
+                    self._bufs = (n, ctypes.create_string_buffer(n * ks), ctypes.create_string_buffer(n * vs),
+                                  token_in, token_out)
+                    _n, keys, vals, token_in, token_out = self._bufs
                     continue
                 else:
                     raise
             got = attr.count
-            kr, vr = keys.raw, vals.raw
-            for i in range(got):
-                out.append((kr[i * self.key_size:(i + 1) * self.key_size],
-                            vr[i * self.value_total:(i + 1) * self.value_total]))
+            if got:
+                kparts.append(ctypes.string_at(keys, got * ks))
+                vparts.append(ctypes.string_at(vals, got * vs))
+                total += got
             if done or got == 0:
-                return out
+                break
             if got < n and self.type in (MAP_TYPE_ARRAY, MAP_TYPE_PERCPU_ARRAY):
-                return out   # arrays fill every request until their end
-            ctypes.memmove(token_in, token_out, len(token_out))
+                break   # arrays fill every request until their end
+            ctypes.memmove(token_in, token_out, max(ks, 8))
             first = False
+        return b"".join(kparts), b"".join(vparts), total
 
     def close(self) -> None:
         if self.fd >= 0:

@@ -110,13 +110,15 @@ PROBES: tuple[ProbeSpec, ...] = (
               "wait-for: the tracked workloads' threads on a CPU, waiting for one, blocked (in which syscall "
               "and descriptor) and who ended each wait", fns=("on_wf_switch", "on_wf_waking")),
     ProbeSpec("waitfor_irq", "WANT_WAITFOR", "on_wf_softirq_entry", "tracepoint",
-              ("irq:softirq_entry", "irq:softirq_exit", "irq:irq_handler_entry", "irq:irq_handler_exit",
-               "timer:hrtimer_expire_entry", "timer:hrtimer_expire_exit"),
+              # exits attached before entries: an exit without its entry is ignored, an entry without
+              # its exit would leave a stale context (the program also heals one after 5 ms)
+              ("irq:softirq_exit", "irq:irq_handler_exit", "timer:hrtimer_expire_exit",
+               "irq:softirq_entry", "irq:irq_handler_entry", "timer:hrtimer_expire_entry"),
               ("irq:softirq_entry:vec", "irq:irq_handler_entry:irq"),
               "wait-for: wakeups in interrupt context (network receive, timers, device IRQs) told from the "
               "task they interrupted",
-              fns=("on_wf_softirq_entry", "on_wf_softirq_exit", "on_wf_irq_entry", "on_wf_irq_exit",
-                   "on_wf_hrtimer_entry", "on_wf_hrtimer_exit"), requires="waitfor"),
+              fns=("on_wf_softirq_exit", "on_wf_irq_exit", "on_wf_hrtimer_exit",
+                   "on_wf_softirq_entry", "on_wf_irq_entry", "on_wf_hrtimer_entry"), requires="waitfor"),
 )
 
 PROBE_BY_NAME = {p.name: p for p in PROBES}

@@ -64,7 +64,9 @@ struct wf_val {
 struct wf_ctx_stack {
     u32 depth;
     u32 top[4];
+    u64 at[4];       /* when each was entered: an entry older than WF_CTX_MAX_NS is stale (its exit was missed) */
 };
+#define WF_CTX_MAX_NS 5000000ULL   /* 5 ms: longer than any softirq run (netdev budget 2 ms), IRQ or hrtimer */
 
 BPF_ARRAY(wf_tgid_bits, u64, WF_BITS_WORDS);
 BPF_ARRAY(wf_tid_bits, u64, WF_BITS_WORDS);
@@ -219,6 +221,8 @@ int on_wf_waking(struct tracepoint__sched__sched_waking *args) {
     }
     u32 zero = 0;
     struct wf_ctx_stack *s = wf_ctxs.lookup(&zero);
+    if (s && s->depth && s->depth <= 4 && now - s->at[(s->depth - 1) & 3] > WF_CTX_MAX_NS)
+        s->depth = 0;       /* an exit was missed (a program attached between an entry and its exit): heal */
     if (s && s->depth) {
         k.ctx = s->top[(s->depth - 1) & 3];
     } else {
@@ -241,8 +245,11 @@ static __always_inline void wf_push(u32 v) {
     if (!s)
         return;
     u32 d = s->depth;
-    if (d < 4)
-        s->top[d & 3] = v;
+    if (d >= 4) {          /* deeper than any real nesting: entries were missed, start again */
+        d = 0;
+    }
+    s->top[d & 3] = v;
+    s->at[d & 3] = bpf_ktime_get_ns();
     s->depth = d + 1;
 }
 

@@ -77,7 +77,7 @@ def test_pipe_consumer_waits_on_a_producer_in_another_pod_container(probes: Ebpf
         os.close(r)
         os.close(w)
     assert got.found_by == "main_thread"
-    assert got.share("ipc") > 0.6, got.states
+    assert got.blocked_share("ipc") > 0.8, got.states
     # the producer's time: working, or waiting for a CPU to work on (this machine may be busy)
     prod = got.chain_share(lambda cause, rel, culprit, *_: cause in ("cpu", "cpu_wait") and culprit == "prep-producer")
     assert prod > 0.5, got.chain
@@ -117,7 +117,7 @@ def test_futex_wait_ended_by_another_thread_of_the_process(probes: EbpfCollector
         got = trace(probes.waitfor, [p.pid], [p.pid])
     finally:
         stop(p)
-    assert got.share("lock") > 0.5, got.states
+    assert got.blocked_share("lock") > 0.8, got.states
     worker = got.chain_share(lambda cause, rel, culprit, *_: cause in ("cpu", "cpu_wait") and culprit == "futex-worker"
                              and rel == "process")
     assert worker > 0.5, got.chain
@@ -287,7 +287,7 @@ def test_socket_wait_on_a_lossy_loopback_connection(probes: EbpfCollector) -> No
             got = trace(probes.waitfor, [rd.pid], [rd.pid], seconds=5.0)
         finally:
             stop(rd, srv)
-    assert got.share("network") > 0.5, got.states
+    assert got.blocked_share("network") > 0.8, got.states
     net = got.chain_share(lambda cause, rel, culprit, *_: cause == "network" and culprit == f"127.0.0.1:{port}")
     assert net > 0.5, got.chain
     conn = got.connections.get(f"127.0.0.1:{port}", {})
@@ -306,7 +306,7 @@ def test_lossless_loopback_peer_is_followed_to_the_producer(probes: EbpfCollecto
         got = trace(probes.waitfor, [rd.pid], [rd.pid])
     finally:
         stop(rd, srv)
-    assert got.share("network") > 0.5, got.states
+    assert got.blocked_share("network") > 0.8, got.states
     sender = got.chain_share(lambda cause, rel, culprit, *_: cause in ("cpu", "cpu_wait") and culprit == "net-sender")
     assert sender > 0.4, got.chain
 
