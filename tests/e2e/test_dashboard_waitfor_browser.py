@@ -1,4 +1,4 @@
-"""The wait-for chain drawn, in a real browser (Debian's headless Chromium): the host lab's cpu-lab-3
+"""The wait-for chain drawn, in a real browser (Debian's headless Chromium): the host lab's cpu-lab-7
 recording (GPU 0 simulated; two instances, lab-a and lab-b, share it) imported as the demo imports
 it (``import_for_demo``: shifted to end now, marked a recording), next to an older recording
 without wait-for series (cpu-lab-2, ``triscope import-trace --shift-to-now``), served by the real
@@ -28,7 +28,7 @@ from test_dashboard_browser import TRISCOPE, Page
 
 pytestmark = pytest.mark.browser
 
-NODE = "cpu-lab-3"
+NODE = "cpu-lab-7"
 OLDER = "cpu-lab-2"
 TRACES = REPO / "examples" / "hostlab" / "traces"
 STAGING_RGB = "rgb(239, 108, 0)"          # figures.STATE_COLORS["staging-bound"], as the browser paints it

@@ -1,6 +1,6 @@
 """The Node page's wait-for data (``dashboard/waitfor_data.py``) on a real SQLite store: series
 written through ``Store.write_ticks`` (the agent's path) and read back through the store's query
-functions; and the host lab's cpu-lab-3 recording imported as the demo imports it (shifted to end
+functions; and the host lab's cpu-lab-7 recording imported as the demo imports it (shifted to end
 now), read per scenario of its timeline."""
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ PREP = {"culprit": "lab-b-prep", "culprit_namespace": "lab", "culprit_pod": "lab
         "culprit_workload": ""}
 SELF = {"culprit": "lab-b", "culprit_namespace": "lab", "culprit_pod": "lab-b", "culprit_container": "lab-b",
         "culprit_workload": ""}
-RECORDING = REPO / "examples" / "hostlab" / "traces" / "cpu-lab-3.jsonl.gz"
-TIMELINE = REPO / "examples" / "hostlab" / "traces" / "cpu-lab-3.timeline.jsonl"
+RECORDING = REPO / "examples" / "hostlab" / "traces" / "cpu-lab-7.jsonl.gz"
+TIMELINE = REPO / "examples" / "hostlab" / "traces" / "cpu-lab-7.timeline.jsonl"
 
 
 def _seed(st: Any, end: float, span: int = 120, traced: bool = True) -> tuple[float, float]:
@@ -106,7 +106,7 @@ def test_too_little_evidence_shows_the_shares_unread(store: Any) -> None:
 # ---------------------------------------------------------------------------------------------- the recording
 @pytest.fixture(scope="module")
 def recording(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, float]]:
-    """cpu-lab-3 imported as the demo imports it (``import_for_demo``: shifted to end now, marked a
+    """cpu-lab-7 imported as the demo imports it (``import_for_demo``: shifted to end now, marked a
     recording); (store, the shift)."""
     from triscope.commands.run import import_for_demo
     from triscope.core.trace import read_trace
@@ -140,27 +140,27 @@ def test_the_recordings_chains_name_the_culprits_of_its_timeline(recording: tupl
     st, offset = recording
     span = phases(offset)
     for scenario in ("sidecar_shm", "sidecar_tcp"):     # b's GPU container fed by its throttled sidecar
-        (gpu,) = waitfor_data.node_waitfor(st, "cpu-lab-3", *span[scenario])
+        (gpu,) = waitfor_data.node_waitfor(st, "cpu-lab-7", *span[scenario])
         b = next(d for d in gpu.traced if d.ref.pod == "lab-b")
         assert b.state == "staging-bound" and b.named == ("lab", "lab-b", "lab-b-prep", ""), scenario
         assert _deciding(b)[0] == ("cpu_throttled", "pod", "lab-b-prep"), scenario
         a = next(d for d in gpu.traced if d.ref.pod == "lab-a")
         assert a.state == "", scenario                    # the healthy instance: nothing holds it back
     # contention by cpu.weight: a's own threads wait for CPUs; the chain names lab-a itself
-    (gpu,) = waitfor_data.node_waitfor(st, "cpu-lab-3", *span["contention_weight"])
+    (gpu,) = waitfor_data.node_waitfor(st, "cpu-lab-7", *span["contention_weight"])
     a = next(d for d in gpu.traced if d.ref.pod == "lab-a")
     assert a.state == "staging-bound" and a.named == ("lab", "lab-a", "lab-a", "")
     assert _deciding(a)[0] == ("cpu_wait", "self", "lab-a")
     # the first hop over the sidecar phases: IPC over the Unix socket, then the loopback TCP socket
-    (gpu,) = waitfor_data.node_waitfor(st, "cpu-lab-3", span["sidecar_shm"][0], span["sidecar_tcp"][1])
+    (gpu,) = waitfor_data.node_waitfor(st, "cpu-lab-7", span["sidecar_shm"][0], span["sidecar_tcp"][1])
     b = next(d for d in gpu.traced if d.ref.pod == "lab-b")
     assert max(v or 0 for v in b.states["ipc"]) > 0.8 and max(v or 0 for v in b.states["network"]) > 0.8
 
 
 def test_root_causes_episodes_carry_the_chain(recording: tuple[Any, float]) -> None:
     st, _ = recording
-    a, b = st.time_bounds("cpu-lab-3") or (0.0, 0.0)
-    tv = rca_view.timeline(st, "cpu-lab-3", a, b + 1)
+    a, b = st.time_bounds("cpu-lab-7") or (0.0, 0.0)
+    tv = rca_view.timeline(st, "cpu-lab-7", a, b + 1)
     chains = [e.causes[0].chain for e in tv.bad if e.causes and e.causes[0].chain]
     named = {tuple(c["named"]) for c in chains}
     assert ("lab", "lab-b", "lab-b-prep", "") in named and ("lab", "lab-a", "lab-a", "") in named
