@@ -59,7 +59,8 @@ class Wait(NamedTuple):
     ended by ``waker_tgid``/``waker_tid`` (a task: 0/0 the idle task) or, when ``ctx`` is not 0, by
     an interrupt context (``ctx >> 24``: 1 softirq, 2 hardware IRQ, 3 hrtimer, 4 no wakeup seen; the
     low bits its vector or IRQ); ``open``: still blocked at the read (no waker yet);
-    ``runq``: runnable after a preemption, ``waker_tid`` the thread that took the CPU."""
+    ``runq``: reserved (the programs no longer record who took the CPU per preemption; a thread's
+    runnable time is in its ``ThreadTime``)."""
 
     tid: int
     kind: str
