@@ -50,6 +50,14 @@ if mode.startswith("generated"):
         owners = [(p.namespace, p.name, c.name, d.resource_name, i) for p in msg.pod_resources
                   for c in p.containers for d in c.devices for i in d.device_ids]
         t = time.perf_counter() - t0
+elif data and mode == "capped":      # the agent's own caps: refused while the container is decoded
+    from triscope.agent.collectors.podresources import PodResourcesError
+    t0 = time.perf_counter()
+    try:
+        owners = decode_list_response(data).owners
+    except PodResourcesError:
+        owners = []
+    t = time.perf_counter() - t0
 elif data:
     t0 = time.perf_counter()
     owners = decode_list_response(data, max_owners=10**9).owners
@@ -85,23 +93,25 @@ def run(quick: bool = False) -> list[Row]:
             import podresources_v1_pb2 as pb
         finally:
             sys.path.remove(td)
-        typical, cap = Path(td, "typical.bin"), Path(td, "cap.bin")
+        typical, cap, one = Path(td, "typical.bin"), Path(td, "cap.bin"), Path(td, "one.bin")
         typical.write_bytes(_answer(pb, 110, 8, False))
         cap.write_bytes(_answer(pb, 2900, 1, True))      # ~4 MiB, the client's cap
-        cases = {"import": ("-",), "typical": (str(typical),), "cap": (str(cap),)}
+        one.write_bytes(_one_container(pb, 590_000))     # ~3.9 MiB: one container, 590,000 device IDs
+        cases = {"import": ("-",), "typical": (str(typical),), "cap": (str(cap),), "one": (str(one),)}
         got: dict[tuple[str, str], list[dict[str, float]]] = {}
         for _ in range(reps):
             for way in ("generated", "hand"):
                 for case, (payload,) in cases.items():
-                    if way == "hand" and case == "import":
+                    if (way == "hand" and case == "import") or (way == "generated" and case == "one"):
                         continue
-                    out = subprocess.run([sys.executable, "-c", CHILD, way, td, payload], capture_output=True,
+                    mode = "capped" if case == "one" else way
+                    out = subprocess.run([sys.executable, "-c", CHILD, mode, td, payload], capture_output=True,
                                          text=True, cwd=td, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
                     if out.returncode != 0:
                         return [Row("pod-resources decode", f"child failed: {out.stderr[-300:]}", float("nan"), "",
                                     ok=False)]
                     got.setdefault((way, case), []).append(json.loads(out.stdout.strip().splitlines()[-1]))
-        size_typical, size_cap = typical.stat().st_size, cap.stat().st_size
+        size_typical, size_cap, size_one = typical.stat().st_size, cap.stat().st_size, one.stat().st_size
 
     def med(way: str, case: str, key: str) -> float:
         return round(statistics.median(r[key] for r in got[(way, case)]), 2)
@@ -114,7 +124,20 @@ def run(quick: bool = False) -> list[Row]:
                         "MB", "", "generated classes (import included)", med("generated", case, "rss_mb")))
         rows.append(Row("pod-resources decode", f"decode time, {label}, by hand", med("hand", case, "ms"), "ms",
                         "", "generated classes", med("generated", case, "ms")))
+    one_label = f"one container with 590,000 device IDs ({size_one / 2**20:.1f} MiB), refused at the 20,001st"
+    one_rss, one_ms = med("hand", "one", "rss_mb"), med("hand", "one", "ms")
+    rows.append(Row("pod-resources decode", f"agent RSS added, {one_label} (whole, then refused, before: "
+                    "+417 MB, issue 43)", one_rss, "MB", "<= 20", ok=one_rss <= 20))
+    rows.append(Row("pod-resources decode", f"decode time, {one_label} (3.1 s before)", one_ms, "ms", "<= 200",
+                    ok=one_ms <= 200))
     return rows
+
+
+def _one_container(pb: object, ids: int) -> bytes:
+    r = pb.ListPodResourcesResponse()  # type: ignore[attr-defined]
+    c = r.pod_resources.add(name="p", namespace="ns").containers.add(name="c")
+    c.devices.add(resource_name="nvidia.com/gpu").device_ids.extend(f"{i:x}" for i in range(ids))
+    return bytes(r.SerializeToString())
 
 
 if __name__ == "__main__":

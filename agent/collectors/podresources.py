@@ -53,7 +53,14 @@ is 14,080)."""
 
 
 class PodResourcesError(Exception):
-    pass
+    """Why no answer was taken.  ``reason``: a short stable key, counted per refusal
+    (``PodResourcesWatch.refused``, ``triscope_pod_resources_refused_total``) when the kubelet did
+    answer but the agent would not take it (``too_large``, ``too_many_devices``, ``too_many_fields``,
+    ``decode_timeout``, ``malformed``); ``""`` for a kubelet that did not answer."""
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -79,11 +86,51 @@ class PodResources:
 
 
 # protobuf wire format ---------------------------------------------------------------------------------
-def _varint(buf: bytes, i: int) -> tuple[int, int]:
+# The answer is read in place (memoryview slices, never a copy of a pod's or a container's bytes), and
+# every field the decoder steps over, and every device ID it takes, is counted as it goes: a kubelet
+# answer of one container with a million device IDs is refused at the 20,001st, not after it was all
+# decoded (3.1 s and +417 MB before).  The deadline is checked every ``_CHECK_EVERY`` fields, inside a
+# container as well.
+TEXT_BYTES = 1024
+"""The bytes of one string field decoded: a label value keeps 256 characters (``label_text``), at most
+4 bytes each in UTF-8."""
+MAX_FIELDS = 10 * MAX_OWNERS
+"""The most protobuf fields stepped over in one answer (a node at ``MAX_OWNERS`` devices has ~3 per
+device): an answer of a million tiny unknown fields is refused, not walked."""
+DECODE_S = 0.5
+"""The most time one answer's decoding may take, within the call's own timeout: a node of 110 pods x 8
+GPUs decodes in ~1.4 ms, one at ``MAX_OWNERS`` in ~40 ms."""
+_CHECK_EVERY = 1024
+
+
+class _Budget:
+    """What decoding one answer may still do: device entries taken, fields stepped over, time."""
+
+    __slots__ = ("deadline", "entries", "fields", "max_entries", "max_fields")
+
+    def __init__(self, max_entries: int, max_fields: int, deadline: float | None) -> None:
+        self.max_entries, self.max_fields, self.deadline = max_entries, max_fields, deadline
+        self.entries = self.fields = 0
+
+    def entry(self) -> None:
+        self.entries += 1
+        if self.entries > self.max_entries:
+            raise PodResourcesError(f"pod-resources answer lists more than {self.max_entries} devices of containers: "
+                                    "not taken", "too_many_devices")
+
+    def check(self) -> None:
+        if self.fields > self.max_fields:
+            raise PodResourcesError(f"pod-resources answer holds more than {self.max_fields} protobuf fields: "
+                                    "not taken", "too_many_fields")
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise PodResourcesError("pod-resources answer not decoded within the timeout: not taken", "decode_timeout")
+
+
+def _varint(buf: memoryview, i: int) -> tuple[int, int]:
     shift = result = 0
     while True:
         if i >= len(buf):
-            raise PodResourcesError("truncated varint in the pod-resources answer")
+            raise PodResourcesError("truncated varint in the pod-resources answer", "malformed")
         b = buf[i]
         i += 1
         result |= (b & 0x7F) << shift
@@ -91,13 +138,17 @@ def _varint(buf: bytes, i: int) -> tuple[int, int]:
             return result, i
         shift += 7
         if shift > 63:
-            raise PodResourcesError("varint too long in the pod-resources answer")
+            raise PodResourcesError("varint too long in the pod-resources answer", "malformed")
 
 
-def _fields(buf: bytes) -> Iterator[tuple[int, int, int | bytes]]:
-    """(field number, wire type, value) of one message; unknown fields are skipped by the caller."""
-    i = 0
-    while i < len(buf):
+def _fields(buf: memoryview, budget: _Budget) -> Iterator[tuple[int, int, int | memoryview]]:
+    """(field number, wire type, value) of one message, length-delimited values as views into the
+    answer; unknown fields are skipped by the caller.  Every field counts against ``budget``."""
+    i, end = 0, len(buf)
+    while i < end:
+        budget.fields += 1
+        if not budget.fields % _CHECK_EVERY:
+            budget.check()
         key, i = _varint(buf, i)
         num, wt = key >> 3, key & 7
         if wt == 0:
@@ -108,87 +159,86 @@ def _fields(buf: bytes) -> Iterator[tuple[int, int, int | bytes]]:
             i += 8
         elif wt == 2:
             n, i = _varint(buf, i)
-            if i + n > len(buf):
-                raise PodResourcesError("truncated field in the pod-resources answer")
+            if i + n > end:
+                raise PodResourcesError("truncated field in the pod-resources answer", "malformed")
             yield num, wt, buf[i:i + n]
             i += n
         elif wt == 5:
             yield num, wt, buf[i:i + 4]
             i += 4
         else:
-            raise PodResourcesError(f"unsupported protobuf wire type {wt} in the pod-resources answer")
+            raise PodResourcesError(f"unsupported protobuf wire type {wt} in the pod-resources answer", "malformed")
 
 
-def _text(v: int | bytes) -> str:
-    """A string field of the answer, as a label value: non-printable characters (controls, bidi
-    overrides) replaced, bounded."""
-    return label_text(v.decode("utf-8", "replace")) if isinstance(v, bytes) else ""
+def _text(v: int | memoryview) -> str:
+    """A string field of the answer, as a label value: its first ``TEXT_BYTES`` decoded, non-printable
+    characters (controls, bidi overrides) replaced, bounded."""
+    return label_text(str(v[:TEXT_BYTES], "utf-8", "replace")) if isinstance(v, memoryview) else ""
 
 
-def _decode_devices(buf: bytes) -> tuple[str, list[str]]:
+def _decode_devices(buf: memoryview, budget: _Budget, out: list[tuple[str, str]]) -> None:
+    """A ``ContainerDevices``' (resource, device ID) pairs into ``out``, each ID counted as it is read."""
     resource, ids = "", []
-    for num, wt, v in _fields(buf):          # ContainerDevices
+    for num, wt, v in _fields(buf, budget):
         if num == 1 and wt == 2:
             resource = _text(v)
         elif num == 2 and wt == 2:
+            budget.entry()
             ids.append(_text(v))
-    return resource, ids
+    out += [(resource, i) for i in ids]
 
 
-def _decode_dynamic(buf: bytes) -> list[tuple[str, str]]:
-    out = []
-    for num, wt, v in _fields(buf):          # DynamicResource
-        if num == 4 and wt == 2 and isinstance(v, bytes):
+def _decode_dynamic(buf: memoryview, budget: _Budget, out: list[tuple[str, str]]) -> None:
+    for num, wt, v in _fields(buf, budget):          # DynamicResource
+        if num == 4 and wt == 2 and isinstance(v, memoryview):
             driver = device = ""
-            for n2, w2, v2 in _fields(v):    # ClaimResource
+            for n2, w2, v2 in _fields(v, budget):    # ClaimResource
                 if n2 == 2 and w2 == 2:
                     driver = _text(v2)
                 elif n2 == 4 and w2 == 2:
                     device = _text(v2)
             if device:
+                budget.entry()
                 out.append((driver, device))
-    return out
 
 
-def _decode_container(buf: bytes) -> tuple[str, list[tuple[str, str]]]:
-    name, devices = "", []
-    for num, wt, v in _fields(buf):          # ContainerResources
+def _decode_container(buf: memoryview, budget: _Budget) -> tuple[str, list[tuple[str, str]]]:
+    name = ""
+    devices: list[tuple[str, str]] = []
+    for num, wt, v in _fields(buf, budget):          # ContainerResources
         if num == 1 and wt == 2:
             name = _text(v)
-        elif num == 2 and wt == 2 and isinstance(v, bytes):
-            resource, ids = _decode_devices(v)
-            devices += [(resource, i) for i in ids]
-        elif num == 5 and wt == 2 and isinstance(v, bytes):
-            devices += _decode_dynamic(v)
+        elif num == 2 and wt == 2 and isinstance(v, memoryview):
+            _decode_devices(v, budget, devices)
+        elif num == 5 and wt == 2 and isinstance(v, memoryview):
+            _decode_dynamic(v, budget, devices)
     return name, devices
 
 
-def decode_list_response(buf: bytes, *, max_owners: int = MAX_OWNERS, deadline: float | None = None) -> PodResources:
-    """The devices of every container; ``PodResourcesError`` past ``max_owners`` entries or past
-    ``deadline`` (``time.monotonic()``): a kubelet cannot make the agent decode without bound."""
+def decode_list_response(buf: bytes | bytearray | memoryview, *, max_owners: int = MAX_OWNERS,
+                         max_fields: int | None = None, deadline: float | None = None) -> PodResources:
+    """The devices of every container; ``PodResourcesError`` past ``max_owners`` entries or
+    ``max_fields`` fields (counted while each container is decoded), or past ``deadline``
+    (``time.monotonic()``, checked every ``_CHECK_EVERY`` fields): a kubelet cannot make the agent
+    decode without bound, in time or memory."""
+    budget = _Budget(max_owners, max(MAX_FIELDS, 10 * max_owners) if max_fields is None else max_fields, deadline)
     out = PodResources()
-    for num, wt, v in _fields(buf):          # ListPodResourcesResponse
-        if num != 1 or wt != 2 or not isinstance(v, bytes):
+    for num, wt, v in _fields(memoryview(buf), budget):          # ListPodResourcesResponse
+        if num != 1 or wt != 2 or not isinstance(v, memoryview):
             continue
-        if len(out.owners) > max_owners:
-            raise PodResourcesError(f"pod-resources answer lists more than {max_owners} devices of containers: "
-                                    "not taken")
-        if deadline is not None and time.monotonic() > deadline:
-            raise PodResourcesError("pod-resources answer not decoded within the timeout: not taken")
+        budget.check()
         pod = ns = ""
         containers = []
-        for n2, w2, v2 in _fields(v):        # PodResources
+        for n2, w2, v2 in _fields(v, budget):        # PodResources
             if n2 == 1 and w2 == 2:
                 pod = _text(v2)
             elif n2 == 2 and w2 == 2:
                 ns = _text(v2)
-            elif n2 == 3 and w2 == 2 and isinstance(v2, bytes):
-                containers.append(_decode_container(v2))
+            elif n2 == 3 and w2 == 2 and isinstance(v2, memoryview):
+                containers.append(_decode_container(v2, budget))
         for cname, devices in containers:
             for resource, dev in devices:
                 out.owners.append(DeviceOwner(ns, pod, cname, resource, normalise_device_id(dev)))
-    if len(out.owners) > max_owners:
-        raise PodResourcesError(f"pod-resources answer lists more than {max_owners} devices of containers: not taken")
     return out
 
 
@@ -231,7 +281,7 @@ def list_pod_resources(path: str = DEFAULT_SOCKET, timeout: float = 2.0) -> PodR
     finally:
         with contextlib.suppress(OSError):
             sock.close()
-    return decode_list_response(_message(answer, path, timeout), deadline=deadline)
+    return decode_list_response(_message(answer, path, timeout), deadline=min(deadline, time.monotonic() + DECODE_S))
 
 
 def _call(sock: socket.socket, path: str, timeout: float, deadline: float) -> _Answer:
@@ -282,8 +332,10 @@ def _take(conn: h2.connection.H2Connection, ev: object, answer: _Answer) -> None
     elif isinstance(ev, h2.events.DataReceived):
         answer.body += ev.data
         conn.acknowledge_received_data(ev.flow_controlled_length or 0, ev.stream_id or 0)
-        if len(answer.body) > MAX_MESSAGE + 5:
-            raise PodResourcesError(f"pod-resources answer larger than {MAX_MESSAGE >> 20} MiB: not taken")
+        body = answer.body
+        # the gRPC length prefix says the size before the message comes: refused at once when over
+        if len(body) > MAX_MESSAGE + 5 or (len(body) >= 5 and int.from_bytes(body[1:5], "big") > MAX_MESSAGE):
+            raise PodResourcesError(f"pod-resources answer larger than {MAX_MESSAGE >> 20} MiB: not taken", "too_large")
     elif isinstance(ev, h2.events.TrailersReceived):
         hdrs = _headers(ev.headers)
         answer.status, answer.message = str(hdrs.get("grpc-status", "")), str(hdrs.get("grpc-message", ""))
@@ -291,7 +343,7 @@ def _take(conn: h2.connection.H2Connection, ev: object, answer: _Answer) -> None
         answer.done = True
 
 
-def _message(answer: _Answer, path: str, timeout: float) -> bytes:
+def _message(answer: _Answer, path: str, timeout: float) -> memoryview:
     """The ``ListPodResourcesResponse`` bytes of a successful call, else ``PodResourcesError`` saying why."""
     if answer.http_status and answer.http_status != "200":
         raise PodResourcesError(f"kubelet pod-resources: HTTP {answer.http_status}")
@@ -308,10 +360,10 @@ def _message(answer: _Answer, path: str, timeout: float) -> bytes:
         raise PodResourcesError("kubelet pod-resources: empty answer")
     compressed, length = body[0], struct.unpack(">I", bytes(body[1:5]))[0]
     if compressed:
-        raise PodResourcesError("kubelet pod-resources: compressed answer (not asked for)")
+        raise PodResourcesError("kubelet pod-resources: compressed answer (not asked for)", "malformed")
     if length != len(body) - 5:
-        raise PodResourcesError(f"kubelet pod-resources: message of {length} bytes in {len(body) - 5}")
-    return bytes(body[5:])
+        raise PodResourcesError(f"kubelet pod-resources: message of {length} bytes in {len(body) - 5}", "malformed")
+    return memoryview(body)[5:]      # read in place: no copy of up to 4 MiB
 
 
 def _headers(raw: object) -> dict[str, str]:
@@ -332,6 +384,11 @@ class PodResourcesWatch:
     one warning with the reason and one ``collector`` event, then one line when it answers again.
     Meanwhile the last good answer stands in for ``keep_s`` seconds (pods change rarely; a kubelet
     restart should not strip the labels), then the owners are dropped.
+
+    An answer the kubelet gave but the agent will not take (over 4 MiB, over ``MAX_OWNERS`` devices,
+    too many fields, not decoded in time, malformed) is **refused**: counted by its reason in
+    ``refused`` (``triscope_pod_resources_refused_total{reason}``), and one warning per new reason says
+    so and what mapping stands meanwhile (the last good one, under the same ``keep_s``).
     """
 
     def __init__(self, path: str = DEFAULT_SOCKET, *, every: float = 30.0, timeout: float = 2.0,
@@ -345,6 +402,7 @@ class PodResourcesWatch:
         self.reason = "not read yet"
         self.owners: dict[str, list[DeviceOwner]] = {}
         self.pods = 0
+        self.refused: dict[str, int] = {}      # reason -> answers refused (counted, every one)
         self._next = 0.0
         self._good_at: float | None = None
 
@@ -374,6 +432,14 @@ class PodResourcesWatch:
         try:
             res = list_pod_resources(self.path, timeout=self.timeout)
         except PodResourcesError as e:
+            if e.reason:
+                self.refused[e.reason] = self.refused.get(e.reason, 0) + 1
+                if self.state != "error" or not self.reason.startswith(f"refused ({e.reason})"):
+                    log.warning("kubelet pod-resources: answer refused (%s): %s; %s", e.reason, e, self._standing())
+                    changes.append(("warning", f"kubelet pod-resources answer refused ({e.reason}): {e}"))
+                self.state, self.reason = "error", f"refused ({e.reason}): {e}"
+                self._expire()
+                return changes
             if self.state != "error":
                 log.warning("kubelet pod-resources: %s; pods are not named until it answers", e)
                 changes.append(("warning", f"kubelet pod-resources unavailable: {e}"))
@@ -388,6 +454,13 @@ class PodResourcesWatch:
         self.state, self.reason = "ok", f"{self.pods} pod(s) with devices, {len(self.owners)} device(s)"
         self._good_at = self.clock()
         return changes
+
+    def _standing(self) -> str:
+        """What names pods while no answer is taken, for the log line."""
+        if self._good_at is None or not self.owners:
+            return "no earlier answer: pods are not named from pod-resources until one is taken"
+        return (f"the previous answer ({self.pods} pod(s), {len(self.owners)} device(s), read "
+                f"{self.clock() - self._good_at:.0f} s ago) stands for up to {self.keep_s:g} s")
 
     def _expire(self) -> None:
         if self._good_at is None or self.clock() - self._good_at > self.keep_s:

@@ -247,6 +247,8 @@ class WorkloadsCollector(BaseCollector):
             plan = self._plan
             events, self._events = self._events, []
         out: list[Sample | EventRecord] = list(events)
+        for reason, n in list(self.pod_resources.refused.items()):
+            out.append(Sample("triscope_pod_resources_refused_total", float(n), {"reason": reason}, "counter"))
         if plan is None:
             return out
         if plan.problem:

@@ -209,9 +209,10 @@ def test_an_answer_past_the_caps_is_refused_quickly_and_said_once(server: PodRes
     with caplog.at_level(logging.WARNING):
         changes = w.refresh()
     assert time.monotonic() - t0 < 2.5
-    assert changes == [("warning", f"kubelet pod-resources unavailable: pod-resources answer lists more than "
-                                   f"{MAX_OWNERS} devices of containers: not taken")]
+    assert changes == [("warning", f"kubelet pod-resources answer refused (too_many_devices): pod-resources answer "
+                                   f"lists more than {MAX_OWNERS} devices of containers: not taken")]
     assert GPU_A in w.owners                          # the last good answer stands in
+    assert w.refused == {"too_many_devices": 1}
     # ~6 MiB: over the size cap, refused while it is read
     huge = [{"namespace": "ns", "name": "p" * 200 + str(i), "containers": [
         {"name": "c" * 200, "devices": [{"resource_name": "nvidia.com/gpu", "device_ids": ["G" * 1000]}]}]}
@@ -219,3 +220,71 @@ def test_an_answer_past_the_caps_is_refused_quickly_and_said_once(server: PodRes
     server.set_pods(huge)
     with pytest.raises(PodResourcesError, match="larger than 4 MiB: not taken"):
         list_pod_resources(server.path, timeout=5.0)
+
+
+# A fresh process holding the agent's client and h2 (as the agent's workloads worker does): a good
+# answer taken first, then the kubelet's answer turns into one container with ~590,000 device IDs in
+# 4 MiB (under the size cap).  Peak RSS is reset (clear_refs 5) just before the refresh.
+_HUGE_CHILD = r"""
+import json, sys, time
+from triscope.agent.collectors.podresources import PodResourcesWatch
+import h2.config, h2.connection, h2.events  # noqa: F401
+def kb(key):
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith(key + ":"))
+w = PodResourcesWatch(sys.argv[1], every=0.0, timeout=5.0)
+w.refresh()
+good = sorted(w.owners)
+print("ready", flush=True)
+sys.stdin.readline()
+out = []
+for _ in range(3):
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    r0 = kb("VmRSS")
+    t0, c0 = time.monotonic(), time.thread_time()
+    changes = w.refresh()
+    out.append({"ms": (time.monotonic() - t0) * 1000, "cpu_ms": (time.thread_time() - c0) * 1000,
+                "peak_mb": (kb("VmHWM") - r0) / 1024, "changes": changes})
+print(json.dumps({"runs": out, "good": good, "kept": sorted(w.owners), "refused": getattr(w, "refused", None), "state": w.state}))
+"""
+
+
+def test_a_4_mib_answer_of_one_container_is_refused_within_20_mb_and_200_ms(server: PodResourcesServer) -> None:
+    """Issue 43 item 4: one container listing ~590,000 device IDs in 4 MiB cost 1.5-3.1 s and +170-417 MB
+    before it was refused.  Device IDs are now counted (and the deadline checked) while the container is
+    decoded, in place: refused at the 20,001st, with one warning, the reason counted each time, and the
+    previous mapping kept.  Medians of three refreshes in a fresh process."""
+    import os
+    import statistics
+    root = Path(__file__).resolve().parents[2]
+    child = subprocess.Popen([sys.executable, "-c", _HUGE_CHILD, server.path], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, cwd=root,
+                             env={**os.environ, "PYTHONPATH": str(root)})
+    assert child.stdout is not None and child.stdin is not None
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        ids = [f"{i:x}" for i in range(590_000)]
+        server.set_pods([{"namespace": "ns", "name": "p", "containers": [
+            {"name": "c", "devices": [{"resource_name": "nvidia.com/gpu", "device_ids": ids}]}]}])
+        size = len(server._response().SerializeToString())
+        assert 3.5 * 2**20 < size <= 4 * 2**20, size
+        server._built = server._response().SerializeToString()      # built once, before the child asks
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        got = json.loads(child.stdout.readline())
+    finally:
+        child.kill()
+        child.wait()
+    runs = got["runs"]
+    peak = statistics.median(r["peak_mb"] for r in runs)
+    wall = statistics.median(r["ms"] for r in runs)
+    print(f"refused in {wall:.0f} ms (agent thread CPU {statistics.median(r['cpu_ms'] for r in runs):.0f} ms), "
+          f"peak RSS +{peak:.1f} MB, answer {size / 2**20:.2f} MiB")
+    assert peak <= 20, runs
+    assert wall <= 200, runs
+    assert runs[0]["changes"] == [["warning", "kubelet pod-resources answer refused (too_many_devices): "
+                                   "pod-resources answer lists more than 20000 devices of containers: not taken"]]
+    assert runs[1]["changes"] == runs[2]["changes"] == []        # said once
+    assert got["refused"] == {"too_many_devices": 3} and got["state"] == "error"
+    assert got["kept"] == got["good"] and GPU_A in got["kept"]   # the previous mapping stands
