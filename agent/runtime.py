@@ -14,7 +14,7 @@ from triscope.agent import hugepages
 from triscope.agent.exporter import make_sources, serve
 from triscope.agent.registry import AgentOptions, build_collectors, build_post_processors, split_available
 from triscope.agent.sampler import Sampler
-from triscope.agent.spool import Spool, default_spool_root, spool_dir_for, survey
+from triscope.agent.spool import Spool, adopt_legacy_spool, default_spool_root, spool_dir_for, survey
 from triscope.agent.writer import StoreWriter
 from triscope.core.samples import Sample, Tick
 from triscope.store import Store
@@ -53,6 +53,9 @@ class Agent:
         # the store may be down at start: the spool takes the ticks until it returns
         self.store = Store.open(cfg.db_url, check=False)
         own = spool_dir_for(cfg.spool_dir, cfg.node, cfg.db_url)
+        adopted = adopt_legacy_spool(cfg.spool_dir, cfg.node, cfg.db_url)   # an upgrade keeps what it can
+        if adopted:
+            log.warning("%s", adopted)
         self.spool = Spool(own, cfg.spool_max_bytes, database=cfg.db_url)
         elsewhere = survey(cfg.spool_dir, own)
         if elsewhere:
@@ -169,8 +172,10 @@ class Agent:
             with contextlib.suppress(Exception):
                 self.otlp.shutdown()
         # the agent's own record of what it produced: what a gap in the store is checked against
-        log.warning("agent for node %s stopped: %d ticks taken; %d samples left in the spool %s for the next start",
-                    self.cfg.node, self.sampler.stats.ticks, self.writer.spool.pending_samples, self.writer.spool.dir)
+        spool = self.writer.spool
+        log.warning("agent for node %s stopped: %d ticks taken; %d samples left in the spool %s for the next start "
+                    "(%d ticks); %d ticks (%d samples) dropped", self.cfg.node, self.sampler.stats.ticks,
+                    spool.pending_samples, spool.dir, spool.pending_ticks, spool.dropped_ticks, spool.dropped_samples)
 
 
 def _freeze_startup_objects() -> None:

@@ -98,6 +98,9 @@ class StoreWriter:
         self._draining = False
         self._last_retry = 0.0
         self._last_still_logged = 0.0
+        # the spool emptied during an outage without a write reaching the store (every tick of it
+        # was dropped: a full disk): direct writes are tried, and "store is back" waits for one
+        self._unconfirmed = False
         self._last_retention = time.monotonic()
         self._idle = threading.Event()
         self._current: list[Tick] | None = None   # the batch being written now
@@ -251,9 +254,17 @@ class StoreWriter:
             self.write_errors += 1
             self.spool.append(ticks)
             self.outage = True
-            self._last_retry = self._last_still_logged = time.monotonic()
-            log.error("store write failed, spooling ticks to %s until it returns: %s", self.spool.dir,
-                      _one_line(e))
+            self._last_retry = time.monotonic()
+            if self._unconfirmed:            # the same outage: its first line was logged already
+                self._still_unreachable(self._last_retry, e)
+            else:
+                self._last_still_logged = self._last_retry
+                log.error("store write failed, spooling ticks to %s until it returns: %s", self.spool.dir,
+                          _one_line(e))
+            return
+        if self._unconfirmed:
+            self._unconfirmed = False
+            log.warning("store is back: a write reached it, direct writes resume")
 
     def _write(self, ticks: list[Tick]) -> int:
         self._check_file()
@@ -325,16 +336,23 @@ class StoreWriter:
         except Exception as e:  # noqa: BLE001 - any store failure means: keep it on disk, retry later
             self.spool.release()
             self.write_errors += 1
-            if now - self._last_still_logged >= 60.0:   # once a minute, not at every retry
-                self._last_still_logged = now
-                log.warning("store still unreachable (%d samples spooled): %s", self.spool.pending_samples,
-                            _one_line(e))
+            self._still_unreachable(now, e)
             return
         if self.spool.empty():
-            if self.outage:
+            if self.outage and drained:
                 log.warning("store is back: wrote %d spooled samples, direct writes resume", drained)
+            elif self.outage:
+                # nothing was written: the spool emptied because it could keep nothing (a full disk),
+                # not because the store answered.  Direct writes are tried; the first that lands says so
+                self._unconfirmed = True
             self.outage = False
             self.backlog = False
+
+    def _still_unreachable(self, now: float, e: BaseException) -> None:
+        if now - self._last_still_logged >= 60.0:   # once a minute, not at every retry
+            self._last_still_logged = now
+            log.warning("store still unreachable (%d samples spooled): %s", self.spool.pending_samples,
+                        _one_line(e))
 
     def _maybe_retention(self) -> None:
         if self.outage or time.monotonic() - self._last_retention < self.retention_every:

@@ -9,6 +9,7 @@ every one of its ticks once.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -77,11 +78,59 @@ def test_a_spooled_tick_is_replayed_only_into_its_own_database(pg_server, tmp_pa
     assert "replayed" in out_a2, out_a2
 
 
-def test_the_identity_of_a_database_leaves_out_its_credentials(tmp_path: Path) -> None:
+def test_ticks_spooled_for_a_query_port_are_not_replayed_into_another_port(pg_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The reported case: ticks spooled for ``…/t1?port=1`` (nothing listens) were replayed into the
+    server at ``…/t1?port=<its port>``, and the log said "spool replayed"."""
+    real = make_url(pg_server.create_database("spool_q"))
+    upgrade(real.render_as_string(hide_password=False))
+    base = real.set(port=None).render_as_string(hide_password=False)
+    down, up = f"{base}?port=1", f"{base}?port={real.port}"
+    spool = tmp_path / "spool"
+    out_down = agent(down, spool, "node-q", 3, tmp_path)
+    theirs = spool_dir_for(spool, "node-q", down)
+    kept = sum(len(t) for _p, t in Spool(theirs).segments())
+    assert kept >= 3, out_down
+    assert spool_dir_for(spool, "node-q", up) != theirs
+    out_up = agent(up, spool, "node-q", 3, tmp_path)
+    got = ticks(real.render_as_string(hide_password=False), "node-q")
+    assert got == [float(i) for i in range(1, len(got) + 1)], got      # its own run only: 1..n once
+    assert "spool replayed" not in out_up, out_up
+    assert "spooled ticks for another database" in out_up and str(theirs) in out_up, out_up
+    assert sum(len(t) for _p, t in Spool(theirs).segments()) == kept   # kept, for its own database
+
+
+def test_a_spool_an_earlier_version_kept_is_replayed_into_its_database(pg_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """An upgrade keeps what it can: the folder the earlier version named by host, port and database
+    only is replayed where its record matches and the URL leaves nothing to its query."""
+    from triscope.agent.spool import legacy_database_identity, tick_to_json
+    from triscope.core.samples import Sample, Tick
+
+    real = make_url(pg_server.create_database("spool_legacy"))
+    url = real.render_as_string(hide_password=False)
+    upgrade(url)
+    ident, desc = legacy_database_identity(url) or ("", "")
+    old = tmp_path / "spool" / "node-l" / f"db-{ident}"
+    old.mkdir(parents=True)
+    (old / "db.json").write_text(json.dumps({"id": ident, "database": desc}) + "\n")
+    t0 = time.time() - 600
+    (old / "seg-000000001.jsonl").write_text("".join(
+        tick_to_json(Tick(t0 + i, [Sample("triscope_ticks_total", 1000.0 + i, kind="counter")])) + "\n"
+        for i in range(5)))
+    # the same folder for a URL whose query moves it is left alone
+    out_q = agent(f"{url}?options=-c%20search_path%3Dpublic", tmp_path / "spool", "node-l", 2, tmp_path)
+    assert old.is_dir() and "spool replayed" not in out_q, out_q
+    out = agent(url, tmp_path / "spool", "node-l", 3, tmp_path)
+    got = ticks(url, "node-l")
+    assert [v for v in got if v >= 1000] == [1000.0 + i for i in range(5)], got
+    assert not old.exists() and "earlier version" in out and "spool replayed" in out, out
+
+
+def test_the_identity_of_a_database_leaves_out_its_password(tmp_path: Path) -> None:
     a = database_identity("postgresql://alice:secret@db.example:5432/triscope")
-    b = database_identity("postgresql://bob:other@db.example:5432/triscope")
+    b = database_identity("postgresql://alice:other@db.example:5432/triscope")
     c = database_identity("postgresql://alice:secret@db.example:5432/other")
-    assert a == b and a != c and "secret" not in a[1] and "alice" not in a[1]
+    d = database_identity("postgresql://bob:secret@db.example:5432/triscope")
+    assert a == b and a != c and a != d and "secret" not in a[1]
     s1 = database_identity(f"sqlite:///{tmp_path}/x.db")
     os.chdir(tmp_path)
     s2 = database_identity("sqlite:///x.db")
