@@ -323,6 +323,7 @@ class StoreWriter:
             return
         self._last_retry = now
         drained = 0
+        wrote = False             # a write reached the store (ticks of events only count too)
         self._draining = False
         try:
             for path, ticks in self.spool.segments():
@@ -330,6 +331,7 @@ class StoreWriter:
                 self.last_write = time.monotonic()
                 self.spool.commit(path, ticks, replayed=True)
                 drained += sum(len(t.samples) for t in ticks)
+                wrote = True
                 if time.monotonic() - now >= budget:
                     self._draining = True    # more to write: the next slice soon, new ticks behind it
                     return
@@ -339,7 +341,7 @@ class StoreWriter:
             self._still_unreachable(now, e)
             return
         if self.spool.empty():
-            if self.outage and drained:
+            if self.outage and wrote:
                 log.warning("store is back: wrote %d spooled samples, direct writes resume", drained)
             elif self.outage:
                 # nothing was written: the spool emptied because it could keep nothing (a full disk),
