@@ -18,10 +18,18 @@ request.  docs/otlp.md is the contract; in short:
 Bounded: a body over ``max_body`` (as sent, and again once decompressed: a gzip bomb stops there)
 is refused with 413; at most ``max_items`` spans and points are taken between two ticks (the
 rest of that request is dropped and reported as a partial success, and later requests in that
-interval get 429 with ``Retry-After: 1``, before any decoding); at most ``max_series`` series
-(new ones beyond are dropped); at most 4 x ``max_series`` cumulative streams (series, sender,
-start time); series and streams idle for ``series_ttl`` are forgotten.  Every stage span or point
-not taken is counted in ``triscope_otlp_dropped_total{signal,reason}`` and in the partial success.
+interval get 429 with ``Retry-After: 1``, before any decoding); a new series only within the
+agent's sample budget (``triscope.agent.budget``: a series costs its samples a tick, bounds + 3 for
+a histogram, charged to its sender, ``service.name`` and peer address, and to the total that the
+scrape targets share; beyond it the new series' points are dropped, ``sender_budget`` /
+``total_budget``, while the series already kept go on); at most ``max_streams`` cumulative
+streams (series, sender, start time); series and streams idle for ``series_ttl`` are forgotten
+(and their samples given back).  Every stage span or point not taken is counted in
+``triscope_otlp_dropped_total{signal,reason}`` and in the partial success.
+
+A running total that would overflow (a float past 1.8e308: ``1e308 + 1e308``) restarts the series,
+as a counter reset does in Prometheus: it is stored as 0 at the next tick, then with what came
+after, so ``increase()`` counts on instead of the series reading ``+Inf`` for good.
 """
 
 from __future__ import annotations
@@ -30,11 +38,12 @@ import bisect
 import contextlib
 import json
 import logging
+import math
 import threading
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
@@ -47,6 +56,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from prometheus_client.utils import floatToGoString
 
+from triscope.agent.budget import SampleBudget, histogram_samples, otlp_sender
 from triscope.agent.collectors import attribution
 from triscope.agent.collectors.base import BaseCollector
 from triscope.agent.otlp_decode import TEMPORALITY_CUMULATIVE, Decoded, DecodeError, Point, decode
@@ -69,19 +79,27 @@ class OtlpOptions:
     listen: tuple[str, int] = ("127.0.0.1", 4318)
     max_body: int = 4 << 20        # bytes, as sent and decompressed
     max_items: int = 50_000        # spans + data points taken between two ticks
-    max_series: int = 256         # x 17 samples a tick (count, sum, 15 buckets) at most
+    max_series: int | None = None  # a cap on series besides the sample budget (None: the budget alone)
+    max_streams: int = 1024        # cumulative streams kept (4 x max_series when that is set)
     series_ttl: float = 600.0      # seconds without an update before a series is forgotten
     proc: str = "/proc"
     pods_log_dir: str = attribution.DEFAULT_PODS_LOG_DIR
 
 
+def series_samples(kind: str, bounds: tuple[float, ...]) -> int:
+    """Samples a tick one series stores: a counter 1, a histogram its buckets, ``+Inf``, count and sum."""
+    return 1 if kind == "counter" else histogram_samples(len(bounds))
+
+
 class _Series:
-    __slots__ = ("buckets", "bounds", "count", "created_ns", "forgot_ns", "kind", "labels", "name", "total", "touched",
-                 "zero_first")
+    __slots__ = ("buckets", "bounds", "cost", "count", "created_ns", "forgot_ns", "kind", "labels", "name", "owner",
+                 "total", "touched", "zero_first")
 
     def __init__(self, name: str, kind: str, labels: dict[str, str], bounds: tuple[float, ...], now: float,
-                 zero_first: bool, mono: float) -> None:
+                 zero_first: bool, mono: float, owner: str = "") -> None:
         self.name, self.kind, self.labels, self.bounds = name, kind, labels, bounds
+        self.owner = owner     # the sender its samples are charged to (the one that created it)
+        self.cost = series_samples(kind, bounds)
         # a series born of spans or delta points is stored as 0 at its first tick and with what was
         # added from the next one: a counter's first point is its baseline (increase() starts
         # there), so the first batch counts as an increase, as it would have for a service whose
@@ -93,6 +111,27 @@ class _Series:
         self.created_ns = int(now * 1e9)
         self.forgot_ns = 0     # the latest start time of a stream of this series forgotten (evicted, idle)
         self.touched = mono
+
+    def add(self, count: float, total: float, buckets: Sequence[float] | None) -> None:
+        """Add to the running totals; one that would no longer be finite (a float overflow)
+        restarts the series from what is added now, as a counter reset: stored as 0 at the next
+        tick, then with its new totals (``increase()`` reads a reset, never ``+Inf``)."""
+        c, t = self.count + count, self.total + total
+        new = [a + b for a, b in zip(self.buckets, buckets, strict=False)] if buckets is not None and self.buckets else None
+        if math.isfinite(c) and math.isfinite(t) and (new is None or all(map(math.isfinite, new))):
+            self.count, self.total = c, t
+            if new is not None:
+                self.buckets[:len(new)] = new
+            return
+        self.reset(count, total, buckets)
+
+    def reset(self, count: float, total: float, buckets: Sequence[float] | None) -> None:
+        self.count, self.total = count, total
+        if self.buckets:
+            self.buckets = [0.0] * len(self.buckets)
+            if buckets is not None:
+                self.buckets[:len(buckets)] = list(buckets)
+        self.zero_first = True
 
 
 Key = tuple[str, tuple[tuple[str, str], ...]]
@@ -111,10 +150,26 @@ class _Agg:
     labels: dict[str, str]
     kind: str
     bounds: tuple[float, ...]
+    sender: str = ""
+    service: str = ""
     n: int = 0
     count: float = 0.0
     total: float = 0.0
     buckets: list[float] | None = None
+    reset: bool = False     # the sum overflowed within the request: it holds what came after, a reset
+
+    def add(self, count: float, total: float, buckets: Sequence[float] | None) -> None:
+        self.n += 1
+        c, t = self.count + count, self.total + total
+        new = [a + b for a, b in zip(self.buckets, buckets, strict=False)] if self.buckets is not None and buckets else None
+        if math.isfinite(c) and math.isfinite(t) and (new is None or all(map(math.isfinite, new))):
+            self.count, self.total = c, t
+            if new is not None:
+                self.buckets = new
+            return
+        self.count, self.total, self.reset = count, total, True
+        if self.buckets is not None:
+            self.buckets = list(buckets) if buckets else [0.0] * len(self.buckets)
 
 
 @dataclass(slots=True)
@@ -129,6 +184,8 @@ class _Chain:
     ident: tuple[tuple[str, str], ...]
     start_ns: int
     points: list[Point]
+    sender: str = ""
+    service: str = ""
 
 
 def _ge(p: Point, count: float, buckets: tuple[float, ...]) -> bool:
@@ -142,9 +199,11 @@ class StageSeries:
     one chain per stream); the lock is held to apply those (work per series and stream, not per
     point); each tick reads under it."""
 
-    def __init__(self, opts: OtlpOptions, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, opts: OtlpOptions, clock: Callable[[], float] = time.time,
+                 budget: SampleBudget | None = None) -> None:
         self.opts = opts
         self.clock = clock
+        self.budget = budget if budget is not None else SampleBudget()
         self._lock = threading.Lock()
         self._series: dict[Key, _Series] = {}
         self._streams: OrderedDict[StreamKey, _Last] = OrderedDict()   # least recently updated first
@@ -167,8 +226,10 @@ class StageSeries:
             self._taken += take
             return take
 
-    def add(self, signal: str, dec: Decoded, labels_of: Callable[[dict[str, str]], dict[str, str]]) -> tuple[int, str]:
-        """Add a decoded request; returns (spans or points rejected, why) for the partial success."""
+    def add(self, signal: str, dec: Decoded, labels_of: Callable[[dict[str, str]], dict[str, str]],
+            peer: str | None = None) -> tuple[int, str]:
+        """Add a decoded request (``peer``: the sender's address); returns (spans or points
+        rejected, why) for the partial success."""
         self.count("received", signal, n=dec.received)
         for reason, n in dec.ignored.items():
             self.count("ignored", signal, reason, n=n)
@@ -179,24 +240,22 @@ class StageSeries:
         take = self._reserve(wanted)
         if wanted > take:
             dropped["buffer_full"] = wanted - take
-        aggs, chains, early = self._reduce(dec, take, labels_of)
+        aggs, chains, early = self._reduce(dec, take, labels_of, peer)
         for reason, n in early.items():
             dropped[reason] = dropped.get(reason, 0) + n
         now, mono = self.clock(), time.monotonic()
         late: dict[str, int] = {}     # refused under the lock
         with self._lock:
             for a in aggs:
-                s = self._get(a.key, a.kind, a.labels, a.bounds, now, True, mono)
-                if s is None:
-                    late["series_limit"] = late.get("series_limit", 0) + a.n
+                s = self._get(a.key, a.kind, a.labels, a.bounds, now, True, mono, a.sender, a.service)
+                if isinstance(s, str):
+                    late[s] = late.get(s, 0) + a.n
                 elif s.bounds != a.bounds or s.kind != a.kind:
                     late["bounds_mismatch"] = late.get("bounds_mismatch", 0) + a.n
+                elif a.reset:
+                    s.reset(a.count, a.total, a.buckets)
                 else:
-                    s.count += a.count
-                    s.total += a.total
-                    if a.buckets is not None:
-                        for i, c in enumerate(a.buckets):
-                            s.buckets[i] += c
+                    s.add(a.count, a.total, a.buckets)
             for ch in chains:
                 for reason, n in self._apply_chain(ch, now, mono).items():
                     late[reason] = late.get(reason, 0) + n
@@ -212,7 +271,7 @@ class StageSeries:
         return rejected, why
 
     def _reduce(self, dec: Decoded, take: int, labels_of: Callable[[dict[str, str]], dict[str, str]],
-                ) -> tuple[list[_Agg], list[_Chain], dict[str, int]]:
+                peer: str | None = None) -> tuple[list[_Agg], list[_Chain], dict[str, int]]:
         """The first ``take`` spans and points of a request, without the lock: spans and delta
         points summed per series, cumulative reports chained per stream; and the points refused
         already: a cumulative report without a start time (``no_start_time``: a restart could not
@@ -226,6 +285,8 @@ class StageSeries:
             if left <= 0:
                 break
             base = labels_of(g.resource)
+            service = g.resource.get("service.name", "")
+            sender = otlp_sender(service, peer)
             by_stage: dict[str, tuple[_Agg, list[float]]] = {}   # this resource's spans: labels built once a stage
             for stage, seconds in g.spans[:left]:
                 hit = by_stage.get(stage)
@@ -235,7 +296,7 @@ class StageSeries:
                     ak: tuple[Key, str, tuple[float, ...]] = (key, "histogram", STAGE_BUCKETS)
                     a = aggs.get(ak)
                     if a is None:
-                        a = aggs[ak] = _Agg(key, labels, "histogram", STAGE_BUCKETS,
+                        a = aggs[ak] = _Agg(key, labels, "histogram", STAGE_BUCKETS, sender, service,
                                             buckets=[0.0] * (len(STAGE_BUCKETS) + 1))
                     hit = by_stage[stage] = (a, a.buckets or [])
                 a, buckets = hit
@@ -256,7 +317,7 @@ class StageSeries:
                     ck = ((key, ident, p.start_ns), p.bounds)
                     ch = chains.get(ck)
                     if ch is None:
-                        chains[ck] = _Chain(key, labels, p.kind, p.bounds, ident, p.start_ns, [p])
+                        chains[ck] = _Chain(key, labels, p.kind, p.bounds, ident, p.start_ns, [p], sender, service)
                     elif _ge(p, ch.points[-1].count, ch.points[-1].buckets):
                         ch.points.append(p)
                     else:
@@ -265,31 +326,37 @@ class StageSeries:
                 ak = (key, p.kind, p.bounds)    # one series, one shape: another is refused under the lock
                 a = aggs.get(ak)
                 if a is None:
-                    a = aggs[ak] = _Agg(key, labels, p.kind, p.bounds, buckets=[0.0] * len(p.buckets) if p.buckets else None)
-                a.n += 1
-                a.count += p.count
-                a.total += p.total
-                if a.buckets is not None:
-                    for i, c in enumerate(p.buckets):
-                        a.buckets[i] += c
+                    a = aggs[ak] = _Agg(key, labels, p.kind, p.bounds, sender, service,
+                                        buckets=[0.0] * len(p.buckets) if p.buckets else None)
+                a.add(p.count, p.total, p.buckets)
             left -= min(left, len(g.points))
         return list(aggs.values()), list(chains.values()), early
 
     def _get(self, key: Key, kind: str, labels: dict[str, str], bounds: tuple[float, ...], now: float,
-             zero_first: bool, mono: float) -> _Series | None:
+             zero_first: bool, mono: float, sender: str = "", service: str = "") -> _Series | str:
+        """The series, created when new and the budget grants its samples to ``sender``; else the
+        reason it is refused (``series_limit``, ``sender_budget``, ``total_budget``)."""
         s = self._series.get(key)
         if s is None:
-            if len(self._series) >= self.opts.max_series:
-                return None
-            s = self._series[key] = _Series(key[0], kind, labels, bounds, now, zero_first, mono)
+            if self.opts.max_series is not None and len(self._series) >= self.opts.max_series:
+                return "series_limit"
+            refused = self.budget.take("otlp", sender, series_samples(kind, bounds), service)
+            if refused is not None:
+                return refused
+            s = self._series[key] = _Series(key[0], kind, labels, bounds, now, zero_first, mono, sender)
         s.touched = mono
         return s
+
+    def _drop_series(self, key: Key) -> None:
+        s = self._series.pop(key)
+        self.budget.give("otlp", s.owner, s.cost)
 
     def _room_for_stream(self) -> bool:
         """Whether one more stream can be kept: under the cap, or by forgetting the least recently
         updated one when it was not updated since the last tick (a stream that reported in this
         interval is never evicted: a point that would need its room is refused instead)."""
-        if len(self._streams) < 4 * self.opts.max_series:
+        cap = 4 * self.opts.max_series if self.opts.max_series is not None else self.opts.max_streams
+        if len(self._streams) < cap:
             return True
         oldest = next(iter(self._streams))
         if self._streams[oldest][3] >= self._tick_mono:
@@ -316,9 +383,9 @@ class StageSeries:
         last = self._streams.get(skey)
         if last is None and not self._room_for_stream():
             return {"stream_limit": n}
-        s = self._get(key, ch.kind, ch.labels, ch.bounds, now, False, mono)
-        if s is None:
-            return {"series_limit": n}
+        s = self._get(key, ch.kind, ch.labels, ch.bounds, now, False, mono, ch.sender, ch.service)
+        if isinstance(s, str):
+            return {s: n}
         if s.bounds != ch.bounds or s.kind != ch.kind:
             return {"bounds_mismatch": n}
         first, end = ch.points[0], ch.points[-1]
@@ -334,11 +401,13 @@ class StageSeries:
             if refused == n:
                 return {"stream_conflict": n}
             base = (last[0], last[1], last[2])
-        s.count += end.count - base[0]
-        s.total += end.total - base[1]
-        if s.buckets:
-            for i, c in enumerate(end.buckets):
-                s.buckets[i] += c - (base[2][i] if base[2] else 0.0)
+        step = (end.count - base[0], end.total - base[1],
+                [c - (base[2][i] if base[2] else 0.0) for i, c in enumerate(end.buckets)] if s.buckets else None)
+        if not (math.isfinite(step[0]) and math.isfinite(step[1])):
+            # the step itself overflows (a sum from -1e308 to 1e308): a restart of this stream's totals
+            s.reset(end.count, end.total, end.buckets if s.buckets else None)
+        else:
+            s.add(*step)
         self._streams[skey] = (end.count, end.total, end.buckets, mono)
         self._streams.move_to_end(skey)
         return {"stream_conflict": refused} if refused else {}
@@ -351,7 +420,7 @@ class StageSeries:
             self._taken = 0
             self._tick_mono = time.monotonic()
             for key in [k for k, s in self._series.items() if s.touched < cutoff]:
-                del self._series[key]
+                self._drop_series(key)
             for skey in [k for k, v in self._streams.items() if v[3] < cutoff]:
                 self._forget(skey)
             for s in self._series.values():
@@ -369,6 +438,7 @@ class StageSeries:
                         out.append(Sample(s.name + "_bucket", 0.0 if zero else run,
                                           {**s.labels, "le": floatToGoString(le)}, "counter"))
             out.append(Sample("triscope_otlp_series", float(len(self._series))))
+            out.append(Sample("triscope_otlp_series_samples", float(sum(s.cost for s in self._series.values()))))
             for ck, v in self.counts.items():
                 out.append(_self_sample(ck, v))
         return out
@@ -441,9 +511,10 @@ class OtlpReceiver:
     """``OtlpReceiver(OtlpOptions(listen=...))``: ``.collector`` for the sampler, ``start()`` binds
     and serves, ``shutdown()``."""
 
-    def __init__(self, opts: OtlpOptions, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, opts: OtlpOptions, clock: Callable[[], float] = time.time,
+                 budget: SampleBudget | None = None) -> None:
         self.opts = opts
-        self.state = StageSeries(opts, clock)
+        self.state = StageSeries(opts, clock, budget)
         self.collector = OtlpCollector(self.state)
         self.http: HttpServer | None = None
         self._pids: dict[int, tuple[float, dict[str, str]]] = {}
@@ -507,7 +578,7 @@ class OtlpReceiver:
         except DecodeError as e:
             self.state.count("requests", signal, "400")
             return self._status(fmt, 400, GRPC_INVALID_ARGUMENT, str(e)[:500])
-        rejected, why = self.state.add(signal, dec, self.labels_of)
+        rejected, why = self.state.add(signal, dec, self.labels_of, req.peer[0] if req.peer else None)
         self.state.count("requests", signal, "200")
         return self._success(signal, fmt, rejected, why)
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from triscope.agent.budget import SampleBudget, ScrapeLedger
 from triscope.agent.collectors.base import Availability, BaseCollector, Collector
 from triscope.agent.ebpf.layout import PROBES
 from triscope.core.samples import EventRecord, Sample
@@ -36,6 +37,7 @@ class AgentOptions:
     pods_log_dir: str = "/var/log/pods"
     scrape_timeout: float = 2.0    # one scrape, connect to last byte
     interval: float = 1.0          # the agent's tick: sets how long a tick waits for a scrape
+    budget: SampleBudget | None = None   # the sample budget the scrape targets (and OTLP) share (agent/budget.py)
 
     @property
     def source_budget(self) -> float:
@@ -167,7 +169,8 @@ def _scrape(opts: AgentOptions, url: str) -> Collector:
     from triscope.agent.collectors.background import Background
     from triscope.agent.collectors.scrape import ScrapeCollector
 
-    return Background(ScrapeCollector(url=url, timeout=opts.scrape_timeout), budget=opts.source_budget,
+    ledger = ScrapeLedger(opts.budget, url) if opts.budget is not None else None
+    return Background(ScrapeCollector(url=url, timeout=opts.scrape_timeout, ledger=ledger), budget=opts.source_budget,
                       stale_after=opts.stale_after)
 
 

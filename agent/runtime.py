@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from triscope.agent import hugepages
+from triscope.agent.budget import BudgetOptions, SampleBudget
 from triscope.agent.exporter import make_sources, serve
 from triscope.agent.registry import AgentOptions, build_collectors, build_post_processors, split_available
 from triscope.agent.sampler import Sampler
@@ -42,6 +43,7 @@ class AgentConfig:
     web: WebConfig | None = None  # --web.config.file: TLS and basic auth on /metrics (triscope/web/config.py)
     options: AgentOptions = field(default_factory=AgentOptions)
     otlp: OtlpOptions | None = None   # --otlp-listen: the OTLP/HTTP receiver (agent/otlp.py), off by default
+    budget: BudgetOptions = field(default_factory=BudgetOptions)   # --budget-*: what OTLP senders and scrapes may fill
 
 
 class Agent:
@@ -69,12 +71,14 @@ class Agent:
                                   retention_every=3600.0 if cfg.retention else float("inf"),
                                   batch_ticks=batch_ticks(cfg.write_every, cfg.interval),
                                   sqlite_file=sqlite_path(cfg.db_url), reopen=self._reopen_store)
+        self.budget = SampleBudget(cfg.budget)   # shared by the scrape targets and the OTLP receiver
+        cfg.options.budget = self.budget
         collectors = build_collectors(cfg.options)
         self.otlp: OtlpReceiver | None = None
         if cfg.otlp is not None:
             from triscope.agent.otlp import OtlpReceiver
 
-            self.otlp = OtlpReceiver(cfg.otlp)
+            self.otlp = OtlpReceiver(cfg.otlp, budget=self.budget)
             collectors.append(self.otlp.collector)
         self.collectors, self.off = split_available(collectors)
         self.process_metrics, self.tick_collector = make_sources()
@@ -102,6 +106,7 @@ class Agent:
             Sample("triscope_spool_replayed_samples_total", float(self.spool.replayed_samples), kind="counter"),
             Sample("triscope_store_last_write_age_seconds", max(0.0, time.monotonic() - self.writer.last_write)),
             Sample("triscope_store_queue_spilled_ticks_total", float(self.writer.spilled_ticks), kind="counter"),
+            *self.budget.samples(),
         ]
 
     def _on_tick(self, tick: Tick) -> None:

@@ -11,7 +11,9 @@ ending in ``_total`` are counters); ``_created`` timestamps are dropped, and so 
 
 Bounded: one GET with an overall deadline (``timeout``: connect, head and body together, not per
 ``recv``), a response head of at most 64 KiB, at most ``max_bytes`` of body and ``max_samples``
-samples (a larger scrape fails as a whole, like Prometheus' ``sample_limit``).  The HTTP/1.1
+samples (a larger scrape fails as a whole, like Prometheus' ``sample_limit``); with the agent's
+sample budget (``ledger``), the series the target held keep flowing and new ones beyond its budget
+are left out (a histogram or summary with its buckets, count and sum counts as one: never half).  The HTTP/1.1
 framing (status line, headers, Content-Length, chunked or read-to-close bodies) is h11's: it is
 fed from this module's socket loop, so every wait stays bounded by the one deadline.  In the agent each target runs on its own worker
 (``triscope.agent.collectors.background``), so even that deadline never delays a tick.
@@ -25,7 +27,8 @@ import select
 import socket
 import ssl
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from typing import Protocol
 from urllib.parse import SplitResult, quote, urlsplit
 
 import h11
@@ -43,6 +46,16 @@ COUNTER_SUFFIXES = {
     "summary": ("_count", "_sum"),
 }
 TIMESTAMPED = ("counter", "histogram", "summary", "gaugehistogram")
+GROUPED = ("histogram", "summary", "gaugehistogram")   # one budget group per label set: buckets, count, sum
+
+
+class Ledger(Protocol):
+    """What a target holds of the agent's sample budget (``triscope.agent.budget.ScrapeLedger``):
+    given this scrape's series groups in order, the samples it may keep."""
+
+    def admit(self, groups: Iterable[tuple[object, list[Sample]]]) -> list[Sample]: ...
+
+    def close(self) -> None: ...
 
 
 class ScrapeError(CollectorUnavailable):
@@ -79,7 +92,7 @@ class ScrapeCollector(BaseCollector):
     """``ScrapeCollector("http://127.0.0.1:8000/metrics", job="vllm")``; ``name`` is ``scrape:<instance>``."""
 
     def __init__(self, url: str, timeout: float = 2.0, job: str | None = None, max_bytes: int = 16 << 20,
-                 max_samples: int = 50_000) -> None:
+                 max_samples: int = 50_000, ledger: Ledger | None = None) -> None:
         self.url, self.instance = parse_scrape_url(url)
         if not timeout or timeout <= 0:
             raise ValueError(f"scrape timeout must be > 0 seconds, got {timeout!r}")
@@ -87,6 +100,7 @@ class ScrapeCollector(BaseCollector):
         self.job = job or "scrape"
         self.max_bytes = max_bytes
         self.max_samples = max_samples
+        self.ledger = ledger      # the agent's budget: new series beyond it are left out (existing ones kept)
         self.name = f"scrape:{self.instance}"
         self.last_duration = 0.0
         self.last_bytes = 0
@@ -185,6 +199,7 @@ class ScrapeCollector(BaseCollector):
                               "the endpoint must serve the Prometheus text format (0.0.4)") from None
         timestamped = {f.name for f in families if f.type in TIMESTAMPED}
         out: list[Sample] = []
+        groups: dict[object, list[Sample]] = {}   # with a budget: a histogram/summary with its parts is one group
         n = 0
         for fam in families:
             if fam.name.endswith("_created") and fam.name[: -len("_created")] in timestamped:
@@ -211,8 +226,19 @@ class ScrapeCollector(BaseCollector):
                     if key in labels:
                         labels[f"exported_{key}"] = labels.pop(key)
                     labels[key] = value_
-                out.append(Sample(s.name, value, labels, kind))  # type: ignore[arg-type]
-        return out
+                sample = Sample(s.name, value, labels, kind)  # type: ignore[arg-type]
+                if self.ledger is None:
+                    out.append(sample)
+                    continue
+                grouped = fam.type in GROUPED
+                gkey = (fam.name if grouped else s.name,
+                        tuple(sorted((k, v) for k, v in labels.items() if not (grouped and k in ("le", "quantile")))))
+                group = groups.get(gkey)
+                if group is None:
+                    groups[gkey] = [sample]
+                else:
+                    group.append(sample)
+        return out if self.ledger is None else self.ledger.admit(groups.items())
 
     # -- protocol ------------------------------------------------------------------------------
 
@@ -226,6 +252,10 @@ class ScrapeCollector(BaseCollector):
         except ScrapeError as e:
             return Availability(False, e.reason, e.hint, transient=True)
         return Availability(True)
+
+    def close(self) -> None:
+        if self.ledger is not None:
+            self.ledger.close()
 
     def collect(self, now: float) -> Iterator[Sample]:
         t0 = time.monotonic()

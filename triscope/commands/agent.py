@@ -40,6 +40,20 @@ def add_agent_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--otlp-max-items", type=int, default=50_000, metavar="N",
                    help="spans + data points taken between two ticks (default 50000); the rest are dropped and "
                         "counted in triscope_otlp_dropped_total, later requests in that tick get 429")
+    p.add_argument("--budget-total-samples", type=int, default=None, metavar="N",
+                   help="samples a tick that every sender together may add: OTLP senders and --scrape targets "
+                        "alike (default 4096, or the budget file's total_samples). A series costs what it stores "
+                        "every tick: a histogram its bounds + 3 (17 for 14 bounds, 67 for OTLP's maximum of 64), "
+                        "a counter or a scraped sample 1. Beyond it new series are refused (counted in "
+                        "triscope_budget_refused_series_total, logged once a minute); series already kept go on. "
+                        "Each sample a tick is ~1.7 MB a day of SQLite: 4096 fill ~7 GB a day (docs/otlp.md)")
+    p.add_argument("--budget-sender-samples", type=int, default=None, metavar="N",
+                   help="samples a tick one sender may add (default 2048, or the budget file's sender_samples): "
+                        "an OTLP sender is its service.name and peer address, a scrape target its URL")
+    p.add_argument("--budget-file", default=None, metavar="FILE",
+                   help="the budget as YAML: total_samples, sender_samples, idle (how long an absent scraped "
+                        "series keeps its share, default 10m) and senders (a sender's own figure, by scrape URL, "
+                        "OTLP service.name, or service.name@address); the flags above override it (docs/otlp.md)")
     p.add_argument("--spool", default=None, metavar="DIR",
                    help="the spool's root: ticks wait under DIR/<node>/db-<id>/ while their database is "
                         "unreachable, and are replayed only into that database (default $TRISCOPE_SPOOL_DIR, "
@@ -132,10 +146,36 @@ def build_config(args: argparse.Namespace, listen: tuple[str, int] | None):
                         cuda_launch_probe=bool(args.cuda_launch_probe),
                         scrape_timeout=args.scrape_timeout, interval=args.interval)
     return AgentConfig(db_url=db_url(args), node=args.node, interval=args.interval, write_every=args.write_every,
-                       listen=listen, otlp=otlp_options(args),
+                       listen=listen, otlp=otlp_options(args), budget=budget_options(args),
                        spool_dir=args.spool or default_spool_dir(), spool_max_bytes=int(args.spool_max_mb * (1 << 20)),
                        migrate=not args.no_migrate, retention=not args.no_retention,
                        huge_pages=bool(args.huge_pages), options=opts)
+
+
+def budget_options(args: argparse.Namespace):
+    """The sample budget: the defaults, the --budget-file over them, the --budget-* flags over both."""
+    import dataclasses
+
+    from triscope.agent.budget import BudgetOptions
+    from triscope.core.errors import UserError
+
+    opts = BudgetOptions()
+    if args.budget_file:   # pydantic only when asked
+        from triscope.agent.budget_file import load
+        from triscope.core.configfile import ConfigFileError
+
+        try:
+            opts = load(args.budget_file)
+        except ConfigFileError as e:
+            raise UserError(f"--budget-file: {e}") from None
+    for flag, key in (("budget_total_samples", "total_samples"), ("budget_sender_samples", "sender_samples")):
+        value = getattr(args, flag)
+        if value is None:
+            continue
+        if not 0 <= value <= 10_000_000:
+            raise UserError(f"--{flag.replace('_', '-')} must be a number of samples from 0 to 10000000 (got {value})")
+        opts = dataclasses.replace(opts, **{key: value})
+    return opts
 
 
 def otlp_options(args: argparse.Namespace):
