@@ -9,7 +9,7 @@ at most 10 ms.  And issue 43's flood (256 histogram series x 64 bounds, 16 label
 characters, in four ~200 KB protobuf requests from one sender) at the default budget: what one
 request costs (decode + add), the samples a tick kept (target: at most the sender budget) and the
 tick's read of them.  The agent's memory under that flood is measured on the real process by
-``tests/e2e/test_otlp_budget.py -s`` (docs/otlp.md, "Budget").
+``tests/e2e/test_otlp_budget_agent.py -s`` (docs/otlp.md, "Budget").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The sample budget (agent/budget.py) on real sockets: the OTLP receiver fed over HTTP, scrape
 targets served by prometheus_client's own exporter, the budget file and flags through the real
 command line parser; and OTLP counters that overflow (issue 43, items 1 and 6).  The real agent
-process with its store: tests/e2e/test_otlp_budget.py."""
+process with its store: tests/e2e/test_otlp_budget_agent.py."""
 
 from __future__ import annotations
 
