@@ -196,17 +196,23 @@ def chain_finding(w: WorkloadEvidence, engaged: float, th: MismatchThresholds) -
 def _service_finding(f: ChainFinding, w: WorkloadEvidence, ev: WaitEvidence, engaged: float, demand_waits: bool,
                      th: MismatchThresholds) -> None:
     """The driving threads mostly wait for work: what delays it once a request is in (the request
-    path)?  A connection losing packets holding ``waitfor_cause_share`` of it makes ``network-bound``."""
+    path)?  Its handlers' own CPU time is the serving itself; of the rest — the time a request is
+    held waiting — connections losing packets holding ``waitfor_cause_share``, and at least
+    ``waitfor_service_loss_floor`` of the whole path, make ``network-bound``."""
     if not ev.service or ev.service_seconds < th.waitfor_service_min_seconds:
         return
-    net = 0.0
+    net = own = 0.0
     for key, share in sorted(ev.service.items(), key=lambda kv: -kv[1]):
         g, words = _group(key, w, ev, engaged, demand_waits, th)
+        if key[0] == "cpu" and key[1] == "self":
+            own += share
+            words = "working on its own CPU (the serving itself)"
         f.service.append(End(key[0], key[1], key[2], (key[3], key[4], key[5], key[6]), share, g, words))
         if g == NETWORK:
             net += share
-    if net >= th.waitfor_cause_share:
-        f.state, f.strength, f.path = "network-bound", net, "service"
+    held = sum(ev.service.values()) - own
+    if held > 0 and net >= th.waitfor_service_loss_floor and net / held >= th.waitfor_cause_share:
+        f.state, f.strength, f.path = "network-bound", net / held, "service"
 
 
 def chain_reasons(f: ChainFinding, accelerator: str, busy: float, w: WorkloadEvidence,
@@ -222,7 +228,8 @@ def chain_reasons(f: ChainFinding, accelerator: str, busy: float, w: WorkloadEvi
         return [f"{accelerator} busy {busy:.0%}: {workload_text(w.key)}'s driving threads wait for work "
                 f"{f.groups[DEMAND]:.0%} of the window; once a request is in, its handlers wait {'; '.join(parts)} "
                 f"({ev.service_seconds:.1f} thread-seconds of request handling in the window)",
-                f"the lossy connections hold {f.strength:.0%} of the request path: its requests arrive late"]
+                f"the lossy connections hold {f.strength:.0%} of the time its requests wait (the rest of the "
+                f"request path is its handlers' own CPU work): its requests arrive late"]
     lead = [e for e in f.ends if e.group == deciding] if deciding else f.ends[:1]
     parts = [f"{e.share:.0%} {e.words}" for e in lead[:2]]
     first = ", ".join(f"{k} {v:.0%}" for k, v in sorted(ev.states.items(), key=lambda kv: -kv[1])[:3] if v >= 0.01)

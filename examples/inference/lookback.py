@@ -28,9 +28,11 @@ LOOKBACKS = {"30m": 1800.0, "6h": 6 * 3600.0, "24h": 86400.0, "7d": 7 * 86400.0}
 SETTLE = 15.0
 
 
-def _expected(lines: Sequence[dict[str, Any]]) -> list[tuple[str, float, float, str | None, str]]:
-    """Per scenario: (name, settled start, end, expected cause, the healthy instance's workload); on
-    one GPU a neighbour's line is the GPU's expectation (as ``report.score_tracks`` has it)."""
+def _expected(lines: Sequence[dict[str, Any]]) -> list[tuple[str, float, float, str | None, frozenset[str]]]:
+    """Per scenario: (name, settled start, end, expected cause, the names of the healthy instance);
+    the faulty instance is the line whose role says so (b when none does: the fault may be on the
+    heavier a too, the fourth set); on one GPU a neighbour's line is the GPU's expectation (as
+    ``report.score_tracks`` has it)."""
     scen = [ln for ln in lines if ln.get("scenario") != "loop_closed"]
     out = []
     for name in dict.fromkeys(ln["scenario"] for ln in scen):
@@ -38,19 +40,30 @@ def _expected(lines: Sequence[dict[str, Any]]) -> list[tuple[str, float, float, 
         b, a = mine.get("b"), mine.get("a")
         if b is None or a is None:
             continue
-        cause = b.get("expected_cause")
+        faulty, healthy = (a, b) if a.get("role") == "faulty" else (b, a)
+        cause = faulty.get("expected_cause")
         hog = mine.get("b:neighbour")
         if hog is not None and a.get("gpu") == b.get("gpu"):
             cause = hog.get("expected_cause")
-        out.append((name, float(b["start"]) + SETTLE, float(b["end"]), cause, a["workload"]))
+        names = frozenset(healthy.get("accept") or [healthy["workload"]])
+        out.append((name, float(b["start"]) + SETTLE, float(b["end"]), cause, names))
     return out
+
+
+def _named(workload: Any) -> str:
+    """What an episode names: its pod on Kubernetes (the agent leaves ``workload`` empty there), else
+    its workload label's name."""
+    if not workload:
+        return ""
+    pod, wl = (workload[1] or ""), (workload[3] or "")
+    return _workload_name(wl) if wl or not pod else pod
 
 
 def episode_rows(tl: Any, lines: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per bad state episode that overlaps a scenario's settled span by 5 s or more: the scenario it
     overlaps most (the first of equals), its state, workload and top cause, whether that is the
-    cause the scenario expected (None: a scenario with no cause to find, not judged), and whether it
-    names the healthy instance."""
+    cause the scenario expected on the instance at fault (None: a scenario with no cause to find, not
+    judged), and whether it names the healthy instance."""
     exp = _expected(lines)
     out: list[dict[str, Any]] = []
     for e in tl.episodes:
@@ -62,11 +75,12 @@ def episode_rows(tl: Any, lines: Sequence[dict[str, Any]]) -> list[dict[str, Any
             continue
         best = max(over, key=lambda oi: (oi[0], -oi[1]))[1]
         name, _s0, _s1, cause, healthy = exp[best]
-        wl = _workload_name(e.workload[3] if e.workload else "")
+        wl = _named(e.workload)
         top = e.causes[0].key if e.causes else None
         out.append({"scenario": name, "scenarios": [exp[i][0] for _o, i in over], "state": e.state,
                     "start": round(e.start, 1), "end": round(e.end, 1), "workload": wl, "expected_cause": cause,
-                    "top_cause": top, "right": top is not None and top == cause, "names_healthy": wl == healthy})
+                    "top_cause": top, "right": top is not None and top == cause and wl not in healthy,
+                    "names_healthy": wl in healthy})
     return out
 
 

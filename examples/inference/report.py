@@ -226,13 +226,19 @@ def score_tracks(trs: dict[str, Track], lines: Sequence[dict[str, Any]], settle:
             t += window
         states = Counter(w["state"] for w in wins)
         named = Counter(w["workload"] for w in wins if w["state"] in IO_STATES)
+        first_right = None
+        if tr is not None and faulty is not None and not both_healthy and set(expect) & set(IO_STATES):
+            # the fault's onset is the scenario's start (the workload script's own time stamp, taken once
+            # the fault is in place): the first tick the published verdict is right, seconds after it
+            first_right = next((round(t - float(b["start"]), 1) for t, st, wl in tr.between(float(b["start"]), s1)
+                                if st in expect and names_instance(wl, faulty)), None)
         rows.append({
             "scenario": name, "title": b.get("title", ""), "start": float(b["start"]), "end": float(b["end"]),
             "gpu_a": a["gpu"], "gpu_b": b["gpu"], "faulty": (faulty or {}).get("instance"),
             "expected_b": expect, "expected_cause": (faulty or b).get("expected_cause"),
             "expected_page": bool(b.get("page")), "load": {"a": (a.get("load") or {}).get("level"),
                                                            "b": (b.get("load") or {}).get("level")},
-            "windows": len(wins), "right": right, "pages_on_healthy": pages,
+            "windows": len(wins), "right": right, "pages_on_healthy": pages, "first_right_s": first_right,
             "states": dict(states.most_common()), "io_named": dict(named.most_common()),
             "verdict": states.most_common(1)[0][0] if states else None,
             "client_p99_ms": {"a": (a.get("client") or {}).get("p99_ms"), "b": (b.get("client") or {}).get("p99_ms")},
