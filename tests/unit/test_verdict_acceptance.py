@@ -195,3 +195,29 @@ def test_the_first_right_verdict_comes_within_15_s_of_the_fault() -> None:
     assert len(got) >= 14, got
     late = {k: v for k, v in got.items() if v is None or v > 15.0}
     assert len(late) <= 0.1 * len(got), late
+
+
+def test_a_state_ends_with_its_evidence() -> None:
+    """The sidecar classes on the device: today's verdict names the throttled sidecar container while
+    its class runs, and stops naming it within one window and the dwell (12 s) of the class's end (its
+    processes stopped; the next class has no such container), nothing carried over."""
+    from examples.inference.acceptance import LAB_TRACES, replay_tracks
+    from examples.inference.report import IO_STATES, load_timeline
+
+    from triscope.analysis.config import default_thresholds
+
+    th = default_thresholds()
+    bound = th.window_s + th.state_dwell_s
+    seen = 0
+    for node in ("h200-lab-7", "h200-lab-8", "h200-lab-9", "h200-lab-10"):
+        tr = replay_tracks(LAB_TRACES / f"{node}.jsonl.gz")["gpu=0"]
+        for ln in load_timeline(LAB_TRACES / f"{node}.timeline.jsonl"):
+            if not (ln["scenario"].startswith("sidecar") and ln["instance"] == "b"):
+                continue
+            named = [t for t, s, w in tr.between(ln["start"], ln["end"] + 60)
+                     if s in IO_STATES and w.endswith("/lab-b-prep")]
+            assert any(t < ln["end"] for t in named), (node, ln["scenario"], "never named while it ran")
+            late = [round(t - ln["end"], 1) for t in named if t > ln["end"] + bound]
+            assert not late, (node, ln["scenario"], late)
+            seen += 1
+    assert seen >= 6, seen
