@@ -43,7 +43,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from sqlalchemy.engine import make_url
+
 from triscope.core.samples import EventRecord, Sample, Tick
+from triscope.store.db import normalise_url
 
 log = logging.getLogger(__name__)
 
@@ -66,10 +69,6 @@ def database_identity(url: str) -> tuple[str, str]:
     libpq's defaults filled in (``localhost`` is ``localhost:5432``); its hosts and ports in order,
     user, database, ``options``, ``service`` and ``target_session_attrs``.  SQLite: the file's
     absolute path.  The password is never part of it."""
-    from sqlalchemy.engine import make_url
-
-    from triscope.store.db import normalise_url
-
     try:
         u = make_url(normalise_url(url))
     except Exception:  # noqa: BLE001 - an unparsable URL is its own identity (the agent refuses it later)
@@ -222,10 +221,6 @@ def _legacy_is_unambiguous(url: str) -> bool:
     """Whether the legacy description of ``url`` said everything about where it connects: nothing
     in its query moves it (a ``?port=``, ``?dbname=``, ``?service=``, ``?options=``, ...), nor a
     ``?host=`` beside the authority's host (the legacy description read neither)."""
-    from sqlalchemy.engine import make_url
-
-    from triscope.store.db import normalise_url
-
     try:
         u = make_url(normalise_url(url))
     except Exception:  # noqa: BLE001
