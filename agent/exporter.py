@@ -16,15 +16,15 @@ import os
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from triscope.agent.collectors.base import OpenFiles
 from triscope.core.labels import escape_value
 from triscope.core.metrics import CATALOGUE, kind_of
 from triscope.core.samples import Sample
-from triscope.web.auth import RELOAD_EVERY, UNAUTHORIZED_HEADERS, SourceLimiter, WebConfig
-from triscope.web.httpd import HttpServer, Limits, Request, Response
+from triscope.web.auth import RELOAD_EVERY, UNAUTHORIZED_HEADERS, CheckQueue, WebConfig
+from triscope.web.httpd import HttpServer, Limits, Request, Response, source_key
 
 if TYPE_CHECKING:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -168,9 +168,13 @@ class MetricsServer:
     request to it fails the handshake and gets nothing) and basic auth on every path (``401`` with
     ``WWW-Authenticate: Basic``).  Credentials already verified (cached) are answered on the loop
     from one cache lookup (``WebConfig.lookup``, whose answer the handler then uses); only a bcrypt
-    check (the first scrape with a password, a new wrong one) goes to two worker threads, so it
-    never stalls the loop nor a scrape whose password is known.  The workers exist whenever a web
-    config is given, so users added by a reload are checked off the loop too.
+    check (the first scrape with a password, a new wrong one) waits its turn in ``checks``
+    (``triscope.web.auth.CheckQueue``: ranked by source, bounded, under a CPU budget, run on a
+    thread of its own), so it never stalls the loop nor a scrape whose password is known, and a
+    spray of wrong passwords from many addresses cannot keep a scraper's first check out.  A
+    check refused there is answered ``429`` with ``Retry-After: 1`` and its connection closed.
+    The queue exists whenever a web config is given, so users added by a reload are checked off the
+    loop too.
     """
 
     def __init__(self, addr: tuple[str, int], process: ProcessMetrics | None, tick: TickCollector | None,
@@ -183,13 +187,14 @@ class MetricsServer:
         self._last_scrape: float | None = None
         self.scrape_gap: float | None = None   # seconds between the last two scrapes
         self.web = web
+        self.checks = CheckQueue(web.authorized) if web is not None else None
+        self.turned_away = 0     # requests answered 429: no room for their password check
         self.http = HttpServer(addr, self._handle, limits=limits or EXPORTER_LIMITS, name="metrics-http",
-                               methods=("GET", "HEAD"), workers=2 if web is not None else 0,
+                               methods=("GET", "HEAD"),
                                ssl_context=web.ssl_context if web is not None else None,
                                every=(RELOAD_EVERY, web.refresh) if web is not None else None,
-                               inline=self._inline if web is not None else None,
-                               admit=self._admit if web is not None else None)
-        self.checks = SourceLimiter()
+                               defer=self._defer if web is not None else None,
+                               screen=self.checks.screen if self.checks is not None else None)
         self.server_address = self.http.server_address
 
     def render(self) -> bytes:
@@ -220,19 +225,23 @@ class MetricsServer:
             resp.headers.extend(self.web.headers)
         return resp
 
-    def _inline(self, req: Request) -> bool:
-        """On the loop: the credentials' answer if cached (kept on the request), else to a worker."""
+    def _defer(self, req: Request) -> Awaitable[Response] | None:
+        """On the loop: the credentials' answer if cached (kept on the request; answered at once),
+        else the password check's turn in the queue, awaited."""
         assert self.web is not None
         req.verdict = self.web.lookup(req.header("authorization"))
-        return req.verdict is not None
+        return None if req.verdict is not None else self._checked(req)
 
-    def _admit(self, req: Request, queued: int) -> Response | None:
-        """On the loop, before a password check is queued for bcrypt: per source and in all, bounded."""
-        why = self.checks.take(req.peer[0] if req.peer else "?", queued)
-        if why is None:
-            return None
-        return Response.text(429, f"too many password checks: {why}; retry in a second",
-                             headers=[("Retry-After", "1")])
+    async def _checked(self, req: Request) -> Response:
+        assert self.checks is not None
+        source = source_key(req.peer[0]) if req.peer else "?"
+        answer = await self.checks.submit(source, req.header("authorization"))
+        if isinstance(answer, str):
+            self.turned_away += 1
+            return Response.text(429, f"too many password checks: {answer}; retry in a second",
+                                 headers=[("Retry-After", "1"), *(self.web.headers if self.web else [])], close=True)
+        req.verdict = answer
+        return self._handle(req)
 
     def _answer(self, req: Request) -> Response:
         ok = req.verdict
@@ -260,6 +269,8 @@ class MetricsServer:
 
     def shutdown(self) -> None:
         """Stop serving and close the socket."""
+        if self.checks is not None:
+            self.checks.close()
         self.http.shutdown()
 
 

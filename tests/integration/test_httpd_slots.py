@@ -111,9 +111,56 @@ def test_one_source_holds_at_most_its_share_of_the_slots() -> None:
 
 
 def test_an_ipv6_source_is_its_slash_64() -> None:
-    from triscope.web.httpd import _source_key
+    from triscope.web.httpd import source_key as _source_key
 
     assert _source_key("2001:db8:1:2::1") == _source_key("2001:db8:1:2:ffff::9") == "2001:db8:1:2::/64"
     assert _source_key("2001:db8:1:3::1") != _source_key("2001:db8:1:2::1")
     assert _source_key("::ffff:10.0.0.7") == "10.0.0.7" and _source_key("10.0.0.7") == "10.0.0.7"
     assert _source_key("fe80::1%eth0") == "fe80::/64"
+
+
+def test_tricklers_from_a_scrapers_own_address_never_close_its_kept_alive_connection() -> None:
+    """16 slots; 40 connections from 127.0.0.1, half trickling a request head, half held open sending
+    nothing, each opened again when closed (tests/spray.py, a process of its own); a client on the
+    same address keeps one connection alive, its first request answered 200.  Its connection is
+    never the one closed to make room (an unproven one always goes first, or the newcomer is
+    refused): 52/52 requests on it answered.  (Before: its idle connection was the oldest idle one
+    of its address, closed for the next trickler.)"""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    srv = HttpServer(("127.0.0.1", 0), lambda req: Response(200, b"ok\n", "text/plain"),
+                     limits=Limits(max_connections=16), name="slots-proven").start()
+    port = srv.server_address[1]
+    spray = Path(__file__).resolve().parents[1] / "spray.py"
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    tricklers = None
+    try:
+        conn.request("GET", "/metrics")
+        assert conn.getresponse().read() == b"ok\n"
+        tricklers = subprocess.Popen([sys.executable, str(spray), "trickle", "--port", str(port), "--source",
+                                      "127.0.0.1", "--conns", "40", "--gap", "0.2", "--seconds", "60"],
+                                     stdout=subprocess.DEVNULL)
+        time.sleep(1.5)
+        got: list[int | str] = []
+        for _ in range(52):
+            try:
+                conn.request("GET", "/metrics")
+                r = conn.getresponse()
+                r.read()
+                got.append(r.status)
+            except (OSError, http.client.HTTPException) as e:
+                got.append(type(e).__name__)
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            time.sleep(0.05)
+        assert got == [200] * 52, {x: got.count(x) for x in set(got)}
+        assert srv.evicted_slow + srv.refused_source > 0     # the tricklers did press on the slots
+        assert srv.connections <= 16
+    finally:
+        if tricklers is not None:
+            tricklers.terminate()
+            tricklers.wait(10)
+        conn.close()
+        srv.shutdown()

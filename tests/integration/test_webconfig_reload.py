@@ -196,7 +196,8 @@ def test_a_spray_of_wrong_passwords_keeps_the_right_one_cached(tmp_path: Path) -
     try:
         assert _scrape(port, c.client_context(), good) == 200
         assert web.auth is not None and web.auth.bcrypt_calls == 1
-        server.http.admit = None   # the cache alone here (the per-source limit: the spray test below)
+        assert server.checks is not None
+        server.checks.budget = 1e6   # the cache alone here (the queue's budget and order: the spray tests)
         conn = http.client.HTTPSConnection("127.0.0.1", port, context=c.client_context(), timeout=10)
         for i in range(300):   # distinct wrong credentials, known and unknown users, on one connection
             conn.request("GET", "/metrics", headers={"Authorization": _basic("prometheus" if i % 2 else f"u{i}",
@@ -263,7 +264,7 @@ def test_a_password_spray_holds_no_slot_and_never_starves_the_right_password(tmp
         ok = got.count(200) / len(got)
         assert ok >= 0.99, (ok, {x: got.count(x) for x in set(got)})
         assert sent[0] > 200                                          # the spray was real
-        assert server.http.turned_away > 0 and server.checks.refused > 0
+        assert server.turned_away > 0 and server.checks is not None and server.checks.refused > 0
         assert web.auth is not None and web.auth.bcrypt_calls < sent[0] / 2   # most never reached bcrypt
     finally:
         stop.set()

@@ -29,9 +29,10 @@ characters: no header can be split into two); h11's own writer cost 20 µs a res
 
 The handler is a plain function ``Request -> Response``: run on the loop itself when it is quick
 and never blocks (``/metrics`` sends a body rendered at the tick), or on a bounded thread pool
-(``workers``) when it writes to a database (the webhook); with ``inline``, a request it calls quick
-runs on the loop all the same (a scrape whose credentials are already verified: only a bcrypt
-check goes to the pool).  ``ssl_context`` serves TLS on the same
+(``workers``) when it writes to a database (the webhook); ``defer`` may answer a request later
+instead, without holding the loop (a password check waiting for its turn at bcrypt: the agent's
+``/metrics``, where a scrape whose credentials are already verified is answered on the loop at
+once).  ``ssl_context`` serves TLS on the same
 listener: a context, or a function giving the context for each new connection (a reloaded
 ``--web.config.file`` swaps in a new one: new connections take it, open ones keep theirs); the
 handshake counts against ``max_connections`` and must finish within ``header_timeout``.
@@ -49,7 +50,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -81,6 +82,7 @@ class Limits:
     max_body: int = 0               # 0: requests with a body are refused (413)
     slow_head: float = 0.5          # at capacity, a request still arriving after this long gives up its slot
     per_source: int = 0             # once half the slots are taken, connections one source may hold (0: a quarter, >= 4)
+    protected: int = 4              # an address's most recently used proven connections no unproven one can push out
     backlog: int = 1024
 
 
@@ -92,7 +94,7 @@ class Request:
     headers: list[tuple[str, str]]     # (lower-case name, value) in arrival order
     body: bytes
     peer: tuple[str, int] | None
-    verdict: bool | None = None     # set by ``inline``: the answer it found (e.g. cached credentials)
+    verdict: bool | None = None     # set by ``defer``: the answer it found (cached or checked credentials)
 
     @property
     def path(self) -> str:
@@ -133,7 +135,7 @@ class _BadRequest(Exception):
         self.status, self.message = status, message
 
 
-def _source_key(addr: str) -> str:
+def source_key(addr: str) -> str:
     """What counts as one source: an IPv4 address; an IPv6 one's /64 (a host picks any address in it)."""
     if ":" not in addr:
         return addr
@@ -149,7 +151,7 @@ def _source_key(addr: str) -> str:
 
 
 class _Conn:
-    __slots__ = ("idle", "source", "started", "task", "writer")
+    __slots__ = ("active", "idle", "opened", "proven", "source", "started", "task", "writer")
 
     def __init__(self, writer: asyncio.StreamWriter, source: str | None = None) -> None:
         self.writer = writer
@@ -157,6 +159,11 @@ class _Conn:
         self.idle = True      # nothing of a request received yet: may be closed to make room
         self.started: float | None = None   # when the request being read began (None: not reading one)
         self.task: asyncio.Task[None] | None = None
+        # a request on it was answered with success (2xx/3xx: authorized, where there is auth): a
+        # client that sent whole requests and was let in, never closed for a newcomer while a
+        # connection that never proved itself (held open, trickling) can be closed instead
+        self.proven = False
+        self.opened = self.active = time.monotonic()   # accepted; its last answer (least recently used goes first)
 
 
 class HttpServer:
@@ -168,8 +175,8 @@ class HttpServer:
                  methods: tuple[str, ...] | None = None,
                  error: Callable[[int, str], Response] | None = None,
                  every: tuple[float, Callable[[], object]] | None = None,
-                 inline: Callable[[Request], bool] | None = None,
-                 admit: Callable[[Request, int], Response | None] | None = None) -> None:
+                 defer: Callable[[Request], Awaitable[Response] | None] | None = None,
+                 screen: Callable[[str], bool] | None = None) -> None:
         self.handler = handler
         self.methods = methods     # others get 405 before any body is read
         self.error = error or (lambda status, message: Response.text(status, message))  # framing errors
@@ -177,12 +184,14 @@ class HttpServer:
         self.name = name
         self.ssl_context = ssl_context
         self.every = every      # (seconds, fn): fn runs on a thread that often (a config reload)
-        self.inline = inline    # with workers: requests it says are quick run on the loop all the same
-        # with workers: asked on the loop before a request is queued for them (with how many wait now);
-        # a Response it gives is the answer at once and the connection is closed, its slot freed
-        self.admit = admit
+        # asked on the loop first: None, the request is answered as usual; an awaitable, its answer
+        # is (the loop goes on meanwhile: a password check waiting for its turn at bcrypt)
+        self.defer = defer
+        # asked on the loop with a new connection's source before anything else (its TLS handshake
+        # above all): False closes it at once (an address that keeps being refused password checks)
+        self.screen = screen
+        self.screened = 0                      # connections closed by ``screen``
         self.queued = 0                        # requests handed to the workers and not answered yet
-        self.turned_away = 0                   # requests answered by ``admit`` instead of queued
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"{name}-worker") if workers else None
         self._conns: dict[_Conn, None] = {}    # insertion order = age
         self.refused = 0                       # connections answered 503 because every slot was busy
@@ -269,7 +278,11 @@ class HttpServer:
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
-        source = _source_key(str(peer[0])) if isinstance(peer, tuple) and peer else None
+        source = source_key(str(peer[0])) if isinstance(peer, tuple) and peer else None
+        if self.screen is not None and source is not None and not self.screen(source):
+            self.screened += 1
+            writer.transport.abort()
+            return
         # once half the slots are taken, one source holds at most its share (its own idle or trickling
         # connection gives way first): a flood from one address leaves half to every other client.
         # So a lone source may hold up to half the slots, and past that its idle keep-alive
@@ -336,36 +349,75 @@ class HttpServer:
         writer.close()
 
     def _evict_idle(self, source: str | None = None) -> bool:
-        """Make room for a new connection: close the oldest idle one (nothing received), else the one
-        whose request head has trickled in longest, past ``slow_head`` seconds — a client that sends a
-        whole request at once takes its head in milliseconds, so slots held by trickling clients are
-        given to those that send whole requests (the request deadline alone would let 128 tricklers
-        refuse everyone for 5 s at a time).  With ``source``: only among that source's connections."""
-        for c in self._conns:
-            if c.idle and c.task is not None and (source is None or c.source == source):
+        """Make room for a new connection (with ``source``: among that source's connections only).
+
+        In this order: the oldest connection held open with nothing received for ``slow_head``
+        seconds (a TLS handshake not finished counts) that never had a request answered with
+        success; else the one whose request head has trickled in longest, past ``slow_head`` — a
+        client that sends a whole request at once takes its head in milliseconds, so slots held by
+        trickling clients are given to those that send whole requests (the request deadline alone
+        would let 128 tricklers refuse everyone for 5 s at a time); else an idle *proven*
+        connection (one of its requests was answered 2xx/3xx: a kept-alive client between two
+        requests) past the ``protected`` most recently used of its address, least recently used
+        first, with a FIN (an HTTP client retries on a new connection); else the oldest idle one
+        that never proved itself, however young.  An address's ``protected`` most recently used
+        proven connections (a scraper's kept-alive one) go only when every connection in reach is
+        proven; while any unproven one is open and none can go, the newcomer is refused
+        (``503``), so clients that hold or trickle, even from the scraper's own address, cannot
+        reset its connection."""
+        mine = [c for c in self._conns if c.task is not None and (source is None or c.source == source)]
+        now = time.monotonic()
+        slow = self.limits.slow_head
+        for c in mine:
+            if c.idle and not c.proven and now - c.opened >= slow:
                 self._close(c)
                 return True
-        now = time.monotonic()
-        slowest: _Conn | None = None
-        for c in self._conns:
-            if c.started is not None and c.task is not None and now - c.started >= self.limits.slow_head \
-                    and (source is None or c.source == source) and (slowest is None or c.started < (slowest.started or now)):
-                slowest = c
-        if slowest is not None and slowest.task is not None:
-            self._close(slowest)
+        trickling = [c for c in mine if c.started is not None and now - c.started >= slow]
+        if trickling:
+            self._close(min(trickling, key=lambda c: (c.proven, c.started or now)))
             self.evicted_slow += 1
+            return True
+        protected = self._protected()
+        spare = [c for c in mine if c.idle and c.proven and c not in protected]
+        if spare:
+            self._close(min(spare, key=lambda c: c.active), graceful=True)
+            return True
+        for c in mine:
+            if c.idle and not c.proven:
+                self._close(c)
+                return True
+        if any(not c.proven for c in mine):
+            return False   # unproven ones that cannot go yet: the newcomer waits, the proven stay
+        idle = [c for c in mine if c.idle]
+        if idle:
+            self._close(min(idle, key=lambda c: c.active), graceful=True)
             return True
         return False
 
-    def _close(self, c: _Conn) -> None:
-        """Close a connection to make room.  The transport is aborted as well as the task cancelled:
+    def _protected(self) -> set[_Conn]:
+        """Each address's ``protected`` most recently used proven connections."""
+        by_source: dict[str | None, list[_Conn]] = {}
+        for c in self._conns:
+            if c.proven:
+                by_source.setdefault(c.source, []).append(c)
+        keep: set[_Conn] = set()
+        for conns in by_source.values():
+            keep.update(sorted(conns, key=lambda c: c.active, reverse=True)[:self.limits.protected])
+        return keep
+
+    def _close(self, c: _Conn, graceful: bool = False) -> None:
+        """Close a connection to make room.  The transport is closed as well as the task cancelled:
         a cancel that lands as the awaited read completes can be swallowed (``asyncio.wait_for`` on
-        3.11), and the connection would then be served outside the count of slots."""
+        3.11), and the connection would then be served outside the count of slots.  Aborted (a
+        reset) unless ``graceful`` (a FIN: an idle kept-alive connection, whose client retries)."""
         assert c.task is not None
         c.task.cancel()
         self._conns.pop(c, None)
         with contextlib.suppress(Exception):
-            c.writer.transport.abort()
+            if graceful:
+                c.writer.transport.close()
+            else:
+                c.writer.transport.abort()
 
     async def _serve(self, conn: _Conn, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         lim = self.limits
@@ -407,17 +459,18 @@ class HttpServer:
             resp.close = not keep
             if not await self._write(writer, resp, head=req.method == "HEAD") or not keep:
                 return
+            conn.active = time.monotonic()
+            if resp.status < 400:
+                conn.proven = True
             first = http.trailing_data[0]
 
     async def _respond(self, req: Request) -> Response:
-        """The handler's answer: on the loop, or on the workers (after ``admit``); a handler bug is a 500."""
+        """The handler's answer: ``defer``'s, on the loop, or on the workers; a handler bug is a 500."""
         try:
-            if self._pool is None or (self.inline is not None and self.inline(req)):
+            if self.defer is not None and (later := self.defer(req)) is not None:
+                return await later
+            if self._pool is None:
                 return self.handler(req)
-            if self.admit is not None and (refusal := self.admit(req, self.queued)) is not None:
-                self.turned_away += 1
-                refusal.close = True
-                return refusal
             self.queued += 1
             try:
                 return await asyncio.get_running_loop().run_in_executor(self._pool, self.handler, req)
