@@ -182,6 +182,7 @@ class WorkloadsCollector(BaseCollector):
         self.placement = (WorkloadPlacement(proc, sys, every=placement_every, clock=clock)
                           if placement_every > 0 else None)
         self._placement_keys: object = None
+        self._tcp_sets: dict[Workload, list[int]] | None = None     # the process sets of the last TCP read
         self._members: dict[int, list[int]] = {}     # a listed process -> its whole process set (itself first)
         self._cpu_stat: dict[str, CgroupCpu] = {}     # cpu.stat path -> kept-open reader
         self._cpu_prev: dict[tuple[Labels, Workload], tuple[int, int, float]] = {}
@@ -340,7 +341,11 @@ class WorkloadsCollector(BaseCollector):
             for acc in plan.accels:
                 for wl, pids in acc.groups:
                     groups.setdefault(wl, {}).update(dict.fromkeys(pids))
-            self.tcp.read({wl: list(pids) for wl, pids in groups.items()})
+            sets = {wl: list(pids) for wl, pids in groups.items()}
+            # on its own cadence (its CPU budget), or at once when the process sets changed
+            if force or self.tcp.due() or sets != self._tcp_sets:
+                self._tcp_sets = sets
+                self.tcp.read(sets)
         if self.placement is not None:
             pgroups: dict[Hashable, tuple[str, Sequence[int]]] = {
                 (a.labels, wl): (a.bus_id, pids) for a in plan.accels for wl, pids in a.groups}
