@@ -141,6 +141,12 @@ RECORDINGS: tuple[Recording, ...] = (
           ("h200-lab-9", "sidecar_tcp,launch_bound,contention_weight,upstream_loss,spin_poll,sidecar_shm,"
            "healthy_pool_bursty,upstream_loss_heavy", " (upstream_loss_heavy did not fit the device call)"),
           ("h200-lab-10", "upstream_loss_heavy,sidecar_tcp,upstream_loss", " (upstream_loss did not fit)"))),
+    Recording("h200-lab-11", "2026-12-06, the device's H100 (80 GB HBM3, lent as nvidia-h100-x1), examples/hostlab/"
+              "h200.py --only upstream_loss_heavy,healthy_pool_bursty,upstream_loss (the agent of commit 554c9cd: the "
+              "request path's loss share of the time a request waits; 45 s a class, 3 windows each)", "held_out",
+              "made after the request-path rule changed on h200-lab-8/9/10, nothing changed since: the class that "
+              "led to it, a healthy HTTP service with a thread pool (whose handlers' waits the rule reads too) and "
+              "the light instance's upstream loss; on the device 9/9", LAB_TRACES),
 )
 """Every recording so far came before the whole-process-set, CFS-throttling and per-workload
 network evidence: none of them holds those series, so on them the verdict runs its older paths (a

@@ -55,7 +55,7 @@ def test_the_right_top_cause_at_every_look_back(lookback: str) -> None:
 
 # the fourth set (wait-for chains, the fault on the heavier instance a as well as on b), its episodes
 # as the recording agent published them: each was held out when made
-FOURTH = ("cpu-lab-7", "h200-lab-8", "h200-lab-9", "h200-lab-10")
+FOURTH = ("cpu-lab-7", "h200-lab-8", "h200-lab-9", "h200-lab-10", "h200-lab-11")
 
 
 @pytest.mark.parametrize("node", FOURTH)
