@@ -160,7 +160,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def import_for_demo(url: str, path: Path | str, node: str | None = None, now: float | None = None) -> str:
     """``make run``'s second node: load the trace shifted to end now, unless a copy loaded earlier is
-    still within the last trace-length of time (then nothing is added).  Returns the node name."""
+    still within the last trace-length of time (then nothing is added).  Returns the node name.
+
+    The recording's inputs are replayed through today's tracker as it loads
+    (``triscope.commands.replay``): every page, ``triscope rca`` and the engine read today's
+    verdicts; the recorded ones stay as ``triscope_recorded_mismatch_*`` series, the recording
+    engine's decisions marked ``recorded``."""
+    from triscope.commands.replay import replay_trace
     from triscope.commands.trace import import_decisions, mark_recording
     from triscope.core.trace import import_trace, read_trace
     from triscope.store import Store
@@ -176,6 +182,7 @@ def import_for_demo(url: str, path: Path | str, node: str | None = None, now: fl
         if bounds is not None and bounds[1] >= now - max(span, 60.0):
             mark_recording(st, trace_node, Path(path).name, bounds[1])   # a copy loaded before the mark existed
             return trace_node
+        tr = replay_trace(tr)
         info = import_trace(st, path, node=trace_node, shift_to_now=True, now=now, trace=tr)
         mark_recording(st, trace_node, Path(path).name, info.end)
         import_decisions(st, tr, info)

@@ -27,6 +27,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "digits, '.', '-', '_'")
     p.add_argument("--shift-to-now", action="store_true",
                    help="move every timestamp by the same offset so the trace ends now")
+    p.add_argument("--replay", action="store_true",
+                   help="recompute the verdicts with this version: replay the recorded inputs through today's "
+                        "tracker (what 'triscope run' does with the demo's recordings); the recorded verdicts are "
+                        "kept as triscope_recorded_mismatch_* series, the recorded decisions marked 'recorded'")
     p.set_defaults(func=cmd_import)
 
     e = sub.add_parser(
@@ -52,6 +56,10 @@ def cmd_import(args: argparse.Namespace) -> int:
     if args.node is not None and node_name_problem(args.node):
         raise UserError(f"--node: {node_name_problem(args.node)}")
     trace = read_trace(args.file)   # a bad file is one line before the store is touched
+    if args.replay:
+        from triscope.commands.replay import replay_trace
+
+        trace = replay_trace(trace)
     st = Store.open(db_url(args))
     try:
         st.upgrade()
