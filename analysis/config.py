@@ -118,14 +118,20 @@ class MismatchThresholds:
     alert, the one most clusters already run; a pod kept at its limit reads far above it (746 of 751
     periods, 99 %, for eight loader workers under a 1-CPU limit on the H200 host), one that bursts
     now and then far below."""
-    numa_remote: float = 0.5
-    """A workload that runs at least this share of its CPU time off its accelerator's local CPUs
-    (``triscope_workload_cpu_local_ratio``), or keeps this share of its host pages off its NUMA node
-    (``triscope_workload_memory_local_ratio``), feeds it across the socket link: every staged copy
-    crosses it, so pinned host-to-device bandwidth drops and latency rises with nothing else wrong.
-    Not fitted on a recording (none made on a machine with two NUMA nodes): the majority is the
-    bar, as the placement the kubelet's Topology Manager ``single-numa-node`` policy enforces is
-    all of it.  Read only while the workload works (``numa_min_cores``)."""
+    numa_remote: float = 0.75
+    """A workload whose staging work runs or lives at least this share off its accelerator's NUMA
+    node feeds it across the socket link: its host pages (``triscope_workload_memory_local_ratio``),
+    or its CPU time off the accelerator's local CPUs (``triscope_workload_cpu_local_ratio``) where
+    its affinity holds it there (at least this share of the CPUs it may use are remote,
+    ``triscope_workload_cpus_allowed_local_ratio``).  It counts only while the accelerator is
+    starved (below ``starved_busy``): placement alone is no fault.  Three quarters is midway
+    between the even split a service spread over two sockets reads (0.5: one thread pinned to each
+    socket read 0.48-0.54 per read on the two-socket fixture, pages interleaved over two nodes
+    read 0.5) and a feeder wholly on the far socket (1.0; the kubelet Topology Manager's
+    ``single-numa-node`` placement reads 0): the majority bar before this (0.5) paged the even split
+    itself.  A workload allowed on the node's CPUs is read by its pages only: an unpinned
+    two-thread service on that fixture read 0.0 or 1.0 remote for whole minutes, wherever the
+    scheduler kept it.  Not fitted on a recording (none made on a machine with two NUMA nodes)."""
     numa_min_cores: float = 0.2
     """... and uses at least this many cores (a fifth): an idle process's placement is no feeder's."""
     pin_churn_rate: float = 10.0

@@ -96,11 +96,19 @@ def _ratio(x: float, t: float) -> float:
     return x / t if t > 0 else 0.0
 
 
-def host_findings(w: WorkloadEvidence, th: MismatchThresholds) -> list[tuple[float, str]]:
+def _starved(acc: AcceleratorFeatures, th: MismatchThresholds) -> bool:
+    """The accelerator's typical tick below ``starved_busy``: it waits for work."""
+    b = acc.busy_typical if acc.busy_typical is not None else (acc.busy or 0.0)
+    return b < th.starved_busy
+
+
+def host_findings(w: WorkloadEvidence, th: MismatchThresholds, *, starved: bool) -> list[tuple[float, str]]:
     """Each sign that one workload's host side is saturated, whatever its accelerator's link does:
     (strength against its threshold, reason).  Its cgroup throttled at its CPU limit, its cgroup
     under CPU pressure, its busiest thread pegged (a loader worker, a feeder, a launch loop: a
-    single thread cannot go faster), its threads waiting for a CPU.  Empty: the host side is quiet."""
+    single thread cannot go faster), its threads waiting for a CPU; and, where its accelerator is
+    ``starved``, its work placed off the accelerator's NUMA node (``numa_finding``).  Empty: the
+    host side is quiet."""
     out: list[tuple[float, str]] = []
     who = workload_text(w.key)
     t = w.throttled
@@ -116,20 +124,31 @@ def host_findings(w: WorkloadEvidence, th: MismatchThresholds) -> list[tuple[flo
     if w.cpu_pressure is not None and th.workload_cpu_pressure > 0 and w.cpu_pressure >= th.workload_cpu_pressure:
         out.append((_ratio(w.cpu_pressure, th.workload_cpu_pressure),
                     f"CPU pressure of {who}'s cgroup {_pct(w.cpu_pressure)} (>= {_pct(th.workload_cpu_pressure)})"))
-    numa = numa_finding(w, th)
+    numa = numa_finding(w, th, starved=starved)
     if numa is not None:
         out.append(numa)
     return out
 
 
-def numa_finding(w: WorkloadEvidence, th: MismatchThresholds) -> tuple[float, str] | None:
-    """A working workload that runs, or keeps its host pages, mostly off its accelerator's NUMA
-    node: every copy it stages crosses the socket link.  (strength, reason), or None."""
-    if th.numa_remote <= 0 or w.cores is None or w.cores < th.numa_min_cores:
+def numa_finding(w: WorkloadEvidence, th: MismatchThresholds, *, starved: bool) -> tuple[float, str] | None:
+    """A working workload (``numa_min_cores``) whose staging work runs or lives mostly off its
+    accelerator's NUMA node while the accelerator is ``starved``: every copy it stages crosses the
+    socket link, and the accelerator waits.  (strength, reason), or None.
+
+    Remote means at least ``numa_remote`` of its host pages off the node, or of its CPU time off
+    the node's CPUs **where its affinity holds it there** (at least ``numa_remote`` of the CPUs
+    it may use are remote; unknown affinity: the share alone).  A workload allowed on the node's
+    CPUs runs wherever the scheduler puts it this window (an unpinned service's reading swings
+    between 0 and 1 from one window to the next), so its CPU side is no finding; its pages are.
+    A service spread over both sockets (half its work remote) reads below the bar, and an
+    accelerator that is busy or partly busy is not waiting on where its feeder runs: neither is
+    paged."""
+    if not starved or th.numa_remote <= 0 or w.cores is None or w.cores < th.numa_min_cores:
         return None
     parts: list[str] = []
     worst = 0.0
-    if w.cpu_local is not None and 1.0 - w.cpu_local >= th.numa_remote:
+    held = w.allowed_local is None or w.allowed_local <= 1.0 - th.numa_remote
+    if w.cpu_local is not None and 1.0 - w.cpu_local >= th.numa_remote and held:
         worst = max(worst, 1.0 - w.cpu_local)
         parts.append(f"runs {_pct(1.0 - w.cpu_local)} of its CPU time")
     if w.mem_local is not None and 1.0 - w.mem_local >= th.numa_remote:
@@ -140,9 +159,11 @@ def numa_finding(w: WorkloadEvidence, th: MismatchThresholds) -> tuple[float, st
     why = ""
     if w.allowed_local is not None and w.allowed_local < 0.05:
         why = "; its CPU affinity allows none of that node's CPUs: it is pinned there"
+    elif w.allowed_local is not None and w.allowed_local <= 1.0 - th.numa_remote:
+        why = f"; its CPU affinity allows only {_pct(w.allowed_local)} of its CPUs on that node"
     return (_ratio(worst, th.numa_remote), f"{workload_text(w.key)} {' and '.join(parts)} off its accelerator's "
-                                            f"NUMA node (>= {_pct(th.numa_remote)}): its copies cross the socket "
-                                            f"link{why}")
+                                            f"NUMA node (>= {_pct(th.numa_remote)}) while it is starved: its "
+                                            f"copies cross the socket link{why}")
 
 
 def network_finding(w: WorkloadEvidence, th: MismatchThresholds) -> tuple[float, str] | None:
@@ -193,7 +214,9 @@ def _staging(acc: AcceleratorFeatures, f: WindowFeatures, th: MismatchThresholds
     dma = _device_dma(acc, f)
     moving = u is None or u >= th.idle_link        # no link data (NPUs): the host evidence decides alone
     if acc.has_workload_evidence:
-        found: list[tuple[float, str]] = [x for w in _workload_evidence(acc) for x in host_findings(w, th)]
+        starved = _starved(acc, th)
+        found: list[tuple[float, str]] = [x for w in _workload_evidence(acc)
+                                          for x in host_findings(w, th, starved=starved)]
         feeders = _copy_feeders(acc, th, u)
         cores, cores_of = feeders[0] if feeders else (0.0, None)
         if cores_of is not None:
@@ -508,8 +531,9 @@ def _staging_workload(acc: AcceleratorFeatures, th: MismatchThresholds) -> tuple
     """``staging-bound`` on per-workload host evidence (see ``_named_workload``); None when no
     workload has a finding and none feeds the copies (the dominant workload is named then)."""
     cands: list[tuple[bool, float, WorkloadKey]] = []
+    starved = _starved(acc, th)
     for w in _workload_evidence(acc):
-        if host_findings(w, th):
+        if host_findings(w, th, starved=starved):
             at_limit = w.throttled is not None and th.cpu_throttled > 0 and w.throttled >= th.cpu_throttled
             cands.append((at_limit, w.feeder if w.feeder is not None else 0.0, w.key))
     cands.sort(reverse=True)

@@ -14,6 +14,8 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from triscope.analysis.config import MismatchThresholds
+
 TOPO = "triscope_accelerator_topology_info"
 NIC = "triscope_accelerator_nic_info"
 CPU_LOCAL = "triscope_workload_cpu_local_ratio"
@@ -21,7 +23,7 @@ MEM_LOCAL = "triscope_workload_memory_local_ratio"
 STALE_S = 1200.0
 LINK_COLOURS = {"PIX": "#2e7d32", "PXB": "#2e7d32", "PHB": "#f9a825", "NODE": "#f9a825", "SYS": "#c62828",
                 "unknown": "#757575"}
-REMOTE_BAR = 0.5      # the verdict's numa_remote default: at or past it a workload is fed from afar
+REMOTE_BAR = MismatchThresholds().numa_remote   # the verdict's bar: at or past it a workload is fed from afar
 
 
 @dataclass

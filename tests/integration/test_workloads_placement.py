@@ -5,7 +5,12 @@ and the verdict and root cause it feeds."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -52,7 +57,9 @@ def _collect(sys_root: str, pid: int) -> dict[str, float]:
 @pytest.mark.parametrize("where", ["remote", "local"])
 def test_a_feeder_pinned_off_its_accelerators_cpus_reads_remote(tmp_path: Path, where: str) -> None:
     run_on, other = CPUS[-1], CPUS[0]
-    p = spawn(sleepers=2, spinners=2, cpus={run_on})
+    # the main thread spins too: a process below busy_cores counts where its main thread last ran, and a
+    # main thread asleep since before the pinning would still show the CPU it ran on then
+    p = spawn(sleepers=2, spinners=2, leader="spin", cpus={run_on})
     try:
         got = _collect(sysfs(tmp_path, str(other if where == "remote" else run_on)), p.pid)
     finally:
@@ -159,6 +166,18 @@ def test_a_starved_gpu_fed_from_the_far_socket_is_staging_bound_and_says_why() -
     assert _verdict(cpu_local=0.1, cores=0.05)[0] != "staging-bound"
 
 
+def test_an_unpinned_workload_is_read_by_its_pages_not_where_the_scheduler_kept_it() -> None:
+    """A workload allowed on both sockets (affinity half local) that the scheduler kept on the far
+    one this window (CPU time all remote) is no finding: next window it may read all local.  The
+    same reading with its affinity held off the node (at most a quarter of its CPUs local) is; its
+    pages off the node are, whatever its affinity."""
+    assert _verdict(cpu_local=0.0, allowed_local=0.5)[0] != "staging-bound"
+    assert _verdict(cpu_local=0.0, allowed_local=0.25)[0] == "staging-bound"
+    state, reasons = _verdict(cpu_local=0.0, allowed_local=0.5, mem_local=0.1)
+    assert state == "staging-bound" and any("keeps 90% of its host pages" in r and "CPU time" not in r
+                                            for r in reasons), reasons
+
+
 def test_a_process_in_two_sets_is_read_once_and_counted_in_both(tmp_path: Path) -> None:
     """One pod's processes on each of its GPUs: the same PID in two sets, each against its own GPU's
     local CPUs; and an exited thread's record goes."""
@@ -225,3 +244,165 @@ def test_where_every_cpu_is_local_nothing_is_read(tmp_path: Path) -> None:
     pl2 = WorkloadPlacement(str(proc), str(root), min_cpu_s=0.0, clock=lambda: now[0])
     pl2.read({"gpu0": (BUS, [100])})
     assert pl2._ticks
+
+
+# ------------------------------------------------------------------- two sockets, real pinned threads
+def two_socket_sysfs(tmp: Path) -> str:
+    """The two-socket DGX H100 tree (``fixtures/sysfs-dgx-h100``: GPU 0000:1b:00.0 on node 0, GPU
+    0000:c2:00.0 on node 1) with the CPU numbering of a two-socket server whose firmware numbers
+    cores round-robin over the sockets (node 0: 0,2,4,...; node 1: 1,3,5,...), so that this
+    machine's CPU 0 is on the GPU's socket and CPU 1 on the far one: real threads pinned to them
+    run local or remote."""
+    import shutil
+
+    from conftest import FIXTURES
+
+    root = tmp / "sys"
+    shutil.copytree(FIXTURES / "sysfs-dgx-h100", root, symlinks=True)
+    for f in root.rglob("local_cpulist"):
+        node = int((f.parent / "numa_node").read_text())
+        f.write_text(",".join(str(c) for c in range(node, 224, 2)) + "\n")
+    return str(root)
+
+
+def _placed(sys_root: str, pid: int, bus: str = BUS) -> WorkloadEvidence:
+    """The workload's placement as the agent measures it (its CPU time's local share over 1.5 s, its
+    affinity's, its pages', its cores), with the rest of its host side healthy: a feeder at 0.45 of
+    a core, no CPU wait, no pressure (nothing else wrong, as in the issue)."""
+    c = WorkloadsCollector([ListedProcessSource([AcceleratorProcess(gpu_labels(0), "GPU-a", pid, "0", bus_id=bus)])],
+                           sys=sys_root, background=False, pod_resources_socket="/nonexistent/kubelet.sock")
+    try:
+        c.refresh(force=True)
+        t0 = time.monotonic()
+        first = {s.name: s for s in c.collect(time.time()) if isinstance(s, Sample)}
+        time.sleep(1.5)
+        c.refresh(force=True)
+        got = {s.name: s for s in c.collect(time.time()) if isinstance(s, Sample)}
+        dt = time.monotonic() - t0
+    finally:
+        c.close()
+    lab = got["triscope_workload_cpu_local_ratio"].labels
+    key: WorkloadKey = (lab["namespace"], lab["pod"], lab["container"], lab["workload"])
+    cores = (got["triscope_workload_cpu_seconds_total"].value - first["triscope_workload_cpu_seconds_total"].value) / dt
+    return WorkloadEvidence(key, feeder=0.45, cpu_wait=0.0, cpu_pressure=0.0, cores=cores,
+                            cpu_local=got["triscope_workload_cpu_local_ratio"].value,
+                            mem_local=got["triscope_workload_memory_local_ratio"].value,
+                            allowed_local=got["triscope_workload_cpus_allowed_local_ratio"].value)
+
+
+def _window(w: WorkloadEvidence, busy: float):
+    """One window of GPU 0 at ``busy`` (the link at 4 % of its ceiling) fed by ``w`` alone:
+    (state, the workload named, reasons)."""
+    from triscope.analysis.verdict import classify_window
+
+    acc = AcceleratorFeatures("gpu=0", busy=busy, link_bytes_per_second=2.0e9, link_ceiling=50e9, coverage=1.0,
+                              busy_typical=busy, link_typical_bytes_per_second=2.0e9)
+    acc.per_workload = [w]
+    acc.feeder_busy, acc.feeder_of = w.feeder, w.key
+    acc.workload, acc.workloads = w.key, 1
+    acc.workload_cores = {w.key: w.cores or 0.0}
+    v = classify_window(WindowFeatures([acc], cpu_busy=0.3, pressure=0.0), MismatchThresholds())
+    assert v is not None
+    av = v.accelerators[0]
+    return av.state, av.workload, av.evidence["reasons"]
+
+
+# a serving process whose two feeder processes (DataLoader-style workers: single-threaded, so each
+# counts whole where it runs, whatever share of a CPU this machine gives it) spin
+FEEDERS = r"""
+import hashlib, multiprocessing as mp, time
+def work():
+    buf = b"x" * (1 << 20)
+    while True:
+        hashlib.sha256(buf).digest()
+if __name__ == "__main__":
+    ps = [mp.Process(target=work, daemon=True) for _ in range(2)]
+    for p in ps:
+        p.start()
+    print(" ".join(str(p.pid) for p in ps), flush=True)
+    time.sleep(3600)
+"""
+
+
+def _feeders(server: set[int], first: set[int], second: set[int]) -> subprocess.Popen[str]:
+    """The serving process pinned to ``server``, its two feeders to ``first`` and ``second``."""
+    p = subprocess.Popen([sys.executable, "-c", FEEDERS], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert p.stdout is not None
+    kids = [int(x) for x in p.stdout.readline().split()]
+    for pid, cpus in ((p.pid, server), (kids[0], first), (kids[1], second)):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            os.sched_setaffinity(int(tid), cpus)
+    return p
+
+
+def _stop_feeders(p: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(p.pid, signal.SIGKILL)
+    p.wait(10)
+
+
+def _numa_reasons(reasons: list[str]) -> list[str]:
+    return [r for r in reasons if "NUMA node" in r]
+
+
+@two_cpus
+def test_a_service_split_over_both_sockets_is_never_paged(tmp_path: Path) -> None:
+    """The issue's false page: a service whose CPU time is split 50/50 over the two sockets (one
+    spinning feeder process pinned to each) with nothing else wrong read ``staging-bound`` (0.6-0.8).  It
+    reads half remote, below the bar, and is not paged whether its GPU is starved (demand-limited),
+    partly busy or busy; nor is the same service left to the scheduler (its affinity spans both
+    sockets: wherever the scheduler keeps it this window, its CPU side is no finding)."""
+    sys_root = two_socket_sysfs(tmp_path)
+    local, remote = CPUS[0], CPUS[1]
+    both = {local, remote}
+    p = _feeders(both, {local}, {remote})
+    try:
+        split = _placed(sys_root, p.pid)
+    finally:
+        _stop_feeders(p)
+    p = _feeders(both, both, both)
+    try:
+        free = _placed(sys_root, p.pid)
+    finally:
+        _stop_feeders(p)
+    assert split.cpu_local == pytest.approx(0.5, abs=0.2), split
+    assert split.allowed_local == 0.5 and free.allowed_local == 0.5
+    assert split.cores is not None and split.cores >= MismatchThresholds().numa_min_cores
+    for w in (split, free):
+        for busy, states in ((0.15, {"demand-limited"}), (0.5, {"balanced", "demand-limited"}),
+                             (0.85, {"compute-bound"})):
+            state, _named, reasons = _window(w, busy)
+            assert state in states and not _numa_reasons(reasons), (w, busy, state, reasons)
+
+
+@two_cpus
+def test_a_feeder_pinned_wholly_off_its_gpus_socket_is_staging_bound_only_while_the_gpu_starves(
+        tmp_path: Path) -> None:
+    """The same service with every process pinned to the far socket: its GPU starved, it reads
+    ``staging-bound`` naming it, the reason saying where it runs and that it is pinned there; its GPU
+    partly busy or busy, it is not paged.  Measured against the GPU on the far socket's own node
+    (0000:c2:00.0), the same processes' CPU time is local."""
+    sys_root = two_socket_sysfs(tmp_path)
+    remote = CPUS[1]
+    p = _feeders({remote}, {remote}, {remote})
+    try:
+        off = _placed(sys_root, p.pid)
+        near = _placed(sys_root, p.pid, "0000:c2:00.0")
+    finally:
+        _stop_feeders(p)
+    assert near.cpu_local == pytest.approx(1.0, abs=0.05) and near.allowed_local == 1.0, near
+    # ... but this machine has one NUMA node, node 0: against node 1 its pages are all remote, and
+    # they alone are the finding
+    assert near.mem_local == 0.0
+    numa = _numa_reasons(_window(near, 0.15)[2])
+    assert len(numa) == 1 and "keeps 100% of its host pages off" in numa[0] and "CPU time" not in numa[0], numa
+    assert off.cpu_local == pytest.approx(0.0, abs=0.05) and off.allowed_local == 0.0, off
+    state, named, reasons = _window(off, 0.15)
+    assert state == "staging-bound", (state, reasons)
+    assert (named["namespace"], named["pod"], named["container"], named["workload"]) == off.key
+    numa = _numa_reasons(reasons)
+    assert len(numa) == 1 and re.search(r"runs (9[5-9]|100)% of its CPU time off its accelerator.s NUMA node", numa[0]), reasons
+    assert "its CPU affinity allows none of that node's CPUs: it is pinned there" in numa[0]
+    for busy, states in ((0.5, {"balanced", "demand-limited"}), (0.85, {"compute-bound"})):
+        state, _named, reasons = _window(off, busy)
+        assert state in states and not _numa_reasons(reasons), (busy, state, reasons)
