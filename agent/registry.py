@@ -132,9 +132,11 @@ def _nvml() -> Collector:
 
 
 def _npu(opts: AgentOptions) -> Collector:
+    """npu-smi runs in the background once per agent tick (``--interval``): the tick reads its latest
+    parse, and its answer stands for ``max(3 x interval, timeout + interval)``."""
     from triscope.agent.collectors.npu import NpuSmiCollector
 
-    return NpuSmiCollector(npu_smi=opts.npu_smi) if opts.npu_smi else NpuSmiCollector()
+    return NpuSmiCollector(npu_smi=opts.npu_smi, interval=opts.interval)
 
 
 def _workloads(opts: AgentOptions, npu: Collector | None, ebpf: Collector | None = None) -> Collector:

@@ -187,3 +187,30 @@ def test_missing_npu_smi(tmp_path, monkeypatch):
     noexec.write_text("#!/bin/sh\n")
     av = NpuSmiCollector(npu_smi=str(noexec)).check()
     assert not av.ok and "not executable" in av.reason
+
+
+def test_the_agent_polls_npu_smi_at_its_own_interval(tmp_path):
+    """``triscope agent --interval 3`` runs npu-smi every 3 s, not at the collector's own 1 s
+    default: the agent's options build the poller with its interval, and the stand-in npu-smi's
+    call log shows the cadence (two runs in the 4.5 s after the first: at 0 and 3 s; at 1 s there
+    would be five)."""
+    from triscope.agent.registry import build_collectors
+    from triscope.cli import build_parser
+    from triscope.commands.agent import build_config
+
+    exe, _ = _switchable(tmp_path)
+    args = build_parser().parse_args(["agent", "--db", "sqlite:///x.db", "--interval", "3", "--npu-smi", str(exe),
+                                      "--no-ebpf", "--no-nvml", "--no-workloads"])
+    opts = build_config(args, None).options
+    npu = next(c for c in build_collectors(opts) if c.name == "npu")
+    assert isinstance(npu, NpuSmiCollector)
+    assert npu.interval == 3.0 and npu.stale_after == 9.0          # max(3 x 3, timeout 5 + 3)
+    calls = tmp_path / "calls"
+    calls.write_text("")                                           # the availability check's run aside
+    try:
+        _wait_samples(npu)                                         # starts the poller; its first run is done
+        time.sleep(4.5)
+        runs = [line for line in calls.read_text().splitlines() if line == "info"]
+    finally:
+        npu.close()
+    assert len(runs) == 2, runs
