@@ -23,7 +23,9 @@ with its workload labels, one point per tick), and:
 * **alerts**: the shipped alerting rules on the accelerator's series (``deploy/prometheus/
   triscope-rules.yaml``: score > 0.3 and the state for 5 m / 10 m; the severe page on a 15 m
   average): how long each expression held inside the scenario, and whether it would fire (held
-  for its ``for``).  ``tests/unit/test_inference_recording.py`` checks these with ``promtool test rules``.
+  for its ``for``).  ``tests/integration/test_report_alerts_promtool.py`` checks this against the real
+  ``promtool test rules`` on h200-inference-1's replayed verdicts: with ``for`` at 0 s the shipped rules
+  fire at exactly the seconds this says their expression holds, and unchanged none fires in a scenario.
 * **dma**: for the pin-churn scenario, the bytes the agent saw DMA-mapped against the bytes the
   service page-locked (``inference_host_registered_bytes_total``).
 * **loop**: the closed loop's line, with the engine's decision from the audit (``--audit``: the
