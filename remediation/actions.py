@@ -2,7 +2,8 @@
 
 Each action re-checks the live state it depends on right before acting (a paused or degraded
 Deployment, a ConfigMap already in fallback, no schedulable node to move to) and, in dry-run,
-does every read and none of the writes, so a dry-run decision says what would have happened.
+does every read and none of the writes, so a dry-run decision says what would have happened (one
+exception, ``isolate_accelerator``: its DeviceTaintRule with ``effect: None``, which nothing acts on).
 Kubernetes is reached only through :class:`triscope.remediation.kube.KubeAdapter`.
 
 An engine killed while an action runs re-runs it when it starts again (the decision is left
@@ -32,14 +33,13 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Generic, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Annotated, Generic, Literal, TypedDict, TypeVar
 
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from triscope.core.configfile import ConfigModel, problem, show
 from triscope.core.durations import Duration
 from triscope.core.timeparse import format_rfc3339
-from triscope.core.vocabulary import IO_STATES, accelerator_labels
 from triscope.remediation import kube as k
 from triscope.remediation.settings import Settings
 from triscope.remediation.targets import PER_WORKLOAD, KubeName, Target, kube_name_pattern, per_workload
@@ -131,20 +131,78 @@ class RescheduleParams(ConfigModel):
 
 
 class IsolateAcceleratorParams(ConfigModel):
-    """``isolate_accelerator``: take the one accelerator the trigger names out of service — evict the
-    pods that hold it (``evict``, PodDisruptionBudgets respected for ``eviction_timeout``) and mark it
-    tainted on its node; untainted once its verdict has been healthy for ``untaint_after``."""
+    """``isolate_accelerator``: take the one accelerator the trigger names out of service with a DRA
+    ``DeviceTaintRule`` on the device its driver publishes (``triscope.remediation.isolate``):
+    ``NoSchedule``, or ``NoExecute`` when ``evict`` (Kubernetes evicts the pods whose claims hold it;
+    ``eviction: eviction_api`` keeps ``NoSchedule`` and evicts them through the Eviction API,
+    PodDisruptionBudgets respected for ``eviction_timeout``); the rule is deleted once the verdict has been
+    healthy for ``untaint_after``.  Where no ResourceSlice publishes the GPU, ``without_dra`` says what
+    to do instead: ``refuse`` (nothing) or ``cordon`` the node as ``reschedule`` does."""
 
     eviction_timeout: Duration = 120.0
     untaint_after: Annotated[Duration, AfterValidator(_positive)] = 600.0
     evict: bool = True
+    eviction: Literal["noexecute", "eviction_api"] = "noexecute"
+    without_dra: Literal["refuse", "cordon"] = "refuse"
+
+
+PLACEHOLDERS = ("node", "namespace", "deployment", "pod", "gpu", "npu", "chip")
+"""What a ``command``'s argv may carry from the trigger, as ``{NAME}`` inside a word: ``node``, ``namespace``
+and ``deployment`` are the rule's target fields (resolved as for every action); ``pod``, ``gpu``, ``npu``
+and ``chip`` the trigger's own labels (a verdict's: the pod and accelerator it names)."""
+TARGET_PLACEHOLDERS = ("node", "namespace", "deployment")
+_PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
+
+
+def placeholders(word: str) -> list[str]:
+    """The ``{NAME}`` placeholders of one argv word, in order."""
+    return [m[1] for m in _PLACEHOLDER.finditer(word)]
+
+
+def fill_argv(argv: list[str], values: Mapping[str, str]) -> list[str]:
+    """Each ``{NAME}`` replaced by its value; every value a Kubernetes name with no leading ``-``, so it
+    stays inside its own argv word and cannot become an option.  ``ValueError`` otherwise."""
+    out = []
+    for word in argv:
+        def one(m: re.Match[str]) -> str:
+            v = values.get(m[1], "")
+            if not v or v.startswith("-") or len(v) > 253 or not kube_name_pattern().match(v):
+                raise ValueError(f"{{{m[1]}}} is {v!r}: not a Kubernetes name")
+            return v
+        out.append(_PLACEHOLDER.sub(one, word))
+    return out
 
 
 class CommandParams(ConfigModel):
-    """``command``: the argv fixed in the policy (no shell), killed after ``timeout``."""
+    """``command``: the argv fixed in the policy (no shell), killed after ``timeout``.  ``{node}``,
+    ``{namespace}``, ``{deployment}``, ``{pod}``, ``{gpu}``, ``{npu}``, ``{chip}`` in a word carry the
+    trigger's target (each value checked as a Kubernetes name, no leading ``-``, one argv word);
+    ``literal_targets: true`` lets a verdict trigger run an argv whose targets are fixed in the policy
+    (said in the audit row and the Event)."""
 
     argv: Annotated[list[str], BeforeValidator(_argv)]
     timeout: Duration = 30.0
+    literal_targets: bool = False
+
+    @model_validator(mode="after")
+    def _known_placeholders(self) -> CommandParams:
+        if placeholders(self.argv[0]):
+            raise problem("the program is fixed in the policy: no placeholder in argv[0]", "argv", 0)
+        for i, word in enumerate(self.argv):
+            for name in placeholders(word):
+                if name not in PLACEHOLDERS:
+                    raise problem(f"unknown placeholder {{{name}}} (known: "
+                                  + ", ".join(f"{{{p}}}" for p in PLACEHOLDERS) + ")", "argv", i)
+        return self
+
+    @property
+    def uses(self) -> list[str]:
+        """The placeholders the argv carries, each once, in order."""
+        seen: dict[str, None] = {}
+        for w in self.argv:
+            for p in placeholders(w):
+                seen.setdefault(p, None)
+        return list(seen)
 
 
 ACTION_PARAMS: dict[str, type[ConfigModel]] = {
@@ -587,96 +645,27 @@ def reschedule(ctx: ActionContext[RescheduleParams]) -> ActionResult:
                         resp, issued_ts=time.time())
 
 
-# one accelerator out of service ------------------------------------------------------------------
-def pods_on_accelerator(store: StoreReader, node: str, accelerator: str, now: float,
-                        stale_s: float = 120.0) -> list[tuple[str, str]]:
-    """(namespace, pod) of every pod the agent attributed to ``accelerator`` of ``node`` (from the kubelet's
-    pod-resources, on its per-accelerator verdict series) within the last ``stale_s``."""
-    out: set[tuple[str, str]] = set()
-    acc = accelerator_labels(accelerator)
-    for sd in store.query("triscope_mismatch_state", node=node, labels=acc, start=now - stale_s, end=now + 5.0,
-                          max_points=None):
-        lab = sd.info.labels
-        if all(lab.get(a) == v for a, v in acc.items()) and lab.get("pod") and lab.get("namespace") and sd.ts:
-            out.add((lab["namespace"], lab["pod"]))
-    return sorted(out)
-
-
+# one accelerator out of service: triscope.remediation.isolate (DRA DeviceTaintRules) ---------------
 def isolate_accelerator(ctx: ActionContext[IsolateAcceleratorParams]) -> ActionResult:
-    node_name, acc = ctx.names["node"], ctx.names["accelerator"]
-    outside = _node_allowed(ctx, node_name)
-    if outside is not None:
-        return outside
-    p = ctx.params
-    now = _decided(ctx)
-    allowed = ctx.settings.namespaces if ctx.settings is not None else ()
-    holders = pods_on_accelerator(ctx.store, node_name, acc, now)
-    pods = [(ns, pod) for ns, pod in holders if not allowed or ns in allowed] if p.evict else []
-    names = [f"{ns}/{pod}" for ns, pod in pods]
-    resp: dict[str, object] = {"node": node_name, "accelerator": acc, "pods": names,
-                               "outside_allow_list": [f"{ns}/{pod}" for ns, pod in holders
-                                                      if allowed and ns not in allowed]}
-    what = f"{acc} on {node_name}"
-    if ctx.dry_run and ctx.kube is None:
-        return ActionResult("dry_run", f"would taint {what} and evict {len(pods)} pod(s) holding it (live state not "
-                            "checked: no Kubernetes API configured)", {**resp, "checked": False})
-    kube = ctx.need_kube()
-    checked = _checked_node(ctx, kube, node_name)
-    if isinstance(checked, ActionResult):
-        return checked
-    if ctx.dry_run:
-        return ActionResult("dry_run", f"would taint {what} and evict {len(pods)} pod(s) holding it: "
-                            + (", ".join(names) or "none"), resp)
-    taint: k.DeviceTaint = {"effect": "NoSchedule", "state": ctx.names.get("state", ""), "since": format_rfc3339(now),
-                            "since_ts": now, "rule": ctx.rule_name, "untaint_after": p.untaint_after,
-                            "by": CORDON_OWNER}
-    resp["taint"] = kube.set_device_taint(node_name, acc, taint)
-    ctx.on_issued(time.time())
-    blocked = _evict_all(kube, pods, p.eviction_timeout, resp)
-    if blocked is not None:
-        return ActionResult("failed", str(blocked), resp, issued_ts=time.time())
-    return ActionResult("acted", f"tainted {what}, evicted {len(pods)} pod(s) holding it"
-                        + (f" ({', '.join(names)})" if pods else "") + "; the node's other accelerators and "
-                        "their pods untouched", resp, issued_ts=time.time())
+    """``triscope.remediation.isolate.isolate_accelerator`` (imported here lazily: it builds on this module)."""
+    from triscope.remediation import isolate
 
-
-def untaint_healthy_accelerators(store: StoreReader, kube: k.KubeAdapter, now: float, stale_s: float,
-                                 events_namespace: str | None) -> list[k.DeviceTaintResult]:
-    """Remove each device taint triscope set whose accelerator's verdict has been healthy (no I/O state)
-    for its ``untaint_after`` and is still published; an Event on the node for each."""
-    out = []
-    for node in kube.list_nodes():
-        for acc, entry in node.device_taints.items():
-            if entry.get("by") != CORDON_OWNER:
-                continue
-            after = entry.get("untaint_after") or 600.0
-            if now - entry.get("since_ts", 0.0) < after:
-                continue
-            runs = [r for r in store.verdict_runs(node.name, now - after, now) if r.accelerator == acc]
-            bad = [r for r in runs if r.state in IO_STATES and r.end >= now - after]
-            published = any(r.end >= now - stale_s for r in runs)
-            if bad or not published:
-                continue
-            res = kube.set_device_taint(node.name, acc, None)
-            state = runs[-1].state if runs else "?"
-            msg = f"{acc}: verdict healthy ({state}) for {after:g}s: untainted"
-            log.info("remediation: node %s %s", node.name, msg)
-            if events_namespace is not None:
-                try:
-                    kube.post_event(events_namespace, {"kind": "Node", "apiVersion": "v1", "name": node.name},
-                                    reason="AcceleratorUntainted", message=msg)
-                except k.KubeError as e:
-                    log.warning("remediation: Event for the untaint of %s on %s: %s", acc, node.name, e)
-            out.append(res)
-    return out
+    return isolate.isolate_accelerator(ctx)
 
 
 # command -----------------------------------------------------------------------------------------
 def command(ctx: ActionContext[CommandParams]) -> ActionResult:
-    argv = list(ctx.params.argv)
+    try:
+        argv = fill_argv(list(ctx.params.argv), ctx.names)
+    except ValueError as e:
+        return ActionResult("suppressed", f"not running {ctx.params.argv[0]}: {e}", {"argv": ctx.params.argv},
+                            rail="target")
     timeout = ctx.params.timeout
+    literal = " (literal_targets: the argv's targets are fixed in the policy, not taken from the trigger)" \
+        if ctx.params.literal_targets else ""
     if ctx.dry_run:
-        return ActionResult("dry_run", f"would run {argv!r} (timeout {timeout:g}s)", {"argv": argv})
+        return ActionResult("dry_run", f"would run {argv!r} (timeout {timeout:g}s){literal}",
+                            {"argv": argv, "literal_targets": ctx.params.literal_targets})
     issued = time.time()
     ctx.on_issued(issued)
     try:
@@ -691,9 +680,10 @@ def command(ctx: ActionContext[CommandParams]) -> ActionResult:
         return ActionResult("failed", f"cannot run {argv[0]}: {e}", {"argv": argv}, issued_ts=issued)
     resp: dict[str, object] = {"argv": argv, "rc": proc.returncode, "stdout": proc.stdout[-2000:].decode(errors="replace"),
                                "stderr": proc.stderr[-2000:].decode(errors="replace")}
+    resp["literal_targets"] = ctx.params.literal_targets
     if proc.returncode != 0:
-        return ActionResult("failed", f"{argv[0]} exited with {proc.returncode}", resp, issued_ts=issued)
-    return ActionResult("acted", f"ran {argv[0]} (exit 0)", resp, issued_ts=issued)
+        return ActionResult("failed", f"{argv[0]} exited with {proc.returncode}{literal}", resp, issued_ts=issued)
+    return ActionResult("acted", f"ran {argv[0]} (exit 0){literal}", resp, issued_ts=issued)
 
 
 class Runners(TypedDict):
@@ -714,4 +704,4 @@ RUNNERS: Runners = {
 
 __all__ = ["ACTION_PARAMS", "KubeName", "ActionContext", "ActionResult", "CommandParams", "DependencyFallbackParams",
            "IsolateAcceleratorParams", "RescheduleParams", "RescheduleWeights", "RollingRestartParams", "Runners",
-           "RUNNERS", "post_decision_event", "restart_stamp", "revert_fallback", "untaint_healthy_accelerators"]
+           "RUNNERS", "post_decision_event", "restart_stamp", "revert_fallback"]

@@ -57,11 +57,12 @@ from sqlalchemy.exc import OperationalError
 from triscope import defaults
 from triscope.core.samples import EventRecord, parse_label_key
 from triscope.remediation import actions as act
-from triscope.remediation import filefallback, metrics
+from triscope.remediation import filefallback, isolate, metrics
 from triscope.remediation import kube as k
 from triscope.remediation.fallbacks import revert_due_fallbacks
 from triscope.remediation.filefallback import KnobsFileParams
 from triscope.remediation.leader import LeaderElector
+from triscope.remediation.node_condition import NodeConditions
 from triscope.remediation.policy import NODE_ACTIONS, ActionParams, Policy, Rule
 from triscope.remediation.targets import Target
 from triscope.remediation.triggers import (
@@ -198,6 +199,8 @@ class Engine:
         self.verdict_events = VerdictEvents(store, kube, namespaces=policy.settings.namespaces,
                                             events_namespace=ks.events_namespace, stale_s=self.stale_s) \
             if kube is not None and ks.events and ks.verdict_events else None
+        self.node_conditions = NodeConditions(store, kube, stale_s=self.stale_s) \
+            if kube is not None and ks.node_condition else None
 
     @property
     def leader_now(self) -> bool:
@@ -751,19 +754,23 @@ class Engine:
 
     def announce_verdicts(self, now: float | None = None) -> int:
         """Scheduler job: Kubernetes Events on the pod and node for each verdict that would page, and
-        when it ends (remediation/verdict_events.py); the leader only."""
-        if self.verdict_events is None or (self.leader is not None and not self.leader.is_leader):
+        when it ends (remediation/verdict_events.py), and each node's AcceleratorCoordinationDegraded
+        condition (remediation/node_condition.py); the leader only.  The Events posted."""
+        if self.leader is not None and not self.leader.is_leader:
             return 0
-        return self.verdict_events.evaluate(now)
+        if self.node_conditions is not None:
+            self.node_conditions.evaluate(now)
+        return 0 if self.verdict_events is None else self.verdict_events.evaluate(now)
 
     def untaint_accelerators(self, now: float | None = None) -> int:
-        """Scheduler job: untaint each accelerator ``isolate_accelerator`` took out of service once its verdict
-        has been healthy for the rule's ``untaint_after`` (remediation/actions.py); the leader only."""
-        if self.kube is None or self.dry_run or (self.leader is not None and not self.leader.is_leader):
+        """Scheduler job: delete each DeviceTaintRule ``isolate_accelerator`` created once its GPU's verdict
+        has been healthy for the rule's ``untaint_after`` (remediation/isolate.py); the leader only.  A
+        dry-run engine deletes only its dry-run rules (``effect: None``)."""
+        if self.kube is None or (self.leader is not None and not self.leader.is_leader):
             return 0
         events = self.settings.kubernetes.events_namespace if self.settings.kubernetes.events else None
-        return len(act.untaint_healthy_accelerators(self.store, self.kube, time.time() if now is None else now,
-                                                    self.stale_s, events))
+        return len(isolate.release_healthy(self.store, self.kube, time.time() if now is None else now,
+                                           self.stale_s, events, dry_run=self.dry_run))
 
     def refresh_workloads(self, now: float | None = None) -> int:
         """Scheduler job: resolve the pods the agent's per-accelerator series name (workload label left

@@ -1,7 +1,8 @@
 """The Kubernetes adapter: the only module of triscope that imports ``kubernetes``.
 
 A small set of verbs (``restart_deployment``, ``rollout_status``, ``cordon``, ``uncordon``,
-``evict``, ``set_preferred_node``, ``set_configmap_keys``, ``post_event``, ``pod_owner``, leases) over
+``evict``, ``set_preferred_node``, ``set_configmap_keys``, ``post_event``, ``pod_owner``, leases, DRA's
+``resource_slices`` and ``DeviceTaintRule``s, a node condition) over
 the official client, and the project's own error types so callers never see ``ApiException`` or
 urllib3 errors.  The client's untyped JSON stays in this module: objects read come back as typed
 views (``Deployment``, ``Node``, ``ConfigMap``) and verbs answer typed results (``TypedDict``s, so
@@ -24,16 +25,13 @@ from dataclasses import dataclass, field
 from typing import Any, NotRequired, TypedDict, TypeVar
 
 from triscope.core.timeparse import format_rfc3339
+from triscope.remediation import dra
 
 log = logging.getLogger(__name__)
 
 RESTARTED_AT = "kubectl.kubernetes.io/restartedAt"  # what `kubectl rollout restart` sets
 CORDONED_BY = "triscope.io/cordoned-by"
 CORDONED_AT = "triscope.io/cordoned-at"
-DEVICE_TAINTS = "triscope.io/device-taints"
-"""A Node annotation: JSON ``{accelerator: {effect, state, since, rule, untaint_after, by}}``, the devices of
-that node triscope took out of service (``isolate_accelerator``).  What a scheduler extender or a device
-plugin's health check reads; removed entry by entry once the verdict has been healthy long enough."""
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 CONTROL_PLANE_KEYS = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
 BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
@@ -185,23 +183,22 @@ class CordonResult(TypedDict):
     note: NotRequired[str]
 
 
-class DeviceTaint(TypedDict, total=False):
-    """One accelerator's entry in a node's ``DEVICE_TAINTS`` annotation."""
+class RuleWrite(TypedDict):
+    """What ``create_device_taint_rule`` did: ``created``, or found the engine's own rule (``adopted``,
+    its effect as found) or a rule of that name someone else owns (``not_ours``)."""
 
+    name: str
+    result: str                  # created | adopted | not_ours
     effect: str
-    state: str
-    since: str
-    since_ts: float
-    rule: str
-    untaint_after: float
-    by: str
+    api_version: str
 
 
-class DeviceTaintResult(TypedDict):
+class NodeConditionWrite(TypedDict):
     node: str
-    accelerator: str
-    result: str                  # tainted | untainted | already_tainted | not_tainted
-    taint: NotRequired[DeviceTaint]
+    type: str
+    status: str
+    reason: str
+    changed: bool
 
 
 class ConfigMapWrite(TypedDict):
@@ -260,19 +257,17 @@ class Node:
     unschedulable: bool = False
     ready: bool = True
     taints: tuple[Taint, ...] = ()
-    device_taints: dict[str, DeviceTaint] = field(default_factory=dict)
+    conditions: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, raw: Mapping[str, Any]) -> Node:
         meta = raw.get("metadata") or {}
-        ready = True
-        for c in (raw.get("status") or {}).get("conditions") or []:
-            if c.get("type") == "Ready":
-                ready = c.get("status") == "True"
-                break
+        conditions = {str(c.get("type")): _str_map(c) for c in (raw.get("status") or {}).get("conditions") or []
+                      if isinstance(c, dict) and c.get("type")}
+        ready = conditions.get("Ready", {}).get("status", "True") == "True"
         return cls(str(meta.get("name") or ""), _str_map(meta.get("labels")), _str_map(meta.get("annotations")),
                    bool((raw.get("spec") or {}).get("unschedulable")), ready,
-                   tuple(Taint.of(t) for t in node_taints(raw)), device_taints(raw))
+                   tuple(Taint.of(t) for t in node_taints(raw)), conditions)
 
     @property
     def control_plane(self) -> bool:
@@ -345,6 +340,9 @@ SHIPPED_GRANTS: dict[tuple[str, str], list[tuple[tuple[str, ...], str]]] = {
     ("", "configmaps"): [(("get", "create", "update"), _WORKLOADS)],
     ("", "events"): [(("create",), _WORKLOADS), (("create",), _LEADER)],
     ("", "nodes"): [(("get", "list", "update"), _NODES)],
+    ("", "nodes/status"): [(("patch",), _NODES)],
+    ("resource.k8s.io", "resourceslices"): [(("list",), _NODES)],
+    ("resource.k8s.io", "devicetaintrules"): [(("get", "list", "create", "delete"), _NODES)],
     ("coordination.k8s.io", "leases"): [(("create",), _LEADER),
                                         (("get", "update"), _LEADER + " (the Lease triscope-remediation only)")],
 }
@@ -408,31 +406,6 @@ def tolerates(tolerations: list[dict[str, Any]], taint: dict[str, Any]) -> bool:
     return any(Toleration.of(tol).tolerates(t) for tol in tolerations or [])
 
 
-def device_taints(node: Mapping[str, Any]) -> dict[str, DeviceTaint]:
-    """The devices of a Node (its JSON) triscope tainted: its ``DEVICE_TAINTS`` annotation ({} when none
-    or unreadable)."""
-    raw = ((node.get("metadata") or {}).get("annotations") or {}).get(DEVICE_TAINTS)
-    try:
-        got = json.loads(raw) if raw else {}
-    except ValueError:
-        return {}
-    if not isinstance(got, dict):
-        return {}
-    return {str(a): _device_taint(v) for a, v in got.items() if isinstance(v, dict)}
-
-
-def _device_taint(v: dict[str, Any]) -> DeviceTaint:
-    def text(key: str) -> str:
-        return v[key] if isinstance(v.get(key), str) else ""
-
-    def number(key: str) -> float:
-        x = v.get(key)
-        return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else 0.0
-
-    return {"effect": text("effect"), "state": text("state"), "since": text("since"), "since_ts": number("since_ts"),
-            "rule": text("rule"), "untaint_after": number("untaint_after"), "by": text("by")}
-
-
 def controller_of(obj: dict[str, Any]) -> tuple[str, str] | None:
     """(kind, name) of the object's managing controller: the ownerReference with ``controller: true``
     (at most one, the API server enforces it), else the only ownerReference; None when it has none."""
@@ -466,6 +439,7 @@ class KubeAdapter:
         self.timeout = (3.0, 15.0)
         self._refused: dict[str, float] = {}     # each refusal's line, logged once a minute at most
         self._refused_lock = threading.Lock()
+        self._dra: dict[str, str] | None = None  # resource.k8s.io resource -> version served (dra_versions)
 
     # construction ----------------------------------------------------------------------------------
     @classmethod
@@ -734,33 +708,6 @@ class KubeAdapter:
 
         return retry_on_conflict(attempt, f"node {name} (cordoning it)")
 
-    def set_device_taint(self, name: str, accelerator: str, taint: DeviceTaint | None) -> DeviceTaintResult:
-        """Add (``taint``) or remove (None) one device's entry in the node's ``DEVICE_TAINTS`` annotation;
-        read-modify-replace on resourceVersion, retried on a conflict.  The node's own taints, cordon
-        and other annotations are left as they are."""
-        def attempt() -> DeviceTaintResult:
-            node = self._node(name)
-            taints = device_taints(node)
-            before = taints.get(accelerator)
-            if taint is None and before is None:
-                return {"node": name, "accelerator": accelerator, "result": "not_tainted"}
-            if taint is not None and before is not None:
-                return {"node": name, "accelerator": accelerator, "result": "already_tainted", "taint": before}
-            if taint is None:
-                taints.pop(accelerator, None)
-            else:
-                taints[accelerator] = taint
-            ann = dict(node.get("metadata", {}).get("annotations") or {})
-            if taints:
-                ann[DEVICE_TAINTS] = json.dumps(taints, sort_keys=True)
-            else:
-                ann.pop(DEVICE_TAINTS, None)
-            node["metadata"]["annotations"] = ann
-            self._call(self.core.replace_node, name, node)
-            return {"node": name, "accelerator": accelerator, "result": "tainted" if taint is not None else "untainted"}
-
-        return retry_on_conflict(attempt, f"node {name} (setting its device taints)")
-
     def uncordon(self, name: str, *, by: str) -> CordonResult:
         """Undo our own cordon; never uncordons a node cordoned by someone else."""
         def attempt() -> CordonResult:
@@ -779,6 +726,105 @@ class KubeAdapter:
             return {"node": name, "result": "uncordoned"}
 
         return retry_on_conflict(attempt, f"node {name} (uncordoning it)")
+
+    def set_node_condition(self, name: str, type_: str, status: str, reason: str, message: str) -> NodeConditionWrite:
+        """Set a condition of the node's ``status.conditions``, Node Problem Detector style: a strategic
+        merge patch of ``nodes/status`` (conditions merge by ``type``: the others are left as they are).
+        ``lastTransitionTime`` moves only when ``status`` changes; nothing is written when status, reason
+        and message are already those (RBAC: ``get`` on nodes, ``patch`` on ``nodes/status``)."""
+        cur = self.get_node(name).conditions.get(type_)
+        if cur is not None and (cur.get("status"), cur.get("reason"), cur.get("message")) == (status, reason, message):
+            return {"node": name, "type": type_, "status": status, "reason": reason, "changed": False}
+        now = _now_rfc3339()
+        moved = cur is None or cur.get("status") != status
+        cond = {"type": type_, "status": status, "reason": reason, "message": message[:1024],
+                "lastHeartbeatTime": now,
+                "lastTransitionTime": now if moved else (cur or {}).get("lastTransitionTime") or now}
+        self._call(self.core.patch_node_status, name, {"status": {"conditions": [cond]}}, _content_type=SMP)
+        return {"node": name, "type": type_, "status": status, "reason": reason, "changed": True}
+
+    # DRA: ResourceSlices and DeviceTaintRules (resource.k8s.io) --------------------------------------
+    def _resource_api(self, version: str) -> Any:
+        from kubernetes import client  # lazy: see __init__
+
+        return client.ResourceV1Api(self._api) if version == "v1" else client.ResourceV1beta2Api(self._api)
+
+    def dra_versions(self) -> dict[str, str]:
+        """{resource: version}: the ``resource.k8s.io`` version (``dra.VERSIONS``, preferred first) that
+        serves ``resourceslices`` and ``devicetaintrules``, from API discovery (open to every
+        authenticated user); a resource no version serves is missing.  Asked once per adapter."""
+        with self._refused_lock:
+            known = self._dra
+        if known is not None:
+            return known
+        found: dict[str, str] = {}
+        for version in dra.VERSIONS:
+            try:
+                listed = self._call(self._resource_api(version).get_api_resources)
+            except NotFound:
+                continue
+            for r in listed.get("resources") or []:
+                if r.get("name") in ("resourceslices", "devicetaintrules"):
+                    found.setdefault(str(r["name"]), version)
+        with self._refused_lock:
+            self._dra = found
+        return found
+
+    def resource_slices(self, node: str) -> list[dict[str, Any]]:
+        """The ``ResourceSlice``s of ``node`` (field selector ``spec.nodeName``); [] where DRA is not served."""
+        version = self.dra_versions().get("resourceslices")
+        if version is None:
+            return []
+        api = self._resource_api(version)
+        return list(self._call(api.list_resource_slice, field_selector=f"spec.nodeName={node}").get("items") or [])
+
+    def _rules_api(self) -> tuple[Any, str]:
+        version = self.dra_versions().get("devicetaintrules")
+        if version is None:
+            raise NotFound("this API server serves no DeviceTaintRule (resource.k8s.io v1 from Kubernetes 1.37, "
+                           "v1beta2 in 1.36 with the DRADeviceTaintRules feature gate)", status=404,
+                           reason="NotFound")
+        return self._resource_api(version), version
+
+    def create_device_taint_rule(self, body: dict[str, Any]) -> RuleWrite:
+        """Create the rule ``body`` (``dra.rule_body``); a rule of that name already there (409) is read:
+        the engine's own (its labels) is adopted as it is, anyone else's is left alone (``not_ours``)."""
+        api, version = self._rules_api()
+        body = {**body, "apiVersion": f"{dra.GROUP}/{version}"}
+        name = body["metadata"]["name"]
+        try:
+            self._call(api.create_device_taint_rule, body)
+            return {"name": name, "result": "created", "effect": body["spec"]["taint"]["effect"],
+                    "api_version": version}
+        except AlreadyExists:
+            found = self.get_device_taint_rule(name)
+            return {"name": name, "result": "adopted" if found.ours else "not_ours", "effect": found.effect,
+                    "api_version": version}
+
+    def get_device_taint_rule(self, name: str) -> dra.TaintRule:
+        api, _ = self._rules_api()
+        return dra.TaintRule.of(self._call(api.read_device_taint_rule, name))
+
+    def device_taint_rules(self) -> list[dra.TaintRule]:
+        """The rules the engine wrote (listed by its labels); [] where DeviceTaintRules are not served."""
+        if "devicetaintrules" not in self.dra_versions():
+            return []
+        api, _ = self._rules_api()
+        items = self._call(api.list_device_taint_rule, label_selector=dra.RULE_SELECTOR).get("items") or []
+        return [dra.TaintRule.of(r) for r in items]
+
+    def delete_device_taint_rule(self, name: str, uid: str = "") -> bool:
+        """Delete the rule (with ``uid`` as a precondition: never a rule re-created by someone else since it
+        was read); False when it was already gone."""
+        from kubernetes import client  # lazy: see __init__
+
+        api, _ = self._rules_api()
+        opts = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)) if uid else None
+        try:
+            self._call(api.delete_device_taint_rule, name, body=opts)
+        except NotFound:
+            return False
+        return True
 
     # configmaps ------------------------------------------------------------------------------------
     def get_configmap(self, namespace: str, name: str) -> ConfigMap:

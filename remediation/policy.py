@@ -12,6 +12,7 @@ from the validated models.  See ``deploy/policy.example.yaml`` and ``docs/remedi
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import os
 import re
@@ -37,8 +38,10 @@ from triscope.core.configfile import (
 from triscope.core.configfile import validate as validate_config
 from triscope.core.durations import Duration
 from triscope.core.labels import Matcher
-from triscope.core.metrics import spec
+from triscope.core.metrics import CATALOGUE, spec
 from triscope.remediation.actions import (
+    PLACEHOLDERS,
+    TARGET_PLACEHOLDERS,
     CommandParams,
     DependencyFallbackParams,
     IsolateAcceleratorParams,
@@ -184,9 +187,25 @@ def _rule_name(value: str) -> str:
     return value
 
 
+EXPORTED_NOT_STORED = ("triscope_process_cpu_seconds_total", "triscope_process_virtual_memory_bytes",
+                       "triscope_process_resident_memory_bytes", "triscope_process_start_time_seconds")
+"""What the agent's /metrics shows beside the catalogue: its process's CPU and memory (prometheus_client's
+ProcessCollector names), rendered at scrape time and not stored (tests/e2e/test_remediation_metric_catalogue.py
+checks this against a live agent)."""
+
+
 def _metric_name(value: str) -> str:
     if not _METRIC.fullmatch(value):
         raise ValueError(f"{show(value)} is not a metric name")
+    if value in EXPORTED_NOT_STORED:
+        raise ValueError(f"{show(value)} is the agent's own process metric, exported for Prometheus only and never "
+                         "stored: a metric trigger reads the store, so it could never fire (alert on it instead)")
+    if value.startswith("triscope_") and spec(value) is None:
+        # the agent exports only catalogued names: a misspelt one would never fire
+        close = difflib.get_close_matches(value, list(CATALOGUE), n=3, cutoff=0.6)
+        raise ValueError(f"{show(value)} is not a triscope metric (triscope/core/metrics.py lists every one the agent "
+                         "exports; an application's own metrics do not start with triscope_)"
+                         + (f"; did you mean {', '.join(close)}?" if close else ""))
     return value
 
 
@@ -226,6 +245,31 @@ def _xid_codes(value: Any) -> tuple[int, ...]:
 
 def _labels(value: Any) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(str_map(value, what="label").items()))
+
+
+_SHELLS = re.compile(r"^((ba|da|z|k|a|c|tc|fi|mk|yash|lk)?sh|busybox)$")
+_INTERPRETERS = {"python": "-c", "perl": "-e", "ruby": "-e", "node": "-e", "php": "-r", "lua": "-e", "awk": ""}
+
+
+def _inline_script(argv: list[str]) -> str:
+    """``sh -c`` (``python3 -c``, ``perl -e``...) when the argv runs a script given inline, through ``env``
+    too; '' when it does not."""
+    words = list(argv)
+    while words and os.path.basename(words[0]) == "env":
+        words = words[1:]
+        while words and (words[0].startswith("-") or "=" in words[0]):   # env's options, VAR=value
+            words = words[1:]
+    if not words:
+        return ""
+    prog = os.path.basename(words[0])
+    base = re.sub(r"[0-9.]+$", "", prog)
+    flags = [w for w in words[1:] if w.startswith("-") and not w.startswith("--")]
+    if _SHELLS.match(prog) and any("c" in f[1:] for f in flags):
+        return f"{prog} -c"
+    opt = _INTERPRETERS.get(base)
+    if opt is not None and (opt == "" or any(opt[1] in f[1:] for f in flags)):
+        return f"{prog} {opt}".strip()
+    return ""
 
 
 # the file: triggers ------------------------------------------------------------------------------
@@ -355,8 +399,34 @@ class _RuleModel(ConfigModel):
                 raise problem(f"action {self.action} needs target.{need} (a name or {{label: LABEL}})", "target")
         if scope == "verdict":
             self._targets_from_the_verdict()
+        if isinstance(self.params, CommandParams):
+            self._command_carries_its_target(scope == "verdict")
         self._target_can_resolve()
         return self
+
+    def _command_carries_its_target(self, verdict: bool) -> None:
+        """A ``command``'s placeholders name target fields the rule has; on a verdict trigger its argv
+        carries the target (a placeholder) or the rule says ``literal_targets: true``: ``kubectl rollout
+        restart deploy/x`` would act on a workload the verdict did not name."""
+        assert isinstance(self.params, CommandParams)
+        p = self.params
+        for name in p.uses:
+            if name in TARGET_PLACEHOLDERS and getattr(self.target, name) is None:
+                raise problem(f"the argv uses {{{name}}}: give target.{name}"
+                              + (" ({from: workload})" if name == "deployment" else f" ({{label: {name}}})"), "params",
+                              "argv")
+        if not verdict or p.literal_targets:
+            return
+        what = self._what_fires()
+        script = _inline_script(p.argv)
+        if script:
+            raise problem(f"{what} acts only on what it names: {script} runs a script whose targets the engine cannot "
+                          "check; run the program itself with the target in a placeholder, or say "
+                          "params.literal_targets: true", "params", "argv")
+        if not p.uses:
+            raise problem(f"{what} acts only on what it names: this command's argv carries no target; put it in a "
+                          "placeholder (" + ", ".join(f"{{{n}}}" for n in PLACEHOLDERS) + "), or say "
+                          "params.literal_targets: true (shown in the audit and the Event)", "params", "argv")
 
     def _trigger_scope(self) -> str:
         """``verdict``: the trigger fires for one accelerator or workload (a mismatch state, an XID, a

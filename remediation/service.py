@@ -58,9 +58,10 @@ def build_scheduler(engine: Engine) -> Any:
     if engine.kube is not None and any(r.action == "isolate_accelerator" for r in engine.policy.rules):
         sched.add_job(_db_guarded(engine.untaint_accelerators), "interval", seconds=max(5.0, s.evaluate_interval_s),
                       id="untaint-accelerators", name="untaint accelerators whose verdict is healthy again")
-    if engine.verdict_events is not None:
+    if engine.verdict_events is not None or engine.node_conditions is not None:
         sched.add_job(_db_guarded(engine.announce_verdicts), "interval", seconds=s.evaluate_interval_s,
-                      id="verdict-events", name="post the verdicts that would page as Kubernetes Events",
+                      id="verdict-events", name="post the verdicts that would page as Kubernetes Events and "
+                      "node conditions",
                       next_run_time=now)
     if engine.kube is not None:
         sched.add_job(_db_guarded(engine.refresh_workloads), "interval", seconds=max(30.0, s.evaluate_interval_s),

@@ -70,6 +70,7 @@ class KubeSettings:
     events: bool = True
     events_namespace: str = "default"
     verdict_events: bool = True     # Events on the pod and node when a verdict would page (verdict_events.py)
+    node_condition: bool = True     # the AcceleratorCoordinationDegraded node condition (node_condition.py)
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,7 @@ class KubernetesModel(ConfigModel):
     events: bool = True
     events_namespace: Text = "default"
     verdict_events: bool = True
+    node_condition: bool = True
 
     @model_validator(mode="after")
     def _url_given(self) -> KubernetesModel:
@@ -194,7 +196,7 @@ class SettingsModel(ConfigModel):
             evaluate_interval_s=max(0.2, self.evaluate_interval), dedupe_retention_s=self.dedupe_retention,
             engine_id=self.engine_id or f"{socket.gethostname()}-{os.getpid()}",
             kubernetes=KubeSettings(k.mode, k.kubeconfig, k.context, k.url, k.token_file, k.ca_file, k.verify_ssl,
-                                    k.events, k.events_namespace, k.verdict_events),
+                                    k.events, k.events_namespace, k.verdict_events, k.node_condition),
             leader_election=LeaderSettings(le.enabled, le.namespace, le.lease, le.lease_duration, le.renew_every),
             workers=self.workers, slo_file=slo_file, node_names=tuple(self.node_names or ()),
             node_selector=self.node_selector, workload_ttl_s=self.workload_ttl)

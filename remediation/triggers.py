@@ -49,7 +49,7 @@ from triscope.core.vocabulary import (
     accelerator_name,
 )
 from triscope.remediation import filefallback
-from triscope.remediation.actions import CommandParams, DependencyFallbackParams
+from triscope.remediation.actions import TARGET_PLACEHOLDERS, CommandParams, DependencyFallbackParams
 from triscope.remediation.filefallback import KnobsFileParams
 from triscope.remediation.policy import OPS, Matcher, Rule, Trigger
 from triscope.remediation.targets import per_workload
@@ -179,6 +179,16 @@ def resolve_rule_target(rule: Rule, labels: Mapping[str, str], resolver: Workloa
             return TargetResolution(target, "the trigger names no accelerator (no gpu or npu label): nothing to isolate")
         target["accelerator"] = acc
         target["state"] = labels.get("state") or rule.trigger.state or rule.trigger.kind
+    if isinstance(rule.params, CommandParams):
+        for name in rule.params.uses:
+            if name in TARGET_PLACEHOLDERS:
+                continue    # a target field: resolved above (or below, {from: workload})
+            v = labels.get(name) or ""
+            if not v:
+                return TargetResolution(target, f"the argv's {{{name}}}: the trigger has no {name!r} label")
+            if v.startswith("-") or len(v) > 253 or not _K8S_NAME.match(v):
+                return TargetResolution(target, f"the argv's {{{name}}}: {v!r} is not a valid Kubernetes name")
+            target[name] = v
     fld = rule.workload_field
     if fld is None:
         return TargetResolution(target)
@@ -214,6 +224,10 @@ def target_key(rule: Rule, target: Mapping[str, str]) -> tuple[str, str]:
                 f"deployment {target['namespace']}/{target['deployment']} off node {target['node']}")
     where = target.get("node", "local")
     program = p.argv[0] if isinstance(p, CommandParams) else a
+    carried = [f"{n}={target[n]}" for n in (p.uses if isinstance(p, CommandParams) else []) if n != "node" and n in target]
+    if carried:   # one cooldown per target the argv carries
+        return (f"command/{where}/{rule.name}/{','.join(carried)}",
+                f"command {program} for {' '.join(carried)} on {where}")
     return f"command/{where}/{rule.name}", f"command {program} for {where}"
 
 

@@ -65,6 +65,29 @@ def _duration(s: float) -> str:
     return f"{m}m{int(s % 60):02d}s" if m else f"{int(s)}s"
 
 
+def verdict_reasons(store: StoreReader, run: VerdictRun) -> list[str]:
+    """The verdict's reasons (its chain, first the deciding one) when the accelerator entered the run's
+    state: the tracker's ``accelerator_state`` event nearest the run's start; [] when none was stored."""
+    try:
+        evs = store.events(node=run.node, start=run.start - 120.0, end=run.start + 120.0,
+                           kinds=["accelerator_state"], limit=200)
+    except Exception as e:  # noqa: BLE001 - an Event without the reason beats no Event
+        log.warning("verdict events: cannot read the verdict's reasons: %s", e)
+        return []
+    best: tuple[float, list[str]] | None = None
+    for ev in evs:
+        d = ev.details or {}
+        labels = d.get("labels") or {}
+        if d.get("to") != run.state or not d.get("reasons"):
+            continue
+        if not all(labels.get(a) == v for a, v in accelerator_labels(run.accelerator).items()):
+            continue
+        gap = abs(ev.ts - run.start)
+        if best is None or gap < best[0]:
+            best = (gap, [str(r) for r in d["reasons"]])
+    return best[1] if best else []
+
+
 class VerdictEvents:
     """Posts the verdict's paging changes as Kubernetes Events (``evaluate`` every evaluation)."""
 
@@ -126,24 +149,8 @@ class VerdictEvents:
 
     def _first_reason(self, run: VerdictRun) -> str:
         """The verdict's own first reason when the accelerator entered this state."""
-        try:
-            evs = self.store.events(node=run.node, start=run.start - 120.0, end=run.start + 120.0,
-                                    kinds=["accelerator_state"], limit=200)
-        except Exception as e:  # noqa: BLE001 - an Event without the reason beats no Event
-            log.warning("verdict events: cannot read the verdict's reasons: %s", e)
-            return ""
-        best: tuple[float, str] | None = None
-        for ev in evs:
-            d = ev.details or {}
-            labels = d.get("labels") or {}
-            if d.get("to") != run.state or not d.get("reasons"):
-                continue
-            if not all(labels.get(a) == v for a, v in accelerator_labels(run.accelerator).items()):
-                continue
-            gap = abs(ev.ts - run.start)
-            if best is None or gap < best[0]:
-                best = (gap, str(d["reasons"][0]))
-        return best[1] if best else ""
+        reasons = verdict_reasons(self.store, run)
+        return reasons[0] if reasons else ""
 
     # posting -------------------------------------------------------------------------------------
     def _objects(self, run: VerdictRun) -> list[tuple[str, dict[str, str]]]:

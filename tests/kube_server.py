@@ -26,6 +26,19 @@ cluster).  This server speaks the same URLs, verbs, content types, ``Status`` er
   template tolerates.
 * ``v1`` configmaps, ``coordination.k8s.io/v1`` leases, ``v1`` events: get / list / create (409
   AlreadyExists) / replace (409 Conflict) / patch / delete.
+* ``resource.k8s.io`` (DRA): ``resourceslices`` (get / list with the ``spec.nodeName`` field selector /
+  create / replace / delete) and cluster-scoped ``devicetaintrules`` (get / list by label / create /
+  replace / delete with a ``uid`` precondition), served as ``v1`` (``kubernetes="1.37"``, the default)
+  or, as in 1.36, ``devicetaintrules`` in ``v1beta2`` only (``kubernetes="1.36"``), or not at all
+  (``kubernetes="1.33"``: a device-plugin cluster); their discovery documents (``/apis/resource.k8s.io/v1``).
+  Every object written is validated against the published OpenAPI schema of that release
+  (``kubernetes-validate``'s ``1.37.0`` / ``1.36.0``, strict) and the API server's own checks the
+  schema cannot say (a taint's effect, key and value; one of ``nodeName`` / ``nodeSelector`` /
+  ``allNodes`` / ``perDeviceNodeSelection``; a DNS-subdomain name): 422 ``Invalid`` otherwise.  A stand-in
+  for kube-controller-manager's device taint eviction controller: pods registered as holding a device
+  (``allocate``, what a ResourceClaim's allocation says) are deleted when a ``NoExecute`` rule selects
+  it, and an ``effect: None`` rule's ``status.conditions`` says how many would be.
+* ``v1`` ``nodes/status``: get / patch (strategic merge: conditions by ``type``).
 * Bearer-token authentication (401 ``Unauthorized``) when a token is set; with ``users`` (token ->
   user name, e.g. ``system:serviceaccount:triscope:triscope-engine``) and ``rbac`` (a
   ``kube_rbac.Rbac`` of ClusterRoles / Roles / bindings, e.g. the shipped ones), every request is
@@ -48,6 +61,7 @@ import socket
 import string
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -67,7 +81,20 @@ RESOURCES: dict[str, tuple[str, str, bool]] = {
     "namespaces": ("v1", "Namespace", False),
     "leases": ("coordination.k8s.io/v1", "Lease", True),
     "poddisruptionbudgets": ("policy/v1", "PodDisruptionBudget", True),
+    "resourceslices": ("resource.k8s.io/v1", "ResourceSlice", False),
+    "devicetaintrules": ("resource.k8s.io/v1", "DeviceTaintRule", False),
 }
+DRA = ("resourceslices", "devicetaintrules")
+# the resource.k8s.io versions each release serves these two in (what discovery lists)
+DRA_SERVED: dict[str, dict[str, tuple[str, ...]]] = {
+    "1.37": {"resourceslices": ("v1", "v1beta2"), "devicetaintrules": ("v1", "v1beta2")},
+    "1.36": {"resourceslices": ("v1", "v1beta2"), "devicetaintrules": ("v1beta2",)},
+    "1.33": {},
+}
+SCHEMA_RELEASE = {"1.37": "1.37.0", "1.36": "1.36.0"}
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_LABEL_NAME = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 # lists merged by key in a strategic merge patch (subset of the Kubernetes patchMergeKey tags)
 MERGE_KEYS = {
@@ -264,8 +291,12 @@ class KubeTestServer:
     """Start with ``KubeTestServer().start()``; ``url`` for the client, ``stop()`` at the end."""
 
     def __init__(self, token: str | None = None, host: str = "127.0.0.1", port: int = 0,
-                 rollout_delay: float = 0.2, *, users: dict[str, str] | None = None, rbac: Rbac | None = None) -> None:
+                 rollout_delay: float = 0.2, *, users: dict[str, str] | None = None, rbac: Rbac | None = None,
+                 kubernetes: str = "1.37") -> None:
         self.token = token
+        self.release = kubernetes
+        self.dra_served = DRA_SERVED[kubernetes]
+        self.holders: dict[tuple[str, str, str], list[tuple[str, str]]] = {}   # device -> pods its claims allocate
         self.users = dict(users or {})   # bearer token -> user (with rbac)
         self.rbac = rbac
         self.rollout_delay = rollout_delay
@@ -442,6 +473,133 @@ class KubeTestServer:
     def calls(self, method: str | None = None, path_contains: str = "") -> list[Request]:
         with self.lock:
             return [r for r in self.requests if (method is None or r.method == method) and path_contains in r.path]
+
+    # DRA (resource.k8s.io) ------------------------------------------------------------------------
+    def add_resource_slice(self, node: str, driver: str, pool: str, devices: list[dict[str, Any]],
+                           generation: int = 1, name: str | None = None) -> dict[str, Any]:
+        """A ``ResourceSlice`` as a DRA driver publishes it for ``node`` (validated like a create)."""
+        body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                "metadata": {"name": name or f"{node}-{driver.split('.')[0]}-{pool}-{generation}".lower()},
+                "spec": {"driver": driver, "nodeName": node, "devices": devices,
+                         "pool": {"name": pool, "generation": generation, "resourceSliceCount": 1}}}
+        with self.lock:
+            self._validate_dra("resourceslices", "resource.k8s.io/v1", body)
+            return self.put("resourceslices", body)
+
+    def allocate(self, namespace: str, pod: str, driver: str, pool: str, device: str) -> None:
+        """``pod`` holds the device (what its ResourceClaim's ``status.allocation`` would say): the device
+        taint eviction controller stand-in evicts it under a ``NoExecute`` rule."""
+        with self.lock:
+            self.holders.setdefault((driver, pool, device), []).append((namespace, pod))
+
+    def _served(self, res: str) -> tuple[str, ...]:
+        if res in DRA:
+            return tuple(f"resource.k8s.io/{v}" for v in self.dra_served.get(res, ()))
+        return (RESOURCES[res][0],)
+
+    def _discovery(self, path: str) -> dict[str, Any] | None:
+        """``/apis/resource.k8s.io`` (APIGroup) and ``/apis/resource.k8s.io/VERSION`` (APIResourceList)."""
+        p = path.rstrip("/")
+        versions = sorted({v for vs in self.dra_served.values() for v in vs}, key=("v1", "v1beta2").index)
+        if p == "/apis/resource.k8s.io" and versions:
+            gvs = [{"groupVersion": f"resource.k8s.io/{v}", "version": v} for v in versions]
+            return {"kind": "APIGroup", "apiVersion": "v1", "name": "resource.k8s.io", "versions": gvs,
+                    "preferredVersion": gvs[0]}
+        m = re.fullmatch(r"/apis/resource\.k8s\.io/(v1|v1beta2)", p)
+        if m is None or m[1] not in versions:
+            return None
+        listed = [{"name": res, "singularName": RESOURCES[res][1].lower(), "namespaced": False,
+                   "kind": RESOURCES[res][1], "verbs": ["create", "delete", "deletecollection", "get", "list", "patch",
+                                                        "update", "watch"]}
+                  for res in DRA if m[1] in self.dra_served.get(res, ())]
+        return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": f"resource.k8s.io/{m[1]}",
+                "resources": listed}
+
+    @staticmethod
+    def _as_version(obj: dict[str, Any], gv: str) -> dict[str, Any]:
+        """An object as the version asked for answers it (DeviceTaintRule and ResourceSlice have the same
+        fields in v1 and v1beta2)."""
+        if obj.get("apiVersion", "").startswith("resource.k8s.io/"):
+            obj = {**obj, "apiVersion": gv}
+        return obj
+
+    def _validate_dra(self, res: str, gv: str, body: Any) -> dict[str, Any]:
+        """The published OpenAPI schema of this release (kubernetes-validate, strict), then the API server's
+        own validation of what the schema does not say; 422 Invalid with the reason otherwise."""
+        import kubernetes_validate
+
+        body = self._validate(res, body)
+        body = {**body, "apiVersion": gv, "kind": RESOURCES[res][1]}
+        try:
+            kubernetes_validate.validate(copy.deepcopy(body), SCHEMA_RELEASE[self.release], strict=True)
+        except kubernetes_validate.ValidationError as e:
+            raise ApiError(422, "Invalid", f'{RESOURCES[res][1]}.resource.k8s.io "{body["metadata"].get("name")}" '
+                           f"is invalid: {'.'.join(map(str, e.path))}: {e.message}") from None
+        name = str(body["metadata"].get("name") or "")
+        problems = [] if _DNS_SUBDOMAIN.match(name) and len(name) <= 253 else [
+            f"metadata.name: Invalid value: {name!r}: a lowercase RFC 1123 subdomain"]
+        spec = body.get("spec") or {}
+        if res == "devicetaintrules":
+            taint = spec.get("taint") or {}
+            if taint.get("effect") not in ("None", "NoSchedule", "NoExecute"):
+                problems.append(f"spec.taint.effect: Unsupported value: {taint.get('effect')!r}: supported values: "
+                                '"NoExecute", "NoSchedule", "None"')
+            if not _LABEL_NAME.match(str(taint.get("key") or "")):
+                problems.append(f"spec.taint.key: Invalid value: {taint.get('key')!r}: a qualified name")
+            if not _LABEL_VALUE.match(str(taint.get("value") or "")) or len(str(taint.get("value") or "")) > 63:
+                problems.append(f"spec.taint.value: Invalid value: {taint.get('value')!r}: a valid label value")
+        else:
+            where = [k for k in ("nodeName", "nodeSelector", "allNodes", "perDeviceNodeSelection") if spec.get(k)]
+            if len(where) != 1:
+                problems.append("spec: Invalid value: exactly one of `nodeName`, `nodeSelector`, `allNodes`, "
+                                "`perDeviceNodeSelection` is required")
+            names = [d.get("name") for d in spec.get("devices") or []]
+            if len(names) != len(set(names)):
+                problems.append("spec.devices: Duplicate value: a device name is unique in its pool")
+        if problems:
+            raise ApiError(422, "Invalid", f'{RESOURCES[res][1]}.resource.k8s.io "{name}" is invalid: '
+                           + "; ".join(problems))
+        return body
+
+    def _published(self) -> list[tuple[str, str, str]]:
+        """(driver, pool, device) of every device published in the newest generation of its pool."""
+        slices = [o for _, o in self.objects.of("resourceslices")]
+        newest: dict[tuple[str, str], int] = {}
+        for o in slices:
+            key = (o["spec"]["driver"], o["spec"]["pool"]["name"])
+            newest[key] = max(newest.get(key, 0), int(o["spec"]["pool"]["generation"]))
+        return [(o["spec"]["driver"], o["spec"]["pool"]["name"], d["name"]) for o in slices
+                if int(o["spec"]["pool"]["generation"]) == newest[(o["spec"]["driver"], o["spec"]["pool"]["name"])]
+                for d in o["spec"].get("devices") or []]
+
+    def _device_taint_controller(self, name: str) -> dict[str, Any]:
+        """kube-controller-manager's part, as far as the tests need it: ``timeAdded`` set; the pods holding a
+        selected device evicted under ``NoExecute``; the ``EvictionInProgress`` condition."""
+        rule = self.objects[("devicetaintrules", "", name)]
+        spec = rule["spec"]
+        spec["taint"].setdefault("timeAdded", _now())
+        sel = spec.get("deviceSelector") or {}
+        chosen = [d for d in self._published()
+                  if all(not sel.get(f) or sel[f] == v for f, v in zip(("driver", "pool", "device"), d, strict=True))]
+        pods = sorted({p for d in chosen for p in self.holders.get(d, [])
+                       if ("pods", p[0], p[1]) in self.objects})
+        effect = spec["taint"]["effect"]
+        if effect == "NoExecute":
+            for ns, pod in pods:
+                obj = self.objects[("pods", ns, pod)]
+                del self.objects[("pods", ns, pod)]
+                self._replace_evicted(obj)
+            message = f"{len(pods)} pods evicted, 0 pending"
+        elif effect == "None":
+            message = (f"{len(pods)} pods would be evicted with effect NoExecute"
+                       + (": " + ", ".join(f"{a}/{b}" for a, b in pods) if pods else ""))
+        else:
+            message = "no eviction: effect NoSchedule"
+        rule["status"] = {"conditions": [{"type": "EvictionInProgress", "status": "False", "reason": "Completed"
+                                          if effect == "NoExecute" else "NotEvicting", "message": message,
+                                          "lastTransitionTime": _now(), "observedGeneration":
+                                          rule["metadata"].get("generation", 1)}]}
+        return copy.deepcopy(rule)
 
     # deployment controller -----------------------------------------------------------------------
     def _schedulable_nodes(self, template_spec: dict[str, Any] | None = None) -> list[str]:
@@ -634,42 +792,73 @@ class KubeTestServer:
             return 200, {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
         if path in ("/version", "/version/"):
             return 200, {"major": "1", "minor": "31", "gitVersion": "v1.31.0-triscope-test"}
+        discovery = self._discovery(path)
+        if discovery is not None:
+            return 200, discovery
         m = _PATH.match(path)
         if not m:
             raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
         gv = m["cv"] or f"{m['group']}/{m['gv']}"
         res, ns, name, sub = m["res"], m["ns"] or "", m["name"], m["sub"]
-        if res not in RESOURCES or RESOURCES[res][0] != gv:
+        if res not in RESOURCES or gv not in self._served(res):
             raise ApiError(404, "NotFound", f"the server could not find the requested resource ({gv} {res})")
         _, kind, namespaced = RESOURCES[res]
         if not namespaced:
             ns = ""
         if sub:
-            return self._subresource(method, res, ns, name or "", sub, body)
+            return self._subresource(method, res, ns, name or "", sub, body, ctype)
+        if res in DRA and method in ("POST", "PUT"):
+            body = self._validate_dra(res, gv, body)
         if name is None:
-            if method == "GET":
-                return 200, self._list(res, ns, kind, gv, query)
-            if method == "POST":
-                return self._create(res, ns, body)
-            raise ApiError(405, "MethodNotAllowed", f"{method} not allowed on a collection")
+            return self._collection(method, res, ns, kind, gv, query, body)
         if method == "GET":
-            return 200, self._must(res, ns, name)
+            return 200, self._as_version(self._must(res, ns, name), gv)
         if method == "PUT":
-            return self._replace(res, ns, name, body)
+            code, obj = self._replace(res, ns, name, body)
+            return code, self._as_version(obj, gv)
         if method == "PATCH":
             return self._patch(res, ns, name, ctype, body)
         if method == "DELETE":
-            obj = self._must(res, ns, name)
-            del self.objects[(res, ns, name)]
-            return 200, obj
+            return 200, self._as_version(self._delete(res, ns, name, body), gv)
         raise ApiError(405, "MethodNotAllowed", f"{method} not allowed")
 
-    def _subresource(self, method: str, res: str, ns: str, name: str, sub: str, body: Any) -> tuple[int, Any]:
-        """The subresources served: a pod's eviction, a deployment's status and scale (read)."""
+    def _collection(self, method: str, res: str, ns: str, kind: str, gv: str, query: dict[str, list[str]],
+                    body: Any) -> tuple[int, Any]:
+        if method == "GET":
+            return 200, self._list(res, ns, kind, gv, query)
+        if method == "POST":
+            code, obj = self._create(res, ns, body)
+            return code, self._as_version(obj, gv)
+        raise ApiError(405, "MethodNotAllowed", f"{method} not allowed on a collection")
+
+    def _delete(self, res: str, ns: str, name: str, body: Any) -> dict[str, Any]:
+        """Delete, honouring a ``DeleteOptions`` body's ``preconditions.uid`` (409 when it is another object)."""
+        obj = self._must(res, ns, name)
+        want = ((body or {}).get("preconditions") or {}).get("uid") if isinstance(body, dict) else None
+        if want and want != obj["metadata"].get("uid"):
+            raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {res} "{name}": Precondition failed: '
+                           f'UID in precondition: {want}, UID in object meta: {obj["metadata"].get("uid")}',
+                           {"name": name, "kind": res})
+        del self.objects[(res, ns, name)]
+        return obj
+
+    def _subresource(self, method: str, res: str, ns: str, name: str, sub: str, body: Any,
+                     ctype: str = "") -> tuple[int, Any]:
+        """The subresources served: a pod's eviction, a deployment's status and scale (read), a node's status."""
         if res == "pods" and sub == "eviction" and method == "POST":
             return self._evict(ns, name, body)
         if res == "deployments" and sub in ("status", "scale") and method == "GET":
             return 200, self._must(res, ns, name)
+        if res == "nodes" and sub == "status" and method == "GET":
+            return 200, self._must(res, ns, name)
+        if res == "nodes" and sub == "status" and method == "PATCH":
+            # the status subresource: only status changes (metadata.resourceVersion still checked)
+            if ctype != "application/strategic-merge-patch+json" and ctype != "application/merge-patch+json":
+                raise ApiError(415, "UnsupportedMediaType", f"unsupported patch type {ctype!r} in this test server")
+            old = self._must(res, ns, name)
+            merged = (strategic_merge if ctype.startswith("application/strategic") else merge_patch)(old, body)
+            new = {**old, "status": merged.get("status", {})}
+            return 200, self._store_update(res, ns, name, old, new)
         raise ApiError(404, "NotFound", f"subresource {sub} not served")
 
     def _list(self, res: str, ns: str, kind: str, gv: str, query: dict[str, list[str]]) -> dict[str, Any]:
@@ -680,7 +869,7 @@ class KubeTestServer:
         if "fieldSelector" in query:
             items = [o for o in items if _match_fields(query["fieldSelector"][0], o)]
         return {"kind": f"{kind}List", "apiVersion": gv, "metadata": {"resourceVersion": self.next_rv()},
-                "items": items}
+                "items": [self._as_version(o, gv) for o in items]}
 
     def _must(self, res: str, ns: str, name: str) -> dict[str, Any]:
         obj = self.objects.get((res, ns, name))
@@ -713,7 +902,11 @@ class KubeTestServer:
             raise ApiError(409, "AlreadyExists", f'{res} "{meta["name"]}" already exists',
                            {"name": meta["name"], "kind": res})
         meta.pop("resourceVersion", None)
+        if res in DRA:
+            meta["uid"] = str(uuid.uuid4())       # a name re-created is another object
         obj = self.put(res, body)
+        if res == "devicetaintrules":
+            obj = self._device_taint_controller(meta["name"])
         if res == "deployments":
             self._replace_pods(self.objects[(res, ns, meta["name"])])
             r = obj["spec"].get("replicas", 1)
@@ -733,6 +926,8 @@ class KubeTestServer:
         if res == "deployments":
             new["status"] = old.get("status", {})
         self.objects[(res, ns, name)] = new
+        if res == "devicetaintrules":
+            self._device_taint_controller(name)
         if res == "deployments" and (new["spec"].get("template") != old["spec"].get("template")
                                      or (old["spec"].get("paused") and not new["spec"].get("paused"))):
             self._start_rollout(ns, name)

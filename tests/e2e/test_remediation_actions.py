@@ -264,20 +264,20 @@ def test_metric_threshold_for_duration_and_mismatch_state(store: Any, srv: KubeT
     trigger: {metric: triscope_gpu_utilization_ratio, op: ">", threshold: 0.9, for: 20s}
     action: command
     target: {node: {label: node}}
-    params: {argv: ["true"]}
+    params: {argv: ["true"], literal_targets: true}
   - name: hot-60s
     trigger: {metric: triscope_gpu_utilization_ratio, op: ">", threshold: 0.9, for: 60s}
     action: command
-    params: {argv: ["true"]}
+    params: {argv: ["true"], literal_targets: true}
   - name: netbound-5s
     trigger: {mismatch: network-bound, for: 5s}
     action: command
     target: {node: {label: node}}
-    params: {argv: ["true"]}
+    params: {argv: ["true"], literal_targets: true}
   - name: netbound-30s
     trigger: {mismatch: network-bound, for: 30s}
     action: command
-    params: {argv: ["true"]}
+    params: {argv: ["true"], literal_targets: true}
 """, dry_run=True)
     assert eng.evaluate_triggers(now) == 2
     assert eng.evaluate_triggers(now + 1) == 0  # the same episode is not queued twice

@@ -321,7 +321,10 @@ EXPECTED_RULES = {
                                   ("", "pods/eviction"): {"create"},
                                   ("", "configmaps"): {"get", "create", "update"},
                                   ("", "events"): {"create"}},
-    "triscope-engine-nodes": {("", "nodes"): {"get", "list", "update"}},
+    "triscope-engine-nodes": {("", "nodes"): {"get", "list", "update"},
+                              ("", "nodes/status"): {"patch"},          # the AcceleratorCoordinationDegraded condition
+                              ("resource.k8s.io", "resourceslices"): {"list"},
+                              ("resource.k8s.io", "devicetaintrules"): {"get", "list", "create", "delete"}},
     "triscope-engine-leader": {("coordination.k8s.io", "leases"): {"create", "get", "update"},
                                ("", "events"): {"create"}},
 }
@@ -344,7 +347,9 @@ def test_rbac_grants_exactly_the_verbs_the_actions_use(rendered: dict[str, list[
         assert _rules(roles[name]) == expected, name
         for r in roles[name]["rules"]:
             assert "*" not in r["verbs"] and "*" not in r["resources"] and "*" not in r["apiGroups"]
-            assert "delete" not in r["verbs"] and "secrets" not in r["resources"]
+            # delete: only the engine's own DeviceTaintRules (a GPU released once healthy)
+            assert "delete" not in r["verbs"] or r["resources"] == ["devicetaintrules"], r
+            assert "secrets" not in r["resources"]
     # get/update on leases limited to the one Lease the engine elects with
     lease_rules = [r for r in roles["triscope-engine-leader"]["rules"] if "leases" in r["resources"]]
     assert all(r.get("resourceNames") == ["triscope-remediation"] for r in lease_rules if "create" not in r["verbs"])

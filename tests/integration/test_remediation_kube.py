@@ -72,7 +72,7 @@ def test_steering_to_a_node_retries_when_the_deployment_changes_under_it(srv: Ku
 @pytest.mark.parametrize("races", [1, 99])
 def test_every_read_modify_write_retries_on_conflict_then_gives_up(srv: KubeTestServer, kube: k.KubeAdapter,
                                                                   races: int) -> None:
-    """Cordon, uncordon, device taints and ConfigMap keys go through the one conflict-retry helper: someone
+    """Cordon, uncordon and ConfigMap keys go through the one conflict-retry helper: someone
     writing the object between our read and our write (409) makes the verb read it again; one who keeps
     doing so makes it give up after 5 tries (8 for a ConfigMap), naming the object, having written nothing."""
     orig = srv._replace
@@ -87,7 +87,6 @@ def test_every_read_modify_write_retries_on_conflict_then_gives_up(srv: KubeTest
     srv._replace = racing_replace  # type: ignore[method-assign]
     srv.put("configmaps", {"metadata": {"name": "deps", "namespace": "inference"}, "data": {"mode": "normal"}})
     verbs = [("node-a", 5, lambda: kube.cordon("node-a", by="triscope")),
-             ("node-a", 5, lambda: kube.set_device_taint("node-a", "gpu=0", {"by": "triscope"})),
              ("deps", 8, lambda: kube.set_configmap_keys("inference", "deps", {"mode": "x"}))]
     for name, tries, verb in verbs:
         left["n"] = races

@@ -5,7 +5,9 @@ The Kubernetes test server authorises every request with kube-apiserver's RBAC r
 targets), the engine authenticated as its ServiceAccount. Every action the engine takes (rolling
 restart with the owner lookup Pod -> ReplicaSet -> Deployment, dependency fallback created and
 reverted, reschedule: node read, candidate list, cordon, pods on the node, preferred affinity,
-eviction; Kubernetes Events on Deployments, ConfigMaps and Nodes; leader election) succeeds with
+eviction; one GPU isolated with a DRA DeviceTaintRule, live and dry-run, and released once healthy;
+the AcceleratorCoordinationDegraded node condition; Kubernetes Events on Deployments, ConfigMaps and
+Nodes; leader election) succeeds with
 exactly the shipped permissions, and taking any single verb out of any shipped rule makes the
 engine's own path meet a 403 for that verb and resource: nothing shipped is unused. A refusal is
 one log line naming the verb, resource, namespace, ServiceAccount, the shipped grant and the fix.
@@ -21,6 +23,7 @@ import pytest
 from kube_rbac import AGENT_USER, ENGINE_USER, Rbac, shipped_rbac
 from kube_server import KubeTestServer, policy_text, webhook_payload
 
+from triscope.core.samples import Sample, Tick
 from triscope.remediation import kube as k
 from triscope.remediation.engine import Engine
 from triscope.remediation.leader import LeaderElector
@@ -51,6 +54,19 @@ RULES = """  - name: restart
     target: {node: {label: node}, namespace: inference, deployment: llm}
     params: {eviction_timeout: 5s, weights: {compute: 1, link: 0, storage: 0}}
     limits: {cooldown: 0s}
+  - name: isolate
+    trigger: {mismatch: staging-bound, for: 60s}
+    action: isolate_accelerator
+    target: {node: {label: node}}
+    params: {untaint_after: 120s}
+    limits: {cooldown: 0s}
+  - name: isolate-dry
+    dry_run: true
+    trigger: {mismatch: staging-bound, for: 60s}
+    action: isolate_accelerator
+    target: {node: {label: node}}
+    params: {untaint_after: 120s}
+    limits: {cooldown: 0s}
   - name: host-command
     dry_run: true
     trigger: {alert: HostBroken}
@@ -70,7 +86,26 @@ def server(rbac: Rbac) -> KubeTestServer:
     srv.add_deployment("inference", "web", replicas=2, nodes=["node-b"])
     srv.add_deployment("inference", "llm", replicas=1, nodes=["node-a"])
     srv.add_deployment("default", "x", replicas=1, nodes=["node-b"])
+    srv.add_resource_slice("node-a", "gpu.nvidia.com", "node-a", [
+        {"name": f"gpu-{i}", "attributes": {"uuid": {"string": f"GPU-{i}"}}} for i in (0, 1)])
     return srv
+
+
+def isolate_gpu_1(store: Any, srv: KubeTestServer, eng: Engine, llm: str) -> None:
+    """GPU 1 of node-a staging-bound for 11 minutes: isolated (live and dry-run), the node's condition
+    set, then the GPU healthy and its DeviceTaintRule released."""
+    now = time.time()
+    store.write_ticks("node-a", [Tick(now - 700 + i * 5, [
+        Sample("triscope_mismatch_state", 1.0, {"gpu": "1", "state": "staging-bound", "namespace": "inference",
+                                                 "pod": llm, "workload": "Deployment/llm"}),
+        Sample("triscope_gpu_info", 1.0, {"gpu": "1", "uuid": "GPU-1", "bus_id": "0000:2a:00.0"})])
+        for i in range(141)], rollup=False)
+    eng.evaluate_triggers(now)
+    assert eng.drain(30)
+    eng.announce_verdicts(now)
+    store.write_ticks("node-a", [Tick(now + 5 + i * 5, [Sample("triscope_mismatch_state", 1.0, {
+        "gpu": "1", "state": "idle"})]) for i in range(40)], rollup=False)
+    eng.untaint_accelerators(now + 150)
 
 
 def run_every_action(store: Any, srv: KubeTestServer) -> dict[str, Any]:
@@ -81,6 +116,7 @@ def run_every_action(store: Any, srv: KubeTestServer) -> dict[str, Any]:
     won = [leader.step(), leader.step()]           # create the Lease, then renew it (get + update)
     eng = Engine(store, parse_policy(policy_text(RULES, SETTINGS), "t.yaml"), kube=kube)
     web_pod = srv.pods_of("inference", "web")[0]["metadata"]["name"]
+    llm_pod = srv.pods_of("inference", "llm")[0]["metadata"]["name"]
     try:
         for labels in ({"alertname": "Restart", "namespace": "inference", "pod": web_pod},
                        {"alertname": "Fallback", "namespace": "inference"},
@@ -88,6 +124,7 @@ def run_every_action(store: Any, srv: KubeTestServer) -> dict[str, Any]:
                        {"alertname": "HostBroken", "node": "node-a"}):
             eng.submit_alerts(webhook_payload([{"labels": labels, "fingerprint": f"fp-{labels['alertname']}"}]))
             assert eng.drain(30)
+        isolate_gpu_1(store, srv, eng, llm_pod)
         reverted = eng.revert_fallbacks(now=time.time() + 7200)    # the TTL ran out: get + update
     finally:
         eng.close()
@@ -104,24 +141,32 @@ def test_every_action_succeeds_with_exactly_the_shipped_rbac(store: Any) -> None
         out = run_every_action(store, srv)
         assert srv.forbidden() == [], [(r.method, r.path) for r in srv.forbidden()]
         assert {rule: o for rule, (o, _) in out["outcomes"].items()} == {
-            "restart": "acted", "fallback": "acted", "move": "acted", "host-command": "dry_run"}, out["outcomes"]
+            "restart": "acted", "fallback": "acted", "move": "acted", "host-command": "dry_run", "isolate": "acted",
+            "isolate-dry": "dry_run"}, out["outcomes"]
         assert out["reverted"] == 1 and out["reverts"][0][0] == "acted", out["reverts"]
         assert out["leader"] == [True, True]
-        assert len(SHIPPED.atoms()) == 17     # the count docs/deploy.md and docs/remediation.md give
+        assert len(SHIPPED.atoms()) == 23     # the count docs/deploy.md and docs/remediation.md give
         # every call the engine made, as the authorizer saw it: nothing beyond the shipped rules
-        seen = {(r.verb, r.resource) for r in srv.requests if r.verb}
+        seen = {(r.verb, r.resource) for r in srv.requests if r.verb and r.resource}   # not discovery
         assert seen == {("get", "leases"), ("create", "leases"), ("update", "leases"),
                         ("get", "pods"), ("get", "replicasets"), ("get", "deployments"), ("patch", "deployments"),
                         ("get", "configmaps"), ("create", "configmaps"), ("update", "configmaps"),
                         ("get", "nodes"), ("list", "nodes"), ("update", "nodes"), ("list", "pods"),
-                        ("create", "pods/eviction"), ("create", "events")}, seen
+                        ("create", "pods/eviction"), ("create", "events"), ("patch", "nodes/status"),
+                        ("list", "resourceslices"), ("get", "devicetaintrules"), ("create", "devicetaintrules"),
+                        ("list", "devicetaintrules"), ("delete", "devicetaintrules")}, seen
         # the effects are there: restarted, fallback reverted, node cordoned by triscope, pod evicted
         assert srv.get("deployments", "inference", "web")["spec"]["template"]["metadata"]["annotations"][k.RESTARTED_AT]
         assert srv.get("configmaps", "inference", "inference-deps")["data"] == {}
         assert srv.get("nodes", "", "node-a")["spec"]["unschedulable"] is True
-        assert {e["involvedObject"]["kind"] for e in srv.list("events", "inference")} == {"Deployment", "ConfigMap"}
+        # the verdict's Warning on the pod it names (isolate_gpu_1's 11 minutes would page)
+        assert {e["involvedObject"]["kind"] for e in srv.list("events", "inference")} == {"Deployment", "ConfigMap",
+                                                                                          "Pod"}
         assert {e["involvedObject"]["kind"] for e in srv.list("events", "triscope")} == {"Node"}
         assert srv.get("leases", "triscope", "triscope-remediation")["spec"].get("holderIdentity") is None  # released
+        assert srv.list("devicetaintrules") == []                      # isolated, then released once healthy
+        conds = {c["type"]: c["status"] for c in srv.get("nodes", "", "node-a")["status"]["conditions"]}
+        assert conds["AcceleratorCoordinationDegraded"] == "True"
     finally:
         srv.stop()
 

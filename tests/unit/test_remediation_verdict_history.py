@@ -29,12 +29,12 @@ RULES = """  - name: staged
     trigger: {mismatch: staging-bound, for: 20s}
     action: command
     target: {node: {label: node}}
-    params: {argv: ["true"]}
+    params: {argv: ["true"], literal_targets: true}
   - name: low-sm
     trigger: {metric: triscope_gpu_sm_active_ratio, op: "<", threshold: 0.2, for: 10s}
     action: command
     target: {node: {label: node}}
-    params: {argv: ["true"]}
+    params: {argv: ["true"], literal_targets: true}
 """
 
 
