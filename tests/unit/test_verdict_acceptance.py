@@ -116,9 +116,20 @@ def test_every_recording_replayed_through_today_s_classifier(today: list[dict[st
     assert again["own_loss_6pct"]["states"] == {"network-bound": 4}
     for name in ("workers_on_one_core", "own_loss_6pct"):
         assert set(again[name]["io_named"]) == {"cmd:lab-b"}, name
-    # the fourth set (wait-for chains): on the CPU lab's cpu-lab-7 and the device's h200-lab-7, the fault on
-    # either instance, the driving thread's wait followed to the sidecar, the spinning worker no cause
+    _fourth_set_holds(today)
+    # the faults the per-workload evidence decides, on the recordings that have it
+    for r in today:
+        if r["node"] in FULL:
+            c = r["classes"]
+            assert c["pageable"]["states"] == {"staging-bound": 3} and set(c["pageable"]["io_named"]) == {"cmd:inference-b"}
+            assert c["one_core"]["states"] == {"staging-bound": 3}
+            assert c["pcie_saturation"]["states"] == {"io-saturated": 3}
+
+
+def _fourth_set_holds(today: list[dict[str, Any]]) -> None:
+    """The fourth set's classes by today's replay (the fault on either instance)."""
     for node in ("cpu-lab-7", "h200-lab-7", "h200-lab-8", "h200-lab-9", "h200-lab-10", "h200-lab-11"):
+        # the driving thread's wait followed to the sidecar, the spinning worker and the bursty pool no cause
         fourth = next(r for r in today if r["node"] == node)["classes"]
         for name in ("sidecar_shm", "sidecar_tcp"):
             if name in fourth:
@@ -135,13 +146,6 @@ def test_every_recording_replayed_through_today_s_classifier(today: list[dict[st
         for name in ("spin_poll", "launch_bound", "healthy_pool_bursty"):
             if name in fourth:
                 assert not {"network-bound", "staging-bound", "io-saturated"} & set(fourth[name]["states"]), (node, name)
-    # the faults the per-workload evidence decides, on the recordings that have it
-    for r in today:
-        if r["node"] in FULL:
-            c = r["classes"]
-            assert c["pageable"]["states"] == {"staging-bound": 3} and set(c["pageable"]["io_named"]) == {"cmd:inference-b"}
-            assert c["one_core"]["states"] == {"staging-bound": 3}
-            assert c["pcie_saturation"]["states"] == {"io-saturated": 3}
 
 
 @contextmanager
@@ -205,7 +209,6 @@ def test_a_state_ends_with_its_evidence() -> None:
     processes stopped; the next class has no such container), nothing carried over."""
     from examples.inference.acceptance import LAB_TRACES, replay_tracks
     from examples.inference.report import IO_STATES, load_timeline
-
     from triscope.analysis.config import default_thresholds
 
     th = default_thresholds()
