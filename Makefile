@@ -2,6 +2,7 @@
 #   make run    the main job: agent + remediation engine (dry-run) + dashboard on a local SQLite store
 #   make test   the whole suite (installs what it needs, starts its own servers)
 #   make bench  every benchmark, one table
+#   make mutants  every recording test under six mutants of the classifier (none may survive)
 #   make screenshots  the docs' pictures of every dashboard page (docs/img)
 
 SHELL := /bin/bash
@@ -11,7 +12,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.installed-run
 
-.PHONY: run test bench lint typecheck setup setup-run system system-run clean screenshots wheels
+.PHONY: run test bench lint typecheck setup setup-run system system-run clean screenshots wheels mutants
 
 # make run installs what the demo runs (BCC and the kernel headers where the kernel allows, the
 # virtualenv); make test installs the whole test stack (PostgreSQL, Prometheus, Chromium, Patroni, ...)
@@ -52,6 +53,10 @@ test: setup
 
 bench: setup
 	@$(PY) -m bench
+
+# every recording test under six mutants of the classifier (tests/mutants.py); fails if one survives
+mutants: setup
+	@$(PY) -m tests.mutants
 
 # every dashboard page on the demo store ('triscope run' on a fresh store), for the docs: docs/img/*.png
 screenshots: setup

@@ -102,6 +102,7 @@ def lookback_scores(store: Any, node: str, lines: Sequence[dict[str, Any]]) -> d
 
 
 def score_recording(node: str, traces: Path = TRACES) -> dict[str, dict[str, Any]]:
+    from triscope.commands.replay import replay_trace
     from triscope.core.trace import import_trace, read_trace
     from triscope.store import Store
 
@@ -111,7 +112,7 @@ def score_recording(node: str, traces: Path = TRACES) -> dict[str, dict[str, Any
         st.upgrade()
         try:
             trace = traces / f"{node}.jsonl.gz"
-            import_trace(st, trace, trace=read_trace(trace))
+            import_trace(st, trace, trace=replay_trace(read_trace(trace)))     # today's verdicts, as make run loads it
             return lookback_scores(st, node, lines)
         finally:
             st.close()

@@ -1,5 +1,6 @@
 """Root cause does not change with the look-back, and names the right cause: every H200 recording
-imported as ``make run`` does (its verdict history written with its ticks), ``triscope rca`` over the
+imported as ``make run`` does (its recorded inputs replayed through today's tracker, the verdict
+history written with its ticks: today's verdicts, never the recorded ones), ``triscope rca`` over the
 last 30 minutes, 6 hours, 24 hours and 7 days (``examples/inference/lookback.py``).
 
 At every look-back: the same episodes, bounds, states and top causes as at 30 minutes; none naming
@@ -54,7 +55,7 @@ def test_the_right_top_cause_at_every_look_back(lookback: str) -> None:
 
 
 # the fourth set (wait-for chains, the fault on the heavier instance a as well as on b), its episodes
-# as the recording agent published them: each was held out when made
+# as today's tracker reads their recorded inputs: each was held out when made
 FOURTH = ("cpu-lab-7", "h200-lab-8", "h200-lab-9", "h200-lab-10", "h200-lab-11")
 
 
