@@ -199,7 +199,7 @@ def test_a_spinning_thread_nobody_waits_on_is_no_cause(probes: EbpfCollector) ->
                       {k: v / sum(got.chain.values()) for k, v in got.chain.items()},  # type: ignore[misc]
                       got.requests_wait / 4.0, got.waited_on / 4.0, got.found_by)
     f = chain_finding(WorkloadEvidence(("", "", "", "cmd:spin-svc"), wait=ev), engaged=0.02, th=MismatchThresholds())
-    assert f is not None and f.state == "", (f.state, f.groups) if f else None
+    assert f is not None and f.state == "", ((f.state, f.groups) if f else None, got.states, got.chain)
 
 
 def _comm(pid: int, tid: int) -> str:

@@ -104,23 +104,43 @@ def test_the_process_tree_finds_descendants_reading_each_pid_once() -> None:
         stop_loader(p)
 
 
+def _cpu_ticks(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
 def test_loader_workers_are_the_gpu_process_s_workload() -> None:
     """Off Kubernetes: the GPU process's children are its workload.  Two pegged workers make the
-    workload's busiest thread a full core and its cores more than one, though the GPU process itself
-    sleeps; without the process set (the agent before) it read an idle process."""
+    workload's busiest thread what a worker gets of a CPU, though the GPU process itself sleeps;
+    without the process set (the agent before) it read an idle process.
+
+    Shares, not absolute figures: what a pegged worker gets depends on what else this machine
+    runs (0.9-1.0 of a core idle, 0.59 seen under load), so the busiest thread is held to the
+    kernel's own count for the busiest worker over the same ticks, and the GPU process alone
+    (asleep: 0 whatever the load) to a small fraction of it."""
     p, kids = loader(2, 2)
     try:
-        items = collect(p.pid, 4)
+        c = WorkloadsCollector([ListedProcessSource([row(0, GPU_A, p.pid, 0.05)])], background=False)
+        try:
+            c.refresh(force=True)
+            items = ticks(c, 3)
+            before, t0 = {k: _cpu_ticks(k) for k in kids}, time.monotonic()
+            time.sleep(1.0)
+            items = list(c.collect(time.time()))       # the last tick: the second just measured
+            after, t1 = {k: _cpu_ticks(k) for k in kids}, time.monotonic()
+        finally:
+            c.close()
+        got = max((after[k] - before[k]) / os.sysconf("SC_CLK_TCK") / (t1 - t0) for k in kids)
         assert one(items, "triscope_workload_processes") == 5
-        # a pegged worker reads 0.9-1.0 on an idle host and 0.8 under a loaded 2-core one (the CPU is
-        # shared): 0.6 stays far above the GPU process alone (< 0.2, below) without timing the host
-        assert one(items, "triscope_workload_feeder_busy_ratio") >= 0.6
+        with_set = one(items, "triscope_workload_feeder_busy_ratio")
+        assert with_set >= 0.6 * got and got > 0.05, (with_set, got)
         assert not any(isinstance(s, Sample) and s.labels.get("workload") != series_workload(items) for s in items
                        if isinstance(s, Sample) and s.name.startswith("triscope_workload_"))
         # only the GPU process is followed without the process set
         items = collect(p.pid, 3, max_processes_per_workload=1)
         assert one(items, "triscope_workload_processes") == 1
-        assert one(items, "triscope_workload_feeder_busy_ratio") < 0.2
+        assert one(items, "triscope_workload_feeder_busy_ratio") < 0.25 * with_set, with_set
     finally:
         stop_loader(p)
 
