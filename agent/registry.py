@@ -38,6 +38,7 @@ class AgentOptions:
     scrape_timeout: float = 2.0    # one scrape, connect to last byte
     interval: float = 1.0          # the agent's tick: sets how long a tick waits for a scrape
     budget: SampleBudget | None = None   # the sample budget the scrape targets (and OTLP) share (agent/budget.py)
+    scrape_every: dict[str, int] = field(default_factory=dict)   # --scrape-interval: URL -> ticks between reads
 
     @property
     def source_budget(self) -> float:
@@ -173,7 +174,7 @@ def _scrape(opts: AgentOptions, url: str) -> Collector:
 
     ledger = ScrapeLedger(opts.budget, url) if opts.budget is not None else None
     return Background(ScrapeCollector(url=url, timeout=opts.scrape_timeout, ledger=ledger), budget=opts.source_budget,
-                      stale_after=opts.stale_after)
+                      stale_after=opts.stale_after, every=opts.scrape_every.get(url, 1))
 
 
 def build_collectors(opts: AgentOptions) -> list[Collector]:

@@ -14,6 +14,10 @@ younger than ``stale_after`` (then nothing: a dead service's counters must not r
 one's) and says so: ``source_status()`` is down with the reason, and the sampler exports
 ``triscope_collector_up{collector} 0`` and ``triscope_collector_staleness_seconds{collector}``,
 the age of the data the tick used.
+
+``every`` (default 1) reads the source at one tick in ``every`` only (``--scrape-interval``): the
+ticks between store nothing of it and keep the status of its last read; a read that came in after
+its tick's budget lands in the next tick instead of being lost.
 """
 
 from __future__ import annotations
@@ -47,10 +51,16 @@ class _Result:
 
 
 class Background(BaseCollector):
-    def __init__(self, inner: Collector, *, budget: float = 0.25, stale_after: float = 3.0) -> None:
+    def __init__(self, inner: Collector, *, budget: float = 0.25, stale_after: float = 3.0, every: int = 1) -> None:
         if budget < 0 or stale_after < 0:
             raise ValueError("budget and stale_after must be >= 0")
+        if every < 1:
+            raise ValueError("every must be a number of ticks >= 1")
         self.inner = inner
+        self.every = every          # read at one tick in ``every`` (a target that needs no 1 s resolution)
+        self._countdown = 0         # ticks until the next read is due
+        self._idle = False          # this tick reads nothing (not due)
+        self._delivered = 0         # the last request whose answer a tick used
         self.name = inner.name
         self.budget = budget
         self.stale_after = stale_after
@@ -97,9 +107,12 @@ class Background(BaseCollector):
         """Ask for a read for the tick at ``now`` (skipped while the previous read still runs)."""
         with self._cv:
             self._wait_until = time.monotonic() + self.budget
-            if self._running_since is not None:
-                self._asked = None
+            self._countdown -= 1
+            self._idle = self._countdown > 0
+            if self._idle or self._running_since is not None:
+                self._asked = None       # not due, or the last read still runs (asked again next tick)
                 return
+            self._countdown = self.every
             self._ask(now)
 
     def _ask(self, now: float) -> None:
@@ -108,6 +121,8 @@ class Background(BaseCollector):
         self._cv.notify_all()
 
     def collect(self, now: float) -> Iterable[Sample | EventRecord]:
+        if self._idle:
+            return self._between_reads(now)
         with self._cv:
             if self._asked is None and self._running_since is None and self._want is None:
                 # called without begin() (a direct caller): ask now and wait the budget from here
@@ -123,6 +138,8 @@ class Background(BaseCollector):
             running_since = self._running_since
             self._asked = None
         fresh = latest is not None and asked is not None and latest.seq == asked
+        if fresh and latest is not None:
+            self._delivered = latest.seq
         if fresh and latest is not None and latest.ok:
             self._status = SourceStatus(True, "", max(0.0, now - latest.started))
             return latest.items
@@ -138,6 +155,18 @@ class Background(BaseCollector):
         if good is not None and age is not None and age <= self.stale_after:
             return [s for s in good.items if isinstance(s, Sample)]   # events were delivered once already
         return []
+
+    def _between_reads(self, now: float) -> list[Sample | EventRecord]:
+        """A tick at which a source read every few ticks is not due: nothing, and the status of its
+        last read (up and fresh when it was) -- unless that read came in after its own tick's
+        budget: then this tick takes it, late."""
+        with self._cv:
+            latest = self._latest
+            if latest is None or latest.seq == self._delivered or not latest.ok:
+                return []
+            self._delivered = latest.seq
+        self._status = SourceStatus(True, "", max(0.0, now - latest.started))
+        return latest.items
 
     def source_status(self) -> SourceStatus:
         return self._status

@@ -1,7 +1,10 @@
 """Application metrics: read a service's Prometheus text endpoint (an inference server's SLIs).
 
-The body is parsed with prometheus-client's own parser
-(``prometheus_client.parser.text_string_to_metric_families``, imported at the first scrape).  Every sample keeps its own name
+The body is parsed as prometheus-client's own parser parses it
+(``prometheus_client.parser.text_string_to_metric_families``, imported at the first scrape), each
+series' text once per target (``promtext``: a line seen before costs its value only); a body equal
+to the last one is not parsed at all, and a target that sends an ``ETag`` is asked with
+``If-None-Match`` (its ``304`` reuses what the last body gave).  Every sample keeps its own name
 and labels, plus ``job`` and ``instance`` (``host:port``); a ``job``/``instance`` label the
 service set itself is kept as ``exported_job``/``exported_instance`` (Prometheus'
 ``honor_labels: false``).  Kinds: counter samples, histogram/summary ``_bucket``/``_count``/``_sum``
@@ -28,25 +31,19 @@ import socket
 import ssl
 import time
 from collections.abc import Iterable, Iterator
-from typing import Protocol
+from typing import Literal, Protocol
 from urllib.parse import SplitResult, quote, urlsplit
 
 import h11
 
+from triscope.agent.collectors import promtext
 from triscope.agent.collectors.base import Availability, BaseCollector, CollectorUnavailable
 from triscope.core.samples import Sample
 from triscope.core.textsafe import label_text
 
 ACCEPT = "text/plain;version=0.0.4;q=1.0,*/*;q=0.1"
 URL_SAFE = "/?=&%:@!$'()*+,;-._~"   # what a request target keeps as it is (RFC 3986 reserved and unreserved)
-COUNTER_SUFFIXES = {
-    "counter": ("_total", ""),
-    "histogram": ("_bucket", "_count", "_sum"),
-    "gaugehistogram": (),
-    "summary": ("_count", "_sum"),
-}
-TIMESTAMPED = ("counter", "histogram", "summary", "gaugehistogram")
-GROUPED = ("histogram", "summary", "gaugehistogram")   # one budget group per label set: buckets, count, sum
+TIMESTAMPED = promtext.TIMESTAMPED
 
 
 class Ledger(Protocol):
@@ -56,6 +53,14 @@ class Ledger(Protocol):
     def admit(self, groups: Iterable[tuple[object, list[Sample]]]) -> list[Sample]: ...
 
     def close(self) -> None: ...
+
+
+def _text_cache(job: str, instance: str) -> promtext.TextCache | Literal[False]:
+    """A target's line cache, or False where this prometheus-client lacks the parts it walks with."""
+    try:
+        return promtext.TextCache(job, instance, label_text)
+    except ImportError:
+        return False
 
 
 class ScrapeError(CollectorUnavailable):
@@ -104,6 +109,10 @@ class ScrapeCollector(BaseCollector):
         self.name = f"scrape:{self.instance}"
         self.last_duration = 0.0
         self.last_bytes = 0
+        self.last_path = ""       # how the last body was read: "unchanged", "cached" (lines seen before) or "parsed"
+        self._text: promtext.TextCache | Literal[False] | None = None   # this target's lines (False: not available)
+        self._last: tuple[str, list[Sample], dict | None] | None = None   # the last body and what it gave
+        self._etag: str | None = None       # the target's ETag for that body: asked with If-None-Match
 
     # -- fetching ------------------------------------------------------------------------------
 
@@ -122,6 +131,9 @@ class ScrapeCollector(BaseCollector):
         finally:
             with contextlib.suppress(OSError):
                 sock.close()
+        if status == 304 and self._last is not None and self._etag is not None:
+            self.last_bytes = 0       # "304 Not Modified" to our If-None-Match: the body we have is current
+            return self._last[0]
         if 300 <= status < 400:
             where = headers.get("location", "")
             raise ScrapeError(f"scrape {self.url}: HTTP {status} redirect to {where[:200]!r}, not followed",
@@ -133,6 +145,7 @@ class ScrapeCollector(BaseCollector):
             raise ScrapeError(f"scrape {self.url}: body sent with Content-Encoding {encoding[:40]!r}, "
                               "identity was asked for", "")
         self.last_bytes = len(body)
+        self._etag = headers.get("etag") or None
         return _decode(body, headers.get("content-type", ""))
 
     def _connect(self, parts: SplitResult, deadline: float) -> socket.socket:
@@ -165,6 +178,7 @@ class ScrapeCollector(BaseCollector):
                                   headers=[("Host", host_header), ("Accept", ACCEPT), ("Accept-Encoding", "identity"),
                                            ("User-Agent", "triscope-agent"),
                                            ("X-Prometheus-Scrape-Timeout-Seconds", f"{self.timeout:g}"),
+                                           *self._conditional(),
                                            ("Connection", "close")])
         except (UnicodeError, h11.LocalProtocolError) as e:
             raise ScrapeError(f"scrape {self.url}: cannot send a request to this URL ({e})",
@@ -185,9 +199,62 @@ class ScrapeCollector(BaseCollector):
         except (OSError, ssl.SSLError) as e:  # reset mid-body, TLS failure, ...
             raise ScrapeError(f"scrape {self.url}: {getattr(e, 'strerror', None) or e}", "") from None
 
-    def parse(self, body: str) -> list[Sample]:
-        """Prometheus text -> samples with ``job``/``instance``; raises ``ScrapeError`` on a malformed body."""
+    def _conditional(self) -> list[tuple[str, str]]:
+        """``If-None-Match`` with the ETag of the body we hold (a target that sends ETags answers
+        ``304`` when its exposition did not change: nothing to send, nothing to read)."""
+        etag = self._etag
+        if etag is None or self._last is None or not etag.isascii() or not etag.isprintable():
+            return []
+        return [("If-None-Match", etag)]
 
+    def parse(self, body: str) -> list[Sample]:
+        """Prometheus text -> samples with ``job``/``instance``; raises ``ScrapeError`` on a malformed body.
+
+        A body equal to the last one gives the same samples without being read again; otherwise each
+        line seen at an earlier scrape costs only its value (``promtext.TextCache``), and whatever
+        that cannot answer -- an error above all -- is parsed whole by prometheus-client (``_slow``):
+        the samples and the errors are the parser's either way."""
+
+        if self._last is not None and body == self._last[0]:
+            self.last_path = "unchanged"
+            out, groups = self._last[1], self._last[2]
+        else:
+            self._last = None
+            got = None
+            if self._text is None:
+                self._text = _text_cache(self.job, self.instance)
+            if self._text:
+                try:
+                    got = self._text.walk(body)
+                    self.last_path = "cached"
+                except Exception:  # noqa: BLE001 - anything the walk cannot answer: the parser answers it
+                    got = None
+            if got is None:
+                got = self._slow(body)
+                self.last_path = "parsed"
+            out, keys, n = got
+            if n > self.max_samples:
+                raise ScrapeError(f"scrape {self.url}: more than {self.max_samples} samples",
+                                  "raise max_samples or reduce the endpoint's cardinality")
+            groups = None
+            if self.ledger is not None:    # with a budget: a histogram/summary with its parts is one group
+                groups = {}
+                for sample, gkey in zip(out, keys, strict=True):
+                    group = groups.get(gkey)
+                    if group is None:
+                        groups[gkey] = [sample]
+                    else:
+                        group.append(sample)
+            self._last = (body, out, groups)
+        if self.ledger is None:
+            return list(out)
+        if groups is None:    # the ledger came after the last parse
+            self._last = None
+            return self.parse(body)
+        return self.ledger.admit(groups.items())
+
+    def _slow(self, body: str) -> tuple[list[Sample], list[promtext.GroupKey], int]:
+        """The whole body through prometheus-client's parser: ``TextCache.walk``'s answer, or its error."""
         # imported at the first scrape, not with the agent: prometheus_client is 3.3 MB of resident
         # memory, which an agent with no --scrape target never needs
         from prometheus_client.parser import text_string_to_metric_families
@@ -199,46 +266,26 @@ class ScrapeCollector(BaseCollector):
                               "the endpoint must serve the Prometheus text format (0.0.4)") from None
         timestamped = {f.name for f in families if f.type in TIMESTAMPED}
         out: list[Sample] = []
-        groups: dict[object, list[Sample]] = {}   # with a budget: a histogram/summary with its parts is one group
+        keys: list[promtext.GroupKey] = []
         n = 0
         for fam in families:
             if fam.name.endswith("_created") and fam.name[: -len("_created")] in timestamped:
                 continue
-            counters = COUNTER_SUFFIXES.get(fam.type)
             for s in fam.samples:
                 n += 1
                 if n > self.max_samples:
                     raise ScrapeError(f"scrape {self.url}: more than {self.max_samples} samples",
                                       "raise max_samples or reduce the endpoint's cardinality")
-                if s.name.endswith("_created") and fam.type in TIMESTAMPED:
+                name, labels, kind, gkey, skip = promtext.entry(fam.name, fam.type, s.name, s.labels, self.job,
+                                                                self.instance, label_text)
+                if skip:        # a _created timestamp is no series
                     continue
                 value = float(s.value)
-                if not math.isfinite(value):
+                if not math.isfinite(value):    # NaN/Inf (an empty summary's quantiles): no store can carry them
                     continue
-                if counters is not None:
-                    kind = "counter" if any(s.name == fam.name + suf for suf in counters) else "gauge"
-                elif fam.type == "unknown":
-                    kind = "counter" if s.name.endswith("_total") else "gauge"
-                else:
-                    kind = "gauge"
-                labels = {k: v if v.isprintable() else label_text(v) for k, v in s.labels.items()}
-                for key, value_ in (("job", self.job), ("instance", self.instance)):
-                    if key in labels:
-                        labels[f"exported_{key}"] = labels.pop(key)
-                    labels[key] = value_
-                sample = Sample(s.name, value, labels, kind)  # type: ignore[arg-type]
-                if self.ledger is None:
-                    out.append(sample)
-                    continue
-                grouped = fam.type in GROUPED
-                gkey = (fam.name if grouped else s.name,
-                        tuple(sorted((k, v) for k, v in labels.items() if not (grouped and k in ("le", "quantile")))))
-                group = groups.get(gkey)
-                if group is None:
-                    groups[gkey] = [sample]
-                else:
-                    group.append(sample)
-        return out if self.ledger is None else self.ledger.admit(groups.items())
+                out.append(Sample(name, value, labels, kind))  # type: ignore[arg-type]
+                keys.append(gkey)
+        return out, keys, n
 
     # -- protocol ------------------------------------------------------------------------------
 

@@ -28,6 +28,13 @@ def add_agent_options(p: argparse.ArgumentParser) -> None:
                         "target is read on its own worker: a tick waits for it at most a quarter of --interval, "
                         "then uses its last good answer (for up to max(3 intervals, timeout + interval)) and "
                         "reports triscope_collector_up 0 and triscope_collector_staleness_seconds")
+    p.add_argument("--scrape-interval", action="append", default=[], metavar="[URL=]SECONDS",
+                   help="read --scrape targets only every SECONDS (a whole number of --interval ticks, rounded) "
+                        "instead of every tick: SECONDS alone for every target, URL=SECONDS (the URL as given to "
+                        "--scrape) for one; repeatable, a URL's own figure wins. The ticks between store nothing "
+                        "of the target (its series have one point per read, as in Prometheus) and keep its last "
+                        "read's collector_up; a counter's rate is unchanged, its resolution is SECONDS "
+                        "(default: every tick)")
     p.add_argument("--otlp-listen", default="off", metavar="HOST:PORT",
                    help="receive OpenTelemetry over OTLP/HTTP here (POST /v1/traces and /v1/metrics, protobuf or "
                         "JSON, gzip accepted), e.g. 127.0.0.1:4318: spans and histograms that carry a pipeline "
@@ -139,17 +146,54 @@ def build_config(args: argparse.Namespace, listen: tuple[str, int] | None):
             parse_scrape_url(url)
         except ValueError as e:
             raise UserError(f"--scrape {url!r}: {e}") from None
+    scrape_every = scrape_intervals(args.scrape_interval, args.scrape, args.interval)
     opts = AgentOptions(proc=args.proc, sys=args.sys, scrape=list(args.scrape), ebpf=not args.no_ebpf,
                         nvml=not args.no_nvml, npu=not args.no_npu, npu_smi=args.npu_smi,
                         workloads=not args.no_workloads, pod_resources_socket=args.pod_resources_socket,
                         waitfor=not args.no_waitfor, cuda_probes=not args.no_cuda_probes,
                         cuda_launch_probe=bool(args.cuda_launch_probe),
-                        scrape_timeout=args.scrape_timeout, interval=args.interval)
+                        scrape_timeout=args.scrape_timeout, interval=args.interval, scrape_every=scrape_every)
     return AgentConfig(db_url=db_url(args), node=args.node, interval=args.interval, write_every=args.write_every,
                        listen=listen, otlp=otlp_options(args), budget=budget_options(args),
                        spool_dir=args.spool or default_spool_dir(), spool_max_bytes=int(args.spool_max_mb * (1 << 20)),
                        migrate=not args.no_migrate, retention=not args.no_retention,
                        huge_pages=bool(args.huge_pages), options=opts)
+
+
+def scrape_intervals(given: list[str], urls: list[str], interval: float) -> dict[str, int]:
+    """--scrape-interval [URL=]SECONDS -> ticks between reads for each --scrape URL that is not read
+    every tick; a UserError names a bad figure or a URL that is no --scrape target."""
+    from triscope.core.errors import UserError
+
+    default: float | None = None
+    own: dict[str, float] = {}
+    for item in given:
+        url, eq, text = item.rpartition("=")
+        try:
+            seconds = float(text)
+        except ValueError:
+            seconds = float("nan")
+        if not 0 < seconds <= 86_400:
+            raise UserError(f"--scrape-interval {item!r}: expected SECONDS or URL=SECONDS, SECONDS a number from "
+                            f"{interval:g} (the tick) to 86400")
+        if not eq:
+            default = seconds
+        elif url not in urls:
+            raise UserError(f"--scrape-interval {item!r}: {url!r} is no --scrape target (give the URL as on --scrape)")
+        else:
+            own[url] = seconds
+    out: dict[str, int] = {}
+    for url in urls:
+        want = own.get(url, default)
+        if want is None:
+            continue
+        if want < interval:
+            raise UserError(f"--scrape-interval {want:g} s for {url}: shorter than --interval ({interval:g} s); "
+                            "a target is read at most once a tick")
+        ticks = max(1, round(want / interval))
+        if ticks > 1:
+            out[url] = ticks
+    return out
 
 
 def budget_options(args: argparse.Namespace):
