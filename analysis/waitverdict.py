@@ -123,7 +123,7 @@ def _group(key: ChainKey, w: WorkloadEvidence, ev: WaitEvidence, engaged: float,
         if demand_waits:
             return DEMAND, "busy on its own CPU while the workload waits for requests (polling: nobody waits on it)"
         return STAGING, "working on its own CPU between accelerator calls (host work on the accelerator's path)"
-    if cause == "cpu_wait" and relation == "self" and demand_waits and _runs_more_than_it_waits(ev):
+    if cause == "cpu_wait" and relation == "self" and demand_waits and (_runs_more_than_it_waits(ev) or _polls(ev, th)):
         return DEMAND, "waiting for a CPU to poll on while the workload waits for requests (nobody waits on it)"
     if cause in _STAGING_CAUSES:
         return STAGING, _staging_words(cause, relation, culprit, key)
@@ -137,6 +137,16 @@ def _runs_more_than_it_waits(ev: WaitEvidence) -> bool:
     run = sum(v for k, v in ev.chain.items() if k[0] == "cpu" and k[1] == "self")
     wait = sum(v for k, v in ev.chain.items() if k[0] == "cpu_wait" and k[1] == "self")
     return run >= wait
+
+
+def _polls(ev: WaitEvidence, th: MismatchThresholds) -> bool:
+    """The driving threads never block (running or waiting for a CPU nearly all their time), their
+    workload waits for requests, and nobody waits on them (less than ``waitfor_requests_min``
+    thread-seconds a second): they poll, so their wait for a CPU is their poll loop's too, however
+    contended the CPUs are.  A thread starved of CPU on real work has others waiting on it (its loader
+    workers, its handlers), whatever share of the CPU it gets."""
+    runnable = ev.states.get("cpu", 0.0) + ev.states.get("cpu_wait", 0.0)
+    return runnable >= th.waitfor_polling_runnable and (ev.waited_on or 0.0) < th.waitfor_requests_min
 
 
 _RELATION = {"self": "itself", "process": "another thread of its process", "workload": "its own workload",
