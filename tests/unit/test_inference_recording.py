@@ -111,8 +111,9 @@ def test_no_shipped_alert_fires_on_a_45_second_fault(recording: tuple[Any, dict[
 def test_the_engine_replayed_over_the_recording_acts_on_the_faulty_workload_only(tmp_path: Path) -> None:
     """This revision's engine, acting, evaluated every 5 s over the recording's clock on today's
     verdicts (the inputs replayed at import): it acts on inference-b in the pageable scenario and
-    within 60 s of the closed loop's fault, and never on inference-a (docs/inference-validation.md,
-    "The loop")."""
+    within 60 s of the closed loop's fault, only while one of b's faults runs, lifts the pageable
+    fallback once b's staging ends (before the loop), and never acts on inference-a
+    (docs/inference-validation.md, "The loop")."""
     from examples.inference.replay import replay_engine
 
     url = f"sqlite:///{tmp_path / 'engine.db'}"
@@ -128,3 +129,12 @@ def test_the_engine_replayed_over_the_recording_acts_on_the_faulty_workload_only
     after = [r for r in acted if r["ts"] >= loop["fault_onset"] and "removed" not in r["reason"]]
     assert after and after[0]["target_key"].endswith("/inference-b.yaml")
     assert after[0]["ts"] - loop["fault_onset"] <= 60
+    # and only while one of b's faults runs: nothing written in the healthy scenarios or beside the hog
+    faults = [(ln["start"], ln["end"]) for ln in _lines() if ln.get("instance", "b") == "b"
+              and ln["scenario"] in (*FAULTS, "loop_closed")]
+    wrote = [r["ts"] for r in acted if "removed" not in r["reason"]]
+    assert all(any(a <= t <= b for a, b in faults) for t in wrote), wrote
+    # the pageable fallback lifted once b's staging ended (pcie_saturation and net_drop are other states),
+    # before the loop began
+    lifted = [r["ts"] for r in acted if "removed" in r["reason"]]
+    assert lifted and lifted[0] < loop["start"], (lifted, loop["start"])
