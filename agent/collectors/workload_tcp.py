@@ -23,11 +23,14 @@ rate.  So the loss is read per workload, two ways by where its processes run:
   ``RetransSegs`` / ``OutSegs``) are its pod's sockets: exact, and one file read.
 
 Cost is kept off the tick: the workloads worker calls ``read`` every ``every`` seconds (5); a
-process's descriptors are listed at most every ``fds_every`` seconds (15), staggered, and at once
-when it is new.  ``counters(workload)`` gives the running totals the tick publishes.
+process's descriptors are listed at once when it is new, and then (where more than 4 processes are
+followed) at most every ``fds_every`` seconds (15), staggered, and only when its count of
+descriptors changed (``/proc/PID/fd``'s size), a socket of its last listing is gone, or 120 s
+passed: a socket opened in place of another non-socket descriptor is seen within 120 s, counted
+whole from then.  ``counters(workload)`` gives the running totals the tick publishes.
 
 **A CPU budget, whatever the socket count.**  Each read measures its own thread CPU and the next
-waits until that cost is at most ``cpu_budget`` of a core (0.4 %): a workload holding 10,000
+waits until that cost is at most ``cpu_budget`` of a core (0.2 %): a workload holding 10,000
 sockets cost 170-240 ms a read (10,000 descriptors listed, 10,000 exact lookups), 3.3-3.6 % of a
 core every 5 s.  Now the read asks the whole table when that is cheaper than the lookups (measured:
 each lookup's cost per socket against the last dump's whole cost, ~10 µs a socket against ~4 µs
@@ -60,8 +63,10 @@ from triscope.agent.collectors.sockdiag import (
 log = logging.getLogger(__name__)
 
 
-CPU_BUDGET = 0.004
-"""The share of a core the per-workload TCP read may take, on average over its reads."""
+CPU_BUDGET = 0.002
+"""The share of a core the per-workload TCP read may take, on average over its reads (0.4 % until
+issue 46: with 64 busy workloads, 2,048 connections and ~4,200 sockets on the host a read costs
+~13 ms, the dump, plus the staggered listings, and at 0.4 % it was every 5 s, half the agent's CPU)."""
 FDS_MAX_S = 120.0
 """The longest a costly process goes without its descriptors listed (a socket handed to it by another)."""
 SMALL_LISTING_S = 0.002
@@ -75,6 +80,7 @@ class _Proc:
     listed_at: float
     list_s: float = 0.0      # thread CPU of its last listing
     nfds: int = 0            # its open descriptors at that listing (/proc/PID/fd's size; 0: not given)
+    stale: bool = False      # a socket of its last listing is gone: listed again at the next read
 
 
 def _fd_count(proc: str, pid: int) -> int:
@@ -195,6 +201,14 @@ class WorkloadTcp:
             for p in firsts:            # their baseline was not read: they are new again next time
                 p.listed_at = -1e18
             return
+        # a listed socket no answer has (closed, or its lookup missed): its process is listed again
+        # at the next read (a connection replaced by another keeps the count of descriptors)
+        answered, other = socks.keys(), self._other
+        for pids in host.values():
+            for pid in pids:
+                p = self._procs[pid]
+                if not p.stale and any(i not in answered and i not in other for i in p.inodes):
+                    p.stale = True
         seen: set[int] = set()
         for wl, mine in listed.items():
             t = self._totals[wl]
@@ -235,10 +249,13 @@ class WorkloadTcp:
                 # does not give it, when the last whole-table read held a socket new since the one
                 # before), and at least every FDS_MAX_S: a socket it opened is then counted whole
                 # from its first listing, later, not lost.
+                # Where more are followed, every process is listed again only when its count of
+                # descriptors changed, a socket of its last listing is gone, or FDS_MAX_S passed
+                # (issue 46: 64 workloads' listings were 40 % of a read).
                 costly = p.list_s >= SMALL_LISTING_S
-                if first or (n_all <= 4 and not costly) or (
+                if first or p.stale or (n_all <= 4 and not costly) or (
                         now - p.listed_at >= self.fds_every * (1.0 + (pid % 7) / 14.0)
-                        and (not costly or self._changed(pid, p) or now - p.listed_at >= FDS_MAX_S)):
+                        and (self._changed(pid, p) or now - p.listed_at >= FDS_MAX_S)):
                     c0 = time.thread_time()
                     nfds = _fd_count(self.proc, pid)
                     got = socket_inodes(self.proc, pid)
@@ -248,6 +265,7 @@ class WorkloadTcp:
                         baseline |= got
                         firsts.append(p)
                     p.inodes, p.listed_at, p.list_s, p.nfds = got, now, time.thread_time() - c0, nfds
+                    p.stale = False
                 mine |= p.inodes
         return listed, baseline, firsts
 

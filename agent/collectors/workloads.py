@@ -214,6 +214,8 @@ class WorkloadsCollector(BaseCollector):
         self._psi_fds: dict[str, int] = {}
         self._next_psi = 0.0
         self._cg_root: str | None | bool = False    # False: not looked up yet
+        self._dirs_cache: dict[tuple[tuple[str, str], ...], tuple[CgroupDirs, tuple[str, str] | None]] = {}
+        self._dirs_until = 0.0
         # wait-for evidence (docs/waitfor.md): on when the eBPF collector loaded its probes
         self.waits = WorkloadWaits(waitfor, proc=proc, api=api, clock=clock,
                                    tcp_keys=lambda: self.tcp._keys if self.tcp is not None else {},
@@ -397,17 +399,29 @@ class WorkloadsCollector(BaseCollector):
         info = self._info.get(pid)
         if info is None or not info.cgroups:
             return None
-        if self._cg_root is False:
-            self._cg_root = unified_root(self.sys)
-        return cgroup_dirs(self.sys, dict(info.cgroups), self._cg_root if isinstance(self._cg_root, str) else None)
+        return self._dirs_of(info.cgroups)[0]
 
     def _cpu_stat_of(self, info: ProcessInfo) -> tuple[str, str] | None:
         """A process's cgroup ``cpu.stat`` (path, v1|v2), for the wait-for chain's throttling."""
         if not info.cgroups:
             return None
-        if self._cg_root is False:
-            self._cg_root = unified_root(self.sys)
-        return cgroup_dirs(self.sys, dict(info.cgroups), self._cg_root if isinstance(self._cg_root, str) else None).cpu_stat
+        return self._dirs_of(info.cgroups)[1]
+
+    def _dirs_of(self, cgroups: tuple[tuple[str, str], ...]) -> tuple[CgroupDirs, tuple[str, str] | None]:
+        """A cgroup path set's directories and its ``cpu.stat``, looked up once a minute (a
+        directory test per hierarchy and two ``exists`` each time: every process list, 5 s, for
+        every listed process, a tenth of the worker's CPU with 64 workloads)."""
+        now = self.clock()
+        if now >= self._dirs_until or len(self._dirs_cache) > 4096:
+            self._dirs_cache.clear()
+            self._dirs_until = now + 60.0
+        got = self._dirs_cache.get(cgroups)
+        if got is None:
+            if self._cg_root is False:
+                self._cg_root = unified_root(self.sys)
+            dirs = cgroup_dirs(self.sys, dict(cgroups), self._cg_root if isinstance(self._cg_root, str) else None)
+            got = self._dirs_cache[cgroups] = (dirs, dirs.cpu_stat)
+        return got
 
     def _process_sets(self) -> dict[int, list[int]]:
         """Each listed process's whole process set: its container's or service's cgroup members and
@@ -458,8 +472,8 @@ class WorkloadsCollector(BaseCollector):
                 if len(group) < self.max_processes or pid == r.pid:
                     group[pid] = None
             if wl not in stat_of.get(r.labels, {}):
-                dirs = self._leader_dirs(r.pid)
-                cs = dirs.cpu_stat if dirs is not None else None
+                info_r = self._info.get(r.pid)
+                cs = self._dirs_of(info_r.cgroups)[1] if info_r is not None and info_r.cgroups else None
                 if cs is not None:
                     stat_of.setdefault(r.labels, {})[wl] = cs
         accels = tuple(_Accel(labels, uuid, tuple((wl, tuple(pids)) for wl, pids in groups.items()),

@@ -18,7 +18,7 @@ import pytest
 from triscope.agent.collectors.workload_tcp import WorkloadTcp
 
 SOCKETS = 10_000
-BUDGET = 0.004       # workload_tcp.CPU_BUDGET: 0.4 % of a core
+BUDGET = 0.002       # workload_tcp.CPU_BUDGET: 0.2 % of a core (0.4 % before issue 46)
 
 HOLDER = r"""
 import resource, socket, sys
@@ -74,7 +74,7 @@ def test_a_workload_of_10000_sockets_is_read_within_the_cpu_budget() -> None:
     print(f"reads {[round(c * 1000) for c in costs]} ms, every {[round(g, 1) for g in gaps]} s: "
           f"{share * 100:.2f} % of a core")
     assert tcp.problem == ""
-    assert share <= 1.5 * BUDGET, (costs, gaps)        # 0.4 % (3.3-3.6 % before: every 5 s whatever the cost)
-    assert statistics.median(gaps) <= 60, gaps             # less fresh, still read: every ~17-20 s here
+    assert share <= 1.5 * BUDGET, (costs, gaps)        # 0.2 % (3.3-3.6 % before: every 5 s whatever the cost)
+    assert statistics.median(gaps) <= 60, gaps             # less fresh, still read: every ~30-45 s here
     assert before is not None and after is not None
     assert after[1] - before[1] >= 3, (before, after)      # the segments that connection sent, counted
