@@ -12,6 +12,9 @@ are the only part that is not here).
   over the ticks; target <= 1 ms), beside the same tick without it (the host collectors the agent
   runs here: tcp, cpu, pressure, pcie, aer).  Also the same tick reading every process every tick
   (``quiet_every=1``, what the quiet-process rotation saves) and the worker's CPU off the tick.
+* **Process sets**: 8 GPU processes with 16 loader workers each, every one read every tick (the
+  targets: on 2 cores the loaders cannot all be above the rotation's quiet bar, so the rotation is
+  switched off rather than defeated), beside the default rotation.
 * **Memory**: ``triscope agent`` (the console script, all collectors, as bench_ebpf's footprint
   runs it) RSS with the collector following those 128 processes (the listed source standing in
   for NVML's, swapped into the registry by a ``sitecustomize``) vs ``--no-workloads``.
@@ -77,7 +80,7 @@ if os.environ.get("TRISCOPE_BENCH_ROWS"):
     from triscope.agent import registry
     from triscope.agent.collectors.accelprocs import AcceleratorProcess, ListedProcessSource, gpu_labels
 
-    def _workloads(opts, npu):
+    def _workloads(opts, npu, ebpf=None):
         from triscope.agent.collectors.workloads import WorkloadsCollector
 
         with open(os.environ["TRISCOPE_BENCH_ROWS"]) as f:
@@ -440,9 +443,11 @@ def run(quick: bool = False) -> list[Row]:
             every = tick_cost(farm, max(4, n_ticks // 2), quiet_every=1)
             loaders = LoaderFarm(duty=0.008)
             try:
+                # every process read every tick (issue 42: on 2 cores the 136 loaders get ~0.015 core
+                # each, under the 0.05-core quiet bar, so loading them cannot defeat the rotation)
+                whole_all = process_set_cost(loaders, n_ticks, whole_set=True, quiet_every=1)
+                alone = process_set_cost(loaders, n_ticks, whole_set=False, quiet_every=1)
                 whole = process_set_cost(loaders, n_ticks, whole_set=True)
-                alone = process_set_cost(loaders, n_ticks, whole_set=False)
-                whole_all = process_set_cost(loaders, max(4, n_ticks // 2), whole_set=True, quiet_every=1)
                 load = max(load, os.getloadavg()[0])
             finally:
                 loaders.close()
@@ -477,17 +482,20 @@ def run(quick: bool = False) -> list[Row]:
         Row("workloads placement", f"numa_maps of the {len(farm.pids)} farm processes, one round (every 60 s, "
             "off the tick)", round(maps_s * ms, 2), "ms"),
         Row("workloads process set", f"collect() thread CPU per 1 s tick, median of {n_ticks}: {GPUS} GPU processes "
-            f"each with {PER_GPU} loader workers found as its descendants ({whole['procs']:.0f} processes followed, "
-            "every one busy every tick, the farm under 1.5 cores)", round(whole["median"] * ms, 3), "ms", "<= 1",
-            "the GPU processes alone (the agent before)", round(alone["median"] * ms, 3), whole["median"] <= 0.001),
-        Row("workloads process set", "collect() thread CPU per tick, worst of the run (p99 target)",
-            round(whole["p99"] * ms, 3), "ms", "<= 2", "the GPU processes alone", round(alone["p99"] * ms, 3),
-            whole["p99"] <= 0.002),
+            f"each with {PER_GPU} loader workers found as its descendants ({whole_all['procs']:.0f} processes followed, "
+            "every one read every tick (quiet_every=1), each busy every 20 ms, the farm under 1.5 cores)",
+            round(whole_all["median"] * ms, 3), "ms", "<= 1", "the GPU processes alone, every tick",
+            round(alone["median"] * ms, 3), whole_all["median"] <= 0.001),
+        Row("workloads process set", "collect() thread CPU per tick, every process every tick, worst of the run "
+            "(p99 target)", round(whole_all["p99"] * ms, 3), "ms", "<= 2", "the GPU processes alone",
+            round(alone["p99"] * ms, 3), whole_all["p99"] <= 0.002),
         Row("workloads process set", "worker CPU off the tick (process tree, cgroups, sock_diag and fds every 5 s), "
-            "per second", round(whole["worker"] * ms, 3), "ms/s", "<= 2", "the GPU processes alone",
-            round(alone["worker"] * ms, 3), whole["worker"] <= 0.002),
-        Row("workloads process set", "every process read every tick (quiet_every=1)", round(whole_all["median"] * ms, 3),
-            "ms", "", "quiet ones in rotation (the default)", round(whole["median"] * ms, 3)),
+            "per second", round(whole_all["worker"] * ms, 3), "ms/s", "<= 2", "the GPU processes alone",
+            round(alone["worker"] * ms, 3), whole_all["worker"] <= 0.002),
+        Row("workloads process set", f"the default rotation: each loader (~0.015 core, under the 0.05-core quiet bar) "
+            f"read every {max(5, -(-int(whole['procs']) // 12))}th tick (at most 12 quiet ones a tick), so its figure "
+            "is up to that many seconds old; its next read carries the whole delta", round(whole["median"] * ms, 3),
+            "ms", "", "every process every tick", round(whole_all["median"] * ms, 3)),
         Row("workloads tcp", f"per-workload TCP read, thread CPU, median: a workload's {tcp['asked']:.0f} sockets "
             f"asked for alone (sock_diag exact requests; {tcp['table']:.0f} TCP sockets on the host)",
             round(tcp["lookup"] * ms, 3), "ms", "", "the whole table, one dump for both families (read every 5 s before)",
