@@ -15,6 +15,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -53,6 +54,16 @@ while True:
 """
 
 
+def _cpu_controller() -> bool:
+    """A cgroup cpu controller to make a pod's containers in (v2, or v1's cpu hierarchy): the host's
+    /sys/fs/cgroup; a chroot that binds /sys without its submounts has none."""
+    v2 = Path("/sys/fs/cgroup/cgroup.controllers")
+    return (v2.exists() and "cpu" in v2.read_text().split()) or any(
+        Path(p, "cpu.shares").exists() for p in ("/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"))
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not _cpu_controller(),
+                    reason="needs root and a cgroup cpu controller (v1 or v2) for the pod's containers")
 def test_pipe_consumer_waits_on_a_producer_in_another_pod_container(probes: EbpfCollector) -> None:
     """The GPU process reads batches from a pipe; a producer in another container of its pod (its
     own cgroup) writes them after 30 ms of work each.  The consumer's time goes to IPC, each wait
