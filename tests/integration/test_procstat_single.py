@@ -37,6 +37,19 @@ def _stat_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def _until_single(pid: int, timeout: float = 5.0) -> None:
+    """Until the process has one thread again: a joined thread's task can outlive join() for some
+    milliseconds on a busy machine (it still has to run its exit), and the reads here come back to
+    back, not a second apart as the agent's do."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        with open(f"/proc/{pid}/status") as f:
+            if "\nThreads:\t1\n" in f.read():
+                return
+        time.sleep(0.005)
+    raise AssertionError(f"process {pid} still has more than one thread after {timeout} s")
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/schedstat"), reason="no schedstat files (CONFIG_SCHED_INFO)")
 def test_a_single_threaded_process_is_read_through_schedstat_and_its_counter_stays_exact() -> None:
     child = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -55,6 +68,7 @@ def test_a_single_threaded_process_is_read_through_schedstat_and_its_counter_sta
                 child.stdin.write(cmd + "\n")
                 child.stdin.flush()
                 assert child.stdout.readline().strip() == "done"
+                _until_single(child.pid)
             p = stats._procs[child.pid]
             before = p.since_stat
             got = stats.sample()[child.pid]
