@@ -108,7 +108,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     for trace in _find_traces(args.trace):
         node = _import_trace(cfg.db_url, trace)
         if node:
-            lines.append(f"trace:       {trace.name} imported as node '{node}' (shifted to end now)")
+            lines.append(f"trace:       {trace.name} imported as node '{node}' (shifted to end now; its inputs "
+                         "replayed through today's classifier, the recorded verdicts kept as triscope_recorded_*)")
     agent = Agent(cfg)
     try:
         agent.start_exporter()
