@@ -22,30 +22,12 @@ import time
 import urllib.request
 from pathlib import Path
 
+from bench.bench_workloads import SITECUSTOMIZE  # the registry's workloads collector fed by a listed process
 from bench.common import Row
 
 ROOT = Path(__file__).resolve().parents[1]
 SOCKETS = 10_000
 
-# the registry's workloads collector, fed by the listed process (a sitecustomize on PYTHONPATH swaps it
-# in before the command starts), with every other option as the registry passes it
-SITECUSTOMIZE = r"""
-import json, os
-if os.environ.get("TRISCOPE_BENCH_ROWS"):
-    from triscope.agent import registry
-    from triscope.agent.collectors.accelprocs import AcceleratorProcess, ListedProcessSource, gpu_labels
-
-    def _workloads(opts, npu, ebpf=None):
-        from triscope.agent.collectors.workloads import WorkloadsCollector
-
-        with open(os.environ["TRISCOPE_BENCH_ROWS"]) as f:
-            rows = [AcceleratorProcess(gpu_labels(g), u, p, str(g), s) for g, u, p, s in json.load(f)]
-        return WorkloadsCollector([ListedProcessSource(rows, name="nvml")], proc=opts.proc, sys=opts.sys,
-                                  pod_resources_socket=opts.pod_resources_socket,
-                                  pods_log_dir=os.environ["TRISCOPE_BENCH_PODS"])
-
-    registry._workloads = _workloads
-"""
 
 HOLDER = r"""
 import resource, socket, sys

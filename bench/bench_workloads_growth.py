@@ -37,6 +37,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+from bench.bench_workloads import SITECUSTOMIZE  # the registry's workloads collector fed by a listed process
 from bench.common import Row
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,23 +45,6 @@ GPUS = 8
 CONNS = 32           # connections a workload
 FARM_CORES = 0.6     # the whole farm's CPU, whatever N
 
-SITECUSTOMIZE = r"""
-import json, os
-if os.environ.get("TRISCOPE_BENCH_ROWS"):
-    from triscope.agent import registry
-    from triscope.agent.collectors.accelprocs import AcceleratorProcess, ListedProcessSource, gpu_labels
-
-    def _workloads(opts, npu, ebpf=None):
-        from triscope.agent.collectors.workloads import WorkloadsCollector
-
-        with open(os.environ["TRISCOPE_BENCH_ROWS"]) as f:
-            rows = [AcceleratorProcess(gpu_labels(g), u, p, str(g), s) for g, u, p, s in json.load(f)]
-        return WorkloadsCollector([ListedProcessSource(rows, name="nvml")], proc=opts.proc, sys=opts.sys,
-                                  pod_resources_socket=opts.pod_resources_socket,
-                                  pods_log_dir=os.environ["TRISCOPE_BENCH_PODS"])
-
-    registry._workloads = _workloads
-"""
 
 UPSTREAM = r"""
 import resource, selectors, socket, sys
