@@ -16,8 +16,10 @@ import mmap
 import os
 import platform
 import struct
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 _NR_BPF = {"x86_64": 321, "aarch64": 280, "ppc64le": 361, "s390x": 351, "riscv64": 280}
 
@@ -184,16 +186,9 @@ class BpfMap:
         """Every (key, value), each removed as it is read (``BPF_MAP_LOOKUP_AND_DELETE_BATCH``, hash
         maps, Linux 5.6+; else key by key).  A program adding to an element the moment it is taken
         can lose that one addition."""
-        if self._drain_ok is not False:
-            try:
-                out = self._batch(BPF_MAP_LOOKUP_AND_DELETE_BATCH)
-                self._drain_ok = True
-                return out
-            except BpfError as e:
-                if self._drain_ok is None and e.errno in (errno.EINVAL, errno.ENOTSUP, 524, errno.EPERM):
-                    self._drain_ok = False
-                else:
-                    raise
+        got = self._drain_batch(self._batch)
+        if got is not None:
+            return got
         out = []
         for k in list(self.keys()):
             v = self.lookup(k)
@@ -247,6 +242,21 @@ class BpfMap:
         ks, vs = self.key_size, self.value_total
         return [(kr[i * ks:(i + 1) * ks], vr[i * vs:(i + 1) * vs]) for i in range(got)]
 
+    def _drain_batch(self, batch: Callable[[int], T]) -> T | None:
+        """``batch(BPF_MAP_LOOKUP_AND_DELETE_BATCH)``, or None where the kernel lacks the batch op
+        (learnt at the first try and remembered: the caller then drains key by key)."""
+        if self._drain_ok is False:
+            return None
+        try:
+            out = batch(BPF_MAP_LOOKUP_AND_DELETE_BATCH)
+        except BpfError as e:
+            if self._drain_ok is None and e.errno in (errno.EINVAL, errno.ENOTSUP, 524, errno.EPERM):
+                self._drain_ok = False
+                return None
+            raise
+        self._drain_ok = True
+        return out
+
     def items_raw(self) -> tuple[bytes, bytes, int]:
         """Every element as two buffers, keys and values back to back, and how many: one batch read
         (``BPF_MAP_LOOKUP_BATCH``), for a reader that unpacks them at once (``struct.iter_unpack``)."""
@@ -254,16 +264,9 @@ class BpfMap:
 
     def drain_raw(self) -> tuple[bytes, bytes, int]:
         """``drain`` as two buffers (``items_raw``); falls back to ``drain`` on kernels without the batch op."""
-        if self._drain_ok is not False:
-            try:
-                out = self._batch_raw(BPF_MAP_LOOKUP_AND_DELETE_BATCH)
-                self._drain_ok = True
-                return out
-            except BpfError as e:
-                if self._drain_ok is None and e.errno in (errno.EINVAL, errno.ENOTSUP, 524, errno.EPERM):
-                    self._drain_ok = False
-                else:
-                    raise
+        got = self._drain_batch(self._batch_raw)
+        if got is not None:
+            return got
         pairs = self.drain()
         return b"".join(k for k, _ in pairs), b"".join(v for _, v in pairs), len(pairs)
 
