@@ -14,7 +14,7 @@ import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from triscope.analysis.config import MismatchThresholds
 from triscope.analysis.features import (
@@ -34,10 +34,13 @@ from triscope.core.names import shorten
 from triscope.core.samples import label_key, parse_label_key
 from triscope.core.vocabulary import accelerator_name
 from triscope.dashboard import workload_data as wd
-from triscope.store.audit import audit_log
-from triscope.store.reader import SeriesInfo, StoreReader
+from triscope.dashboard.jsontypes import HasDetails, text
+from triscope.store.audit import AuditRow, audit_log
+from triscope.store.reader import NodeInfo, SeriesData, SeriesInfo, StoreReader, VerdictRun
 
 if TYPE_CHECKING:   # the audit tables are read with the store's engine: the whole store, not the read interface
+    from concurrent.futures import ThreadPoolExecutor
+
     from triscope.store.api import Store
 
 PRESETS: dict[str, float] = {"15m": 900.0, "1h": 3600.0, "24h": 86400.0, "7d": 7 * 86400.0}
@@ -141,8 +144,8 @@ class NodeLanes:
     segments_note: str = ""
     events: list[EventMark] = field(default_factory=list)
     events_truncated: bool = False
-    accels: list[Any] = field(default_factory=list)           # the node's ``workload_data.Accel``s
-    accel: Any = None                                         # the one shown (None: the whole node)
+    accels: list[wd.Accel] = field(default_factory=list)      # the node's accelerators
+    accel: wd.Accel | None = None                             # the one shown (None: the whole node)
     listed: list[SeriesInfo] = field(default_factory=list)    # the node's series: the render's one listing
 
 
@@ -188,7 +191,7 @@ ACCEL_SCOPED = ("triscope_gpu_", "triscope_npu_", "triscope_workload_")
 
 
 def _fmt(title: str, labels: Mapping[str, str]) -> str:
-    class _D(dict):
+    class _D(dict[str, str]):
         def __missing__(self, k: str) -> str:
             return "?"
 
@@ -196,7 +199,7 @@ def _fmt(title: str, labels: Mapping[str, str]) -> str:
 
 
 def node_lanes(store: Store, node: str, window: Window, max_points: int = 1500,
-               specs: Sequence[TraceSpec] = NODE_TRACES, max_events: int = 300, accel: Any = None) -> NodeLanes:
+               specs: Sequence[TraceSpec] = NODE_TRACES, max_events: int = 300, accel: wd.Accel | None = None) -> NodeLanes:
     """The three lanes of one node over ``window``, each series downsampled by the store; with
     ``accel`` (a ``workload_data.Accel``) only that accelerator's series, its link, its own DMA
     device when the store knows its bus, its workloads' feeder busy and CPU wait, and its state
@@ -215,14 +218,14 @@ def node_lanes(store: Store, node: str, window: Window, max_points: int = 1500,
     jobs = [(spec, info) for spec in todo for info in listed
             if spec.wants(info) and (accel is None or _shown_for(info, accel, own_device))]
     results = fetch_all(store, [info for _, info in jobs], window.start, window.end, max_points)
-    by_spec: dict[int, list[Any]] = {}
+    by_spec: dict[int, list[SeriesData]] = {}
     for (spec, _), d in zip(jobs, results, strict=True):
         if d.ts:
             by_spec.setdefault(id(spec), []).append(d)
     for spec in todo:
         got = by_spec.get(id(spec), [])
         if len(got) > spec.limit:  # keep the busiest few (by peak)
-            got = sorted(got, key=lambda d: -max(d.values))[: spec.limit]
+            got = sorted(got, key=_peak_first)[: spec.limit]
         for d in got:
             lab = dict(d.info.labels)
             ref = wd.WorkloadRef.of(lab)
@@ -239,7 +242,11 @@ def node_lanes(store: Store, node: str, window: Window, max_points: int = 1500,
     return out
 
 
-def _missing_lanes(has: set[str], present: set[str], accels: Sequence[Any], accel: Any) -> dict[str, str]:
+def _peak_first(d: SeriesData) -> float:
+    return -max(d.values)
+
+
+def _missing_lanes(has: set[str], present: set[str], accels: Sequence[wd.Accel], accel: wd.Accel | None) -> dict[str, str]:
     """lane -> why it is empty: nothing of the kind stored, or nothing in this range."""
     out: dict[str, str] = {}
     gpus = "triscope_gpu_info" in present or any(m.startswith("triscope_gpu_") for m in present)
@@ -260,13 +267,13 @@ def _missing_lanes(has: set[str], present: set[str], accels: Sequence[Any], acce
     return out
 
 
-def _event_marks(store: Store, node: str, window: Window, accel: Any, max_events: int) -> tuple[list[EventMark], bool]:
+def _event_marks(store: Store, node: str, window: Window, accel: wd.Accel | None, max_events: int) -> tuple[list[EventMark], bool]:
     """The node's events in the window (state changes left out: the ribbon shows them), another
     accelerator's left out, with the engine's remediation decisions from its audit log."""
     evs = store.events(node=node, start=window.start, end=window.end, limit=max_events + 1)
     evs = [e for e in evs if e.kind != "mismatch_state"] or evs  # state changes are the ribbon already
     if accel is not None:   # another accelerator's events are not this one's
-        evs = [e for e in evs if _event_accel(e.details) in (None, accel)]
+        evs = [e for e in evs if _event_accel(e) in (None, accel)]
     marks = [EventMark(e.ts, e.kind, e.severity, e.message) for e in evs]
     # remediation decisions from the engine's audit log (they replace its "remediation" events)
     audit = [r for r in audit_rows(store, window.start, window.end, limit=max_events).rows
@@ -277,11 +284,15 @@ def _event_marks(store: Store, node: str, window: Window, accel: Any, max_events
         marks += [EventMark(float(r["ts"]), "remediation", sev.get(str(r.get("outcome", "")).split(" ")[0], "info"),
                             f"{r.get('rule', '')}: {r.get('action', '')} {r.get('target', '')} ({r.get('mode', '')}, "
                             f"{r.get('outcome', '')})") for r in audit]
-        marks.sort(key=lambda m: m.ts)
+        marks.sort(key=_mark_ts)
     return marks[:max_events], len(marks) > max_events
 
 
-def _own_devices(listed: Sequence[Any], accel: Any) -> set[str]:
+def _mark_ts(m: EventMark) -> float:
+    return m.ts
+
+
+def _own_devices(listed: Sequence[SeriesInfo], accel: wd.Accel | None) -> set[str]:
     """The PCI devices (bus ids) of ``accel`` from ``triscope_gpu_info``."""
     if accel is None or accel.kind != "gpu":
         return set()
@@ -289,7 +300,7 @@ def _own_devices(listed: Sequence[Any], accel: Any) -> set[str]:
             and s.labels.get("gpu") == accel.index and s.labels.get("bus_id")}
 
 
-def _shown_for(info: Any, accel: Any, own_device: set[str]) -> bool:
+def _shown_for(info: SeriesInfo, accel: wd.Accel, own_device: set[str]) -> bool:
     """Whether a series belongs on the lanes of ``accel``: the accelerator's own series; of the
     per-device ones (DMA, IOMMU) its own device's when the store knows its bus, else all of them
     (host-wide context); node-wide series (network) always."""
@@ -304,18 +315,19 @@ def _shown_for(info: Any, accel: Any, own_device: set[str]) -> bool:
     return True
 
 
-def _event_accel(details: Mapping[str, Any]) -> Any:
+def _event_accel(event: HasDetails) -> wd.Accel | None:
+    details = event.details
     try:
         return wd.accel_of({k: str(details[k]) for k in wd.ACCEL_KEYS if k in details})
     except Exception:  # noqa: BLE001 - odd details: node-wide
         return None
 
 
-_POOL: Any = None
+_POOL: ThreadPoolExecutor | None = None
 
 
-def fetch_all(store: StoreReader, infos: Sequence[Any], start: float, end: float, max_points: int | None,
-              rate: bool | None = None, tier: str | None = None) -> list[Any]:
+def fetch_all(store: StoreReader, infos: Sequence[SeriesInfo], start: float, end: float, max_points: int | None,
+              rate: bool | None = None, tier: str | None = None) -> list[SeriesData]:
     """``store.query_series`` for each series (the store downsamples; ``tier`` forces a tier), a few
     at a time on a small thread pool (the database works while Python waits: ~2x on a page of 10-15
     series, more on PostgreSQL)."""
@@ -378,8 +390,8 @@ def segments_from_points(points: Iterable[tuple[float, str]], end: float, max_ga
     return out
 
 
-def history_segments(store: StoreReader, node: str, window: Window, accel: Any = None,
-                     runs: Sequence[Any] | None = None) -> tuple[list[Segment], str] | None:
+def history_segments(store: StoreReader, node: str, window: Window, accel: wd.Accel | None = None,
+                     runs: Sequence[VerdictRun] | None = None) -> tuple[list[Segment], str] | None:
     """The ribbon from the verdict history (``store.verdict_runs``, or ``runs`` already read): the
     node's roll-up runs, or with ``accel`` that accelerator's own (a node with one accelerator and no
     roll-up: that one's); None when the node has no history in the range (a store written before it)."""
@@ -400,8 +412,8 @@ def history_segments(store: StoreReader, node: str, window: Window, accel: Any =
 
 
 def mismatch_segments(store: StoreReader, node: str, window: Window, max_points: int,
-                      listed: Sequence[SeriesInfo] | None = None, accel: Any = None,
-                      runs: Sequence[Any] | None = None) -> tuple[list[Segment], str]:
+                      listed: Sequence[SeriesInfo] | None = None, accel: wd.Accel | None = None,
+                      runs: Sequence[VerdictRun] | None = None) -> tuple[list[Segment], str]:
     """The ribbon: the verdict history (``store.verdict_runs``: the node's roll-up, or with ``accel``
     that accelerator's own runs) — the same record root cause and the other pages read, at full
     resolution whatever the range; for stores written before it, the state the agent stored
@@ -460,7 +472,7 @@ class FleetRow:
     last_remediation: str
     last_seen: float
     live: bool                 # an agent's node whose last tick is recent (a recording never is)
-    cells: list[Any] = field(default_factory=list)   # one ``workload_data.AccelNow`` per accelerator
+    cells: list[wd.AccelNow] = field(default_factory=list)   # one per accelerator
     recording: str = ""        # the trace file a recording was imported from ("" for an agent's node)
 
 
@@ -507,7 +519,7 @@ def fleet_rows(store: Store, now: float, slo_status: Mapping[str, str] | None = 
             a = wd.accel_of(_labels(lk))
             if a is not None:
                 accels.add(a)
-        cells = [cur.accels.get(a) or wd.AccelNow(a) for a in sorted(accels, key=lambda a: a.sort_key)]
+        cells = [cur.accels.get(a) or wd.AccelNow(a) for a in sorted(accels, key=wd.accel_order)]
         rec = n.recording or ""
         rows.append(FleetRow(n.name, state, score, _accelerator_text(gk, nk),
                              (slo_status or {}).get(n.name, "no SLO file configured" if slo_status is None else "-"),
@@ -516,7 +528,7 @@ def fleet_rows(store: Store, now: float, slo_status: Mapping[str, str] | None = 
     return rows
 
 
-def fleet_mismatch_latest(store: StoreReader, nodes: Sequence[Any],
+def fleet_mismatch_latest(store: StoreReader, nodes: Sequence[NodeInfo],
                           metrics: Sequence[str] = FLEET_METRICS) -> dict[str, dict[tuple[str, str], tuple[float, float]]]:
     """Every node's newest mismatch state and score points (node roll-up and per accelerator)
     and workload-info points.  Nodes that reported within the last hour are read in one
@@ -593,7 +605,7 @@ def last_remediation_by_node(store: Store) -> dict[str, str]:
                 out.setdefault(node, f"{r.get('action', '?')} ({r.get('outcome', '?')})")
         return out
     for e in store.events(kinds=["remediation"], limit=2000):
-        out[e.node] = e.message[:60] or e.details.get("action", "remediation")
+        out[e.node] = e.message[:60] or _detail(e, "action", "remediation")
     return out
 
 
@@ -664,7 +676,7 @@ class _SegmentIndex:
 
 
 def _evidence_windows(store: StoreReader, node: str, listed: Sequence[SeriesInfo], window: Window, width: float,
-                      th: Any) -> list[tuple[Any, float, float, float]]:
+                      th: MismatchThresholds) -> list[tuple[wd.Accel | None, float, float, float]]:
     """(accelerator, window start, busy 0..1, link load 0..1 of the effective ceiling) per window of
     ``width`` seconds, from the stored series as the store downsamples them: SM activity (else the
     coarse NVML figure, or NPU AICore) and the busier PCIe direction."""
@@ -684,7 +696,7 @@ def _evidence_windows(store: StoreReader, node: str, listed: Sequence[SeriesInfo
         for i, v in _bucket_means(d, window.start, width).items():
             rates.setdefault(gpu, {})[i] = max(rates.get(gpu, {}).get(i, 0.0), v)
         peak[gpu] = max([peak.get(gpu, 0.0), *d.values])
-    out: list[tuple[Any, float, float, float]] = []
+    out: list[tuple[wd.Accel | None, float, float, float]] = []
     for d in datas[:len(busy)]:
         acc = wd.accel_of(d.info.labels)
         gpu = d.info.labels.get("gpu", "")
@@ -695,7 +707,7 @@ def _evidence_windows(store: StoreReader, node: str, listed: Sequence[SeriesInfo
     return out
 
 
-def _bucket_means(d: Any, start: float, width: float) -> dict[int, float]:
+def _bucket_means(d: SeriesData, start: float, width: float) -> dict[int, float]:
     """Window index -> the mean of the series' points in it (as the store returned them)."""
     sums: dict[int, list[float]] = {}
     for t, v in zip(d.ts, d.values, strict=False):
@@ -705,9 +717,67 @@ def _bucket_means(d: Any, start: float, width: float) -> dict[int, float]:
     return {i: s / c for i, (s, c) in sums.items() if c}
 
 
+class AuditRecord(TypedDict, total=False):
+    """One remediation decision as the pages show it: an audit row's columns
+    (``triscope.store.audit.RemediationAudit``) with ``mode``; a row from a ``remediation`` event
+    has the first few; ``node_from`` and ``accelerator`` are filled in by the Remediation page."""
+
+    id: int
+    ts: float
+    engine_id: str
+    rule: str
+    trigger_kind: str
+    trigger: str
+    trigger_key: str
+    action: str
+    target: str
+    target_key: str
+    node: str | None
+    namespace: str | None
+    outcome: str
+    rail: str | None
+    reason: str
+    dry_run: bool
+    params: Mapping[str, object]      # the audit table's JSON columns, typed as the store types them
+    response: Mapping[str, object]
+    received_ts: float | None
+    issued_ts: float | None
+    finished_ts: float | None
+    mode: str                          # "dry-run" or "live"
+    node_from: str                     # where a revert's node came from (the decision it reverts)
+    accelerator: str
+
+
+def audit_record(r: AuditRow) -> AuditRecord:
+    """An audit row's columns, in the table's order, and its ``mode``; a suppressed decision's
+    outcome names its rail."""
+    d = AuditRecord(id=r.id, ts=r.ts, engine_id=r.engine_id, rule=r.rule, trigger_kind=r.trigger_kind,
+                    trigger=r.trigger, trigger_key=r.trigger_key, action=r.action, target=r.target,
+                    target_key=r.target_key, node=r.node, namespace=r.namespace, outcome=r.outcome, rail=r.rail,
+                    reason=r.reason, dry_run=r.dry_run, params=r.params, response=r.response,
+                    received_ts=r.received_ts, issued_ts=r.issued_ts, finished_ts=r.finished_ts)
+    d["mode"] = "dry-run" if r.dry_run else "live"
+    if r.rail:
+        d["outcome"] = f"{r.outcome} ({r.rail})"
+    return d
+
+
+def _detail(e: HasDetails, key: str, default: str = "") -> str:
+    """One of an event's details as text (``default`` when it has none)."""
+    return text(e.details.get(key, default))
+
+
+def _event_record(e: HasDetails, ts: float, node: str, severity: str, message: str) -> AuditRecord:
+    """A ``remediation`` event as a decision (a store without the engine's audit table)."""
+    dry = e.details.get("dry_run", True)
+    return AuditRecord(ts=ts, node=node, rule=_detail(e, "rule"), action=_detail(e, "action"),
+                       target=_detail(e, "target"), mode="dry-run" if dry else "live",
+                       outcome=_detail(e, "outcome", severity), reason=message)
+
+
 @dataclass
 class AuditRows:
-    rows: list[dict[str, Any]]
+    rows: list[AuditRecord]
     source: str          # "audit" (remediation engine's table), "events", or "" (none)
     note: str
 
@@ -721,34 +791,15 @@ def audit_rows(store: Store, start: float | None = None, end: float | None = Non
         recs = audit_log(store, since=start, until=end, limit=limit)
     except Exception as e:  # noqa: BLE001 - the table may not be migrated yet
         recs, why = [], f"audit table unavailable: {str(e).splitlines()[0][:160]}"
-    rows = []
-    for r in recs:
-        d = _as_dict(r)
-        d["mode"] = "dry-run" if d.get("dry_run") else "live"
-        if d.get("rail"):
-            d["outcome"] = f"{d.get('outcome')} ({d['rail']})"
-        rows.append(d)
+    rows = [audit_record(r) for r in recs]
     if rows:
         return AuditRows(rows, "audit", "")
     evs = store.events(kinds=["remediation"], start=start, end=end, limit=limit)
     if evs:
-        return AuditRows([{"ts": e.ts, "node": e.node, "rule": e.details.get("rule", ""),
-                           "action": e.details.get("action", ""), "target": e.details.get("target", ""),
-                           "mode": "dry-run" if e.details.get("dry_run", True) else "live",
-                           "outcome": e.details.get("outcome", e.severity), "reason": e.message} for e in evs],
+        return AuditRows([_event_record(e, e.ts, e.node, e.severity, e.message) for e in evs],
                          "events", "from remediation events (the engine's audit table is not available)")
     note = ("no remediation decisions recorded yet. The remediation engine writes every decision (acted, dry-run, "
             "suppressed, failed) here once it runs: 'triscope remediate --policy FILE' or 'triscope run'.")
     if why:
         note += f" ({why})"
     return AuditRows([], "", note)
-
-
-def _as_dict(r: Any) -> dict[str, Any]:
-    if isinstance(r, Mapping):
-        return dict(r)
-    if hasattr(r, "__dataclass_fields__"):
-        return {k: getattr(r, k) for k in r.__dataclass_fields__}
-    if hasattr(r, "_asdict"):
-        return dict(r._asdict())
-    return {k: v for k, v in vars(r).items() if not k.startswith("_")}

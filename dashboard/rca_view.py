@@ -20,14 +20,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol
 
+from triscope.analysis.rca.changes import SeriesChange
 from triscope.analysis.rca.inputs import RCAInputs
 from triscope.analysis.rca.ranked import rank_causes
 from triscope.analysis.rca.timeline import fetch_timeline_inputs, rca_timeline
 from triscope.core.names import shorten
 from triscope.dashboard.data import Segment, Window, mismatch_segments
 from triscope.dashboard.export import Series
+from triscope.dashboard.jsontypes import JSON, JSONObject, items, obj
 from triscope.dashboard.waitfor_view import chain_evidence
 from triscope.dashboard.workload_data import (
     HEALTHY,
@@ -59,9 +61,9 @@ class Cause:
     score: float | None = None
     onset: float | None = None
     series: list[Evidence] = field(default_factory=list)
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[JSONObject] = field(default_factory=list)
     peers: list[str] = field(default_factory=list)
-    chain: dict[str, Any] | None = None     # the wait-for chain behind it (``waitfor_view.chain_evidence``)
+    chain: JSONObject | None = None     # the wait-for chain behind it (``waitfor_view.chain_evidence``)
 
 
 @dataclass
@@ -74,7 +76,7 @@ class EpisodeCause:
     title: str
     score: float | None
     summary: str = ""
-    chain: dict[str, Any] | None = None
+    chain: JSONObject | None = None
 
 
 @dataclass
@@ -83,7 +85,7 @@ class RcaResult:
     baseline: tuple[float, float] | None
     note: str
     series_examined: int = 0
-    mismatch: dict[str, Any] = field(default_factory=dict)
+    mismatch: JSONObject = field(default_factory=dict)
     context: list[EpisodeCause] = field(default_factory=list)   # shown beside the causes, never ranked
 
 
@@ -103,8 +105,8 @@ def explain(store: StoreReader, node: str, start: float, end: float, top: int = 
     """The ranked causes of the whole window; ``inputs``: the timeline's read (``TimelineView.read``),
     which ``rank_causes`` reuses where it is its own (over rollups: a window of more than 30 min)."""
     res = rank_causes(store, node, start, end, inputs=inputs)
-    by_cat: dict[str, list[Any]] = {}
-    for ch in sorted(res.changes, key=lambda c: -c.score):
+    by_cat: dict[str, list[SeriesChange]] = {}
+    for ch in sorted(res.changes, key=_by_score):
         by_cat.setdefault(ch.category, []).append(ch)
     causes = []
     for c in res.causes[:top]:
@@ -116,13 +118,52 @@ def explain(store: StoreReader, node: str, start: float, end: float, top: int = 
                 if infos:
                     ev.append(Evidence(metric, dict(infos[0].labels), None, None, "detector input", c.onset))
                     break
-        causes.append(Cause(c.key, c.title, c.summary, c.score, c.onset, ev,
-                            [e for e in c.evidence if e.get("type") == "event"], list(c.peers),
-                            chain_evidence(c.evidence)))
+        causes.append(Cause(c.key, c.title, c.summary, c.score, c.onset, ev, _events(c), list(c.peers), _chain(c)))
     note = "" if causes else (f"nothing moved against the baseline in this window "
                               f"({res.series_examined} series examined)")
-    return RcaResult(causes, (res.baseline_start, res.baseline_end), note, res.series_examined, dict(res.mismatch),
+    return RcaResult(causes, (res.baseline_start, res.baseline_end), note, res.series_examined, _mismatch(res),
                      [EpisodeCause(c.kind, c.title, None, c.summary) for c in res.context])
+
+
+class _RankedCause(Protocol):
+    """A ranked cause (``triscope.analysis.rca.score.Cause``) as the page reads its evidence: JSON items."""
+
+    @property
+    def evidence(self) -> Sequence[JSONObject]: ...
+
+
+class _RankedResult(Protocol):
+    """The ranked view (``triscope.analysis.rca.ranked.RCAResult``) as the page reads the detector's part."""
+
+    @property
+    def mismatch(self) -> JSONObject: ...
+
+
+class _ContractTimeline(Protocol):
+    """The timeline (``triscope.analysis.rca.timeline.Timeline``) as the contract's JSON."""
+
+    def as_dict(self) -> JSONObject: ...
+
+
+def _by_score(ch: SeriesChange) -> float:
+    return -ch.score
+
+
+def _events(c: _RankedCause) -> list[JSONObject]:
+    """The stored events among a cause's evidence."""
+    return [e for e in c.evidence if e.get("type") == "event"]
+
+
+def _chain(c: _RankedCause) -> JSONObject | None:
+    return chain_evidence(c.evidence)
+
+
+def _mismatch(res: _RankedResult) -> JSONObject:
+    return dict(res.mismatch)
+
+
+def _contract(t: _ContractTimeline) -> JSONObject:
+    return t.as_dict()
 
 
 # ---------------------------------------------------------------------------------------------- episode timeline
@@ -188,7 +229,7 @@ def timeline(store: StoreReader, node: str, start: float, end: float,
         tv.notes.insert(0, f"{TIMELINE_FUNCTION} failed ({type(e).__name__}: {str(e)[:160]}): episodes from the "
                            "stored per-accelerator states instead")
         return tv
-    tv = timeline_from_dict(got.as_dict(), owners)
+    tv = timeline_from_dict(_contract(got), owners)
     tv.read = inputs.rca
     return tv
 
@@ -200,8 +241,8 @@ def _accel_of_name(name: str) -> Accel | None:
     return accel_of(labels)
 
 
-def _reference_text(ref: Any) -> str:
-    if not isinstance(ref, dict) or not ref:
+def _reference_text(ref: JSON) -> str:
+    if not isinstance(ref, Mapping) or not ref:
         return ""
     kind = str(ref.get("kind", ""))
     if kind == "previous-phase":
@@ -219,28 +260,44 @@ def _reference_text(ref: Any) -> str:
     return " ".join(parts)
 
 
-def timeline_from_dict(d: Mapping[str, Any], owners: OwnerLookup | None = None) -> TimelineView:
+def timeline_from_dict(d: JSONObject, owners: OwnerLookup | None = None) -> TimelineView:
     """The contract's JSON (docs/workloads.md section 3) as the page's episodes."""
-    eps = list(d.get("episodes") or [])
-    found = owners_for(owners, (e.get("workload") or {} for e in eps))
+    eps = [obj(e) for e in items(d.get("episodes"))]
+    found = owners_for(owners, (_labels(e.get("workload")) for e in eps))
     out: list[EpisodeView] = []
     for e in eps:
-        wl = e.get("workload") or {}
+        wl = _labels(e.get("workload"))
         acc_name = str(e.get("accelerator") or "node")
         out.append(EpisodeView(
-            float(e["start"]), float(e["end"]), str(e.get("state", "?")), acc_name, _accel_of_name(acc_name),
+            _float(e["start"]), _float(e["end"]), str(e.get("state", "?")), acc_name, _accel_of_name(acc_name),
             WorkloadRef.of(wl, found) if wl else None, str(e.get("kind", "state")),
-            bool(e.get("bad", e.get("state") not in HEALTHY)), e.get("score"),
-            [EpisodeCause(str(c.get("cause", "")), str(c.get("title", c.get("cause", ""))), c.get("score"),
-                          str(c.get("summary", "")), chain_evidence(c.get("evidence")))
-             for c in e.get("causes") or []],
+            bool(e.get("bad", e.get("state") not in HEALTHY)), _opt_float(e.get("score")),
+            [EpisodeCause(str(c.get("cause", "")), str(c.get("title", c.get("cause", ""))), _opt_float(c.get("score")),
+                          str(c.get("summary", "")), chain_evidence(items(c.get("evidence"))))
+             for c in map(obj, items(e.get("causes")))],
             _reference_text(e.get("reference")), bool(e.get("started_before")),
             [EpisodeCause(str(c.get("context", "")), str(c.get("title", "")), None, str(c.get("summary", "")))
-             for c in e.get("context") or []],
+             for c in map(obj, items(e.get("context")))],
             f"{e['phase']} of {e['phases']}" if e.get("phases") else ""))
     src = d.get("states_from")
     return TimelineView(out, f"{TIMELINE_FUNCTION}" + (f" (states from {src})" if src else ""),
-                        [str(n) for n in d.get("notes") or []])
+                        [str(n) for n in items(d.get("notes"))])
+
+
+def _float(v: JSON) -> float:
+    """A number of the contract (a time): a JSON number, or numeric text."""
+    if isinstance(v, (int, float, str)):
+        return float(v)
+    raise TypeError(f"not a number: {v!r}")
+
+
+def _opt_float(v: JSON) -> float | None:
+    return None if v is None else _float(v)
+
+
+def _labels(v: JSON) -> dict[str, str]:
+    """A workload's labels from the contract (``{"namespace", "pod", ...}``), as text; {} for none."""
+    return {k: str(x) for k, x in obj(v).items() if x is not None}
 
 
 def fallback_timeline(store: StoreReader, node: str, start: float, end: float,
@@ -254,7 +311,7 @@ def fallback_timeline(store: StoreReader, node: str, start: float, end: float,
             out.append(EpisodeView(r.start, r.end, r.state, _accel_name(acc), acc, r.workload,
                                    bad=r.state not in HEALTHY))
     notes = [] if out else ["no per-accelerator state stored in this range"]
-    todo = sorted((e for e in out if e.bad and e.duration >= FALLBACK_MIN_S), key=lambda e: -e.duration)
+    todo = sorted((e for e in out if e.bad and e.duration >= FALLBACK_MIN_S), key=_longest_first)
     for e in todo[:FALLBACK_EXPLAINED]:
         res = rank_causes(store, node, max(e.start, start), min(e.end, end))
         e.causes = [EpisodeCause(c.key, c.title, c.score, c.summary) for c in res.causes[:3]]
@@ -264,6 +321,10 @@ def fallback_timeline(store: StoreReader, node: str, start: float, end: float,
         notes.append(f"{len(todo) - FALLBACK_EXPLAINED} more bad episode(s) not explained here: open one")
     out.sort(key=lambda e: (e.start, e.accelerator))
     return TimelineView(out, "stored per-accelerator states (the dashboard's own runs)", notes)
+
+
+def _longest_first(e: EpisodeView) -> float:
+    return -e.duration
 
 
 def _accel_name(a: Accel) -> str:
@@ -295,6 +356,10 @@ class StateShares:
     source: str                    # where the states came from, or why there are none
 
 
+def _badness(sg: Segment) -> tuple[float, float]:
+    return sg.score or 0.0, sg.end - sg.start
+
+
 def history_shares(store: StoreReader, node: str, start: float, end: float, max_points: int = 600) -> StateShares:
     """The node's time in each state over [start, end]: the verdict history's roll-up runs (a node
     with one accelerator and no roll-up: that one's), for stores written before it the stored
@@ -306,5 +371,5 @@ def history_shares(store: StoreReader, node: str, start: float, end: float, max_
     total = sum(counts.values())
     shares = {k: v / total for k, v in counts.items() if v > 0} if total > 0 else {}
     bad = [sg for sg in segs if sg.state not in HEALTHY]
-    worst = max(bad, key=lambda sg: (sg.score or 0.0, sg.end - sg.start), default=None)
+    worst = max(bad, key=_badness, default=None)
     return StateShares(shares, worst, source)

@@ -11,10 +11,11 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import quote, urlencode
 
 from triscope.core.vocabulary import IO_STATES, accelerator_labels
+from triscope.dashboard.data import AuditRecord
 from triscope.store import audit
 from triscope.store.reader import StoreReader, VerdictRun
 
@@ -57,16 +58,13 @@ def _dur(s: float) -> str:
     return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min"
 
 
-def decision_accelerator(row: Mapping[str, Any]) -> str:
+def decision_accelerator(row: AuditRecord) -> str:
     """The accelerator (``gpu=0``) a decision was about: its params' workload, else its trigger's
     labels (a revert: the one it reverts, ``fill_revert_nodes``); "" for a decision about no
     accelerator (then the node's roll-up is read)."""
     if row.get("accelerator"):
         return str(row["accelerator"])
-    params = row.get("params")
-    wl = params.get("workload") if isinstance(params, dict) else None
-    if not isinstance(wl, dict):
-        wl = {}
+    wl = _workload_param(row.get("params") or {})
     if wl.get("gpu") not in (None, ""):
         return f"gpu={wl['gpu']}"
     if wl.get("npu") not in (None, ""):
@@ -75,7 +73,15 @@ def decision_accelerator(row: Mapping[str, Any]) -> str:
     return f"gpu={m.group(1)}" if m else ""
 
 
-def fill_revert_nodes(store: Store, rows: Sequence[dict[str, Any]]) -> None:
+def _workload_param(params: Mapping[str, object]) -> dict[str, str | None]:
+    """The ``workload`` of an action's params ({} when it names none): its values as text, None kept."""
+    wl = params.get("workload")
+    if not isinstance(wl, Mapping):
+        return {}
+    return {str(k): None if v is None else str(v) for k, v in wl.items()}
+
+
+def fill_revert_nodes(store: Store, rows: Sequence[AuditRecord]) -> None:
     """A decision without a node (a revert: the engine undoes what it did on a target) takes the
     node of the newest earlier decision on the same target that names one (in place)."""
 
@@ -88,7 +94,7 @@ def fill_revert_nodes(store: Store, rows: Sequence[dict[str, Any]]) -> None:
             earlier = audit.audit_log(store, until=float(r["ts"]), target_key=key, limit=50)
             first = next((e for e in earlier if e.node), None)
             cache[key] = ("", "") if first is None else (
-                str(first.node), decision_accelerator({"params": first.params, "trigger": first.trigger}))
+                str(first.node), decision_accelerator(AuditRecord(params=first.params, trigger=first.trigger)))
         node, acc = cache[key]
         if node:
             r["node"], r["node_from"] = node, "the decision it reverts"
@@ -134,14 +140,14 @@ def recorded_nodes(store: StoreReader) -> dict[str, str]:
 
 @dataclass
 class Decision:
-    row: dict[str, Any]
+    row: AuditRecord
     node: str
     accelerator: str
     recorded: str            # the trace a recording's decision came with; "" for this store's engine
     outcome: Outcome | None  # None without a node
 
 
-def decisions(store: Store, rows: Sequence[dict[str, Any]]) -> list[Decision]:
+def decisions(store: Store, rows: Sequence[AuditRecord]) -> list[Decision]:
     """The page's decisions: nodes filled, recordings marked, outcomes read (one verdict-history
     read per node, over the decisions' span and the horizon after it)."""
     fill_revert_nodes(store, rows)

@@ -32,6 +32,7 @@ from triscope.dashboard.figures import (
     display_names,
     to_dt,
 )
+from triscope.dashboard.jsontypes import JSON
 from triscope.dashboard.timeview import localize_figure
 from triscope.dashboard.waitfor_data import NO_EVIDENCE, AccelWaitFor, ChainEnd, DriverTime
 
@@ -273,7 +274,7 @@ def untraced_note(refs: Sequence[Any]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- root cause
-def chain_evidence(evidence: Sequence[Any] | None) -> dict[str, Any] | None:
+def chain_evidence(evidence: Sequence[JSON] | None) -> dict[str, JSON] | None:
     """A cause's chain (``triscope.analysis.rca.chain``): its first evidence item when that is of
     type ``chain``; None otherwise."""
     if not evidence:

@@ -19,11 +19,12 @@ import logging
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from triscope.analysis.mismatch import IO_STATES, STATES
+from triscope.core.samples import parse_label_key
 from triscope.core.vocabulary import ACCELERATOR_LABELS, WORKLOAD_LABELS, accelerator_labels, workload_labels
-from triscope.store.reader import SeriesInfo, StoreReader, VerdictRun
+from triscope.store.reader import SeriesData, SeriesInfo, StoreReader, VerdictRun
 from triscope.store.workloads import owners, workloads
 
 if TYPE_CHECKING:   # the workloads table is read with the store's own functions (like the audit log)
@@ -74,11 +75,19 @@ class Accel:
         return f"npu={self.index}" + (f"&chip={self.chip}" if self.chip else "")
 
     @property
-    def sort_key(self) -> tuple[Any, ...]:
+    def sort_key(self) -> AccelOrder:
         return (self.kind != "gpu", _num(self.index), _num(self.chip))
 
     def matches(self, labels: Mapping[str, str]) -> bool:
         return accel_of(labels) == self
+
+
+AccelOrder = tuple[bool, tuple[int, str], tuple[int, str]]
+
+
+def accel_order(a: Accel) -> AccelOrder:
+    """GPUs first, by index (numeric), then NPUs by id and chip."""
+    return a.sort_key
 
 
 def accel_of(labels: Mapping[str, str]) -> Accel | None:
@@ -266,12 +275,23 @@ class NodeNow:
     accels: dict[Accel, AccelNow] = field(default_factory=dict)
 
 
+LabelParser = Callable[[str], Mapping[str, str]]
+"""The store's label-key text -> its labels (``triscope.core.samples.parse_label_key``, or a caching one)."""
+SeriesFetch = Callable[[StoreReader, Sequence[SeriesInfo], float, float, int], list[SeriesData]]
+"""Reads several series at once (``triscope.dashboard.data.fetch_all``): store, infos, start, end, max points."""
+
+
+def _labels_of(lk: Mapping[str, str] | str, parse: LabelParser | None) -> Mapping[str, str]:
+    """An entry's labels: as they are, or parsed from the store's label-key text."""
+    return (parse or parse_label_key)(lk) if isinstance(lk, str) else lk
+
+
 INFO_SLACK_S = 30.0   # workloads whose info point is this close to the newest one count as present now
 
 
 def current_from(entries: Iterable[tuple[str, Mapping[str, str] | str, float, float]],
                  owners: Mapping[tuple[str, str], str] | None = None,
-                 parse: Any = None) -> NodeNow:
+                 parse: LabelParser | None = None) -> NodeNow:
     """A node's current roll-up and per-accelerator state from the newest point of each of its
     mismatch and workload-info series: ``(metric, labels, ts, value)``, labels as a dict or (with
     ``parse``) as the store's label-key text, parsed only for the entries that matter."""
@@ -282,7 +302,7 @@ def current_from(entries: Iterable[tuple[str, Mapping[str, str] | str, float, fl
     for metric, lk, ts, value in entries:
         if metric == STATE_METRIC and value < 0.5:
             continue
-        lab: Mapping[str, str] = parse(lk) if parse is not None and isinstance(lk, str) else lk  # type: ignore[assignment]
+        lab = _labels_of(lk, parse)
         acc = accel_of(lab)
         if metric == STATE_METRIC:
             if acc is None:
@@ -307,13 +327,25 @@ def current_from(entries: Iterable[tuple[str, Mapping[str, str] | str, float, fl
     return out
 
 
+def _by_workload_name(item: tuple[float, WorkloadRef]) -> tuple[str, str]:
+    return item[1].display, item[1].container
+
+
+def _by_end(r: VerdictRun) -> tuple[float, float]:
+    return r.end, r.start
+
+
+def _by_start(r: VerdictRun) -> tuple[float, float]:
+    return r.start, r.end
+
+
 def _add_workloads(out: NodeNow, info: Mapping[Accel, list[tuple[float, WorkloadRef]]]) -> None:
     """Every workload with a process on each accelerator now (its info point near the newest)."""
     for acc, items in info.items():
         newest = max(t for t, _ in items)
         now = out.accels.setdefault(acc, AccelNow(acc))
         seen: set[WorkloadRef] = set()
-        for t, w in sorted(items, key=lambda x: (x[1].display, x[1].container)):
+        for t, w in sorted(items, key=_by_workload_name):
             if t >= newest - INFO_SLACK_S and w not in seen and not w.empty:
                 seen.add(w)
                 now.workloads.append(w)
@@ -334,7 +366,7 @@ def current_run(runs: Sequence[VerdictRun]) -> tuple[str, float, float, tuple[st
     """(state, score, last tick, workload) of one accelerator's newest runs: the newest run's state;
     the score over the whole current stretch of that state (its runs differ by workload only; a
     one-tick run's score alone says little); its newest named workload."""
-    rs = sorted(runs, key=lambda r: (r.end, r.start))
+    rs = sorted(runs, key=_by_end)
     newest = rs[-1]
     stretch = [newest]
     for r in reversed(rs[:-1]):
@@ -348,7 +380,7 @@ def current_run(runs: Sequence[VerdictRun]) -> tuple[str, float, float, tuple[st
 
 
 def current_from_runs(runs: Iterable[VerdictRun], info: Iterable[tuple[str, Mapping[str, str] | str, float, float]] = (),
-                      owners: Mapping[tuple[str, str], str] | None = None, parse: Any = None) -> NodeNow:
+                      owners: Mapping[tuple[str, str], str] | None = None, parse: LabelParser | None = None) -> NodeNow:
     """A node's current roll-up and per-accelerator state from its newest verdict runs
     (``store.current_verdicts``), its workloads from the newest workload-info points (``info``:
     ``(metric, labels, ts, value)`` as for ``current_from``)."""
@@ -367,7 +399,7 @@ def current_from_runs(runs: Iterable[VerdictRun], info: Iterable[tuple[str, Mapp
     for metric, lk, ts, value in info:
         if metric != INFO_METRIC or value < 0.5:
             continue
-        lab: Mapping[str, str] = parse(lk) if parse is not None and isinstance(lk, str) else lk  # type: ignore[assignment]
+        lab = _labels_of(lk, parse)
         acc = accel_of(lab)
         if acc is not None:
             present.setdefault(acc, []).append((ts, WorkloadRef.of(lab, owners)))
@@ -416,7 +448,7 @@ def node_accels(store: StoreReader, node: str, infos: Sequence[SeriesInfo] | Non
             a = accel_of(s.labels)
             if a is not None:
                 seen.add(a)
-    return sorted(seen, key=lambda a: a.sort_key)
+    return sorted(seen, key=accel_order)
 
 
 # ---------------------------------------------------------------------------------------------- the node's workloads
@@ -442,13 +474,17 @@ class WorkloadRow:
     last_seen: float | None = None
 
 
+def _row_order(r: WorkloadRow) -> tuple[AccelOrder, str, str]:
+    return r.accel.sort_key, r.ref.display, r.ref.container
+
+
 def _wkey(acc: Accel, labels: Mapping[str, str]) -> tuple[Accel, tuple[str, ...]]:
     return acc, tuple(str(labels.get(k) or "") for k in WORKLOAD_KEYS)
 
 
 def node_workloads(store: StoreReader, node: str, start: float, end: float, accel: Accel | None = None,
                    owners: OwnerLookup | None = None, max_points: int = 240,
-                   fetch: Any = None, max_series: int = 200, listed: Sequence[SeriesInfo] | None = None) -> list[WorkloadRow]:
+                   fetch: SeriesFetch | None = None, max_series: int = 200, listed: Sequence[SeriesInfo] | None = None) -> list[WorkloadRow]:
     """The workloads on the node's accelerators (or on ``accel``) over [start, end], with their
     processes, SM share, CPU, feeder busy, CPU wait and CPU pressure (``triscope_workload_*``);
     ``listed``: the node's series already listed (else they are listed here)."""
@@ -492,7 +528,7 @@ def node_workloads(store: StoreReader, node: str, start: float, end: float, acce
             row.cpu_wait, row.cpu_wait_peak = mean, max(vals)
         elif m == "cpu_pressure_ratio":
             row.cpu_pressure = mean
-    return sorted(rows.values(), key=lambda r: (r.accel.sort_key, r.ref.display, r.ref.container))
+    return sorted(rows.values(), key=_row_order)
 
 
 # ---------------------------------------------------------------------------------------------- stored state runs
@@ -522,7 +558,7 @@ def state_infos(store: StoreReader, node: str | None, accel: Accel | None = None
     return [s for s in infos if accel_of(s.labels) is None]
 
 
-def runs_from(datas: Iterable[Any], end: float, max_gap: float | None = None,
+def runs_from(datas: Iterable[SeriesData], end: float, max_gap: float | None = None,
               owners: Mapping[tuple[str, str], str] | None = None) -> dict[tuple[str, Accel | None], list[StateRun]]:
     """Runs of one (state, workload) per (node, accelerator) from state series points (a point
     with value >= 0.5 says the state held from it to the next point of that accelerator, or
@@ -540,10 +576,10 @@ def runs_from(datas: Iterable[Any], end: float, max_gap: float | None = None,
         bucket.extend((t, st, wk, lab) for t, v in zip(d.ts, d.values, strict=False) if v >= 0.5)
     out: dict[tuple[str, Accel | None], list[StateRun]] = {}
     for k, p in pts.items():
-        p.sort(key=lambda x: x[0])
+        p.sort(key=_point_ts)
         gap = max_gap if max_gap is not None else max(30.0, 4 * step.get(k, 1.0))
         runs: list[StateRun] = []
-        for i, (t, st, wk, lab) in enumerate(p):
+        for i, (t, st, wk, plab) in enumerate(p):
             nxt = p[i + 1][0] if i + 1 < len(p) else end
             nxt = min(nxt, t + gap)
             last = runs[-1] if runs else None
@@ -551,9 +587,17 @@ def runs_from(datas: Iterable[Any], end: float, max_gap: float | None = None,
                     last.workload is None or _wk(last.workload) == wk):
                 last.end = max(last.end, nxt)
             else:
-                runs.append(StateRun(k[1], st, t, nxt, WorkloadRef.of(lab, owners) if k[1] is not None else None))
+                runs.append(StateRun(k[1], st, t, nxt, WorkloadRef.of(plab, owners) if k[1] is not None else None))
         out[k] = [r for r in runs if r.end > r.start]
     return out
+
+
+def _point_ts(p: tuple[float, str, tuple[str, ...], Mapping[str, str]]) -> float:
+    return p[0]
+
+
+def _by_accel(item: tuple[Accel, list[StateRun]]) -> AccelOrder:
+    return item[0].sort_key
 
 
 def _wk(w: WorkloadRef) -> tuple[str, ...]:
@@ -562,7 +606,7 @@ def _wk(w: WorkloadRef) -> tuple[str, ...]:
 
 def accel_state_runs(store: StoreReader, node: str, start: float, end: float, accel: Accel | None = None,
                      max_points: int = 600, owners: OwnerLookup | None = None,
-                     fetch: Any = None) -> dict[Accel, list[StateRun]]:
+                     fetch: SeriesFetch | None = None) -> dict[Accel, list[StateRun]]:
     """Per accelerator of ``node`` (or ``accel`` alone), the runs of one state over [start, end]
     from the stored per-accelerator state series."""
     infos = state_infos(store, node, accel)
@@ -571,8 +615,8 @@ def accel_state_runs(store: StoreReader, node: str, start: float, end: float, ac
     datas = (fetch(store, infos, start, end, max_points) if fetch is not None
              else [store.query_series(i, start, end, max_points=max_points, rate=False) for i in infos])
     got = runs_from(datas, end, owners=owners_for(owners, (i.labels for i in infos)))
-    return {k[1]: v for k, v in sorted(got.items(), key=lambda kv: kv[0][1].sort_key if kv[0][1] else ())
-            if k[1] is not None}
+    mine = [(k[1], v) for k, v in got.items() if k[1] is not None]
+    return dict(sorted(mine, key=_by_accel))
 
 
 # ---------------------------------------------------------------------------------------------- the mismatch page
@@ -598,7 +642,7 @@ def run_spans(runs: Sequence[VerdictRun], start: float, end: float) -> list[tupl
     steps = sorted((r.end - r.start) / (r.ticks - 1) for r in runs if r.ticks > 1 and r.end > r.start)
     step = steps[len(steps) // 2] if steps else 1.0
     out: list[tuple[VerdictRun, float, float]] = []
-    for r in sorted(runs, key=lambda r: (r.start, r.end)):
+    for r in sorted(runs, key=_by_start):
         a, b = max(r.start, start), min(r.end + step, end)
         if b > a:
             out.append((r, a, b))
@@ -607,7 +651,7 @@ def run_spans(runs: Sequence[VerdictRun], start: float, end: float) -> list[tupl
 
 def workload_state_shares(store: StoreReader, nodes: Sequence[str], start: float, end: float,
                           owners: OwnerLookup | None = None, max_points: int = 240,
-                          fetch: Any = None, max_series: int = 1200) -> WorkloadShares:
+                          fetch: SeriesFetch | None = None, max_series: int = 1200) -> WorkloadShares:
     """Over [start, end], each workload's share of accelerator time in each state, pooled over
     every (node, accelerator) it ran on, from the verdict history's per-accelerator runs (the runs
     root cause and the Node page read); for nodes written before the history, from the stored
@@ -643,7 +687,7 @@ def workload_state_shares(store: StoreReader, nodes: Sequence[str], start: float
     return out
 
 
-def _series_spans(store: StoreReader, nodes: Sequence[str], start: float, end: float, max_points: int, fetch: Any,
+def _series_spans(store: StoreReader, nodes: Sequence[str], start: float, end: float, max_points: int, fetch: SeriesFetch | None,
                   max_series: int, out: WorkloadShares) -> list[tuple[str, Accel, Mapping[str, str], str, float, float]]:
     """The per-accelerator state spans of nodes without a verdict history, from their stored state series."""
     want = set(nodes)

@@ -33,6 +33,7 @@ from triscope.dashboard.components import (
 )
 from triscope.dashboard.context import ctx
 from triscope.dashboard.figures import state_style
+from triscope.dashboard.jsontypes import number
 from triscope.dashboard.registry import page_callback
 from triscope.dashboard.workload_data import workload_owners
 
@@ -261,7 +262,7 @@ def _cause(c: Any, node: str, i: int, cz: rca_view.Cause, a: float, b: float,
             kids.append(export.chart(f"cause-{i}", fig, "rootcause-evidence", node, lo, b, zone,
                                      config={"displaylogo": False}, className="evidence"))
     elif cz.events:
-        kids.append(html.Ul([html.Li(short(f"{fmt_ts(e.get('ts'), zone)} {e.get('kind')}: {e.get('message', '')}", 300))
+        kids.append(html.Ul([html.Li(short(f"{fmt_ts(number(e.get('ts')), zone)} {e.get('kind')}: {e.get('message', '')}", 300))
                              for e in cz.events[:5]], className="events"))
     return html.Li(kids, className="card cause")
 
