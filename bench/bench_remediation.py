@@ -161,7 +161,7 @@ def _load(port: int, n: int, rate: float) -> tuple[int, list[float], int, float]
 
 def _baseline(kube_url: str, n: int, rate: float) -> list[float]:
     """The bare verb at the same rate: KubeAdapter.restart_deployment, one thread per in-flight call."""
-    from triscope.remediation.kube import KubeAdapter
+    from triscope.remediation.kube.adapter import KubeAdapter
 
     ka = KubeAdapter.connect(url=kube_url)
     lat: list[float] = []

@@ -4,7 +4,7 @@ Each action re-checks the live state it depends on right before acting (a paused
 Deployment, a ConfigMap already in fallback, no schedulable node to move to) and, in dry-run,
 does every read and none of the writes, so a dry-run decision says what would have happened (one
 exception, ``isolate_accelerator``: its DeviceTaintRule with ``effect: None``, which nothing acts on).
-Kubernetes is reached only through :class:`triscope.remediation.kube.KubeAdapter`.
+Kubernetes is reached only through :class:`triscope.remediation.kube.adapter.KubeAdapter`.
 
 An engine killed while an action runs re-runs it when it starts again (the decision is left
 ``in_progress``), so every Kubernetes action is idempotent per decision: the restart writes the
@@ -19,7 +19,7 @@ on this module; the engine picks the one a rule's params name.
 
 Each action receives an ``ActionContext`` typed by its params model (``ActionContext[RollingRestartParams]``):
 the policy's validated model itself, with its defaults, never a dict.  Kubernetes answers come back
-typed from ``triscope.remediation.kube``; what an action found and did is its ``ActionResult``'s
+typed from ``triscope.remediation.kube.views``; what an action found and did is its ``ActionResult``'s
 ``response``, the audit row's JSON.
 """
 
@@ -40,7 +40,17 @@ from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 from triscope.core.configfile import ConfigModel, problem, show
 from triscope.core.durations import Duration
 from triscope.core.timeparse import format_rfc3339
-from triscope.remediation import kube as k
+from triscope.remediation.kube.adapter import KubeAdapter
+from triscope.remediation.kube.errors import (
+    DegradedDeployment,
+    EvictionBlocked,
+    KubeError,
+    NotConfigured,
+    NotFound,
+    PausedDeployment,
+    RolloutTimeout,
+)
+from triscope.remediation.kube.views import ConfigMap, Deployment, Node
 from triscope.remediation.settings import Settings
 from triscope.remediation.targets import PER_WORKLOAD, KubeName, Target, kube_name_pattern, per_workload
 from triscope.store import audit
@@ -248,7 +258,7 @@ class ActionContext(Generic[P]):
     params: P
     target: Target
     dry_run: bool
-    kube: k.KubeAdapter | None
+    kube: KubeAdapter | None
     store: Store
     engine_id: str
     trigger_key: str = ""
@@ -272,9 +282,9 @@ class ActionContext(Generic[P]):
         """The target's names (``namespace``, ``deployment``, ``node``...)."""
         return self.target.fields
 
-    def need_kube(self) -> k.KubeAdapter:
+    def need_kube(self) -> KubeAdapter:
         if self.kube is None:
-            raise k.NotConfigured("no Kubernetes API configured (settings.kubernetes.mode is none)")
+            raise NotConfigured("no Kubernetes API configured (settings.kubernetes.mode is none)")
         return self.kube
 
 
@@ -314,7 +324,7 @@ def rolling_restart(ctx: ActionContext[RollingRestartParams]) -> ActionResult:
     stamp = ctx.restarted_at or restart_stamp(_decided(ctx))
     try:
         out = kube.restart_deployment(ns, name, stamp=stamp)
-    except (k.PausedDeployment, k.DegradedDeployment) as e:
+    except (PausedDeployment, DegradedDeployment) as e:
         return ActionResult("suppressed", str(e), dict(e.answer()), rail="live_state")
     issued = time.time()
     ctx.on_issued(issued)
@@ -324,7 +334,7 @@ def rolling_restart(ctx: ActionContext[RollingRestartParams]) -> ActionResult:
     try:
         resp["rollout"] = kube.rollout_status(ns, name, generation=out["generation"], timeout=ctx.params.timeout,
                                               stop=ctx.stop.is_set)
-    except k.RolloutTimeout as e:
+    except RolloutTimeout as e:
         resp["rollout"] = e.rollout
         return ActionResult("failed", str(e), resp, issued_ts=issued)
     return ActionResult("acted", f"restarted deployment {ns}/{name}; rollout complete", resp, issued_ts=issued)
@@ -336,7 +346,7 @@ def _fallback_names(params: DependencyFallbackParams, names: Mapping[str, str]) 
     return names["namespace"], per_workload(params.configmap, names), per_workload(params.key, names)
 
 
-def _previous_write(ctx: ActionContext[DependencyFallbackParams], cm: k.ConfigMap | None,
+def _previous_write(ctx: ActionContext[DependencyFallbackParams], cm: ConfigMap | None,
                     key: str) -> tuple[str | None, bool, str]:
     """(the key's value before the switch, whether the value there is this decision's own write, why
     not to switch: '' to go ahead) from the ConfigMap as read (None: there is none)."""
@@ -377,8 +387,8 @@ def dependency_fallback(ctx: ActionContext[DependencyFallbackParams]) -> ActionR
     ours = False
     if ctx.kube is not None:
         try:
-            current: k.ConfigMap | None = ctx.kube.get_configmap(ns, cm)
-        except k.NotFound:
+            current: ConfigMap | None = ctx.kube.get_configmap(ns, cm)
+        except NotFound:
             current = None
         previous, ours, refusal = _previous_write(ctx, current, key)
         if refusal:
@@ -417,17 +427,17 @@ def _switch_configmap(ctx: ActionContext[DependencyFallbackParams], ns: str, cm:
     return out["previous"].get(key), out["resourceVersion"]
 
 
-def revert_fallback(fb: audit.FallbackRow, kube: k.KubeAdapter | None, reason: str) -> ActionResult:
+def revert_fallback(fb: audit.FallbackRow, kube: KubeAdapter | None, reason: str) -> ActionResult:
     """Put the dependency back: restore the key's previous value (or remove it) and the annotations."""
     resp: dict[str, object] = {"configmap": f"{fb.namespace}/{fb.configmap}", "key": fb.key,
                                "restored": fb.previous_value, "fallback_id": fb.id, "why": reason}
     if fb.dry_run:
         return ActionResult("dry_run", f"would revert {fb.namespace}/{fb.configmap}:{fb.key} ({reason})", resp)
     if kube is None:
-        raise k.NotConfigured("no Kubernetes API configured: cannot revert the fallback")
+        raise NotConfigured("no Kubernetes API configured: cannot revert the fallback")
     try:
         cur = kube.get_configmap(fb.namespace, fb.configmap)
-    except k.NotFound:
+    except NotFound:
         return ActionResult("acted", f"{fb.namespace}/{fb.configmap} is gone: nothing to revert", resp)
     if cur.data.get(fb.key) != fb.value:
         resp["found"] = cur.data.get(fb.key)
@@ -441,7 +451,7 @@ def revert_fallback(fb: audit.FallbackRow, kube: k.KubeAdapter | None, reason: s
                         issued_ts=time.time())
 
 
-def post_decision_event(kube: k.KubeAdapter, events_namespace: str, params: ConfigModel, fields: Mapping[str, str],
+def post_decision_event(kube: KubeAdapter, events_namespace: str, params: ConfigModel, fields: Mapping[str, str],
                         outcome: str, message: str) -> None:
     """A Kubernetes Event about a decision, on the Deployment, the Node or the ConfigMap it concerns."""
     if "file" in fields:
@@ -463,7 +473,7 @@ def post_decision_event(kube: k.KubeAdapter, events_namespace: str, params: Conf
     try:
         kube.post_event(ns, involved, reason=reason, message=message,
                         type_="Warning" if outcome in ("failed", "acted") else "Normal")
-    except k.KubeError as e:
+    except KubeError as e:
         log.info("remediation: cannot post the Kubernetes Event: %s", e)
 
 
@@ -522,7 +532,7 @@ def node_cost(store: StoreReader, node: str, weights: RescheduleWeights, now: fl
             "missing": missing}
 
 
-def _node_refusal(ctx: ActionContext[P], node: k.Node) -> str:
+def _node_refusal(ctx: ActionContext[P], node: Node) -> str:
     """Why ``node`` may not be cordoned or drained by this engine ('' when it may)."""
     s = ctx.settings
     if node.control_plane:
@@ -534,12 +544,12 @@ def _node_refusal(ctx: ActionContext[P], node: k.Node) -> str:
     return ""
 
 
-def _checked_node(ctx: ActionContext[P], kube: k.KubeAdapter, name: str) -> k.Node | ActionResult:
+def _checked_node(ctx: ActionContext[P], kube: KubeAdapter, name: str) -> Node | ActionResult:
     """The node an action is about to touch, or the ``suppressed`` result saying why it may not
     (gone, a control-plane node, outside the node allow-list)."""
     try:
         node = kube.get_node(name)
-    except k.NotFound:
+    except NotFound:
         return ActionResult("suppressed", f"there is no node {name}", {"node": name}, rail="node")
     refusal = _node_refusal(ctx, node)
     if refusal:
@@ -547,7 +557,7 @@ def _checked_node(ctx: ActionContext[P], kube: k.KubeAdapter, name: str) -> k.No
     return node
 
 
-def _candidate_refusal(ctx: ActionContext[P], node: k.Node, dep: k.Deployment) -> str:
+def _candidate_refusal(ctx: ActionContext[P], node: Node, dep: Deployment) -> str:
     """Why ``node`` cannot take the workload's pods ('' when it can)."""
     if node.unschedulable:
         return "cordoned"
@@ -566,8 +576,8 @@ def _candidate_refusal(ctx: ActionContext[P], node: k.Node, dep: k.Deployment) -
     return ""
 
 
-def _candidates(ctx: ActionContext[RescheduleParams], kube: k.KubeAdapter, bad: str,
-                dep: k.Deployment) -> tuple[list[NodeCost], dict[str, str]]:
+def _candidates(ctx: ActionContext[RescheduleParams], kube: KubeAdapter, bad: str,
+                dep: Deployment) -> tuple[list[NodeCost], dict[str, str]]:
     """The nodes the workload may move to, cheapest first, and why each other one may not (50 at most)."""
     candidates: list[NodeCost] = []
     excluded: dict[str, str] = {}
@@ -584,8 +594,8 @@ def _candidates(ctx: ActionContext[RescheduleParams], kube: k.KubeAdapter, bad: 
     return candidates, excluded
 
 
-def _evict_all(kube: k.KubeAdapter, pods: list[tuple[str, str]], timeout: float,
-               resp: dict[str, object]) -> k.EvictionBlocked | None:
+def _evict_all(kube: KubeAdapter, pods: list[tuple[str, str]], timeout: float,
+               resp: dict[str, object]) -> EvictionBlocked | None:
     """Evict ``pods`` ((namespace, name)) within ``timeout`` in all; ``resp["evictions"]`` says how each went;
     the first eviction a disruption budget kept blocking, if one did (the rest are not tried)."""
     evictions: list[dict[str, object]] = []
@@ -594,7 +604,7 @@ def _evict_all(kube: k.KubeAdapter, pods: list[tuple[str, str]], timeout: float,
     for ns, pod in pods:
         try:
             evictions.append({"namespace": ns, **kube.evict(ns, pod, timeout=max(0.5, deadline - time.monotonic()))})
-        except k.EvictionBlocked as e:
+        except EvictionBlocked as e:
             evictions.append({"namespace": ns, "pod": pod, "evicted": False, "error": str(e)})
             return e
     return None

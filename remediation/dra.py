@@ -2,7 +2,7 @@
 that takes it (and only it) out of service.
 
 Pure functions over the API's JSON (``resource.k8s.io/v1``, the same shapes in ``v1beta2``); the
-calls themselves are :class:`triscope.remediation.kube.KubeAdapter`'s.
+calls themselves are :class:`triscope.remediation.kube.adapter.KubeAdapter`'s.
 
 * A DRA driver publishes each device in a ``ResourceSlice`` (``spec.driver``, ``spec.pool.name``,
   ``spec.nodeName``, ``spec.devices[].name`` and its ``attributes``).  The device that is one GPU is

@@ -58,9 +58,10 @@ from triscope import defaults
 from triscope.core.samples import EventRecord, parse_label_key
 from triscope.remediation import actions as act
 from triscope.remediation import filefallback, isolate, metrics
-from triscope.remediation import kube as k
 from triscope.remediation.fallbacks import revert_due_fallbacks
 from triscope.remediation.filefallback import KnobsFileParams
+from triscope.remediation.kube.adapter import KubeAdapter
+from triscope.remediation.kube.errors import KubeError
 from triscope.remediation.leader import LeaderElector
 from triscope.remediation.node_condition import NodeConditions
 from triscope.remediation.policy import NODE_ACTIONS, ActionParams, Policy, Rule
@@ -161,7 +162,7 @@ def run_action(ctx: act.ActionContext[ActionParams]) -> act.ActionResult:
 class Engine:
     """Policies + store + (optional) Kubernetes adapter.  ``submit`` / ``submit_alerts`` feed it."""
 
-    def __init__(self, store: Store, policy: Policy, *, kube: k.KubeAdapter | None = None, dry_run: bool = False,
+    def __init__(self, store: Store, policy: Policy, *, kube: KubeAdapter | None = None, dry_run: bool = False,
                  leader: LeaderElector | None = None) -> None:
         self.store = store
         self.policy = policy
@@ -386,7 +387,7 @@ class Engine:
                                 restarted_at=restarted_at)
         try:
             result = run_action(ctx)
-        except k.KubeError as e:
+        except KubeError as e:
             result = act.ActionResult("failed", str(e), {"error": e.answer()})
         except Exception as e:
             log.exception("remediation action %s failed", rule.action)

@@ -15,8 +15,9 @@ import time
 from typing import TYPE_CHECKING
 
 from triscope.remediation import filefallback, metrics
-from triscope.remediation import kube as k
 from triscope.remediation.actions import ActionResult, revert_fallback
+from triscope.remediation.kube.adapter import KubeAdapter
+from triscope.remediation.kube.errors import KubeError
 from triscope.store import audit
 
 if TYPE_CHECKING:
@@ -34,10 +35,10 @@ def _due(fb: audit.FallbackRow, now: float) -> str:
     return ""
 
 
-def _revert(fb: audit.FallbackRow, kube: k.KubeAdapter | None, why: str) -> ActionResult:
+def _revert(fb: audit.FallbackRow, kube: KubeAdapter | None, why: str) -> ActionResult:
     try:
         return filefallback.revert(fb, why) if filefallback.is_file_row(fb) else revert_fallback(fb, kube, why)
-    except k.KubeError as e:
+    except KubeError as e:
         return ActionResult("failed", f"revert of {fb.namespace}/{fb.configmap}:{fb.key} failed: {e}",
                             {"error": e.answer(), "fallback_id": fb.id})
     except OSError as e:
@@ -45,7 +46,7 @@ def _revert(fb: audit.FallbackRow, kube: k.KubeAdapter | None, why: str) -> Acti
                             {"error": str(e), "fallback_id": fb.id})
 
 
-def revert_due_fallbacks(store: Store, kube: k.KubeAdapter | None, now: float, engine_id: str,
+def revert_due_fallbacks(store: Store, kube: KubeAdapter | None, now: float, engine_id: str,
                          event_rules: set[str]) -> int:
     """Revert each active fallback whose trigger has been clear for its hold period, or whose TTL ran out.
 
@@ -77,7 +78,7 @@ def revert_due_fallbacks(store: Store, kube: k.KubeAdapter | None, now: float, e
                                                "name": fb.configmap},
                                 reason="RemediationReverted" if res.outcome != "failed" else "RemediationFailed",
                                 message=f"{fb.rule}: {res.reason} (audit {audit_id})")
-            except k.KubeError as e:
+            except KubeError as e:
                 log.info("remediation: cannot post the Kubernetes Event: %s", e)
     return done
 

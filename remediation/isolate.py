@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING
 from triscope.core.timeparse import format_rfc3339
 from triscope.core.vocabulary import IO_STATES, accelerator_labels
 from triscope.remediation import dra
-from triscope.remediation import kube as k
 from triscope.remediation.actions import (
     CORDON_OWNER,
     ActionContext,
@@ -46,6 +45,9 @@ from triscope.remediation.actions import (
     _evict_all,
     _node_allowed,
 )
+from triscope.remediation.kube.adapter import KubeAdapter
+from triscope.remediation.kube.errors import KubeError
+from triscope.remediation.kube.views import RuleWrite
 
 if TYPE_CHECKING:
     from triscope.store.reader import StoreReader
@@ -81,7 +83,7 @@ def gpu_identity(store: StoreReader, node: str, accelerator: str) -> tuple[str, 
     return str(lab.get("uuid") or ""), str(lab.get("bus_id") or "")
 
 
-def _locate(ctx: ActionContext[IsolateAcceleratorParams], kube: k.KubeAdapter, node: str,
+def _locate(ctx: ActionContext[IsolateAcceleratorParams], kube: KubeAdapter, node: str,
             acc: str) -> tuple[dra.DraDevice | None, str, dict[str, object]]:
     """(the device that is the GPU, why there is none, what was looked at)."""
     uuid, bus = gpu_identity(ctx.store, node, acc)
@@ -105,7 +107,7 @@ def _locate(ctx: ActionContext[IsolateAcceleratorParams], kube: k.KubeAdapter, n
     return dev, "", seen
 
 
-def _without_dra(ctx: ActionContext[IsolateAcceleratorParams], kube: k.KubeAdapter, why: str,
+def _without_dra(ctx: ActionContext[IsolateAcceleratorParams], kube: KubeAdapter, why: str,
                  pods: list[tuple[str, str]], resp: dict[str, object]) -> ActionResult:
     """No device to taint: the policy's ``without_dra`` (refuse, or cordon the node), said in those words."""
     node, acc, p = ctx.names["node"], ctx.names["accelerator"], ctx.params
@@ -209,7 +211,7 @@ def isolate_accelerator(ctx: ActionContext[IsolateAcceleratorParams]) -> ActionR
                         issued_ts=time.time())
 
 
-def _dry_run(kube: k.KubeAdapter, name: str, what: str, write: k.RuleWrite, live: str, names: list[str],
+def _dry_run(kube: KubeAdapter, name: str, what: str, write: RuleWrite, live: str, names: list[str],
              resp: dict[str, object]) -> ActionResult:
     """A dry-run: the rule is there with ``effect: None`` (or the engine's own already was); its status, as
     the eviction controller wrote it, says what ``NoExecute`` would evict."""
@@ -217,7 +219,7 @@ def _dry_run(kube: k.KubeAdapter, name: str, what: str, write: k.RuleWrite, live
     try:
         conds = kube.get_device_taint_rule(name).conditions
         status = "; ".join(str(c.get("message") or "") for c in conds if c.get("message"))
-    except k.KubeError as e:
+    except KubeError as e:
         log.info("remediation: reading back DeviceTaintRule %s: %s", name, e)
     resp["status"] = status
     if write["result"] == "adopted":
@@ -230,7 +232,7 @@ def _dry_run(kube: k.KubeAdapter, name: str, what: str, write: k.RuleWrite, live
                         + (", ".join(names) or "none"), resp)
 
 
-def release_healthy(store: StoreReader, kube: k.KubeAdapter, now: float, stale_s: float,
+def release_healthy(store: StoreReader, kube: KubeAdapter, now: float, stale_s: float,
                     events_namespace: str | None, *, dry_run: bool = False) -> list[str]:
     """Delete each of the engine's DeviceTaintRules whose GPU's verdict has been healthy (no I/O state, still
     published) for its ``untaint_after``; an ``AcceleratorUntainted`` Event on the node for each.  A dry-run
@@ -238,7 +240,7 @@ def release_healthy(store: StoreReader, kube: k.KubeAdapter, now: float, stale_s
     out: list[str] = []
     try:
         mine = kube.device_taint_rules()
-    except k.KubeError as e:     # a 403 is logged by the adapter, once a minute
+    except KubeError as e:     # a 403 is logged by the adapter, once a minute
         log.warning("remediation: cannot list the engine's DeviceTaintRules: %s", e)
         return out
     for rule in mine:
@@ -257,7 +259,7 @@ def release_healthy(store: StoreReader, kube: k.KubeAdapter, now: float, stale_s
         try:
             if not kube.delete_device_taint_rule(rule.name, rule.uid):
                 continue
-        except k.KubeError as e:
+        except KubeError as e:
             log.warning("remediation: cannot delete DeviceTaintRule %s (%s on %s): %s", rule.name, acc, node, e)
             continue
         state = runs[-1].state if runs else "?"
@@ -267,7 +269,7 @@ def release_healthy(store: StoreReader, kube: k.KubeAdapter, now: float, stale_s
             try:
                 kube.post_event(events_namespace, {"kind": "Node", "apiVersion": "v1", "name": node},
                                 reason="AcceleratorUntainted", message=msg)
-            except k.KubeError as e:
+            except KubeError as e:
                 log.warning("remediation: Event for the release of %s on %s: %s", acc, node, e)
         out.append(rule.name)
     return out

@@ -17,7 +17,8 @@ import time
 from typing import Any
 
 from triscope.core.timeparse import TimeParseError, parse_rfc3339
-from triscope.remediation import kube as k
+from triscope.remediation.kube.adapter import KubeAdapter
+from triscope.remediation.kube.errors import AlreadyExists, Conflict, KubeError, NotFound
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ def _parse_micro(v: str | None) -> float | None:
 
 
 class LeaderElector:
-    def __init__(self, kube: k.KubeAdapter, namespace: str, name: str, identity: str,
+    def __init__(self, kube: KubeAdapter, namespace: str, name: str, identity: str,
                  lease_duration_s: float = 15.0) -> None:
         self.kube, self.namespace, self.name, self.identity = kube, namespace, name, identity
         self.lease_duration_s = lease_duration_s
@@ -51,7 +52,7 @@ class LeaderElector:
             try:
                 won = self._try()
                 self.last_error = ""
-            except k.KubeError as e:
+            except KubeError as e:
                 self.last_error = str(e)
                 log.warning("leader election: %s", e)
                 won = False
@@ -63,19 +64,19 @@ class LeaderElector:
             return self.is_leader
 
     def _spec(self, transitions: int, acquire: str | None = None) -> dict[str, Any]:
-        now = k.KubeAdapter.micro_time()
+        now = KubeAdapter.micro_time()
         return {"holderIdentity": self.identity, "leaseDurationSeconds": int(max(1, round(self.lease_duration_s))),
                 "acquireTime": acquire or now, "renewTime": now, "leaseTransitions": transitions}
 
     def _try(self) -> bool:
         try:
             lease = self.kube.get_lease(self.namespace, self.name)
-        except k.NotFound:
+        except NotFound:
             try:
                 self.kube.create_lease(self.namespace, self.name, self._spec(0))
                 log.info("leader election: %s acquired new lease %s/%s", self.identity, self.namespace, self.name)
                 return True
-            except k.AlreadyExists:
+            except AlreadyExists:
                 return False
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity")
@@ -90,7 +91,7 @@ class LeaderElector:
             lease["spec"] = self._spec(transitions + 1)
         try:
             self.kube.replace_lease(self.namespace, self.name, lease)
-        except k.Conflict:
+        except Conflict:
             return False
         if holder != self.identity:
             log.info("leader election: %s took over lease %s/%s from %s", self.identity, self.namespace, self.name,
@@ -107,7 +108,7 @@ class LeaderElector:
                 lease["spec"]["holderIdentity"] = None
                 lease["spec"]["renewTime"] = None
                 self.kube.replace_lease(self.namespace, self.name, lease)
-        except k.KubeError as e:
+        except KubeError as e:
             log.info("leader election: release failed: %s", e)
         self._valid_until = 0.0
 

@@ -24,7 +24,8 @@ from collections.abc import Callable
 
 from triscope.core.timeparse import format_rfc3339
 from triscope.core.vocabulary import IO_STATES
-from triscope.remediation import kube as k
+from triscope.remediation.kube.adapter import KubeAdapter
+from triscope.remediation.kube.errors import KubeError, NotFound
 from triscope.remediation.verdict_events import PAGE_AFTER_S, REASONS, _accelerator_text, verdict_reasons
 from triscope.store.reader import StoreReader, VerdictRun
 
@@ -60,7 +61,7 @@ def desired(store: StoreReader, node: str, now: float, stale_s: float,
 class NodeConditions:
     """Keeps each node's ``AcceleratorCoordinationDegraded`` condition in step with its verdicts."""
 
-    def __init__(self, store: StoreReader, kube: k.KubeAdapter, *, stale_s: float = 60.0,
+    def __init__(self, store: StoreReader, kube: KubeAdapter, *, stale_s: float = 60.0,
                  page_after: dict[str, float] | None = None, clock: Callable[[], float] = time.time) -> None:
         self.store, self.kube, self.stale_s, self.clock = store, kube, stale_s, clock
         self.page_after = dict(PAGE_AFTER_S if page_after is None else page_after)
@@ -79,10 +80,10 @@ class NodeConditions:
                 continue
             try:
                 out = self.kube.set_node_condition(n.name, CONDITION, *want)
-            except k.NotFound:
+            except NotFound:
                 self._absent[n.name] = now
                 continue
-            except k.KubeError as e:
+            except KubeError as e:
                 log.warning("node condition: %s on node %s: %s", CONDITION, n.name, e)
                 continue
             self._written[n.name] = want

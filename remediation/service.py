@@ -18,8 +18,9 @@ from typing import Any
 
 from sqlalchemy.exc import OperationalError
 
-from triscope.remediation import kube as k
 from triscope.remediation.engine import DEFAULT_POLICY, Engine
+from triscope.remediation.kube.adapter import KubeAdapter
+from triscope.remediation.kube.errors import NotConfigured
 from triscope.remediation.leader import LeaderElector
 from triscope.remediation.policy import Policy, load_policy
 from triscope.remediation.webhook import serve
@@ -83,8 +84,21 @@ def _db_guarded(job: Any) -> Any:
     return run
 
 
-def kube_from_settings(policy: Policy) -> k.KubeAdapter | None:
-    return k.KubeAdapter.from_settings(policy.settings.kubernetes)
+def kube_from_settings(policy: Policy) -> KubeAdapter | None:
+    """The adapter the policy's ``settings.kubernetes`` asks for (None for mode ``none``)."""
+    ks = policy.settings.kubernetes
+    if ks.mode == "none":
+        return None
+    token = None
+    if ks.token_file:
+        try:
+            with open(ks.token_file) as f:
+                token = f.read().strip()
+        except OSError as e:
+            raise NotConfigured(f"cannot read the Kubernetes token file {ks.token_file}: {e}") from None
+    return KubeAdapter.connect(url=ks.url if ks.mode == "url" else None, token=token,
+                               kubeconfig=ks.kubeconfig if ks.mode == "kubeconfig" else None, context=ks.context,
+                               in_cluster=ks.mode == "in-cluster", verify_ssl=ks.verify_ssl, ca_file=ks.ca_file)
 
 
 class EngineHandle:
@@ -115,7 +129,7 @@ class EngineHandle:
 
 
 def start(store: Store, policy: Policy, *, listen: tuple[str, int] | None = None, dry_run: bool = False,
-          token: str | None = None, kube: k.KubeAdapter | None = None, owns_store: bool = False,
+          token: str | None = None, kube: KubeAdapter | None = None, owns_store: bool = False,
           max_body: int = 1 << 20, web: WebConfig | None = None) -> EngineHandle:
     """Build and start an engine: leader election, scheduler jobs and (with ``listen``) the webhook
     (over TLS with ``web``: ``--web.config.file``)."""
@@ -125,7 +139,7 @@ def start(store: Store, policy: Policy, *, listen: tuple[str, int] | None = None
     leader = None
     if le.enabled:
         if kube is None:
-            raise k.NotConfigured("leader election needs a Kubernetes API")
+            raise NotConfigured("leader election needs a Kubernetes API")
         leader = LeaderElector(kube, le.namespace, le.lease, policy.settings.engine_id, le.lease_duration_s)
     engine = Engine(store, policy, kube=kube, dry_run=dry_run, leader=leader)
     if leader is not None:

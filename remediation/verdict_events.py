@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from triscope.core.vocabulary import WorkloadKey, accelerator_labels
-from triscope.remediation import kube as k
 from triscope.remediation import metrics
+from triscope.remediation.kube.adapter import KubeAdapter
+from triscope.remediation.kube.errors import KubeError
 from triscope.store.reader import StoreReader, VerdictRun
 
 log = logging.getLogger("triscope.remediation.verdict_events")
@@ -91,7 +92,7 @@ def verdict_reasons(store: StoreReader, run: VerdictRun) -> list[str]:
 class VerdictEvents:
     """Posts the verdict's paging changes as Kubernetes Events (``evaluate`` every evaluation)."""
 
-    def __init__(self, store: StoreReader, kube: k.KubeAdapter, *, namespaces: tuple[str, ...],
+    def __init__(self, store: StoreReader, kube: KubeAdapter, *, namespaces: tuple[str, ...],
                  events_namespace: str, stale_s: float = 60.0, page_after: dict[str, float] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.store, self.kube = store, kube
@@ -184,7 +185,7 @@ class VerdictEvents:
             return 0
         try:
             self.kube.post_event(ns, obj, reason=reason, message=message, type_=type_, component=COMPONENT)
-        except k.KubeError as e:
+        except KubeError as e:
             metrics.VERDICT_EVENTS.labels("failed").inc()
             log.warning("verdict events: %s %s on %s: %s", reason, type_, who, e)
             return 0

@@ -24,9 +24,10 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from triscope.remediation import kube as k
+from triscope.remediation.kube.adapter import KubeAdapter
+from triscope.remediation.kube.errors import Forbidden, KubeError, NotFound, Unauthorized
 from triscope.remediation.targets import TargetField
 from triscope.store import workloads as wstore
 
@@ -66,6 +67,38 @@ class ResolveError(Exception):
         self.reason, self.transient = reason, transient
 
 
+def controller_of(obj: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(kind, name) of the object's managing controller: the ownerReference with ``controller: true``
+    (at most one, the API server enforces it), else the only ownerReference; None when it has none."""
+    refs = [r for r in (obj.get("metadata") or {}).get("ownerReferences") or [] if r.get("kind") and r.get("name")]
+    ctl = [r for r in refs if r.get("controller")]
+    ref = ctl[0] if ctl else refs[0] if len(refs) == 1 else None
+    return None if ref is None else (str(ref["kind"]), str(ref["name"]))
+
+
+def pod_owner(kube: KubeAdapter, namespace: str, pod: str) -> tuple[str, str]:
+    """The workload owning ``pod`` as (kind, name), through ownerReferences, as the controllers set them.
+
+    Pod -> ReplicaSet -> Deployment (a ReplicaSet nobody owns is the workload itself);
+    ``StatefulSet``, ``DaemonSet``, ``Job`` (and any other controller kind) from the pod's own
+    controller reference; a pod with no owner is ``("Pod", name)``.  Reads the pod and, for a
+    ReplicaSet owner, the ReplicaSet (RBAC: ``get`` on pods and replicasets).  Raises
+    ``NotFound`` when the pod does not exist.
+    """
+    owner = controller_of(kube.get_pod(namespace, pod))
+    if owner is None:
+        return "Pod", pod
+    kind, name = owner
+    if kind == "ReplicaSet":
+        try:
+            rs_owner = controller_of(kube.get_replicaset(namespace, name))
+        except NotFound:   # the ReplicaSet went (a rollout finished) while its pod lingers
+            return kind, name
+        if rs_owner is not None and rs_owner[0] == "Deployment":
+            return rs_owner
+    return kind, name
+
+
 def parse_workload(value: str) -> tuple[str, str] | None:
     """``Deployment/web`` -> ("Deployment", "web"); None for anything else (``unit:x.service``, ``cmd:x``, "")."""
     kind, sep, name = value.partition("/")
@@ -77,7 +110,7 @@ def parse_workload(value: str) -> tuple[str, str] | None:
 class WorkloadResolver:
     """(namespace, pod) -> owning workload, through the API, cached for ``ttl_s`` and kept in the store."""
 
-    def __init__(self, store: Store, kube: k.KubeAdapter | None, ttl_s: float = 600.0) -> None:
+    def __init__(self, store: Store, kube: KubeAdapter | None, ttl_s: float = 600.0) -> None:
         self.store, self.kube, self.ttl_s = store, kube, ttl_s
         self._lock = threading.Lock()
         self._cache: dict[tuple[str, str], tuple[float, Owner | None, str]] = {}
@@ -123,22 +156,22 @@ class WorkloadResolver:
                                "(settings.kubernetes.mode is none) and the store has no record of it")
         try:
             self.api_lookups += 1
-            kind, name = self.kube.pod_owner(namespace, pod)
-        except k.NotFound:
+            kind, name = pod_owner(self.kube, namespace, pod)
+        except NotFound:
             if row is not None:   # replaced since the trigger was raised: its owner is remembered
                 return Owner(namespace, row.kind, row.name, pod, "store")
             why = f"pod {namespace}/{pod} does not exist and was never resolved: cannot tell its workload"
             self._remember(key, now, None, why)
             raise ResolveError(why) from None
-        except k.Unauthorized as e:
+        except Unauthorized as e:
             if row is not None:
                 return Owner(namespace, row.kind, row.name, pod, "store")
-            why = (f"not allowed to read pod {namespace}/{pod} or its ReplicaSet: {e}" if isinstance(e, k.Forbidden)
+            why = (f"not allowed to read pod {namespace}/{pod} or its ReplicaSet: {e}" if isinstance(e, Forbidden)
                    else f"not allowed to read pod {namespace}/{pod} or its ReplicaSet ({e.status}): the engine needs "
                    f"get on pods and replicasets in {namespace} (a RoleBinding in deploy/kustomize/targets)")
             self._remember(key, now, None, why)
             raise ResolveError(why) from None
-        except k.KubeError as e:
+        except KubeError as e:
             if row is not None:
                 return Owner(namespace, row.kind, row.name, pod, "store")
             raise ResolveError(f"cannot resolve pod {namespace}/{pod} to its workload: {e}", transient=True) from None
@@ -215,5 +248,5 @@ def pods_in_series(labels_list: Iterable[Mapping[str, str]]) -> set[tuple[str, s
     return out
 
 
-__all__ = ["Owner", "ResolveError", "WorkloadResolver",
-           "parse_workload", "pods_in_series", "target_owner"]
+__all__ = ["Owner", "ResolveError", "WorkloadResolver", "parse_workload", "pod_owner", "pods_in_series",
+           "target_owner"]

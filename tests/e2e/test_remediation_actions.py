@@ -12,9 +12,10 @@ import pytest
 from kube_server import BASE_SETTINGS, KubeTestServer, policy_text, webhook_payload
 
 from triscope.core.samples import EventRecord, Sample, Tick
-from triscope.remediation import kube as k
 from triscope.remediation import metrics
 from triscope.remediation.engine import Engine
+from triscope.remediation.kube.adapter import KubeAdapter
+from triscope.remediation.kube.errors import NotOurCordon
 from triscope.remediation.policy import parse_policy
 from triscope.store import audit
 
@@ -38,7 +39,7 @@ NODES = BASE_SETTINGS + "  node_names: [node-*]\n"   # the node allow-list resch
 
 
 def engine(store: Any, srv: KubeTestServer, rules: str, dry_run: bool = False, settings: str = "") -> Engine:
-    return Engine(store, parse_policy(policy_text(rules, settings), "t.yaml"), kube=k.KubeAdapter.connect(url=srv.url),
+    return Engine(store, parse_policy(policy_text(rules, settings), "t.yaml"), kube=KubeAdapter.connect(url=srv.url),
                   dry_run=dry_run)
 
 
@@ -221,10 +222,10 @@ def test_reschedule_blocked_by_pdb_times_out(store: Any, srv: KubeTestServer) ->
 
 
 def test_cordon_never_undoes_someone_elses(srv: KubeTestServer) -> None:
-    kube = k.KubeAdapter.connect(url=srv.url)
+    kube = KubeAdapter.connect(url=srv.url)
     srv.add_node("manual", unschedulable=True, annotations={"note": "maintenance"})
     assert kube.cordon("manual", by="triscope")["result"] == "cordoned_by_other"
-    with pytest.raises(k.NotOurCordon):
+    with pytest.raises(NotOurCordon):
         kube.uncordon("manual", by="triscope")
     assert srv.get("nodes", "", "manual")["spec"]["unschedulable"] is True
     assert kube.cordon("node-a", by="triscope")["result"] == "cordoned"
@@ -328,7 +329,7 @@ def test_slo_page_trigger_switches_fallback(store: Any, srv: KubeTestServer, tmp
     (tmp_path / "policy.yaml").write_text(text)
     from triscope.remediation.policy import load_policy
 
-    eng = Engine(store, load_policy(tmp_path / "policy.yaml"), kube=k.KubeAdapter.connect(url=srv.url))
+    eng = Engine(store, load_policy(tmp_path / "policy.yaml"), kube=KubeAdapter.connect(url=srv.url))
     assert eng.evaluate_triggers(now) == 1
     assert eng.drain()
     eng.close()

@@ -16,7 +16,7 @@ from kube_server import KubeTestServer, open_store, policy_text, webhook_payload
 
 from triscope.core.samples import Sample, Tick
 from triscope.remediation.engine import Engine
-from triscope.remediation.kube import KubeAdapter
+from triscope.remediation.kube.adapter import KubeAdapter
 from triscope.remediation.leader import LeaderElector
 from triscope.remediation.policy import parse_policy
 from triscope.remediation.triggers import TriggerEvent

@@ -135,7 +135,7 @@ def test_cli_serves_webhook_with_token_file(tmp_path: Path) -> None:
 def test_leader_election_one_acts_and_takeover(tmp_path: Path) -> None:
     from kube_server import KubeTestServer
 
-    from triscope.remediation.kube import KubeAdapter
+    from triscope.remediation.kube.adapter import KubeAdapter
     from triscope.remediation.leader import LeaderElector
 
     srv = KubeTestServer().start()
@@ -203,7 +203,7 @@ def test_start_embedded_dry_run_with_example_policy(tmp_path: Path) -> None:
 def test_follower_answers_503_and_is_not_ready(tmp_path: Path) -> None:
     from kube_server import KubeTestServer
 
-    from triscope.remediation.kube import KubeAdapter
+    from triscope.remediation.kube.adapter import KubeAdapter
     from triscope.remediation.leader import LeaderElector
 
     srv = KubeTestServer().start()

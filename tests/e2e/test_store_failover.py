@@ -150,7 +150,7 @@ class BreakerCheck:
         from test_remediation_rails import RESTART
 
         from triscope.remediation.engine import Engine
-        from triscope.remediation.kube import KubeAdapter
+        from triscope.remediation.kube.adapter import KubeAdapter
         from triscope.remediation.policy import parse_policy
 
         st = open_store(self.url)

@@ -367,8 +367,8 @@ def test_rbac_grants_exactly_the_verbs_the_actions_use(rendered: dict[str, list[
 
 
 def test_the_engine_names_the_shipped_grants_when_refused(rendered: dict[str, list[dict[str, Any]]]) -> None:
-    """remediation/kube.py's SHIPPED_GRANTS (what a 403's log line says the manifests grant) is the rendered RBAC."""
-    from triscope.remediation.kube import SHIPPED_GRANTS
+    """remediation/kube/rbac.py's SHIPPED_GRANTS (what a 403's log line says the manifests grant) is the rendered RBAC."""
+    from triscope.remediation.kube.rbac import SHIPPED_GRANTS
 
     objs = rendered["overlays/nvidia"]
     roles = {r["metadata"]["name"]: r for r in by_kind(objs, "ClusterRole") + by_kind(objs, "Role")}

@@ -15,8 +15,9 @@ import pytest
 from kube_server import BASE_SETTINGS, KubeTestServer, policy_text, webhook_payload
 
 from triscope.core.samples import Sample, Tick
-from triscope.remediation import kube as k
 from triscope.remediation.engine import Engine
+from triscope.remediation.kube.adapter import KubeAdapter
+from triscope.remediation.kube.views import Node, Taint, Toleration
 from triscope.remediation.policy import parse_policy
 from triscope.store import audit
 
@@ -38,7 +39,7 @@ def srv() -> Iterator[KubeTestServer]:
 
 
 def fire(store: Any, srv: KubeTestServer, node: str, settings: str = NAMES, dry_run: bool = False) -> audit.AuditRow:
-    eng = Engine(store, parse_policy(policy_text(MOVE, settings), "t.yaml"), kube=k.KubeAdapter.connect(url=srv.url),
+    eng = Engine(store, parse_policy(policy_text(MOVE, settings), "t.yaml"), kube=KubeAdapter.connect(url=srv.url),
                  dry_run=dry_run)
     try:
         eng.submit_alerts(webhook_payload([{"labels": {"alertname": "GpuBroken", "node": node},
@@ -133,15 +134,26 @@ def test_candidates_skip_control_plane_and_untolerated_taints(store: Any, srv: K
     assert placed and placed <= {"node-tol", "node-busy", "node-soft"}, placed
 
 
+def tolerates(tolerations: list[dict[str, Any]], taint: dict[str, Any]) -> bool:
+    """Does one of ``tolerations`` tolerate ``taint`` (the rules of the Kubernetes scheduler)?"""
+    t = Taint.of(taint)
+    return any(Toleration.of(tol).tolerates(t) for tol in tolerations or [])
+
+
+def is_control_plane(node: dict[str, Any]) -> bool:
+    """A control-plane node (a Node's JSON): see ``Node.control_plane``."""
+    return Node.of(node).control_plane
+
+
 def test_tolerations_follow_the_scheduler_rules() -> None:
     taint = {"key": "dedicated", "value": "llm", "effect": "NoSchedule"}
-    assert k.tolerates([{"key": "dedicated", "operator": "Equal", "value": "llm"}], taint)
-    assert k.tolerates([{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}], taint)
-    assert k.tolerates([{"operator": "Exists"}], taint)  # tolerates everything
-    assert not k.tolerates([{"key": "dedicated", "value": "web"}], taint)
-    assert not k.tolerates([{"key": "dedicated", "operator": "Exists", "effect": "NoExecute"}], taint)
-    assert not k.tolerates([{"operator": "Equal"}], taint)  # an empty key only works with Exists
-    assert k.is_control_plane({"metadata": {"labels": {"node-role.kubernetes.io/master": ""}}})
-    assert k.is_control_plane({"metadata": {}, "spec": {"taints": [
+    assert tolerates([{"key": "dedicated", "operator": "Equal", "value": "llm"}], taint)
+    assert tolerates([{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}], taint)
+    assert tolerates([{"operator": "Exists"}], taint)  # tolerates everything
+    assert not tolerates([{"key": "dedicated", "value": "web"}], taint)
+    assert not tolerates([{"key": "dedicated", "operator": "Exists", "effect": "NoExecute"}], taint)
+    assert not tolerates([{"operator": "Equal"}], taint)  # an empty key only works with Exists
+    assert is_control_plane({"metadata": {"labels": {"node-role.kubernetes.io/master": ""}}})
+    assert is_control_plane({"metadata": {}, "spec": {"taints": [
         {"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}]}})
-    assert not k.is_control_plane({"metadata": {"labels": {"node-role.kubernetes.io/worker": ""}}})
+    assert not is_control_plane({"metadata": {"labels": {"node-role.kubernetes.io/worker": ""}}})

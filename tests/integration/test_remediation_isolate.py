@@ -20,8 +20,9 @@ from kube_server import KubeTestServer, policy_text
 
 from triscope.core.samples import EventRecord, Sample, Tick
 from triscope.remediation import dra
-from triscope.remediation import kube as k
 from triscope.remediation.engine import Engine
+from triscope.remediation.kube.adapter import KubeAdapter
+from triscope.remediation.kube.views import CORDONED_BY
 from triscope.remediation.policy import parse_policy
 from triscope.store import audit
 
@@ -99,7 +100,7 @@ def healthy(store: Any, now: float, seconds: float = 200.0) -> None:
 
 
 def engine(store: Any, srv: KubeTestServer, params: str = "", *, dry_run: bool = False) -> Engine:
-    kube = k.KubeAdapter.connect(url=srv.url, token=TOKEN)
+    kube = KubeAdapter.connect(url=srv.url, token=TOKEN)
     return Engine(store, parse_policy(policy_text(ISOLATE % params, SETTINGS), "p.yaml"), kube=kube, dry_run=dry_run)
 
 
@@ -312,7 +313,7 @@ def test_where_no_resourceslice_publishes_the_gpu_the_policy_chooses_and_says_so
             assert row.reason.startswith("cordoned node node-a instead of isolating gpu=1 (without_dra: cordon, a "
                                          "node-level action"), row.reason
             assert node["spec"]["unschedulable"] is True
-            assert node["metadata"]["annotations"][k.CORDONED_BY] == "triscope"
+            assert node["metadata"]["annotations"][CORDONED_BY] == "triscope"
             assert [r.path.split("/pods/")[1].split("/")[0] for r in srv.calls("POST", "/eviction")] == [llm]
         why = ("this cluster serves no ResourceSlices" if release == "1.33"
                else "no ResourceSlice publishes gpu=1 of node-a: no ResourceSlice publishes a device of this node")
@@ -343,7 +344,7 @@ def test_the_bus_id_finds_the_device_when_the_driver_publishes_no_uuid(store: An
         srv.add_resource_slice("node-a", "gpu.example.com", "pool-x", [
             {"name": "dev-7", "attributes": {"resource.kubernetes.io/pciBusID": {"string": "0000:2a:00.0"}}},
             {"name": "dev-8", "attributes": {"resource.kubernetes.io/pciBusID": {"string": "0000:17:00.0"}}}])
-        kube = k.KubeAdapter.connect(url=srv.url)
+        kube = KubeAdapter.connect(url=srv.url)
         devs = dra.devices(kube.resource_slices("node-a"), "node-a")
         dev, why = dra.find_device(devs, uuid="GPU-nobody", bus_id="00000000:2A:00.0")
         assert dev is not None and dev.describe() == "gpu.example.com/pool-x/dev-7", why

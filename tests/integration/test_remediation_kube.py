@@ -10,8 +10,17 @@ from typing import Any
 import pytest
 from kube_server import KubeTestServer, open_store, policy_text, webhook_payload
 
-from triscope.remediation import kube as k
 from triscope.remediation.engine import Engine
+from triscope.remediation.kube.adapter import SMP, KubeAdapter
+from triscope.remediation.kube.errors import (
+    AlreadyExists,
+    Conflict,
+    DegradedDeployment,
+    NotConfigured,
+    NotFound,
+    PausedDeployment,
+    Unauthorized,
+)
 from triscope.remediation.policy import parse_policy
 from triscope.store import audit
 
@@ -26,11 +35,11 @@ def srv() -> Iterator[KubeTestServer]:
 
 
 @pytest.fixture
-def kube(srv: KubeTestServer) -> k.KubeAdapter:
-    return k.KubeAdapter.connect(url=srv.url, token="t0ken")
+def kube(srv: KubeTestServer) -> KubeAdapter:
+    return KubeAdapter.connect(url=srv.url, token="t0ken")
 
 
-def test_restart_retries_when_the_deployment_changes_under_it(srv: KubeTestServer, kube: k.KubeAdapter) -> None:
+def test_restart_retries_when_the_deployment_changes_under_it(srv: KubeTestServer, kube: KubeAdapter) -> None:
     orig = srv._patch
     state = {"n": 0}
 
@@ -49,7 +58,7 @@ def test_restart_retries_when_the_deployment_changes_under_it(srv: KubeTestServe
 
 
 def test_steering_to_a_node_retries_when_the_deployment_changes_under_it(srv: KubeTestServer,
-                                                                         kube: k.KubeAdapter) -> None:
+                                                                         kube: KubeAdapter) -> None:
     """A reschedule cordons, then steers the Deployment: a status or scale update between its read and
     its patch (409) is read again, not a failed decision that leaves the node cordoned."""
     orig = srv._patch
@@ -70,7 +79,7 @@ def test_steering_to_a_node_retries_when_the_deployment_changes_under_it(srv: Ku
 
 
 @pytest.mark.parametrize("races", [1, 99])
-def test_every_read_modify_write_retries_on_conflict_then_gives_up(srv: KubeTestServer, kube: k.KubeAdapter,
+def test_every_read_modify_write_retries_on_conflict_then_gives_up(srv: KubeTestServer, kube: KubeAdapter,
                                                                   races: int) -> None:
     """Cordon, uncordon and ConfigMap keys go through the one conflict-retry helper: someone
     writing the object between our read and our write (409) makes the verb read it again; one who keeps
@@ -95,7 +104,7 @@ def test_every_read_modify_write_retries_on_conflict_then_gives_up(srv: KubeTest
             verb()
             assert len(srv.calls("PUT")) - before == 2             # the lost race, then the write
             continue
-        with pytest.raises(k.Conflict, match=rf"{name} \(.*\) kept changing \(409 {tries} times\)"):
+        with pytest.raises(Conflict, match=rf"{name} \(.*\) kept changing \(409 {tries} times\)"):
             verb()
         assert len(srv.calls("PUT")) - before == tries
     if races > 1:
@@ -114,13 +123,13 @@ def test_rfc3339_one_parser_one_formatter() -> None:
     ts = parse_rfc3339("2026-11-29T18:00:00.123456789Z")
     assert ts == parse_rfc3339("2026-11-29T19:00:00.123456+01:00") == 1795975200.123456
     assert format_rfc3339(ts) == "2026-11-29T18:00:00Z" and format_rfc3339(ts, micro=True) == "2026-11-29T18:00:00.123456Z"
-    assert parse_rfc3339(k.KubeAdapter.micro_time()) == pytest.approx(time.time(), abs=5)
+    assert parse_rfc3339(KubeAdapter.micro_time()) == pytest.approx(time.time(), abs=5)
     for bad in ("", "yesterday", "2026-11-29T18:00:00"):          # no zone: not RFC 3339
         with pytest.raises(TimeParseError):
             parse_rfc3339(bad)
 
 
-def test_patch_content_types_are_honoured(srv: KubeTestServer, kube: k.KubeAdapter) -> None:
+def test_patch_content_types_are_honoured(srv: KubeTestServer, kube: KubeAdapter) -> None:
     # a JSON object sent as json-patch is a 400, as on a real API server (the official client itself
     # switches object bodies to strategic merge, so this is sent raw)
     import http.client
@@ -141,32 +150,32 @@ def test_patch_content_types_are_honoured(srv: KubeTestServer, kube: k.KubeAdapt
     kube._call(kube.apps.patch_namespaced_deployment, "web", "inference",
                {"metadata": {"labels": {"b": None}},
                 "spec": {"template": {"spec": {"containers": [{"name": "sidecar", "image": "s:1"}]}}}},
-               _content_type=k.SMP)
+               _content_type=SMP)
     dep = srv.get("deployments", "inference", "web")
     assert "b" not in dep["metadata"]["labels"]
     assert [c["name"] for c in dep["spec"]["template"]["spec"]["containers"]] == ["app", "sidecar"]
 
 
-def test_error_types(srv: KubeTestServer, kube: k.KubeAdapter) -> None:
-    with pytest.raises(k.NotFound):
+def test_error_types(srv: KubeTestServer, kube: KubeAdapter) -> None:
+    with pytest.raises(NotFound):
         kube.get_deployment("inference", "nope")
-    with pytest.raises(k.Unauthorized):
-        k.KubeAdapter.connect(url=srv.url, token="wrong").get_node("node-a")
+    with pytest.raises(Unauthorized):
+        KubeAdapter.connect(url=srv.url, token="wrong").get_node("node-a")
     srv.add_deployment("inference", "paused", paused=True)
-    with pytest.raises(k.PausedDeployment):
+    with pytest.raises(PausedDeployment):
         kube.restart_deployment("inference", "paused")
     srv.add_deployment("inference", "half", replicas=4, available=2)
-    with pytest.raises(k.DegradedDeployment):
+    with pytest.raises(DegradedDeployment):
         kube.restart_deployment("inference", "half")
     kube.create_lease("default", "l", {"holderIdentity": "x"})
-    with pytest.raises(k.AlreadyExists):
+    with pytest.raises(AlreadyExists):
         kube.create_lease("default", "l", {})
     lease = kube.get_lease("default", "l")
     kube.replace_lease("default", "l", lease)
-    with pytest.raises(k.Conflict):
+    with pytest.raises(Conflict):
         kube.replace_lease("default", "l", lease)  # stale resourceVersion
-    with pytest.raises(k.NotConfigured):
-        k.KubeAdapter.connect(kubeconfig="/nonexistent/kubeconfig")
+    with pytest.raises(NotConfigured):
+        KubeAdapter.connect(kubeconfig="/nonexistent/kubeconfig")
 
 
 def test_unreachable_api_is_a_failed_decision(tmp_path: Path, srv: KubeTestServer) -> None:
@@ -176,7 +185,7 @@ def test_unreachable_api_is_a_failed_decision(tmp_path: Path, srv: KubeTestServe
     action: rolling_restart
     target: {namespace: inference, deployment: web}
 """
-    down = k.KubeAdapter.connect(url=f"http://127.0.0.1:{_closed_port()}")
+    down = KubeAdapter.connect(url=f"http://127.0.0.1:{_closed_port()}")
     down.timeout = (0.5, 1.0)
     eng = Engine(st, parse_policy(policy_text(rules)), kube=down)
     no_api = Engine(st, parse_policy(policy_text(rules.replace("name: r", "name: r2").replace("deployment: web", "deployment: api"))), kube=None)
@@ -191,7 +200,7 @@ def test_unreachable_api_is_a_failed_decision(tmp_path: Path, srv: KubeTestServe
     st.close()
 
 
-def test_suppressed_decisions_are_kubernetes_events_too(tmp_path: Path, srv: KubeTestServer, kube: k.KubeAdapter) -> None:
+def test_suppressed_decisions_are_kubernetes_events_too(tmp_path: Path, srv: KubeTestServer, kube: KubeAdapter) -> None:
     st = open_store(f"sqlite:///{tmp_path / 't.db'}")
     srv.add_deployment("inference", "paused", paused=True)
     eng = Engine(st, parse_policy(policy_text("""  - name: r

@@ -24,8 +24,11 @@ from kube_rbac import AGENT_USER, ENGINE_USER, Rbac, shipped_rbac
 from kube_server import KubeTestServer, policy_text, webhook_payload
 
 from triscope.core.samples import Sample, Tick
-from triscope.remediation import kube as k
 from triscope.remediation.engine import Engine
+from triscope.remediation.kube.adapter import KubeAdapter
+from triscope.remediation.kube.errors import Forbidden
+from triscope.remediation.kube.rbac import RBAC_FILE
+from triscope.remediation.kube.views import RESTARTED_AT
 from triscope.remediation.leader import LeaderElector
 from triscope.remediation.policy import parse_policy
 from triscope.store import audit
@@ -110,7 +113,7 @@ def isolate_gpu_1(store: Any, srv: KubeTestServer, eng: Engine, llm: str) -> Non
 
 def run_every_action(store: Any, srv: KubeTestServer) -> dict[str, Any]:
     """What the engine does in a cluster, once each; returns the audit outcomes by rule and the leader's answers."""
-    kube = k.KubeAdapter.connect(url=srv.url, token=ENGINE_TOKEN)
+    kube = KubeAdapter.connect(url=srv.url, token=ENGINE_TOKEN)
     kube.timeout = (2.0, 5.0)
     leader = LeaderElector(kube, "triscope", "triscope-remediation", "engine-a")
     won = [leader.step(), leader.step()]           # create the Lease, then renew it (get + update)
@@ -156,7 +159,7 @@ def test_every_action_succeeds_with_exactly_the_shipped_rbac(store: Any) -> None
                         ("list", "resourceslices"), ("get", "devicetaintrules"), ("create", "devicetaintrules"),
                         ("list", "devicetaintrules"), ("delete", "devicetaintrules")}, seen
         # the effects are there: restarted, fallback reverted, node cordoned by triscope, pod evicted
-        assert srv.get("deployments", "inference", "web")["spec"]["template"]["metadata"]["annotations"][k.RESTARTED_AT]
+        assert srv.get("deployments", "inference", "web")["spec"]["template"]["metadata"]["annotations"][RESTARTED_AT]
         assert srv.get("configmaps", "inference", "inference-deps")["data"] == {}
         assert srv.get("nodes", "", "node-a")["spec"]["unschedulable"] is True
         # the verdict's Warning on the pod it names (isolate_gpu_1's 11 minutes would page)
@@ -196,7 +199,7 @@ def test_each_shipped_permission_is_needed(store: Any, atom: tuple[str, str, int
         elif name == "triscope-engine-workloads":
             assert all("RoleBinding of triscope-engine-workloads in namespace" in m for m in mine), mine
         else:
-            assert all(f"re-apply {k.RBAC_FILE}" in m for m in mine), mine
+            assert all(f"re-apply {RBAC_FILE}" in m for m in mine), mine
     finally:
         srv.stop()
 
@@ -212,7 +215,7 @@ def test_a_namespace_without_a_rolebinding_is_refused_with_one_clear_line(
     limits: {cooldown: 0s}
 """
     eng = Engine(store, parse_policy(policy_text(rules, SETTINGS), "t.yaml"),
-                 kube=k.KubeAdapter.connect(url=srv.url, token=ENGINE_TOKEN))
+                 kube=KubeAdapter.connect(url=srv.url, token=ENGINE_TOKEN))
     try:
         eng.submit_alerts(webhook_payload([{"labels": {"alertname": "R"}}]))
         assert eng.drain(30)
@@ -249,7 +252,7 @@ def test_the_forbidden_status_is_kube_apiservers(store: Any) -> None:
     from kubernetes.client.exceptions import ApiException
 
     srv = server(SHIPPED)
-    kube = k.KubeAdapter.connect(url=srv.url, token=ENGINE_TOKEN)
+    kube = KubeAdapter.connect(url=srv.url, token=ENGINE_TOKEN)
     try:
         def refused(fn: Any, *args: Any) -> dict[str, Any]:
             with pytest.raises(ApiException) as ei:
@@ -278,8 +281,8 @@ def test_the_forbidden_status_is_kube_apiservers(store: Any) -> None:
         assert 'cannot get resource "leases" in API group "coordination.k8s.io" in the namespace "triscope"' \
             in body["message"]
         # the agent's ServiceAccount has no binding at all
-        agent = k.KubeAdapter.connect(url=srv.url, token=AGENT_TOKEN)
-        with pytest.raises(k.Forbidden) as fe:
+        agent = KubeAdapter.connect(url=srv.url, token=AGENT_TOKEN)
+        with pytest.raises(Forbidden) as fe:
             agent.list_nodes()
         assert str(fe.value).startswith("Kubernetes refused list on nodes at the cluster scope for "
                                         "system:serviceaccount:triscope:triscope-agent")
@@ -293,9 +296,9 @@ def test_a_binding_to_a_missing_role_says_so_as_the_real_server_does(store: Any)
     objs = [o for o in SHIPPED.objects if not (o["kind"] == "ClusterRole"
                                                 and o["metadata"]["name"] == "triscope-engine-nodes")]
     srv = server(Rbac(objs))
-    kube = k.KubeAdapter.connect(url=srv.url, token=ENGINE_TOKEN)
+    kube = KubeAdapter.connect(url=srv.url, token=ENGINE_TOKEN)
     try:
-        with pytest.raises(k.Forbidden) as fe:
+        with pytest.raises(Forbidden) as fe:
             kube.get_node("node-a")
         assert fe.value.body["message"].endswith(
             'at the cluster scope: RBAC: clusterrole.rbac.authorization.k8s.io "triscope-engine-nodes" not found')
@@ -311,7 +314,7 @@ def test_existing_callers_without_rbac_are_unchanged() -> None:
     srv = KubeTestServer().start()
     try:
         srv.add_node("n")
-        assert k.KubeAdapter.connect(url=srv.url).get_node("n").name == "n"
+        assert KubeAdapter.connect(url=srv.url).get_node("n").name == "n"
         assert not srv.forbidden()
     finally:
         srv.stop()
@@ -321,7 +324,7 @@ def test_a_refusal_repeated_by_the_leader_loop_is_logged_once(caplog: pytest.Log
     lease_get = next(a for a in SHIPPED.atoms() if a[4] == "leases" and a[5] == "get")
     srv = server(SHIPPED.without(*lease_get))
     caplog.set_level(logging.INFO)
-    kube = k.KubeAdapter.connect(url=srv.url, token=ENGINE_TOKEN)
+    kube = KubeAdapter.connect(url=srv.url, token=ENGINE_TOKEN)
     try:
         leader = LeaderElector(kube, "triscope", "triscope-remediation", "engine-a")
         assert [leader.step() for _ in range(3)] == [False, False, False]
@@ -340,7 +343,7 @@ def test_an_owner_lookup_refused_names_the_missing_grant_in_the_decision(store: 
     srv = server(SHIPPED.without(*atom))
     web_pod = srv.pods_of("inference", "web")[0]["metadata"]["name"]
     eng = Engine(store, parse_policy(policy_text(RULES, SETTINGS), "t.yaml"),
-                 kube=k.KubeAdapter.connect(url=srv.url, token=ENGINE_TOKEN))
+                 kube=KubeAdapter.connect(url=srv.url, token=ENGINE_TOKEN))
     try:
         eng.submit_alerts(webhook_payload([{"labels": {"alertname": "Restart", "namespace": "inference", "pod": web_pod}}]))
         assert eng.drain(30)

@@ -21,8 +21,8 @@ from kube_server import BASE_SETTINGS, KubeTestServer, open_store, policy_text, 
 from sqlalchemy import text
 
 from triscope.remediation import actions as act
-from triscope.remediation import kube as k
 from triscope.remediation.engine import Engine, IntakeError
+from triscope.remediation.kube.adapter import KubeAdapter
 from triscope.remediation.leader import LeaderElector
 from triscope.remediation.triggers import TriggerEvent
 from triscope.store import audit
@@ -62,7 +62,7 @@ class Env:
         from triscope.remediation.policy import parse_policy
 
         e = Engine(self.store, parse_policy(policy_text(rules, settings), "t.yaml"),
-                   kube=k.KubeAdapter.connect(url=self.srv.url), leader=leader)
+                   kube=KubeAdapter.connect(url=self.srv.url), leader=leader)
         self.engines.append(e)
         return e
 
@@ -262,7 +262,7 @@ def test_store_failure_at_intake_raises_and_queues_nothing(env: Env) -> None:
 
 
 def test_follower_leaves_the_trigger_to_the_leader(env: Env) -> None:
-    kube = k.KubeAdapter.connect(url=env.srv.url)
+    kube = KubeAdapter.connect(url=env.srv.url)
     other = LeaderElector(kube, "default", "triscope-remediation", "other", 30)
     assert other.step()
     me = LeaderElector(kube, "default", "triscope-remediation", "me", 30)

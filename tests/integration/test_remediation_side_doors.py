@@ -20,9 +20,9 @@ import pytest
 from kube_server import KubeTestServer, policy_text
 
 from triscope.core.samples import Sample, Tick
-from triscope.remediation import kube as k
 from triscope.remediation.actions import fill_argv
 from triscope.remediation.engine import Engine
+from triscope.remediation.kube.adapter import KubeAdapter
 from triscope.remediation.policy import PolicyError, parse_policy
 from triscope.store import audit
 
@@ -152,7 +152,7 @@ def test_literal_targets_is_in_the_audit_row_and_the_event(store: Any, tmp_path:
     srv.add_node("node-a")
     pol = parse_policy(policy_text(rule(f"['{script}', rollout, restart, deploy/x]", target="{node: {label: node}}",
                                         extra=", literal_targets: true"), SETTINGS), "p.yaml")
-    eng = Engine(store, pol, kube=k.KubeAdapter.connect(url=srv.url))
+    eng = Engine(store, pol, kube=KubeAdapter.connect(url=srv.url))
     try:
         assert eng.evaluate_triggers(now) == 1 and eng.drain(30)
         row = audit.audit_log(store, limit=1)[0]

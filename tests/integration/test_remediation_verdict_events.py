@@ -18,8 +18,8 @@ from kube_rbac import ENGINE_USER, Rbac, shipped_rbac_objects
 from kube_server import KubeTestServer, policy_text
 
 from triscope.core.samples import EventRecord, Sample, Tick
-from triscope.remediation import kube as k
 from triscope.remediation.engine import Engine
+from triscope.remediation.kube.adapter import KubeAdapter
 from triscope.remediation.policy import parse_policy
 from triscope.remediation.verdict_events import BURST, PAGE_AFTER_S, VerdictEvents
 
@@ -67,7 +67,7 @@ def _verdicts(store: Any, start: float, seconds: float, gpu1: str, step: float =
 
 
 def _engine(store: Any, srv: KubeTestServer) -> Engine:
-    kube = k.KubeAdapter.connect(url=srv.url, token=TOKEN)
+    kube = KubeAdapter.connect(url=srv.url, token=TOKEN)
     return Engine(store, parse_policy(policy_text(RULE, SETTINGS), "p.yaml"), kube=kube)
 
 

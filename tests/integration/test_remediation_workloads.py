@@ -13,8 +13,8 @@ import pytest
 from kube_server import BASE_SETTINGS, KubeTestServer, policy_text, webhook_payload
 
 from triscope.core.samples import EventRecord, Sample, Tick
-from triscope.remediation import kube as k
 from triscope.remediation.engine import Engine
+from triscope.remediation.kube.adapter import KubeAdapter
 from triscope.remediation.policy import parse_policy
 from triscope.remediation.workloads import ResolveError, WorkloadResolver
 from triscope.store import audit
@@ -89,7 +89,7 @@ RESTART_RULES = """  - name: restart-staging-bound
 
 def engine(store: Any, srv: KubeTestServer, rules: str, *, settings: str = BASE_SETTINGS,
            dry_run: bool = False) -> Engine:
-    return Engine(store, parse_policy(policy_text(rules, settings), "t.yaml"), kube=k.KubeAdapter.connect(url=srv.url),
+    return Engine(store, parse_policy(policy_text(rules, settings), "t.yaml"), kube=KubeAdapter.connect(url=srv.url),
                   dry_run=dry_run)
 
 
@@ -273,7 +273,7 @@ def test_resolution_is_cached_kept_in_the_store_and_outlives_the_pod(store: Any,
     srv.add_pod("inference", "debug", NODE)
     srv.put("replicasets", {"metadata": {"name": "loose", "namespace": "inference"}, "spec": {"replicas": 1}})
     srv.add_pod("inference", "loose-x", NODE, owner={"kind": "ReplicaSet", "name": "loose"})
-    kube = k.KubeAdapter.connect(url=srv.url)
+    kube = KubeAdapter.connect(url=srv.url)
     res = WorkloadResolver(store, kube, ttl_s=60.0)
     t0 = time.time()
     got = {p: res.resolve("inference", p, t0).workload
@@ -328,7 +328,7 @@ def test_unreachable_api_is_a_failed_decision_and_the_refresh_job_fills_the_tabl
     eng.close()
     # an engine whose API does not answer cannot tell a pod's owner: failed, with the reason
     dead = Engine(store, parse_policy(policy_text(RESTART_RULES), "t.yaml"),
-                  kube=k.KubeAdapter.connect(url="http://127.0.0.1:9"))
+                  kube=KubeAdapter.connect(url="http://127.0.0.1:9"))
     dead.submit_alerts(webhook_payload([{"labels": {"alertname": "TriscopeStagingBound", "namespace": "inference",
                                                   "pod": "never-seen-pod"}}]))
     assert dead.drain(30)

@@ -181,7 +181,7 @@ STOP_BOUND_S = 20.0   # the webhook (5 s), the scheduler's running job and the a
 
 def cmd_run(args: argparse.Namespace) -> int:
     from triscope.core.errors import UserError
-    from triscope.remediation import kube as k
+    from triscope.remediation.kube.errors import KubeError
     from triscope.remediation.policy import PolicyError, load_policy
     from triscope.remediation.service import start
 
@@ -208,7 +208,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         handle = start(st, policy, listen=listen, dry_run=args.dry_run, token=token, owns_store=True,
                        max_body=args.max_body, web=web)
-    except k.KubeError as e:
+    except KubeError as e:
         st.close()
         raise UserError(str(e)) from None
     except OSError as e:

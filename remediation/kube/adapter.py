@@ -1,14 +1,12 @@
 """The Kubernetes adapter: the only module of triscope that imports ``kubernetes``.
 
 A small set of verbs (``restart_deployment``, ``rollout_status``, ``cordon``, ``uncordon``,
-``evict``, ``set_preferred_node``, ``set_configmap_keys``, ``post_event``, ``pod_owner``, leases, DRA's
-``resource_slices`` and ``DeviceTaintRule``s, a node condition) over
-the official client, and the project's own error types so callers never see ``ApiException`` or
-urllib3 errors.  The client's untyped JSON stays in this module: objects read come back as typed
-views (``Deployment``, ``Node``, ``ConfigMap``) and verbs answer typed results (``TypedDict``s, so
-an action can put them in its audit response as they are).  Writes that depend on what was read
-carry the ``resourceVersion`` they read, so a concurrent change answers 409 and the verb re-reads
-and tries again (:func:`retry_on_conflict`, the one loop for all of them).
+``evict``, ``set_preferred_node``, ``set_configmap_keys``, ``post_event``, leases, DRA's
+``resource_slices`` and ``DeviceTaintRule``s, a node condition) over the official client.  Callers
+never see ``ApiException`` or urllib3 errors (``kube.errors``), nor the client's untyped JSON: objects
+read come back as typed views and verbs answer typed results (``kube.views``).  Writes that depend on
+what was read carry the ``resourceVersion`` they read, so a concurrent change answers 409 and the
+verb re-reads and tries again (``errors.retry_on_conflict``, the one loop for all of them).
 """
 
 from __future__ import annotations
@@ -17,402 +15,53 @@ import contextlib
 import json
 import logging
 import os
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, NotRequired, TypedDict, TypeVar
+from typing import Any
 
 from triscope.core.timeparse import format_rfc3339
 from triscope.remediation import dra
+from triscope.remediation.kube.errors import (
+    AlreadyExists,
+    DegradedDeployment,
+    EvictionBlocked,
+    Forbidden,
+    NotConfigured,
+    NotFound,
+    NotOurCordon,
+    PausedDeployment,
+    RolloutTimeout,
+    TooManyRequests,
+    Unavailable,
+    from_api_exception,
+    retry_on_conflict,
+)
+from triscope.remediation.kube.views import (
+    CORDONED_AT,
+    CORDONED_BY,
+    RESTARTED_AT,
+    ConfigMap,
+    ConfigMapWrite,
+    CordonResult,
+    Deployment,
+    EvictionResult,
+    Node,
+    NodeConditionWrite,
+    PreferredNode,
+    RestartResult,
+    RolloutStatus,
+    RuleWrite,
+)
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("triscope.remediation.kube")   # one log for the Kubernetes adapter's parts
 
-RESTARTED_AT = "kubectl.kubernetes.io/restartedAt"  # what `kubectl rollout restart` sets
-CORDONED_BY = "triscope.io/cordoned-by"
-CORDONED_AT = "triscope.io/cordoned-at"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
-CONTROL_PLANE_KEYS = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
-BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
 SMP = "application/strategic-merge-patch+json"
-MERGE = "application/merge-patch+json"
-
-
-class KubeError(Exception):
-    """A Kubernetes API call failed; ``status`` is the HTTP status (0: no answer)."""
-
-    def __init__(self, message: str, status: int = 0, reason: str = "", body: object = None) -> None:
-        super().__init__(message)
-        self.status, self.reason, self.body = status, reason, body
-
-    def answer(self) -> ErrorAnswer:
-        return {"status": self.status, "reason": self.reason, "message": str(self)}
-
-
-class NotFound(KubeError):
-    pass
-
-
-class Conflict(KubeError):
-    pass
-
-
-class AlreadyExists(KubeError):
-    pass
-
-
-class Unauthorized(KubeError):
-    pass
-
-
-class Forbidden(Unauthorized):
-    """403: the API server's authorizer (RBAC) refused the call.
-
-    ``verb``, ``resource`` (``pods/eviction``), ``group`` and ``namespace`` ("" at the cluster scope)
-    are those of the refused request, read from the server's message; ``str()`` is one line naming
-    them, what the shipped RBAC grants on that resource and what to add."""
-
-    def __init__(self, message: str, status: int = 403, reason: str = "Forbidden", body: object = None, *,
-                 verb: str = "", resource: str = "", group: str = "", namespace: str = "", user: str = "") -> None:
-        super().__init__(message, status, reason, body)
-        self.verb, self.resource, self.group, self.namespace, self.user = verb, resource, group, namespace, user
-
-
-class TooManyRequests(KubeError):
-    pass
-
-
-class Unavailable(KubeError):
-    """No answer from the API server (refused, timed out, TLS...)."""
-
-
-class NotConfigured(KubeError):
-    """No Kubernetes API configured for this engine."""
-
-
-class PausedDeployment(KubeError):
-    pass
-
-
-class DegradedDeployment(KubeError):
-    """The workload is already below its desired available replicas: a restart would deepen the outage."""
-
-
-class RolloutTimeout(KubeError):
-    """The rollout was not complete in time; ``rollout``: where it stood."""
-
-    def __init__(self, message: str, rollout: RolloutStatus) -> None:
-        super().__init__(message, body=rollout)
-        self.rollout = rollout
-
-
-class EvictionBlocked(KubeError):
-    """Eviction kept answering 429 (a PodDisruptionBudget) until the timeout."""
-
-
-class NotOurCordon(KubeError):
-    """The node was cordoned by someone else: triscope leaves it alone."""
 
 
 def _now_rfc3339() -> str:
     return format_rfc3339(time.time())
-
-
-T = TypeVar("T")
-
-
-def retry_on_conflict(attempt: Callable[[], T], what: str, *, tries: int = 5,
-                      also: tuple[type[KubeError], ...] = ()) -> T:
-    """``attempt`` (a read-modify-write carrying the ``resourceVersion`` it read) again while it
-    raises ``Conflict`` (409: the object changed between the read and the write) or one of ``also``,
-    at most ``tries`` times; then ``Conflict`` saying ``what`` kept changing."""
-    again: tuple[type[KubeError], ...] = (Conflict, *also)
-    for _ in range(tries):
-        try:
-            return attempt()
-        except again:
-            continue
-    raise Conflict(f"{what} kept changing (409 {tries} times)", status=409)
-
-
-# typed results: what the verbs answer (JSON-able as they are, for the audit row's response) -------------
-class ErrorAnswer(TypedDict):
-    status: int
-    reason: str
-    message: str
-
-
-class DeploymentHealth(TypedDict):
-    desired: int
-    available: int
-    updated: int
-    paused: bool
-    generation: int
-    observed_generation: int
-
-
-class RolloutStatus(DeploymentHealth):
-    complete: bool
-
-
-class RestartResult(TypedDict):
-    restartedAt: str
-    generation: int | None
-    resourceVersion: str | None
-    already: NotRequired[bool]
-
-
-class PreferredNode(TypedDict):
-    preferred_node: str
-    weight: int
-    generation: int | None
-
-
-class EvictionResult(TypedDict):
-    pod: str
-    evicted: bool
-    attempts: int
-    note: NotRequired[str]
-
-
-class CordonResult(TypedDict):
-    node: str
-    result: str                  # cordoned | already_ours | cordoned_by_other | uncordoned | not_cordoned
-    cordoned_by: NotRequired[str | None]
-    note: NotRequired[str]
-
-
-class RuleWrite(TypedDict):
-    """What ``create_device_taint_rule`` did: ``created``, or found the engine's own rule (``adopted``,
-    its effect as found) or a rule of that name someone else owns (``not_ours``)."""
-
-    name: str
-    result: str                  # created | adopted | not_ours
-    effect: str
-    api_version: str
-
-
-class NodeConditionWrite(TypedDict):
-    node: str
-    type: str
-    status: str
-    reason: str
-    changed: bool
-
-
-class ConfigMapWrite(TypedDict):
-    previous: dict[str, str | None]
-    resourceVersion: str
-    created: bool
-
-
-# typed views of the objects read ------------------------------------------------------------------
-def _str_map(value: Any) -> dict[str, str]:
-    return {str(a): str(b) for a, b in value.items()} if isinstance(value, dict) else {}
-
-
-@dataclass(frozen=True)
-class Toleration:
-    key: str = ""
-    operator: str = "Equal"
-    value: str = ""
-    effect: str = ""
-
-    @classmethod
-    def of(cls, raw: Mapping[str, Any]) -> Toleration:
-        return cls(str(raw.get("key") or ""), str(raw.get("operator") or "Equal"), str(raw.get("value") or ""),
-                   str(raw.get("effect") or ""))
-
-    def tolerates(self, taint: Taint) -> bool:
-        """The Kubernetes scheduler's rule for one toleration and one taint."""
-        if self.effect and self.effect != taint.effect:
-            return False
-        if not self.key:
-            return self.operator == "Exists"
-        return self.key == taint.key and (self.operator == "Exists" or self.value == taint.value)
-
-
-@dataclass(frozen=True)
-class Taint:
-    key: str
-    value: str = ""
-    effect: str = ""
-
-    @classmethod
-    def of(cls, raw: Mapping[str, Any]) -> Taint:
-        return cls(str(raw.get("key") or ""), str(raw.get("value") or ""), str(raw.get("effect") or ""))
-
-    def __str__(self) -> str:
-        return f"{self.key}{'=' + self.value if self.value else ''}:{self.effect}"
-
-
-@dataclass(frozen=True)
-class Node:
-    """A Node as the actions read it."""
-
-    name: str
-    labels: dict[str, str] = field(default_factory=dict)
-    annotations: dict[str, str] = field(default_factory=dict)
-    unschedulable: bool = False
-    ready: bool = True
-    taints: tuple[Taint, ...] = ()
-    conditions: dict[str, dict[str, str]] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, raw: Mapping[str, Any]) -> Node:
-        meta = raw.get("metadata") or {}
-        conditions = {str(c.get("type")): _str_map(c) for c in (raw.get("status") or {}).get("conditions") or []
-                      if isinstance(c, dict) and c.get("type")}
-        ready = conditions.get("Ready", {}).get("status", "True") == "True"
-        return cls(str(meta.get("name") or ""), _str_map(meta.get("labels")), _str_map(meta.get("annotations")),
-                   bool((raw.get("spec") or {}).get("unschedulable")), ready,
-                   tuple(Taint.of(t) for t in node_taints(raw)), conditions)
-
-    @property
-    def control_plane(self) -> bool:
-        """A control-plane node: the ``node-role.kubernetes.io/control-plane`` (or ``master``) label or taint."""
-        return any(k in self.labels for k in CONTROL_PLANE_KEYS) or any(t.key in CONTROL_PLANE_KEYS for t in self.taints)
-
-    @property
-    def cordoned_by(self) -> str | None:
-        return self.annotations.get(CORDONED_BY)
-
-    def untolerated(self, tolerations: tuple[Toleration, ...]) -> list[str]:
-        """The NoSchedule / NoExecute taints ``tolerations`` do not tolerate, as ``key=value:Effect``."""
-        return [str(t) for t in self.taints
-                if t.effect in BLOCKING_EFFECTS and not any(tol.tolerates(t) for tol in tolerations)]
-
-
-@dataclass(frozen=True)
-class Deployment:
-    """A Deployment as the actions read it: its health, its pod template's scheduling constraints."""
-
-    namespace: str
-    name: str
-    health: DeploymentHealth
-    replicas: int                                   # status.replicas: every pod, old and new
-    resource_version: str
-    restarted_at: str | None                        # the pod template's RESTARTED_AT annotation
-    match_labels: dict[str, str]
-    node_selector: dict[str, str]
-    tolerations: tuple[Toleration, ...]
-
-    @classmethod
-    def of(cls, raw: Mapping[str, Any]) -> Deployment:
-        meta, spec, st = raw.get("metadata") or {}, raw.get("spec") or {}, raw.get("status") or {}
-        tmpl = spec.get("template") or {}
-        pod = tmpl.get("spec") or {}
-        desired = int(spec["replicas"]) if spec.get("replicas") is not None else 1
-        health: DeploymentHealth = {
-            "desired": desired, "available": int(st.get("availableReplicas") or 0),
-            "updated": int(st.get("updatedReplicas") or 0), "paused": bool(spec.get("paused")),
-            "generation": int(meta.get("generation") or 0), "observed_generation": int(st.get("observedGeneration") or 0)}
-        tmpl_ann = (tmpl.get("metadata") or {}).get("annotations") or {}
-        return cls(str(meta.get("namespace") or ""), str(meta.get("name") or ""), health, int(st.get("replicas") or 0),
-                   str(meta.get("resourceVersion") or ""), tmpl_ann.get(RESTARTED_AT),
-                   _str_map((spec.get("selector") or {}).get("matchLabels")), _str_map(pod.get("nodeSelector")),
-                   tuple(Toleration.of(t) for t in pod.get("tolerations") or []))
-
-
-@dataclass(frozen=True)
-class ConfigMap:
-    data: dict[str, str]
-    annotations: dict[str, str]
-
-    @classmethod
-    def of(cls, raw: Mapping[str, Any]) -> ConfigMap:
-        return cls(_str_map(raw.get("data")), _str_map((raw.get("metadata") or {}).get("annotations")))
-
-
-# RBAC: what the shipped manifests grant the engine, to say what is missing when the API refuses ----------
-RBAC_FILE = "deploy/kustomize/base/engine-rbac.yaml"
-_WORKLOADS = "ClusterRole triscope-engine-workloads, bound per namespace by deploy/kustomize/targets"
-_NODES = "ClusterRole triscope-engine-nodes, bound cluster-wide"
-_LEADER = "Role triscope-engine-leader in the engine's namespace"
-# (apiGroup, resource) -> [(verbs, where)]: the engine's RBAC as shipped (tests/integration/test_deploy_manifests.py
-# checks this table against the rendered manifests, so it cannot drift from them)
-SHIPPED_GRANTS: dict[tuple[str, str], list[tuple[tuple[str, ...], str]]] = {
-    ("apps", "deployments"): [(("get", "patch"), _WORKLOADS)],
-    ("apps", "replicasets"): [(("get",), _WORKLOADS)],
-    ("", "pods"): [(("get", "list"), _WORKLOADS)],
-    ("", "pods/eviction"): [(("create",), _WORKLOADS)],
-    ("", "configmaps"): [(("get", "create", "update"), _WORKLOADS)],
-    ("", "events"): [(("create",), _WORKLOADS), (("create",), _LEADER)],
-    ("", "nodes"): [(("get", "list", "update"), _NODES)],
-    ("", "nodes/status"): [(("patch",), _NODES)],
-    ("resource.k8s.io", "resourceslices"): [(("list",), _NODES)],
-    ("resource.k8s.io", "devicetaintrules"): [(("get", "list", "create", "delete"), _NODES)],
-    ("coordination.k8s.io", "leases"): [(("create",), _LEADER),
-                                        (("get", "update"), _LEADER + " (the Lease triscope-remediation only)")],
-}
-_FORBIDDEN = re.compile(r'User "(?P<user>[^"]*)" cannot (?P<verb>\S+) resource "(?P<res>[^"]*)" in API group '
-                        r'"(?P<group>[^"]*)"(?: in the namespace "(?P<ns>[^"]*)"| at the cluster scope)')
-
-
-def forbidden_explained(message: str, body: object = None) -> Forbidden:
-    """A 403 as one line: the refused verb and resource, where, for whom, what the shipped RBAC grants
-    on that resource, and what to add."""
-    m = _FORBIDDEN.search(message or "")
-    if m is None:
-        return Forbidden(f"Kubernetes refused the call (403 Forbidden): {message}", body=body)
-    verb, res, group, ns, user = m["verb"], m["res"], m["group"], m["ns"] or "", m["user"]
-    gr = f"{res}.{group}" if group else res
-    where = f"in namespace {ns}" if ns else "at the cluster scope"
-    grants = SHIPPED_GRANTS.get((group, res), [])
-    granted = [w for verbs, w in grants if verb in verbs]
-    said = " and ".join(f"{', '.join(verbs)} on {gr} ({w})" for verbs, w in grants) or f"nothing on {gr}"
-    # the engine's own namespace (its ServiceAccount's): there the leader Role grants, never the
-    # workloads' role (binding that one there would hand the engine its own namespace's pods)
-    own_ns = user.split(":")[2] if user.startswith("system:serviceaccount:") and user.count(":") >= 3 else ""
-    leader = any(w.startswith(_LEADER) for w in granted)
-    if not granted:
-        todo = (f"add {verb} on {gr} to the engine's role in {RBAC_FILE}: the engine calls it and the shipped "
-                "RBAC does not grant it")
-    elif leader and ns and ns == own_ns:
-        todo = (f"re-apply {RBAC_FILE}: Role triscope-engine-leader and its RoleBinding in namespace {ns} (the "
-                "engine's own) grant this; do not bind triscope-engine-workloads there")
-    elif any(w == _WORKLOADS for w in granted) and ns:
-        todo = (f"add a RoleBinding of triscope-engine-workloads in namespace {ns} (copy "
-                "deploy/kustomize/targets/rolebinding-inference.yaml and list it in that kustomization), or "
-                f"remove {ns} from the policy's namespaces; if it is bound there, re-apply {RBAC_FILE}")
-    elif leader:
-        todo = (f"re-apply {RBAC_FILE}; the policy's leader_election.namespace and kubernetes.events_namespace "
-                "must be the engine's own namespace, where that Role is bound")
-    else:
-        todo = f"re-apply {RBAC_FILE} (the cluster's copy of the role or its binding lacks it)"
-    text = (f"Kubernetes refused {verb} on {gr} {where} for {user or 'the engine'}: the shipped RBAC "
-            f"({RBAC_FILE}) grants {said}; {todo}")
-    return Forbidden(text, body=body, verb=verb, resource=res, group=group, namespace=ns, user=user)
-
-
-# nodes, taints, tolerations: what the scheduler would do ------------------------------------------
-def node_labels(node: Mapping[str, Any]) -> dict[str, str]:
-    return dict((node.get("metadata") or {}).get("labels") or {})
-
-
-def node_taints(node: Mapping[str, Any]) -> list[dict[str, Any]]:
-    return list((node.get("spec") or {}).get("taints") or [])
-
-
-def is_control_plane(node: dict[str, Any]) -> bool:
-    """A control-plane node (a Node's JSON): see :attr:`Node.control_plane`."""
-    return Node.of(node).control_plane
-
-
-def tolerates(tolerations: list[dict[str, Any]], taint: dict[str, Any]) -> bool:
-    """Does one of ``tolerations`` tolerate ``taint`` (the rules of the Kubernetes scheduler)?"""
-    t = Taint.of(taint)
-    return any(Toleration.of(tol).tolerates(t) for tol in tolerations or [])
-
-
-def controller_of(obj: dict[str, Any]) -> tuple[str, str] | None:
-    """(kind, name) of the object's managing controller: the ownerReference with ``controller: true``
-    (at most one, the API server enforces it), else the only ownerReference; None when it has none."""
-    refs = [r for r in (obj.get("metadata") or {}).get("ownerReferences") or [] if r.get("kind") and r.get("name")]
-    ctl = [r for r in refs if r.get("controller")]
-    ref = ctl[0] if ctl else refs[0] if len(refs) == 1 else None
-    return None if ref is None else (str(ref["kind"]), str(ref["name"]))
 
 
 def _apply(into: dict[str, Any], changes: Mapping[str, str | None]) -> None:
@@ -422,7 +71,6 @@ def _apply(into: dict[str, Any], changes: Mapping[str, str | None]) -> None:
             into.pop(k, None)
         else:
             into[k] = v
-
 
 class KubeAdapter:
     """Verbs over one API server.  Build it with :meth:`connect`."""
@@ -472,22 +120,6 @@ class KubeAdapter:
         cfg.retries = 1
         return cls(client.ApiClient(cfg), describe=describe)
 
-    @classmethod
-    def from_settings(cls, ks: Any) -> KubeAdapter | None:
-        """The adapter a policy's ``settings.kubernetes`` asks for (None for mode ``none``)."""
-        if ks.mode == "none":
-            return None
-        token = None
-        if ks.token_file:
-            try:
-                with open(ks.token_file) as f:
-                    token = f.read().strip()
-            except OSError as e:
-                raise NotConfigured(f"cannot read the Kubernetes token file {ks.token_file}: {e}") from None
-        return cls.connect(url=ks.url if ks.mode == "url" else None, token=token,
-                           kubeconfig=ks.kubeconfig if ks.mode == "kubeconfig" else None, context=ks.context,
-                           in_cluster=ks.mode == "in-cluster", verify_ssl=ks.verify_ssl, ca_file=ks.ca_file)
-
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self._api.close()
@@ -499,7 +131,7 @@ class KubeAdapter:
         try:
             resp = fn(*args, _preload_content=False, _request_timeout=self.timeout, **kw)
         except ApiException as e:
-            err = self._translate(e)
+            err = from_api_exception(e)
             if isinstance(err, Forbidden):
                 self._log_refusal(err)
             raise err from None
@@ -517,27 +149,6 @@ class KubeAdapter:
                 return
             self._refused[line] = now
         log.error("remediation: %s", line)
-
-    @staticmethod
-    def _translate(e: Any) -> KubeError:
-        body: Any = None
-        message = str(e.reason or "")
-        reason = ""
-        try:
-            body = json.loads(e.body) if e.body else None
-            if isinstance(body, dict):
-                message = body.get("message") or message
-                reason = body.get("reason") or ""
-        except (ValueError, TypeError):
-            body = e.body
-        status = int(e.status or 0)
-        if status == 403:
-            return forbidden_explained(message, body)
-        cls: type[KubeError] = {404: NotFound, 401: Unauthorized, 403: Unauthorized, 429: TooManyRequests}.get(
-            status, KubeError)
-        if status == 409:
-            cls = AlreadyExists if reason == "AlreadyExists" else Conflict
-        return cls(f"{status} {reason or e.reason}: {message}", status=status, reason=reason, body=body)
 
     # deployments -----------------------------------------------------------------------------------
     def get_deployment(self, namespace: str, name: str) -> Deployment:
@@ -620,28 +231,6 @@ class KubeAdapter:
 
     def get_replicaset(self, namespace: str, name: str) -> dict[str, Any]:
         return self._call(self.apps.read_namespaced_replica_set, name, namespace)
-
-    def pod_owner(self, namespace: str, pod: str) -> tuple[str, str]:
-        """The workload owning ``pod`` as (kind, name), through ownerReferences, as the controllers set them.
-
-        Pod -> ReplicaSet -> Deployment (a ReplicaSet nobody owns is the workload itself);
-        ``StatefulSet``, ``DaemonSet``, ``Job`` (and any other controller kind) from the pod's own
-        controller reference; a pod with no owner is ``("Pod", name)``.  Reads the pod and, for a
-        ReplicaSet owner, the ReplicaSet (RBAC: ``get`` on pods and replicasets).  Raises
-        ``NotFound`` when the pod does not exist.
-        """
-        owner = controller_of(self.get_pod(namespace, pod))
-        if owner is None:
-            return "Pod", pod
-        kind, name = owner
-        if kind == "ReplicaSet":
-            try:
-                rs_owner = controller_of(self.get_replicaset(namespace, name))
-            except NotFound:   # the ReplicaSet went (a rollout finished) while its pod lingers
-                return kind, name
-            if rs_owner is not None and rs_owner[0] == "Deployment":
-                return rs_owner
-        return kind, name
 
     def pod_names(self, namespace: str, *, label_selector: str | None = None, node: str | None = None) -> list[str]:
         """The names of the pods of ``namespace`` (matching ``label_selector``, on ``node``)."""
