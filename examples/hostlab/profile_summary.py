@@ -4,7 +4,8 @@
 
 Samples whose innermost frame is a wait (a sleeping thread py-spy counted) are left out; each part
 of the agent is the samples with its frame anywhere on the stack.  At py-spy's 1 kHz a sample is
-1 ms, so ms/s is samples over the run's seconds.
+1 ms, so ms/s is samples over the run's seconds.  ``--us``: the in-process sampler's profile
+(examples/hostlab/selfprof, where py-spy cannot travel), weighted by microseconds of CPU.
 """
 
 from __future__ import annotations
@@ -27,23 +28,42 @@ PARTS = {
     "the workloads collector on the tick": "WorkloadsCollector.collect",
     "process lists (NVML and the process tree)": "WorkloadsCollector._list_processes",
     "eBPF maps": "EbpfCollector.collect",
+    "wait-for: the programs' records read": "WaitFor.",
+    "wait-for: chains and shares": "WaitChain.",
+    "wait-for: fd and socket indexes": "FdIndex.",
+    "wait-for: per-workload waits": "WorkloadWaits.",
+    "threads with no Python frame (native)": "(no Python frame)",
 }
 
 
-def summary(lines: list[str], seconds: float) -> list[str]:
+def summary(lines: list[str], seconds: float, us: bool = False) -> list[str]:
+    """``us``: counts are microseconds of CPU (the in-process sampler, examples/hostlab/selfprof),
+    not 1 ms py-spy samples; its own line is left out and no stack is a wait (a waiting thread used
+    no CPU)."""
     parts: Counter[str] = Counter()
     total = 0
     for line in lines:
         stack, _, n = line.rpartition(" ")
         frames = stack.split(";")
-        if not stack or any(w in frames[-1] for w in WAITS):
+        if not stack or (not us and any(w in frames[-1] for w in WAITS)) or (us and frames[0].endswith(": selfprof")):
             continue
         total += int(n)
         for name, frame in PARTS.items():
             if any(frame in f for f in frames):
                 parts[name] += int(n)
-    out = [f"active: {total} samples, {total / seconds:.2f} ms/s", "| where | ms/s | share |", "|---|---|---|"]
-    out += [f"| {name} | {v / seconds:.2f} | {100 * v / max(total, 1):.0f} % |" for name, v in parts.most_common()]
+    per_ms = 1000 if us else 1
+    funcs: Counter[str] = Counter()     # inclusive time per triscope function (each counted once a stack)
+    for line in lines:
+        stack, _, n = line.rpartition(" ")
+        frames = stack.split(";")
+        if not stack or (not us and any(w in frames[-1] for w in WAITS)) or (us and frames[0].endswith(": selfprof")):
+            continue
+        for name in {f.split(" (")[0] for f in frames[1:] if "triscope/" in f or "(no Python" in f}:
+            funcs[name] += int(n)
+    out = [f"active: {total / per_ms:.0f} ms, {total / per_ms / seconds:.2f} ms/s", "| where | ms/s | share |", "|---|---|---|"]
+    out += [f"| {name} | {v / per_ms / seconds:.2f} | {100 * v / max(total, 1):.0f} % |" for name, v in parts.most_common()]
+    out += ["", "| function (inclusive, top 25) | ms/s | share |", "|---|---|---|"]
+    out += [f"| {name} | {v / per_ms / seconds:.2f} | {100 * v / max(total, 1):.0f} % |" for name, v in funcs.most_common(25)]
     return out
 
 
@@ -51,10 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m examples.hostlab.profile_summary", description=__doc__.split("\n\n")[0])
     ap.add_argument("profile", help="py-spy --format raw output (.gz read as gzip)")
     ap.add_argument("--seconds", type=float, required=True, help="how long the agent ran while sampled")
+    ap.add_argument("--us", action="store_true",
+                    help="the profile is the in-process sampler's (counts are microseconds of CPU)")
     args = ap.parse_args(argv)
     opener = gzip.open if args.profile.endswith(".gz") else open
     with opener(args.profile, "rt") as f:
-        print("\n".join(summary(f.read().splitlines(), args.seconds)))
+        print("\n".join(summary(f.read().splitlines(), args.seconds, args.us)))
     return 0
 
 
