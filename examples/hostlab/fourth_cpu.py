@@ -50,7 +50,9 @@ class SimLab(Lab):
         return None
 
 
-def record(node: str, out: Path, hold: float, only: list[str] | None = None, ebpf: bool = True) -> Path:
+def record(node: str, out: Path, hold: float, only: list[str] | None = None, ebpf: bool = True,
+           by_name: dict[str, Any] | None = None, runner_cls: type[fourth.Runner] = fourth.Runner) -> Path:
+    """``by_name``/``runner_cls``: another set's CPU classes and runner (the fifth set's, fifth.py)."""
     from triscope.agent.collectors.workloads import WorkloadsCollector
     from triscope.agent.registry import AgentOptions, build_collectors, split_available
     from triscope.agent.sampler import Sampler
@@ -62,11 +64,11 @@ def record(node: str, out: Path, hold: float, only: list[str] | None = None, ebp
     from .fakecuda import build
 
     names = only or list(fourth.FOURTH)
-    scenarios = [fourth.CPU_BY_NAME[n] for n in names]
+    scenarios = [(by_name or fourth.CPU_BY_NAME)[n] for n in names]
     blob, limit = lab_network()
     tmp = Path(tempfile.mkdtemp(prefix="hostlab4-"))
     pods_dir = tmp / "pods"
-    runner = fourth.Runner(tmp / "logs", tmp / "run", pods_log_dir=pods_dir, libcuda=str(build(tmp / "fakecuda")))
+    runner = runner_cls(tmp / "logs", tmp / "run", pods_log_dir=pods_dir, libcuda=str(build(tmp / "fakecuda")))
     runner.prepare(scenarios)
     lab = SimLab(tmp, runner)
     base, _ = split_available(build_collectors(AgentOptions(ebpf=ebpf, nvml=False, npu=False, workloads=False)))

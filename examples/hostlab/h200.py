@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import fourth
+from . import fifth, fourth
 from .lab import A_PORT, B_PORT, HEALTHY, NFT_TABLE, apply_faults, lab_network, nft, timeline_lines
 
 REPO = Path(__file__).resolve().parents[2]
@@ -187,7 +187,10 @@ THIRD_SET_B = ("foreign_loss_10pct", "gpu_full_vit", "loader_three_workers_1280"
 SETS = {"second": SECOND_SET, "third-a": THIRD_SET_A, "third-b": THIRD_SET_B,
         # the fourth set (fourth.py: pods, sidecars, HTTP services, the fault on a as well as b), written
         # 2026-12-06 before the wait-for rules were fixed; "fourth" is all eight classes
-        **fourth.SETS}
+        **fourth.SETS,
+        # the fifth set (fifth.py: a FIFO decoder, an RPC sidecar, a pool under a pod limit, loss behind an
+        # ambassador, a hog, a yield-poller on a saturated node, a GPU-bound pool, think times), 2026-12-06
+        **fifth.SETS}
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -245,8 +248,10 @@ def record(node: str, out: Path, hold: float, only: list[str] | None = None, dea
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     subprocess.run([sys.executable, "-m", "triscope", "db", "upgrade", "--db", url], check=True, cwd=REPO, env=env)
     blob, limit = lab_network()
-    later = [fourth.DEVICE_BY_NAME[n] for n in (only or []) if n in fourth.DEVICE_BY_NAME]
-    runner = fourth.Runner(out / "fourth-logs", out / "fourth-run", env=env) if later else None
+    later = [fourth.DEVICE_BY_NAME.get(n) or fifth.DEVICE_BY_NAME[n] for n in (only or [])
+             if n in fourth.DEVICE_BY_NAME or n in fifth.DEVICE_BY_NAME]
+    # fifth.Runner runs a fourth-set class as fourth.Runner does
+    runner = fifth.Runner(out / "fourth-logs", out / "fourth-run", env=env) if later else None
     if runner is not None:
         runner.prepare(later)          # the pods exist before the agent's first look at /var/log/pods
     agent_log = open(out / "agent.log", "w")  # noqa: SIM115 - open for the agent's whole life
@@ -366,7 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--deadline", type=float, default=0.0, metavar="SECONDS",
                     help="the whole recording must fit in this many seconds: classes that would not are skipped")
     ap.add_argument("--only", default="", help="comma-separated scenario names (default: the first set; "
-                    "'second', 'third-a', 'third-b', 'fourth', 'fourth-a', 'fourth-b': those sets)")
+                    "'second', 'third-a', 'third-b', 'fourth', 'fourth-a', 'fourth-b', 'fifth', 'fifth-a', "
+                    "'fifth-b': those sets)")
     args = ap.parse_args(argv)
     only = list(SETS[args.only]) if args.only in SETS else [s for s in args.only.split(",") if s] or list(FIRST_SET)
     record(args.node, args.out, args.hold, only, args.deadline)

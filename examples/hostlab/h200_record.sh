@@ -3,6 +3,8 @@
 #   OUT=... NODE=h200-lab-1 bash examples/hostlab/h200_record.sh [--only a,b --hold 15]
 #   OUT=... NODE=h200-lab-7 bash examples/hostlab/h200_record.sh --hold 50 --only fourth-a   # the fourth set's
 #   first half (examples/hostlab/fourth.py; ~5.5 min of lab time), then NODE=h200-lab-8 ... --only fourth-b
+#   BUDGET=585 OUT=... NODE=h200-lab-N bash examples/hostlab/h200_record.sh --hold 45 --only fifth-a   # the fifth
+#   set's first half (examples/hostlab/fifth.py, 4 classes, one device call), then --only fifth-b
 # Installs the carried wheels, BCC and nftables (examples/workload/h200_setup.sh), runs
 # examples.hostlab.h200 (the real agent, two stock-PyTorch services on GPU 0, one scenario after
 # another) into a scratch folder, replays the trace through today's verdict, and copies back at most

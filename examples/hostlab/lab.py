@@ -2,6 +2,7 @@
 
     sudo .venv/bin/python -m examples.hostlab.lab --node cpu-lab-3        # ~5 minutes, into examples/hostlab/traces
     sudo .venv/bin/python -m examples.hostlab.lab --node cpu-lab-4 --set fourth --hold 50   # the fourth set (fourth.py)
+    sudo .venv/bin/python -m examples.hostlab.lab --node cpu-lab-N --set fifth --hold 45    # the fifth set (fifth.py)
 
 No GPU is needed, and only the GPU is stood in for.  Two stand-in services (``service.py``: a real
 DataLoader-style host side, worker processes that decode on the CPU, payloads fetched over TCP;
@@ -432,17 +433,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=REPO / "examples" / "hostlab" / "traces")
     ap.add_argument("--hold", type=float, default=45.0, help="seconds per scenario (default 45)")
     ap.add_argument("--set", default="", help="'fourth' (or 'fourth-a', 'fourth-b', or comma-separated class names): "
-                    "the fourth set's classes (fourth.py), pods and the stand-in CUDA driver; default: SCENARIOS")
+                    "the fourth set's classes (fourth.py), pods and the stand-in CUDA driver; 'fifth', 'fifth-a', "
+                    "'fifth-b' or fifth-set class names: the fifth set's (fifth.py); default: SCENARIOS")
     ap.add_argument("--no-ebpf", action="store_true", help="fourth set: without the eBPF probes (wait-for evidence)")
     args = ap.parse_args(argv)
     if args.set:
-        from . import fourth, fourth_cpu
+        from . import fifth, fourth, fourth_cpu
 
-        names = list(fourth.SETS[args.set]) if args.set in fourth.SETS else [n for n in args.set.split(",") if n]
-        unknown = [n for n in names if n not in fourth.CPU_BY_NAME]
+        names = list({**fourth.SETS, **fifth.SETS}.get(args.set, [n for n in args.set.split(",") if n]))
+        known = fifth.CPU_BY_NAME if all(n in fifth.CPU_BY_NAME for n in names) else fourth.CPU_BY_NAME
+        unknown = [n for n in names if n not in known]
         if unknown:
-            ap.error(f"unknown fourth-set classes: {', '.join(unknown)}")
-        trace = fourth_cpu.record(args.node, args.out, args.hold, names, ebpf=not args.no_ebpf)
+            ap.error(f"unknown classes (one set at a time, fourth or fifth): {', '.join(unknown)}")
+        trace = fourth_cpu.record(args.node, args.out, args.hold, names, ebpf=not args.no_ebpf, by_name=known,
+                                  runner_cls=fifth.Runner if known is fifth.CPU_BY_NAME else fourth.Runner)
         print(f"hostlab: wrote {trace} and its timeline", file=sys.stderr)
         return 0
     trace = record(args.node, args.out, args.hold)
