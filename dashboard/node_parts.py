@@ -18,6 +18,7 @@ from dash import dcc, html
 from triscope.core.vocabulary import IO_STATES, QUIET_STATES, WORST_FIRST, WorkloadKey, accelerator_name
 from triscope.dashboard.components import full, note, short
 from triscope.dashboard.figures import state_style
+from triscope.dashboard.ids import NodeIds
 from triscope.dashboard.workload_data import Accel, NodeNow, WorkloadRow
 from triscope.store.reader import StoreReader
 
@@ -132,7 +133,7 @@ def workload_panel(rows: Sequence[WorkloadRow], picked: Accel | None, window: An
         return html.Div([html.H3(f"Workloads on {where}"), note(
             "no workload attribution stored in this range (triscope_accelerator_workload_info / "
             "triscope_workload_*: the agent's attribution needs NVML processes or npu-smi, see docs/workloads.md)",
-            "info", id="node-workloads-none")])
+            "info", id=NodeIds.WORKLOADS_NONE)])
     head = ["accelerator", "state", "workload", "pod", "container", "processes", "SM share", "CPU (cores)",
             "feeder busy (mean / peak)", "CPU wait (mean / peak)", "CPU pressure"]
     body = []
@@ -160,7 +161,7 @@ def workload_panel(rows: Sequence[WorkloadRow], picked: Accel | None, window: An
     return html.Div([
         html.H3(f"Workloads on {where}"),
         html.Table([html.Thead(html.Tr([html.Th(h) for h in head])), html.Tbody(body)],
-                   className="wl-table", id="node-workload-table"),
+                   className="wl-table", id=NodeIds.WORKLOAD_TABLE),
         html.Div(f"over the range shown; state: the one the verdict history gives the workload most of the time "
                  f"(hover for every state's share); feeder busy: the busiest thread's share of one core (pegged at >= "
                  f"{FEEDER_PEGGED:.0%}); CPU wait: time runnable but not running (marked at >= {CPU_WAIT_HIGH:.0%}); "

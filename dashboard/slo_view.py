@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from triscope.analysis.counters import fetch_counters
 from triscope.analysis.slo import (
     NOT_ENOUGH_DATA,
+    SLOStatus,
     evaluate_inputs,
     fetch_slo_inputs,
     load_slo_file,
@@ -26,6 +26,7 @@ from triscope.analysis.slo import (
     query_metrics,
 )
 from triscope.analysis.slo import evaluate as ev
+from triscope.analysis.slo_spec import SLOSpec
 from triscope.dashboard.context import DashboardContext
 from triscope.dashboard.timerange import Bounds
 
@@ -34,7 +35,7 @@ _RANK = {"page": 3, "ticket": 2, "ok": 1, NOT_ENOUGH_DATA: 0.5, "no data": 0}
 
 @dataclass
 class SloSet:
-    slos: list[Any]
+    slos: list[SLOSpec]
     problem: str     # why there are none ("no SLO file configured", a parse error, ...)
 
 
@@ -42,7 +43,7 @@ def load(c: DashboardContext) -> SloSet:
     if c.slo_file is None:
         return SloSet([], "no SLO file configured: start the dashboard with --slo FILE (a Sloth prometheus/v1 "
                           "file, e.g. deploy/slo.example.yaml) or set TRISCOPE_SLO_FILE")
-    cached = c.cache.get("slos")
+    cached = c.cache.slos
     mtime = c.slo_file.stat().st_mtime if c.slo_file.exists() else None
     if cached and cached[0] == mtime:
         return cached[1]
@@ -53,17 +54,17 @@ def load(c: DashboardContext) -> SloSet:
             out.problem = f"{c.slo_file} declares no SLOs"
     except Exception as e:  # noqa: BLE001 - the file's error, in one line
         out = SloSet([], f"SLO file problem: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
-    c.cache["slos"] = (mtime, out)
+    c.cache.slos = (mtime, out)
     return out
 
 
-def data_bounds(c: DashboardContext, slos: list[Any], ttl: float = 10.0) -> Bounds | None:
+def data_bounds(c: DashboardContext, slos: list[SLOSpec], ttl: float = 10.0) -> Bounds | None:
     """Where the SLOs' series are: from the first sample of the nodes that carry them to the newest
     point of any of them (``fleet_latest``); None when no node has them."""
 
     metrics = sorted({m for slo in slos for m in query_metrics(slo)})
-    key = "slo_bounds|" + ",".join(metrics)
-    hit = c.cache.get(key)
+    key = ",".join(metrics)
+    hit = c.cache.bounds.get(key)
     if hit and time.monotonic() - hit[0] < ttl:
         return hit[1]
     latest = c.store.fleet_latest(metrics) if metrics else {}
@@ -72,11 +73,11 @@ def data_bounds(c: DashboardContext, slos: list[Any], ttl: float = 10.0) -> Boun
     first = min((n.first_seen for n in nodes), default=None)
     rec = bool(nodes) and all(n.recording is not None for n in nodes)
     out = None if last is None or first is None else Bounds(min(first, last), last, rec)
-    c.cache[key] = (time.monotonic(), out)
+    c.cache.bounds[key] = (time.monotonic(), out)
     return out
 
 
-def evaluate(c: DashboardContext, slo: Any, now: float, node: str | None = None) -> Any:
+def evaluate(c: DashboardContext, slo: SLOSpec, now: float, node: str | None = None) -> SLOStatus:
 
     return ev(c.store, slo, now, node=node)
 
@@ -92,7 +93,7 @@ def fleet_status(c: DashboardContext, ttl: float = 30.0) -> dict[str, str] | Non
     ss = load(c)
     if not ss.slos:
         return None
-    hit = c.cache.get("fleet_slo")
+    hit = c.cache.fleet
     if hit and time.monotonic() - hit[0] < ttl:
         return hit[1]
     now = c.now()
@@ -113,11 +114,11 @@ def fleet_status(c: DashboardContext, ttl: float = 30.0) -> dict[str, str] | Non
                     st = "no data"
                 if _RANK.get(st, 0) > _RANK.get(out[name], 0):
                     out[name] = st
-    c.cache["fleet_slo"] = (time.monotonic(), out)
+    c.cache.fleet = (time.monotonic(), out)
     return out
 
 
-def burn_down(c: DashboardContext, slo: Any, start: float, end: float, points: int = 16) -> tuple[list[float], list[float | None]]:
+def burn_down(c: DashboardContext, slo: SLOSpec, start: float, end: float, points: int = 16) -> tuple[list[float], list[float | None]]:
     """Budget remaining (1 = untouched) of the SLO's period window ending at each of ``points``
     instants across [start, end], None where there is no traffic or not enough data: the counters
     of every instant read first (``triscope.analysis.counters.fetch_counters``, one read per metric

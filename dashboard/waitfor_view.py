@@ -32,6 +32,7 @@ from triscope.dashboard.figures import (
     display_names,
     to_dt,
 )
+from triscope.dashboard.ids import NodeIds
 from triscope.dashboard.jsontypes import JSON
 from triscope.dashboard.timeview import localize_figure
 from triscope.dashboard.waitfor_data import NO_EVIDENCE, AccelWaitFor, ChainEnd, DriverTime
@@ -357,14 +358,14 @@ def node_panel(rows: Sequence[AccelWaitFor], window: tuple[float, float], picked
                              "the state it makes (staging orange, network loss purple, the accelerator green, "
                              "demand grey) and the ends that decide the verdict outlined", className="muted"))
     if not rows:
-        kids.append(note(f"no workload on {where} in this range", "info", id="node-waitfor-none"))
+        kids.append(note(f"no workload on {where} in this range", "info", id=NodeIds.WAITFOR_NONE))
     for aw in rows:
         slug = accel_slug(aw.accel)
         part: list[Any] = [html.H4(aw.accel.name, className="wf-accel-name")]
         if aw.traced:
             fig = driver_time_figure(aw, window, uirevision=f"{uirevision}|{slug}")
             localize_figure(fig, zone)
-            part.append(dcc.Graph(id=f"node-waitfor-{slug}", figure=fig, config={"displaylogo": False},
+            part.append(dcc.Graph(id=NodeIds.waitfor_graph(slug), figure=fig, config={"displaylogo": False},
                                   className="wf-graph"))
             lines = []
             for d in aw.traced:
@@ -373,15 +374,15 @@ def node_panel(rows: Sequence[AccelWaitFor], window: tuple[float, float], picked
                     lines.append(html.Li([html.B(shorten(d.ref.display or "no workload", 60) + ": "),
                                           html.Span("; ".join(text))]))
             if lines:
-                part.append(html.Ul(lines, className="wf-reasons", id=f"node-waitfor-reasons-{slug}"))
+                part.append(html.Ul(lines, className="wf-reasons", id=NodeIds.waitfor_reasons(slug)))
             if aw.more:
                 part.append(html.Div(f"{aw.more} more traced workload(s) on {aw.accel.name} not drawn (the "
                                      "ones with the most driving-thread time are)", className="muted"))
         if aw.untraced:
-            part.append(note(untraced_note(aw.untraced), "info", id=f"node-waitfor-untraced-{slug}"))
+            part.append(note(untraced_note(aw.untraced), "info", id=NodeIds.waitfor_untraced(slug)))
         elif not aw.traced:
             part.append(note(f"no workload attributed on {aw.accel.name} in this range", "info",
-                             id=f"node-waitfor-untraced-{slug}"))
+                             id=NodeIds.waitfor_untraced(slug)))
         div_attrs: dict[str, Any] = {"data-accel": aw.accel.name}
-        kids.append(html.Div(part, className="wf-accel", id=f"node-waitfor-accel-{slug}", **div_attrs))
-    return html.Div(kids, id="node-waitfor-panel")
+        kids.append(html.Div(part, className="wf-accel", id=NodeIds.waitfor_accel(slug), **div_attrs))
+    return html.Div(kids, id=NodeIds.WAITFOR_PANEL)

@@ -17,6 +17,7 @@ from triscope.dashboard import data, slo_view, timeview
 from triscope.dashboard.components import NAME_CHARS, error_note, fmt_ts, full, note, short
 from triscope.dashboard.context import ctx
 from triscope.dashboard.figures import DARK_INK, STATE_COLORS, state_style
+from triscope.dashboard.ids import FleetIds
 from triscope.dashboard.registry import page_callback
 
 dash.register_page(__name__, path="/", name="Fleet", order=0, title="triscope - fleet")
@@ -101,7 +102,7 @@ def layout(**_: Any) -> html.Div:
     if not rows:
         return html.Div([html.H2("Fleet"), note(
             "no nodes stored yet: start the agent ('triscope agent --db URL' or 'triscope run') or import a "
-            "recorded trace ('triscope import-trace'); nodes appear here with their first tick.", "warn", id="fleet-empty")])
+            "recorded trace ('triscope import-trace'); nodes appear here with their first tick.", "warn", id=FleetIds.EMPTY)])
     slots = min(MAX_ACCEL_COLUMNS, max((len(r.cells) for r in rows), default=0))
     # long node names are shown cut (the whole name in a tooltip); "node_full" (not a column) opens the page
     records: list[dict[str, Any]] = []
@@ -134,11 +135,11 @@ def layout(**_: Any) -> html.Div:
     recs = sum(1 for r in rows if r.recording)
     return html.Div([
         html.Div([html.H2("Fleet"), html.Span(head, className="window-note")], className="page-head"),
-        note(data.recording_note(c.store) + "; their rows are outlined, not painted", "info", id="fleet-recordings")
+        note(data.recording_note(c.store) + "; their rows are outlined, not painted", "info", id=FleetIds.RECORDINGS)
         if recs else html.Div(),
-        dcc.Location(id="fleet-nav", refresh="callback-nav"),
+        dcc.Location(id=FleetIds.NAV, refresh="callback-nav"),
         dash_table.DataTable(  # type: ignore[attr-defined]
-            id="fleet-table", columns=COLUMNS + accel_columns(rows, slots) + TAIL, data=records, sort_action="native",
+            id=FleetIds.TABLE, columns=COLUMNS + accel_columns(rows, slots) + TAIL, data=records, sort_action="native",
             filter_action="native", page_size=50, style_data_conditional=style, row_selectable=False,
             cell_selectable=True, merge_duplicate_headers=True, tooltip_data=tooltips, tooltip_duration=None,
             style_table={"overflowX": "auto"},
@@ -151,13 +152,13 @@ def layout(**_: Any) -> html.Div:
         ),
         html.Div([html.Span("states: ")] + [html.Span(s, className="state-chip", style=state_style(s))
                                             for s in STATE_COLORS], className="legend-line",
-                 id="fleet-legend"),
+                 id=FleetIds.LEGEND),
     ])
 
 
 @page_callback(
-    Output("fleet-nav", "href"),
-    Input("fleet-table", "active_cell"), State("fleet-table", "derived_viewport_data"),
+    Output(FleetIds.NAV, "href"),
+    Input(FleetIds.TABLE, "active_cell"), State(FleetIds.TABLE, "derived_viewport_data"),
     prevent_initial_call=True,
 )
 def open_node(cell: dict[str, Any] | None, viewport: list[dict[str, Any]] | None) -> Any:
@@ -174,8 +175,8 @@ def open_node(cell: dict[str, Any] | None, viewport: list[dict[str, Any]] | None
 
 
 @page_callback(
-    Output("fleet-table", "data"), Output("fleet-table", "columns"),
-    Input(timeview.TZ_STORE, "data"), State("fleet-table", "data"), State("fleet-table", "columns"),
+    Output(FleetIds.TABLE, "data"), Output(FleetIds.TABLE, "columns"),
+    Input(timeview.TZ_STORE, "data"), State(FleetIds.TABLE, "data"), State(FleetIds.TABLE, "columns"),
 )
 def show_zone(tz: dict[str, Any] | None, records: list[dict[str, Any]] | None,
               columns: list[dict[str, Any]] | None) -> tuple[Any, Any]:

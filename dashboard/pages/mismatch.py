@@ -24,6 +24,7 @@ from triscope.dashboard.components import (
 )
 from triscope.dashboard.context import ctx
 from triscope.dashboard.figures import STATE_COLORS, state_style
+from triscope.dashboard.ids import MismatchIds
 from triscope.dashboard.registry import page_callback
 
 dash.register_page(__name__, path="/mismatch", name="Mismatch", order=2, title="triscope - mismatch")
@@ -40,28 +41,28 @@ def layout(node: str = ALL, range: str = "", **_: Any) -> html.Div:  # noqa: A00
         range = timerange.default_preset(  # noqa: A001
             timerange.node_bounds(c.store, node) if node in nodes else timerange.store_bounds(c.store))
     return html.Div([
-        html.Div([html.H2("Coordination mismatch"), html.Span(id="mismatch-note", className="window-note")],
+        html.Div([html.H2("Coordination mismatch"), html.Span(id=MismatchIds.NOTE, className="window-note")],
                  className="page-head"),
         html.Div([
-            dcc.Dropdown(id="mismatch-node", options=[{"label": "whole fleet", "value": ALL}]
+            dcc.Dropdown(id=MismatchIds.NODE, options=[{"label": "whole fleet", "value": ALL}]
                          + node_options(nodes), value=node_value(node) if node in nodes else ALL,
                          clearable=False, className="node-select"),
-            range_picker("mismatch", range, custom=False, data=True),
+            range_picker(MismatchIds.PICKER.prefix, range, custom=False, data=True),
         ], className="toolbar"),
         html.Div([html.Span("states: ")] + [html.Span(st, className="state-chip", style=state_style(st),
                                                       title=STATE_HELP.get(st, ""))
                                             for st in STATE_COLORS],
-                 className="legend-line", id="mismatch-legend"),
-        dcc.Store(id="mismatch-meta"),
-        dcc.Loading([export.buttons("mismatch-scatter"),
-                     dcc.Graph(id="mismatch-scatter", config={"displaylogo": False}),
+                 className="legend-line", id=MismatchIds.LEGEND),
+        dcc.Store(id=MismatchIds.META),
+        dcc.Loading([export.buttons(MismatchIds.SCATTER),
+                     dcc.Graph(id=MismatchIds.SCATTER, config={"displaylogo": False}),
                      html.H3("Share of time in each state, per workload"),
-                     html.Div(id="mismatch-workload-note", className="muted"),
-                     export.buttons("mismatch-workloads"),
-                     dcc.Graph(id="mismatch-workloads", config={"displaylogo": False}),
+                     html.Div(id=MismatchIds.WORKLOAD_NOTE, className="muted"),
+                     export.buttons(MismatchIds.WORKLOADS),
+                     dcc.Graph(id=MismatchIds.WORKLOADS, config={"displaylogo": False}),
                      html.H3("Share of time in each state, per node"),
-                     export.buttons("mismatch-share"),
-                     dcc.Graph(id="mismatch-share", config={"displaylogo": False})], delay_show=400, type="dot"),
+                     export.buttons(MismatchIds.SHARE),
+                     dcc.Graph(id=MismatchIds.SHARE, config={"displaylogo": False})], delay_show=400, type="dot"),
         html.P("Each point is one window of the stored series: accelerator busy is GPM SM activity (or NPU AICore), "
                "link load the busier PCIe direction against the link's effective ceiling; its colour is the state the "
                "agent published for that window (the verdict history, as on the Node and Root cause pages). "
@@ -85,10 +86,10 @@ STATE_HELP = {
 
 
 @page_callback(
-    Output("mismatch-scatter", "figure"), Output("mismatch-share", "figure"), Output("mismatch-note", "children"),
-    Output("mismatch-workloads", "figure"), Output("mismatch-workload-note", "children"),
-    Output("mismatch-meta", "data"),
-    Input("mismatch-node", "value"), Input("mismatch-range", "value"), Input(timeview.TZ_STORE, "data"),
+    Output(MismatchIds.SCATTER, "figure"), Output(MismatchIds.SHARE, "figure"), Output(MismatchIds.NOTE, "children"),
+    Output(MismatchIds.WORKLOADS, "figure"), Output(MismatchIds.WORKLOAD_NOTE, "children"),
+    Output(MismatchIds.META, "data"),
+    Input(MismatchIds.NODE, "value"), Input(MismatchIds.PICKER.range, "value"), Input(timeview.TZ_STORE, "data"),
 )
 def render(value: str, preset: str, tz: dict[str, Any] | None = None) -> tuple[Any, Any, Any, Any, Any, Any]:
     c = ctx()
@@ -126,9 +127,9 @@ def render(value: str, preset: str, tz: dict[str, Any] | None = None) -> tuple[A
     return scatter, share, head, wfig, wnote, meta
 
 
-for _gid, _chart in (("mismatch-scatter", "mismatch-windows"), ("mismatch-workloads", "mismatch-workload-states"),
-                     ("mismatch-share", "mismatch-node-states")):
-    export.register(_gid, _chart, "mismatch-meta")
+for _gid, _chart in ((MismatchIds.SCATTER, "mismatch-windows"), (MismatchIds.WORKLOADS, "mismatch-workload-states"),
+                     (MismatchIds.SHARE, "mismatch-node-states")):
+    export.register(_gid, _chart, MismatchIds.META)
 
 
 def _scatter_series(pts: list[data.MismatchPoint]) -> list[export.Series]:

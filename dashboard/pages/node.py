@@ -25,6 +25,7 @@ from triscope.dashboard import (
 )
 from triscope.dashboard.components import error_note, fmt_ts, name_span, note, parse_ts, range_picker, short
 from triscope.dashboard.context import ctx
+from triscope.dashboard.ids import NodeIds
 from triscope.dashboard.node_parts import accel_picker, workload_panel, workload_states
 from triscope.dashboard.registry import page_callback
 
@@ -52,34 +53,34 @@ def layout(node: str | None = None, range: str = "", start: str = "", end: str =
     rec = infos[node].recording
     head: list[Any] = [html.H2(name_span(node), className="node-title")]
     if rec:   # a recording says so, next to its name and in a line under it; never "live"
-        head.append(html.Span("recording", className="badge badge-recording", id="node-recording",
+        head.append(html.Span("recording", className="badge badge-recording", id=NodeIds.RECORDING,
                               title=f"imported from {rec}"))
-    head.append(html.Span(id="node-window-note", className="window-note"))
+    head.append(html.Span(id=NodeIds.WINDOW_NOTE, className="window-note"))
     return html.Div([
-        dcc.Store(id="node-name", data=node),
-        dcc.Store(id="node-accel", data=accel.query if accel is not None else ""),
-        dcc.Store(id="node-meta"),
+        dcc.Store(id=NodeIds.NAME, data=node),
+        dcc.Store(id=NodeIds.ACCEL, data=accel.query if accel is not None else ""),
+        dcc.Store(id=NodeIds.META),
         html.Div(head, className="page-head"),
-        note(data.recording_note(c.store, node), "info", id="node-recording-note") if rec else html.Div(),
+        note(data.recording_note(c.store, node), "info", id=NodeIds.RECORDING_NOTE) if rec else html.Div(),
         html.Div([
-            range_picker("node", preset, start, end, data=True),
+            range_picker(NodeIds.PICKER.prefix, preset, start, end, data=True),
             # a recording has no new points to follow: no live mode
-            dcc.Checklist(id="node-live", options=[{"label": " live", "value": "live", "disabled": bool(rec)}],
+            dcc.Checklist(id=NodeIds.LIVE, options=[{"label": " live", "value": "live", "disabled": bool(rec)}],
                           value=[], inline=True, className="live-toggle"),
-            html.Div(id="node-explain", className="explain"),
+            html.Div(id=NodeIds.EXPLAIN, className="explain"),
         ], className="toolbar"),
-        html.Div(id="node-accels", className="accel-picker"),
-        html.Div(id="node-workloads", className="workload-panel"),
-        dcc.Interval(id="node-interval", interval=int(c.live_interval_s * 1000), disabled=True),
-        export.buttons("node-graph"),
-        dcc.Loading(dcc.Graph(id="node-graph", config={"displaylogo": False, "scrollZoom": False},
+        html.Div(id=NodeIds.ACCELS, className="accel-picker"),
+        html.Div(id=NodeIds.WORKLOADS, className="workload-panel"),
+        dcc.Interval(id=NodeIds.INTERVAL, interval=int(c.live_interval_s * 1000), disabled=True),
+        export.buttons(NodeIds.GRAPH),
+        dcc.Loading(dcc.Graph(id=NodeIds.GRAPH, config={"displaylogo": False, "scrollZoom": False},
                               figure=figures.empty_figure("loading...", 820)), delay_show=400, type="dot"),
-        html.Div(id="node-status", className="status-line"),
+        html.Div(id=NodeIds.STATUS, className="status-line"),
         # where each accelerator's driving threads' time went (docs/waitfor.md): its own callback, so the
         # lanes draw first; refreshed with them, and every WAITFOR_LIVE_S in live mode
-        dcc.Interval(id="node-waitfor-interval", interval=int(max(WAITFOR_LIVE_S, c.live_interval_s) * 1000),
+        dcc.Interval(id=NodeIds.WAITFOR_INTERVAL, interval=int(max(WAITFOR_LIVE_S, c.live_interval_s) * 1000),
                      disabled=True),
-        dcc.Loading(html.Div(id="node-waitfor", className="waitfor"), delay_show=400, type="dot"),
+        dcc.Loading(html.Div(id=NodeIds.WAITFOR, className="waitfor"), delay_show=400, type="dot"),
         _topology(c, node),
     ])
 
@@ -91,18 +92,18 @@ def _topology(c: Any, node: str) -> Any:
     except Exception as e:  # noqa: BLE001 - say it in the page, never a traceback
         return error_note("reading the node's topology", e)
     if not t.devices:
-        return html.Div(id="node-topology-none")
+        return html.Div(id=NodeIds.TOPOLOGY_NONE)
     far = sum(1 for d in t.devices if any(v is not None and 1 - v >= topology_view.REMOTE_BAR
                                           for v in (d.cpu_local, d.mem_local)))
     head = (f"Topology: {len(t.sockets)} NUMA node(s), {len(t.devices)} accelerator(s)"
             + (f", {far} fed from another NUMA node" if far else ""))
     return html.Details([html.Summary(head),
-                         dcc.Graph(id="node-topology", figure=topology_view.topology_figure(t),
+                         dcc.Graph(id=NodeIds.TOPOLOGY, figure=topology_view.topology_figure(t),
                                    config={"displaylogo": False})], open=True, className="topology")
 
 
 # ---------------------------------------------------------------------------------------------- callbacks
-export.register("node-graph", "node", "node-meta")   # the chart's CSV / JSON buttons
+export.register(NodeIds.GRAPH, "node", NodeIds.META)   # the chart's CSV / JSON buttons
 
 
 def _window(c: Any, node: str, preset: str, start: str | None, end: str | None) -> data.Window:
@@ -116,10 +117,10 @@ def _window(c: Any, node: str, preset: str, start: str | None, end: str | None) 
 
 
 @page_callback(
-    Output("node-graph", "figure"), Output("node-meta", "data"), Output("node-window-note", "children"),
-    Output("node-status", "children"), Output("node-accels", "children"), Output("node-workloads", "children"),
-    Input("node-range", "value"), Input("node-apply", "n_clicks"), Input("node-name", "data"),
-    State("node-start", "value"), State("node-end", "value"), State("node-accel", "data"),
+    Output(NodeIds.GRAPH, "figure"), Output(NodeIds.META, "data"), Output(NodeIds.WINDOW_NOTE, "children"),
+    Output(NodeIds.STATUS, "children"), Output(NodeIds.ACCELS, "children"), Output(NodeIds.WORKLOADS, "children"),
+    Input(NodeIds.PICKER.range, "value"), Input(NodeIds.PICKER.apply, "n_clicks"), Input(NodeIds.NAME, "data"),
+    State(NodeIds.PICKER.start, "value"), State(NodeIds.PICKER.end, "value"), State(NodeIds.ACCEL, "data"),
     Input(timeview.TZ_STORE, "data"),   # the local-time toggle redraws
 )
 def render(preset: str, _clicks: int, node: str, start: str | None, end: str | None,
@@ -184,18 +185,18 @@ def _accel_parts(c: Any, node: str, lanes: data.NodeLanes, w: data.Window, prese
     return accel_picker(node, lanes.accels, lanes.accel, now, keep), workload_panel(rows, lanes.accel, w, states)
 
 
-@page_callback(Output("node-interval", "disabled"), Output("node-waitfor-interval", "disabled"),
-               Input("node-live", "value"))
+@page_callback(Output(NodeIds.INTERVAL, "disabled"), Output(NodeIds.WAITFOR_INTERVAL, "disabled"),
+               Input(NodeIds.LIVE, "value"))
 def toggle_live(value: list[str] | None) -> tuple[bool, bool]:
     off = "live" not in (value or [])
     return off, off
 
 
 @page_callback(
-    Output("node-waitfor", "children"),
-    Input("node-range", "value"), Input("node-apply", "n_clicks"), Input("node-name", "data"),
-    Input("node-waitfor-interval", "n_intervals"),
-    State("node-start", "value"), State("node-end", "value"), State("node-accel", "data"),
+    Output(NodeIds.WAITFOR, "children"),
+    Input(NodeIds.PICKER.range, "value"), Input(NodeIds.PICKER.apply, "n_clicks"), Input(NodeIds.NAME, "data"),
+    Input(NodeIds.WAITFOR_INTERVAL, "n_intervals"),
+    State(NodeIds.PICKER.start, "value"), State(NodeIds.PICKER.end, "value"), State(NodeIds.ACCEL, "data"),
     Input(timeview.TZ_STORE, "data"),
 )
 def render_waitfor(preset: str, _clicks: int, node: str, _n: int | None, start: str | None, end: str | None,
@@ -232,8 +233,8 @@ def _fetch_waitfor(store: Any, infos: Any, start: float, end: float, tier: str |
 
 
 @page_callback(
-    Output("node-graph", "figure", allow_duplicate=True), Output("node-meta", "data", allow_duplicate=True),
-    Input("node-interval", "n_intervals"), State("node-meta", "data"), State("node-graph", "relayoutData"),
+    Output(NodeIds.GRAPH, "figure", allow_duplicate=True), Output(NodeIds.META, "data", allow_duplicate=True),
+    Input(NodeIds.INTERVAL, "n_intervals"), State(NodeIds.META, "data"), State(NodeIds.GRAPH, "relayoutData"),
     prevent_initial_call=True,
 )
 def live_append(_n: int, meta: dict[str, Any] | None, relayout: dict[str, Any] | None) -> tuple[Any, Any]:
@@ -278,8 +279,8 @@ def live_append(_n: int, meta: dict[str, Any] | None, relayout: dict[str, Any] |
 
 
 @page_callback(
-    Output("node-explain", "children"),
-    Input("node-graph", "relayoutData"), Input("node-graph", "selectedData"), Input("node-meta", "data"),
+    Output(NodeIds.EXPLAIN, "children"),
+    Input(NodeIds.GRAPH, "relayoutData"), Input(NodeIds.GRAPH, "selectedData"), Input(NodeIds.META, "data"),
 )
 def explain_link(relayout: dict[str, Any] | None, selected: dict[str, Any] | None, meta: dict[str, Any] | None) -> Any:
     """Offer "explain this window" for the zoomed / selected span (else the whole range)."""
@@ -292,8 +293,8 @@ def explain_link(relayout: dict[str, Any] | None, selected: dict[str, Any] | Non
     try:
         trig = dash.callback_context.triggered_id
     except dash.exceptions.MissingCallbackContextException:  # called outside a request (benchmark)
-        trig = "node-graph"
-    if trig == "node-graph" and selected and selected.get("range"):
+        trig = NodeIds.GRAPH
+    if trig == NodeIds.GRAPH and selected and selected.get("range"):
         xr = next(iter(selected["range"].values()), None)
         if xr and len(xr) == 2:
             a, b, picked = *_span(xr[0], xr[1], a, b, tz), True
@@ -309,7 +310,7 @@ def explain_link(relayout: dict[str, Any] | None, selected: dict[str, Any] | Non
     href = "/rootcause?" + urlencode({"node": meta["node"], "start": f"{a:.0f}", "end": f"{b:.0f}"})
     what = "the selected span" if picked else "this range"
     span = f"{fmt_ts(a, zone)} to {fmt_ts(b, zone)} {timeview.zone_name(zone, b)}"
-    return dcc.Link(f"Explain {what} ({span}) \u2192", href=href, id="node-explain-link", className="btn btn-primary")
+    return dcc.Link(f"Explain {what} ({span}) \u2192", href=href, id=NodeIds.EXPLAIN_LINK, className="btn btn-primary")
 
 
 def _span(x0: Any, x1: Any, a: float, b: float, tz: str | None = None) -> tuple[float, float]:

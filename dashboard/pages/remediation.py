@@ -18,6 +18,7 @@ from dash import Input, Output, dash_table, dcc, html
 from triscope.dashboard import data, remediation_view, timerange, timeview
 from triscope.dashboard.components import empty_state, error_note, fmt_ts, full, note, range_picker, short
 from triscope.dashboard.context import ctx
+from triscope.dashboard.ids import RemediationIds
 from triscope.dashboard.registry import page_callback
 from triscope.store.audit import audit_log
 
@@ -62,10 +63,10 @@ def _bounds(c: Any) -> timerange.Bounds | None:
 def layout(range: str = "", **_: Any) -> html.Div:  # noqa: A002
     preset = range or timerange.default_preset(_bounds(ctx()))
     return html.Div([
-        html.Div([html.H2("Remediation audit log"), html.Span(id="remediation-note", className="window-note")],
+        html.Div([html.H2("Remediation audit log"), html.Span(id=RemediationIds.NOTE, className="window-note")],
                  className="page-head"),
-        html.Div([range_picker("remediation", preset, custom=False, data=True)], className="toolbar"),
-        dcc.Loading(html.Div(id="remediation-body"), delay_show=400, type="dot"),
+        html.Div([range_picker(RemediationIds.PICKER.prefix, preset, custom=False, data=True)], className="toolbar"),
+        dcc.Loading(html.Div(id=RemediationIds.BODY), delay_show=400, type="dot"),
     ])
 
 
@@ -101,11 +102,11 @@ def _recorded_note(ds: list[remediation_view.Decision]) -> Any:
                 f"came with their traces: made by the engine that ran while they were recorded "
                 f"({', '.join(short(e, 24) for e in engines)}; {live} of them live there), not by an engine on this "
                 "store, whatever mode it runs in. Their times are moved with the recording's.", "info",
-                id="remediation-recorded")
+                id=RemediationIds.RECORDED)
 
 
-@page_callback(Output("remediation-body", "children"), Output("remediation-note", "children"),
-               Input("remediation-range", "value"), Input(timeview.TZ_STORE, "data"))
+@page_callback(Output(RemediationIds.BODY, "children"), Output(RemediationIds.NOTE, "children"),
+               Input(RemediationIds.PICKER.range, "value"), Input(timeview.TZ_STORE, "data"))
 def render(preset: str, tz: dict[str, Any] | None = None) -> tuple[Any, Any]:
     c = ctx()
     zone = timeview.zone_of(tz)
@@ -119,7 +120,7 @@ def render(preset: str, tz: dict[str, Any] | None = None) -> tuple[Any, Any]:
     head = f"{fmt_ts(w.start, zone)} to {fmt_ts(w.end, zone)} {timeview.zone_name(zone, w.end)}" + (
         f" ({w.note})" if w.note else "")
     if not ds:
-        return empty_state("No remediation decisions in this range", ar.note, id="remediation-empty"), head
+        return empty_state("No remediation decisions in this range", ar.note, id=RemediationIds.EMPTY), head
     records = [_record(d, zone) for d in ds]
     tooltips = [{k: full(d.row.get(k) or "") for k in ("target", "reason") if len(str(d.row.get(k) or "")) > 60}
                 | ({"node": f"node from {d.row['node_from']}"} if d.row.get("node_from") else {})
@@ -130,7 +131,7 @@ def render(preset: str, tz: dict[str, Any] | None = None) -> tuple[Any, Any]:
               {"if": {"filter_query": '{better} = "same"', "column_id": "effect"}, "color": "#ef6c00", "fontWeight": "600"},
               {"if": {"filter_query": '{mode} contains "recording"', "column_id": "mode"}, "color": "#6a1b9a"}]
     table = dash_table.DataTable(  # type: ignore[attr-defined]
-        id="remediation-table", columns=[dict(col, name=f"time ({zone.key if zone else 'UTC'})")
+        id=RemediationIds.TABLE, columns=[dict(col, name=f"time ({zone.key if zone else 'UTC'})")
                                          if col["id"] == "time" else col for col in COLUMNS], data=records,
         sort_action="native", filter_action="native", page_size=50, style_data_conditional=style,
         tooltip_data=tooltips, tooltip_duration=None, markdown_options={"link_target": "_self"},

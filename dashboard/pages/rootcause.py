@@ -33,6 +33,7 @@ from triscope.dashboard.components import (
 )
 from triscope.dashboard.context import ctx
 from triscope.dashboard.figures import state_style
+from triscope.dashboard.ids import RootcauseIds
 from triscope.dashboard.jsontypes import number
 from triscope.dashboard.registry import page_callback
 from triscope.dashboard.workload_data import workload_owners
@@ -66,19 +67,19 @@ def layout(node: str = "", start: str = "", end: str = "", range: str = "", **_:
         w = default_window(c, node, range)
         a, b = w.start, w.end
         if w.note:
-            head.append(html.Span(w.note, className="window-note", id="rootcause-window-note"))
+            head.append(html.Span(w.note, className="window-note", id=RootcauseIds.WINDOW_NOTE))
     return html.Div([
         html.Div(head, className="page-head"),
         html.Div([
-            dcc.Dropdown(id="rootcause-node", options=node_options(nodes), value=node_value(node),
+            dcc.Dropdown(id=RootcauseIds.NODE, options=node_options(nodes), value=node_value(node),
                          clearable=False, className="node-select"),
-            dcc.Input(id="rootcause-start", type="text", value=fmt_ts(a), debounce=True, className="ts-input"),
-            dcc.Input(id="rootcause-end", type="text", value=fmt_ts(b), debounce=True, className="ts-input"),
-            html.Button("Explain", id="rootcause-go", n_clicks=0, className="btn btn-primary"),
-            dcc.Link("open on the node page", href=f"/node/{quote(node)}", id="rootcause-nodelink", className="btn"),
+            dcc.Input(id=RootcauseIds.START, type="text", value=fmt_ts(a), debounce=True, className="ts-input"),
+            dcc.Input(id=RootcauseIds.END, type="text", value=fmt_ts(b), debounce=True, className="ts-input"),
+            html.Button("Explain", id=RootcauseIds.GO, n_clicks=0, className="btn btn-primary"),
+            dcc.Link("open on the node page", href=f"/node/{quote(node)}", id=RootcauseIds.NODELINK, className="btn"),
             _lookbacks(node, range if not (start and end) else ""),
         ], className="toolbar"),
-        dcc.Loading(html.Div(id="rootcause-body"), delay_show=300, type="dot"),
+        dcc.Loading(html.Div(id=RootcauseIds.BODY), delay_show=300, type="dot"),
     ])
 
 
@@ -89,15 +90,15 @@ def _lookbacks(node: str, current: str) -> html.Div:
         text = "all data" if p == data.DATA_PRESET else p
         links.append(html.B(text, className="btn btn-small") if p == current else      # the one shown
                      dcc.Link(text, href="/rootcause?" + urlencode({"node": node, "range": p}), className="btn btn-small"))
-    return html.Div(links, className="range-presets", id="rootcause-lookbacks")
+    return html.Div(links, className="range-presets", id=RootcauseIds.LOOKBACKS)
 
 
 @page_callback(
-    Output("rootcause-body", "children"), Output("rootcause-nodelink", "href"),
-    Output("rootcause-lookbacks", "children"),
-    Output("rootcause-start", "value"), Output("rootcause-end", "value"),
-    Input("rootcause-go", "n_clicks"), Input("rootcause-node", "value"),
-    State("rootcause-start", "value"), State("rootcause-end", "value"),
+    Output(RootcauseIds.BODY, "children"), Output(RootcauseIds.NODELINK, "href"),
+    Output(RootcauseIds.LOOKBACKS, "children"),
+    Output(RootcauseIds.START, "value"), Output(RootcauseIds.END, "value"),
+    Input(RootcauseIds.GO, "n_clicks"), Input(RootcauseIds.NODE, "value"),
+    State(RootcauseIds.START, "value"), State(RootcauseIds.END, "value"),
     Input(timeview.TZ_STORE, "data"),   # the local-time toggle redraws (the start / end fields stay UTC)
 )
 def explain(_n: int, value: str, start: str | None, end: str | None,
@@ -110,7 +111,7 @@ def explain(_n: int, value: str, start: str | None, end: str | None,
         return note("that node is no longer in the store: pick another", "warn"), "/node", no_update, start, end
     link = f"/node/{quote(node)}"
     looks: Any = no_update
-    if _triggered() == "rootcause-node":    # another node: its own data, as the page opens on it
+    if _triggered() == RootcauseIds.NODE:    # another node: its own data, as the page opens on it
         w = default_window(c, node)
         start, end = fmt_ts(w.start), fmt_ts(w.end)
         looks = _lookbacks(node, "").children
@@ -136,7 +137,7 @@ def answer(c: Any, node: str, a: float, b: float, zone: Any = None) -> list[Any]
     parts: list[Any] = []
     rec = data.recording_note(c.store, node)
     if rec:
-        parts.append(note(rec, "info", id="rootcause-recording-note"))
+        parts.append(note(rec, "info", id=RootcauseIds.RECORDING_NOTE))
     read = None
     try:
         got, read = _episodes(c, node, a, b, zone)
@@ -170,11 +171,11 @@ def _causes(c: Any, node: str, res: rca_view.RcaResult, a: float, b: float, zone
                            f"{fmt_ts(res.baseline[1], zone) if res.baseline else ''} "
                            f"{timeview.zone_name(zone, b)})"))
         out.append(html.Ol([_cause(c, node, i, cz, a, b, res.baseline, zone) for i, cz in enumerate(res.causes[:8])],
-                           className="causes", id="rootcause-causes"))
+                           className="causes", id=RootcauseIds.CAUSES))
     else:
-        out.append(empty_state("No ranked causes", res.note, id="rootcause-nocauses"))
+        out.append(empty_state("No ranked causes", res.note, id=RootcauseIds.NOCAUSES))
     if res.context:
-        out.append(_context(res.context, "rootcause-context"))
+        out.append(_context(res.context, RootcauseIds.CONTEXT))
     return out
 
 
@@ -185,16 +186,16 @@ def _episodes(c: Any, node: str, a: float, b: float, zone: Any = None) -> tuple[
     fig = export.attach_series(figures.episode_timeline_figure(tv.episodes, (a, b), zone=zone),
                                rca_view.episode_series(tv.episodes, a, b))
     out: list[Any] = [html.H3("Episodes: one state per accelerator"),
-                      html.Div(export.chart("rootcause-timeline", fig, "rootcause-timeline", node, a, b, zone,
-                                            config={"displaylogo": False}), id="rootcause-timeline")]
+                      html.Div(export.chart(RootcauseIds.TIMELINE, fig, RootcauseIds.TIMELINE, node, a, b, zone,
+                                            config={"displaylogo": False}), id=RootcauseIds.TIMELINE)]
     for n in tv.notes:
         out.append(note(n, "info"))
     bad = [e for e in tv.bad if e.end > a and e.start < b]
     if not bad:
         out.append(empty_state("No bad episode in this window", "every accelerator was idle, demand-limited, "
-                               "compute-bound or balanced (or no state is stored)", id="rootcause-noepisodes"))
+                               "compute-bound or balanced (or no state is stored)", id=RootcauseIds.NOEPISODES))
     else:
-        out.append(html.Ol([_episode(node, e, zone) for e in bad[:20]], className="episodes causes", id="rootcause-episodes"))
+        out.append(html.Ol([_episode(node, e, zone) for e in bad[:20]], className="episodes causes", id=RootcauseIds.EPISODES))
     out.append(html.Div(f"episodes from {tv.source}", className="muted"))
     return out, tv.read
 
@@ -282,13 +283,13 @@ def _states(c: Any, node: str, a: float, b: float, baseline: tuple[float, float]
     out: list[Any] = [html.H3("State over the window (the verdict history)")]
     win = rca_view.history_shares(c.store, node, a, b)
     if not win.shares:
-        return out + [note(win.source, "info", id="rootcause-nostates")]
-    out.append(html.Div(_chips(win.shares), className="legend-line", id="rootcause-states"))
+        return out + [note(win.source, "info", id=RootcauseIds.NOSTATES)]
+    out.append(html.Div(_chips(win.shares), className="legend-line", id=RootcauseIds.STATES))
     if baseline is not None:
         base = rca_view.history_shares(c.store, node, *baseline)
         if base.shares:
             out.append(html.Div([html.Span("baseline: ", className="muted")] + _chips(base.shares),
-                                className="legend-line", id="rootcause-baseline-states"))
+                                className="legend-line", id=RootcauseIds.BASELINE_STATES))
     if win.worst is not None:
         w = win.worst
         out.append(html.Div(f"worst stretch {fmt_ts(w.start, zone)} → {fmt_ts(w.end, zone)} "

@@ -18,6 +18,7 @@ from triscope.analysis.slo import NOT_ENOUGH_DATA, coverage_pct, describe
 from triscope.dashboard import data, export, figures, slo_view, timerange, timeview
 from triscope.dashboard.components import empty_state, error_note, fmt_ts, note, range_picker, short
 from triscope.dashboard.context import ctx
+from triscope.dashboard.ids import SlosIds
 from triscope.dashboard.registry import page_callback
 
 dash.register_page(__name__, path="/slos", name="SLOs", order=3, title="triscope - SLOs")
@@ -28,13 +29,13 @@ def layout(range: str = "", **_: Any) -> html.Div:  # noqa: A002
     ss = slo_view.load(c)
     head = html.Div([html.H2("SLOs"), html.Span(str(c.slo_file or ""), className="window-note")], className="page-head")
     if not ss.slos:
-        return html.Div([head, empty_state("No SLOs to show", ss.problem, id="slos-empty")])
+        return html.Div([head, empty_state("No SLOs to show", ss.problem, id=SlosIds.EMPTY)])
     preset = range or timerange.default_preset(slo_view.data_bounds(c, ss.slos))
     return html.Div([
         head,
-        html.Div([range_picker("slos", preset, custom=False, data=True)], className="toolbar"),
-        html.Div(id="slos-note", className="window-note"),
-        dcc.Loading(html.Div(id="slos-body"), delay_show=400, type="dot"),
+        html.Div([range_picker(SlosIds.PICKER.prefix, preset, custom=False, data=True)], className="toolbar"),
+        html.Div(id=SlosIds.NOTE, className="window-note"),
+        dcc.Loading(html.Div(id=SlosIds.BODY), delay_show=400, type="dot"),
     ])
 
 
@@ -86,8 +87,8 @@ def _ago(s: float) -> str:
     return f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min" if s < 7200 else f"{s / 3600:.1f} h"
 
 
-@page_callback(Output("slos-body", "children"), Output("slos-note", "children"),
-               Input("slos-range", "value"), Input(timeview.TZ_STORE, "data"))
+@page_callback(Output(SlosIds.BODY, "children"), Output(SlosIds.NOTE, "children"),
+               Input(SlosIds.PICKER.range, "value"), Input(timeview.TZ_STORE, "data"))
 def render(preset: str, tz: dict[str, Any] | None = None) -> Any:
     c = ctx()
     zone = timeview.zone_of(tz)
@@ -102,7 +103,7 @@ def render(preset: str, tz: dict[str, Any] | None = None) -> Any:
         cards: list[Any] = []
         if bounds is None:
             cards.append(note("no node has stored these SLOs' series yet (the agent scrapes them with --scrape URL): "
-                              "every figure reads no data", "info", id="slos-no-series"))
+                              "every figure reads no data", "info", id=SlosIds.NO_SERIES))
         for slo in ss.slos:
             st = slo_view.evaluate(c, slo, w.end)
             ts, budget = slo_view.burn_down(c, slo, max(w.start, bounds.first if bounds else w.start), w.end)
