@@ -1,4 +1,6 @@
-"""The actions: rolling restart, dependency fallback (and its revert), rescheduling, command.
+"""The actions: what each shares (its context and result, the node checks), rolling restart, dependency
+fallback (and its revert) and command; ``reschedule.py``, ``isolate.py`` and ``filefallback.py`` hold the
+others, ``params.py`` their params models and ``dispatch.py`` which one a decision runs.
 
 Each action re-checks the live state it depends on right before acting (a paused or degraded
 Deployment, a ConfigMap already in fallback, no schedulable node to move to) and, in dry-run,
@@ -15,7 +17,7 @@ action is not re-run (see ``triscope.remediation.engine``).
 
 Off Kubernetes, ``dependency_fallback`` with ``params.file`` writes a per-workload knobs file
 instead of a ConfigMap key: ``triscope.remediation.filefallback`` (switch and revert), which builds
-on this module; the engine picks the one a rule's params name.
+on this module; the engine picks the one a rule's params name (``triscope.remediation.dispatch``).
 
 Each action receives an ``ActionContext`` typed by its params model (``ActionContext[RollingRestartParams]``):
 the policy's validated model itself, with its defaults, never a dict.  Kubernetes answers come back
@@ -27,18 +29,14 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Generic, Literal, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
-from pydantic import AfterValidator, BeforeValidator, Field, model_validator
-
-from triscope.core.configfile import ConfigModel, problem, show
-from triscope.core.durations import Duration
+from triscope.core.configfile import ConfigModel
 from triscope.core.timeparse import format_rfc3339
 from triscope.remediation.kube.adapter import KubeAdapter
 from triscope.remediation.kube.errors import (
@@ -50,179 +48,21 @@ from triscope.remediation.kube.errors import (
     PausedDeployment,
     RolloutTimeout,
 )
-from triscope.remediation.kube.views import ConfigMap, Deployment, Node
+from triscope.remediation.kube.views import ConfigMap, Node
+from triscope.remediation.params import (
+    CommandParams,
+    DependencyFallbackParams,
+    RollingRestartParams,
+    fill_argv,
+)
 from triscope.remediation.settings import Settings
-from triscope.remediation.targets import PER_WORKLOAD, KubeName, Target, kube_name_pattern, per_workload
+from triscope.remediation.targets import Target, per_workload
 from triscope.store import audit
 
 if TYPE_CHECKING:
     from triscope.store.api import Store
-    from triscope.store.reader import StoreReader
 
 log = logging.getLogger(__name__)
-
-
-# ---------------------------------------------------------------------------------------------- parameters
-# Each action's ``params`` as the policy writes them (``triscope.remediation.policy`` validates a
-# rule's params with its action's model; the action receives that model in its ``ActionContext``).
-_CONFIGMAP_KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
-
-
-def _kube_name_template(value: str) -> str:
-    if not kube_name_pattern().match(value.replace(PER_WORKLOAD, "x")):
-        raise ValueError(f"{show(value)} is not a valid Kubernetes name (with {PER_WORKLOAD} for the workload's)")
-    return value
-
-
-def _configmap_key(value: str) -> str:
-    if not _CONFIGMAP_KEY.match(value.replace(PER_WORKLOAD, "x")):
-        raise ValueError(f"{show(value)} is not a valid ConfigMap key")
-    return value
-
-
-def _text(value: object) -> object:
-    """A number written where text belongs (``value: 1``) as text; anything else as it is."""
-    return str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
-
-
-def _positive(seconds: float) -> float:
-    if seconds <= 0:
-        raise ValueError("must be longer than 0s")
-    return seconds
-
-
-def _argv(value: object) -> list[str]:
-    if not isinstance(value, list) or not value or not all(
-            isinstance(a, (str, int, float)) and not isinstance(a, bool) for a in value):
-        raise ValueError("must be a non-empty list of arguments (fixed in the policy, no shell), "
-                         f"not {show(value)}")
-    return [str(a) for a in value]
-
-
-class RollingRestartParams(ConfigModel):
-    """``rolling_restart``: follow the rollout (``follow``) for at most ``timeout``."""
-
-    timeout: Duration = 300.0
-    follow: bool = True
-
-
-class DependencyFallbackParams(ConfigModel):
-    """``dependency_fallback``: set ``key`` of ConfigMap ``configmap`` to ``value``; revert after
-    ``hold`` clear, or ``ttl`` at the latest."""
-
-    configmap: Annotated[str, AfterValidator(_kube_name_template)]
-    key: Annotated[str, AfterValidator(_configmap_key)]
-    value: Annotated[str, BeforeValidator(_text)] = "fallback"
-    ttl: Annotated[Duration, AfterValidator(_positive)] = 1800.0
-    hold: Duration = 300.0
-
-
-class RescheduleWeights(ConfigModel):
-    """Weights of the node cost's parts (``node_cost``)."""
-
-    compute: Annotated[float, Field(ge=0.0, le=1000.0)] = 1.0
-    link: Annotated[float, Field(ge=0.0, le=1000.0)] = 1.0
-    storage: Annotated[float, Field(ge=0.0, le=1000.0)] = 1.0
-
-    @model_validator(mode="after")
-    def _one_positive(self) -> RescheduleWeights:
-        if not (self.compute or self.link or self.storage):
-            raise problem("at least one weight must be positive")
-        return self
-
-
-class RescheduleParams(ConfigModel):
-    """``reschedule``: candidate choice (``weights``, ``affinity_weight``), eviction, cordon."""
-
-    weights: RescheduleWeights = RescheduleWeights()
-    eviction_timeout: Duration = 120.0
-    affinity_weight: Annotated[int, Field(ge=1, le=100)] = 100
-    cordon: bool = True
-
-
-class IsolateAcceleratorParams(ConfigModel):
-    """``isolate_accelerator``: take the one accelerator the trigger names out of service with a DRA
-    ``DeviceTaintRule`` on the device its driver publishes (``triscope.remediation.isolate``):
-    ``NoSchedule``, or ``NoExecute`` when ``evict`` (Kubernetes evicts the pods whose claims hold it;
-    ``eviction: eviction_api`` keeps ``NoSchedule`` and evicts them through the Eviction API,
-    PodDisruptionBudgets respected for ``eviction_timeout``); the rule is deleted once the verdict has been
-    healthy for ``untaint_after``.  Where no ResourceSlice publishes the GPU, ``without_dra`` says what
-    to do instead: ``refuse`` (nothing) or ``cordon`` the node as ``reschedule`` does."""
-
-    eviction_timeout: Duration = 120.0
-    untaint_after: Annotated[Duration, AfterValidator(_positive)] = 600.0
-    evict: bool = True
-    eviction: Literal["noexecute", "eviction_api"] = "noexecute"
-    without_dra: Literal["refuse", "cordon"] = "refuse"
-
-
-PLACEHOLDERS = ("node", "namespace", "deployment", "pod", "gpu", "npu", "chip")
-"""What a ``command``'s argv may carry from the trigger, as ``{NAME}`` inside a word: ``node``, ``namespace``
-and ``deployment`` are the rule's target fields (resolved as for every action); ``pod``, ``gpu``, ``npu``
-and ``chip`` the trigger's own labels (a verdict's: the pod and accelerator it names)."""
-TARGET_PLACEHOLDERS = ("node", "namespace", "deployment")
-_PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
-
-
-def placeholders(word: str) -> list[str]:
-    """The ``{NAME}`` placeholders of one argv word, in order."""
-    return [m[1] for m in _PLACEHOLDER.finditer(word)]
-
-
-def fill_argv(argv: list[str], values: Mapping[str, str]) -> list[str]:
-    """Each ``{NAME}`` replaced by its value; every value a Kubernetes name with no leading ``-``, so it
-    stays inside its own argv word and cannot become an option.  ``ValueError`` otherwise."""
-    out = []
-    for word in argv:
-        def one(m: re.Match[str]) -> str:
-            v = values.get(m[1], "")
-            if not v or v.startswith("-") or len(v) > 253 or not kube_name_pattern().match(v):
-                raise ValueError(f"{{{m[1]}}} is {v!r}: not a Kubernetes name")
-            return v
-        out.append(_PLACEHOLDER.sub(one, word))
-    return out
-
-
-class CommandParams(ConfigModel):
-    """``command``: the argv fixed in the policy (no shell), killed after ``timeout``.  ``{node}``,
-    ``{namespace}``, ``{deployment}``, ``{pod}``, ``{gpu}``, ``{npu}``, ``{chip}`` in a word carry the
-    trigger's target (each value checked as a Kubernetes name, no leading ``-``, one argv word);
-    ``literal_targets: true`` lets a verdict trigger run an argv whose targets are fixed in the policy
-    (said in the audit row and the Event)."""
-
-    argv: Annotated[list[str], BeforeValidator(_argv)]
-    timeout: Duration = 30.0
-    literal_targets: bool = False
-
-    @model_validator(mode="after")
-    def _known_placeholders(self) -> CommandParams:
-        if placeholders(self.argv[0]):
-            raise problem("the program is fixed in the policy: no placeholder in argv[0]", "argv", 0)
-        for i, word in enumerate(self.argv):
-            for name in placeholders(word):
-                if name not in PLACEHOLDERS:
-                    raise problem(f"unknown placeholder {{{name}}} (known: "
-                                  + ", ".join(f"{{{p}}}" for p in PLACEHOLDERS) + ")", "argv", i)
-        return self
-
-    @property
-    def uses(self) -> list[str]:
-        """The placeholders the argv carries, each once, in order."""
-        seen: dict[str, None] = {}
-        for w in self.argv:
-            for p in placeholders(w):
-                seen.setdefault(p, None)
-        return list(seen)
-
-
-ACTION_PARAMS: dict[str, type[ConfigModel]] = {
-    "rolling_restart": RollingRestartParams,
-    "dependency_fallback": DependencyFallbackParams,
-    "reschedule": RescheduleParams,
-    "isolate_accelerator": IsolateAcceleratorParams,
-    "command": CommandParams,
-}
-"""Each action's params model."""
 
 FALLBACK_UNTIL = "triscope.io/fallback-expires-at"
 FALLBACK_RULE = "triscope.io/fallback-rule"
@@ -293,11 +133,11 @@ def restart_stamp(decided_ts: float) -> str:
     return format_rfc3339(decided_ts, micro=True)
 
 
-def _decided(ctx: ActionContext[P]) -> float:
+def decided_at(ctx: ActionContext[P]) -> float:
     return ctx.decided_ts if ctx.decided_ts is not None else time.time()
 
 
-def _node_allowed(ctx: ActionContext[P], node: str) -> ActionResult | None:
+def node_allowed(ctx: ActionContext[P], node: str) -> ActionResult | None:
     """The ``suppressed`` result when ``node`` is outside the node allow-list (None when it is inside)."""
     s = ctx.settings
     if s is not None and not s.node_name_allowed(node):
@@ -321,7 +161,7 @@ def rolling_restart(ctx: ActionContext[RollingRestartParams]) -> ActionResult:
             return ActionResult("suppressed", f"deployment {ns}/{name} already degraded "
                                 f"({h['available']}/{h['desired']} available)", {"health": h}, rail="live_state")
         return ActionResult("dry_run", f"would restart deployment {ns}/{name}", {"would": "rollout restart", "health": h})
-    stamp = ctx.restarted_at or restart_stamp(_decided(ctx))
+    stamp = ctx.restarted_at or restart_stamp(decided_at(ctx))
     try:
         out = kube.restart_deployment(ns, name, stamp=stamp)
     except (PausedDeployment, DegradedDeployment) as e:
@@ -369,7 +209,7 @@ def dependency_fallback(ctx: ActionContext[DependencyFallbackParams]) -> ActionR
     """Set the key of the ConfigMap (the knobs-file form is ``filefallback.switch``)."""
     p = ctx.params
     ns, cm, key = _fallback_names(p, ctx.names)
-    now = _decided(ctx)
+    now = decided_at(ctx)
     expires = now + p.ttl
     existing = audit.active_fallbacks(ctx.store, ctx.target.key)
     if not ctx.dry_run:   # a dry-run fallback changed nothing: it does not stand in a live one's way
@@ -477,61 +317,7 @@ def post_decision_event(kube: KubeAdapter, events_namespace: str, params: Config
         log.info("remediation: cannot post the Kubernetes Event: %s", e)
 
 
-# rescheduling ------------------------------------------------------------------------------------
-class NodeCost(TypedDict):
-    node: str
-    cost: float
-    parts: dict[str, float]
-    missing: list[str]
-
-
-def _mean(xs: list[float]) -> float | None:
-    xs = [x for x in xs if x == x]
-    return sum(xs) / len(xs) if xs else None
-
-
-def _link_load(store: StoreReader, node: str, capacity: float, now: float) -> float | None:
-    """PCIe bytes/s over the link capacity (else TCP retransmit pressure); None without data."""
-    if capacity > 0:
-        rates = 0.0
-        for m in ("triscope_gpu_pcie_rx_bytes_total", "triscope_gpu_pcie_tx_bytes_total"):
-            for sd in store.query(m, node=node, start=now - 120, end=now, max_points=60):
-                rates += _mean(sd.values) or 0.0
-        return min(1.0, rates / capacity)
-    rt = store.query("triscope_tcp_retransmits_total", node=node, start=now - 120, end=now, max_points=60)
-    vals = [v for sd in rt for v in sd.values]
-    return min(1.0, (_mean(vals) or 0.0) / 100.0) if vals else None
-
-
-def node_cost(store: StoreReader, node: str, weights: RescheduleWeights, now: float | None = None) -> NodeCost:
-    """Joint cost of a candidate node: compute load, link load and storage I/O (0..1 each, weighted).
-
-    compute: mean accelerator utilisation (GPM SM activity, else NVML, else NPU AICore, else CPU busy);
-    link: PCIe bytes/s over the link capacity (else TCP retransmit pressure); storage: I/O pressure
-    (PSI ``some`` avg10).  A part with no data counts as 0.5 and is named in ``missing``.
-    """
-    now = time.time() if now is None else now
-    latest: dict[str, list[float]] = {}
-    for lv in store.latest(node, prefix="triscope_", since=now - 600):
-        latest.setdefault(lv.info.metric, []).append(lv.value)
-        if lv.info.metric == "triscope_pressure_ratio":
-            latest.setdefault(f"pressure:{lv.info.labels.get('resource')}:{lv.info.labels.get('kind')}", []).append(lv.value)
-    compute = None
-    for m in ("triscope_gpu_sm_active_ratio", "triscope_gpu_utilization_ratio", "triscope_npu_aicore_utilization_ratio",
-              "triscope_cpu_busy_ratio"):
-        compute = _mean(latest.get(m, []))
-        if compute is not None:
-            break
-    link = _link_load(store, node, sum(latest.get("triscope_pcie_link_capacity_bytes_per_second", [])), now)
-    parts = {"compute": compute, "link": link, "storage": _mean(latest.get("pressure:io:some", []))}
-    missing = [kk for kk, v in parts.items() if v is None]
-    vals = {kk: (0.5 if v is None else max(0.0, min(1.0, float(v)))) for kk, v in parts.items()}
-    w = {"compute": weights.compute, "link": weights.link, "storage": weights.storage}
-    cost = sum(w[kk] * vals[kk] for kk in vals) / (sum(w.values()) or 1.0)
-    return {"node": node, "cost": round(cost, 4), "parts": {kk: round(v, 4) for kk, v in vals.items()},
-            "missing": missing}
-
-
+# nodes: what reschedule and isolate_accelerator check before they cordon, drain or taint one ------------
 def _node_refusal(ctx: ActionContext[P], node: Node) -> str:
     """Why ``node`` may not be cordoned or drained by this engine ('' when it may)."""
     s = ctx.settings
@@ -544,7 +330,7 @@ def _node_refusal(ctx: ActionContext[P], node: Node) -> str:
     return ""
 
 
-def _checked_node(ctx: ActionContext[P], kube: KubeAdapter, name: str) -> Node | ActionResult:
+def checked_node(ctx: ActionContext[P], kube: KubeAdapter, name: str) -> Node | ActionResult:
     """The node an action is about to touch, or the ``suppressed`` result saying why it may not
     (gone, a control-plane node, outside the node allow-list)."""
     try:
@@ -557,44 +343,7 @@ def _checked_node(ctx: ActionContext[P], kube: KubeAdapter, name: str) -> Node |
     return node
 
 
-def _candidate_refusal(ctx: ActionContext[P], node: Node, dep: Deployment) -> str:
-    """Why ``node`` cannot take the workload's pods ('' when it can)."""
-    if node.unschedulable:
-        return "cordoned"
-    if not node.ready:
-        return "not Ready"
-    if node.control_plane:
-        return "control plane"
-    untolerated = node.untolerated(dep.tolerations)
-    if untolerated:
-        return "taints not tolerated: " + ", ".join(untolerated)
-    if any(node.labels.get(a) != b for a, b in dep.node_selector.items()):
-        return "does not match the pod template's nodeSelector"
-    s = ctx.settings
-    if s is not None and not (s.node_name_allowed(node.name) and s.node_labels_allowed(node.labels)):
-        return "outside the node allow-list"
-    return ""
-
-
-def _candidates(ctx: ActionContext[RescheduleParams], kube: KubeAdapter, bad: str,
-                dep: Deployment) -> tuple[list[NodeCost], dict[str, str]]:
-    """The nodes the workload may move to, cheapest first, and why each other one may not (50 at most)."""
-    candidates: list[NodeCost] = []
-    excluded: dict[str, str] = {}
-    for n in kube.list_nodes():
-        if n.name == bad:
-            continue
-        why = _candidate_refusal(ctx, n, dep)
-        if why:
-            if len(excluded) < 50:
-                excluded[n.name] = why
-            continue
-        candidates.append(node_cost(ctx.store, n.name, ctx.params.weights))
-    candidates.sort(key=lambda c: (c["cost"], c["node"]))
-    return candidates, excluded
-
-
-def _evict_all(kube: KubeAdapter, pods: list[tuple[str, str]], timeout: float,
+def evict_all(kube: KubeAdapter, pods: list[tuple[str, str]], timeout: float,
                resp: dict[str, object]) -> EvictionBlocked | None:
     """Evict ``pods`` ((namespace, name)) within ``timeout`` in all; ``resp["evictions"]`` says how each went;
     the first eviction a disruption budget kept blocking, if one did (the rest are not tried)."""
@@ -608,59 +357,6 @@ def _evict_all(kube: KubeAdapter, pods: list[tuple[str, str]], timeout: float,
             evictions.append({"namespace": ns, "pod": pod, "evicted": False, "error": str(e)})
             return e
     return None
-
-
-def reschedule(ctx: ActionContext[RescheduleParams]) -> ActionResult:
-    bad, ns, dep_name = ctx.names["node"], ctx.names["namespace"], ctx.names["deployment"]
-    outside = _node_allowed(ctx, bad)
-    if outside is not None:
-        return outside
-    if ctx.dry_run and ctx.kube is None:
-        return ActionResult("dry_run", f"would move {ns}/{dep_name} off {bad} (live state not checked: no Kubernetes "
-                            "API configured)", {"checked": False})
-    kube = ctx.need_kube()
-    node = _checked_node(ctx, kube, bad)
-    if isinstance(node, ActionResult):
-        return node
-    dep = kube.get_deployment(ns, dep_name)
-    selector = ",".join(f"{a}={b}" for a, b in sorted(dep.match_labels.items()))
-    pods = kube.pod_names(ns, label_selector=selector, node=bad) if dep.match_labels else []
-    if not pods:
-        if ctx.resumed and node.unschedulable and node.cordoned_by == CORDON_OWNER:
-            return ActionResult("acted", f"{bad} is cordoned by triscope and no pods of {ns}/{dep_name} are left on it: "
-                                "done before the engine restarted", {"node": bad, "resumed": True},
-                                issued_ts=time.time())
-        return ActionResult("suppressed", f"no pods of {ns}/{dep_name} run on node {bad}: not cordoning or draining a "
-                            "node the workload does not run on", {"node": bad, "selector": selector}, rail="node")
-    candidates, excluded = _candidates(ctx, kube, bad, dep)
-    resp: dict[str, object] = {"node": bad, "pods": pods, "candidates": candidates, "excluded": excluded,
-                               "chosen": candidates[0]["node"] if candidates else None}
-    if not candidates:
-        return ActionResult("failed", f"no schedulable candidate node to move {ns}/{dep_name} to", resp)
-    best = candidates[0]["node"]
-    if ctx.dry_run:
-        return ActionResult("dry_run", f"would cordon {bad}, prefer {best} (cost {candidates[0]['cost']}) and evict "
-                            f"{len(pods)} pod(s) of {ns}/{dep_name}", resp)
-    if ctx.params.cordon:
-        cordon = kube.cordon(bad, by=CORDON_OWNER)
-        if cordon["result"] == "cordoned_by_other":
-            cordon["note"] = f"already cordoned by {node.cordoned_by or 'someone else'}; left as is"
-        resp["cordon"] = cordon
-    ctx.on_issued(time.time())
-    resp["affinity"] = kube.set_preferred_node(ns, dep_name, best, weight=ctx.params.affinity_weight)
-    blocked = _evict_all(kube, [(ns, pod) for pod in pods], ctx.params.eviction_timeout, resp)
-    if blocked is not None:
-        return ActionResult("failed", str(blocked), resp, issued_ts=time.time())
-    return ActionResult("acted", f"cordoned {bad}, preferred {best}, evicted {len(pods)} pod(s) of {ns}/{dep_name}",
-                        resp, issued_ts=time.time())
-
-
-# one accelerator out of service: triscope.remediation.isolate (DRA DeviceTaintRules) ---------------
-def isolate_accelerator(ctx: ActionContext[IsolateAcceleratorParams]) -> ActionResult:
-    """``triscope.remediation.isolate.isolate_accelerator`` (imported here lazily: it builds on this module)."""
-    from triscope.remediation import isolate
-
-    return isolate.isolate_accelerator(ctx)
 
 
 # command -----------------------------------------------------------------------------------------
@@ -694,24 +390,3 @@ def command(ctx: ActionContext[CommandParams]) -> ActionResult:
     if proc.returncode != 0:
         return ActionResult("failed", f"{argv[0]} exited with {proc.returncode}{literal}", resp, issued_ts=issued)
     return ActionResult("acted", f"ran {argv[0]} (exit 0){literal}", resp, issued_ts=issued)
-
-
-class Runners(TypedDict):
-    """Each action's function (a test may put another in its place)."""
-
-    rolling_restart: Callable[[ActionContext[RollingRestartParams]], ActionResult]
-    dependency_fallback: Callable[[ActionContext[DependencyFallbackParams]], ActionResult]
-    reschedule: Callable[[ActionContext[RescheduleParams]], ActionResult]
-    isolate_accelerator: Callable[[ActionContext[IsolateAcceleratorParams]], ActionResult]
-    command: Callable[[ActionContext[CommandParams]], ActionResult]
-
-
-RUNNERS: Runners = {
-    "rolling_restart": rolling_restart, "dependency_fallback": dependency_fallback,
-    "reschedule": reschedule, "isolate_accelerator": isolate_accelerator, "command": command,
-}
-
-
-__all__ = ["ACTION_PARAMS", "KubeName", "ActionContext", "ActionResult", "CommandParams", "DependencyFallbackParams",
-           "IsolateAcceleratorParams", "RescheduleParams", "RescheduleWeights", "RollingRestartParams", "Runners",
-           "RUNNERS", "post_decision_event", "restart_stamp", "revert_fallback"]

@@ -57,9 +57,9 @@ from sqlalchemy.exc import OperationalError
 from triscope import defaults
 from triscope.core.samples import EventRecord, parse_label_key
 from triscope.remediation import actions as act
-from triscope.remediation import filefallback, isolate, metrics
+from triscope.remediation import isolate, metrics
+from triscope.remediation.dispatch import run_action
 from triscope.remediation.fallbacks import revert_due_fallbacks
-from triscope.remediation.filefallback import KnobsFileParams
 from triscope.remediation.kube.adapter import KubeAdapter
 from triscope.remediation.kube.errors import KubeError
 from triscope.remediation.leader import LeaderElector
@@ -140,23 +140,6 @@ def _text_map(value: object) -> dict[str, str]:
 def _accelerator(labels: dict[str, str]) -> dict[str, str]:
     """The accelerator labels of a trigger (what a workload was found on), for the audit row."""
     return {a: labels[a] for a in ("gpu", "npu", "chip") if labels.get(a)}
-
-
-def run_action(ctx: act.ActionContext[ActionParams]) -> act.ActionResult:
-    """The action a rule's params name, with its own params model (``act.RUNNERS``; a knobs-file fallback:
-    ``filefallback.switch``)."""
-    p = ctx.params
-    if isinstance(p, KnobsFileParams):
-        return filefallback.switch(ctx.using(p))
-    if isinstance(p, act.RollingRestartParams):
-        return act.RUNNERS["rolling_restart"](ctx.using(p))
-    if isinstance(p, act.DependencyFallbackParams):
-        return act.RUNNERS["dependency_fallback"](ctx.using(p))
-    if isinstance(p, act.RescheduleParams):
-        return act.RUNNERS["reschedule"](ctx.using(p))
-    if isinstance(p, act.IsolateAcceleratorParams):
-        return act.RUNNERS["isolate_accelerator"](ctx.using(p))
-    return act.RUNNERS["command"](ctx.using(p))
 
 
 class Engine:

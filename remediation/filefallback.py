@@ -47,7 +47,8 @@ from triscope.core.configfile import ConfigModel, problem, show, variant
 from triscope.core.cpulist import parse_cpulist
 from triscope.core.durations import Duration
 from triscope.core.timeparse import format_rfc3339
-from triscope.remediation.actions import ActionContext, ActionResult, DependencyFallbackParams
+from triscope.remediation.actions import ActionContext, ActionResult
+from triscope.remediation.params import DependencyFallbackParams
 from triscope.remediation.targets import TargetModel
 from triscope.remediation.workloads import SHARED_WORKLOADS, parse_workload
 from triscope.store import audit

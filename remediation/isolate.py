@@ -39,15 +39,15 @@ from triscope.remediation.actions import (
     CORDON_OWNER,
     ActionContext,
     ActionResult,
-    IsolateAcceleratorParams,
-    _checked_node,
-    _decided,
-    _evict_all,
-    _node_allowed,
+    checked_node,
+    decided_at,
+    evict_all,
+    node_allowed,
 )
 from triscope.remediation.kube.adapter import KubeAdapter
 from triscope.remediation.kube.errors import KubeError
 from triscope.remediation.kube.views import RuleWrite
+from triscope.remediation.params import IsolateAcceleratorParams
 
 if TYPE_CHECKING:
     from triscope.store.reader import StoreReader
@@ -126,7 +126,7 @@ def _without_dra(ctx: ActionContext[IsolateAcceleratorParams], kube: KubeAdapter
     cordon = kube.cordon(node, by=CORDON_OWNER)
     resp["cordon"] = cordon
     ctx.on_issued(time.time())
-    blocked = _evict_all(kube, pods, p.eviction_timeout, resp)
+    blocked = evict_all(kube, pods, p.eviction_timeout, resp)
     if blocked is not None:
         return ActionResult("failed", f"cordoned node {node} instead of isolating {acc} (without_dra: cordon): "
                             f"{why}; {blocked}", resp, issued_ts=time.time())
@@ -145,11 +145,11 @@ def _live_effect(p: IsolateAcceleratorParams) -> str:
 
 def isolate_accelerator(ctx: ActionContext[IsolateAcceleratorParams]) -> ActionResult:
     node_name, acc = ctx.names["node"], ctx.names["accelerator"]
-    outside = _node_allowed(ctx, node_name)
+    outside = node_allowed(ctx, node_name)
     if outside is not None:
         return outside
     p = ctx.params
-    now = _decided(ctx)
+    now = decided_at(ctx)
     allowed = ctx.settings.namespaces if ctx.settings is not None else ()
     holders = pods_on_accelerator(ctx.store, node_name, acc, now)
     pods = [(ns, pod) for ns, pod in holders if not allowed or ns in allowed]
@@ -161,7 +161,7 @@ def isolate_accelerator(ctx: ActionContext[IsolateAcceleratorParams]) -> ActionR
         return ActionResult("dry_run", f"would look {acc} of {node_name} up in its ResourceSlices and taint it "
                             "(live state not checked: no Kubernetes API configured)", {**resp, "checked": False})
     kube = ctx.need_kube()
-    checked = _checked_node(ctx, kube, node_name)
+    checked = checked_node(ctx, kube, node_name)
     if isinstance(checked, ActionResult):
         return checked
     dev, why, seen = _locate(ctx, kube, node_name, acc)
@@ -198,7 +198,7 @@ def isolate_accelerator(ctx: ActionContext[IsolateAcceleratorParams]) -> ActionR
     done = {"created": "created", "replaced": "replaced the engine's earlier rule with",
             "adopted": "found (and adopted) the engine's own"}.get(write["result"], write["result"])
     text = f"tainted {what}: {done} DeviceTaintRule {name} ({effect}, {write['api_version']})"
-    blocked = _evict_all(kube, evicting, p.eviction_timeout, resp) if evicting else None
+    blocked = evict_all(kube, evicting, p.eviction_timeout, resp) if evicting else None
     if blocked is not None:
         return ActionResult("failed", f"{text}; {blocked}", resp, issued_ts=time.time())
     if effect == "NoExecute":

@@ -39,7 +39,9 @@ from triscope.core.configfile import validate as validate_config
 from triscope.core.durations import Duration
 from triscope.core.labels import Matcher
 from triscope.core.metrics import CATALOGUE, spec
-from triscope.remediation.actions import (
+from triscope.remediation.filefallback import FallbackParams, KnobsFileParams
+from triscope.remediation.filefallback import target_problem as knobs_file_target_problem
+from triscope.remediation.params import (
     PLACEHOLDERS,
     TARGET_PLACEHOLDERS,
     CommandParams,
@@ -48,8 +50,6 @@ from triscope.remediation.actions import (
     RescheduleParams,
     RollingRestartParams,
 )
-from triscope.remediation.filefallback import FallbackParams, KnobsFileParams
-from triscope.remediation.filefallback import target_problem as knobs_file_target_problem
 from triscope.remediation.settings import Settings, SettingsModel
 from triscope.remediation.targets import (
     PER_WORKLOAD,

@@ -49,8 +49,8 @@ from triscope.core.vocabulary import (
     accelerator_name,
 )
 from triscope.remediation import filefallback
-from triscope.remediation.actions import TARGET_PLACEHOLDERS, CommandParams, DependencyFallbackParams
 from triscope.remediation.filefallback import KnobsFileParams
+from triscope.remediation.params import TARGET_PLACEHOLDERS, CommandParams, DependencyFallbackParams
 from triscope.remediation.policy import OPS, Matcher, Rule, Trigger
 from triscope.remediation.targets import per_workload
 from triscope.remediation.webhook import WebhookAlert

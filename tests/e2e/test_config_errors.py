@@ -15,7 +15,7 @@ from triscope.analysis.config import ConfigError, load_thresholds
 from triscope.analysis.slo import SLOSpecError, parse_slo_text
 from triscope.core import yamlsafe
 from triscope.core.configfile import ConfigFileError
-from triscope.remediation.actions import ACTION_PARAMS, CommandParams, DependencyFallbackParams
+from triscope.remediation.params import ACTION_PARAMS, CommandParams, DependencyFallbackParams
 from triscope.remediation.policy import PolicyError, parse_policy
 
 REPO = Path(__file__).resolve().parents[2]

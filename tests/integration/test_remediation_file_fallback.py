@@ -24,8 +24,8 @@ from kube_server import open_store, policy_text, webhook_payload
 
 from triscope.core.samples import Sample, Tick
 from triscope.remediation import filefallback
-from triscope.remediation.actions import DependencyFallbackParams
 from triscope.remediation.engine import Engine
+from triscope.remediation.params import DependencyFallbackParams
 from triscope.remediation.policy import PolicyError, parse_policy
 from triscope.store import audit
 

@@ -21,9 +21,12 @@ from kube_server import BASE_SETTINGS, KubeTestServer, open_store, policy_text, 
 from sqlalchemy import text
 
 from triscope.remediation import actions as act
+from triscope.remediation import dispatch
 from triscope.remediation.engine import Engine, IntakeError
 from triscope.remediation.kube.adapter import KubeAdapter
 from triscope.remediation.leader import LeaderElector
+from triscope.remediation.params import CommandParams, RescheduleParams, RollingRestartParams
+from triscope.remediation.reschedule import reschedule
 from triscope.remediation.triggers import TriggerEvent
 from triscope.store import audit
 
@@ -106,7 +109,7 @@ def non_duplicates(store: Any) -> list[audit.AuditRow]:
 @pytest.mark.parametrize("after", [False, True], ids=["before-the-patch", "after-the-patch"])
 def test_restart_left_in_progress_is_re_run_with_the_same_stamp(env: Env, monkeypatch: pytest.MonkeyPatch,
                                                                  after: bool) -> None:
-    monkeypatch.setitem(act.RUNNERS, "rolling_restart", dying(act.rolling_restart, after))
+    monkeypatch.setitem(dispatch.RUNNERS, RollingRestartParams, dying(act.rolling_restart, after))
     first = env.engine()
     first.submit_alerts(webhook_payload([storm()]))
     assert first.drain()
@@ -217,7 +220,7 @@ def test_fallback_written_before_the_death_is_recognised(env: Env, monkeypatch: 
 def test_reschedule_finished_before_the_death_is_not_suppressed(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     env.srv.add_deployment("inference", "llm", replicas=2, nodes=["node-a"])
     settings = BASE_SETTINGS + "  node_names: [node-*]\n"
-    monkeypatch.setitem(act.RUNNERS, "reschedule", dying(act.reschedule, after=True))
+    monkeypatch.setitem(dispatch.RUNNERS, RescheduleParams, dying(reschedule, after=True))
     first = env.engine(MOVE, settings)
     first.submit_alerts(webhook_payload([{"labels": {"alertname": "GpuBroken", "node": "node-a"}}]))
     assert first.drain()
@@ -238,7 +241,7 @@ def test_command_is_not_re_run(env: Env, monkeypatch: pytest.MonkeyPatch, tmp_pa
     action: command
     params: {{argv: [touch, "{marker}"]}}
 """
-    monkeypatch.setitem(act.RUNNERS, "command", dying(act.command, after=False))
+    monkeypatch.setitem(dispatch.RUNNERS, CommandParams, dying(act.command, after=False))
     first = env.engine(rules)
     first.submit_alerts(webhook_payload([{"labels": {"alertname": "Host"}}]))
     assert first.drain()

@@ -20,9 +20,9 @@ import pytest
 from kube_server import KubeTestServer, policy_text
 
 from triscope.core.samples import Sample, Tick
-from triscope.remediation.actions import fill_argv
 from triscope.remediation.engine import Engine
 from triscope.remediation.kube.adapter import KubeAdapter
+from triscope.remediation.params import fill_argv
 from triscope.remediation.policy import PolicyError, parse_policy
 from triscope.store import audit
 

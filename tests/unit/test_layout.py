@@ -40,9 +40,6 @@ LAZY: dict[tuple[str, str], str] = {
         "the migrations' location is looked up only when Alembic runs",
     ("analysis/slo.py", "triscope"):
         "the packaged default SLO file is located only when no file was given",
-    ("remediation/actions.py", "triscope.remediation"):
-        "isolate_accelerator's body (remediation/isolate.py, DRA) builds on this module's context and result "
-        "types: it loads on the action's first use",
     ("dashboard/app.py", "triscope.dashboard.pages"):
         "Dash registers pages only once the app exists (dash.register_page needs it)",
 }
