@@ -19,13 +19,22 @@ or the error it always gave (``ScrapeCollector.parse``).
 What the agent makes of a sample (``job``/``instance``, kind, the budget's group) is computed once
 per line and family too (``entry``), by the same function the slow path uses.
 
+Most scrapes of a target say the very lines of the last one with new values: the same text before
+every value, the same comments in the same places.  Such a body is read without a Python step per
+line (``_Skeleton``): its lines' texts before their last space are compared with the last body's as
+one list, the values are read by ``map(float, ...)``, and each sample is the last one's with its
+value (the very same sample where the value did not move).  Anything else -- a line added, gone,
+moved or changed, a comment changed, a value that is no number, has a ``_`` or became NaN/Inf --
+is read by the walk above (which gives the errors and the corners as before).
+
 The caches hold what the last scrape held (lines and families not in it are dropped), so a target
 whose series change keeps no more than one exposition's worth.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from operator import itemgetter, methodcaller
 from typing import Any
 
 from triscope.core.samples import Sample
@@ -106,6 +115,36 @@ class _Line:
 
 _IGNORE = ("", "", "")
 _HELP, _TYPE = "HELP", "TYPE"
+_RPARTITION = methodcaller("rpartition", " ")
+_HEAD, _TAIL = itemgetter(0), itemgetter(2)
+
+
+def _picker(positions: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+    """``positions`` of a sequence as a tuple, picked in C (``itemgetter``)."""
+    if not positions:
+        return lambda seq: ()
+    if len(positions) == 1:
+        only = positions[0]
+        return lambda seq: (seq[only],)
+    return itemgetter(*positions)
+
+
+class _Skeleton:
+    """The last body walked, its values taken out: each line's text before its last space, the
+    lines that are no sample (comments, blank lines) whole, where the samples' values stand and which
+    of them the agent stores.  A body with the same skeleton holds the same samples, new values."""
+
+    __slots__ = ("heads", "keys", "n", "nonfinite", "other_lines", "others", "out", "out_of", "values_at")
+
+    def __init__(self, heads: list[str], others: list[int], other_lines: tuple[str, ...], values_at: list[int],
+                 out_of: list[int], nonfinite: list[int], out: list[Sample], keys: list[GroupKey], n: int) -> None:
+        self.heads = heads                         # every line's text before its last space
+        self.others = _picker(others)              # the lines that are no sample ...
+        self.other_lines = other_lines             # ... and their text
+        self.values_at = _picker(values_at)        # the sample lines (their last token is the value)
+        self.out_of = _picker(out_of)              # which sample lines give the stored samples, in order
+        self.nonfinite = nonfinite                 # sample lines whose value was NaN/Inf (not stored)
+        self.out, self.keys, self.n = out, keys, n   # the last samples: each one's name, labels and kind
 
 
 class TextCache:
@@ -127,42 +166,96 @@ class TextCache:
         self._comments: dict[str, tuple[str, str, str]] = {}
         self._families: dict[tuple[str, str], _Family] = {}
         self.parsed_lines = 0      # lines parsed by prometheus-client's _parse_sample (not from the cache)
+        self._skeleton: _Skeleton | None = None
+        self.skeleton_walks = 0    # bodies read through the last one's skeleton
 
     # -- the walk ---------------------------------------------------------------------------------------
 
     def walk(self, body: str) -> tuple[list[Sample], list[GroupKey], int]:
         """The agent's samples of ``body`` in order (``_created`` and NaN/Inf left out), each one's
         budget group, and how many samples the kept families hold (what ``max_samples`` counts)."""
-        fams = self._families_of(body)
+        lines = body.split("\n")
+        got = self._same_skeleton(lines)
+        if got is not None:
+            self.skeleton_walks += 1
+            return got
+        self._skeleton = None
+        fams, plain, at = self._families_of(lines)
         timestamped = {f.name for f, _, _ in fams if f.type in TIMESTAMPED}
         out: list[Sample] = []
         keys: list[GroupKey] = []
         add, key = out.append, keys.append
         n = 0
+        k = -1                       # the sample line's number, in the order of the lines
+        out_of: list[int] = []       # which sample lines were stored
+        nonfinite: list[int] = []
         for fam, fam_items, values in fams:
             if fam.created_of is not None and fam.created_of in timestamped:
+                k += len(fam_items)
                 continue
             n += len(fam_items)
             for item, value in zip(fam_items, values, strict=True):
+                k += 1
                 if item.fam is fam:
                     s = item.sample
                     if s is not None and s.value == value:   # unchanged since the last scrape: the same sample
                         add(s)
                         key(item.gkey)   # type: ignore[arg-type]
+                        out_of.append(k)
                         continue
                     e: Entry = item.entry   # type: ignore[assignment]   # set with item.fam
                 else:
                     e = self._resolve(item, fam)
-                if e[4] or value - value != 0.0:     # a _created sample; NaN/Inf (no store can carry them)
+                if e[4]:                 # a _created sample
+                    continue
+                if value - value != 0.0:     # NaN/Inf (no store can carry them)
+                    nonfinite.append(k)
                     continue
                 s = item.sample = Sample(e[0], value, e[1], e[2])   # type: ignore[arg-type]
                 add(s)
                 key(e[3])
+                out_of.append(k)
+        if plain:
+            samples = set(at)
+            others = [i for i in range(len(lines)) if i not in samples]
+            self._skeleton = _Skeleton(list(map(_HEAD, map(_RPARTITION, lines))), others,
+                                       tuple(lines[i] for i in others), at, out_of, nonfinite, out, keys, n)
         return out, keys, n
 
-    def _families_of(self, body: str) -> list[tuple[_Family, list[_Line], list[float]]]:
-        """The walk of ``text_fd_to_metric_families`` over the lines: its families, in order."""
+    def _same_skeleton(self, lines: list[str]) -> tuple[list[Sample], list[GroupKey], int] | None:
+        """The samples of a body whose skeleton is the last one's (its values read in C), or None."""
+        sk = self._skeleton
+        if sk is None or len(lines) != len(sk.heads):
+            return None
+        parts = list(map(_RPARTITION, lines))
+        if list(map(_HEAD, parts)) != sk.heads or sk.others(lines) != sk.other_lines:
+            return None
+        toks = sk.values_at(list(map(_TAIL, parts)))
+        try:
+            values = list(map(float, toks))
+        except ValueError:           # the walk says what is wrong (or the parser does)
+            return None
+        if "_" in "".join(toks):
+            return None
+        total = sum(values)
+        if total - total != 0.0:     # a NaN/Inf somewhere: only where it was, and no integer past a float
+            if [k for k, v in enumerate(values) if v - v != 0.0] != sk.nonfinite or any(
+                    toks[k].lstrip("+-").isdigit() for k in sk.nonfinite):
+                return None
+        elif sk.nonfinite:
+            return None
+        out = [s if s.value == v else Sample(s.name, v, s.labels, s.kind)    # unchanged: the same sample
+               for s, v in zip(sk.out, sk.out_of(values), strict=True)]
+        sk.out = out
+        return out, sk.keys, sk.n
+
+    def _families_of(self, body_lines: list[str]) -> tuple[list[tuple[_Family, list[_Line], list[float]]],
+                                                           bool, list[int]]:
+        """The walk of ``text_fd_to_metric_families`` over the lines: its families, in order; whether
+        every sample line is ``text value`` alone, nothing around; where the sample lines are."""
         lines = self._lines
+        plain = True
+        at: list[int] = []
         seen: dict[str, _Line] = {}
         seen_fams: dict[tuple[str, str], _Family] = {}
         fams: list[tuple[_Family, list[_Line], list[float]]] = []
@@ -170,7 +263,7 @@ class TextCache:
         allowed: tuple[str, ...] = ()
         items: list[_Line] = []
         values: list[float] = []
-        for raw in body.split("\n"):
+        for i, raw in enumerate(body_lines):
             line = raw.strip()
             if not line:
                 continue
@@ -184,6 +277,7 @@ class TextCache:
                 item, value, keep = self._new_line(line, prefix, tok)
                 if keep:
                     seen[prefix] = item
+                plain &= keep
             else:
                 if "_" in tok:
                     raise Fallback("'_' in a value")
@@ -191,6 +285,8 @@ class TextCache:
                 if value - value != 0.0 and tok.lstrip("+-").isdigit():
                     raise Fallback("an integer beyond a float")
                 seen[prefix] = item
+            at.append(i)
+            plain &= len(raw) == len(line)     # no whitespace around it: its text is what the skeleton reads
             if item.name in allowed:
                 items.append(item)
                 values.append(value)
@@ -204,7 +300,7 @@ class TextCache:
         self._lines, self._families = seen, seen_fams
         if len(self._comments) > 4 * len(fams) + 1000:
             self._comments.clear()
-        return fams
+        return fams, plain, at
 
     def _on_comment(self, line: str, name: str, typ: str, allowed: tuple[str, ...], items: list, values: list,
                     fams: list, seen_fams: dict) -> tuple[str, str, tuple[str, ...], list, list]:

@@ -280,7 +280,12 @@ class ScrapeCollector(BaseCollector):
                                                                 self.instance, label_text)
                 if skip:        # a _created timestamp is no series
                     continue
-                value = float(s.value)
+                try:
+                    value = float(s.value)
+                except OverflowError:   # an integer past a float's range (the parser keeps it an int)
+                    raise ScrapeError(f"scrape {self.url}: malformed Prometheus text: the value of {s.name} is out "
+                                      "of a float's range", "the endpoint must serve the Prometheus text format "
+                                      "(0.0.4)") from None
                 if not math.isfinite(value):    # NaN/Inf (an empty summary's quantiles): no store can carry them
                     continue
                 out.append(Sample(name, value, labels, kind))  # type: ignore[arg-type]
