@@ -22,7 +22,7 @@ from triscope.dashboard.components import (
     range_picker,
     short,
 )
-from triscope.dashboard.context import ctx
+from triscope.dashboard.context import DashboardContext, ctx
 from triscope.dashboard.figures import STATE_COLORS, state_style
 from triscope.dashboard.ids import MismatchIds
 from triscope.dashboard.registry import page_callback
@@ -154,7 +154,7 @@ def _share_series(shares: Any, end: float, key: str) -> list[export.Series]:
             for k, sh in shares.items() for state, f in sh.items()]
 
 
-def _workloads(c: Any, nodes: list[str], w: data.Window) -> tuple[Any, Any]:
+def _workloads(c: DashboardContext, nodes: list[str], w: data.Window) -> tuple[Any, Any]:
     """Per workload: the share of its accelerator time in each state, worst (most I/O) first."""
     import functools
 

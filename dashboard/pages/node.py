@@ -24,7 +24,7 @@ from triscope.dashboard import (
     workload_data,
 )
 from triscope.dashboard.components import error_note, fmt_ts, name_span, note, parse_ts, range_picker, short
-from triscope.dashboard.context import ctx
+from triscope.dashboard.context import DashboardContext, ctx
 from triscope.dashboard.ids import NodeIds
 from triscope.dashboard.node_parts import accel_picker, workload_panel, workload_states
 from triscope.dashboard.registry import page_callback
@@ -85,7 +85,7 @@ def layout(node: str | None = None, range: str = "", start: str = "", end: str =
     ])
 
 
-def _topology(c: Any, node: str) -> Any:
+def _topology(c: DashboardContext, node: str) -> Any:
     """The picture of where the node's accelerators sit (nothing when its agent sends no topology)."""
     try:
         t = topology_view.node_topology(c.store, node)
@@ -106,7 +106,7 @@ def _topology(c: Any, node: str) -> Any:
 export.register(NodeIds.GRAPH, "node", NodeIds.META)   # the chart's CSV / JSON buttons
 
 
-def _window(c: Any, node: str, preset: str, start: str | None, end: str | None) -> data.Window:
+def _window(c: DashboardContext, node: str, preset: str, start: str | None, end: str | None) -> data.Window:
     custom = None
     if preset == "custom":
         a, b = parse_ts(start), parse_ts(end)
@@ -167,7 +167,7 @@ def _accel(query: str | None) -> workload_data.Accel | None:
     return workload_data.accel_from_query(q.get("gpu"), q.get("npu"), q.get("chip"))
 
 
-def _accel_parts(c: Any, node: str, lanes: data.NodeLanes, w: data.Window, preset: str, start: str | None,
+def _accel_parts(c: DashboardContext, node: str, lanes: data.NodeLanes, w: data.Window, preset: str, start: str | None,
                  end: str | None) -> tuple[Any, Any]:
     """The accelerator picker (links that keep the range) and the workload panel."""
     import functools

@@ -17,7 +17,7 @@ from dash import Input, Output, dash_table, dcc, html
 
 from triscope.dashboard import data, remediation_view, timerange, timeview
 from triscope.dashboard.components import empty_state, error_note, fmt_ts, full, note, range_picker, short
-from triscope.dashboard.context import ctx
+from triscope.dashboard.context import DashboardContext, ctx
 from triscope.dashboard.ids import RemediationIds
 from triscope.dashboard.registry import page_callback
 from triscope.store.audit import audit_log
@@ -42,7 +42,7 @@ TARGET_CHARS = 300     # a target names its workload last: never cut before it
 WIDTHS = {"time": "90px", "rule": "170px", "target": "230px", "node": "130px", "effect": "170px", "reason": "300px"}
 
 
-def _bounds(c: Any) -> timerange.Bounds | None:
+def _bounds(c: DashboardContext) -> timerange.Bounds | None:
     """The decisions' span, reaching to the store's newest sample when that comes within the default
     range after the newest decision (the engine runs on: the page ends now)."""
 

@@ -31,7 +31,7 @@ from triscope.dashboard.components import (
     parse_ts,
     short,
 )
-from triscope.dashboard.context import ctx
+from triscope.dashboard.context import DashboardContext, ctx
 from triscope.dashboard.figures import state_style
 from triscope.dashboard.ids import RootcauseIds
 from triscope.dashboard.jsontypes import number
@@ -44,7 +44,7 @@ dash.register_page(__name__, path="/rootcause", name="Root cause", order=5, titl
 LOOKBACKS = (*data.PRESETS, data.DATA_PRESET)    # the look-back links: 15m 1h 24h 7d, all data
 
 
-def default_window(c: Any, node: str, preset: str = "") -> data.Window:
+def default_window(c: DashboardContext, node: str, preset: str = "") -> data.Window:
     """The window the page opens on for ``node`` (``timerange``: ``preset``, else the default one)."""
     b = timerange.node_bounds(c.store, node)
     return timerange.window(preset if preset in LOOKBACKS else timerange.default_preset(b), b, c.now())
@@ -130,7 +130,7 @@ def _triggered() -> Any:
         return None
 
 
-def answer(c: Any, node: str, a: float, b: float, zone: Any = None) -> list[Any]:
+def answer(c: DashboardContext, node: str, a: float, b: float, zone: Any = None) -> list[Any]:
     """Everything the page shows for ``node`` over [a, b]: the recording note, the episode timeline,
     the ranked causes of the whole window, the state shares from the verdict history, the events."""
     t0 = time.perf_counter()
@@ -163,7 +163,7 @@ def answer(c: Any, node: str, a: float, b: float, zone: Any = None) -> list[Any]
     return parts
 
 
-def _causes(c: Any, node: str, res: rca_view.RcaResult, a: float, b: float, zone: Any) -> list[Any]:
+def _causes(c: DashboardContext, node: str, res: rca_view.RcaResult, a: float, b: float, zone: Any) -> list[Any]:
     out: list[Any] = []
     if res.causes:
         out.append(html.H3(f"Likely causes over the whole window ({len(res.causes)}; {res.series_examined} series "
@@ -179,7 +179,7 @@ def _causes(c: Any, node: str, res: rca_view.RcaResult, a: float, b: float, zone
     return out
 
 
-def _episodes(c: Any, node: str, a: float, b: float, zone: Any = None) -> tuple[list[Any], Any]:
+def _episodes(c: DashboardContext, node: str, a: float, b: float, zone: Any = None) -> tuple[list[Any], Any]:
     """The window's episode timeline and its bad episodes, each with its ranked causes; and what the
     timeline read (``TimelineView.read``)."""
     tv = rca_view.timeline(c.store, node, a, b, owners=functools.partial(workload_owners, c.store))
@@ -238,7 +238,7 @@ def _context(lines: list[rca_view.EpisodeCause], id: str = "") -> html.Ul:
     return html.Ul(items, className="ep-context", id=id) if id else html.Ul(items, className="ep-context")
 
 
-def _cause(c: Any, node: str, i: int, cz: rca_view.Cause, a: float, b: float,
+def _cause(c: DashboardContext, node: str, i: int, cz: rca_view.Cause, a: float, b: float,
            baseline: tuple[float, float] | None, zone: Any = None) -> html.Li:
     kids: list[Any] = [html.Div([html.Span(short(cz.title, 200), className="cause-title"),
                                  html.Span(f"score {cz.score:.2f}" if cz.score is not None else "", className="badge"),
@@ -276,7 +276,7 @@ def _chips(shares: dict[str, float]) -> list[Any]:
     return out
 
 
-def _states(c: Any, node: str, a: float, b: float, baseline: tuple[float, float] | None = None,
+def _states(c: DashboardContext, node: str, a: float, b: float, baseline: tuple[float, float] | None = None,
             zone: Any = None) -> list[Any]:
     """The node's share of time in each state over the window and over its baseline, from the verdict
     history (the Node page's ribbon, the Mismatch page's shares): no detector runs here."""
@@ -299,7 +299,7 @@ def _states(c: Any, node: str, a: float, b: float, baseline: tuple[float, float]
     return out
 
 
-def _events(c: Any, node: str, a: float, b: float, zone: Any = None) -> list[Any]:
+def _events(c: DashboardContext, node: str, a: float, b: float, zone: Any = None) -> list[Any]:
     evs = c.store.events(node=node, start=a, end=b, limit=51)
     if not evs:
         return []

@@ -10,11 +10,12 @@ recording, a service that stopped reporting) are evaluated where they end, and t
 from __future__ import annotations
 
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import dash
 from dash import Input, Output, dcc, html
 
-from triscope.analysis.slo import NOT_ENOUGH_DATA, coverage_pct, describe
+from triscope.analysis.slo import NOT_ENOUGH_DATA, AlertState, SLOStatus, WindowFigure, coverage_pct, describe
 from triscope.dashboard import data, export, figures, slo_view, timerange, timeview
 from triscope.dashboard.components import empty_state, error_note, fmt_ts, note, range_picker, short
 from triscope.dashboard.context import ctx
@@ -43,12 +44,12 @@ def _pct(x: float | None, nd: int = 2) -> str:
     return "no data" if x is None else f"{x * 100:.{nd}f}%"
 
 
-def _burn(f: Any) -> str:
+def _burn(f: WindowFigure) -> str:
     """A window's burn rate, or why there is none ("not enough data yet", "no data")."""
     return f"{f.burn_rate:.2f}x" if f.burn_rate is not None else f.state
 
 
-def _alert_line(a: Any) -> Any:
+def _alert_line(a: AlertState) -> html.Li:
     head = f"{a.severity}: {a.long_window} & {a.short_window} over {a.factor:g}x"
     if not a.enough_data:
         return html.Li(f"{head}: {NOT_ENOUGH_DATA} ({coverage_pct(a.long_coverage)} of the {a.long_window} window "
@@ -56,7 +57,7 @@ def _alert_line(a: Any) -> Any:
     return html.Li(f"{head} ({'FIRING' if a.firing else 'ok'})", className="firing" if a.firing else "")
 
 
-def _budget_kpis(st: Any) -> list[Any]:
+def _budget_kpis(st: SLOStatus) -> list[html.Div]:
     """SLI and budget left over the period, or the period's coverage when it is short of data."""
     note_style = {"fontSize": "14px", "maxWidth": "22em"}
     if st.budget_note:
@@ -65,15 +66,16 @@ def _budget_kpis(st: Any) -> list[Any]:
                 html.Div([html.Div("budget left", className="kpi-label"),
                           html.Div(st.budget_note, className="kpi slo-budget", style=note_style)])]
     left = st.budget_remaining
-    spent = left is not None and left < 0
+    over = left if left is not None and left < 0 else None   # overspent: below 0
+    spent = over is not None
     return [html.Div([html.Div(f"SLI ({st.slo.period})", className="kpi-label"), html.Div(_pct(st.sli, 3), className="kpi")]),
             html.Div([html.Div("budget left", className="kpi-label"),
                       html.Div(_pct(left, 1), className="kpi slo-budget" + (" slo-overspent" if spent else ""),
-                               title=f"overspent: {1 - left:.1f}x the period's budget at this error ratio" if spent
+                               title=f"overspent: {1 - over:.1f}x the period's budget at this error ratio" if over is not None
                                else None)])]
 
 
-def _where(w: Any, bounds: Any, now: float, zone: Any) -> str:
+def _where(w: data.Window, bounds: timerange.Bounds | None, now: float, zone: ZoneInfo | None) -> str:
     """Where the page evaluates: now, or where the SLOs' series end (and why)."""
     at = f"{fmt_ts(w.end, zone)} {timeview.zone_name(zone, w.end)}"
     if w.live or bounds is None:
@@ -100,7 +102,7 @@ def render(preset: str, tz: dict[str, Any] | None = None) -> Any:
         actions = [(float(r.get("ts") or 0),
                     short(f"{r.get('action', '')} {short(r.get('target', ''))} ({r.get('outcome', '')})", 200))
                    for r in data.audit_rows(c.store, w.start, w.end).rows]
-        cards: list[Any] = []
+        cards: list[html.Div] = []
         if bounds is None:
             cards.append(note("no node has stored these SLOs' series yet (the agent scrapes them with --scrape URL): "
                               "every figure reads no data", "info", id=SlosIds.NO_SERIES))
