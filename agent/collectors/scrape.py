@@ -113,6 +113,8 @@ class ScrapeCollector(BaseCollector):
         self._text: promtext.TextCache | Literal[False] | None = None   # this target's lines (False: not available)
         self._last: tuple[str, list[Sample], dict | None] | None = None   # the last body and what it gave
         self._etag: str | None = None       # the target's ETag for that body: asked with If-None-Match
+        self._spans_of: list | None = None   # the keys whose groups ``_spans`` holds
+        self._spans: list[tuple[promtext.GroupKey, int, int]] | None = None
 
     # -- fetching ------------------------------------------------------------------------------
 
@@ -238,13 +240,7 @@ class ScrapeCollector(BaseCollector):
                                   "raise max_samples or reduce the endpoint's cardinality")
             groups = None
             if self.ledger is not None:    # with a budget: a histogram/summary with its parts is one group
-                groups = {}
-                for sample, gkey in zip(out, keys, strict=True):
-                    group = groups.get(gkey)
-                    if group is None:
-                        groups[gkey] = [sample]
-                    else:
-                        group.append(sample)
+                groups = self._groups(out, keys)
             self._last = (body, out, groups)
         if self.ledger is None:
             return list(out)
@@ -252,6 +248,25 @@ class ScrapeCollector(BaseCollector):
             self._last = None
             return self.parse(body)
         return self.ledger.admit(groups.items())
+
+    def _groups(self, out: list[Sample], keys: list[promtext.GroupKey]) -> dict[promtext.GroupKey, list[Sample]]:
+        """The budget's groups of ``out``: each key's samples, in order.  Where every group's samples
+        stand together (an exposition as clients write it) and the keys are the last scrape's (the
+        same list: the body had the last one's skeleton), each group is a slice of ``out`` at the
+        places found then."""
+        if keys is not self._spans_of:
+            self._spans_of, self._spans = keys, _spans(keys)
+        spans = self._spans
+        if spans is not None:
+            return {k: out[a:b] for k, a, b in spans}
+        groups: dict[promtext.GroupKey, list[Sample]] = {}
+        for sample, gkey in zip(out, keys, strict=True):
+            group = groups.get(gkey)
+            if group is None:
+                groups[gkey] = [sample]
+            else:
+                group.append(sample)
+        return groups
 
     def _slow(self, body: str) -> tuple[list[Sample], list[promtext.GroupKey], int]:
         """The whole body through prometheus-client's parser: ``TextCache.walk``'s answer, or its error."""
@@ -314,6 +329,21 @@ class ScrapeCollector(BaseCollector):
         samples = self.parse(self.fetch())
         self.last_duration = time.monotonic() - t0
         yield from samples
+
+
+def _spans(keys: list[promtext.GroupKey]) -> list[tuple[promtext.GroupKey, int, int]] | None:
+    """(key, start, end) of each group when each key's samples stand together in ``keys``; else None."""
+    spans: list[tuple[promtext.GroupKey, int, int]] = []
+    seen: set[promtext.GroupKey] = set()
+    start = 0
+    for i in range(1, len(keys) + 1):
+        if i == len(keys) or keys[i] != keys[start]:
+            if keys[start] in seen:
+                return None
+            seen.add(keys[start])
+            spans.append((keys[start], start, i))
+            start = i
+    return spans
 
 
 # an HTTP/1.1 client (h11 for the protocol) whose every wait is bounded by one deadline ----------------

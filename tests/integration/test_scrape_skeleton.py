@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from tests.integration.test_scrape_cache import ROUTES, URL, exposition, reference, stored
-from triscope.agent.collectors.scrape import ScrapeCollector, ScrapeError
+from triscope.agent.budget import BudgetOptions, SampleBudget, ScrapeLedger
+from triscope.agent.collectors.scrape import ScrapeCollector, ScrapeError, _spans
 
 
 def _values(body: str, new: str, only: str | None = None) -> str:
@@ -98,3 +99,31 @@ def test_an_integer_past_a_float_is_a_clear_error_after_the_skeleton_too() -> No
         with pytest.raises(ScrapeError, match="malformed Prometheus text: the value of app_queue is out of a float's"):
             c.parse(huge)
     assert stored(warm, b) == reference(b)
+
+
+def test_the_budget_holds_whole_histograms_through_the_skeleton() -> None:
+    """With a budget, each histogram's label set (its buckets, _count and _sum) is one group, held
+    whole or not at all, at the first scrape and through the skeleton (groups as slices)."""
+    budget = SampleBudget(BudgetOptions(total_samples=20, sender_samples=20))
+    c = ScrapeCollector(URL, ledger=ScrapeLedger(budget, URL))
+    for k in (1, 2, 3):
+        body = exposition((0.1, 1.0), ROUTES, k, 0.1 * k)
+        got = [(s.name, s.value, tuple(sorted(s.labels.items())), s.kind) for s in c.parse(body)]
+        want = reference(body)
+        assert len(want) == 21 and want[-1][0] == "app_queue"
+        assert got == want[:-1], k       # 3 counters + 3 histograms of 5 + 2 gauges: the third gauge is refused
+    assert c._text and c._text.skeleton_walks == 2
+
+
+def test_a_group_whose_samples_are_apart_is_still_one_group() -> None:
+    """A summary whose quantiles and counts are written apart: each label set is one group all the same."""
+    budget = SampleBudget(BudgetOptions(total_samples=3, sender_samples=3))
+    c = ScrapeCollector(URL, ledger=ScrapeLedger(budget, URL))
+    for v in (1, 2):
+        body = (f'# TYPE s summary\ns{{quantile="0.5",a="1"}} {v}\ns{{quantile="0.5",a="2"}} {v}\n'
+                f's_count{{a="1"}} {v}\ns_count{{a="2"}} {v}\n')
+        got = [(s.name, s.labels["a"]) for s in c.parse(body)]
+        assert got == [("s", "1"), ("s_count", "1")], v
+    assert c._text and c._text.skeleton_walks == 1
+    assert _spans([("a", ()), ("a", ()), ("b", ()), ("a", ())]) is None
+    assert _spans([("a", ()), ("a", ()), ("b", ())]) == [(("a", ()), 0, 2), (("b", ()), 2, 3)]
