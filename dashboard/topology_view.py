@@ -10,11 +10,10 @@ is a device gone (hot-unplugged, or an older agent run) and left out.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
-
-import plotly.graph_objects as go
 
 from triscope.analysis.config import MismatchThresholds
+from triscope.dashboard.figures import Figure, new_figure
+from triscope.store.reader import LatestValue, StoreReader
 
 TOPO = "triscope_accelerator_topology_info"
 NIC = "triscope_accelerator_nic_info"
@@ -39,17 +38,21 @@ class Device:
     nics: list[tuple[str, str, str]] = field(default_factory=list)   # (nic bus, interface, link)
 
 
+def _unknown_last(numa: str) -> tuple[bool, str]:
+    return numa == "unknown", numa
+
+
 @dataclass
 class Topology:
     devices: list[Device]
 
     @property
     def sockets(self) -> list[str]:
-        return sorted({d.numa for d in self.devices}, key=lambda n: (n == "unknown", n))
+        return sorted({d.numa for d in self.devices}, key=_unknown_last)
 
 
-def node_topology(store: Any, node: str) -> Topology:
-    newest = {}
+def node_topology(store: StoreReader, node: str) -> Topology:
+    newest: dict[str, list[LatestValue]] = {}
     for metric in (TOPO, NIC, CPU_LOCAL, MEM_LOCAL, "triscope_gpu_info"):
         newest[metric] = store.latest(node, metric=metric)
     every = [lv.ts for lvs in newest.values() for lv in lvs]
@@ -74,13 +77,23 @@ def node_topology(store: Any, node: str) -> Topology:
         d = devices.get(str(lab.get("device", "")))
         if d is not None and lv.ts >= fresh_from:
             d.nics.append((str(lab.get("nic", "")), str(lab.get("interface", "")), str(lab.get("link", "unknown"))))
-    for metric, attr in ((CPU_LOCAL, "cpu_local"), (MEM_LOCAL, "mem_local")):
+    for metric in (CPU_LOCAL, MEM_LOCAL):
         for lv in newest[metric]:
             d = devices.get(gpu_bus.get(str(lv.info.labels.get("gpu", "")), ""))
             if d is not None and lv.ts >= fresh_from:
-                old = getattr(d, attr)
-                setattr(d, attr, lv.value if old is None else min(old, lv.value))
-    return Topology(sorted(devices.values(), key=lambda d: (d.numa == "unknown", d.numa, d.host_bridge, d.path)))
+                if metric == CPU_LOCAL:
+                    d.cpu_local = _least(d.cpu_local, lv.value)
+                else:
+                    d.mem_local = _least(d.mem_local, lv.value)
+    return Topology(sorted(devices.values(), key=_device_order))
+
+
+def _least(old: float | None, v: float) -> float:
+    return v if old is None else min(old, v)
+
+
+def _device_order(d: Device) -> tuple[bool, str, str, list[str]]:
+    return d.numa == "unknown", d.numa, d.host_bridge, d.path
 
 
 def _switch(d: Device) -> str:
@@ -88,7 +101,7 @@ def _switch(d: Device) -> str:
     return d.path[1] if len(d.path) >= 2 else (d.path[0] if d.path else d.host_bridge)
 
 
-def topology_figure(t: Topology, height: int = 340) -> go.Figure:
+def topology_figure(t: Topology, height: int = 340) -> Figure:
     """Sockets at the top, then root complexes, switches, and the accelerators and NICs at the bottom;
     an accelerator is red when a workload on it runs (or keeps its pages) mostly off its NUMA node."""
     xs: dict[str, float] = {}
@@ -135,26 +148,27 @@ def topology_figure(t: Topology, height: int = 340) -> go.Figure:
                 xs[wk] = _mean([xs[k] for a, k, _c in edges if a == wk and k in xs])
             xs[hk] = _mean([xs[k] for a, k, _c in edges if a == hk and k in xs])
         xs[sk] = _mean([xs[k] for a, k, _c in edges if a == sk and k in xs])
-    fig = go.Figure()
+    fig = new_figure()
     for a, b, colour in edges:
         if a not in xs or b not in xs:
             continue
         colour, _, link = colour.partition("|")
         ya, yb = labels[a][0], labels[b][0]
         if link:    # accelerator -> NIC: a curve below the row, labelled with the link
-            fig.add_trace(go.Scatter(x=[xs[a], (xs[a] + xs[b]) / 2, xs[b]], y=[ya, -0.45, yb], mode="lines+text",
-                                     line={"color": colour, "width": 2, "shape": "spline"}, text=["", link, ""],
-                                     textposition="bottom center", hoverinfo="skip", showlegend=False))
+            fig.add_trace({"type": "scatter", "x": [xs[a], (xs[a] + xs[b]) / 2, xs[b]], "y": [ya, -0.45, yb],
+                           "mode": "lines+text", "line": {"color": colour, "width": 2, "shape": "spline"},
+                           "text": ["", link, ""], "textposition": "bottom center", "hoverinfo": "skip",
+                           "showlegend": False})
         else:
-            fig.add_trace(go.Scatter(x=[xs[a], xs[b]], y=[ya, yb], mode="lines", line={"color": colour, "width": 1},
-                                     hoverinfo="skip", showlegend=False))
+            fig.add_trace({"type": "scatter", "x": [xs[a], xs[b]], "y": [ya, yb], "mode": "lines",
+                           "line": {"color": colour, "width": 1}, "hoverinfo": "skip", "showlegend": False})
     keys = [k for k in labels if k in xs]
-    fig.add_trace(go.Scatter(
-        x=[xs[k] for k in keys], y=[labels[k][0] for k in keys], mode="markers+text",
-        marker={"size": [22 if k.startswith("dev:") else 16 for k in keys], "color": [labels[k][3] for k in keys],
-                "symbol": ["square" if k.startswith("dev:") else "circle" for k in keys]},
-        text=[labels[k][1] for k in keys], textposition="top center", hovertext=[labels[k][2] for k in keys],
-        hoverinfo="text", showlegend=False, name="topology"))
+    fig.add_trace({
+        "type": "scatter", "x": [xs[k] for k in keys], "y": [labels[k][0] for k in keys], "mode": "markers+text",
+        "marker": {"size": [22 if k.startswith("dev:") else 16 for k in keys], "color": [labels[k][3] for k in keys],
+                   "symbol": ["square" if k.startswith("dev:") else "circle" for k in keys]},
+        "text": [labels[k][1] for k in keys], "textposition": "top center", "hovertext": [labels[k][2] for k in keys],
+        "hoverinfo": "text", "showlegend": False, "name": "topology"})
     fig.update_layout(height=height, margin={"l": 20, "r": 20, "t": 30, "b": 20}, plot_bgcolor="white",
                       xaxis={"visible": False, "range": [-0.8, max(slot, 1) - 0.2]},
                       yaxis={"visible": False, "range": [-0.9, 3.6]},
