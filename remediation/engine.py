@@ -58,6 +58,7 @@ from triscope import defaults
 from triscope.core.samples import EventRecord, parse_label_key
 from triscope.remediation import actions as act
 from triscope.remediation import isolate, metrics
+from triscope.remediation.conditions import MISMATCH_METRIC
 from triscope.remediation.dispatch import run_action
 from triscope.remediation.fallbacks import revert_due_fallbacks
 from triscope.remediation.kube.adapter import KubeAdapter
@@ -65,19 +66,20 @@ from triscope.remediation.kube.errors import KubeError
 from triscope.remediation.leader import LeaderElector
 from triscope.remediation.node_condition import NodeConditions
 from triscope.remediation.policy import NODE_ACTIONS, ActionParams, Policy, Rule
+from triscope.remediation.target_resolution import (
+    TargetResolution,
+    resolve_rule_target,
+    resolve_target,
+    target_key,
+)
 from triscope.remediation.targets import Target
 from triscope.remediation.triggers import (
-    MISMATCH_METRIC,
-    TargetResolution,
     TriggerEvent,
     alert_events,
     event_from_dict,
     event_to_dict,
     recheck,
-    resolve_rule_target,
-    resolve_target,
     stored_data_events,
-    target_key,
 )
 from triscope.remediation.verdict_events import VerdictEvents
 from triscope.remediation.webhook import WebhookPayload

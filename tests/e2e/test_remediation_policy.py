@@ -183,8 +183,8 @@ def test_targets_the_trigger_names_are_accepted(trigger: str, action: str, targe
 
 
 def test_a_per_workload_fallback_switches_only_that_workloads_key() -> None:
+    from triscope.remediation.target_resolution import target_key
     from triscope.remediation.targets import per_workload
-    from triscope.remediation.triggers import target_key
 
     pol = parse_policy(policy_text(_rule("{mismatch: network-bound}", "dependency_fallback", FROM_VERDICT,
                                          "{configmap: deps, key: '{deployment}.mode'}"), NODES), "p.yaml")

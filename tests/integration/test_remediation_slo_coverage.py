@@ -11,9 +11,9 @@ import pytest
 from kube_server import BASE_SETTINGS, policy_text
 
 from triscope.core.samples import Sample, Tick
+from triscope.remediation.conditions import evaluate_condition
 from triscope.remediation.engine import Engine
 from triscope.remediation.policy import load_policy
-from triscope.remediation.triggers import evaluate_condition
 from triscope.store import audit
 
 SLO_FILE = """version: "prometheus/v1"

@@ -17,7 +17,7 @@ import pytest
 from kube_server import policy_text
 
 from triscope.core.samples import EventRecord, Sample, Tick
-from triscope.remediation import triggers
+from triscope.remediation import conditions, triggers
 from triscope.remediation.policy import parse_policy
 from triscope.store import Store
 from triscope.store.reader import LatestValue, SeriesData, VerdictRun
@@ -52,10 +52,10 @@ class Hiding:
         return [] if self.hide == "history" else self.store.verdict_runs(node, start, end)
 
     def query(self, metric: str, *a: Any, **kw: Any) -> list[SeriesData]:
-        return [] if self.hide == "series" and metric == triggers.MISMATCH_METRIC else self.store.query(metric, *a, **kw)
+        return [] if self.hide == "series" and metric == conditions.MISMATCH_METRIC else self.store.query(metric, *a, **kw)
 
     def latest(self, node: str, metric: str | None = None, *a: Any, **kw: Any) -> Sequence[LatestValue]:
-        if self.hide == "series" and metric == triggers.MISMATCH_METRIC:
+        if self.hide == "series" and metric == conditions.MISMATCH_METRIC:
             return []
         return self.store.latest(node, metric, *a, **kw)
 
@@ -91,7 +91,7 @@ def test_a_mismatch_trigger_reads_the_verdict_history_else_the_series(recorded: 
     st = Hiding(store, hide)
     rule = parse_policy(policy_text(RULES), "p.yaml").rule("staged")
     if hide != "history":
-        assert triggers.stretches(st, NODE, now - 60, now)["gpu=0"].state == "staging-bound"  # type: ignore[index]
+        assert conditions.stretches(st, NODE, now - 60, now)["gpu=0"].state == "staging-bound"  # type: ignore[index]
     events = triggers.stored_data_events(st, rule, now + 0.5, 60.0, {})
     assert [(e.labels["gpu"], e.labels["pod"], e.series["state"]) for e in events] == [("0", "web-0", "staging-bound")]
     assert events[0].started_at == pytest.approx(now - 40, abs=0.01)   # the stretch's start, not the window's
@@ -107,11 +107,11 @@ def test_the_quiet_check_and_an_xids_workload_read_the_verdict(recorded: tuple[S
     store, now = recorded
     st = Hiding(store, hide)
     rule = parse_policy(policy_text(RULES), "p.yaml").rule("low-sm")
-    conds = {c.series["gpu"]: c for c in triggers.accelerator_conditions(st, rule.trigger, NODE, now + 0.5, 60.0)}
+    conds = {c.series["gpu"]: c for c in conditions.accelerator_conditions(st, rule.trigger, NODE, now + 0.5, 60.0)}
     assert conds["0"].holds and conds["0"].workload["pod"] == "web-0"     # the verdict's workload
     assert not conds["1"].holds and "demand-limited" in conds["1"].detail  # a quiet accelerator never triggers
-    assert triggers.xid_workload(st, NODE, "0", now, 60.0)["pod"] == "web-0"
-    assert triggers.xid_workload(st, NODE, "1", now, 60.0)["pod"] == "llm-0"
+    assert conditions.xid_workload(st, NODE, "0", now, 60.0)["pod"] == "web-0"
+    assert conditions.xid_workload(st, NODE, "1", now, 60.0)["pod"] == "llm-0"
 
 
 def test_a_stretch_spans_one_state_not_a_silence_or_another_state(store: Store) -> None:
@@ -122,15 +122,15 @@ def test_a_stretch_spans_one_state_not_a_silence_or_another_state(store: Store) 
     calm = {"0": ("staging-bound", WEB)}
     store.write_ticks(NODE, [_tick(now - 160 + i, calm, {"0": 0.1}) for i in range(10)])      # 10 s
     store.write_ticks(NODE, [_tick(now - 130 + i, calm, {"0": 0.1}) for i in range(10)])      # after 20 s: one run
-    got = triggers.stretches(store, NODE, now - 200, now - 115)
+    got = conditions.stretches(store, NODE, now - 200, now - 115)
     assert got is not None and got["gpu=0"].start == pytest.approx(now - 160, abs=0.01)
     store.write_ticks(NODE, [_tick(now - 40 + i, calm, {"0": 0.1}) for i in range(41)])       # after a 80 s silence
-    got = triggers.stretches(store, NODE, now - 200, now)
+    got = conditions.stretches(store, NODE, now - 200, now)
     assert got is not None and got["gpu=0"].start == pytest.approx(now - 40, abs=0.01)
     assert got["gpu=0"].end == pytest.approx(now, abs=0.01)
     store.write_ticks(NODE, [_tick(now + 1, {"0": ("balanced", WEB)}, {"0": 0.1})])
     store.write_ticks(NODE, [_tick(now + 2 + i, calm, {"0": 0.1}) for i in range(3)])
-    got = triggers.stretches(store, NODE, now - 200, now + 5)
+    got = conditions.stretches(store, NODE, now - 200, now + 5)
     assert got is not None and got["gpu=0"].start == pytest.approx(now + 2, abs=0.01)
 
 
@@ -139,5 +139,5 @@ def test_a_metric_condition_held_across_a_silence_starts_again_after_it() -> Non
     history's gap do not extend the run that follows it."""
     ts = [0.0, 1.0, 2.0, 3.0, 100.0, 101.0, 102.0]
     vals = [0.1] * len(ts)
-    assert triggers._run_start(ts, vals, "<", 0.2) == (100.0, 0.1)
-    assert triggers._run_start([0.0, 10.0, 20.0], [0.1] * 3, "<", 0.2) == (0.0, 0.1)   # 10 s steps hold
+    assert conditions._run_start(ts, vals, "<", 0.2) == (100.0, 0.1)
+    assert conditions._run_start([0.0, 10.0, 20.0], [0.1] * 3, "<", 0.2) == (0.0, 0.1)   # 10 s steps hold
