@@ -18,6 +18,7 @@ import logging
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import chain, cycle, repeat
 from typing import Any
 
 from sqlalchemy import text
@@ -39,9 +40,32 @@ SLOT_ATTEMPTS = 6            # tries to create a node's new series when another 
 
 # (ts, sample, label key) of every sample of a write
 Pending = list[tuple[float, Sample, str]]
-# what the steady state writes: (node id, newest ts, {series id: value} of a single tick or None,
-# points of several ticks or None)
-SteadyWrite = tuple[int, float, dict[int, float] | None, list[Point] | None]
+# each tick's points of a steady-state write, in time order, one entry a time: [(ts, {series id: value})]
+TickPoints = list[tuple[float, dict[int, float]]]
+# what the steady state writes: (node id, newest ts, each tick's points)
+SteadyWrite = tuple[int, float, TickPoints]
+
+
+def _first(item: tuple[float, dict[int, float]]) -> float:
+    return item[0]
+
+
+def sorted_rows(per: TickPoints) -> tuple[Iterable[Point], int]:
+    """The (series id, ts, value) rows of ``per`` ordered by series id, then time (a series' points
+    of the write go to its B-tree page together), and how many: built in C (``map``, ``zip``) when
+    every tick has the same series, as a scrape's or a collector's ticks have."""
+    first = per[0][1]
+    k = len(per)
+    if all(p.keys() == first.keys() for _, p in per):
+        sids = sorted(first)
+        if k == 1:
+            return zip(sids, repeat(per[0][0]), map(first.__getitem__, sids)), len(sids)
+        cols = [list(map(p.__getitem__, sids)) for _, p in per]
+        return (zip(chain.from_iterable(map(repeat, sids, repeat(k))), cycle([ts for ts, _ in per]),
+                    chain.from_iterable(zip(*cols, strict=True))), len(sids) * k)
+    rows = [(sid, ts, v) for ts, p in per for sid, v in p.items()]
+    rows.sort()
+    return rows, len(rows)
 
 
 class TickWriter:
@@ -215,26 +239,40 @@ class TickWriter:
                 return None
             if min(math.floor(t_max / 3600.0), math.floor(wm1 / 3600.0)) * 3600.0 > wmh:
                 return None
-        if len(ticks) == 1:
-            points = cache.tick_points(nid, ticks[0])
-            return (nid, t_max, points, None) if points else None
-        rows = cache.cached_points(nid, ticks)
-        return (nid, t_max, None, rows) if rows else None
+        by_ts: dict[float, dict[int, float]] = {}
+        for t in ticks:
+            points = cache.tick_points(nid, t)
+            if points is None:
+                return None
+            have = by_ts.get(t.ts)
+            if have is None:
+                by_ts[t.ts] = points
+            else:          # two ticks at one time: one point per series, the last wins
+                have.update(points)
+        per = list(by_ts.items())
+        if any(per[i][0] >= per[i + 1][0] for i in range(len(per) - 1)):
+            per.sort(key=_first)
+        return (nid, t_max, per) if any(p for _, p in per) else None
 
     def moves_last_seen(self, node_id: int, t_max: float) -> bool:
         """The steady state moves last_seen in steps of LAST_SEEN_STEP_S: one node row updated
         1,000 times a second across a fleet is a hot row that bloats between vacuums."""
         return t_max >= self.cache.last_seen.get(node_id, -math.inf) + LAST_SEEN_STEP_S
 
-    def steady_written(self, node_id: int, t_max: float, moved: bool, points: dict[int, float] | None,
-                       rows: list[Point] | None) -> None:
-        """Account for a steady-state write that committed, every point of it new."""
+    def steady_written(self, node_id: int, t_max: float, moved: bool, per: TickPoints) -> None:
+        """Account for a steady-state write that committed, every point of it new: each tick's
+        points to the node's accumulator as they are (no regrouping by time)."""
+        cache = self.cache
         if moved:
-            self.cache.last_seen[node_id] = t_max
-        if points is not None:
-            self.cache.feed_tick(node_id, t_max, points)
-        elif rows is not None:
-            self.cache.feed(node_id, rows)
+            cache.last_seen[node_id] = t_max
+        acc = cache.acc.get(node_id)
+        if acc is not None and per[0][0] > acc.last_ts:
+            for ts, points in per:
+                acc.add(ts, points.items(), cache.counters)
+        elif len(per) == 1:
+            cache.feed_tick(node_id, per[0][0], per[0][1])
+        else:
+            cache.feed(node_id, [(sid, ts, v) for ts, points in per for sid, v in points.items()])
 
     # ------------------------------------------------------------------ events and labels
     def insert_events(self, conn: Connection, node_id: int, events: list[tuple[float, EventRecord]]) -> None:

@@ -64,23 +64,20 @@ class PgWriter(TickWriter):
         got = self.steady_points(node, ticks, rollup)
         if got is None:
             return None
-        nid, t_max, points, rows = got
+        nid, t_max, per = got
         params: dict[str, Any]
-        if points is not None:
-            params = {"ts": repr(t_max), "v": self.row_literal(nid, points)}
-            n = len(points)
+        single = len(per) == 1
+        if single:
+            params = {"ts": repr(t_max), "v": self.row_literal(nid, per[0][1])}
         else:
-            assert rows is not None
-            by_ts = points_by_ts(rows)
-            order = sorted(by_ts)
-            params = {"ts": "{" + ",".join(map(repr, order)) + "}",
-                      "v": "{" + ",".join(['"' + self.row_literal(nid, by_ts[t]) + '"' for t in order]) + "}"}
-            n = len(rows)
+            params = {"ts": "{" + ",".join(repr(ts) for ts, _ in per) + "}",
+                      "v": "{" + ",".join(['"' + self.row_literal(nid, p) + '"' for _, p in per]) + "}"}
+        n = sum(len(p) for _, p in per)
         move = self.moves_last_seen(nid, t_max)
         params["t"], params["n"] = t_max, nid
         try:
             conn = self.connection()
-            conn.execute(STEADY_SQL[move, points is not None], params)
+            conn.execute(STEADY_SQL[move, single], params)
         except Exception as e:  # noqa: BLE001 - whatever failed, the general path takes over (and raises what is real)
             self.cache.clear()
             if is_unique_violation(e):
@@ -90,7 +87,7 @@ class PgWriter(TickWriter):
             # (pool with a liveness check) writes the tick or raises
             self.close()
             return None
-        self.steady_written(nid, t_max, move, points, rows)
+        self.steady_written(nid, t_max, move, per)
         return n
 
     def row_literal(self, node_id: int, points: Mapping[int, float]) -> str:

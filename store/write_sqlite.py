@@ -19,7 +19,7 @@ from sqlalchemy.engine import Connection
 from triscope.core.samples import Tick
 from triscope.store.cache import Point
 from triscope.store.db import sqlite_on_connect
-from triscope.store.write import TickWriter
+from triscope.store.write import TickWriter, sorted_rows
 
 INSERT_OR_IGNORE = "INSERT OR IGNORE INTO samples (series_id, ts, value) VALUES (?, ?, ?)"
 WRITER_CACHE_KIB = 512     # the steady-state writer's own page cache (SQLite's default: 2,000 KiB)
@@ -50,11 +50,8 @@ class SqliteWriter(TickWriter):
         got = self.steady_points(node, ticks, rollup)
         if got is None:
             return None
-        nid, t_max, points, rows = got
-        if rows is None:
-            assert points is not None
-            rows = [(sid, t_max, v) for sid, v in points.items()]
-        rows.sort()
+        nid, t_max, per = got
+        rows, n = sorted_rows(per)
         move = self.moves_last_seen(nid, t_max)
         con = self.connection()
         if con is None:
@@ -71,13 +68,13 @@ class SqliteWriter(TickWriter):
                 con.execute("ROLLBACK")
             self.cache.clear()
             raise
-        if new == len(rows):
-            self.steady_written(nid, t_max, move, points, None if points is not None else rows)
+        if new == n:
+            self.steady_written(nid, t_max, move, per)
         else:   # some points were stored already (a replay)
             if move:
                 self.cache.last_seen[nid] = t_max
             self.cache.drop_acc(nid, t_max)
-        return len(rows)
+        return n
 
     def connection(self) -> sqlite3.Connection | None:
         """The writer's own connection to the database file (None for in-memory databases)."""
