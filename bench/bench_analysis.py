@@ -270,11 +270,43 @@ def _rca_window(hours: float, step: float, target: float | None) -> list[Row]:
     ]
 
 
+def _rca_lookback(hours: float, step: float, lookbacks: tuple[float, ...]) -> list[Row]:
+    """Root-cause time against look-back (issue 46 item 4): ``triscope rca``'s query over windows of
+    ``lookbacks`` hours on the store of ``_rca_store(hours, step)``, each holding the onset of the
+    injected incident (from 10 minutes before it; the whole second half where the look-back is the
+    store's), against the same query reading the states from rollups, same store, same run."""
+    st, a, b = _rca_store(Path(tempfile.gettempdir()) / f"triscope-bench-rca-v5-{hours:g}h-{step:g}s.db", hours, step)
+    onset = a + 3600
+    rows = []
+    try:
+        for lb in lookbacks:
+            start = a if lb >= hours else onset - 600
+            end = min(b, start + lb * 3600)
+            best, tl = _best_of(lambda s=start, e=end: rca_timeline(st, "bench", s, e))
+            base, _tl = _best_of(lambda s=start, e=end: rca_timeline(_RollupsOnly(st), "bench", s, e))  # type: ignore[arg-type]
+            bad = [e for e in tl.episodes if e.kind == "state" and e.bad]
+            ok = (tl.source == "verdict history" and len(bad) == 1 and bad[0].accelerator == "gpu=0"
+                  and abs(bad[0].start - onset) <= 2 * step + 10 and bool(bad[0].causes)
+                  and bad[0].causes[0].key == "dma_mapping")
+            span = f"{lb / 24:g} d" if lb >= 48 else f"{lb:g} h"
+            rows.append(Row("analysis rca look-back (SQLite)", f"s per query (triscope rca), look-back {span} "
+                            f"({SERIES} series every {step:g} s; the window holds the onset; one bad episode on GPU 0 "
+                            f"from the onset, top cause the DMA-map jump: {'yes' if ok else 'NO'})", round(best, 3), "s",
+                            "", "states from the rollups (no verdict history), same store", round(base, 3), None))
+    finally:
+        st.close()
+    return rows
+
+
 def bench_rca(tmp: Path, quick: bool) -> list[Row]:
-    """``triscope rca`` over 24 h at 1 Hz and 7 d at 0.1 Hz (2 h and 12 h with --quick)."""
+    """``triscope rca`` over 24 h at 1 Hz and 7 d at 0.1 Hz (2 h and 12 h with --quick); then the
+    look-back table: 1 h, 6 h and 24 h on the 1 Hz store, 7 d on the 0.1 Hz one (1 h and 2 h, then
+    12 h with --quick)."""
     if quick:
-        return _rca_window(2.0, 1.0, None) + _rca_window(12.0, 10.0, None)
-    return _rca_window(24.0, 1.0, 2.0) + _rca_window(7 * 24.0, 10.0, 5.0)
+        rows = _rca_window(2.0, 1.0, None) + _rca_window(12.0, 10.0, None)
+        return rows + _rca_lookback(2.0, 1.0, (1.0, 2.0)) + _rca_lookback(12.0, 10.0, (12.0,))
+    rows = _rca_window(24.0, 1.0, 2.0) + _rca_window(7 * 24.0, 10.0, 5.0)
+    return rows + _rca_lookback(24.0, 1.0, (1.0, 6.0, 24.0)) + _rca_lookback(7 * 24.0, 10.0, (7 * 24.0,))
 
 
 def bench_slo(tmp: Path, quick: bool) -> list[Row]:

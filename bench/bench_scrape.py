@@ -32,33 +32,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
-from bench.common import Row
+from bench.common import AgentProcess, Row, free_port, wait_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = (10, 100, 1_000, 10_000)
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def _cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def _rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def _get(port: int, timeout: float = 5.0) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as r:
-        return r.read().decode()
 
 
 def _stop(p: subprocess.Popen | None) -> None:
@@ -79,20 +58,17 @@ def one(tmp: Path, n: int, window: float, warm: float, tree: Path | None = None,
         extra: tuple[str, ...] = ()) -> dict[str, float]:
     """One fresh agent scraping a target of ``n`` series (0: none, with node_exporter beside it)
     for ``warm`` + ``window`` seconds: its CPU share, RSS and (n=0) node_exporter's."""
-    from bench.bench_ebpf import _free_port, _wait_port
-
     tag = f"{'before-' if tree else ''}{n}-{time.monotonic_ns()}"
     env = dict(os.environ)
     if tree is not None:
         env["PYTHONPATH"] = str(tree)
-    target = ne = agent = None
+    target = ne = None
     try:
-        argv = [sys.executable, "-m", "triscope", "agent", "--db", f"sqlite:///{tmp}/{tag}.db", "--interval", "1",
-                "--spool", f"{tmp}/spool-{tag}", "--no-ebpf", "--no-nvml", "--no-npu",
-                "--duration", str(int(warm + window + 60)), "--budget-sender-samples", "20000",
+        args = ["--no-ebpf", "--no-nvml", "--no-npu", "--budget-sender-samples", "20000",
                 "--budget-total-samples", "40000"]
+        scrape: list[int] = []
         if n:
-            t_port = _free_port()
+            t_port = free_port()
             target = subprocess.Popen([sys.executable, "-m", "bench.scrape_target", str(n), str(t_port)],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
             assert target.stdout is not None
@@ -100,55 +76,31 @@ def one(tmp: Path, n: int, window: float, warm: float, tree: Path | None = None,
             if not line or line[0] != "ready":
                 raise RuntimeError(f"scrape target for {n} did not start")
             stored = int(line[1])
-            argv += ["--scrape", f"http://127.0.0.1:{t_port}/metrics", *extra]
+            args += ["--scrape", f"http://127.0.0.1:{t_port}/metrics", *extra]
         else:
             exe = shutil.which("prometheus-node-exporter")
-            n_port = _free_port()
             if exe:
+                n_port = free_port()
                 ne = subprocess.Popen([exe, f"--web.listen-address=127.0.0.1:{n_port}"], stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL)
-                _wait_port(n_port, 10)
-        a_port = _free_port()
-        argv += ["--listen", f"127.0.0.1:{a_port}"]
-        subprocess.run([sys.executable, "-m", "triscope", "db", "upgrade", "--db", f"sqlite:///{tmp}/{tag}.db"],
-                       check=True, capture_output=True, cwd=tmp, env=env)
-        log = open(tmp / f"agent-{tag}.log", "w")  # noqa: SIM115 - closed with the directory
-        agent = subprocess.Popen([*argv, "--no-migrate"], stdout=subprocess.DEVNULL, stderr=log, cwd=tmp, env=env)
-        if not _wait_port(a_port, 60):
-            raise RuntimeError("agent did not serve /metrics: " + (tmp / f"agent-{tag}.log").read_text()[-400:])
-
-        def scrape_all() -> None:
-            with contextlib.suppress(OSError):
-                _get(a_port)
+                wait_port(n_port, 10)
+                scrape.append(n_port)
+        # ``python -m triscope``: with ``tree``, PYTHONPATH picks the checkout that runs
+        with AgentProcess(tmp, tag, args, env, duration=warm + window + 60, module=True) as agent:
+            cost = agent.cost(window, warm, scrape=scrape, beside=(ne.pid,) if ne is not None else ())
+            got = {"cpu": cost.cpu, "rss": cost.rss_max}
             if ne is not None:
-                with contextlib.suppress(OSError):
-                    _get(n_port)
-
-        end = time.monotonic() + warm
-        while time.monotonic() < end:
-            scrape_all()
-            time.sleep(1)
-        a0, t0 = _cpu_s(agent.pid), time.monotonic()
-        n0 = _cpu_s(ne.pid) if ne else 0.0
-        rss: list[float] = []
-        while time.monotonic() - t0 < window:
-            scrape_all()
-            rss.append(_rss_mb(agent.pid))
-            time.sleep(max(0.0, 1.0 - (time.monotonic() - t0) % 1.0))
-        dt = time.monotonic() - t0
-        got = {"cpu": (_cpu_s(agent.pid) - a0) / dt, "rss": max(rss)}
-        if ne is not None:
-            got["ne"] = (_cpu_s(ne.pid) - n0) / dt
-        if n:
-            text = _get(a_port)
-            # the target's samples held by the budget: every one of them admitted (the exporter's own
-            # rendering of 10,000 series may miss a tick's 0.25 s wait; that tick uses the last answer)
-            used = re.search(r'triscope_budget_used_samples\{source="scrape"\} (\S+)', text)
-            if not used or int(float(used.group(1))) != stored:
-                raise RuntimeError(f"the agent did not hold the target's {stored} samples: used={used and used.group(1)}")
-        return got
+                got["ne"] = cost.beside[ne.pid]
+            if n:
+                text = agent.metrics()
+                # the target's samples held by the budget: every one of them admitted (the exporter's own
+                # rendering of 10,000 series may miss a tick's 0.25 s wait; that tick uses the last answer)
+                used = re.search(r'triscope_budget_used_samples\{source="scrape"\} (\S+)', text)
+                if not used or int(float(used.group(1))) != stored:
+                    raise RuntimeError(f"the agent did not hold the target's {stored} samples: "
+                                       f"used={used and used.group(1)}")
+            return got
     finally:
-        _stop(agent)
         _stop(target)
         _stop(ne)
 

@@ -11,21 +11,15 @@ without, 3.3-3.6 % with, before the read got its CPU budget (``workload_tcp.CPU_
 
 from __future__ import annotations
 
-import json
-import os
 import resource
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
-from bench.bench_workloads import SITECUSTOMIZE  # the registry's workloads collector fed by a listed process
-from bench.common import Row
+from bench.common import AgentProcess, Row, listed_process_env
 
-ROOT = Path(__file__).resolve().parents[1]
 SOCKETS = 10_000
 
 
@@ -47,56 +41,20 @@ sys.stdin.read()
 """
 
 
-def _cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def agent_cpu(sockets: int, tmp: Path, window: float, warm: float) -> float:
     """The agent's share of a core over ``window`` seconds, its listed GPU process holding ``sockets``."""
-    from bench.bench_ebpf import _free_port, _wait_port
-
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(sockets)], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None
         assert holder.stdout.readline().strip() == "ready"
         (tmp / "pods").mkdir(exist_ok=True)
-        rows = tmp / "rows.json"
-        rows.write_text(json.dumps([[0, "GPU-00000000-0000-4000-8000-000000000000", holder.pid, 0.3]]))
-        (tmp / "site").mkdir(exist_ok=True)
-        (tmp / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
-        env = {**os.environ, "PYTHONPATH": f"{tmp / 'site'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}".rstrip(
-            os.pathsep), "TRISCOPE_BENCH_ROWS": str(rows), "TRISCOPE_BENCH_PODS": str(tmp / "pods")}
-        script = ROOT / ".venv" / "bin" / "triscope"
-        cmd = [str(script)] if script.exists() else [sys.executable, "-m", "triscope"]
-        port = _free_port()
-        db = f"sqlite:///{tmp}/bench-{sockets}.db"
-        subprocess.run([*cmd, "db", "upgrade", "--db", db], check=True, capture_output=True, cwd=tmp)
-        argv = ["agent", "--db", db, "--interval", "1", "--spool", f"{tmp}/spool-{sockets}", "--listen",
-                f"127.0.0.1:{port}", "--duration", str(int(warm + window + 60)), "--no-migrate"]
-        with open(tmp / f"agent-{sockets}.log", "w") as log:
-            agent = subprocess.Popen([*cmd, *argv], stdout=subprocess.DEVNULL, stderr=log, cwd=tmp, env=env)
-            try:
-                if not _wait_port(port, 60):
-                    return float("nan")
-                time.sleep(warm)
-                c0, t0 = _cpu_s(agent.pid), time.monotonic()
-                time.sleep(window)
-                share = (_cpu_s(agent.pid) - c0) / (time.monotonic() - t0)
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-                    text = r.read().decode()
-                if "triscope_workload_tcp_segments_sent_total{" not in text:
-                    raise RuntimeError("the agent published no per-workload TCP counters: "
-                                       + (tmp / f"agent-{sockets}.log").read_text()[-300:])
-                return share
-            finally:
-                agent.terminate()
-                try:
-                    agent.wait(15)
-                except subprocess.TimeoutExpired:
-                    agent.kill()
+        env = listed_process_env(tmp, [[0, "GPU-00000000-0000-4000-8000-000000000000", holder.pid, 0.3]], tmp / "pods")
+        with AgentProcess(tmp, str(sockets), [], env, duration=warm + window + 60) as agent:
+            share = agent.cost(window, warm).cpu
+            if "triscope_workload_tcp_segments_sent_total{" not in agent.metrics():
+                raise RuntimeError("the agent published no per-workload TCP counters: " + agent.log_tail(300))
+            return share
     finally:
         assert holder.stdin is not None
         holder.stdin.close()

@@ -23,7 +23,6 @@ are the only part that is not here).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import statistics
@@ -297,50 +296,21 @@ def process_set_cost(farm: LoaderFarm, n_ticks: int, whole_set: bool, quiet_ever
 
 
 def footprint(farm: Farm, tmp: Path, window: float, workloads: bool) -> tuple[float, str]:
-    from bench.bench_ebpf import _free_port, _rss_mb, _scrape, _wait_port
+    from bench.common import AgentProcess, listed_process_env
 
-    rows_file = tmp / "rows.json"
-    rows_file.write_text(json.dumps(farm.rows))
-    (tmp / "site").mkdir(exist_ok=True)
-    (tmp / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    env = {**os.environ, "PYTHONPATH": f"{tmp / 'site'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}".rstrip(os.pathsep),
-           "TRISCOPE_BENCH_ROWS": str(rows_file), "TRISCOPE_BENCH_PODS": str(farm.logs)}
-    script = ROOT / ".venv" / "bin" / "triscope"
-    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "triscope"]
-    port = _free_port()
-    db = f"sqlite:///{tmp}/bench-{int(workloads)}.db"
-    subprocess.run([*cmd, "db", "upgrade", "--db", db], check=True, capture_output=True, cwd=tmp)
-    argv = ["agent", "--db", db, "--interval", "1", "--spool", f"{tmp}/spool", "--listen", f"127.0.0.1:{port}",
-            "--duration", str(int(window + 40)), "--no-migrate"] + ([] if workloads else ["--no-workloads"])
-    log = open(tmp / "agent.log", "w")  # noqa: SIM115 - closed below
-    agent = subprocess.Popen([*cmd, *argv], stdout=subprocess.DEVNULL, stderr=log, cwd=tmp, env=env)
+    env = listed_process_env(tmp, farm.rows, farm.logs)
     try:
-        if not _wait_port(port, 60):
-            return float("nan"), (tmp / "agent.log").read_text()[-300:]
-        for _ in range(10):          # warm: the worker's first rounds, every process's baseline
-            _scrape(port)
-            time.sleep(1)
-        rss = []
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < window:
-            _scrape(port)
-            rss.append(_rss_mb(agent.pid))
-            time.sleep(1)
-        import urllib.request
-
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
-            text = r.read().decode()
-        series = sum(1 for line in text.splitlines() if line.startswith("triscope_workload_processes{"))
-        probes = sum(1 for line in text.splitlines()
-                     if line.startswith("triscope_probe_attached{") and line.rstrip().endswith(" 1.0"))
-        return max(rss), f"{series} workload series, {probes} probes attached"
-    finally:
-        agent.terminate()
-        try:
-            agent.wait(15)
-        except subprocess.TimeoutExpired:
-            agent.kill()
-        log.close()
+        with AgentProcess(tmp, str(int(workloads)), [] if workloads else ["--no-workloads"], env,
+                          duration=window + 40) as agent:
+            # warm: the worker's first rounds, every process's baseline; /metrics read once a second
+            cost = agent.cost(window, warm=10.0, scrape=[])
+            text = agent.metrics()
+    except RuntimeError as e:
+        return float("nan"), str(e)[-300:]
+    series = sum(1 for line in text.splitlines() if line.startswith("triscope_workload_processes{"))
+    probes = sum(1 for line in text.splitlines()
+                 if line.startswith("triscope_probe_attached{") and line.rstrip().endswith(" 1.0"))
+    return cost.rss_max, f"{series} workload series, {probes} probes attached"
 
 
 def _gpu_tree(tmp: Path) -> str:

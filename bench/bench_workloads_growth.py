@@ -25,7 +25,6 @@ process is nobody's: the workloads collector on, nothing to attribute.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import resource
 import statistics
@@ -33,12 +32,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 
-from bench.bench_workloads import SITECUSTOMIZE  # the registry's workloads collector fed by a listed process
-from bench.common import Row
+from bench.common import AgentProcess, Row, listed_process_env
 
 ROOT = Path(__file__).resolve().parents[1]
 GPUS = 8
@@ -128,20 +125,6 @@ for p in pids:
 """
 
 V1_HIERARCHIES = ("systemd", "cpu", "cpuacct", "pids")
-
-
-def _cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 class Host:
@@ -234,46 +217,15 @@ def host_sockets() -> int:
 
 def agent_cost(host: Host, rows: list[tuple[int, str, int, float]], tmp: Path, window: float, warm: float,
                tag: str) -> tuple[float, float, int]:
-    """(share of a core, RSS MB, workload series) of a fresh agent following ``rows``."""
-    from bench.bench_ebpf import _free_port, _wait_port
-
-    rows_file = tmp / f"rows-{tag}.json"
-    rows_file.write_text(json.dumps(rows))
-    (tmp / "site").mkdir(exist_ok=True)
-    (tmp / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    env = {**os.environ, "PYTHONPATH": f"{tmp / 'site'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}".rstrip(os.pathsep),
-           "TRISCOPE_BENCH_ROWS": str(rows_file), "TRISCOPE_BENCH_PODS": str(host.logs)}
-    script = ROOT / ".venv" / "bin" / "triscope"
-    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "triscope"]
-    port = _free_port()
-    db = f"sqlite:///{tmp}/bench-{tag}.db"
-    subprocess.run([*cmd, "db", "upgrade", "--db", db], check=True, capture_output=True, cwd=tmp)
-    argv = ["agent", "--db", db, "--interval", "1", "--spool", f"{tmp}/spool-{tag}", "--listen",
-            f"127.0.0.1:{port}", "--duration", str(int(warm + window + 60)), "--no-migrate"]
-    with open(tmp / f"agent-{tag}.log", "w") as log:
-        agent = subprocess.Popen([*cmd, *argv], stdout=subprocess.DEVNULL, stderr=log, cwd=tmp, env=env)
-        try:
-            if not _wait_port(port, 60):
-                raise RuntimeError("the agent did not listen: " + (tmp / f"agent-{tag}.log").read_text()[-300:])
-            time.sleep(warm)
-            c0, t0 = _cpu_s(agent.pid), time.monotonic()
-            time.sleep(window)
-            share = (_cpu_s(agent.pid) - c0) / (time.monotonic() - t0)
-            rss = _rss_mb(agent.pid)
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-                text = r.read().decode()
-            series = sum(1 for line in text.splitlines() if line.startswith("triscope_workload_processes{"))
-            if any(r[2] in host.pids for r in rows) and not series:
-                raise RuntimeError("the agent published no workload series: "
-                                   + (tmp / f"agent-{tag}.log").read_text()[-300:])
-            return share, rss, series
-        finally:
-            agent.terminate()
-            try:
-                agent.wait(15)
-            except subprocess.TimeoutExpired:
-                agent.kill()
-                agent.wait(5)
+    """(share of a core, RSS MB at the window's end, workload series) of a fresh agent following ``rows``."""
+    env = listed_process_env(tmp, rows, host.logs, tag)
+    with AgentProcess(tmp, tag, [], env, duration=warm + window + 60) as agent:
+        cost = agent.cost(window, warm)
+        text = agent.metrics()
+        series = sum(1 for line in text.splitlines() if line.startswith("triscope_workload_processes{"))
+        if any(r[2] in host.pids for r in rows) and not series:
+            raise RuntimeError("the agent published no workload series: " + agent.log_tail(300))
+        return cost.cpu, cost.rss_end, series
 
 
 def _fmt(vals: list[float], scale: float = 100.0) -> str:
