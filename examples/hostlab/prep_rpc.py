@@ -59,7 +59,7 @@ def serve(conn: socket.socket) -> None:
         try:
             while True:
                 images = recv_images(conn)
-                out = np.stack([decode(j) for j in images]) if images else np.empty((0,), np.uint8)
+                out = np.stack([decode(bytes(j)) for j in images]) if images else np.empty((0,), np.uint8)
                 conn.sendall(REPLY.pack(len(images), out.nbytes))
                 conn.sendall(out.data)
         except (ConnectionError, OSError):

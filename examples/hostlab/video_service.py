@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     make_fifo(args.fifo)
     fd = os.open(args.fifo, os.O_RDONLY)              # waits for the decoder
     batch = np.empty((args.batch, backend.IMAGE, backend.IMAGE, 3), dtype=np.uint8)
-    raw = memoryview(batch.reshape(-1))
+    raw = memoryview(batch.reshape(-1).data)
     assert len(raw) == args.batch * FRAME_BYTES
     print("ready", flush=True)
     seen: dict[int, int] = {}
