@@ -176,6 +176,7 @@ class AgentProcess:
             if scrape is not None:
                 read_all()
             time.sleep(max(0.0, min(1.0, end - time.monotonic())))
+        ticks0 = self.ticks()
         c0, o0, t0 = cpu_seconds(self.pid), [cpu_seconds(p) for p in beside], time.monotonic()
         rss = [rss_mb(self.pid)]
         while time.monotonic() - t0 < window:
@@ -187,7 +188,17 @@ class AgentProcess:
         share = (cpu_seconds(self.pid) - c0) / dt
         others = {p: (cpu_seconds(p) - o) / dt for p, o in zip(beside, o0, strict=True)}
         end_rss = rss_mb(self.pid)
+        ticked = self.ticks() - ticks0
+        if ticked < 0.8 * dt - 2:   # a stalled agent (or one stopped from outside) costs nothing: no figure
+            raise RuntimeError(f"the agent ticked {ticked:.0f} times in {dt:.0f} s: {self.log_tail(300)}")
         return Cost(share, max([*rss, end_rss]), end_rss, others)
+
+    def ticks(self) -> float:
+        """``triscope_ticks_total`` now (the sampler's ticks so far)."""
+        for line in self.metrics().splitlines():
+            if line.startswith("triscope_ticks_total "):
+                return float(line.split()[1])
+        raise RuntimeError("the agent's /metrics has no triscope_ticks_total")
 
     def stop(self) -> None:
         import subprocess

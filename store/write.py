@@ -19,6 +19,7 @@ import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import chain, cycle, repeat
+from operator import attrgetter
 from typing import Any
 
 from sqlalchemy import text
@@ -44,6 +45,9 @@ Pending = list[tuple[float, Sample, str]]
 TickPoints = list[tuple[float, dict[int, float]]]
 # what the steady state writes: (node id, newest ts, each tick's points)
 SteadyWrite = tuple[int, float, TickPoints]
+
+
+_NAME, _LABELS, _VALUE = attrgetter("name"), attrgetter("labels"), attrgetter("value")
 
 
 def _first(item: tuple[float, dict[int, float]]) -> float:
@@ -82,6 +86,9 @@ class TickWriter:
         # name is longer than the column dropped; each counted, and logged once per label set / metric
         self.truncated_label_values = 0
         self.dropped_samples = 0
+        # node id -> its last steady tick's shape: (the cache's id lookup it was read from, metric names,
+        # label sets, series ids), in sample order; a cleared cache has a new lookup: the shape is void
+        self._shapes: dict[int, tuple[dict, list[str], list[Mapping[str, str]], list[int]]] = {}
 
     # ------------------------------------------------------------------ the back-end's part
     def write_ticks(self, node: str, ticks: Sequence[Tick], rollup: bool) -> int:
@@ -241,7 +248,7 @@ class TickWriter:
                 return None
         by_ts: dict[float, dict[int, float]] = {}
         for t in ticks:
-            points = cache.tick_points(nid, t)
+            points = self.tick_points(nid, t)
             if points is None:
                 return None
             have = by_ts.get(t.ts)
@@ -253,6 +260,32 @@ class TickWriter:
         if any(per[i][0] >= per[i + 1][0] for i in range(len(per) - 1)):
             per.sort(key=_first)
         return (nid, t_max, per) if any(p for _, p in per) else None
+
+    def tick_points(self, node_id: int, tick: Tick) -> dict[int, float] | None:
+        """series id -> value of one tick's finite samples (the last wins), when every series id is
+        cached; None otherwise.  A tick whose samples name the series of the node's last tick in the
+        same order (names and label sets compared as two lists, in C) takes their ids as they are:
+        its points are ``dict(zip(ids, values))``, no look-up per sample."""
+        cache = self.cache
+        owner = cache.raw_sids.get(node_id)
+        if owner is None:
+            return None
+        samples = tick.samples
+        names = list(map(_NAME, samples))
+        labels = list(map(_LABELS, samples))
+        shape = self._shapes.get(node_id)
+        if shape is not None and shape[0] is owner and names == shape[1] and labels == shape[2]:
+            values = list(map(float, map(_VALUE, samples)))
+            total = sum(values)
+            if total - total == 0.0:      # no NaN/Inf among them (those have no point): all of them
+                return dict(zip(shape[3], values, strict=True))
+        points = cache.tick_points(node_id, tick)
+        if points is not None:
+            get = owner.get
+            ids = [get((s.name, tuple(s.labels.items()) if s.labels else ())) for s in samples]
+            if None not in ids:
+                self._shapes[node_id] = (owner, names, labels, ids)
+        return points
 
     def moves_last_seen(self, node_id: int, t_max: float) -> bool:
         """The steady state moves last_seen in steps of LAST_SEEN_STEP_S: one node row updated
