@@ -22,7 +22,8 @@ from sqlalchemy import text
 
 from triscope.remediation import actions as act
 from triscope.remediation import dispatch
-from triscope.remediation.engine import Engine, IntakeError
+from triscope.remediation.decisions import IntakeError
+from triscope.remediation.engine import Engine
 from triscope.remediation.kube.adapter import KubeAdapter
 from triscope.remediation.leader import LeaderElector
 from triscope.remediation.params import CommandParams, RescheduleParams, RollingRestartParams
