@@ -35,7 +35,7 @@ from triscope.core.vocabulary import (
     WorkloadKey,
     accelerator_labels,
 )
-from triscope.remediation.policy import OPS, Trigger
+from triscope.remediation.trigger_forms import OPS, Trigger
 from triscope.store.reader import SeriesData, StoreReader, VerdictRun
 from triscope.store.verdicts import MAX_GAP_S
 

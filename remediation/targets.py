@@ -6,8 +6,7 @@ nothing else of ``triscope.remediation``.
 * ``KubeName`` / ``Text``: the value types a policy writes names in;
 * ``PER_WORKLOAD``: ``{deployment}`` in a ConfigMap fallback's names;
 * ``Target``: the target of one decision, resolved (its key for cooldowns and the breaker, its
-  description, the names, the workload it was found from), from the decision to its audit row;
-* ``QUIET_STATES``: verdict states that never trigger (``triscope.core.vocabulary``).
+  description, the names, the workload it was found from), from the decision to its audit row.
 
 The policy (``policy.py``), the actions (``actions.py``, ``filefallback.py``), the settings, the
 workload resolution and the engine import these from here, at their top.
@@ -23,7 +22,6 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, Discriminator, Field
 
 from triscope.core.configfile import ConfigModel, show, variant
-from triscope.core.vocabulary import QUIET_STATES
 
 _KUBE_NAME = re.compile(r"^[a-z0-9]([a-z0-9_.-]{0,126}[a-z0-9])?$")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
@@ -196,6 +194,6 @@ class TargetModel(ConfigModel):
         return out
 
 
-__all__ = ["PER_WORKLOAD", "QUIET_STATES", "TARGET_FIELDS", "KubeName", "LabelName", "LabelWorkloadReference",
+__all__ = ["PER_WORKLOAD", "TARGET_FIELDS", "KubeName", "LabelName", "LabelWorkloadReference",
            "LabelWorkloadValue", "Target", "TargetField", "TargetModel", "TargetReference", "TargetValue", "Text",
            "WorkloadReference", "WorkloadTargetValue", "kube_name_pattern", "per_workload"]

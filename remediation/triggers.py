@@ -30,7 +30,8 @@ from triscope.remediation.conditions import (
     fmt_labels,
     xid_workload,
 )
-from triscope.remediation.policy import Rule, Trigger
+from triscope.remediation.policy import Rule
+from triscope.remediation.trigger_forms import Trigger
 from triscope.remediation.webhook import WebhookAlert
 from triscope.store.reader import NodeInfo, StoreReader
 

@@ -1,6 +1,6 @@
 """A ``metric`` trigger is refused on a ``triscope_`` name outside the catalogue: so every name a live
 agent exposes or stores must be in it (or, for the process's own metrics rendered at scrape time and
-never stored, in ``policy.EXPORTED_NOT_STORED``, which a trigger is refused on too)."""
+never stored, in ``trigger_forms.EXPORTED_NOT_STORED``, which a trigger is refused on too)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 from conftest import free_port
 
 from triscope.core.metrics import CATALOGUE
-from triscope.remediation.policy import EXPORTED_NOT_STORED
+from triscope.remediation.trigger_forms import EXPORTED_NOT_STORED
 
 SUFFIXES = ("_bucket", "_sum", "_count", "_created")
 
