@@ -12,19 +12,49 @@ and so is anything after an out-of-order or replayed write (the store drops the 
 then).  The rows equal what the SQL rollup computes from the same samples (a test holds them
 to it); a counter's first sample in a minute takes its increase from the series' previous
 sample, as the SQL window does.
+
+A tick of the steady write path (``add_tick``: a dict of series id -> value) whose series are the
+ones of the minute's first tick, in the same order -- every tick of a scrape or a collector that
+says the same series -- updates the minute's rows as columns, one ``map`` per field (``min``,
+``max``, ``+``, a counter's increase where none reset), not one Python step per point; the columns
+become rows when a tick brings other series, and when the minute is closed or taken.  The numbers
+are the rows' own: the same operations on the same values in the same order.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from operator import add, itemgetter, sub
 
 # one row: [min, max, sum, count, last, last_ts, increase]
 Row = list[float]
 
 
+class _Columns:
+    """The open minute's rows as columns, while every tick has the series of its first, in order."""
+
+    __slots__ = ("count", "cpos", "inc", "last", "last_ts", "mn", "mx", "pick", "prev", "sids", "sm")
+
+    def __init__(self, ts: float, sids: list[int], vals: list[float], cpos: list[int], inc: list[float],
+                 prev: list[float]) -> None:
+        self.sids = sids
+        self.mn = self.mx = self.sm = self.last = vals     # never changed in place: each tick makes new lists
+        self.count = 1.0
+        self.last_ts = ts
+        self.cpos = cpos                 # where the counters are
+        self.pick = itemgetter(*cpos) if len(cpos) > 1 else None
+        self.inc = inc                   # the counters' increase so far
+        self.prev = prev                 # and their last values
+
+    def counters_of(self, vals: list[float]) -> list[float]:
+        if self.pick is not None:
+            return list(self.pick(vals))
+        return [vals[i] for i in self.cpos]
+
+
 class MinuteAccumulator:
-    __slots__ = ("closed", "known_from", "last_ts", "open", "open_bucket", "prev", "taken_until")
+    __slots__ = ("closed", "cols", "known_from", "last_ts", "open", "open_bucket", "prev", "taken_until")
 
     WIDTH = 60.0
 
@@ -37,9 +67,29 @@ class MinuteAccumulator:
         self.closed: dict[float, dict[int, Row]] = {}
         self.prev: dict[int, float] = {}     # counters: the last value seen per series
         self.taken_until = -math.inf         # minutes before this were handed over already
+        self.cols: _Columns | None = None     # the open minute as columns (``add_tick``)
 
     def add(self, ts: float, points: Iterable[tuple[int, float]], counters: set[int] | frozenset[int]) -> None:
         """One tick: (series id, value) pairs at ``ts``; ``ts`` must be later than every earlier tick."""
+        self._enter(ts)
+        self._flush_columns()
+        self._add_rows(ts, points, counters)
+
+    def add_tick(self, ts: float, points: Mapping[int, float], counters: set[int] | frozenset[int]) -> None:
+        """``add`` for one tick's {series id: value}: as columns while the minute's ticks have the
+        series of its first tick, in the same order."""
+        self._enter(ts)
+        cols = self.cols
+        if cols is not None and list(points) == cols.sids:
+            self._add_columns(cols, ts, list(points.values()))
+        elif cols is None and not self.open and points:
+            self.cols = self._new_columns(ts, points, counters)
+            self.last_ts = ts
+        else:
+            self._flush_columns()
+            self._add_rows(ts, points.items(), counters)
+
+    def _enter(self, ts: float) -> None:
         if ts <= self.last_ts:
             raise ValueError(f"tick at {ts} is not after {self.last_ts}")
         bucket = math.floor(ts / self.WIDTH) * self.WIDTH
@@ -48,6 +98,53 @@ class MinuteAccumulator:
             self.open_bucket, self.open = bucket, {}
         if bucket < self.taken_until:   # a minute already handed over: no longer ours to vouch for
             self.known_from = max(self.known_from, bucket + self.WIDTH)
+
+    def _new_columns(self, ts: float, points: Mapping[int, float], counters: set[int] | frozenset[int]) -> _Columns:
+        sids = list(points)
+        vals = list(points.values())
+        prev = self.prev
+        cpos = [i for i, sid in enumerate(sids) if sid in counters]
+        inc = []
+        for i in cpos:
+            p = prev.get(sids[i])
+            v = vals[i]
+            inc.append(0.0 if p is None else (v - p if v >= p else v))
+        return _Columns(ts, sids, vals, cpos, inc, [vals[i] for i in cpos])
+
+    def _add_columns(self, cols: _Columns, ts: float, vals: list[float]) -> None:
+        cols.mn = list(map(min, cols.mn, vals))
+        cols.mx = list(map(max, cols.mx, vals))
+        cols.sm = list(map(add, cols.sm, vals))
+        cols.last = vals
+        cols.count += 1.0
+        cols.last_ts = ts
+        if cols.cpos:
+            now = cols.counters_of(vals)
+            d = list(map(sub, now, cols.prev))
+            if min(d) >= 0.0:
+                cols.inc = list(map(add, cols.inc, d))
+            else:               # a counter reset: its increase is its value
+                cols.inc = [i + (v - p if v >= p else v) for i, v, p in zip(cols.inc, now, cols.prev, strict=True)]
+            cols.prev = now
+        self.last_ts = ts
+
+    def _flush_columns(self) -> None:
+        """The columns into the open minute's rows (and the counters' last values)."""
+        cols = self.cols
+        if cols is None:
+            return
+        self.cols = None
+        inc = [0.0] * len(cols.sids)
+        prev = self.prev
+        sids = cols.sids
+        for k, i in enumerate(cols.cpos):
+            inc[i] = cols.inc[k]
+            prev[sids[i]] = cols.prev[k]
+        n, last_ts, rows = cols.count, cols.last_ts, self.open
+        for sid, lo, hi, total, last, grew in zip(sids, cols.mn, cols.mx, cols.sm, cols.last, inc, strict=True):
+            rows[sid] = [lo, hi, total, n, last, last_ts, grew]
+
+    def _add_rows(self, ts: float, points: Iterable[tuple[int, float]], counters: set[int] | frozenset[int]) -> None:
         rows = self.open
         prev = self.prev
         for sid, v in points:
@@ -89,5 +186,6 @@ class MinuteAccumulator:
         return min(start, hi), out
 
     def _close_open(self) -> None:
+        self._flush_columns()
         if self.open and self.open_bucket >= self.known_from:
             self.closed[self.open_bucket] = self.open

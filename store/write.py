@@ -301,7 +301,7 @@ class TickWriter:
         acc = cache.acc.get(node_id)
         if acc is not None and per[0][0] > acc.last_ts:
             for ts, points in per:
-                acc.add(ts, points.items(), cache.counters)
+                acc.add_tick(ts, points, cache.counters)
         elif len(per) == 1:
             cache.feed_tick(node_id, per[0][0], per[0][1])
         else:
