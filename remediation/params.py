@@ -1,7 +1,7 @@
 """Each action's ``params`` as the policy writes them, validated.
 
-``triscope.remediation.policy`` validates a rule's params with its action's model (``ACTION_PARAMS``;
-a knobs-file fallback's is ``triscope.remediation.filefallback.KnobsFileParams``) and the action
+``triscope.remediation.policy`` validates a rule's params with its action's model (a knobs-file
+fallback's is ``triscope.remediation.filefallback.KnobsFileParams``) and the action
 receives that model in its ``ActionContext``; the engine picks the action by the model's class
 (``triscope.remediation.dispatch``).
 """
@@ -167,12 +167,3 @@ class CommandParams(ConfigModel):
                 seen.setdefault(p, None)
         return list(seen)
 
-
-ACTION_PARAMS: dict[str, type[ConfigModel]] = {
-    "rolling_restart": RollingRestartParams,
-    "dependency_fallback": DependencyFallbackParams,
-    "reschedule": RescheduleParams,
-    "isolate_accelerator": IsolateAcceleratorParams,
-    "command": CommandParams,
-}
-"""Each action's params model."""

@@ -25,7 +25,6 @@ from triscope.core.configfile import ConfigModel, show, variant
 
 _KUBE_NAME = re.compile(r"^[a-z0-9]([a-z0-9_.-]{0,126}[a-z0-9])?$")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
-TARGET_FIELDS = ("namespace", "deployment", "node", "workload")   # workload: a knobs file's (filefallback.py)
 
 
 def _kube_name(value: str) -> str:
@@ -194,6 +193,6 @@ class TargetModel(ConfigModel):
         return out
 
 
-__all__ = ["PER_WORKLOAD", "TARGET_FIELDS", "KubeName", "LabelName", "LabelWorkloadReference",
+__all__ = ["PER_WORKLOAD", "KubeName", "LabelName", "LabelWorkloadReference",
            "LabelWorkloadValue", "Target", "TargetField", "TargetModel", "TargetReference", "TargetValue", "Text",
            "WorkloadReference", "WorkloadTargetValue", "kube_name_pattern", "per_workload"]

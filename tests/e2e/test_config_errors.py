@@ -14,12 +14,25 @@ from kube_server import policy_text
 from triscope.analysis.config import ConfigError, load_thresholds
 from triscope.analysis.slo import SLOSpecError, parse_slo_text
 from triscope.core import yamlsafe
-from triscope.core.configfile import ConfigFileError
-from triscope.remediation.params import ACTION_PARAMS, CommandParams, DependencyFallbackParams
+from triscope.core.configfile import ConfigFileError, ConfigModel
+from triscope.remediation.params import (
+    CommandParams,
+    DependencyFallbackParams,
+    IsolateAcceleratorParams,
+    RescheduleParams,
+    RollingRestartParams,
+)
 from triscope.remediation.policy import PolicyError, parse_policy
 
 REPO = Path(__file__).resolve().parents[2]
 SETTINGS = "  namespaces: [inference]\n  node_names: [gpu-*]\n"
+ACTION_PARAMS: dict[str, type[ConfigModel]] = {   # each action's params model
+    "rolling_restart": RollingRestartParams,
+    "dependency_fallback": DependencyFallbackParams,
+    "reschedule": RescheduleParams,
+    "isolate_accelerator": IsolateAcceleratorParams,
+    "command": CommandParams,
+}
 # with SETTINGS (two lines) each rule starts on line 6; its params follow one per line
 RULES = {
     "rolling_restart": """  - name: r
