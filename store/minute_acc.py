@@ -85,6 +85,8 @@ class MinuteAccumulator:
         elif cols is None and not self.open and points:
             self.cols = self._new_columns(ts, points, counters)
             self.last_ts = ts
+        elif cols is None and self.open and list(self.open) == list(points) and self._rows_to_columns(counters):
+            self._add_columns(self.cols, ts, list(points.values()))   # type: ignore[arg-type]
         else:
             self._flush_columns()
             self._add_rows(ts, points.items(), counters)
@@ -110,6 +112,23 @@ class MinuteAccumulator:
             v = vals[i]
             inc.append(0.0 if p is None else (v - p if v >= p else v))
         return _Columns(ts, sids, vals, cpos, inc, [vals[i] for i in cpos])
+
+    def _rows_to_columns(self, counters: set[int] | frozenset[int]) -> bool:
+        """The open minute's rows as columns, when every row has seen the same ticks (a minute begun
+        point by point whose ticks now have one shape); False, rows kept, otherwise."""
+        rows = list(self.open.values())
+        n, last_ts = rows[0][3], rows[0][5]
+        if any(r[3] != n or r[5] != last_ts for r in rows):
+            return False
+        sids = list(self.open)
+        cpos = [i for i, sid in enumerate(sids) if sid in counters]
+        if any(sids[i] not in self.prev for i in cpos):
+            return False
+        cols = _Columns(last_ts, sids, [r[4] for r in rows], cpos, [rows[i][6] for i in cpos],
+                        [self.prev[sids[i]] for i in cpos])
+        cols.mn, cols.mx, cols.sm, cols.count = [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], n
+        self.cols, self.open = cols, {}
+        return True
 
     def _add_columns(self, cols: _Columns, ts: float, vals: list[float]) -> None:
         cols.mn = list(map(min, cols.mn, vals))

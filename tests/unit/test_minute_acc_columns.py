@@ -64,3 +64,21 @@ def test_a_minute_of_one_shape_is_read_as_columns() -> None:
     start, rows = acc.take(0.0, 200.0)
     assert start == 60.0 and rows == [(1, 60.0, [0.0, 4.0, 10.0, 5.0, 4.0, 64.0, 4.0]),
                                       (2, 60.0, [6.0, 10.0, 40.0, 5.0, 6.0, 64.0, 0.0])]
+
+
+def test_a_minute_begun_point_by_point_goes_on_as_columns() -> None:
+    """A minute whose first ticks came through ``add`` (the general path) and whose next ones have the
+    same series: columns from then on, the same rows in the end."""
+    rows, cols = MinuteAccumulator(0.0), MinuteAccumulator(0.0)
+    counters = frozenset({1})
+    ticks = [(60.0 + k, {1: float(k * 3 % 7), 2: 0.5 * k, 3: -1.0 * k}) for k in range(20)]
+    for k, (ts, pts) in enumerate(ticks):
+        rows.add(ts, pts.items(), counters)
+        if k < 4:
+            cols.add(ts, pts.items(), counters)
+        else:
+            cols.add_tick(ts, pts, counters)
+        if k == 5:
+            assert cols.cols is not None and not cols.open
+    assert cols.take(0.0, 200.0) == rows.take(0.0, 200.0)
+    assert cols.prev == rows.prev
