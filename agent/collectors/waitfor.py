@@ -107,6 +107,10 @@ class WaitFor:
         self._tid_words: dict[int, int] = {}
         self._prev: dict[int, tuple[int, int, int]] = {}      # tid -> cumulative (cpu, runq, blocked) ns
         self._open: dict[int, _Open] = {}
+        # the last wait the kernel keeps in each thread's entry: tid -> (generation, key, ns, count) read
+        self._last_wait: dict[int, tuple[int, tuple[int, int, int, int, int], int, int]] = {}
+        # what was read of a last wait since moved to wf_wait: taken off when it is drained there
+        self._debt: dict[int, list[list]] = {}
         self._last = clock_ns()
 
     # ------------------------------------------------------------------ what to follow
@@ -164,8 +168,11 @@ class WaitFor:
                         if nr in FD_SYSCALLS_X86_64 and len(parts) > 1:
                             fd = int(parts[1], 16)
                             fd = fd if fd < 1 << 31 else -1
+            rd0 = 0                  # its run-queue wait so far (schedstat): the kernel's count goes on from it
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                rd0 = int(open(f"{base}/schedstat").read().split()[1])   # noqa: SIM115
             if tid < self.words * 64:
-                value = L.WF_CUR.pack(now, 0, 0, 0, 0, tgid, state, nr, fd, 0, 0)
+                value = L.WF_CUR.pack(now, 0, 0, 0, 0, tgid, state, nr, fd, 0, 0, rd0, 0, 0, -1, -1, 0, 0, 0, 0)
                 try:
                     self.cur.update(_U32.pack(tid), value, BPF_NOEXIST)
                 except BpfError as e:      # map full: the program counts what it cannot keep too
@@ -181,6 +188,8 @@ class WaitFor:
                 self._set(self.tid_bits, self._tid_words, tid, False)
                 self._prev.pop(tid, None)
                 self._open.pop(tid, None)
+                self._last_wait.pop(tid, None)
+                self._debt.pop(tid, None)
 
     # ------------------------------------------------------------------ reading
     def read(self) -> WaitRead:
@@ -190,13 +199,19 @@ class WaitFor:
         correction: dict[int, tuple[int, int]] = {}      # tid -> (closed state, ns counted while it was open)
         seen: set[int] = set()
         opens: list[tuple[int, int, int, int]] = []      # (tid, nr, fd, ns) blocked and still open
+        # drained before the entries are read: a last wait moved to wf_wait after this drain is still in
+        # its entry as read below (its generation unchanged), or is drained next time (its debt waits)
+        drained = self.wait.drain_raw()
+        lasts: dict[int, list] = {}                      # tid -> [kind, nr, fd, wtgid, wtid, ctx, ns, count]
         kr, vr, _n = self.cur.items_raw()
         tracked = self.tracked
-        for (tid,), (since, cpu, runq, blocked, _sw, tgid, state, nr, fd, _by, _pad) in zip(
-                _U32.iter_unpack(kr), L.WF_CUR.iter_unpack(vr), strict=True):
+        for (tid,), (since, cpu, runq, blocked, _sw, tgid, state, nr, fd, _by, gen, _rd0, c_ns, c_cnt, c_nr, c_fd,
+                     c_wtgid, c_wtid, c_ctx, _cpad) in zip(_U32.iter_unpack(kr), L.WF_CUR.iter_unpack(vr), strict=True):
             if tgid not in tracked:
                 continue
             seen.add(tid)
+            if c_cnt:
+                self._read_last(tid, gen, (c_nr, c_fd, c_wtgid, c_wtid, c_ctx), c_ns, c_cnt, lasts)
             p = self._prev.get(tid, (0, 0, 0))
             self._prev[tid] = (cpu, runq, blocked)
             t = out.threads[tid] = ThreadTime(tid, tgid, max(0, cpu - p[0]) / 1e9, max(0, runq - p[1]) / 1e9,
@@ -224,6 +239,9 @@ class WaitFor:
             del self._open[tid]
         for tid in [x for x in self._prev if x not in seen]:
             del self._prev[tid]
+        for d in (self._last_wait, self._debt):
+            for tid in [x for x in d if x not in seen]:
+                del d[tid]
         for tid, (state, ns) in correction.items():
             tt = out.threads.get(tid)
             if tt is None:
@@ -235,21 +253,65 @@ class WaitFor:
                 tt.runq = max(0.0, tt.runq - sec)
             else:
                 tt.blocked = max(0.0, tt.blocked - sec)
-        self._waits(out, correction, opens)
+        self._waits(out, correction, opens, drained, lasts)
         self._last = now
         return out
 
+    def _read_last(self, tid: int, gen: int, key: tuple[int, int, int, int, int], ns: int, cnt: int,
+                   lasts: dict[int, list]) -> None:
+        """A thread's last wait as its entry holds it: what it gathered since the last read.  When
+        another kind of wait has taken its place since (a new generation), the kernel has moved the
+        one read before to wf_wait, whole: what was read of it then becomes a debt, taken off when
+        that row is drained."""
+        prev = self._last_wait.get(tid)
+        if prev is not None and prev[0] == gen and prev[1] == key:
+            dns, dcnt = max(0, ns - prev[2]), max(0, cnt - prev[3])
+        else:
+            if prev is not None and prev[3]:
+                self._debt.setdefault(tid, []).append([prev[1], prev[2], prev[3]])
+            dns, dcnt = ns, cnt
+        self._last_wait[tid] = (gen, key, ns, cnt)
+        if dns or dcnt:
+            lasts[tid] = [L.WF_KIND_BLOCKED, *key, dns, dcnt]
+
+    def _pay(self, tid: int, rows: list[list]) -> None:
+        """Take a thread's debts off its drained rows of the same kind (what was already read of them)."""
+        debts = self._debt.get(tid)
+        if not debts:
+            return
+        for debt in debts:
+            for r in rows:
+                if debt[2] <= 0 or r[0] != L.WF_KIND_BLOCKED or tuple(r[1:6]) != debt[0]:
+                    continue
+                take_ns, take_cnt = min(r[6], debt[1]), min(r[7], debt[2])
+                r[6] -= take_ns
+                r[7] -= take_cnt
+                debt[1] -= take_ns
+                debt[2] -= take_cnt
+        left = [d for d in debts if d[2] > 0]
+        if left:
+            self._debt[tid] = left[-8:]        # bounded: a debt whose row never came (an exit) is dropped
+        else:
+            del self._debt[tid]
+
     def _waits(self, out: WaitRead, correction: dict[int, tuple[int, int]],
-               opens: list[tuple[int, int, int, int]]) -> None:
-        """The waits that ended since the last read (drained from the kernel), less what each
-        thread's closed interval had already counted while open, and the still-open ones."""
+               opens: list[tuple[int, int, int, int]], drained: tuple[bytes, bytes, int],
+               lasts: dict[int, list]) -> None:
+        """The waits that ended since the last read (drained from the kernel, and gathered in each
+        thread's last wait), less what each thread's closed interval had already counted while
+        open, and the still-open ones."""
         closed: dict[int, list[list]] = {}
         threads = out.threads
-        kr, vr, _n = self.wait.drain_raw()
+        kr, vr, _n = drained
         for (tid, kind, nr, fd, wtgid, wtid, ctx, _), (ns, cnt) in zip(
                 L.WF_KEY.iter_unpack(kr), L.WF_VAL.iter_unpack(vr), strict=True):
             if tid in threads:
                 closed.setdefault(tid, []).append([kind, nr, fd, wtgid, wtid, ctx, ns, cnt])
+        for tid, rows in closed.items():
+            self._pay(tid, rows)
+        for tid, row in lasts.items():
+            if tid in threads:
+                closed.setdefault(tid, []).append(row)
         for tid, rows in closed.items():
             fix = correction.get(tid)
             if fix is not None and fix[0] == L.WF_BLOCKED and fix[1] > 0:

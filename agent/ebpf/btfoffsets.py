@@ -16,7 +16,7 @@ or ``[]`` with the reason, when one is missing.
 from __future__ import annotations
 
 import struct
-from functools import lru_cache
+from array import array
 
 BTF_VMLINUX = "/sys/kernel/btf/vmlinux"
 
@@ -32,14 +32,13 @@ class _Btf:
             raise ValueError("not BTF")
         hdr_len, type_off, type_len, str_off, _str_len = struct.unpack_from("<5I", blob, 4)
         self.blob, self.strs = blob, hdr_len + str_off
-        self.pos: list[int] = [0]               # type id -> offset of its header (id 0: void)
+        self.pos = array("I", [0])              # type id -> offset of its header (id 0: void); compact
         pos, end = hdr_len + type_off, hdr_len + type_off + type_len
         while pos + 12 <= end:
             self.pos.append(pos)
             info = struct.unpack_from("<I", blob, pos + 4)[0]
             fixed, each = _EXTRA.get((info >> 24) & 0x1F, (0, 0))
             pos += 12 + fixed + each * (info & 0xFFFF)
-        self.by_name: dict[tuple[int, str], int] = {}
 
     def name(self, off: int) -> str:
         end = self.blob.index(b"\0", self.strs + off)
@@ -51,12 +50,13 @@ class _Btf:
         return self.name(name_off), (info >> 24) & 0x1F, info & 0xFFFF, info >> 31, st
 
     def find(self, kind: int, name: str) -> int | None:
-        if not self.by_name:
-            for tid in range(1, len(self.pos)):
-                n, k, vlen, _kf, _st = self.head(tid)
-                if n and k in (_STRUCT, _UNION) and vlen:
-                    self.by_name.setdefault((k, n), tid)
-        return self.by_name.get((kind, name))
+        want = name.encode() + b"\0"
+        for tid in range(1, len(self.pos)):
+            name_off, info = struct.unpack_from("<II", self.blob, self.pos[tid])
+            if (info >> 24) & 0x1F == kind and info & 0xFFFF and \
+                    self.blob[self.strs + name_off:self.strs + name_off + len(want)] == want:
+                return tid
+        return None
 
     def members(self, tid: int) -> list[tuple[str, int, int]]:
         """(name, type id, bit offset) of a struct or union's members."""
@@ -91,8 +91,8 @@ class _Btf:
         return None
 
 
-@lru_cache(maxsize=4)
 def _load(path: str) -> _Btf | None:
+    """The kernel's BTF (a few MB), read for one question and let go: the agent keeps none of it."""
     try:
         with open(path, "rb") as f:
             return _Btf(f.read())
@@ -100,9 +100,9 @@ def _load(path: str) -> _Btf | None:
         return None
 
 
-def member_offset(struct_name: str, path_: str, btf: str = BTF_VMLINUX) -> int | None:
+def member_offset(struct_name: str, path_: str, btf: str | _Btf = BTF_VMLINUX) -> int | None:
     """Byte offset of ``struct_name.a.b.c`` in the running kernel, or None."""
-    b = _load(btf)
+    b = _load(btf) if isinstance(btf, str) else btf
     if b is None:
         return None
     tid = b.find(_STRUCT, struct_name)
@@ -137,8 +137,9 @@ WAITFOR_MEMBERS = {
 def waitfor_defines(btf: str = BTF_VMLINUX) -> tuple[list[str], str]:
     """(``-D`` names, "") when every member is found, else ([], what is missing)."""
     out, missing = [], []
+    b = _load(btf)
     for define, (s, m) in WAITFOR_MEMBERS.items():
-        off = member_offset(s, m, btf)
+        off = member_offset(s, m, b) if b is not None else None
         if off is None:
             missing.append(f"{s}.{m}")
         else:

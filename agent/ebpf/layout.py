@@ -133,8 +133,9 @@ WF_WAITS_MAX = 32768
 WF_ONCPU, WF_RUNNABLE, WF_BLOCKED, WF_UNKNOWN = 1, 2, 3, 0
 WF_KIND_BLOCKED, WF_KIND_RUNQ = 0, 1
 WF_CTX_SOFTIRQ, WF_CTX_HARDIRQ, WF_CTX_HRTIMER, WF_CTX_NONE = 1, 2, 3, 4
-# struct wf_cur: u64 since, cpu_ns, runq_ns, blocked_ns, switches; u32 tgid, state; s32 nr, fd; u32 by, pad
-WF_CUR = struct.Struct("<5QIIiiII")
+# struct wf_cur: u64 since, cpu_ns, runq_ns, blocked_ns, switches; u32 tgid, state; s32 nr, fd; u32 by, gen;
+# u64 rd0, c_ns, c_count; s32 c_nr, c_fd; u32 c_waker_tgid, c_waker_tid, c_ctx, c_pad (the last wait, kept in the entry)
+WF_CUR = struct.Struct("<5QIIiiII3QiiIIII")
 # struct wf_key: u32 tid, kind; s32 nr, fd; u32 waker_tgid, waker_tid, ctx, pad
 WF_KEY = struct.Struct("<IIiiIIII")
 # struct wf_val: u64 ns, count

@@ -13,8 +13,18 @@
  * (bpf_task_pt_regs), so no raw_syscalls probe runs for every syscall of the node.
  *
  * Per thread, wf_cur holds the open interval (state, since) and cumulative totals of closed ones;
- * the agent reads it every tick and adds the open part itself.  Each blocked interval that ends
- * is added to wf_wait under {thread, syscall, fd, waker}; the agent drains wf_wait every tick.
+ * the agent reads it every tick and adds the open part itself.  Each blocked interval that ends is
+ * kept in its thread's entry while the next one is of the same kind {syscall, fd, waker} (the last
+ * wait, with a generation number), and added to wf_wait under {thread, syscall, fd, waker} when
+ * another kind takes its place; the agent reads both and drains wf_wait every tick.
+ *
+ * With the scheduler's structures in the kernel's BTF (WF_SCHED, offsets from btfoffsets.py), a
+ * wakeup of a followed thread only stores who woke it in the thread's slot of wf_woke (no hash, no
+ * clock: the untracked and the tracked wakeup cost nearly the same), and the wait is closed when the
+ * thread takes a CPU, where its entry is read anyway: blocked until its wakeup, then on a run queue
+ * for what the scheduler itself counted (sched_info.run_delay since it blocked, and the wait in
+ * progress since last_queued).  Without them, the wakeup looks the entry up, reads the clock and
+ * closes the wait there (bench waitfor: the "fallback" cost centre).
  */
 #ifdef WANT_WAITFOR
 #define WF_UNKNOWN 0
@@ -42,7 +52,19 @@ struct wf_cur {
     s32 nr;          /* blocked: the syscall, -1 none known */
     s32 fd;          /* blocked: its file descriptor argument, -1 none */
     u32 by;          /* runnable after a preemption: the thread that took the CPU */
-    u32 pad;
+    u32 gen;         /* the last wait's generation: +1 each time another kind of wait takes its place */
+    u64 rd0;         /* blocked (WF_SCHED): the kernel's run_delay of the thread when it blocked; 0 unknown */
+    /* the last wait's kind and what it gathered since it became the last one: the kernel adds a wait
+       here while the next one is of the same kind (a thread mostly waits on the same thing), and
+       moves it to wf_wait only when another kind follows; the agent reads both */
+    u64 c_ns;
+    u64 c_count;
+    s32 c_nr;
+    s32 c_fd;
+    u32 c_waker_tgid;
+    u32 c_waker_tid;
+    u32 c_ctx;
+    u32 c_pad;
 };
 
 struct wf_key {
@@ -64,15 +86,29 @@ struct wf_val {
 struct wf_ctx_stack {
     u32 depth;
     u32 top[4];
-    u64 at[4];       /* when each was entered: an entry older than WF_CTX_MAX_NS is stale (its exit was missed) */
+    u64 at[4];       /* jiffies when each was entered: an entry older than WF_CTX_MAX_JIFFIES is stale (its exit was missed) */
 };
-#define WF_CTX_MAX_NS 5000000ULL   /* 5 ms: longer than any softirq run (netdev budget 2 ms), IRQ or hrtimer */
+#define WF_CTX_MAX_JIFFIES 2   /* 2-3 ticks: longer than any softirq run (netdev budget 2 ms), IRQ or hrtimer */
+
+/* who woke a tracked thread (WF_SCHED): written by sched_waking into the slot of the thread's id,
+   read and cleared when the thread next takes a CPU.  Two followed threads whose ids share a slot
+   and are woken before either runs leave the first one's waker unknown (its wait is still counted). */
+struct wf_woke {
+    u32 tid;
+    u32 waker_tgid;
+    u32 waker_tid;
+    u32 ctx;
+};
+#define WF_WOKE_SLOTS 8192
 
 BPF_ARRAY(wf_tgid_bits, u64, WF_BITS_WORDS);
 BPF_ARRAY(wf_tid_bits, u64, WF_BITS_WORDS);
 BPF_HASH(wf_cur, u32, struct wf_cur, WF_THREADS_MAX);
 BPF_HASH(wf_wait, struct wf_key, struct wf_val, WF_WAITS_MAX);
 BPF_PERCPU_ARRAY(wf_ctxs, struct wf_ctx_stack, 1);
+#ifdef WF_SCHED
+BPF_ARRAY(wf_woke, struct wf_woke, WF_WOKE_SLOTS);
+#endif
 
 /* bit `id` of a bit array (one u64 per 64 pids); pids past the array (pid_max raised since the
    program was built) are never tracked */
@@ -86,35 +122,68 @@ static __always_inline u64 *wf_tid_word(u32 id) {
 }
 #define WF_BIT(word, id) ((word) && ((*(word) >> ((id) & 63)) & 1))
 
-static __always_inline void wf_add(struct wf_key *k, u64 ns) {
+static __always_inline void wf_add(struct wf_key *k, u64 ns, u64 n) {
     struct wf_val *v = wf_wait.lookup(k);
     if (v) {
         __sync_fetch_and_add(&v->ns, ns);
-        __sync_fetch_and_add(&v->count, 1);
+        __sync_fetch_and_add(&v->count, n);
         return;
     }
-    struct wf_val init = {.ns = ns, .count = 1};
+    struct wf_val init = {.ns = ns, .count = n};
     if (wf_wait.insert(k, &init) != 0) {
         v = wf_wait.lookup(k);   /* raced with another CPU, or the map is full */
         if (v) {
             __sync_fetch_and_add(&v->ns, ns);
-            __sync_fetch_and_add(&v->count, 1);
+            __sync_fetch_and_add(&v->count, n);
         } else {
             count(C_WF_LOST, 1);
         }
     }
 }
 
-/* the syscall a task blocked in and its fd argument, from its saved user registers */
-static __always_inline void wf_blocked_in(struct wf_cur *c) {
+/* a blocked interval of `tid` ended: `d` ns in syscall nr on fd, ended by the waker or ctx */
+static __always_inline void wf_close(struct wf_cur *c, u32 tid, s32 nr, s32 fd, u32 wtgid, u32 wtid, u32 ctx, u64 d) {
+    if (c->c_count && c->c_nr == nr && c->c_fd == fd && c->c_waker_tgid == wtgid && c->c_waker_tid == wtid
+        && c->c_ctx == ctx) {
+        c->c_ns += d;         /* only the thread's own switches write its entry: no other CPU at once */
+        c->c_count += 1;
+        return;
+    }
+    if (c->c_count) {
+        struct wf_key k = {.tid = tid, .kind = WF_KIND_BLOCKED, .nr = c->c_nr, .fd = c->c_fd,
+                           .waker_tgid = c->c_waker_tgid, .waker_tid = c->c_waker_tid, .ctx = c->c_ctx};
+        wf_add(&k, c->c_ns, c->c_count);
+    }
+    c->gen += 1;
+    c->c_nr = nr;
+    c->c_fd = fd;
+    c->c_waker_tgid = wtgid;
+    c->c_waker_tid = wtid;
+    c->c_ctx = ctx;
+    c->c_ns = d;
+    c->c_count = 1;
+}
+
+/* the wait a thread leaves behind when it exits: to wf_wait, as another kind of wait would */
+static __always_inline void wf_flush(struct wf_cur *c, u32 tid) {
+    if (c->c_count) {
+        struct wf_key k = {.tid = tid, .kind = WF_KIND_BLOCKED, .nr = c->c_nr, .fd = c->c_fd,
+                           .waker_tgid = c->c_waker_tgid, .waker_tid = c->c_waker_tid, .ctx = c->c_ctx};
+        wf_add(&k, c->c_ns, c->c_count);
+        c->c_count = 0;
+    }
+}
+
+#define WF_LOAD(type, p, off) (*(type *)((char *)(p) + (off)))
+
+/* the syscall a task blocked in and its fd argument, from its saved user registers (a BTF pointer:
+   plain loads, no probe-read helper calls) */
+static __always_inline void wf_blocked_in(struct wf_cur *c, struct task_struct *t) {
     c->nr = -1;
     c->fd = -1;
 #if defined(__x86_64__) && !defined(WF_NO_REGS)
-    struct task_struct *t = bpf_get_current_task_btf();
     struct pt_regs *r = (struct pt_regs *)bpf_task_pt_regs(t);
-    long nr = -1, a0 = -1, a1 = 0;
-    bpf_probe_read_kernel(&nr, sizeof(nr), &r->orig_ax);
-    bpf_probe_read_kernel(&a0, sizeof(a0), &r->di);
+    long nr = r->orig_ax, a0 = r->di;
     c->nr = (s32)nr;
     switch (nr) {
     case 0: case 1: case 16: case 17: case 19: case 20: case 42: case 43: case 44: case 45: case 46: case 47:
@@ -125,7 +194,7 @@ static __always_inline void wf_blocked_in(struct wf_cur *c) {
         break;
     case 7: case 271: {
         /* poll / ppoll: the first pollfd's descriptor (a single-socket wait is the common one) */
-        bpf_probe_read_kernel(&a1, sizeof(a1), &r->si);
+        long a1 = r->si;
         int fd = -1;
         if (a1 > 0 && bpf_probe_read_user(&fd, sizeof(fd), (void *)a0) == 0)
             c->fd = fd;
@@ -137,10 +206,51 @@ static __always_inline void wf_blocked_in(struct wf_cur *c) {
 #endif
 }
 
+#ifdef WF_SCHED
+/* the run-queue wait of the task switching in since it blocked (rd0: its run_delay then), as the
+   scheduler counted it (sched_info: run_delay, and the wait in progress since last_queued, on this
+   CPU's clock): exact, whichever CPUs it was queued on meanwhile */
+static __always_inline u64 wf_runq_since(struct task_struct *prev, u64 rd0) {
+    void *cfs = WF_LOAD(void *, prev, WF_OFF_TASK_CFS_RQ);
+    if (!cfs)
+        return 0;
+    void *rq = WF_LOAD(void *, cfs, WF_OFF_CFS_RQ_RQ);
+    if (!rq)
+        return 0;
+    void *next = WF_LOAD(void *, rq, WF_OFF_RQ_CURR);   /* set to the next task before the tracepoint */
+    if (!next)
+        return 0;
+    u64 rd = WF_LOAD(u64, next, WF_OFF_RUN_DELAY), lq = WF_LOAD(u64, next, WF_OFF_LAST_QUEUED);
+    u64 clk = WF_LOAD(u64, rq, WF_OFF_RQ_CLOCK);
+    if (lq && clk > lq)
+        rd += clk - lq;
+    return (rd0 && rd > rd0) ? rd - rd0 : 0;
+}
+#endif
+
+/* who is waking a thread now: the interrupt context the wakeup runs in, else the current task */
+static __always_inline void wf_waker(u32 *wtgid, u32 *wtid, u32 *ctx) {
+    u32 zero = 0;
+    struct wf_ctx_stack *s = wf_ctxs.lookup(&zero);
+    if (s && s->depth && s->depth <= 4 && bpf_jiffies64() - s->at[(s->depth - 1) & 3] > WF_CTX_MAX_JIFFIES)
+        s->depth = 0;       /* an exit was missed (a program attached between an entry and its exit): heal */
+    if (s && s->depth) {
+        *ctx = s->top[(s->depth - 1) & 3];
+        *wtgid = 0;
+        *wtid = 0;
+    } else {
+        u64 pt = bpf_get_current_pid_tgid();
+        *wtgid = pt >> 32;
+        *wtid = (u32)pt;
+        *ctx = 0;
+    }
+}
+
 int on_wf_switch(struct tracepoint__sched__sched_switch *args) {
     u64 now = 0;
     u64 pt = bpf_get_current_pid_tgid();
     u32 tgid = pt >> 32, tid = (u32)pt;
+    struct task_struct *prev = 0;
     /* the task leaving the CPU (the current one) */
     u64 *tw = tid ? wf_tgid_word(tgid) : 0;
     if (WF_BIT(tw, tgid)) {
@@ -168,10 +278,15 @@ int on_wf_switch(struct tracepoint__sched__sched_switch *args) {
                 c->state = WF_RUNNABLE;
                 c->by = args->next_pid;
             } else if (st & 0x30) {            /* X, Z: exiting */
+                wf_flush(c, tid);
                 wf_cur.delete(&tid);
             } else {
                 c->state = WF_BLOCKED;
-                wf_blocked_in(c);
+                prev = bpf_get_current_task_btf();
+                wf_blocked_in(c, prev);
+#ifdef WF_SCHED
+                c->rd0 = WF_LOAD(u64, prev, WF_OFF_RUN_DELAY);
+#endif
             }
         }
     }
@@ -184,17 +299,41 @@ int on_wf_switch(struct tracepoint__sched__sched_switch *args) {
             if (!now)
                 now = bpf_ktime_get_ns();
             u64 d = (n->since && now > n->since) ? now - n->since : 0;
+#ifdef WF_SCHED
+            /* blocked until its wakeup, then on a run queue: the waker from its slot, the run-queue
+               part from the scheduler's own count */
+            u32 slot = ntid & (WF_WOKE_SLOTS - 1);
+            struct wf_woke *wk = wf_woke.lookup(&slot);
+            int woke = wk && wk->tid == ntid;
+            if (n->state == WF_BLOCKED || (n->state == WF_UNKNOWN && woke)) {
+                if (!prev)
+                    prev = bpf_get_current_task_btf();
+                u64 q = n->state == WF_BLOCKED ? wf_runq_since(prev, n->rd0) : 0;
+                if (q > d)
+                    q = d;
+                s32 nr = n->state == WF_BLOCKED ? n->nr : -1, fd = n->state == WF_BLOCKED ? n->fd : -1;
+                if (woke) {
+                    wf_close(n, ntid, nr, fd, wk->waker_tgid, wk->waker_tid, wk->ctx, d - q);
+                    wk->tid = 0;
+                } else {
+                    wf_close(n, ntid, nr, fd, 0, 0, WF_CTX_NONE << 24, d - q);
+                }
+                n->blocked_ns += d - q;
+                n->runq_ns += q;
+            } else {
+                n->runq_ns += d;
+            }
+#else
             if (n->state == WF_BLOCKED) {      /* its wakeup was not seen */
-                struct wf_key k = {.tid = ntid, .kind = WF_KIND_BLOCKED, .nr = n->nr, .fd = n->fd,
-                                   .ctx = WF_CTX_NONE << 24};
+                wf_close(n, ntid, n->nr, n->fd, 0, 0, WF_CTX_NONE << 24, d);
                 n->blocked_ns += d;
-                wf_add(&k, d);
             } else {
                 /* runnable time is the thread's own total; who held the CPU meanwhile (n->by) is not
                    recorded per interval: a hash update on every preemption of a followed thread cost
                    a quarter of its programs' time (bench waitfor) and nothing read it */
                 n->runq_ns += d;
             }
+#endif
             n->state = WF_ONCPU;
             n->since = now;
             n->by = 0;
@@ -203,6 +342,27 @@ int on_wf_switch(struct tracepoint__sched__sched_switch *args) {
     return 0;
 }
 
+#ifdef WF_SCHED
+/* a followed thread is woken: only who woke it is noted (a plain store in its slot); the wait is
+   closed when it takes a CPU, where its entry is read anyway */
+int on_wf_waking(struct tracepoint__sched__sched_waking *args) {
+    u32 tid = args->pid;
+    u64 *w = wf_tid_word(tid);
+    if (!WF_BIT(w, tid))
+        return 0;
+    u32 slot = tid & (WF_WOKE_SLOTS - 1);
+    struct wf_woke *s = wf_woke.lookup(&slot);
+    if (!s)
+        return 0;
+    u32 wtgid, wtid, wctx;
+    wf_waker(&wtgid, &wtid, &wctx);
+    s->waker_tgid = wtgid;
+    s->waker_tid = wtid;
+    s->ctx = wctx;
+    s->tid = tid;
+    return 0;
+}
+#else
 int on_wf_waking(struct tracepoint__sched__sched_waking *args) {
     u32 tid = args->pid;
     u64 *w = wf_tid_word(tid);
@@ -213,29 +373,17 @@ int on_wf_waking(struct tracepoint__sched__sched_waking *args) {
         return 0;
     u64 now = bpf_ktime_get_ns();
     u64 d = (c->since && now > c->since) ? now - c->since : 0;
-    struct wf_key k = {.tid = tid, .kind = WF_KIND_BLOCKED, .nr = c->nr, .fd = c->fd};
-    if (c->state == WF_UNKNOWN) {
-        k.nr = -1;
-        k.fd = -1;
-    }
-    u32 zero = 0;
-    struct wf_ctx_stack *s = wf_ctxs.lookup(&zero);
-    if (s && s->depth && s->depth <= 4 && now - s->at[(s->depth - 1) & 3] > WF_CTX_MAX_NS)
-        s->depth = 0;       /* an exit was missed (a program attached between an entry and its exit): heal */
-    if (s && s->depth) {
-        k.ctx = s->top[(s->depth - 1) & 3];
-    } else {
-        u64 pt = bpf_get_current_pid_tgid();
-        k.waker_tgid = pt >> 32;
-        k.waker_tid = (u32)pt;
-    }
-    wf_add(&k, d);
+    s32 nr = c->state == WF_UNKNOWN ? -1 : c->nr, fd = c->state == WF_UNKNOWN ? -1 : c->fd;
+    u32 wtgid, wtid, wctx;
+    wf_waker(&wtgid, &wtid, &wctx);
+    wf_close(c, tid, nr, fd, wtgid, wtid, wctx, d);
     c->blocked_ns += d;
     c->state = WF_RUNNABLE;
     c->since = now;
     c->by = 0;
     return 0;
 }
+#endif
 
 /* interrupt contexts: a wakeup inside one is the interrupt's, never the interrupted task's */
 static __always_inline void wf_push(u32 v) {
@@ -248,7 +396,7 @@ static __always_inline void wf_push(u32 v) {
         d = 0;
     }
     s->top[d & 3] = v;
-    s->at[d & 3] = bpf_ktime_get_ns();
+    s->at[d & 3] = bpf_jiffies64();      /* inlined by the verifier: no clock read */
     s->depth = d + 1;
 }
 

@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.waitfor_helpers import start, stop, trace
+from tests.waitfor_helpers import PRELUDE, start, stop, trace
 from triscope.agent.collectors.ebpf import EbpfCollector
 
 pytestmark = pytest.mark.ebpf
@@ -478,3 +480,84 @@ def test_nothing_without_the_probes() -> None:
         assert got.share("cpu") < 0.05, got.states
     finally:
         c.close()
+
+
+ALTERNATING = r"""
+name("alternating")
+req_a, resp_a, req_b, resp_b, rounds = (int(x) for x in sys.argv[1:6])
+print("ready", flush=True)
+sys.stdin.readline()
+import select
+blocked = {resp_a: 0, resp_b: 0}     # answers not there yet when it read: each such read is one wait
+for _ in range(rounds):
+    for req, resp in ((req_a, resp_a), (req_b, resp_b)):
+        os.write(req, b"?")
+        blocked[resp] += not select.select([resp], [], [], 0)[0]
+        os.read(resp, 1)
+print("done", blocked[resp_a], blocked[resp_b], flush=True)
+sys.stdin.readline()
+"""
+ANSWERING = r"""
+name(sys.argv[3])
+req, resp = int(sys.argv[1]), int(sys.argv[2])
+print("ready", flush=True)
+while True:
+    os.read(req, 1)
+    burn(0.002)
+    os.write(resp, b"!")
+"""
+
+
+def test_alternating_waits_are_each_counted_once(probes: EbpfCollector) -> None:
+    """A thread whose waits alternate between two producers (a request and a blocked read of the
+    answer from A, then from B, 2 ms of work each): the kernel keeps a thread's last wait in its
+    entry and moves it to the waits map only when another kind follows, here at every wait, while
+    the agent reads every 0.2 s.  Each answer is one wait, ended by its producer, in the read of
+    that producer's pipe: counted once (the thread counts the reads whose answer was not there
+    yet), none twice."""
+    rounds = 150
+    pipes = [os.pipe() for _ in range(4)]        # req_a, resp_a, req_b, resp_b
+    (ra, wa), (rra, wra), (rb, wb), (rrb, wrb) = pipes
+    fds = tuple(fd for p in pipes for fd in p)
+    a = start(ANSWERING, str(ra), str(wra), "answer-a", pass_fds=fds)
+    b = start(ANSWERING, str(rb), str(wrb), "answer-b", pass_fds=fds)
+    cons = subprocess.Popen([sys.executable, "-c", PRELUDE + ALTERNATING, str(wa), str(rra), str(wb), str(rrb),
+                             str(rounds)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            pass_fds=fds, start_new_session=True)
+    wf = probes.waitfor
+    assert wf is not None and cons.stdin is not None and cons.stdout is not None
+    try:
+        assert cons.stdout.readline().strip() == "ready"
+        wf.track([cons.pid])
+        wf.read()
+        cons.stdin.write("go\n")
+        cons.stdin.flush()
+        waits, expected = [], {}
+        t_end = time.monotonic() + 60
+        while time.monotonic() < t_end:           # reads while the waits alternate, until it says done
+            done = select.select([cons.stdout], [], [], 0.2)[0]
+            waits += wf.read().waits
+            if done:
+                words = cons.stdout.readline().split()
+                assert words[0] == "done", words
+                expected = {rra: int(words[1]), rrb: int(words[2])}
+                break
+        time.sleep(0.3)                           # it waits on its stdin now: its last answer's wait has ended
+        waits += wf.read().waits
+    finally:
+        wf.track(())
+        with contextlib.suppress(Exception):
+            cons.stdin.close()
+        stop(a, b)
+        cons.wait(10)
+        for fd in fds:
+            os.close(fd)
+    mine = [w for w in waits if w.tid == cons.pid and w.kind == "blocked" and w.nr == 0]
+    for prod, resp in ((a, rra), (b, rrb)):
+        got = [w for w in mine if w.fd == resp]
+        # a read whose answer came while it was preempted between its check and its read does not block
+        n, want = sum(w.waits for w in got), expected[resp]
+        assert want >= 0.8 * rounds and want - 2 <= n <= want, (n, want, [(w.waker_tgid, w.waits) for w in got])
+        assert all(w.waker_tgid == prod.pid for w in got), [(w.waker_tgid, w.ctx) for w in got]
+        secs = sum(w.seconds for w in got)
+        assert 0.8 * rounds * 0.002 < secs < rounds * 0.05, secs
