@@ -29,8 +29,9 @@ without bcc: ``bench/wfload.py``).
   against the same load with the wait-for probes off (baseline), and with the probes attached but
   the load not followed.
 * **cost centres** — the tracked path with parts of ``waitfor.bpf.c`` left out or changed, in a
-  scratch copy (``wfload.EDITS``): reading the blocked syscall and
-  the waits hash; each beside the program as it is, alternated with it.
+  scratch copy (``wfload.EDITS``): reading the blocked syscall, the path without the scheduler's BTF
+  (the fallback), the last wait kept in the thread's entry; each beside the program as it is,
+  alternated with it.
 
 ``agent/ebpf/waitfor.bpf.c`` is never changed here.
 """
@@ -440,8 +441,9 @@ def cost_centres(exe: Path, quick: bool) -> list[Row]:
             p.close()
         load.close()
     words = {"no_regs": "without reading the blocked syscall (WF_NO_REGS)",
-             "regs_direct": "proposed: the blocked syscall read with plain BTF loads (no bpf_probe_read_kernel)",
-             "no_waits_hash": "bound: no wf_wait hash at all (what a per-thread cache of the last wait could save)"}
+             "fallback": "the path without the scheduler's BTF (WF_SCHED off: a hash lookup and a clock read per "
+                         "wakeup, the wait closed there)",
+             "no_last_wait": "every wait added to the wf_wait hash (the last wait not kept in the thread's entry)"}
     rows = []
     for k, what in words.items():
         for fn in ("on_wf_switch", "on_wf_waking"):

@@ -107,26 +107,26 @@ def _tasks(pid: int) -> list[str]:
         return []
 
 
-def process_cpu_ns(pids: Iterable[int]) -> int:
-    """CPU time of every thread of these processes, ns (``/proc/PID/task/TID/schedstat``)."""
+def _per_thread(pids: Iterable[int], name: str, value: Callable[[str], int]) -> int:
+    """The sum over every thread of these processes of ``value(text of /proc/PID/task/TID/<name>)``
+    (a thread gone meanwhile counts 0)."""
     total = 0
     for pid in pids:
         for tid in _tasks(pid):
-            with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[0])
+            with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{pid}/task/{tid}/{name}") as f:
+                total += value(f.read())
     return total
+
+
+def process_cpu_ns(pids: Iterable[int]) -> int:
+    """CPU time of every thread of these processes, ns (``schedstat``)."""
+    return _per_thread(pids, "schedstat", lambda text: int(text.split()[0]))
 
 
 def process_switches(pids: Iterable[int]) -> int:
-    """Context switches (voluntary + involuntary) of every thread of these processes."""
-    total = 0
-    for pid in pids:
-        for tid in _tasks(pid):
-            with contextlib.suppress(OSError, ValueError), open(f"/proc/{pid}/task/{tid}/status") as f:
-                for line in f:
-                    if "ctxt_switches:" in line:
-                        total += int(line.split()[-1])
-    return total
+    """Context switches (voluntary + involuntary) of every thread of these processes (``status``)."""
+    return _per_thread(pids, "status", lambda text: sum(int(line.split()[-1]) for line in text.splitlines()
+                                                         if "ctxt_switches:" in line))
 
 
 def rss_mb(pid: int) -> float:
@@ -191,32 +191,11 @@ def attach_raw(prog_fd: int, tp: str) -> int:
 
 
 # -------------------------------------------------------------------------- the scratch program
-def btf_member_offset(struct_name: str, member: str, path: str = "/sys/kernel/btf/vmlinux") -> int | None:
+def btf_member_offset(struct_name: str, member: str) -> int | None:
     """Byte offset of ``struct_name.member`` in the running kernel (its BTF), or None."""
-    blob = Path(path).read_bytes()
-    if struct.unpack_from("<H", blob, 0)[0] != 0xEB9F:
-        return None
-    hdr_len, type_off, type_len, str_off, _str_len = struct.unpack_from("<5I", blob, 4)
-    types, strs = hdr_len + type_off, hdr_len + str_off
-    want_s, want_m = struct_name.encode() + b"\0", member.encode() + b"\0"
+    from triscope.agent.ebpf.btfoffsets import member_offset
 
-    def name_is(off: int, want: bytes) -> bool:
-        return blob[strs + off:strs + off + len(want)] == want
-
-    extra = {1: (4, 0), 3: (12, 0), 4: (0, 12), 5: (0, 12), 6: (0, 8), 13: (0, 8), 14: (4, 0), 15: (0, 12),
-             17: (4, 0), 19: (0, 12)}
-    pos, end = types, types + type_len
-    while pos + 12 <= end:
-        name_off, info = struct.unpack_from("<II", blob, pos)
-        kind, vlen, kflag = (info >> 24) & 0x1F, info & 0xFFFF, info >> 31
-        if kind == 4 and name_is(name_off, want_s):
-            for i in range(vlen):
-                m_name, _m_type, m_off = struct.unpack_from("<III", blob, pos + 12 + 12 * i)
-                if name_is(m_name, want_m):
-                    return ((m_off & 0xFFFFFF) if kflag else m_off) // 8
-        fixed, each = extra.get(kind, (0, 0))
-        pos += 12 + fixed + each * vlen
-    return None
+    return member_offset(struct_name, member)
 
 
 def _body(text: str, signature: str) -> str:
@@ -329,23 +308,23 @@ def _edit_no_regs(text: str) -> str:
     return "#define WF_NO_REGS\n" + text
 
 
-def _edit_regs_direct(text: str) -> str:
-    return _replace(text, "    bpf_probe_read_kernel(&nr, sizeof(nr), &r->orig_ax);\n    bpf_probe_read_kernel(&a0, sizeof(a0), &r->di);\n",
-                    "    nr = r->orig_ax;   /* a BTF pointer (bpf_task_pt_regs): plain loads, no helper call */\n"
-                    "    a0 = r->di;\n")
+def _edit_fallback(text: str) -> str:
+    return _replace("#undef WF_SCHED\n" + text, "#ifdef WF_SCHED\nBPF_ARRAY(wf_woke, struct wf_woke, WF_WOKE_SLOTS);\n#endif",
+                    "BPF_ARRAY(wf_woke, struct wf_woke, WF_WOKE_SLOTS);   /* bench: the prototypes' bodies use it */")
 
 
-def _edit_no_waits_hash(text: str) -> str:
-    sig = "static __always_inline void wf_add(struct wf_key *k, u64 ns) {"
-    return _replace(text, sig, sig + "\n    if (ns < (1ULL << 62))\n        return;   /* bench: the waits hash left out */")
+def _edit_no_last_wait(text: str) -> str:
+    return _replace(text, "    if (c->c_count && c->c_nr == nr && c->c_fd == fd",
+                    "    if (0 && c->c_count && c->c_nr == nr && c->c_fd == fd")
 
 
-# the tracked path's cost centres and the changes proposed, as edits of a scratch copy of waitfor.bpf.c
+# the tracked path's cost centres, as edits of a scratch copy of waitfor.bpf.c
 EDITS: dict[str, Callable[[str], str] | None] = {
     "as_is": None,
     "no_regs": _edit_no_regs,                 # the blocked syscall not read (WF_NO_REGS): what reading it costs
-    "regs_direct": _edit_regs_direct,         # proposed: read it with plain BTF loads, no probe-read helper calls
-    "no_waits_hash": _edit_no_waits_hash,     # bound: no wf_wait hash at all (what a per-thread cache could save)
+    "fallback": _edit_fallback,               # without the scheduler's BTF (WF_SCHED off): each wakeup looks up the
+                                              # thread's entry, reads the clock and closes its wait there
+    "no_last_wait": _edit_no_last_wait,       # every wait to the wf_wait hash (the last wait not kept in the entry)
 }
 
 
