@@ -130,8 +130,10 @@ class AgentProcess:
     def __enter__(self) -> AgentProcess:
         import subprocess
 
-        subprocess.run([*self.cmd, "db", "upgrade", "--db", self.db], check=True, capture_output=True, cwd=self.tmp,
-                       env=self.env)
+        res = subprocess.run([*self.cmd, "db", "upgrade", "--db", self.db], capture_output=True, text=True,
+                             cwd=self.tmp, env=self.env)
+        if res.returncode != 0:
+            raise RuntimeError(f"triscope db upgrade failed: {res.stderr.strip()[-400:]}")
         argv = ["agent", "--db", self.db, "--interval", "1", "--spool", f"{self.tmp}/spool-{self.tag}", "--listen",
                 f"127.0.0.1:{self.port}", "--duration", str(int(self.duration)), "--no-migrate", *self.args]
         with open(self.log_path, "w") as log:

@@ -48,6 +48,7 @@ SteadyWrite = tuple[int, float, TickPoints]
 
 
 _NAME, _LABELS, _VALUE = attrgetter("name"), attrgetter("labels"), attrgetter("value")
+_INF = math.inf
 
 
 def _first(item: tuple[float, dict[int, float]]) -> float:
@@ -279,12 +280,20 @@ class TickWriter:
             total = sum(values)
             if total - total == 0.0:      # no NaN/Inf among them (those have no point): all of them
                 return dict(zip(shape[3], values, strict=True))
-        points = cache.tick_points(node_id, tick)
-        if points is not None:
-            get = owner.get
-            ids = [get((s.name, tuple(s.labels.items()) if s.labels else ())) for s in samples]
-            if None not in ids:
-                self._shapes[node_id] = (owner, names, labels, ids)
+        # the cache's look-up, sample by sample (``WriteCache.tick_points``), keeping each one's id
+        get = owner.get
+        points: dict[int, float] = {}
+        ids: list[int] = []
+        for s in samples:
+            lb = s.labels
+            sid = get((s.name, tuple(lb.items()) if lb else ()))
+            if sid is None:
+                return None
+            ids.append(sid)
+            v = float(s.value)
+            if v == v and v != _INF and v != -_INF:
+                points[sid] = v
+        self._shapes[node_id] = (owner, names, labels, ids)
         return points
 
     def moves_last_seen(self, node_id: int, t_max: float) -> bool:
