@@ -196,13 +196,25 @@ class WaitFor:
         now = self.clock_ns()
         since_last = max(1, now - self._last)
         out = WaitRead(seconds=since_last / 1e9, lost=self.lost() if self.lost else 0)
-        correction: dict[int, tuple[int, int]] = {}      # tid -> (closed state, ns counted while it was open)
-        seen: set[int] = set()
-        opens: list[tuple[int, int, int, int]] = []      # (tid, nr, fd, ns) blocked and still open
         # drained before the entries are read: a last wait moved to wf_wait after this drain is still in
         # its entry as read below (its generation unchanged), or is drained next time (its debt waits)
         drained = self.wait.drain_raw()
         lasts: dict[int, list] = {}                      # tid -> [kind, nr, fd, wtgid, wtid, ctx, ns, count]
+        correction, opens = self._read_entries(out, now, lasts)
+        self._correct(out, correction)
+        self._waits(out, correction, opens, drained, lasts)
+        self._last = now
+        return out
+
+    def _read_entries(self, out: WaitRead, now: int, lasts: dict[int, list]
+                      ) -> tuple[dict[int, tuple[int, int]], list[tuple[int, int, int, int]]]:
+        """Each followed thread's entry: its closed totals since the last read into ``out.threads``,
+        the open interval's part since then added, its last wait into ``lasts``.  Returns the
+        intervals counted while open that have closed since (tid -> (state, ns counted)) and the
+        blocked intervals still open (tid, nr, fd, ns)."""
+        correction: dict[int, tuple[int, int]] = {}
+        seen: set[int] = set()
+        opens: list[tuple[int, int, int, int]] = []
         kr, vr, _n = self.cur.items_raw()
         tracked = self.tracked
         for (tid,), (since, cpu, runq, blocked, _sw, tgid, state, nr, fd, _by, gen, _rd0, c_ns, c_cnt, c_nr, c_fd,
@@ -235,13 +247,14 @@ class WaitFor:
             else:
                 t.blocked += sec
                 opens.append((tid, nr, fd, part))
-        for tid in [x for x in self._open if x not in seen]:
-            del self._open[tid]
-        for tid in [x for x in self._prev if x not in seen]:
-            del self._prev[tid]
-        for d in (self._last_wait, self._debt):
-            for tid in [x for x in d if x not in seen]:
+        for d in (self._open, self._prev, self._last_wait, self._debt):
+            for tid in [x for x in d if x not in seen]:     # threads gone
                 del d[tid]
+        return correction, opens
+
+    @staticmethod
+    def _correct(out: WaitRead, correction: dict[int, tuple[int, int]]) -> None:
+        """What was counted of a closed interval while it was open, taken off its thread's totals."""
         for tid, (state, ns) in correction.items():
             tt = out.threads.get(tid)
             if tt is None:
@@ -253,9 +266,6 @@ class WaitFor:
                 tt.runq = max(0.0, tt.runq - sec)
             else:
                 tt.blocked = max(0.0, tt.blocked - sec)
-        self._waits(out, correction, opens, drained, lasts)
-        self._last = now
-        return out
 
     def _read_last(self, tid: int, gen: int, key: tuple[int, int, int, int, int], ns: int, cnt: int,
                    lasts: dict[int, list]) -> None:
