@@ -138,8 +138,10 @@ def waitfor_defines(btf: str = BTF_VMLINUX) -> tuple[list[str], str]:
     """(``-D`` names, "") when every member is found, else ([], what is missing)."""
     out, missing = [], []
     b = _load(btf)
+    if b is None:
+        return [], f"no kernel BTF readable at {btf}"
     for define, (s, m) in WAITFOR_MEMBERS.items():
-        off = member_offset(s, m, b) if b is not None else None
+        off = member_offset(s, m, b)
         if off is None:
             missing.append(f"{s}.{m}")
         else:

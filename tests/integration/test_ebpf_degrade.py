@@ -130,7 +130,7 @@ def test_map_reads_batch_and_key_by_key_agree():
 def test_doctor_rows():
     rows = ebpf_doctor()
     by = {r[0]: r for r in rows}
-    assert set(by) == {p.name for p in PROBES}
+    assert set(by) == {p.name for p in PROBES} | {"waitfor_sched_btf"}   # + which wait-for path
     assert by["tcp_retransmit"][1] is True
     assert by["aer"][1] is False and "tracepoint absent" in by["aer"][2] and by["aer"][3]
     rows = ebpf_doctor(bcc_path="/nonexistent")
