@@ -416,25 +416,16 @@ def mismatch_segments(store: StoreReader, node: str, window: Window, max_points:
                       runs: Sequence[VerdictRun] | None = None) -> tuple[list[Segment], str]:
     """The ribbon: the verdict history (``store.verdict_runs``: the node's roll-up, or with ``accel``
     that accelerator's own runs) — the same record root cause and the other pages read, at full
-    resolution whatever the range; for stores written before it, the state the agent stored
-    (``triscope_mismatch_state``).  The detector is never re-run here."""
+    resolution whatever the range.  The detector is never re-run here; where the history holds
+    nothing in the range, the note says what the node's series are (``listed``: its series already
+    listed)."""
     got = history_segments(store, node, window, accel, runs)
     if got is not None:
         return got
     listed = listed if listed is not None else store.series(node=node, prefix="triscope_")
-    infos = [s for s in listed if s.metric == wd.STATE_METRIC
-             and (wd.accel_of(s.labels) is None if accel is None else accel.matches(s.labels))]
-    if infos:
-        pts: list[tuple[float, str]] = []
-        step = 0.0
-        for d in fetch_all(store, infos, window.start, window.end, max_points, rate=False):
-            st = d.info.labels.get("state", "?")
-            pts.extend((t, st) for t, v in zip(d.ts, d.values, strict=False) if v >= 0.5)
-            if len(d.ts) > 1:
-                step = max(step, (d.ts[-1] - d.ts[0]) / (len(d.ts) - 1))
-        if pts:
-            what = f"{accel.name}'s state stored by the agent" if accel is not None else "state stored by the agent"
-            return segments_from_points(pts, window.end, max_gap=max(30.0, 4 * step)), what
+    verdicts = [s for s in listed if s.metric == wd.STATE_METRIC
+                and (wd.accel_of(s.labels) is None if accel is None else accel.matches(s.labels))]
+    if verdicts:
         return [], (f"no stored state for {accel.name} in this range" if accel is not None
                     else "no state stored in this range")
     if accel is not None:
@@ -476,8 +467,7 @@ class FleetRow:
     recording: str = ""        # the trace file a recording was imported from ("" for an agent's node)
 
 
-MISMATCH_METRICS = ("triscope_mismatch_state", "triscope_mismatch_score")
-FLEET_METRICS = (*MISMATCH_METRICS, wd.INFO_METRIC)
+FLEET_METRICS = (wd.INFO_METRIC,)
 FLEET_RECENT_S = 3600.0      # nodes seen within this of the newest node: one partition-pruned read
 FLEET_LOOKBACK_S = wd.CURRENT_LOOKBACK_S   # a node's current state: what it published this close to its last tick
 
@@ -487,13 +477,11 @@ def fleet_rows(store: Store, now: float, slo_status: Mapping[str, str] | None = 
     handful of fleet-wide store reads, not a few queries per node: each node's current runs of
     the verdict history (``Store.current_verdicts``, the record every page reads), the newest
     workload-info points (``Store.fleet_latest``), the accelerator listings (``Store.series_keys``)
-    and the workloads table.  Nodes written before the history read their newest stored state
-    points instead."""
+    and the workloads table."""
     last_actions = last_remediation_by_node(store)
     nodes = store.nodes()
     verdicts = store.current_verdicts(FLEET_LOOKBACK_S)
-    older = any(n.name not in verdicts for n in nodes)
-    latest = fleet_mismatch_latest(store, nodes, FLEET_METRICS if older else (wd.INFO_METRIC,))
+    latest = fleet_workload_latest(store, nodes)
     # the GPUs from two small listings (every NVML GPU has triscope_gpu_up; the model is in
     # triscope_gpu_info), not every triscope_gpu_* series (13 a GPU)
     gpu_keys = store.series_keys(metric="triscope_gpu_up")
@@ -504,9 +492,7 @@ def fleet_rows(store: Store, now: float, slo_status: Mapping[str, str] | None = 
     nows = []
     for n in nodes:
         entries = ((m, lk, ts, v) for (m, lk), (ts, v) in latest.get(n.name, {}).items())
-        runs = verdicts.get(n.name)
-        nows.append(wd.current_from_runs(runs, entries, parse=_labels) if runs
-                    else wd.current_from(entries, parse=_labels))
+        nows.append(wd.current_from_runs(verdicts.get(n.name, []), entries, parse=_labels))
     wd.with_owners(nows, functools.partial(wd.workload_owners, store))
     for n, cur in zip(nodes, nows, strict=True):
         state, score = cur.state or "no data", cur.score
@@ -528,10 +514,9 @@ def fleet_rows(store: Store, now: float, slo_status: Mapping[str, str] | None = 
     return rows
 
 
-def fleet_mismatch_latest(store: StoreReader, nodes: Sequence[NodeInfo],
+def fleet_workload_latest(store: StoreReader, nodes: Sequence[NodeInfo],
                           metrics: Sequence[str] = FLEET_METRICS) -> dict[str, dict[tuple[str, str], tuple[float, float]]]:
-    """Every node's newest mismatch state and score points (node roll-up and per accelerator)
-    and workload-info points.  Nodes that reported within the last hour are read in one
+    """Every node's newest workload-info points (which workloads are on each accelerator now).  Nodes that reported within the last hour are read in one
     statement bounded in time (only the newest day partitions are probed); the rest, and any
     recent node whose series have nothing that recent, in a second one without a bound (their
     newest point whenever it was, as ``Store.latest`` gives; nodes without such series add

@@ -27,6 +27,7 @@ from triscope.analysis.rca.inputs import RCAInputs
 from triscope.analysis.rca.ranked import rank_causes
 from triscope.analysis.rca.timeline import fetch_timeline_inputs, rca_timeline
 from triscope.core.names import shorten
+from triscope.core.vocabulary import workload_labels
 from triscope.dashboard.data import Segment, Window, mismatch_segments
 from triscope.dashboard.export import Series
 from triscope.dashboard.jsontypes import JSON, JSONObject, items, obj
@@ -36,9 +37,10 @@ from triscope.dashboard.workload_data import (
     Accel,
     OwnerLookup,
     WorkloadRef,
+    accel_from_name,
     accel_of,
-    accel_state_runs,
     owners_for,
+    run_spans,
 )
 from triscope.store.reader import StoreReader
 
@@ -218,8 +220,8 @@ def timeline(store: StoreReader, node: str, start: float, end: float,
              owners: OwnerLookup | None = None) -> TimelineView:
     """The node's episode timeline over [start, end]: ``triscope.analysis.rca.timeline.rca_timeline``
     (its ``as_dict()``, the JSON of docs/workloads.md section 3); where it fails, runs of one state
-    per accelerator from the stored per-accelerator state series, each bad one explained by
-    ``rank_causes`` over its own span, and a note saying why."""
+    per accelerator from the verdict history, each bad one explained by ``rank_causes`` over its
+    own span, and a note saying why."""
     try:
         inputs = fetch_timeline_inputs(store, node, start, end)
         got = rca_timeline(store, node, start, end, inputs=inputs)
@@ -227,7 +229,7 @@ def timeline(store: StoreReader, node: str, start: float, end: float,
         logging.getLogger("dashboard").exception("%s failed", TIMELINE_FUNCTION)
         tv = fallback_timeline(store, node, start, end, owners)
         tv.notes.insert(0, f"{TIMELINE_FUNCTION} failed ({type(e).__name__}: {str(e)[:160]}): episodes from the "
-                           "stored per-accelerator states instead")
+                           "verdict history's per-accelerator runs instead")
         return tv
     tv = timeline_from_dict(_contract(got), owners)
     tv.read = inputs.rca
@@ -302,14 +304,16 @@ def _labels(v: JSON) -> dict[str, str]:
 
 def fallback_timeline(store: StoreReader, node: str, start: float, end: float,
                       owners: OwnerLookup | None = None) -> TimelineView:
-    """Runs of one state per accelerator from the stored per-accelerator state series; the longest
+    """The verdict history's per-accelerator runs over [start, end] (``run_spans``); the longest
     bad ones explained by ``rank_causes`` over their span (baseline: the preceding window)."""
-    runs = accel_state_runs(store, node, start, end, owners=owners)
+    runs = [r for r in store.verdict_runs(node, start, end) if r.accelerator]
+    found = owners_for(owners, (workload_labels(r.workload) for r in runs))
     out: list[EpisodeView] = []
-    for acc, rs in runs.items():
-        for r in rs:
-            out.append(EpisodeView(r.start, r.end, r.state, _accel_name(acc), acc, r.workload,
-                                   bad=r.state not in HEALTHY))
+    for r, a, b in run_spans(runs, start, end):
+        acc = accel_from_name(r.accelerator)
+        if acc is not None:
+            out.append(EpisodeView(a, b, r.state, _accel_name(acc), acc,
+                                   WorkloadRef.of(workload_labels(r.workload), found), bad=r.state not in HEALTHY))
     notes = [] if out else ["no per-accelerator state stored in this range"]
     todo = sorted((e for e in out if e.bad and e.duration >= FALLBACK_MIN_S), key=_longest_first)
     for e in todo[:FALLBACK_EXPLAINED]:
@@ -320,7 +324,7 @@ def fallback_timeline(store: StoreReader, node: str, start: float, end: float,
     if len(todo) > FALLBACK_EXPLAINED:
         notes.append(f"{len(todo) - FALLBACK_EXPLAINED} more bad episode(s) not explained here: open one")
     out.sort(key=lambda e: (e.start, e.accelerator))
-    return TimelineView(out, "stored per-accelerator states (the dashboard's own runs)", notes)
+    return TimelineView(out, "the verdict history's per-accelerator runs (the dashboard's own episodes)", notes)
 
 
 def _longest_first(e: EpisodeView) -> float:

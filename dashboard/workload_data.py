@@ -9,8 +9,8 @@ over a window, the share of time each workload spent in each state, and runs of 
 accelerator.  Reads go through the store's read functions only (no SQL here).
 
 States come from the verdict history (``store.verdict_runs`` / ``store.current_verdicts``: the
-runs of each accelerator's published state, store/verdicts.py), the record root cause reads too;
-the stored ``triscope_mismatch_state`` series only for nodes written before that history existed.
+runs of each accelerator's published state, store/verdicts.py), the record root cause reads too
+(migration 0008 backfilled it for data written before it existed).
 """
 
 from __future__ import annotations
@@ -424,16 +424,10 @@ def rollup(accels: Sequence[AccelNow]) -> AccelNow | None:
 
 def node_current(store: StoreReader, node: str, owners: OwnerLookup | None = None) -> NodeNow:
     """One node's current state from its verdict history (``current_from_runs``: the same record the
-    Fleet page reads), its workloads from the newest workload-info points; a node written before the
-    history from the newest stored state points (``current_from``); owners looked up."""
+    Fleet page reads), its workloads from the newest workload-info points; owners looked up."""
     info: list[tuple[str, Mapping[str, str], float, float]] = [
         (lv.info.metric, lv.info.labels, lv.ts, lv.value) for lv in store.latest(node, metric=INFO_METRIC)]
-    runs = store.current_verdicts(CURRENT_LOOKBACK_S, nodes=[node]).get(node)
-    if runs:
-        now = current_from_runs(runs, info)
-    else:
-        now = current_from([*((lv.info.metric, lv.info.labels, lv.ts, lv.value)
-                              for lv in store.latest(node, prefix="triscope_mismatch_")), *info])
+    now = current_from_runs(store.current_verdicts(CURRENT_LOOKBACK_S, nodes=[node]).get(node, []), info)
     with_owners([now], owners)
     return now
 
@@ -531,94 +525,6 @@ def node_workloads(store: StoreReader, node: str, start: float, end: float, acce
     return sorted(rows.values(), key=_row_order)
 
 
-# ---------------------------------------------------------------------------------------------- stored state runs
-@dataclass
-class StateRun:
-    """A run of one state on one accelerator (one workload) from the stored state series."""
-
-    accel: Accel | None          # None: the node roll-up
-    state: str
-    start: float
-    end: float
-    workload: WorkloadRef | None = None
-    score: float | None = None
-
-    @property
-    def duration(self) -> float:
-        return self.end - self.start
-
-
-def state_infos(store: StoreReader, node: str | None, accel: Accel | None = None,
-                per_accel: bool = True) -> list[SeriesInfo]:
-    """The stored state series of ``node`` (every node when None): the per-accelerator ones (of
-    ``accel`` when given) or, with ``per_accel=False``, the node roll-up."""
-    infos = store.series(node=node, metric=STATE_METRIC, labels=accel.labels if accel is not None else None)
-    if per_accel:
-        return [s for s in infos if accel_of(s.labels) is not None]
-    return [s for s in infos if accel_of(s.labels) is None]
-
-
-def runs_from(datas: Iterable[SeriesData], end: float, max_gap: float | None = None,
-              owners: Mapping[tuple[str, str], str] | None = None) -> dict[tuple[str, Accel | None], list[StateRun]]:
-    """Runs of one (state, workload) per (node, accelerator) from state series points (a point
-    with value >= 0.5 says the state held from it to the next point of that accelerator, or
-    ``end``; a gap over ``max_gap`` ends a run early: no data is not a state)."""
-    pts: dict[tuple[str, Accel | None], list[tuple[float, str, tuple[str, ...], Mapping[str, str]]]] = {}
-    step: dict[tuple[str, Accel | None], float] = {}
-    for d in datas:
-        lab = d.info.labels
-        k = (d.info.node, accel_of(lab))
-        if len(d.ts) > 1:
-            step[k] = max(step.get(k, 0.0), (d.ts[-1] - d.ts[0]) / (len(d.ts) - 1))
-        st = str(lab.get("state", "?"))
-        wk = tuple(str(lab.get(x) or "") for x in WORKLOAD_KEYS)
-        bucket = pts.setdefault(k, [])
-        bucket.extend((t, st, wk, lab) for t, v in zip(d.ts, d.values, strict=False) if v >= 0.5)
-    out: dict[tuple[str, Accel | None], list[StateRun]] = {}
-    for k, p in pts.items():
-        p.sort(key=_point_ts)
-        gap = max_gap if max_gap is not None else max(30.0, 4 * step.get(k, 1.0))
-        runs: list[StateRun] = []
-        for i, (t, st, wk, plab) in enumerate(p):
-            nxt = p[i + 1][0] if i + 1 < len(p) else end
-            nxt = min(nxt, t + gap)
-            last = runs[-1] if runs else None
-            if last is not None and last.state == st and abs(last.end - t) < 1e-6 and (
-                    last.workload is None or _wk(last.workload) == wk):
-                last.end = max(last.end, nxt)
-            else:
-                runs.append(StateRun(k[1], st, t, nxt, WorkloadRef.of(plab, owners) if k[1] is not None else None))
-        out[k] = [r for r in runs if r.end > r.start]
-    return out
-
-
-def _point_ts(p: tuple[float, str, tuple[str, ...], Mapping[str, str]]) -> float:
-    return p[0]
-
-
-def _by_accel(item: tuple[Accel, list[StateRun]]) -> AccelOrder:
-    return item[0].sort_key
-
-
-def _wk(w: WorkloadRef) -> tuple[str, ...]:
-    return (w.namespace, w.pod, w.container, w.workload)
-
-
-def accel_state_runs(store: StoreReader, node: str, start: float, end: float, accel: Accel | None = None,
-                     max_points: int = 600, owners: OwnerLookup | None = None,
-                     fetch: SeriesFetch | None = None) -> dict[Accel, list[StateRun]]:
-    """Per accelerator of ``node`` (or ``accel`` alone), the runs of one state over [start, end]
-    from the stored per-accelerator state series."""
-    infos = state_infos(store, node, accel)
-    if not infos:
-        return {}
-    datas = (fetch(store, infos, start, end, max_points) if fetch is not None
-             else [store.query_series(i, start, end, max_points=max_points, rate=False) for i in infos])
-    got = runs_from(datas, end, owners=owners_for(owners, (i.labels for i in infos)))
-    mine = [(k[1], v) for k, v in got.items() if k[1] is not None]
-    return dict(sorted(mine, key=_by_accel))
-
-
 # ---------------------------------------------------------------------------------------------- the mismatch page
 @dataclass
 class WorkloadShares:
@@ -628,8 +534,7 @@ class WorkloadShares:
     seconds: dict[str, float] = field(default_factory=dict)              # workload -> accelerator-seconds
     where: dict[str, set[tuple[str, Accel]]] = field(default_factory=dict)  # workload -> (node, accel)
     runs_read: int = 0            # verdict runs read (the history)
-    series_read: int = 0          # stored state series read (nodes written before the history)
-    series_skipped: int = 0
+    series_read: int = 0          # state series read: none (every verdict is in the history)
 
 
 NO_WORKLOAD = "(no workload attributed)"
@@ -650,29 +555,20 @@ def run_spans(runs: Sequence[VerdictRun], start: float, end: float) -> list[tupl
 
 
 def workload_state_shares(store: StoreReader, nodes: Sequence[str], start: float, end: float,
-                          owners: OwnerLookup | None = None, max_points: int = 240,
-                          fetch: SeriesFetch | None = None, max_series: int = 1200) -> WorkloadShares:
+                          owners: OwnerLookup | None = None) -> WorkloadShares:
     """Over [start, end], each workload's share of accelerator time in each state, pooled over
     every (node, accelerator) it ran on, from the verdict history's per-accelerator runs (the runs
-    root cause and the Node page read); for nodes written before the history, from the stored
-    per-accelerator state series (at most ``max_series`` of them, the nodes first in ``nodes``
-    first).  Workloads group by their resolved owner (``Deployment/name``) when the workloads
-    table has it, else by pod."""
+    root cause and the Node page read).  Workloads group by their resolved owner
+    (``Deployment/name``) when the workloads table has it, else by pod."""
     out = WorkloadShares()
     spans: list[tuple[str, Accel, Mapping[str, str], str, float, float]] = []
-    older: list[str] = []
     for node in nodes:
         runs = [r for r in store.verdict_runs(node, start, end) if r.accelerator]
-        if not runs:
-            older.append(node)
-            continue
         out.runs_read += len(runs)
         for r, a, b in run_spans(runs, start, end):
             acc = accel_from_name(r.accelerator)
             if acc is not None:
                 spans.append((node, acc, workload_labels(r.workload), r.state, a, b))
-    if older:
-        spans += _series_spans(store, older, start, end, max_points, fetch, max_series, out)
     found = owners_for(owners, (lab for _, _, lab, _, _, _ in spans))
     secs: dict[str, dict[str, float]] = {}
     for node, acc, lab, state, a, b in spans:
@@ -685,30 +581,3 @@ def workload_state_shares(store: StoreReader, nodes: Sequence[str], start: float
         out.seconds[name] = tot
         out.shares[name] = {k: v / tot for k, v in d.items()} if tot > 0 else {}
     return out
-
-
-def _series_spans(store: StoreReader, nodes: Sequence[str], start: float, end: float, max_points: int, fetch: SeriesFetch | None,
-                  max_series: int, out: WorkloadShares) -> list[tuple[str, Accel, Mapping[str, str], str, float, float]]:
-    """The per-accelerator state spans of nodes without a verdict history, from their stored state series."""
-    want = set(nodes)
-    order = {n: i for i, n in enumerate(nodes)}
-    infos = [s for s in state_infos(store, None) if s.node in want]
-    infos.sort(key=lambda s: (order[s.node], s.id))
-    out.series_skipped = max(0, len(infos) - max_series)
-    infos = infos[:max_series]
-    out.series_read = len(infos)
-    if not infos:
-        return []
-    datas = (fetch(store, infos, start, end, max_points) if fetch is not None
-             else [store.query_series(i, start, end, max_points=max_points, rate=False) for i in infos])
-    spans: list[tuple[str, Accel, Mapping[str, str], str, float, float]] = []
-    for (node, acc), runs in runs_from(datas, end).items():
-        if acc is None:
-            continue
-        for r in runs:
-            a, b = max(r.start, start), min(r.end, end)
-            if b > a:
-                w = r.workload or WorkloadRef()
-                spans.append((node, acc, {"namespace": w.namespace, "pod": w.pod, "container": w.container,
-                                          "workload": w.workload}, r.state, a, b))
-    return spans

@@ -5,9 +5,10 @@
 1. **fetch** (``fetch_timeline_inputs``): every series of the node over [start - look-back, end]
    (``inputs.fetch_rca_inputs``; the look-back is the preceding window of the same length, at
    least ``MIN_LOOKBACK_S``, or the baseline given), the verdict history (``store.verdict_runs``,
-   every run at full resolution whatever the range) and, for stores without it, the stored state
-   series (``triscope_mismatch_state`` / ``_score``, ``state_read_plan``) or, where the node has
-   none and the main read is hourly, the detector's inputs (``fetch_mismatch_inputs``);
+   every run at full resolution whatever the range; migration 0008 backfilled it for data written
+   before it existed) and, for a node with no verdict in it at all (a recording imported without
+   its runs: today's classifier decides) where the main read is hourly, the detector's inputs
+   (``fetch_mismatch_inputs``);
 2. **episodes** (pure, ``timeline_episodes``): runs of one state per accelerator, flickers merged
    (``triscope.analysis.episodes``); health episodes from the events; a scrape target's late
    ``/metrics`` as events on its workload's lane (``context.metrics_late_events``);
@@ -36,8 +37,6 @@ from triscope.analysis.episodes import (
     GAP_STEPS,
     HEALTH_EVENTS,
     NODE,
-    SCORE_METRIC,
-    STATE_METRIC,
     Episode,
     assign_workloads,
     classifier_state_samples,
@@ -46,7 +45,6 @@ from triscope.analysis.episodes import (
     merge_flickers,
     min_episode_s,
     state_runs,
-    stored_state_samples,
     workload_dict,
 )
 from triscope.analysis.features import GPU_INFO, INPUT_METRICS
@@ -65,7 +63,8 @@ from triscope.analysis.rca.phases import split_phases
 from triscope.analysis.rca.reference import Reference, choose_reference, fetch_workload_references, needs_of
 from triscope.analysis.rca.score import rank, score_cause
 from triscope.analysis.rca.slo import link_burn, slo_burn_episodes
-from triscope.analysis.reader import SeriesPoints, StoreReader, points_of
+from triscope.analysis.reader import SeriesPoints, StoreReader
+from triscope.store.reader import VerdictRun
 
 MIN_LOOKBACK_S = 600.0
 DETECTOR_METRICS = frozenset(INPUT_METRICS) | {GPU_INFO}
@@ -85,24 +84,17 @@ def reference_guard(step: float, th: MismatchThresholds) -> float:
     return max(th.window_s / 2, step)
 
 
-def state_read_plan(span: float) -> tuple[str | None, int | None]:
-    """(tier, max_points) for the state series: every raw point up to an hour, 1-minute rollups up
-    to 7 days, hourly beyond."""
-    return (None, None) if span <= 3600 else ("1m", None) if span <= 7 * 86400 else ("1h", None)
-
-
 def classifier_window(span: float, tier: str | None, th: MismatchThresholds) -> float:
-    """The classifier's window where no state series exist: the detector's own window on raw
-    points, at least 2 minutes (and span / 720) on rollups."""
+    """The classifier's window where the node has no verdict history: the detector's own window on
+    raw points, at least 2 minutes (and span / 720) on rollups."""
     return th.window_s if tier is None else max(120.0, span / 720.0, th.window_s)
 
 
 @dataclass(slots=True)
 class TimelineInputs:
     rca: RCAInputs                         # the node's series over [lookback start, end], events in [start, end]
-    states: list[SeriesPoints]             # stored state / score series over the same range (no verdict history)
-    runs: list[Any] = field(default_factory=list)   # the verdict history (store.verdict_runs) over the range
-    mismatch: MismatchInputs | None = None  # the classifier's inputs when no state series and rollups
+    runs: list[VerdictRun] = field(default_factory=list)   # the verdict history (store.verdict_runs) over the range
+    mismatch: MismatchInputs | None = None  # the classifier's inputs when no verdict history and rollups
     given: tuple[float, float] | None = None
     window_s: float = 10.0
     slos: list[Any] = field(default_factory=list)
@@ -125,19 +117,13 @@ def fetch_timeline_inputs(store: StoreReader, node: str, start: float, end: floa
     lookback = baseline or (start - max(end - start, MIN_LOOKBACK_S), start)
     rca = fetch_rca_inputs(store, node, start, end, lookback, TIMELINE_MAX_POINTS)
     lo = min(lookback[0], start)
-    # the verdict history: every run at full resolution whatever the range (store/verdicts.py); the
-    # state series only for stores without it
+    # the verdict history: every run at full resolution whatever the range (store/verdicts.py)
     runs = list(store.verdict_runs(node, lo, end))
-    states: list[SeriesPoints] = []
-    if not runs:
-        tier, mp = state_read_plan(end - lo)
-        states = [points_of(sd) for m in (STATE_METRIC, SCORE_METRIC)
-                  for sd in store.query(m, node=node, start=lo, end=end, max_points=mp, tier=tier)]
     w = classifier_window(end - lo, rca.tier, th)
     mismatch = None
-    if not runs and not any(sp.metric == STATE_METRIC for sp in states) and rca.tier == "1h":
+    if not runs and rca.tier == "1h":
         mismatch = fetch_mismatch_inputs(store, node, lo, end, w)
-    return TimelineInputs(rca, states, runs, mismatch, baseline, w, list(slos))
+    return TimelineInputs(rca, runs, mismatch, baseline, w, list(slos))
 
 
 # ---------------------------------------------------------------------------------------------- episodes
@@ -151,38 +137,24 @@ def timeline_episodes(inputs: TimelineInputs, ctx: EvidenceContext,
                 if e.accelerator == NODE:
                     e.accelerator = ctx.accelerators[0]
         return eps, source, step
-    source, samples, step = stored_state_samples(inputs.states)
     lo, end = inputs.lookback_start, inputs.rca.end
-    lag = tracker_lag(th)
-    first = min((ss[0].ts for ss in samples.values() if ss), default=0.0)
-    last = {acc: ss[-1].ts for acc, ss in samples.items() if ss}
-    for ss in samples.values():
-        for x in ss:
-            x.ts = max(first, x.ts - lag)
-    if not source:
-        mi = inputs.mismatch
-        if mi is None:
-            detector = [sp for sp in inputs.rca.series if sp.metric in DETECTOR_METRICS]
-            mi = mismatch_inputs_from_series(detector, lo, end)
-        windows = accelerator_window_states(mi, lo, end, inputs.window_s, th)
-        samples = classifier_state_samples(windows)
-        source, step = ("classifier" if windows else ""), inputs.window_s
+    mi = inputs.mismatch
+    if mi is None:
+        detector = [sp for sp in inputs.rca.series if sp.metric in DETECTOR_METRICS]
+        mi = mismatch_inputs_from_series(detector, lo, end)
+    windows = accelerator_window_states(mi, lo, end, inputs.window_s, th)
+    samples = classifier_state_samples(windows)
+    source, step = ("classifier" if windows else ""), inputs.window_s
     runs = state_runs(samples, step)
-    for acc, t in last.items():     # the last state holds until the data stops, not ``lag`` before
-        tail = [e for e in runs if e.accelerator == acc]
-        if tail:
-            tail[-1].end = max(tail[-1].end, t + step)
     if NODE in samples and len(ctx.accelerators) == 1:   # the roll-up of a one-accelerator node is that accelerator
         for e in runs:
             e.accelerator = ctx.accelerators[0]
     eps = merge_flickers(runs, min_episode_s(step))
-    # per-accelerator state series name their workload themselves ("" where the verdict named
-    # none: a host short for every workload); only node-level states and the classifier need it
-    assign_workloads(eps if source != "per-accelerator state series" else [], inputs.rca.series)
+    assign_workloads(eps, inputs.rca.series)        # the classifier names no workload itself
     return eps, source, step
 
 
-def history_episodes(runs: Sequence[Any], th: MismatchThresholds, series: Sequence[SeriesPoints] = ()
+def history_episodes(runs: Sequence[VerdictRun], th: MismatchThresholds, series: Sequence[SeriesPoints] = ()
                      ) -> tuple[list[Episode], str, float]:
     """Episodes from the verdict history: each run (``VerdictRun``: accelerator, workload, state,
     first and last tick) moved back by the tracker's lag like stored states, ending where the next
@@ -195,7 +167,7 @@ def history_episodes(runs: Sequence[Any], th: MismatchThresholds, series: Sequen
     step = steps[len(steps) // 2] if steps else 1.0
     lag = tracker_lag(th)
     first = min((r.start for r in use), default=0.0)
-    by_acc: dict[str, list[Any]] = {}
+    by_acc: dict[str, list[VerdictRun]] = {}
     for r in sorted(use, key=lambda r: (r.accelerator, r.start)):
         by_acc.setdefault(r.accelerator or NODE, []).append(r)
     eps: list[Episode] = []
@@ -207,7 +179,7 @@ def history_episodes(runs: Sequence[Any], th: MismatchThresholds, series: Sequen
                 end = max(start, nxt.start - lag)
             else:
                 end = r.end + step          # the data stopped: the state held until then
-            eps.append(Episode(start, end, r.state, acc, tuple(r.workload), score=r.score_mean, samples=r.ticks))
+            eps.append(Episode(start, end, r.state, acc, r.workload, score=r.score_mean, samples=r.ticks))
     eps = [e for e in eps if e.end > e.start]
     merged = merge_flickers(eps, min_episode_s(step))
     if not per_acc:

@@ -159,8 +159,7 @@ def _workloads(c: DashboardContext, nodes: list[str], w: data.Window) -> tuple[A
     import functools
 
     ws = workload_data.workload_state_shares(c.store, nodes, w.start, w.end,
-                                             owners=functools.partial(workload_data.workload_owners, c.store),
-                                             fetch=data.fetch_all)
+                                             owners=functools.partial(workload_data.workload_owners, c.store))
     if not ws.shares:
         return figures.empty_figure("no per-accelerator verdict stored in this range (the agent's tracker labels its "
                                     "per-accelerator verdicts with the workload; older agents store the node's state "
@@ -174,11 +173,6 @@ def _workloads(c: DashboardContext, nodes: list[str], w: data.Window) -> tuple[A
         where[k] = f"{len(accs)} accelerator(s) on {nn} node(s), {ws.seconds.get(k, 0.0) / 3600:.2f} accelerator-hours"
     fig = export.attach_series(figures.state_share_figure({k: ws.shares[k] for k in order}, notes=where),
                                _share_series({k: ws.shares[k] for k in order}, w.end, "workload"))
-    src = [f"{ws.runs_read} verdict run(s) of the history"] if ws.runs_read else []
-    if ws.series_read:
-        src.append(f"{ws.series_read} stored state series (nodes written before the history)")
-    msg = (f"{len(order)} workload(s) from {' and '.join(src)}; grouped by owner "
+    msg = (f"{len(order)} workload(s) from {ws.runs_read} verdict run(s) of the history; grouped by owner "
            "(Deployment/name, from the engine's workloads table) where resolved, else by pod")
-    if ws.series_skipped:
-        msg += f"; {ws.series_skipped} more series not read (pick a node)"
     return fig, msg
