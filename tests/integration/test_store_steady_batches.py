@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import text
 
 from tests.integration.test_store import _open, _rollup_rows, _ticks
-from triscope.core.samples import Sample, Tick
+from triscope.core.samples import Sample, Tick, label_key
 
 
 def _stored(st) -> dict[tuple[str, str, float], float]:  # type: ignore[no-untyped-def]
@@ -46,8 +46,7 @@ def test_batches_of_ticks_store_every_point_and_roll_up_as_sql_does(db_url: str)
             for s in t.samples:
                 if not math.isfinite(s.value):
                     continue
-                want[(s.name, '{"device":"d0"}' if s.labels.get("device") else
-                      ('{"gpu":"%s"}' % s.labels["gpu"] if s.labels else "{}"), t.ts)] = s.value
+                want[(s.name, label_key(s.labels), t.ts)] = s.value
     assert got == want
     assert got[("triscope_tcp_retransmits_total", "{}", dup.ts)] == dup.samples[2].value + 1000.0
     rolled = _rollup_rows(st)
