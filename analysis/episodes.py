@@ -34,12 +34,14 @@ lane (``triscope.analysis.rca.context``).
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from triscope.analysis.mismatch import AcceleratorState, WindowState
 from triscope.analysis.reader import SeriesPoints, label_name
+from triscope.core.verdict import Verdict, fold
 from triscope.core.vocabulary import IO_STATES, NO_WORKLOAD, WORKLOAD_LABELS, WORST_FIRST, WorkloadKey
 
 MIN_EPISODE_S = 10.0          # the one flicker threshold: shorter runs are merged into a neighbour
@@ -96,14 +98,6 @@ def workload_dict(w: Workload) -> dict[str, str]:
 
 
 @dataclass(slots=True)
-class StateSample:
-    ts: float
-    state: str
-    workload: Workload = NO_WORKLOAD
-    score: float | None = None
-
-
-@dataclass(slots=True)
 class Episode:
     """One run of a state on one accelerator, or one health incident."""
 
@@ -138,7 +132,7 @@ def _step(ts: Sequence[float]) -> float:
     return gaps[len(gaps) // 2] if gaps else 1.0
 
 
-def stored_state_samples(series: Iterable[SeriesPoints]) -> tuple[str, dict[str, list[StateSample]], float]:
+def stored_state_samples(series: Iterable[SeriesPoints]) -> tuple[str, dict[str, list[Verdict]], float]:
     """(source, accelerator -> samples in time order, sampling step) from stored
     ``triscope_mismatch_state`` and ``triscope_mismatch_score`` series; source "" when there are
     none.  Per-accelerator series win over the node-level roll-up."""
@@ -173,62 +167,76 @@ def stored_state_samples(series: Iterable[SeriesPoints]) -> tuple[str, dict[str,
         for t, v in zip(sp.ts, sp.values, strict=True):
             if v == v:
                 score_at[(acc, t)] = max(v, score_at.get((acc, t), 0.0))
-    out = {acc: [StateSample(t, s, w, score_at.get((acc, t))) for t, (_v, _r, s, w) in sorted(got.items())]
+    out = {acc: [Verdict(t, s, w, score_at.get((acc, t))) for t, (_v, _r, s, w) in sorted(got.items())]
            for acc, got in best.items()}
     return source, out, _step(sorted(set(all_ts)))
 
 
-def classifier_state_samples(windows: Iterable[AcceleratorState | WindowState]) -> dict[str, list[StateSample]]:
+def classifier_state_samples(windows: Iterable[AcceleratorState | WindowState]) -> dict[str, list[Verdict]]:
     """accelerator -> samples from the stored-window classifier: one sample per window at its
     start.  Takes ``AcceleratorState`` rows (``mismatch.accelerator_window_states``: accelerator,
     state, score, workload) or the node's ``WindowState`` rows (per accelerator where the evidence
     lists them, ``evidence["accelerators"]``, else under the accelerator the evidence names)."""
-    out: dict[str, list[StateSample]] = {}
+    out: dict[str, list[Verdict]] = {}
     for w in windows:
         if isinstance(w, AcceleratorState):
-            out.setdefault(w.accelerator, []).append(StateSample(w.start, w.state, workload_of(w.workload), w.score))
+            out.setdefault(w.accelerator, []).append(Verdict(w.start, w.state, workload_of(w.workload), w.score))
             continue
         accs = w.evidence.get("accelerators")
         if isinstance(accs, dict) and accs:
             for name, d in accs.items():
                 st = d.get("state") if isinstance(d, dict) else None
                 if st:
-                    out.setdefault(str(name), []).append(StateSample(w.start, str(st), NO_WORKLOAD, d.get("score")))
+                    out.setdefault(str(name), []).append(Verdict(w.start, str(st), NO_WORKLOAD, d.get("score")))
         else:
             name = w.evidence.get("accelerator") or NODE
-            out.setdefault(str(name), []).append(StateSample(w.start, w.state, NO_WORKLOAD, w.score))
+            out.setdefault(str(name), []).append(Verdict(w.start, w.state, NO_WORKLOAD, w.score))
     for v in out.values():
         v.sort(key=lambda s: s.ts)
     return out
 
 
-def state_runs(samples: Mapping[str, Sequence[StateSample]], step: float) -> list[Episode]:
-    """Runs of one (state, workload) per accelerator.  A sample stands for [ts, ts + step); a run
-    ends at the next run's first sample, or ``step`` after its last one where the data stops for
-    more than ``GAP_STEPS`` steps."""
+class RunLike(Protocol):
+    """A run of verdicts: ``triscope.core.verdict.Run`` (folded here) or a ``VerdictRun`` of the store."""
+
+    @property
+    def state(self) -> str: ...
+    @property
+    def workload(self) -> Workload: ...
+    @property
+    def start(self) -> float: ...
+    @property
+    def end(self) -> float: ...
+    @property
+    def ticks(self) -> int: ...
+    @property
+    def score_mean(self) -> float | None: ...
+
+
+def run_episodes(accelerator: str, runs: Sequence[RunLike], step: float, lag: float = 0.0,
+                 first: float = -math.inf) -> list[Episode]:
+    """One accelerator's runs (in time order) as episodes: each moved back by ``lag`` (not before
+    ``first``), ending where the next one begins when that is within ``GAP_STEPS`` steps of its
+    last verdict, else ``step`` after it (the data stopped: the state held until then)."""
+    out: list[Episode] = []
+    for i, r in enumerate(runs):
+        start = max(first, r.start - lag)
+        nxt = runs[i + 1] if i + 1 < len(runs) else None
+        if nxt is not None and nxt.start - r.end <= GAP_STEPS * step + 1e-6:
+            end = max(start, nxt.start - lag)
+        else:
+            end = r.end + step
+        out.append(Episode(start, end, r.state, accelerator, r.workload, score=r.score_mean, samples=r.ticks))
+    return out
+
+
+def state_runs(samples: Mapping[str, Sequence[Verdict]], step: float) -> list[Episode]:
+    """Runs of one (state, workload) per accelerator (``triscope.core.verdict.fold``, a gap of more
+    than ``GAP_STEPS`` steps ending one).  A sample stands for [ts, ts + step); a run ends at the
+    next run's first sample, or ``step`` after its last one where the data stops."""
     out: list[Episode] = []
     for acc, ss in samples.items():
-        cur: Episode | None = None
-        scores: list[float] = []
-        last = None
-        for s in ss:
-            gap = last is not None and s.ts - last > GAP_STEPS * step
-            if cur is not None and (gap or s.state != cur.state or s.workload != cur.workload):
-                cur.end = (last + step) if gap and last is not None else s.ts
-                cur.score = sum(scores) / len(scores) if scores else None
-                out.append(cur)
-                cur = None
-            if cur is None:
-                cur = Episode(s.ts, s.ts + step, s.state, acc, s.workload)
-                scores = []
-            cur.samples += 1
-            cur.end = s.ts + step
-            if s.score is not None:
-                scores.append(s.score)
-            last = s.ts
-        if cur is not None:
-            cur.score = sum(scores) / len(scores) if scores else None
-            out.append(cur)
+        out += run_episodes(acc, fold(ss, GAP_STEPS * step), step)
     return out
 
 

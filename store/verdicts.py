@@ -25,41 +25,20 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 from triscope.core.samples import Tick
-from triscope.core.vocabulary import WorkloadKey, accelerator_name, workload_key
+from triscope.core.verdict import SCORE_METRIC, STATE_METRIC, Run, Verdict, fold, verdicts_of
 from triscope.store.reader import VerdictRun
 
-STATE_METRIC = "triscope_mismatch_state"
-SCORE_METRIC = "triscope_mismatch_score"
+__all__ = ["MAX_GAP_S", "SCORE_METRIC", "STATE_METRIC", "VerdictRecorder", "read_runs"]
+
 MAX_GAP_S = 30.0          # a longer silence ends a run (the agent stopped, the accelerator went away)
 
 
 @dataclass(slots=True)
 class _Open:
+    """An accelerator's newest run and its row (``id`` None: not written yet)."""
+
     id: int | None
-    state: str
-    workload: WorkloadKey
-    start: float
-    end: float
-    ticks: int
-    score_sum: float
-    score_max: float
-    dirty: bool = False
-
-
-def tick_verdicts(tick: Tick) -> dict[str, tuple[str, WorkloadKey, float]]:
-    """accelerator -> (state, workload, score) published in one tick ("" the node's roll-up)."""
-    states: dict[str, tuple[str, WorkloadKey]] = {}
-    scores: dict[str, float] = {}
-    for s in tick.samples:
-        if s.name == STATE_METRIC:
-            if s.value >= 0.5:
-                state = s.labels.get("state", "")
-                if state:
-                    states[accelerator_name(s.labels) or ""] = (state, workload_key(s.labels))
-        elif s.name == SCORE_METRIC:
-            v = float(s.value)
-            scores[accelerator_name(s.labels) or ""] = v if v == v else 0.0
-    return {acc: (st, wl, scores.get(acc, 0.0)) for acc, (st, wl) in states.items()}
+    run: Run
 
 
 class VerdictRecorder:
@@ -67,46 +46,45 @@ class VerdictRecorder:
     failed transaction: the next write reads the last runs back)."""
 
     def __init__(self) -> None:
-        self._open: dict[tuple[int, str], _Open] = {}
+        self._open: dict[tuple[int, str], _Open | None] = {}
 
     def reset(self) -> None:
         self._open.clear()
 
     @staticmethod
-    def points(ticks: Sequence[Tick]) -> dict[str, list[tuple[float, str, WorkloadKey, float]]]:
-        """accelerator -> (ts, state, workload, score) of every tick, in time order; empty when the
-        ticks publish no verdict (then there is nothing to record)."""
-        by_acc: dict[str, list[tuple[float, str, WorkloadKey, float]]] = {}
+    def points(ticks: Sequence[Tick]) -> dict[str, list[Verdict]]:
+        """accelerator -> the verdict of every tick, in time order; empty when the ticks publish no
+        verdict (then there is nothing to record)."""
+        by_acc: dict[str, list[Verdict]] = {}
         for t in sorted(ticks, key=lambda t: t.ts):
-            for acc, (state, wl, score) in tick_verdicts(t).items():
-                by_acc.setdefault(acc, []).append((t.ts, state, wl, score))
+            for acc, v in verdicts_of(t.ts, t.samples).items():
+                by_acc.setdefault(acc, []).append(v)
         return by_acc
 
-    def record(self, conn: Connection, node_id: int,
-               by_acc: dict[str, list[tuple[float, str, WorkloadKey, float]]]) -> int:
-        """Fold one node's ``points`` into the runs; returns the rows written."""
+    def record(self, conn: Connection, node_id: int, by_acc: dict[str, list[Verdict]]) -> int:
+        """Fold one node's ``points`` into the runs (``triscope.core.verdict.fold``); returns the rows
+        written."""
         written = 0
         for acc, points in by_acc.items():
             key = (node_id, acc)
-            run = self._open.get(key)
-            if run is None:
-                run = self._open[key] = self._last(conn, node_id, acc) or _empty()
-            for ts, state, wl, score in points:
-                if run.id is not None or run.ticks:
-                    if ts <= run.end:
-                        if ts < run.start:
-                            written += self._late(conn, node_id, acc, ts, state, wl, score)
-                        continue        # already recorded (a replayed tick) or inside the open run
-                    if state == run.state and wl == run.workload and ts - run.end <= MAX_GAP_S:
-                        run.end = ts
-                        run.ticks += 1
-                        run.score_sum += score
-                        run.score_max = max(run.score_max, score)
-                        run.dirty = True
-                        continue
-                    written += self._flush(conn, node_id, acc, run)
-                run = self._open[key] = _Open(None, state, wl, ts, ts, 1, score, score, True)
-            written += self._flush(conn, node_id, acc, run)
+            if key not in self._open:
+                self._open[key] = self._last(conn, node_id, acc)
+            cur = self._open[key]
+            if cur is not None:
+                for v in points:
+                    if v.ts < cur.run.start:
+                        written += self._late(conn, node_id, acc, v)
+                ticks = cur.run.ticks
+                runs = fold((v for v in points if v.ts > cur.run.end), MAX_GAP_S, cur.run)
+                if cur.run.ticks != ticks:
+                    written += self._write(conn, node_id, acc, cur)
+                runs = runs[1:]
+            else:
+                runs = fold(points, MAX_GAP_S)
+            for r in runs:
+                cur = _Open(None, r)
+                written += self._write(conn, node_id, acc, cur)
+            self._open[key] = cur
         return written
 
     @staticmethod
@@ -117,31 +95,30 @@ class VerdictRecorder:
             {"n": node_id, "a": acc}).first()
         if row is None:
             return None
-        return _Open(int(row[0]), str(row[1]), (row[2], row[3], row[4], row[5]), float(row[6]), float(row[7]),
-                     int(row[8]), float(row[9]), float(row[10]))
+        return _Open(int(row[0]), Run(str(row[1]), (row[2], row[3], row[4], row[5]), float(row[6]), float(row[7]),
+                                      int(row[8]), float(row[9]), float(row[10]), int(row[8])))
 
     @staticmethod
-    def _flush(conn: Connection, node_id: int, acc: str, run: _Open) -> int:
-        if not run.dirty:
-            return 0
+    def _write(conn: Connection, node_id: int, acc: str, cur: _Open) -> int:
+        run = cur.run
         params = {"n": node_id, "a": acc, "ns": run.workload[0], "pod": run.workload[1], "c": run.workload[2],
                   "w": run.workload[3], "st": run.state, "s": run.start, "e": run.end, "k": run.ticks,
                   "ss": run.score_sum, "sm": run.score_max}
-        if run.id is None:
-            run.id = int(conn.execute(text(
+        if cur.id is None:
+            cur.id = int(conn.execute(text(
                 "INSERT INTO verdict_runs (node_id, accelerator, namespace, pod, container, workload, state, start_ts, "
                 "end_ts, ticks, score_sum, score_max) VALUES (:n, :a, :ns, :pod, :c, :w, :st, :s, :e, :k, :ss, :sm) "
                 "RETURNING id"), params).scalar_one())
         else:
             conn.execute(text("UPDATE verdict_runs SET end_ts = :e, ticks = :k, score_sum = :ss, score_max = :sm "
-                              "WHERE id = :id"), {**params, "id": run.id})
-        run.dirty = False
+                              "WHERE id = :id"), {**params, "id": cur.id})
         return 1
 
     @staticmethod
-    def _late(conn: Connection, node_id: int, acc: str, ts: float, state: str, wl: WorkloadKey, score: float) -> int:
+    def _late(conn: Connection, node_id: int, acc: str, v: Verdict) -> int:
         """A tick older than the open run (a spool written back after newer ticks): it joins the run
         of its state and workload that it touches, if one does and none covers it, else starts one."""
+        ts, wl, score = v.ts, v.workload, v.score or 0.0
         p = {"n": node_id, "a": acc, "t": ts, "g": MAX_GAP_S}
         covered = conn.execute(text("SELECT 1 FROM verdict_runs WHERE node_id = :n AND accelerator = :a AND "
                                     "start_ts <= :t AND end_ts >= :t LIMIT 1"), p).first()
@@ -151,7 +128,7 @@ class VerdictRecorder:
             "SELECT id, start_ts, end_ts FROM verdict_runs WHERE node_id = :n AND accelerator = :a AND state = :st "
             "AND namespace = :ns AND pod = :pod AND container = :c AND workload = :w AND start_ts - :g <= :t "
             "AND end_ts + :g >= :t ORDER BY id LIMIT 1"),
-            {**p, "st": state, "ns": wl[0], "pod": wl[1], "c": wl[2], "w": wl[3]}).first()
+            {**p, "st": v.state, "ns": wl[0], "pod": wl[1], "c": wl[2], "w": wl[3]}).first()
         if near is not None:
             conn.execute(text("UPDATE verdict_runs SET start_ts = CASE WHEN start_ts > :t THEN :t ELSE start_ts END, "
                               "end_ts = CASE WHEN end_ts < :t THEN :t ELSE end_ts END, ticks = ticks + 1, "
@@ -161,12 +138,8 @@ class VerdictRecorder:
         conn.execute(text(
             "INSERT INTO verdict_runs (node_id, accelerator, namespace, pod, container, workload, state, start_ts, "
             "end_ts, ticks, score_sum, score_max) VALUES (:n, :a, :ns, :pod, :c, :w, :st, :t, :t, 1, :sc, :sc)"),
-            {**p, "ns": wl[0], "pod": wl[1], "c": wl[2], "w": wl[3], "st": state, "sc": score})
+            {**p, "ns": wl[0], "pod": wl[1], "c": wl[2], "w": wl[3], "st": v.state, "sc": score})
         return 1
-
-
-def _empty() -> _Open:
-    return _Open(None, "", ("", "", "", ""), 0.0, 0.0, 0, 0.0, 0.0)
 
 
 def read_runs(conn: Connection, node: str, start: float, end: float) -> list[VerdictRun]:

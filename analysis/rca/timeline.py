@@ -34,7 +34,6 @@ from typing import Any
 
 from triscope.analysis.config import MismatchThresholds, default_thresholds
 from triscope.analysis.episodes import (
-    GAP_STEPS,
     HEALTH_EVENTS,
     NODE,
     Episode,
@@ -44,6 +43,7 @@ from triscope.analysis.episodes import (
     is_bad,
     merge_flickers,
     min_episode_s,
+    run_episodes,
     state_runs,
     workload_dict,
 )
@@ -172,14 +172,7 @@ def history_episodes(runs: Sequence[VerdictRun], th: MismatchThresholds, series:
         by_acc.setdefault(r.accelerator or NODE, []).append(r)
     eps: list[Episode] = []
     for acc, rs in by_acc.items():
-        for i, r in enumerate(rs):
-            start = max(first, r.start - lag)
-            nxt = rs[i + 1] if i + 1 < len(rs) else None
-            if nxt is not None and nxt.start - r.end <= GAP_STEPS * step + 1e-6:
-                end = max(start, nxt.start - lag)
-            else:
-                end = r.end + step          # the data stopped: the state held until then
-            eps.append(Episode(start, end, r.state, acc, r.workload, score=r.score_mean, samples=r.ticks))
+        eps += run_episodes(acc, rs, step, lag, first)
     eps = [e for e in eps if e.end > e.start]
     merged = merge_flickers(eps, min_episode_s(step))
     if not per_acc:

@@ -7,7 +7,6 @@ import pytest
 
 from triscope.analysis.episodes import (
     MIN_EPISODE_S,
-    StateSample,
     health_episodes,
     merge_flickers,
     min_episode_s,
@@ -26,14 +25,15 @@ from triscope.analysis.rca.reference import pod_stem, workload_key
 from triscope.analysis.rca.slo import slo_burn_episodes
 from triscope.analysis.reader import SeriesPoints
 from triscope.analysis.slo import parse_slo_text
+from triscope.core.verdict import Verdict
 from triscope.store.reader import EventRow
 
 
-def _samples(*runs: tuple[str, int], t0: float = 1000.0) -> list[StateSample]:
+def _samples(*runs: tuple[str, int], t0: float = 1000.0) -> list[Verdict]:
     out, t = [], t0
     for state, n in runs:
         for _ in range(n):
-            out.append(StateSample(t, state))
+            out.append(Verdict(t, state))
             t += 1.0
     return out
 
