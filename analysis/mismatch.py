@@ -96,8 +96,6 @@ from triscope.analysis.features import (  # noqa: F401 - the detector's names, r
 from triscope.analysis.mismatch_inputs import MismatchInputs, fetch_mismatch_inputs
 from triscope.analysis.reader import SeriesPoints, StoreReader, label_name
 from triscope.analysis.verdict import (  # noqa: F401 - re-exported
-    IO_STATES,
-    STATES,
     AcceleratorVerdict,
     Verdict,
     accelerator_evidence,

@@ -69,9 +69,9 @@ from triscope.analysis.features import (
     workload_key,
 )
 from triscope.analysis.reader import label_name
-from triscope.analysis.verdict import IO_STATES, STATES, Verdict, classify_window
+from triscope.analysis.verdict import Verdict, classify_window
 from triscope.core.samples import EventRecord, Sample
-from triscope.core.vocabulary import accelerator_name
+from triscope.core.vocabulary import IO_STATES, STATES, accelerator_name
 
 _KIND = {GPU_INFO: "info", GPU_BUSY: "busy", NPU_BUSY: "busy", PCIE_RX: "rx", PCIE_TX: "tx", CPU_BUSY: "cpu", PRESSURE: "psi",
          DMA_MAPS: "dma", RETRANSMITS: "rtx", GPU_UTIL: "util", **dict.fromkeys(WORKLOAD_FIELDS, "wl"),

@@ -44,7 +44,7 @@ from triscope.analysis.features import (
     workload_text,
 )
 from triscope.analysis.waitverdict import ChainFinding, chain_finding, chain_reasons, no_chain_reason
-from triscope.core.vocabulary import IO_STATES, STATES, WORST_FIRST  # noqa: F401 - STATES re-exported
+from triscope.core.vocabulary import IO_STATES, WORST_FIRST
 
 # roll-up order among equal scores: I/O states first, then the busiest
 _TIE_ORDER = {s: i for i, s in enumerate(WORST_FIRST)}

@@ -27,12 +27,11 @@ from triscope.analysis.features import (
     link_ids,
     negotiated_capacity,
 )
-from triscope.analysis.mismatch import STATES
 from triscope.analysis.mismatch_inputs import link_facts_from
 from triscope.analysis.reader import SeriesPoints
 from triscope.core.names import shorten
 from triscope.core.samples import label_key, parse_label_key
-from triscope.core.vocabulary import accelerator_name
+from triscope.core.vocabulary import STATES, accelerator_name
 from triscope.dashboard import workload_data as wd
 from triscope.dashboard.jsontypes import HasDetails, text
 from triscope.store.audit import AuditRow, audit_log

@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from triscope.core.names import shorten
-from triscope.core.vocabulary import QUIET_STATES
+from triscope.core.vocabulary import QUIET_STATES, State
 from triscope.dashboard.jsontypes import JSON
 
 if TYPE_CHECKING:   # the data classes drawn here (figures import none of their modules at run time)
@@ -54,18 +54,8 @@ def new_figure() -> Figure:
 NAME_CHARS = 48      # characters of a node name or label value shown; longer ones end in an ellipsis
 TITLE_CHARS = 1024   # characters of one shown in full (a tooltip, a hover label)
 
-# one colour per state of ``triscope.analysis.mismatch.STATES`` (docs/workloads.md section 2), in its
-# order: the quiet states (idle, demand-limited: never a page) pale greys, the healthy busy ones
-# green and blue, the faults loud (red, orange, purple)
-STATE_COLORS: dict[str, str] = {
-    "idle": "#e0e0e0",
-    "demand-limited": "#b0bec5",     # not busy, and nothing says I/O or the host holds it back: never a page
-    "compute-bound": "#2e7d32",
-    "balanced": "#1976d2",
-    "io-saturated": "#d32f2f",
-    "staging-bound": "#ef6c00",
-    "network-bound": "#7b1fa2",
-}
+# one colour per state (``State.colour``, triscope/core/vocabulary.py), in the states' order
+STATE_COLORS: dict[str, str] = {s.value: s.colour for s in State}
 UNKNOWN_STATE_COLOR = "#bdbdbd"
 DARK_INK, LIGHT_INK = "#263238", "#ffffff"
 STATE_INK: dict[str, str] = {s: DARK_INK if s in QUIET_STATES else LIGHT_INK for s in STATE_COLORS}

@@ -27,13 +27,12 @@ from triscope.analysis.rca.inputs import RCAInputs
 from triscope.analysis.rca.ranked import rank_causes
 from triscope.analysis.rca.timeline import fetch_timeline_inputs, rca_timeline
 from triscope.core.names import shorten
-from triscope.core.vocabulary import workload_labels
+from triscope.core.vocabulary import is_healthy, workload_labels
 from triscope.dashboard.data import Segment, Window, mismatch_segments
 from triscope.dashboard.export import Series
 from triscope.dashboard.jsontypes import JSON, JSONObject, items, obj
 from triscope.dashboard.waitfor_view import chain_evidence
 from triscope.dashboard.workload_data import (
-    HEALTHY,
     Accel,
     OwnerLookup,
     WorkloadRef,
@@ -273,7 +272,7 @@ def timeline_from_dict(d: JSONObject, owners: OwnerLookup | None = None) -> Time
         out.append(EpisodeView(
             _float(e["start"]), _float(e["end"]), str(e.get("state", "?")), acc_name, _accel_of_name(acc_name),
             WorkloadRef.of(wl, found) if wl else None, str(e.get("kind", "state")),
-            bool(e.get("bad", e.get("state") not in HEALTHY)), _opt_float(e.get("score")),
+            bool(e.get("bad", not is_healthy(str(e.get("state") or "")))), _opt_float(e.get("score")),
             [EpisodeCause(str(c.get("cause", "")), str(c.get("title", c.get("cause", ""))), _opt_float(c.get("score")),
                           str(c.get("summary", "")), chain_evidence(items(c.get("evidence"))))
              for c in map(obj, items(e.get("causes")))],
@@ -313,7 +312,7 @@ def fallback_timeline(store: StoreReader, node: str, start: float, end: float,
         acc = accel_from_name(r.accelerator)
         if acc is not None:
             out.append(EpisodeView(a, b, r.state, _accel_name(acc), acc,
-                                   WorkloadRef.of(workload_labels(r.workload), found), bad=r.state not in HEALTHY))
+                                   WorkloadRef.of(workload_labels(r.workload), found), bad=not is_healthy(r.state)))
     notes = [] if out else ["no per-accelerator state stored in this range"]
     todo = sorted((e for e in out if e.bad and e.duration >= FALLBACK_MIN_S), key=_longest_first)
     for e in todo[:FALLBACK_EXPLAINED]:
@@ -374,6 +373,6 @@ def history_shares(store: StoreReader, node: str, start: float, end: float, max_
         counts[sg.state] = counts.get(sg.state, 0.0) + (sg.end - sg.start)
     total = sum(counts.values())
     shares = {k: v / total for k, v in counts.items() if v > 0} if total > 0 else {}
-    bad = [sg for sg in segs if sg.state not in HEALTHY]
+    bad = [sg for sg in segs if not is_healthy(sg.state)]
     worst = max(bad, key=_badness, default=None)
     return StateShares(shares, worst, source)

@@ -21,9 +21,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from triscope.analysis.mismatch import IO_STATES, STATES
 from triscope.core.samples import parse_label_key
-from triscope.core.vocabulary import ACCELERATOR_LABELS, WORKLOAD_LABELS, accelerator_labels, workload_labels
+from triscope.core.vocabulary import (
+    ACCELERATOR_LABELS,
+    WORKLOAD_LABELS,
+    State,
+    accelerator_labels,
+    workload_labels,
+)
 from triscope.store.reader import SeriesData, SeriesInfo, StoreReader, VerdictRun
 from triscope.store.workloads import owners, workloads
 
@@ -38,10 +43,6 @@ STATE_METRIC = "triscope_mismatch_state"
 SCORE_METRIC = "triscope_mismatch_score"
 INFO_METRIC = "triscope_accelerator_workload_info"
 WORKLOAD_PREFIX = "triscope_workload_"
-# states that are not a coordination problem (never an episode to explain, never a page)
-HEALTHY = frozenset(STATES) - IO_STATES
-# the node roll-up picks the worst accelerator: I/O states first (by score), then this order
-SEVERITY = ("network-bound", "staging-bound", "io-saturated", "balanced", "compute-bound", "demand-limited", "idle")
 
 
 # ---------------------------------------------------------------------------------------------- accelerators
@@ -409,15 +410,15 @@ def current_from_runs(runs: Iterable[VerdictRun], info: Iterable[tuple[str, Mapp
 
 
 def rollup(accels: Sequence[AccelNow]) -> AccelNow | None:
-    """The worst accelerator: I/O states first (by score), then by ``SEVERITY``."""
+    """The worst accelerator: I/O states first (by score), then by the states' order (``State.order``)."""
     have = [a for a in accels if a.state]
     if not have:
         return None
 
     def key(a: AccelNow) -> tuple[int, float, int]:
-        io = a.state not in HEALTHY and a.state in SEVERITY
-        sev = SEVERITY.index(a.state) if a.state in SEVERITY else len(SEVERITY)
-        return (0 if io else 1, -(a.score or 0.0) if io else 0.0, sev)
+        st = State.of(a.state)
+        io = st is not None and st.io
+        return (0 if io else 1, -(a.score or 0.0) if io else 0.0, st.order if st is not None else len(State))
 
     return min(have, key=key)
 

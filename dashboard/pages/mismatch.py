@@ -11,6 +11,7 @@ from typing import Any
 import dash
 from dash import Input, Output, dcc, html
 
+from triscope.core.vocabulary import is_healthy
 from triscope.dashboard import data, export, figures, timerange, timeview, workload_data
 from triscope.dashboard.components import (
     error_note,
@@ -164,7 +165,7 @@ def _workloads(c: DashboardContext, nodes: list[str], w: data.Window) -> tuple[A
         return figures.empty_figure("no per-accelerator verdict stored in this range (the agent's tracker labels its "
                                     "per-accelerator verdicts with the workload; older agents store the node's state "
                                     "only)", 220), ""
-    bad = {k: sum(v for st, v in sh.items() if st not in workload_data.HEALTHY) for k, sh in ws.shares.items()}
+    bad = {k: sum(v for st, v in sh.items() if not is_healthy(st)) for k, sh in ws.shares.items()}
     order = sorted(ws.shares, key=lambda k: (-bad[k], k))
     where = {}
     for k in order:

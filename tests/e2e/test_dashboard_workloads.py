@@ -217,7 +217,7 @@ def test_episode_timeline_has_gpu0_staging_episode(seeded: Seeded) -> None:
 
 
 def test_demand_limited_has_its_own_colour() -> None:
-    from triscope.analysis.mismatch import STATES
+    from triscope.core.vocabulary import STATES
     from triscope.dashboard import figures
 
     assert set(STATES) <= set(figures.STATE_COLORS)

@@ -7,12 +7,18 @@
 * A **workload** is ``(namespace, pod, container, workload)`` (``WORKLOAD_LABELS``,
   ``WorkloadKey``): empty strings where unknown, never missing; off Kubernetes ``workload`` holds
   ``unit:<name>.service`` or ``cmd:<comm>``.  ``NO_WORKLOAD`` is all four empty.
-* A **state** is one of ``STATES``; ``IO_STATES`` page, ``QUIET_STATES`` never do.
+* A **state** is a ``State``, each with its facts beside it (``StateFacts``: an I/O state or not,
+  a quiet one or not, its order worst first, its colour on the pages); ``STATES``, ``IO_STATES``
+  (they page), ``QUIET_STATES`` (they never do) and ``WORST_FIRST`` are read off them.  ``State``
+  is a ``str`` enum: a member equals its text (``State.IDLE == "idle"``), so stored and published
+  states compare with it as they are.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
 
 ACCELERATOR_LABELS: tuple[str, ...] = ("chip", "gpu", "npu")     # sorted: the order of accelerator_name
 WORKLOAD_LABELS: tuple[str, str, str, str] = ("namespace", "pod", "container", "workload")
@@ -20,13 +26,86 @@ WorkloadKey = tuple[str, str, str, str]
 """(namespace, pod, container, workload): empty strings when unknown."""
 NO_WORKLOAD: WorkloadKey = ("", "", "", "")
 
-STATES: tuple[str, ...] = ("idle", "demand-limited", "compute-bound", "balanced", "io-saturated", "staging-bound",
-                           "network-bound")
-IO_STATES = frozenset({"io-saturated", "staging-bound", "network-bound"})
-QUIET_STATES = frozenset({"idle", "demand-limited"})
-WORST_FIRST: tuple[str, ...] = ("io-saturated", "staging-bound", "network-bound", "balanced", "compute-bound",
-                                "demand-limited", "idle")
+class State(StrEnum):
+    """A verdict's state, in the order the docs list them (docs/workloads.md section 2)."""
+
+    IDLE = "idle"
+    DEMAND_LIMITED = "demand-limited"
+    COMPUTE_BOUND = "compute-bound"
+    BALANCED = "balanced"
+    IO_SATURATED = "io-saturated"
+    STAGING_BOUND = "staging-bound"
+    NETWORK_BOUND = "network-bound"
+
+    @property
+    def facts(self) -> StateFacts:
+        return STATE_FACTS[self]
+
+    @property
+    def io(self) -> bool:
+        """An I/O state: the accelerator is held back by the link, the host or the network (it pages)."""
+        return self.facts.io
+
+    @property
+    def quiet(self) -> bool:
+        """Not busy and nothing holds it back: never a page, never a cause to find."""
+        return self.facts.quiet
+
+    @property
+    def order(self) -> int:
+        """Worst first: which state a mixed window, an equal score or a roll-up's tie takes."""
+        return self.facts.order
+
+    @property
+    def colour(self) -> str:
+        """Its colour on the pages."""
+        return self.facts.colour
+
+    @classmethod
+    def of(cls, text: str | None) -> State | None:
+        """The state ``text`` names; None for anything else ("", "?", an unknown word)."""
+        try:
+            return cls(text) if text else None
+        except ValueError:
+            return None
+
+
+@dataclass(frozen=True, slots=True)
+class StateFacts:
+    io: bool
+    quiet: bool
+    order: int          # worst first
+    colour: str         # the quiet states pale greys, the healthy busy ones green and blue, the I/O ones loud
+
+
+STATE_FACTS: dict[State, StateFacts] = {
+    State.IDLE: StateFacts(io=False, quiet=True, order=6, colour="#e0e0e0"),
+    State.DEMAND_LIMITED: StateFacts(io=False, quiet=True, order=5, colour="#b0bec5"),
+    State.COMPUTE_BOUND: StateFacts(io=False, quiet=False, order=4, colour="#2e7d32"),
+    State.BALANCED: StateFacts(io=False, quiet=False, order=3, colour="#1976d2"),
+    State.IO_SATURATED: StateFacts(io=True, quiet=False, order=0, colour="#d32f2f"),
+    State.STAGING_BOUND: StateFacts(io=True, quiet=False, order=1, colour="#ef6c00"),
+    State.NETWORK_BOUND: StateFacts(io=True, quiet=False, order=2, colour="#7b1fa2"),
+}
+
+# the same as text (what is stored, published and matched; a ``State`` equals its text)
+STATES: tuple[str, ...] = tuple(s.value for s in State)
+IO_STATES: frozenset[str] = frozenset(s.value for s in State if s.io)
+QUIET_STATES: frozenset[str] = frozenset(s.value for s in State if s.quiet)
+WORST_FIRST: tuple[str, ...] = tuple(s.value for s in sorted(State, key=lambda s: s.order))
 """Which state a mixed window or an equal score takes: I/O states first, then the busiest."""
+
+
+def is_io(state: str | None) -> bool:
+    """Whether ``state`` (as stored or published) is an I/O state."""
+    st = State.of(state)
+    return st is not None and st.io
+
+
+def is_healthy(state: str | None) -> bool:
+    """Whether ``state`` is a known state that is no I/O state (an unknown one is not healthy)."""
+    st = State.of(state)
+    return st is not None and not st.io
 
 
 def accelerator_name(labels: Mapping[str, str]) -> str | None:
