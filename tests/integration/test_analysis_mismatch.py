@@ -11,7 +11,6 @@ import pytest
 
 from triscope.analysis.config import ConfigError, MismatchThresholds, load_thresholds
 from triscope.analysis.mismatch import (
-    STATES,
     AcceleratorFeatures,
     WindowFeatures,
     classify_window,
@@ -24,6 +23,7 @@ from triscope.analysis.online import MismatchTracker
 from triscope.analysis.stages import stage_skew, stage_skew_from_store
 from triscope.analysis.synthetic import GB, H200_PHASES, PhaseShape, h200_phase_ticks, phase_intervals
 from triscope.core.samples import EventRecord, Sample, Tick
+from triscope.core.vocabulary import STATES
 from triscope.store import Store
 
 GEN5_X16 = link_capacity_bytes_per_second(32.0, 16)

@@ -32,8 +32,6 @@ from triscope.analysis.features import (
     window_features,
 )
 from triscope.analysis.mismatch import (
-    IO_STATES,
-    STATES,
     AcceleratorFeatures,
     WindowFeatures,
     accelerator_states,
@@ -56,6 +54,7 @@ from triscope.analysis.synthetic import (
 from triscope.analysis.verdict import AcceleratorVerdict
 from triscope.core.metrics import CATALOGUE
 from triscope.core.samples import Sample, Tick
+from triscope.core.vocabulary import IO_STATES, STATES
 from triscope.store import Store
 
 TH = MismatchThresholds()
