@@ -408,9 +408,10 @@ def tracked(exe: Path, quick: bool) -> list[Row]:
 
 
 # ------------------------------------------------------------------------------------ cost centres
-def cost_centres(exe: Path, quick: bool) -> list[Row]:
-    """The tracked path's programs with parts left out or changed (``wfload.EDITS``), under the
-    tracked load, each attached in turn: kernel time per run of the two programs."""
+def _edit_costs(exe: Path, quick: bool, edits: dict[str, Callable[[str], str] | None]
+                ) -> dict[tuple[str, str], list[float]]:
+    """Each edit of the programs (``as_is`` among them) attached in turn, round after round, under the
+    tracked load: (edit, program) -> kernel ns per run, one figure a window."""
     from triscope.agent.ebpf import progstats
 
     rounds, secs = (2, 2.0) if quick else (4, 3.0)
@@ -418,7 +419,7 @@ def cost_centres(exe: Path, quick: bool) -> list[Row]:
     progs: dict[str, W.Programs] = {}
     per: dict[tuple[str, str], list[float]] = {}
     try:
-        for k, edit in W.EDITS.items():
+        for k, edit in edits.items():
             progs[k] = W.Programs.load(["waitfor"], edit)
             progs[k].waitfor.track(load.gen.pids)          # type: ignore[attr-defined]
         with progstats.stats_enabled():
@@ -440,6 +441,13 @@ def cost_centres(exe: Path, quick: bool) -> list[Row]:
         for p in progs.values():
             p.close()
         load.close()
+    return per
+
+
+def cost_centres(exe: Path, quick: bool) -> list[Row]:
+    """The tracked path's programs with parts left out or changed (``wfload.EDITS``), under the
+    tracked load, each attached in turn: kernel time per run of the two programs."""
+    per = _edit_costs(exe, quick, W.EDITS)
     words = {"no_regs": "without reading the blocked syscall (WF_NO_REGS)",
              "fallback": "the path without the scheduler's BTF (WF_SCHED off: a hash lookup and a clock read per "
                          "wakeup, the wait closed there)",
@@ -451,6 +459,18 @@ def cost_centres(exe: Path, quick: bool) -> list[Row]:
             rows.append(Row("waitfor cost centres", f"{fn}, followed threads, {what} ({_span(xs)})", round(_med(xs), 1),
                             "ns/run", "", "as it is, alternated with it", round(_med(per[("as_is", fn)]), 1)))
     return rows
+
+
+def prototypes(exe: Path, quick: bool) -> list[Row]:
+    """The tracked path's prototypes (``wfload.PROTOTYPES``: the thread's entry in an array slot, the
+    run queue's clock), alternated with the program as it is: on_wf_switch per run, followed threads."""
+    per = _edit_costs(exe, quick, W.PROTOTYPES)
+    words = {"slots": "its entry in an array slot (tid modulo 16384, tid kept for collisions), not the hash",
+             "rq_now": "the run queue's clock (rq->clock via se.cfs_rq->rq), not bpf_ktime_get_ns",
+             "slots_rq_now": "both"}
+    return [Row("waitfor prototypes", f"on_wf_switch, followed threads, {what} ({_span(per[(k, 'on_wf_switch')])})",
+                round(_med(per[(k, "on_wf_switch")]), 1), "ns/run", "", "as it is, alternated with it",
+                round(_med(per[("as_is", "on_wf_switch")]), 1)) for k, what in words.items()]
 
 
 def run(quick: bool = False) -> list[Row]:

@@ -318,6 +318,105 @@ def _edit_no_last_wait(text: str) -> str:
                     "    if (0 && c->c_count && c->c_nr == nr && c->c_fd == fd")
 
 
+_SLOTS_C = r"""
+/* bench prototype: a followed thread's entry in an array slot (tid modulo its size, the tid kept to
+   tell a collision), the hash only for a thread whose slot another holds */
+struct wf_slot { struct wf_cur c; u32 tid; u32 spare; };
+BPF_ARRAY(wf_slots, struct wf_slot, WF_THREADS_MAX);
+static __always_inline struct wf_cur *wf_get(u32 tid) {
+    u32 s = tid & (WF_THREADS_MAX - 1);
+    struct wf_slot *e = wf_slots.lookup(&s);
+    if (e && e->tid == tid)
+        return &e->c;
+    return wf_cur.lookup(&tid);
+}
+static __always_inline struct wf_cur *wf_get_or_make(u32 tid, u32 tgid) {
+    u32 s = tid & (WF_THREADS_MAX - 1);
+    struct wf_slot *e = wf_slots.lookup(&s);
+    if (!e)
+        return 0;
+    if (e->tid == tid)
+        return &e->c;
+    struct wf_cur *h = wf_cur.lookup(&tid);
+    if (e->tid == 0) {              /* claimed: the entry the agent seeded in the hash moves here */
+        e->tid = tid;
+        if (h) {
+            e->c = *h;
+        } else {
+            __builtin_memset(&e->c, 0, sizeof(e->c));
+            e->c.tgid = tgid;
+            e->c.nr = -1;
+            e->c.fd = -1;
+        }
+        return &e->c;
+    }
+    if (h)
+        return h;
+    struct wf_cur z = {.tgid = tgid, .nr = -1, .fd = -1};
+    if (wf_cur.insert(&tid, &z) != 0)
+        count(C_WF_LOST, 1);
+    return wf_cur.lookup(&tid);
+}
+static __always_inline void wf_drop(u32 tid) {
+    u32 s = tid & (WF_THREADS_MAX - 1);
+    struct wf_slot *e = wf_slots.lookup(&s);
+    if (e && e->tid == tid)
+        e->tid = 0;
+    else
+        wf_cur.delete(&tid);
+}
+"""
+
+_RQ_NOW_C = r"""
+/* bench prototype: the scheduler's clock of this CPU's run queue (updated by __schedule just before
+   the tracepoint) instead of bpf_ktime_get_ns */
+static __always_inline u64 wf_now(void) {
+    struct task_struct *t = bpf_get_current_task_btf();
+    void *cfs = WF_LOAD(void *, t, WF_OFF_TASK_CFS_RQ);
+    if (!cfs)
+        return bpf_ktime_get_ns();
+    void *rq = WF_LOAD(void *, cfs, WF_OFF_CFS_RQ_RQ);
+    if (!rq)
+        return bpf_ktime_get_ns();
+    return WF_LOAD(u64, rq, WF_OFF_RQ_CLOCK);
+}
+"""
+
+_SWITCH = "int on_wf_switch(struct tracepoint__sched__sched_switch *args) {"
+
+
+def _edit_slots(text: str) -> str:
+    text = _replace(text, _SWITCH, _SLOTS_C + _SWITCH)
+    text = _replace(text, """        struct wf_cur *c = wf_cur.lookup(&tid);
+        if (!c) {
+            struct wf_cur z = {.tgid = tgid, .nr = -1, .fd = -1};
+            if (wf_cur.insert(&tid, &z) != 0)
+                count(C_WF_LOST, 1);
+            c = wf_cur.lookup(&tid);
+        }""", "        struct wf_cur *c = wf_get_or_make(tid, tgid);")
+    text = _replace(text, "                wf_cur.delete(&tid);", "                wf_drop(tid);")
+    return _replace(text, "        struct wf_cur *n = wf_cur.lookup(&ntid);", "        struct wf_cur *n = wf_get(ntid);")
+
+
+def _edit_rq_now(text: str) -> str:
+    text = _replace(text, _SWITCH, _RQ_NOW_C + _SWITCH)
+    text = _replace(text, "            now = bpf_ktime_get_ns();\n            if (c->since", "            now = wf_now();\n            if (c->since")
+    return _replace(text, "                now = bpf_ktime_get_ns();\n            u64 d =", "                now = wf_now();\n            u64 d =")
+
+
+def _edit_slots_rq_now(text: str) -> str:
+    return _edit_rq_now(_edit_slots(text))
+
+
+# prototypes of the tracked path (issue 41 point 7), measured by ``bench_waitfor.prototypes``
+PROTOTYPES: dict[str, Callable[[str], str] | None] = {
+    "as_is": None,
+    "slots": _edit_slots,                     # the thread's entry in an array slot, not the hash
+    "rq_now": _edit_rq_now,                   # the run queue's clock, not bpf_ktime_get_ns
+    "slots_rq_now": _edit_slots_rq_now,
+}
+
+
 # the tracked path's cost centres, as edits of a scratch copy of waitfor.bpf.c
 EDITS: dict[str, Callable[[str], str] | None] = {
     "as_is": None,
@@ -346,6 +445,7 @@ class Programs:
     @classmethod
     def load(cls, variants: Iterable[str] = tuple(VARIANTS), edit: Callable[[str], str] | None = None) -> Programs:
         from triscope.agent.collectors.waitfor import WaitFor
+        from triscope.agent.ebpf import layout as L
         from triscope.agent.ebpf import progstats
         from triscope.agent.ebpf.bpfsys import BpfMap, bpf
         from triscope.agent.ebpf.discover import defines_for, ensure_tracefs, plan_probes
@@ -371,7 +471,7 @@ class Programs:
             for i, layer in enumerate(layers):
                 res = run_loader(defines_for(plans) + extra,
                                  [{"probe": "bench", "tp": tp, "kind": kind, "fn": fn} for fn, (tp, kind) in layer.items()],
-                                 source=src, maps=["wf_tgid_bits", "wf_tid_bits", "wf_cur", "wf_wait"] if i == 0 else [])
+                                 source=src, maps=[*L.WF_MAPS, *L.WF_MAPS_OPTIONAL] if i == 0 else [])
                 if res.fatal:
                     out.close()
                     raise RuntimeError(f"scratch wait-for program did not load: {res.fatal}: {res.error[-800:]}")
@@ -394,7 +494,7 @@ class Programs:
                     a.fd = -1
                 out.maps.update({name: BpfMap(fd) for name, fd in res.maps.items()})
                 res.maps.clear()
-        out.waitfor = WaitFor({m: out.maps[m] for m in ("wf_tgid_bits", "wf_tid_bits", "wf_cur", "wf_wait")})
+        out.waitfor = WaitFor({m: out.maps[m] for m in (*L.WF_MAPS, *L.WF_MAPS_OPTIONAL) if m in out.maps})
         return out
 
     def ids(self, variant: str) -> dict[int, str]:

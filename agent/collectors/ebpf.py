@@ -224,10 +224,10 @@ class EbpfCollector(BaseCollector):
             else:
                 self._maps[name] = BpfMap(fd, self._ncpus)
             del res.maps[name]
-        wf = ("wf_tgid_bits", "wf_tid_bits", "wf_cur", "wf_wait")
+        wf = L.WF_MAPS
         if self.attached.get("waitfor") and all(m in self._maps for m in wf):
             counters = self._counters
-            self.waitfor = WaitFor({m: self._maps[m] for m in wf},
+            self.waitfor = WaitFor({m: self._maps[m] for m in (*wf, *L.WF_MAPS_OPTIONAL) if m in self._maps},
                                    lost=(lambda: counters.read()[L.C_WF_LOST]) if counters is not None else None)
 
     def close(self) -> None:

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import mmap
 import os
+import statistics
 import struct
 import time
 from collections.abc import Callable, Iterable
@@ -31,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from triscope.agent.ebpf import layout as L
-from triscope.agent.ebpf.bpfsys import BPF_NOEXIST, BpfError, BpfMap
+from triscope.agent.ebpf.bpfsys import BPF_F_MMAPABLE, BPF_NOEXIST, BpfError, BpfMap
 
 log = logging.getLogger(__name__)
 
@@ -88,9 +90,93 @@ class _Open:
     reported: int = 0             # ns of it already counted as open
 
 
+class _Slots:
+    """The ``wf_slots`` array (a followed thread's entry in the slot its tid picks) and
+    ``wf_slot_bits`` (which slots are held): mapped into this process where the kernel allows it
+    (read as memory), else read with a syscall per word and per held slot."""
+
+    def __init__(self, slots: BpfMap, bits: BpfMap) -> None:
+        self.slots, self.bits = slots, bits
+        self.n = slots.max_entries
+        self._mm: list[mmap.mmap] = []
+        self._slot_mem: memoryview | None = None
+        self._bit_mem: memoryview | None = None
+        if slots.info.flags & bits.info.flags & BPF_F_MMAPABLE:
+            try:
+                self._slot_mem = self._map(slots)
+                self._bit_mem = self._map(bits)
+            except OSError as e:       # refused (e.g. by a security module): syscalls
+                log.debug("wait-for: slots not mapped: %s", e)
+                self.close()
+
+    def _map(self, m: BpfMap) -> memoryview:
+        size = m.value_size * m.max_entries
+        mm = mmap.mmap(m.fd, (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE, mmap.MAP_SHARED,
+                       mmap.PROT_READ)
+        self._mm.append(mm)
+        return memoryview(mm)[:size]
+
+    def held(self) -> list[int]:
+        """The slots the kernel holds now."""
+        if self._bit_mem is not None:
+            word = int.from_bytes(self._bit_mem, "little")
+        else:
+            word = 0
+            for k, v in self.bits.items():
+                word |= _U64.unpack_from(v)[0] << (64 * _U32.unpack_from(k)[0])
+        out = []
+        while word:
+            low = word & -word
+            out.append(low.bit_length() - 1)
+            word ^= low
+        return out
+
+    def read(self, slot: int) -> bytes | None:
+        """A slot's value (WF_SLOT), None where it cannot be read."""
+        mem = self._slot_mem
+        if mem is not None:
+            off = slot * L.WF_SLOT.size
+            return bytes(mem[off:off + L.WF_SLOT.size])
+        return self.slots.lookup(_U32.pack(slot))
+
+    def entries(self) -> list[tuple[int, tuple]]:
+        """(tid, WF_CUR fields) of every held slot."""
+        out = []
+        for slot in self.held():
+            raw = self.read(slot)
+            if raw is None:
+                continue
+            v = L.WF_SLOT.unpack_from(raw)
+            if v[-1]:
+                out.append((v[-1], v[:-1]))
+        return out
+
+    def free_stale(self, tid: int) -> None:
+        """A slot still naming ``tid`` from an earlier time it was followed (its thread gone since
+        unseen): emptied, so that the thread of that id now gets an entry afresh."""
+        slot = tid % self.n
+        raw = self.read(slot)
+        if raw is not None and _U64.unpack_from(raw, L.WF_SLOT_TID)[0] == tid:
+            self.slots.update(_U32.pack(slot), bytes(L.WF_SLOT.size))
+
+    def close(self) -> None:
+        for v in (self._slot_mem, self._bit_mem):
+            if v is not None:
+                v.release()
+        self._slot_mem = self._bit_mem = None
+        for mm in self._mm:
+            mm.close()
+        self._mm.clear()
+
+
 class WaitFor:
     """The wait-for maps, held by the agent.  ``maps``: ``wf_tgid_bits``, ``wf_tid_bits``,
-    ``wf_cur``, ``wf_wait`` (``BpfMap``); ``lost``: a callable giving the program's lost count."""
+    ``wf_cur``, ``wf_wait``, ``wf_slots``, ``wf_slot_bits`` and, with the scheduler's BTF,
+    ``wf_clk`` (``BpfMap``); ``lost``: a callable giving the program's lost count.
+
+    A thread's ``since`` is on the clock its ``clk`` names: bpf_ktime_get_ns (the agent's
+    ``time.monotonic_ns``), or the run queue's (sched_clock), turned into the agent's with the
+    pairs of both that the program leaves in ``wf_clk``."""
 
     def __init__(self, maps: dict[str, BpfMap], *, proc: str = "/proc",
                  clock_ns: Callable[[], int] = time.monotonic_ns, lost: Callable[[], int] | None = None) -> None:
@@ -98,6 +184,8 @@ class WaitFor:
         self.tid_bits = maps["wf_tid_bits"]
         self.cur = maps["wf_cur"]
         self.wait = maps["wf_wait"]
+        self.slots = _Slots(maps["wf_slots"], maps["wf_slot_bits"])
+        self.clk = maps.get("wf_clk")
         self.proc = proc
         self.clock_ns = clock_ns
         self.lost = lost
@@ -172,7 +260,10 @@ class WaitFor:
             with contextlib.suppress(OSError, ValueError, IndexError):
                 rd0 = int(open(f"{base}/schedstat").read().split()[1])   # noqa: SIM115
             if tid < self.words * 64:
-                value = L.WF_CUR.pack(now, 0, 0, 0, 0, tgid, state, nr, fd, 0, 0, rd0, 0, 0, -1, -1, 0, 0, 0, 0)
+                value = L.WF_CUR.pack(now, 0, 0, 0, 0, tgid, state, nr, fd, 0, 0, rd0, 0, 0, -1, -1, 0, 0, 0,
+                                      L.WF_CLK_MONO)
+                with contextlib.suppress(BpfError):
+                    self.slots.free_stale(tid)
                 try:
                     self.cur.update(_U32.pack(tid), value, BPF_NOEXIST)
                 except BpfError as e:      # map full: the program counts what it cannot keep too
@@ -181,10 +272,14 @@ class WaitFor:
                 self._set(self.tid_bits, self._tid_words, tid, True)
 
     def _forget(self, tgids: set[int]) -> None:
-        for k, v in self.cur.items():
-            tid = _U32.unpack_from(k)[0]
-            if L.WF_CUR.unpack(v)[5] in tgids:
-                self.cur.delete(k)
+        """Their threads' bits cleared and hash entries deleted; a slot is left to the kernel, which
+        gives it to the next thread whose id picks it (its holder no longer followed)."""
+        held = [(_U32.unpack_from(k)[0], L.WF_CUR.unpack(v), k) for k, v in self.cur.items()]
+        held += [(tid, v, None) for tid, v in self.slots.entries()]
+        for tid, v, k in held:
+            if v[5] in tgids:
+                if k is not None:
+                    self.cur.delete(k)
                 self._set(self.tid_bits, self._tid_words, tid, False)
                 self._prev.pop(tid, None)
                 self._open.pop(tid, None)
@@ -215,13 +310,16 @@ class WaitFor:
         correction: dict[int, tuple[int, int]] = {}
         seen: set[int] = set()
         opens: list[tuple[int, int, int, int]] = []
-        kr, vr, _n = self.cur.items_raw()
         tracked = self.tracked
-        for (tid,), (since, cpu, runq, blocked, _sw, tgid, state, nr, fd, _by, gen, _rd0, c_ns, c_cnt, c_nr, c_fd,
-                     c_wtgid, c_wtid, c_ctx, _cpad) in zip(_U32.iter_unpack(kr), L.WF_CUR.iter_unpack(vr), strict=True):
+        offset = self._clock_offset()
+        for tid, (since, cpu, runq, blocked, _sw, tgid, state, nr, fd, _by, gen, _rd0, c_ns, c_cnt, c_nr, c_fd,
+                  c_wtgid, c_wtid, c_ctx, clk) in self._entries():
             if tgid not in tracked:
                 continue
             seen.add(tid)
+            # `since` names the open interval; `start` is it on our clock (0: unknown, the run queue's
+            # clock with no pair of both clocks read yet)
+            start = since if clk != L.WF_CLK_RQ or not since else (since + offset if offset is not None else 0)
             if c_cnt:
                 self._read_last(tid, gen, (c_nr, c_fd, c_wtgid, c_wtid, c_ctx), c_ns, c_cnt, lasts)
             p = self._prev.get(tid, (0, 0, 0))
@@ -232,12 +330,12 @@ class WaitFor:
             if o is not None and o.since != since:       # the interval counted while open has closed
                 correction[tid] = (o.state, o.reported)
                 o = None
-            if state == L.WF_UNKNOWN or not since:
+            if state == L.WF_UNKNOWN or not start:
                 self._open.pop(tid, None)
                 continue
             if o is None:
                 o = self._open[tid] = _Open(since, state)
-            part = max(0, now - max(since, self._last))
+            part = max(0, now - max(start, self._last))
             o.reported += part
             sec = part / 1e9
             if state == L.WF_ONCPU:
@@ -251,6 +349,26 @@ class WaitFor:
             for tid in [x for x in d if x not in seen]:     # threads gone
                 del d[tid]
         return correction, opens
+
+    def _entries(self) -> Iterable[tuple[int, tuple]]:
+        """tid -> WF_CUR fields: the hash's entries, then the slots' (read after: an entry the kernel
+        moves from the hash to its slot meanwhile is in one or the other, and the slot's wins)."""
+        kr, vr, _n = self.cur.items_raw()
+        out = {tid: v for (tid,), v in zip(_U32.iter_unpack(kr), L.WF_CUR.iter_unpack(vr), strict=True)}
+        out.update(self.slots.entries())
+        return out.items()
+
+    def _clock_offset(self) -> int | None:
+        """ns from the run queue's clock to ours: the median over the CPUs' latest pairs (None: none yet)."""
+        if self.clk is None:
+            return None
+        raw = self.clk.lookup(_U32.pack(0))
+        if raw is None:
+            return None
+        stride = self.clk.stride
+        offs = [mono - rq for mono, rq in (L.WF_CLK.unpack_from(raw, i * stride) for i in range(self.clk.ncpus))
+                if mono and rq]
+        return int(statistics.median(offs)) if offs else None
 
     @staticmethod
     def _correct(out: WaitRead, correction: dict[int, tuple[int, int]]) -> None:
@@ -341,3 +459,4 @@ class WaitFor:
     def close(self) -> None:
         with contextlib.suppress(OSError, BpfError):
             self.track(())
+        self.slots.close()

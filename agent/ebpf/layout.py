@@ -124,8 +124,10 @@ PROBES: tuple[ProbeSpec, ...] = (
 PROBE_BY_NAME = {p.name: p for p in PROBES}
 
 # map name -> what the parent expects; only the maps of attached sections exist
-MAPS = ("counters", "tcp_peers", "dma_stats", "dma_devs", "dma_named", "rare_events",
-        "wf_tgid_bits", "wf_tid_bits", "wf_cur", "wf_wait")
+# the wait-for maps the agent reads (WaitFor); wf_clk exists with the scheduler's BTF only (WF_SCHED)
+WF_MAPS = ("wf_tgid_bits", "wf_tid_bits", "wf_cur", "wf_wait", "wf_slots", "wf_slot_bits")
+WF_MAPS_OPTIONAL = ("wf_clk",)
+MAPS = ("counters", "tcp_peers", "dma_stats", "dma_devs", "dma_named", "rare_events", *WF_MAPS, *WF_MAPS_OPTIONAL)
 
 # wait-for (waitfor.bpf.c): map sizes, and the records the agent reads
 WF_THREADS_MAX = 16384
@@ -134,8 +136,15 @@ WF_ONCPU, WF_RUNNABLE, WF_BLOCKED, WF_UNKNOWN = 1, 2, 3, 0
 WF_KIND_BLOCKED, WF_KIND_RUNQ = 0, 1
 WF_CTX_SOFTIRQ, WF_CTX_HARDIRQ, WF_CTX_HRTIMER, WF_CTX_NONE = 1, 2, 3, 4
 # struct wf_cur: u64 since, cpu_ns, runq_ns, blocked_ns, switches; u32 tgid, state; s32 nr, fd; u32 by, gen;
-# u64 rd0, c_ns, c_count; s32 c_nr, c_fd; u32 c_waker_tgid, c_waker_tid, c_ctx, c_pad (the last wait, kept in the entry)
+# u64 rd0, c_ns, c_count; s32 c_nr, c_fd; u32 c_waker_tgid, c_waker_tid, c_ctx (the last wait, kept in the entry);
+# u32 clk (the clock of `since`)
 WF_CUR = struct.Struct("<5QIIiiII3QiiIIII")
+WF_CLK_MONO, WF_CLK_RQ = 1, 2          # bpf_ktime_get_ns (CLOCK_MONOTONIC), the run queue's clock (sched_clock)
+# struct wf_slot: struct wf_cur c; u64 tid (wf_slots: WF_THREADS_MAX of them, a thread in slot tid % that)
+WF_SLOT = struct.Struct(WF_CUR.format + "Q")
+WF_SLOT_TID = WF_CUR.size               # byte offset of the slot's tid
+# struct wf_clk: u64 mono, rq (per CPU)
+WF_CLK = struct.Struct("<QQ")
 # struct wf_key: u32 tid, kind; s32 nr, fd; u32 waker_tgid, waker_tid, ctx, pad
 WF_KEY = struct.Struct("<IIiiIIII")
 # struct wf_val: u64 ns, count

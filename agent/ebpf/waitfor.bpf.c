@@ -12,8 +12,12 @@
  * The blocked syscall is read from the task's saved user registers at the switch
  * (bpf_task_pt_regs), so no raw_syscalls probe runs for every syscall of the node.
  *
- * Per thread, wf_cur holds the open interval (state, since) and cumulative totals of closed ones;
- * the agent reads it every tick and adds the open part itself.  Each blocked interval that ends is
+ * Per thread, an entry holds the open interval (state, since) and cumulative totals of closed ones;
+ * the agent reads it every tick and adds the open part itself.  The entry lives in the slot of the
+ * wf_slots array that the thread's id picks (tid modulo WF_THREADS_MAX, the tid kept beside it to tell
+ * another thread's): a plain array, no hashing on a followed thread's switch.  A thread whose slot
+ * another followed thread holds keeps its entry in the wf_cur hash instead, as does a thread the agent
+ * has seeded until its first switch out moves it to its slot; wf_slot_bits says which slots are held.  Each blocked interval that ends is
  * kept in its thread's entry while the next one is of the same kind {syscall, fd, waker} (the last
  * wait, with a generation number), and added to wf_wait under {thread, syscall, fd, waker} when
  * another kind takes its place; the agent reads both and drains wf_wait every tick.
@@ -64,8 +68,10 @@ struct wf_cur {
     u32 c_waker_tgid;
     u32 c_waker_tid;
     u32 c_ctx;
-    u32 c_pad;
+    u32 clk;         /* the clock of `since`: WF_CLK_MONO (bpf_ktime_get_ns, what the agent seeds) or WF_CLK_RQ */
 };
+#define WF_CLK_MONO 1
+#define WF_CLK_RQ 2   /* the run queue's clock (rq->clock, sched_clock): WF_SCHED; wf_clk pairs it with the other */
 
 struct wf_key {
     u32 tid;
@@ -108,6 +114,28 @@ BPF_HASH(wf_wait, struct wf_key, struct wf_val, WF_WAITS_MAX);
 BPF_PERCPU_ARRAY(wf_ctxs, struct wf_ctx_stack, 1);
 #ifdef WF_SCHED
 BPF_ARRAY(wf_woke, struct wf_woke, WF_WOKE_SLOTS);
+/* now and then (a followed thread's 1st, 65th, ... switch out, and when a seeded entry is converted)
+   both clocks read on this CPU: the agent turns the run queue's clock into its own with them */
+struct wf_clk {
+    u64 mono;
+    u64 rq;
+};
+BPF_PERCPU_ARRAY(wf_clk, struct wf_clk, 1);
+#define WF_CLK WF_CLK_RQ
+#else
+#define WF_CLK WF_CLK_MONO
+#endif
+
+struct wf_slot {
+    struct wf_cur c;
+    u64 tid;         /* the thread whose entry this is; 0 free (64 bits: the compare-and-swap that claims it) */
+};
+#ifdef COUNTERS_ROWS      /* Linux 5.5+: mapped into the agent (no syscall per thread and tick) */
+BPF_F_TABLE("array", u32, struct wf_slot, wf_slots, WF_THREADS_MAX, BPF_F_MMAPABLE);
+BPF_F_TABLE("array", u32, u64, wf_slot_bits, WF_THREADS_MAX / 64, BPF_F_MMAPABLE);
+#else
+BPF_ARRAY(wf_slots, struct wf_slot, WF_THREADS_MAX);
+BPF_ARRAY(wf_slot_bits, u64, WF_THREADS_MAX / 64);
 #endif
 
 /* bit `id` of a bit array (one u64 per 64 pids); pids past the array (pid_max raised since the
@@ -121,6 +149,72 @@ static __always_inline u64 *wf_tid_word(u32 id) {
     return w < WF_BITS_WORDS ? wf_tid_bits.lookup(&w) : 0;
 }
 #define WF_BIT(word, id) ((word) && ((*(word) >> ((id) & 63)) & 1))
+
+/* a followed thread's entry where the tid picks it (switching in: the thread id alone is known) */
+static __always_inline struct wf_cur *wf_get(u32 tid) {
+    u32 s = tid & (WF_THREADS_MAX - 1);
+    struct wf_slot *e = wf_slots.lookup(&s);
+    if (e && e->tid == tid)
+        return &e->c;
+    return wf_cur.lookup(&tid);
+}
+
+/* the entry of a followed thread switching out, made where it has none: its slot when free, held
+   by a thread no longer followed (its bit cleared by the agent), or by an earlier process's thread
+   of the same id; else the hash.  An entry the agent seeded in the hash moves to the slot. */
+static __always_inline struct wf_cur *wf_get_or_make(u32 tid, u32 tgid) {
+    u32 s = tid & (WF_THREADS_MAX - 1);
+    struct wf_slot *e = wf_slots.lookup(&s);
+    if (!e)
+        return 0;
+    u64 holder = e->tid;
+    if (holder == tid && e->c.tgid == tgid)
+        return &e->c;
+    struct wf_cur *h = wf_cur.lookup(&tid);
+    u64 *hw = holder && holder != tid ? wf_tid_word((u32)holder) : 0;
+    if (!holder || holder == tid || !WF_BIT(hw, (u32)holder)) {
+        if (__sync_val_compare_and_swap(&e->tid, holder, (u64)tid) == holder) {
+            if (h) {
+                e->c = *h;
+                wf_cur.delete(&tid);
+            } else {
+                __builtin_memset(&e->c, 0, sizeof(e->c));
+                e->c.tgid = tgid;
+                e->c.nr = -1;
+                e->c.fd = -1;
+                e->c.c_nr = -1;
+                e->c.c_fd = -1;
+                e->c.clk = WF_CLK;
+            }
+            u32 w = s >> 6;
+            u64 *bits = wf_slot_bits.lookup(&w);
+            if (bits && !((*bits >> (s & 63)) & 1))
+                __sync_fetch_and_or(bits, 1ULL << (s & 63));
+            return &e->c;
+        }
+    }
+    if (h)
+        return h;
+    struct wf_cur z = {.tgid = tgid, .nr = -1, .fd = -1, .c_nr = -1, .c_fd = -1, .clk = WF_CLK};
+    if (wf_cur.insert(&tid, &z) != 0)
+        count(C_WF_LOST, 1);
+    return wf_cur.lookup(&tid);
+}
+
+/* an exiting thread's entry let go */
+static __always_inline void wf_drop(u32 tid) {
+    u32 s = tid & (WF_THREADS_MAX - 1);
+    struct wf_slot *e = wf_slots.lookup(&s);
+    if (e && e->tid == tid) {
+        e->tid = 0;
+        u32 w = s >> 6;
+        u64 *bits = wf_slot_bits.lookup(&w);
+        if (bits)
+            __sync_fetch_and_and(bits, ~(1ULL << (s & 63)));
+    } else {
+        wf_cur.delete(&tid);
+    }
+}
 
 static __always_inline void wf_add(struct wf_key *k, u64 ns, u64 n) {
     struct wf_val *v = wf_wait.lookup(k);
@@ -226,6 +320,39 @@ static __always_inline u64 wf_runq_since(struct task_struct *prev, u64 rd0) {
         rd += clk - lq;
     return (rd0 && rd > rd0) ? rd - rd0 : 0;
 }
+
+/* the scheduler's clock of this CPU's run queue (rq->clock, which __schedule updates just before
+   sched_switch): two loads through the task leaving the CPU, where bpf_ktime_get_ns reads the clock
+   source (bench waitfor: prototypes); 0 when not found */
+static __always_inline u64 wf_now(struct task_struct *cur) {
+    void *cfs = WF_LOAD(void *, cur, WF_OFF_TASK_CFS_RQ);
+    if (!cfs)
+        return 0;
+    void *rq = WF_LOAD(void *, cfs, WF_OFF_CFS_RQ_RQ);
+    return rq ? WF_LOAD(u64, rq, WF_OFF_RQ_CLOCK) : 0;
+}
+
+/* both clocks on this CPU, for the agent; the offset from the run queue's clock to the other */
+static __always_inline s64 wf_clk_pair(u64 rq_now) {
+    u64 mono = bpf_ktime_get_ns();
+    u32 zero = 0;
+    struct wf_clk *k = wf_clk.lookup(&zero);
+    if (k) {
+        k->mono = mono;
+        k->rq = rq_now;
+    }
+    return (s64)(mono - rq_now);
+}
+
+/* an entry the agent seeded (its `since` on bpf_ktime_get_ns's clock) moved to the run queue's */
+static __always_inline void wf_own_clock(struct wf_cur *c, u64 rq_now) {
+    if (c->clk == WF_CLK_RQ || !rq_now)
+        return;
+    s64 off = wf_clk_pair(rq_now);
+    if (c->since)
+        c->since = (s64)c->since - off > 0 ? (u64)((s64)c->since - off) : 0;
+    c->clk = WF_CLK_RQ;
+}
 #endif
 
 /* who is waking a thread now: the interrupt context the wakeup runs in, else the current task */
@@ -254,20 +381,22 @@ int on_wf_switch(struct tracepoint__sched__sched_switch *args) {
     /* the task leaving the CPU (the current one) */
     u64 *tw = tid ? wf_tgid_word(tgid) : 0;
     if (WF_BIT(tw, tgid)) {
-        struct wf_cur *c = wf_cur.lookup(&tid);
-        if (!c) {
-            struct wf_cur z = {.tgid = tgid, .nr = -1, .fd = -1};
-            if (wf_cur.insert(&tid, &z) != 0)
-                count(C_WF_LOST, 1);
-            c = wf_cur.lookup(&tid);
-        }
+        struct wf_cur *c = wf_get_or_make(tid, tgid);
         /* its thread bit: set here for a thread the agent has not listed (a new one), and again if
            the agent's read-modify-write of the word raced with it */
         u64 *w = wf_tid_word(tid);
         if (w && !((*w >> (tid & 63)) & 1))
             __sync_fetch_and_or(w, 1ULL << (tid & 63));
         if (c) {
+#ifdef WF_SCHED
+            prev = bpf_get_current_task_btf();
+            now = wf_now(prev);
+            wf_own_clock(c, now);
+            if ((c->switches & 63) == 0)
+                wf_clk_pair(now);
+#else
             now = bpf_ktime_get_ns();
+#endif
             if (c->since && now > c->since)
                 c->cpu_ns += now - c->since;   /* it was on a CPU until now, whatever the entry said */
             long st = args->prev_state;
@@ -279,10 +408,11 @@ int on_wf_switch(struct tracepoint__sched__sched_switch *args) {
                 c->by = args->next_pid;
             } else if (st & 0x30) {            /* X, Z: exiting */
                 wf_flush(c, tid);
-                wf_cur.delete(&tid);
+                wf_drop(tid);
             } else {
                 c->state = WF_BLOCKED;
-                prev = bpf_get_current_task_btf();
+                if (!prev)
+                    prev = bpf_get_current_task_btf();
                 wf_blocked_in(c, prev);
 #ifdef WF_SCHED
                 c->rd0 = WF_LOAD(u64, prev, WF_OFF_RUN_DELAY);
@@ -294,10 +424,18 @@ int on_wf_switch(struct tracepoint__sched__sched_switch *args) {
     u32 ntid = args->next_pid;
     u64 *nw = ntid ? wf_tid_word(ntid) : 0;
     if (WF_BIT(nw, ntid)) {
-        struct wf_cur *n = wf_cur.lookup(&ntid);
+        struct wf_cur *n = wf_get(ntid);
         if (n) {
+#ifdef WF_SCHED
+            if (!prev)
+                prev = bpf_get_current_task_btf();
+            if (!now)
+                now = wf_now(prev);
+            wf_own_clock(n, now);
+#else
             if (!now)
                 now = bpf_ktime_get_ns();
+#endif
             u64 d = (n->since && now > n->since) ? now - n->since : 0;
 #ifdef WF_SCHED
             /* blocked until its wakeup, then on a run queue: the waker from its slot, the run-queue
@@ -306,8 +444,6 @@ int on_wf_switch(struct tracepoint__sched__sched_switch *args) {
             struct wf_woke *wk = wf_woke.lookup(&slot);
             int woke = wk && wk->tid == ntid;
             if (n->state == WF_BLOCKED || (n->state == WF_UNKNOWN && woke)) {
-                if (!prev)
-                    prev = bpf_get_current_task_btf();
                 u64 q = n->state == WF_BLOCKED ? wf_runq_since(prev, n->rd0) : 0;
                 if (q > d)
                     q = d;
@@ -368,7 +504,7 @@ int on_wf_waking(struct tracepoint__sched__sched_waking *args) {
     u64 *w = wf_tid_word(tid);
     if (!WF_BIT(w, tid))
         return 0;
-    struct wf_cur *c = wf_cur.lookup(&tid);
+    struct wf_cur *c = wf_get(tid);
     if (!c || (c->state != WF_BLOCKED && c->state != WF_UNKNOWN))
         return 0;
     u64 now = bpf_ktime_get_ns();
