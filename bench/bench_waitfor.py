@@ -32,6 +32,9 @@ without bcc: ``bench/wfload.py``).
   scratch copy (``wfload.EDITS``): reading the blocked syscall, the path without the scheduler's BTF
   (the fallback), the last wait kept in the thread's entry; each beside the program as it is,
   alternated with it.
+* **slots and clock** — the tracked path as it is (a thread's entry in an array slot, the run
+  queue's clock) against each part as it was before (``wfload.PROTOTYPES``: the hash, the
+  bpf_ktime_get_ns clock, both), alternated with it under the tracked load.
 
 ``agent/ebpf/waitfor.bpf.c`` is never changed here.
 """
@@ -462,15 +465,19 @@ def cost_centres(exe: Path, quick: bool) -> list[Row]:
 
 
 def prototypes(exe: Path, quick: bool) -> list[Row]:
-    """The tracked path's prototypes (``wfload.PROTOTYPES``: the thread's entry in an array slot, the
-    run queue's clock), alternated with the program as it is: on_wf_switch per run, followed threads."""
+    """The tracked path as it is (a thread's entry in an array slot, the run queue's clock) against
+    each part as it was before (``wfload.PROTOTYPES``), alternated under the tracked load."""
     per = _edit_costs(exe, quick, W.PROTOTYPES)
-    words = {"slots": "its entry in an array slot (tid modulo 16384, tid kept for collisions), not the hash",
-             "rq_now": "the run queue's clock (rq->clock via se.cfs_rq->rq), not bpf_ktime_get_ns",
-             "slots_rq_now": "both"}
-    return [Row("waitfor prototypes", f"on_wf_switch, followed threads, {what} ({_span(per[(k, 'on_wf_switch')])})",
-                round(_med(per[(k, "on_wf_switch")]), 1), "ns/run", "", "as it is, alternated with it",
-                round(_med(per[("as_is", "on_wf_switch")]), 1)) for k, what in words.items()]
+    words = {"hash": "entries in the wf_cur hash instead of array slots",
+             "ktime": "bpf_ktime_get_ns instead of the run queue's clock",
+             "before": "both, as before (hash + bpf_ktime_get_ns)"}
+    rows = []
+    for fn in ("on_wf_switch", "on_wf_waking"):
+        base = round(_med(per[("as_is", fn)]), 1)
+        rows += [Row("waitfor slots and clock", f"{fn}, followed threads, {what} ({_span(per[(k, fn)])})",
+                     round(_med(per[(k, fn)]), 1), "ns/run", "", f"as it is, alternated with it "
+                     f"({_span(per[('as_is', fn)])})", base) for k, what in words.items()]
+    return rows
 
 
 def run(quick: bool = False) -> list[Row]:
@@ -486,6 +493,7 @@ def run(quick: bool = False) -> list[Row]:
             progs.close()
         rows += tracked(exe, quick)
         rows += cost_centres(exe, quick)
+        rows += prototypes(exe, quick)
     return rows
 
 

@@ -309,8 +309,9 @@ def _edit_no_regs(text: str) -> str:
 
 
 def _edit_fallback(text: str) -> str:
-    return _replace("#undef WF_SCHED\n" + text, "#ifdef WF_SCHED\nBPF_ARRAY(wf_woke, struct wf_woke, WF_WOKE_SLOTS);\n#endif",
-                    "BPF_ARRAY(wf_woke, struct wf_woke, WF_WOKE_SLOTS);   /* bench: the prototypes' bodies use it */")
+    return _replace("#undef WF_SCHED\n" + text, "#ifdef WF_SCHED\nBPF_ARRAY(wf_woke, struct wf_woke, WF_WOKE_SLOTS);\n",
+                    "BPF_ARRAY(wf_woke, struct wf_woke, WF_WOKE_SLOTS);   /* bench: the prototypes' bodies use it */\n"
+                    "#ifdef WF_SCHED\n")
 
 
 def _edit_no_last_wait(text: str) -> str:
@@ -318,102 +319,44 @@ def _edit_no_last_wait(text: str) -> str:
                     "    if (0 && c->c_count && c->c_nr == nr && c->c_fd == fd")
 
 
-_SLOTS_C = r"""
-/* bench prototype: a followed thread's entry in an array slot (tid modulo its size, the tid kept to
-   tell a collision), the hash only for a thread whose slot another holds */
-struct wf_slot { struct wf_cur c; u32 tid; u32 spare; };
-BPF_ARRAY(wf_slots, struct wf_slot, WF_THREADS_MAX);
-static __always_inline struct wf_cur *wf_get(u32 tid) {
-    u32 s = tid & (WF_THREADS_MAX - 1);
-    struct wf_slot *e = wf_slots.lookup(&s);
-    if (e && e->tid == tid)
-        return &e->c;
-    return wf_cur.lookup(&tid);
-}
-static __always_inline struct wf_cur *wf_get_or_make(u32 tid, u32 tgid) {
-    u32 s = tid & (WF_THREADS_MAX - 1);
-    struct wf_slot *e = wf_slots.lookup(&s);
-    if (!e)
-        return 0;
-    if (e->tid == tid)
-        return &e->c;
-    struct wf_cur *h = wf_cur.lookup(&tid);
-    if (e->tid == 0) {              /* claimed: the entry the agent seeded in the hash moves here */
-        e->tid = tid;
-        if (h) {
-            e->c = *h;
-        } else {
-            __builtin_memset(&e->c, 0, sizeof(e->c));
-            e->c.tgid = tgid;
-            e->c.nr = -1;
-            e->c.fd = -1;
-        }
-        return &e->c;
-    }
-    if (h)
-        return h;
-    struct wf_cur z = {.tgid = tgid, .nr = -1, .fd = -1};
-    if (wf_cur.insert(&tid, &z) != 0)
-        count(C_WF_LOST, 1);
-    return wf_cur.lookup(&tid);
-}
-static __always_inline void wf_drop(u32 tid) {
-    u32 s = tid & (WF_THREADS_MAX - 1);
-    struct wf_slot *e = wf_slots.lookup(&s);
-    if (e && e->tid == tid)
-        e->tid = 0;
-    else
-        wf_cur.delete(&tid);
-}
-"""
-
-_RQ_NOW_C = r"""
-/* bench prototype: the scheduler's clock of this CPU's run queue (updated by __schedule just before
-   the tracepoint) instead of bpf_ktime_get_ns */
-static __always_inline u64 wf_now(void) {
-    struct task_struct *t = bpf_get_current_task_btf();
-    void *cfs = WF_LOAD(void *, t, WF_OFF_TASK_CFS_RQ);
-    if (!cfs)
-        return bpf_ktime_get_ns();
-    void *rq = WF_LOAD(void *, cfs, WF_OFF_CFS_RQ_RQ);
-    if (!rq)
-        return bpf_ktime_get_ns();
-    return WF_LOAD(u64, rq, WF_OFF_RQ_CLOCK);
-}
-"""
-
-_SWITCH = "int on_wf_switch(struct tracepoint__sched__sched_switch *args) {"
-
-
-def _edit_slots(text: str) -> str:
-    text = _replace(text, _SWITCH, _SLOTS_C + _SWITCH)
-    text = _replace(text, """        struct wf_cur *c = wf_cur.lookup(&tid);
+_HASH_GET_OR_MAKE = """        struct wf_cur *c = wf_cur.lookup(&tid);
         if (!c) {
-            struct wf_cur z = {.tgid = tgid, .nr = -1, .fd = -1};
+            struct wf_cur z = {.tgid = tgid, .nr = -1, .fd = -1, .clk = WF_CLK};
             if (wf_cur.insert(&tid, &z) != 0)
                 count(C_WF_LOST, 1);
             c = wf_cur.lookup(&tid);
-        }""", "        struct wf_cur *c = wf_get_or_make(tid, tgid);")
-    text = _replace(text, "                wf_cur.delete(&tid);", "                wf_drop(tid);")
-    return _replace(text, "        struct wf_cur *n = wf_cur.lookup(&ntid);", "        struct wf_cur *n = wf_get(ntid);")
+        }"""
 
 
-def _edit_rq_now(text: str) -> str:
-    text = _replace(text, _SWITCH, _RQ_NOW_C + _SWITCH)
-    text = _replace(text, "            now = bpf_ktime_get_ns();\n            if (c->since", "            now = wf_now();\n            if (c->since")
-    return _replace(text, "                now = bpf_ktime_get_ns();\n            u64 d =", "                now = wf_now();\n            u64 d =")
+def _edit_hash(text: str) -> str:
+    """Every entry in the wf_cur hash (as before the slots)."""
+    text = _replace(text, "        struct wf_cur *c = wf_get_or_make(tid, tgid);", _HASH_GET_OR_MAKE)
+    text = _replace(text, "                wf_drop(tid);", "                wf_cur.delete(&tid);")
+    return _replace(text, "        struct wf_cur *n = wf_get(ntid);", "        struct wf_cur *n = wf_cur.lookup(&ntid);")
 
 
-def _edit_slots_rq_now(text: str) -> str:
-    return _edit_rq_now(_edit_slots(text))
+def _edit_ktime(text: str) -> str:
+    """bpf_ktime_get_ns for the times, not the run queue's clock (as before)."""
+    text = _replace(text, "#define WF_CLK WF_CLK_RQ\n", "#define WF_CLK WF_CLK_MONO\n")
+    text = _replace(text, """            now = wf_now(prev);
+            wf_own_clock(c, now);
+            if ((c->switches & 63) == 0)
+                wf_clk_pair(now);""", "            now = bpf_ktime_get_ns();")
+    return _replace(text, """                now = wf_now(prev);
+            wf_own_clock(n, now);""", """                now = bpf_ktime_get_ns();""")
 
 
-# prototypes of the tracked path (issue 41 point 7), measured by ``bench_waitfor.prototypes``
+def _edit_before(text: str) -> str:
+    return _edit_ktime(_edit_hash(text))
+
+
+# the tracked path as it is against its parts as they were before (issue 41 point 7: the thread's entry
+# in an array slot, the run queue's clock), measured by ``bench_waitfor.prototypes``
 PROTOTYPES: dict[str, Callable[[str], str] | None] = {
     "as_is": None,
-    "slots": _edit_slots,                     # the thread's entry in an array slot, not the hash
-    "rq_now": _edit_rq_now,                   # the run queue's clock, not bpf_ktime_get_ns
-    "slots_rq_now": _edit_slots_rq_now,
+    "hash": _edit_hash,                       # entries in the hash, not array slots
+    "ktime": _edit_ktime,                     # bpf_ktime_get_ns, not the run queue's clock
+    "before": _edit_before,                   # both, as the program was before
 }
 
 
