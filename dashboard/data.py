@@ -31,7 +31,7 @@ from triscope.analysis.mismatch_inputs import link_facts_from
 from triscope.analysis.reader import SeriesPoints
 from triscope.core.names import shorten
 from triscope.core.samples import label_key, parse_label_key
-from triscope.core.vocabulary import STATES, accelerator_name
+from triscope.core.vocabulary import ACCELERATOR_LABELS, STATES, AcceleratorId
 from triscope.dashboard import workload_data as wd
 from triscope.dashboard.jsontypes import HasDetails, text
 from triscope.store.audit import AuditRow, audit_log
@@ -143,8 +143,8 @@ class NodeLanes:
     segments_note: str = ""
     events: list[EventMark] = field(default_factory=list)
     events_truncated: bool = False
-    accels: list[wd.Accel] = field(default_factory=list)      # the node's accelerators
-    accel: wd.Accel | None = None                             # the one shown (None: the whole node)
+    accels: list[AcceleratorId] = field(default_factory=list)      # the node's accelerators
+    accel: AcceleratorId | None = None                             # the one shown (None: the whole node)
     listed: list[SeriesInfo] = field(default_factory=list)    # the node's series: the render's one listing
 
 
@@ -198,9 +198,9 @@ def _fmt(title: str, labels: Mapping[str, str]) -> str:
 
 
 def node_lanes(store: Store, node: str, window: Window, max_points: int = 1500,
-               specs: Sequence[TraceSpec] = NODE_TRACES, max_events: int = 300, accel: wd.Accel | None = None) -> NodeLanes:
+               specs: Sequence[TraceSpec] = NODE_TRACES, max_events: int = 300, accel: AcceleratorId | None = None) -> NodeLanes:
     """The three lanes of one node over ``window``, each series downsampled by the store; with
-    ``accel`` (a ``workload_data.Accel``) only that accelerator's series, its link, its own DMA
+    ``accel`` (a ``AcceleratorId``) only that accelerator's series, its link, its own DMA
     device when the store knows its bus, its workloads' feeder busy and CPU wait, and its state
     ribbon (the node-wide network lane stays).  The node's series are listed once (``listed``,
     kept for the rest of the render); each trace's key is its series' id."""
@@ -245,7 +245,7 @@ def _peak_first(d: SeriesData) -> float:
     return -max(d.values)
 
 
-def _missing_lanes(has: set[str], present: set[str], accels: Sequence[wd.Accel], accel: wd.Accel | None) -> dict[str, str]:
+def _missing_lanes(has: set[str], present: set[str], accels: Sequence[AcceleratorId], accel: AcceleratorId | None) -> dict[str, str]:
     """lane -> why it is empty: nothing of the kind stored, or nothing in this range."""
     out: dict[str, str] = {}
     gpus = "triscope_gpu_info" in present or any(m.startswith("triscope_gpu_") for m in present)
@@ -266,7 +266,7 @@ def _missing_lanes(has: set[str], present: set[str], accels: Sequence[wd.Accel],
     return out
 
 
-def _event_marks(store: Store, node: str, window: Window, accel: wd.Accel | None, max_events: int) -> tuple[list[EventMark], bool]:
+def _event_marks(store: Store, node: str, window: Window, accel: AcceleratorId | None, max_events: int) -> tuple[list[EventMark], bool]:
     """The node's events in the window (state changes left out: the ribbon shows them), another
     accelerator's left out, with the engine's remediation decisions from its audit log."""
     evs = store.events(node=node, start=window.start, end=window.end, limit=max_events + 1)
@@ -291,7 +291,7 @@ def _mark_ts(m: EventMark) -> float:
     return m.ts
 
 
-def _own_devices(listed: Sequence[SeriesInfo], accel: wd.Accel | None) -> set[str]:
+def _own_devices(listed: Sequence[SeriesInfo], accel: AcceleratorId | None) -> set[str]:
     """The PCI devices (bus ids) of ``accel`` from ``triscope_gpu_info``."""
     if accel is None or accel.kind != "gpu":
         return set()
@@ -299,11 +299,11 @@ def _own_devices(listed: Sequence[SeriesInfo], accel: wd.Accel | None) -> set[st
             and s.labels.get("gpu") == accel.index and s.labels.get("bus_id")}
 
 
-def _shown_for(info: SeriesInfo, accel: wd.Accel, own_device: set[str]) -> bool:
+def _shown_for(info: SeriesInfo, accel: AcceleratorId, own_device: set[str]) -> bool:
     """Whether a series belongs on the lanes of ``accel``: the accelerator's own series; of the
     per-device ones (DMA, IOMMU) its own device's when the store knows its bus, else all of them
     (host-wide context); node-wide series (network) always."""
-    a = wd.accel_of(info.labels)
+    a = AcceleratorId.of(info.labels)
     if a is not None:
         return bool(a == accel)
     if info.metric.startswith(ACCEL_SCOPED):
@@ -314,10 +314,10 @@ def _shown_for(info: SeriesInfo, accel: wd.Accel, own_device: set[str]) -> bool:
     return True
 
 
-def _event_accel(event: HasDetails) -> wd.Accel | None:
+def _event_accel(event: HasDetails) -> AcceleratorId | None:
     details = event.details
     try:
-        return wd.accel_of({k: str(details[k]) for k in wd.ACCEL_KEYS if k in details})
+        return AcceleratorId.of({k: str(details[k]) for k in ACCELERATOR_LABELS if k in details})
     except Exception:  # noqa: BLE001 - odd details: node-wide
         return None
 
@@ -389,7 +389,7 @@ def segments_from_points(points: Iterable[tuple[float, str]], end: float, max_ga
     return out
 
 
-def history_segments(store: StoreReader, node: str, window: Window, accel: wd.Accel | None = None,
+def history_segments(store: StoreReader, node: str, window: Window, accel: AcceleratorId | None = None,
                      runs: Sequence[VerdictRun] | None = None) -> tuple[list[Segment], str] | None:
     """The ribbon from the verdict history (``store.verdict_runs``, or ``runs`` already read): the
     node's roll-up runs, or with ``accel`` that accelerator's own (a node with one accelerator and no
@@ -397,7 +397,7 @@ def history_segments(store: StoreReader, node: str, window: Window, accel: wd.Ac
     runs = store.verdict_runs(node, window.start, window.end) if runs is None else runs
     if not runs:
         return None
-    want = (accelerator_name(accel.labels) or "") if accel is not None else ""
+    want = accel.key if accel is not None else ""
     mine = [r for r in runs if r.accelerator == want]
     if not mine and accel is None:
         accs = sorted({r.accelerator for r in runs})
@@ -411,7 +411,7 @@ def history_segments(store: StoreReader, node: str, window: Window, accel: wd.Ac
 
 
 def mismatch_segments(store: StoreReader, node: str, window: Window, max_points: int,
-                      listed: Sequence[SeriesInfo] | None = None, accel: wd.Accel | None = None,
+                      listed: Sequence[SeriesInfo] | None = None, accel: AcceleratorId | None = None,
                       runs: Sequence[VerdictRun] | None = None) -> tuple[list[Segment], str]:
     """The ribbon: the verdict history (``store.verdict_runs``: the node's roll-up, or with ``accel``
     that accelerator's own runs) — the same record root cause and the other pages read, at full
@@ -423,7 +423,7 @@ def mismatch_segments(store: StoreReader, node: str, window: Window, max_points:
         return got
     listed = listed if listed is not None else store.series(node=node, prefix="triscope_")
     verdicts = [s for s in listed if s.metric == wd.STATE_METRIC
-                and (wd.accel_of(s.labels) is None if accel is None else accel.matches(s.labels))]
+                and (AcceleratorId.of(s.labels) is None if accel is None else accel.matches(s.labels))]
     if verdicts:
         return [], (f"no stored state for {accel.name} in this range" if accel is not None
                     else "no state stored in this range")
@@ -501,10 +501,10 @@ def fleet_rows(store: Store, now: float, slo_status: Mapping[str, str] | None = 
             state = "not computed" if gk or nk or cur.accels else "no accelerator"
         accels = set(cur.accels)
         for _, lk in (*gk, *nk):
-            a = wd.accel_of(_labels(lk))
+            a = AcceleratorId.of(_labels(lk))
             if a is not None:
                 accels.add(a)
-        cells = [cur.accels.get(a) or wd.AccelNow(a) for a in sorted(accels, key=wd.accel_order)]
+        cells = [cur.accels.get(a) or wd.AccelNow(a) for a in sorted(accels)]
         rec = n.recording or ""
         rows.append(FleetRow(n.name, state, score, _accelerator_text(gk, nk),
                              (slo_status or {}).get(n.name, "no SLO file configured" if slo_status is None else "-"),
@@ -638,7 +638,7 @@ def mismatch_points(store: StoreReader, nodes: Sequence[str], window: Window, ma
         ribbon = _SegmentIndex(segs)
         for acc, t, busy, lu in _evidence_windows(store, node, listed, window, width, th):
             mid = t + width / 2
-            got = (at.get((accelerator_name(acc.labels) or "") if acc else "", none).at(mid + lag)
+            got = (at.get(acc.key if acc else "", none).at(mid + lag)
                    or at.get("", none).at(mid + lag) or ribbon.at(mid))
             if got is not None:
                 pts.append(MismatchPoint(node, t, busy, lu, got.state, got.score or 0.0, acc.name if acc else ""))
@@ -660,7 +660,7 @@ class _SegmentIndex:
 
 
 def _evidence_windows(store: StoreReader, node: str, listed: Sequence[SeriesInfo], window: Window, width: float,
-                      th: MismatchThresholds) -> list[tuple[wd.Accel | None, float, float, float]]:
+                      th: MismatchThresholds) -> list[tuple[AcceleratorId | None, float, float, float]]:
     """(accelerator, window start, busy 0..1, link load 0..1 of the effective ceiling) per window of
     ``width`` seconds, from the stored series as the store downsamples them: SM activity (else the
     coarse NVML figure, or NPU AICore) and the busier PCIe direction."""
@@ -680,9 +680,9 @@ def _evidence_windows(store: StoreReader, node: str, listed: Sequence[SeriesInfo
         for i, v in _bucket_means(d, window.start, width).items():
             rates.setdefault(gpu, {})[i] = max(rates.get(gpu, {}).get(i, 0.0), v)
         peak[gpu] = max([peak.get(gpu, 0.0), *d.values])
-    out: list[tuple[wd.Accel | None, float, float, float]] = []
+    out: list[tuple[AcceleratorId | None, float, float, float]] = []
     for d in datas[:len(busy)]:
-        acc = wd.accel_of(d.info.labels)
+        acc = AcceleratorId.of(d.info.labels)
         gpu = d.info.labels.get("gpu", "")
         ceiling = effective_ceiling(caps.get(gpu), peak.get(gpu), th) if gpu in rates else None
         for i, v in sorted(_bucket_means(d, window.start, width).items()):

@@ -15,11 +15,17 @@ from urllib.parse import quote, urlencode
 
 from dash import dcc, html
 
-from triscope.core.vocabulary import IO_STATES, QUIET_STATES, WORST_FIRST, WorkloadKey, accelerator_name
+from triscope.core.vocabulary import (
+    IO_STATES,
+    QUIET_STATES,
+    WORST_FIRST,
+    AcceleratorId,
+    WorkloadKey,
+)
 from triscope.dashboard.components import full, note, short
 from triscope.dashboard.figures import state_style
 from triscope.dashboard.ids import NodeIds
-from triscope.dashboard.workload_data import Accel, NodeNow, WorkloadRow
+from triscope.dashboard.workload_data import NodeNow, WorkloadRow
 from triscope.store.reader import StoreReader
 
 StateShares = dict[tuple[str, WorkloadKey], dict[str, float]]
@@ -31,7 +37,7 @@ FEEDER_PEGGED = 0.90
 CPU_WAIT_HIGH = 0.20
 
 
-def accel_id(a: Accel | None) -> str:
+def accel_id(a: AcceleratorId | None) -> str:
     """The picker link's element id: ``node-accel-all``, ``node-accel-gpu1``, ``node-accel-npu3-0``."""
     if a is None:
         return "node-accel-all"
@@ -39,7 +45,7 @@ def accel_id(a: Accel | None) -> str:
     return f"node-accel-{slug}"
 
 
-def accel_picker(node: str, accels: Sequence[Accel], picked: Accel | None, now: NodeNow,
+def accel_picker(node: str, accels: Sequence[AcceleratorId], picked: AcceleratorId | None, now: NodeNow,
                  keep: Mapping[str, str]) -> html.Div:
     """A link per accelerator (its current state as the colour, its workload) and one for the
     whole node; each keeps the page's range (``keep``) and names its accelerator in the URL."""
@@ -97,7 +103,7 @@ def row_state(shares: dict[str, float] | None) -> tuple[str, float]:
 
 def _row_key(r: WorkloadRow) -> tuple[str, WorkloadKey]:
     ref = r.ref
-    return accelerator_name(r.accel.labels) or "", (ref.namespace, ref.pod, ref.container, ref.workload)
+    return r.accel.key, (ref.namespace, ref.pod, ref.container, ref.workload)
 
 
 def _state_cell(shares: dict[str, float] | None) -> Any:
@@ -123,7 +129,7 @@ def _num(x: float | None, fmt: str = "{:.2f}") -> str:
     return "-" if x is None else fmt.format(x)
 
 
-def workload_panel(rows: Sequence[WorkloadRow], picked: Accel | None, window: Any,
+def workload_panel(rows: Sequence[WorkloadRow], picked: AcceleratorId | None, window: Any,
                    states: StateShares | None = None) -> html.Div:
     """The workloads on the node's accelerators (or the picked one) over the range: their state
     (``states``, from ``workload_states``), labels, processes, SM share, CPU, and the host-side

@@ -27,20 +27,12 @@ from triscope.analysis.rca.inputs import RCAInputs
 from triscope.analysis.rca.ranked import rank_causes
 from triscope.analysis.rca.timeline import fetch_timeline_inputs, rca_timeline
 from triscope.core.names import shorten
-from triscope.core.vocabulary import is_healthy, workload_labels
+from triscope.core.vocabulary import AcceleratorId, is_healthy, workload_labels
 from triscope.dashboard.data import Segment, Window, mismatch_segments
 from triscope.dashboard.export import Series
 from triscope.dashboard.jsontypes import JSON, JSONObject, items, obj
 from triscope.dashboard.waitfor_view import chain_evidence
-from triscope.dashboard.workload_data import (
-    Accel,
-    OwnerLookup,
-    WorkloadRef,
-    accel_from_name,
-    accel_of,
-    owners_for,
-    run_spans,
-)
+from triscope.dashboard.workload_data import OwnerLookup, WorkloadRef, owners_for, run_spans
 from triscope.store.reader import StoreReader
 
 
@@ -177,7 +169,7 @@ class EpisodeView:
     end: float
     state: str
     accelerator: str               # "gpu=0", "chip=0,npu=1", "node" (the contract's form)
-    accel: Accel | None            # parsed; None for the node
+    accel: AcceleratorId | None            # parsed; None for the node
     workload: WorkloadRef | None
     kind: str = "state"            # state | health | slo | event (context on a lane, never bad)
     bad: bool = False
@@ -235,13 +227,6 @@ def timeline(store: StoreReader, node: str, start: float, end: float,
     return tv
 
 
-def _accel_of_name(name: str) -> Accel | None:
-    if not name or name == "node":
-        return None
-    labels = dict(p.split("=", 1) for p in name.split(",") if "=" in p)
-    return accel_of(labels)
-
-
 def _reference_text(ref: JSON) -> str:
     if not isinstance(ref, Mapping) or not ref:
         return ""
@@ -254,7 +239,7 @@ def _reference_text(ref: JSON) -> str:
     if ref.get("node"):
         parts.append(f"on {shorten(str(ref['node']), 48)}")
     if ref.get("accelerator"):
-        a = _accel_of_name(str(ref["accelerator"]))
+        a = AcceleratorId.parse(str(ref["accelerator"]))
         parts.append(a.name if a is not None else str(ref["accelerator"]))
     if ref.get("state"):
         parts.append(f"({ref['state']})")
@@ -270,7 +255,7 @@ def timeline_from_dict(d: JSONObject, owners: OwnerLookup | None = None) -> Time
         wl = _labels(e.get("workload"))
         acc_name = str(e.get("accelerator") or "node")
         out.append(EpisodeView(
-            _float(e["start"]), _float(e["end"]), str(e.get("state", "?")), acc_name, _accel_of_name(acc_name),
+            _float(e["start"]), _float(e["end"]), str(e.get("state", "?")), acc_name, AcceleratorId.parse(acc_name),
             WorkloadRef.of(wl, found) if wl else None, str(e.get("kind", "state")),
             bool(e.get("bad", not is_healthy(str(e.get("state") or "")))), _opt_float(e.get("score")),
             [EpisodeCause(str(c.get("cause", "")), str(c.get("title", c.get("cause", ""))), _opt_float(c.get("score")),
@@ -309,9 +294,9 @@ def fallback_timeline(store: StoreReader, node: str, start: float, end: float,
     found = owners_for(owners, (workload_labels(r.workload) for r in runs))
     out: list[EpisodeView] = []
     for r, a, b in run_spans(runs, start, end):
-        acc = accel_from_name(r.accelerator)
+        acc = AcceleratorId.parse(r.accelerator)
         if acc is not None:
-            out.append(EpisodeView(a, b, r.state, _accel_name(acc), acc,
+            out.append(EpisodeView(a, b, r.state, r.accelerator, acc,
                                    WorkloadRef.of(workload_labels(r.workload), found), bad=not is_healthy(r.state)))
     notes = [] if out else ["no per-accelerator state stored in this range"]
     todo = sorted((e for e in out if e.bad and e.duration >= FALLBACK_MIN_S), key=_longest_first)
@@ -328,10 +313,6 @@ def fallback_timeline(store: StoreReader, node: str, start: float, end: float,
 
 def _longest_first(e: EpisodeView) -> float:
     return -e.duration
-
-
-def _accel_name(a: Accel) -> str:
-    return ",".join(f"{k}={v}" for k, v in sorted(a.labels.items()))
 
 
 def episode_series(episodes: Sequence[EpisodeView], a: float, b: float) -> list[Series]:

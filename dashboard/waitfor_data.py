@@ -45,14 +45,12 @@ from triscope.analysis.mismatch_inputs import mismatch_inputs_from_series
 from triscope.analysis.reader import points_of
 from triscope.analysis.verdict import engaged
 from triscope.analysis.waitverdict import NETWORK, STAGING, chain_finding, chain_reasons, no_chain_reason
-from triscope.core.vocabulary import WorkloadKey, accelerator_name, workload_key
+from triscope.core.vocabulary import AcceleratorId, WorkloadKey, workload_key
 from triscope.dashboard.workload_data import (
     INFO_METRIC,
     WORKLOAD_PREFIX,
-    Accel,
     OwnerLookup,
     WorkloadRef,
-    accel_of,
     owners_for,
 )
 from triscope.store.reader import SeriesData, SeriesInfo, StoreReader
@@ -92,7 +90,7 @@ class ChainEnd:
 class DriverTime:
     """One workload's driving threads on one accelerator over the window."""
 
-    accel: Accel
+    accel: AcceleratorId
     ref: WorkloadRef
     bucket_start: list[float] = field(default_factory=list)     # epoch seconds, one per bucket
     width: float = 1.0                                          # bucket width, seconds
@@ -119,7 +117,7 @@ class DriverTime:
 class AccelWaitFor:
     """An accelerator's workloads: those with wait-for series and those without."""
 
-    accel: Accel
+    accel: AcceleratorId
     traced: list[DriverTime] = field(default_factory=list)
     untraced: list[WorkloadRef] = field(default_factory=list)
     more: int = 0                                               # traced workloads not drawn (past MAX_WORKLOADS)
@@ -149,19 +147,19 @@ def _fetch(store: StoreReader, infos: Sequence[SeriesInfo], start: float, end: f
     return [store.query_series(i, start, end, max_points=None, tier=tier) for i in infos]
 
 
-def wait_infos(listed: Sequence[SeriesInfo], accel: Accel | None = None) -> list[SeriesInfo]:
+def wait_infos(listed: Sequence[SeriesInfo], accel: AcceleratorId | None = None) -> list[SeriesInfo]:
     """The series ``node_waitfor`` reads, from a listing of the node's series: every per-workload
     series of the accelerators (of ``accel``) whose workloads have driving-thread series, and those
     accelerators' busy and utilisation series (the verdict reads the chain against them)."""
-    traced = {(accel_of(s.labels), workload_key(s.labels)) for s in listed if s.metric == WAIT_DRIVER}
+    traced = {(AcceleratorId.of(s.labels), workload_key(s.labels)) for s in listed if s.metric == WAIT_DRIVER}
     traced = {t for t in traced if t[0] is not None and (accel is None or t[0] == accel)}
     accels = {a for a, _ in traced}
-    out = [s for s in listed if s.metric in WORKLOAD_METRICS and (accel_of(s.labels), workload_key(s.labels)) in traced]
-    out += [s for s in listed if s.metric in (GPU_BUSY, NPU_BUSY, GPU_UTIL) and accel_of(s.labels) in accels]
+    out = [s for s in listed if s.metric in WORKLOAD_METRICS and (AcceleratorId.of(s.labels), workload_key(s.labels)) in traced]
+    out += [s for s in listed if s.metric in (GPU_BUSY, NPU_BUSY, GPU_UTIL) and AcceleratorId.of(s.labels) in accels]
     return out
 
 
-def node_waitfor(store: StoreReader, node: str, start: float, end: float, accel: Accel | None = None,
+def node_waitfor(store: StoreReader, node: str, start: float, end: float, accel: AcceleratorId | None = None,
                  owners: OwnerLookup | None = None, listed: Sequence[SeriesInfo] | None = None,
                  fetch: Fetch | None = None, thresholds: MismatchThresholds | None = None,
                  buckets: int = TIME_BUCKETS) -> list[AccelWaitFor]:
@@ -175,10 +173,10 @@ def node_waitfor(store: StoreReader, node: str, start: float, end: float, accel:
     if listed is None:
         listed = [*store.series(node=node, prefix=WORKLOAD_PREFIX), *store.series(node=node, metric=INFO_METRIC),
                   *(s for m in (GPU_BUSY, NPU_BUSY, GPU_UTIL) for s in store.series(node=node, metric=m))]
-    present: dict[Accel, set[WorkloadKey]] = {}
+    present: dict[AcceleratorId, set[WorkloadKey]] = {}
     for s in listed:
         if s.metric == INFO_METRIC or s.metric.startswith(WORKLOAD_PREFIX):
-            a = accel_of(s.labels)
+            a = AcceleratorId.of(s.labels)
             if a is not None and (accel is None or a == accel):
                 present.setdefault(a, set()).add(workload_key(s.labels))
     if not present:
@@ -201,27 +199,27 @@ def node_waitfor(store: StoreReader, node: str, start: float, end: float, accel:
 
 
 def _read(datas: Sequence[SeriesData], start: float, end: float, tier: str | None, th: MismatchThresholds,
-          buckets: int, owners: Mapping[tuple[str, str], str]) -> dict[Accel, list[DriverTime]]:
+          buckets: int, owners: Mapping[tuple[str, str], str]) -> dict[AcceleratorId, list[DriverTime]]:
     """The series read, per accelerator: each traced workload's ``DriverTime``."""
     step = 60.0 if tier == "1m" else 3600.0 if tier == "1h" else 1.0
     if tier is not None:
         datas = [per_step(d, step) for d in datas]
     width = bucket_width(end - start, step, buckets)
     n = max(1, math.ceil((end - start) / width))
-    driver: dict[tuple[Accel, WorkloadKey], list[SeriesData]] = {}
+    driver: dict[tuple[AcceleratorId, WorkloadKey], list[SeriesData]] = {}
     for d in datas:
-        a = accel_of(d.info.labels)
+        a = AcceleratorId.of(d.info.labels)
         if d.info.metric == WAIT_DRIVER and a is not None:
             driver.setdefault((a, workload_key(d.info.labels)), []).append(d)
     if not driver:
         return {}
     findings = _findings(datas, start, end, th)
-    out: dict[Accel, list[DriverTime]] = {}
+    out: dict[AcceleratorId, list[DriverTime]] = {}
     for (a, key), sds in driver.items():
         ref = WorkloadRef.of(dict(zip(("namespace", "pod", "container", "workload"), key, strict=True)), owners)
         dt = DriverTime(a, ref, [start + i * width for i in range(n)], width)
         _timeline(dt, sds, start, width, n)
-        _chain(dt, findings.get((accelerator_name(a.labels) or "", key)), datas, a, key, th)
+        _chain(dt, findings.get((a.key, key)), datas, a, key, th)
         out.setdefault(a, []).append(dt)
     return out
 
@@ -291,7 +289,7 @@ def _findings(datas: Sequence[SeriesData], start: float, end: float, th: Mismatc
     return out
 
 
-def _chain(dt: DriverTime, got: tuple[WorkloadEvidence, float] | None, datas: Sequence[SeriesData], a: Accel,
+def _chain(dt: DriverTime, got: tuple[WorkloadEvidence, float] | None, datas: Sequence[SeriesData], a: AcceleratorId,
            key: WorkloadKey, th: MismatchThresholds) -> None:
     """The chain's ends over the window with the verdict's groups and words; where the verdict has
     no reading (no busy series, too little evidence), the ends' shares alone, not classified."""
@@ -313,7 +311,7 @@ def _chain(dt: DriverTime, got: tuple[WorkloadEvidence, float] | None, datas: Se
     sums: dict[tuple[str, ...], float] = {}
     secs = 0.0
     for d in datas:
-        if accel_of(d.info.labels) != a or workload_key(d.info.labels) != key:
+        if AcceleratorId.of(d.info.labels) != a or workload_key(d.info.labels) != key:
             continue
         vals = [v for v in d.values if v == v and v >= 0]
         if d.info.metric == WAIT_CHAIN:

@@ -16,17 +16,16 @@ runs of each accelerator's published state, store/verdicts.py), the record root 
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from triscope.core.samples import parse_label_key
 from triscope.core.vocabulary import (
-    ACCELERATOR_LABELS,
     WORKLOAD_LABELS,
+    AcceleratorId,
+    AcceleratorOrder,
     State,
-    accelerator_labels,
     workload_labels,
 )
 from triscope.store.reader import SeriesData, SeriesInfo, StoreReader, VerdictRun
@@ -37,87 +36,10 @@ if TYPE_CHECKING:   # the workloads table is read with the store's own functions
 
 log = logging.getLogger(__name__)
 
-ACCEL_KEYS = ACCELERATOR_LABELS
-WORKLOAD_KEYS = WORKLOAD_LABELS
 STATE_METRIC = "triscope_mismatch_state"
 SCORE_METRIC = "triscope_mismatch_score"
 INFO_METRIC = "triscope_accelerator_workload_info"
 WORKLOAD_PREFIX = "triscope_workload_"
-
-
-# ---------------------------------------------------------------------------------------------- accelerators
-def _num(v: str) -> tuple[int, str]:
-    return (int(v), "") if v.isdigit() else (1 << 30, v)
-
-
-@dataclass(frozen=True)
-class Accel:
-    """One accelerator of a node: a GPU by its NVML index, an NPU by ``npu`` id and ``chip``."""
-
-    kind: str        # "gpu" or "npu"
-    index: str
-    chip: str = ""
-
-    @property
-    def labels(self) -> dict[str, str]:
-        return {"gpu": self.index} if self.kind == "gpu" else {"npu": self.index, "chip": self.chip}
-
-    @property
-    def name(self) -> str:
-        if self.kind == "gpu":
-            return f"GPU {self.index}"
-        return f"NPU {self.index}/{self.chip}" if self.chip else f"NPU {self.index}"
-
-    @property
-    def query(self) -> str:
-        """The page's URL parameters for it: ``gpu=1``, ``npu=3&chip=0``."""
-        if self.kind == "gpu":
-            return f"gpu={self.index}"
-        return f"npu={self.index}" + (f"&chip={self.chip}" if self.chip else "")
-
-    @property
-    def sort_key(self) -> AccelOrder:
-        return (self.kind != "gpu", _num(self.index), _num(self.chip))
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        return accel_of(labels) == self
-
-
-AccelOrder = tuple[bool, tuple[int, str], tuple[int, str]]
-
-
-def accel_order(a: Accel) -> AccelOrder:
-    """GPUs first, by index (numeric), then NPUs by id and chip."""
-    return a.sort_key
-
-
-def accel_of(labels: Mapping[str, str]) -> Accel | None:
-    """The accelerator a series' labels name, None for a node-wide series."""
-    g = labels.get("gpu")
-    if g:
-        return Accel("gpu", str(g))
-    n = labels.get("npu")
-    if n:
-        return Accel("npu", str(n), str(labels.get("chip") or ""))
-    return None
-
-
-_SAFE = re.compile(r"[A-Za-z0-9._:-]{1,64}")
-
-
-def accel_from_name(name: str) -> Accel | None:
-    """The accelerator a verdict run's ``accelerator`` names (``gpu=0``, ``chip=0,npu=1``); None for
-    "" (the node's roll-up)."""
-    return accel_of(accelerator_labels(name)) if name else None
-
-
-def accel_from_query(gpu: str | None = None, npu: str | None = None, chip: str | None = None) -> Accel | None:
-    """The accelerator a page's ``?gpu=1`` / ``?npu=3&chip=0`` names (None: the whole node)."""
-    if gpu and _SAFE.fullmatch(str(gpu)):
-        return Accel("gpu", str(gpu))
-    if npu and _SAFE.fullmatch(str(npu)):
-        return Accel("npu", str(npu), str(chip) if chip and _SAFE.fullmatch(str(chip)) else "")
-    return None
 
 
 # ---------------------------------------------------------------------------------------------- workloads
@@ -248,7 +170,7 @@ def workload_of(labels: Mapping[str, str], owners: Mapping[tuple[str, str], str]
 class AccelNow:
     """An accelerator's newest stored state, score and workloads."""
 
-    accel: Accel
+    accel: AcceleratorId
     state: str = ""            # "" when the agent stores no per-accelerator state for it
     score: float | None = None
     ts: float = -1.0
@@ -273,7 +195,7 @@ class NodeNow:
     state: str = ""
     score: float | None = None
     ts: float = -1.0
-    accels: dict[Accel, AccelNow] = field(default_factory=dict)
+    accels: dict[AcceleratorId, AccelNow] = field(default_factory=dict)
 
 
 LabelParser = Callable[[str], Mapping[str, str]]
@@ -297,14 +219,14 @@ def current_from(entries: Iterable[tuple[str, Mapping[str, str] | str, float, fl
     mismatch and workload-info series: ``(metric, labels, ts, value)``, labels as a dict or (with
     ``parse``) as the store's label-key text, parsed only for the entries that matter."""
     out = NodeNow()
-    info: dict[Accel, list[tuple[float, WorkloadRef]]] = {}
-    scores: dict[Accel, tuple[float, float]] = {}
+    info: dict[AcceleratorId, list[tuple[float, WorkloadRef]]] = {}
+    scores: dict[AcceleratorId, tuple[float, float]] = {}
     node_score_ts = -1.0
     for metric, lk, ts, value in entries:
         if metric == STATE_METRIC and value < 0.5:
             continue
         lab = _labels_of(lk, parse)
-        acc = accel_of(lab)
+        acc = AcceleratorId.of(lab)
         if metric == STATE_METRIC:
             if acc is None:
                 if ts > out.ts:
@@ -340,7 +262,7 @@ def _by_start(r: VerdictRun) -> tuple[float, float]:
     return r.start, r.end
 
 
-def _add_workloads(out: NodeNow, info: Mapping[Accel, list[tuple[float, WorkloadRef]]]) -> None:
+def _add_workloads(out: NodeNow, info: Mapping[AcceleratorId, list[tuple[float, WorkloadRef]]]) -> None:
     """Every workload with a process on each accelerator now (its info point near the newest)."""
     for acc, items in info.items():
         newest = max(t for t, _ in items)
@@ -391,17 +313,17 @@ def current_from_runs(runs: Iterable[VerdictRun], info: Iterable[tuple[str, Mapp
         by_acc.setdefault(r.accelerator, []).append(r)
     for name, rs in by_acc.items():
         state, score, ts, wl = current_run(rs)
-        acc = accel_from_name(name)
+        acc = AcceleratorId.parse(name)
         if not name:
             out.state, out.score, out.ts = state, score, ts
         elif acc is not None:
             out.accels[acc] = AccelNow(acc, state, score, ts, WorkloadRef.of(workload_labels(wl), owners))
-    present: dict[Accel, list[tuple[float, WorkloadRef]]] = {}
+    present: dict[AcceleratorId, list[tuple[float, WorkloadRef]]] = {}
     for metric, lk, ts, value in info:
         if metric != INFO_METRIC or value < 0.5:
             continue
         lab = _labels_of(lk, parse)
-        acc = accel_of(lab)
+        acc = AcceleratorId.of(lab)
         if acc is not None:
             present.setdefault(acc, []).append((ts, WorkloadRef.of(lab, owners)))
     _add_workloads(out, present)
@@ -433,17 +355,17 @@ def node_current(store: StoreReader, node: str, owners: OwnerLookup | None = Non
     return now
 
 
-def node_accels(store: StoreReader, node: str, infos: Sequence[SeriesInfo] | None = None) -> list[Accel]:
+def node_accels(store: StoreReader, node: str, infos: Sequence[SeriesInfo] | None = None) -> list[AcceleratorId]:
     """Every accelerator the node's series name (GPU and NPU series, per-accelerator verdicts,
     workload info), sorted GPUs first by index."""
-    seen: set[Accel] = set()
+    seen: set[AcceleratorId] = set()
     for s in infos if infos is not None else store.series(node=node, prefix="triscope_"):
         if s.metric.startswith(("triscope_gpu_", "triscope_npu_", "triscope_mismatch_", "triscope_accelerator_",
                                 WORKLOAD_PREFIX)):
-            a = accel_of(s.labels)
+            a = AcceleratorId.of(s.labels)
             if a is not None:
                 seen.add(a)
-    return sorted(seen, key=accel_order)
+    return sorted(seen)
 
 
 # ---------------------------------------------------------------------------------------------- the node's workloads
@@ -455,7 +377,7 @@ WORKLOAD_METRICS = ("processes", "sm_ratio", "cpu_seconds_total", "feeder_busy_r
 class WorkloadRow:
     """One workload on one accelerator over a window: its labels and the host-side evidence."""
 
-    accel: Accel
+    accel: AcceleratorId
     ref: WorkloadRef
     uuid: str = ""
     processes: float | None = None     # newest
@@ -469,15 +391,15 @@ class WorkloadRow:
     last_seen: float | None = None
 
 
-def _row_order(r: WorkloadRow) -> tuple[AccelOrder, str, str]:
+def _row_order(r: WorkloadRow) -> tuple[AcceleratorOrder, str, str]:
     return r.accel.sort_key, r.ref.display, r.ref.container
 
 
-def _wkey(acc: Accel, labels: Mapping[str, str]) -> tuple[Accel, tuple[str, ...]]:
-    return acc, tuple(str(labels.get(k) or "") for k in WORKLOAD_KEYS)
+def _wkey(acc: AcceleratorId, labels: Mapping[str, str]) -> tuple[AcceleratorId, tuple[str, ...]]:
+    return acc, tuple(str(labels.get(k) or "") for k in WORKLOAD_LABELS)
 
 
-def node_workloads(store: StoreReader, node: str, start: float, end: float, accel: Accel | None = None,
+def node_workloads(store: StoreReader, node: str, start: float, end: float, accel: AcceleratorId | None = None,
                    owners: OwnerLookup | None = None, max_points: int = 240,
                    fetch: SeriesFetch | None = None, max_series: int = 200, listed: Sequence[SeriesInfo] | None = None) -> list[WorkloadRow]:
     """The workloads on the node's accelerators (or on ``accel``) over [start, end], with their
@@ -487,7 +409,7 @@ def node_workloads(store: StoreReader, node: str, start: float, end: float, acce
         infos = [s for s in store.series(node=node, prefix=WORKLOAD_PREFIX)] + store.series(node=node, metric=INFO_METRIC)
     else:
         infos = [s for s in listed if s.metric.startswith(WORKLOAD_PREFIX)] + [s for s in listed if s.metric == INFO_METRIC]
-    infos = [s for s in infos if accel_of(s.labels) is not None and (accel is None or accel.matches(s.labels))]
+    infos = [s for s in infos if AcceleratorId.of(s.labels) is not None and (accel is None or accel.matches(s.labels))]
     infos = infos[:max_series]
     if not infos:
         return []
@@ -496,9 +418,9 @@ def node_workloads(store: StoreReader, node: str, start: float, end: float, acce
         datas = [store.query_series(i, start, end, max_points=max_points) for i in infos]
     else:
         datas = fetch(store, infos, start, end, max_points)
-    rows: dict[tuple[Accel, tuple[str, ...]], WorkloadRow] = {}
+    rows: dict[tuple[AcceleratorId, tuple[str, ...]], WorkloadRow] = {}
     for info, d in zip(infos, datas, strict=True):
-        acc = accel_of(info.labels)
+        acc = AcceleratorId.of(info.labels)
         if acc is None or not d.values:
             continue
         k = _wkey(acc, info.labels)
@@ -533,7 +455,7 @@ class WorkloadShares:
 
     shares: dict[str, dict[str, float]] = field(default_factory=dict)    # workload -> state -> share
     seconds: dict[str, float] = field(default_factory=dict)              # workload -> accelerator-seconds
-    where: dict[str, set[tuple[str, Accel]]] = field(default_factory=dict)  # workload -> (node, accel)
+    where: dict[str, set[tuple[str, AcceleratorId]]] = field(default_factory=dict)  # workload -> (node, accel)
     runs_read: int = 0            # verdict runs read (the history)
     series_read: int = 0          # state series read: none (every verdict is in the history)
 
@@ -562,12 +484,12 @@ def workload_state_shares(store: StoreReader, nodes: Sequence[str], start: float
     root cause and the Node page read).  Workloads group by their resolved owner
     (``Deployment/name``) when the workloads table has it, else by pod."""
     out = WorkloadShares()
-    spans: list[tuple[str, Accel, Mapping[str, str], str, float, float]] = []
+    spans: list[tuple[str, AcceleratorId, Mapping[str, str], str, float, float]] = []
     for node in nodes:
         runs = [r for r in store.verdict_runs(node, start, end) if r.accelerator]
         out.runs_read += len(runs)
         for r, a, b in run_spans(runs, start, end):
-            acc = accel_from_name(r.accelerator)
+            acc = AcceleratorId.parse(r.accelerator)
             if acc is not None:
                 spans.append((node, acc, workload_labels(r.workload), r.state, a, b))
     found = owners_for(owners, (lab for _, _, lab, _, _, _ in spans))

@@ -12,6 +12,7 @@ from urllib.parse import quote, urlencode
 import dash
 from dash import Input, Output, Patch, State, dcc, html, no_update
 
+from triscope.core.vocabulary import AcceleratorId
 from triscope.dashboard import (
     data,
     export,
@@ -49,7 +50,7 @@ def layout(node: str | None = None, range: str = "", start: str = "", end: str =
                          html.Ul([html.Li(dcc.Link(name_span(n), href=f"/node/{quote(n)}")) for n in known])])
     preset = "custom" if (start and end and range in ("", "custom", "1h", "15m")) and parse_ts(start) and parse_ts(end) \
         else (range or "1h")
-    accel = workload_data.accel_from_query(gpu, npu, chip)
+    accel = AcceleratorId.from_query(gpu, npu, chip)
     rec = infos[node].recording
     head: list[Any] = [html.H2(name_span(node), className="node-title")]
     if rec:   # a recording says so, next to its name and in a line under it; never "live"
@@ -160,11 +161,11 @@ def render(preset: str, _clicks: int, node: str, start: str | None, end: str | N
     return fig, meta, head, status, picker, panel
 
 
-def _accel(query: str | None) -> workload_data.Accel | None:
+def _accel(query: str | None) -> AcceleratorId | None:
     from urllib.parse import parse_qs
 
     q = {k: v[0] for k, v in parse_qs(query or "").items()}
-    return workload_data.accel_from_query(q.get("gpu"), q.get("npu"), q.get("chip"))
+    return AcceleratorId.from_query(q.get("gpu"), q.get("npu"), q.get("chip"))
 
 
 def _accel_parts(c: DashboardContext, node: str, lanes: data.NodeLanes, w: data.Window, preset: str, start: str | None,

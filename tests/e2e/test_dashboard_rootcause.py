@@ -104,10 +104,11 @@ def test_states_are_the_history_in_their_colours(app_store: tuple[Any, Any]) -> 
 def test_lane_events_are_drawn_quietly() -> None:
     """A scrape target's late /metrics (kind ``event``, never bad) is a small grey ring, not a red x
     like a health incident."""
+    from triscope.core.vocabulary import AcceleratorId
     from triscope.dashboard import figures, rca_view
 
     t0 = 1_800_000_000.0
-    acc = rca_view._accel_of_name("gpu=0")
+    acc = AcceleratorId.parse("gpu=0")
     eps = [rca_view.EpisodeView(t0, t0 + 60, "staging-bound", "gpu=0", acc, None, bad=True),
            rca_view.EpisodeView(t0 + 10, t0 + 12, "metrics-late", "gpu=0", acc, None, kind="event"),
            rca_view.EpisodeView(t0 + 20, t0 + 20, "xid", "gpu=0", acc, None, kind="health", bad=True)]

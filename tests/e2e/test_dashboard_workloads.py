@@ -72,7 +72,8 @@ def _lookup(st: Any) -> Any:
 
 # ---------------------------------------------------------------------------------------------- no browser
 def test_workload_names() -> None:
-    from triscope.dashboard.workload_data import Accel, WorkloadRef, accel_from_query, accel_of
+    from triscope.core.vocabulary import AcceleratorId
+    from triscope.dashboard.workload_data import WorkloadRef
 
     pod = {"namespace": "inference", "pod": "vit-serve-6c9d7f8b4-k2x7q", "container": "vit", "workload": ""}
     assert WorkloadRef.of(pod).display == "inference/vit-serve-6c9d7f8b4-k2x7q"
@@ -82,18 +83,19 @@ def test_workload_names() -> None:
     assert WorkloadRef.of({"workload": "unit:triton.service"}).display == "unit:triton.service"
     assert WorkloadRef.of({"namespace": "x", "pod": "", "workload": "shared"}).display == "shared"
     assert WorkloadRef.of({"namespace": "", "pod": "", "container": "", "workload": ""}).empty
-    assert accel_of({"gpu": "3", "state": "idle"}) == Accel("gpu", "3")
-    assert accel_of({"npu": "1", "chip": "0"}) == Accel("npu", "1", "0")
-    assert accel_of({"state": "idle"}) is None and accel_of({"gpu": ""}) is None
-    assert accel_from_query(gpu="1").query == "gpu=1"          # type: ignore[union-attr]
-    assert accel_from_query(npu="1", chip="0").name == "NPU 1/0"  # type: ignore[union-attr]
-    assert accel_from_query(gpu="1'><script>") is None
+    assert AcceleratorId.of({"gpu": "3", "state": "idle"}) == AcceleratorId("gpu", "3")
+    assert AcceleratorId.of({"npu": "1", "chip": "0"}) == AcceleratorId("npu", "1", "0")
+    assert AcceleratorId.of({"state": "idle"}) is None and AcceleratorId.of({"gpu": ""}) is None
+    assert AcceleratorId.from_query(gpu="1").query == "gpu=1"          # type: ignore[union-attr]
+    assert AcceleratorId.from_query(npu="1", chip="0").name == "NPU 1/0"  # type: ignore[union-attr]
+    assert AcceleratorId.from_query(gpu="1'><script>") is None
 
 
 def test_current_state_per_accelerator_and_the_roll_up() -> None:
     """Newest state per accelerator (an NPU here), its dominant workload, the workloads present
     now; with no roll-up stored the worst accelerator stands for the node (I/O states first)."""
-    from triscope.dashboard.workload_data import Accel, current_from
+    from triscope.core.vocabulary import AcceleratorId
+    from triscope.dashboard.workload_data import current_from
 
     wl_a = {"namespace": "ml", "pod": "asr-0", "container": "asr", "workload": ""}
     wl_b = {"namespace": "ml", "pod": "tts-0", "container": "tts", "workload": ""}
@@ -110,7 +112,7 @@ def test_current_state_per_accelerator_and_the_roll_up() -> None:
                                                 "workload": ""}, 20.0, 1.0),                 # long gone
     ]
     now = current_from(entries)
-    a0, a1 = now.accels[Accel("npu", "0", "0")], now.accels[Accel("npu", "1", "0")]
+    a0, a1 = now.accels[AcceleratorId("npu", "0", "0")], now.accels[AcceleratorId("npu", "1", "0")]
     assert (a0.state, a0.score, a0.workload_text()) == ("staging-bound", 0.4, "ml/asr-0")
     assert (a0.accel.name, a0.accel.query) == ("NPU 0/0", "npu=0&chip=0")
     assert a1.state == "demand-limited" and a1.workload_text() == "ml/tts-0 +1"
@@ -153,15 +155,16 @@ def test_pods_without_a_workloads_table_stay_pods(tmp_path: Path) -> None:
 
 
 def test_node_lanes_of_one_accelerator(seeded: Seeded) -> None:
+    from triscope.core.vocabulary import AcceleratorId
     from triscope.dashboard import data
-    from triscope.dashboard.workload_data import Accel, node_workloads
+    from triscope.dashboard.workload_data import node_workloads
 
     w = data.Window(seeded.end - 900, seeded.end + 1, False)
     whole = data.node_lanes(seeded.store, NODE, w, max_points=400)
     names = {t.name for t in whole.traces}
     assert {"GPU 0 SM active", "GPU 1 SM active"} <= names
     assert [a.name for a in whole.accels] == ["GPU 0", "GPU 1"]
-    g1 = data.node_lanes(seeded.store, NODE, w, max_points=400, accel=Accel("gpu", "1"))
+    g1 = data.node_lanes(seeded.store, NODE, w, max_points=400, accel=AcceleratorId("gpu", "1"))
     names = {t.name for t in g1.traces}
     assert "GPU 1 SM active" in names and "GPU 0 SM active" not in names and "GPU 0 link capacity" not in names
     assert "whisper-asr-5b8c9d6f7-p4m2n feeder busy" in names and "whisper-asr-5b8c9d6f7-p4m2n CPU wait" in names
@@ -169,12 +172,12 @@ def test_node_lanes_of_one_accelerator(seeded: Seeded) -> None:
     assert not any(n.startswith("DMA maps") for n in names)   # GPU 0's device, not GPU 1's
     assert "TCP retransmits/s" in names                          # the node-wide lane stays
     assert {s.state for s in g1.segments} == {"demand-limited"} and "GPU 1" in g1.segments_note
-    g0 = data.node_lanes(seeded.store, NODE, w, max_points=400, accel=Accel("gpu", "0"))
+    g0 = data.node_lanes(seeded.store, NODE, w, max_points=400, accel=AcceleratorId("gpu", "0"))
     staged = [s for s in g0.segments if s.state == "staging-bound"]
     assert len(staged) == 1
     a, b = seeded.staging
     assert abs(staged[0].start - a) <= 5 and abs(staged[0].end - b) <= 5, (staged, seeded.staging)
-    rows = node_workloads(seeded.store, NODE, a, b, Accel("gpu", "0"), owners=_lookup(seeded.store))
+    rows = node_workloads(seeded.store, NODE, a, b, AcceleratorId("gpu", "0"), owners=_lookup(seeded.store))
     (vit,) = rows
     assert vit.ref.display == "inference/Deployment/vit-serve" and vit.ref.container == "vit"
     assert vit.processes == 1 and vit.feeder_busy is not None and vit.feeder_busy > 0.9

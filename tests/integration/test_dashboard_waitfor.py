@@ -15,9 +15,9 @@ import pytest
 from conftest import REPO
 
 from triscope.core.samples import Sample, Tick
+from triscope.core.vocabulary import AcceleratorId
 from triscope.dashboard import rca_view, waitfor_data
 from triscope.dashboard.waitfor_data import NO_EVIDENCE
-from triscope.dashboard.workload_data import Accel
 
 NODE = "wf-node"
 LAB_B = {"gpu": "0", "namespace": "lab", "pod": "lab-b", "container": "lab-b", "workload": ""}
@@ -68,7 +68,7 @@ def _seed(st: Any, end: float, span: int = 120, traced: bool = True) -> tuple[fl
 def test_first_hop_ends_and_the_verdicts_reading(store: Any) -> None:
     start, end = _seed(store, 1_800_000_000.0)
     (gpu,) = waitfor_data.node_waitfor(store, NODE, start, end)
-    assert gpu.accel == Accel("gpu", "0")
+    assert gpu.accel == AcceleratorId("gpu", "0")
     (b,) = gpu.traced
     assert (b.ref.pod, b.ref.container) == ("lab-b", "lab-b")
     assert [r.pod for r in gpu.untraced] == ["lab-a"]             # said as "no wait-for evidence"
@@ -85,8 +85,8 @@ def test_first_hop_ends_and_the_verdicts_reading(store: Any) -> None:
     assert (b.state, b.deciding, b.named) == ("staging-bound", "staging", ("lab", "lab-b", "lab-b-prep", ""))
     assert b.found_by == "driver_calls" and "lab-b-prep" in b.reasons[0]
     # one accelerator only, and one with nothing on it
-    assert waitfor_data.node_waitfor(store, NODE, start, end, Accel("gpu", "0"))[0].traced[0].state == "staging-bound"
-    assert waitfor_data.node_waitfor(store, NODE, start, end, Accel("gpu", "1")) == []
+    assert waitfor_data.node_waitfor(store, NODE, start, end, AcceleratorId("gpu", "0"))[0].traced[0].state == "staging-bound"
+    assert waitfor_data.node_waitfor(store, NODE, start, end, AcceleratorId("gpu", "1")) == []
 
 
 def test_a_store_without_wait_for_series_says_so(store: Any) -> None:

@@ -116,15 +116,16 @@ def test_the_episode_timeline_downloads_its_episodes() -> None:
     """The Root cause page's episode timeline (bars, not time series): each episode drawn is one
     series, its start and length, its accelerator, state, workload and top cause as labels; clipped
     to the window; the chart's figure carries them, in UTC whatever the zone it is drawn in."""
+    from triscope.core.vocabulary import AcceleratorId
     from triscope.dashboard.rca_view import EpisodeCause, EpisodeView, episode_series
-    from triscope.dashboard.workload_data import Accel, WorkloadRef
+    from triscope.dashboard.workload_data import WorkloadRef
 
     t0 = 1_796_140_000.0
-    eps = [EpisodeView(t0 - 50, t0 + 30, "staging-bound", "gpu=0", Accel("gpu", "0"),
+    eps = [EpisodeView(t0 - 50, t0 + 30, "staging-bound", "gpu=0", AcceleratorId("gpu", "0"),
                        WorkloadRef(workload="cmd:inference-b"), bad=True,
                        causes=[EpisodeCause("host_staging", "Host staging", 0.8)]),
-           EpisodeView(t0 + 30, t0 + 90, "idle", "gpu=0", Accel("gpu", "0"), None),
-           EpisodeView(t0 + 200, t0 + 300, "idle", "gpu=1", Accel("gpu", "1"), None)]   # after the window
+           EpisodeView(t0 + 30, t0 + 90, "idle", "gpu=0", AcceleratorId("gpu", "0"), None),
+           EpisodeView(t0 + 200, t0 + 300, "idle", "gpu=1", AcceleratorId("gpu", "1"), None)]   # after the window
     series = episode_series(eps, t0, t0 + 120)
     assert [(s.name, s.points) for s in series] == [("GPU 0: staging-bound", [(t0, 30.0)]), ("GPU 0: idle", [(t0 + 30, 60.0)])]
     assert series[0].labels == {"accelerator": "gpu=0", "state": "staging-bound", "kind": "state",

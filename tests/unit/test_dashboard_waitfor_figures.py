@@ -12,6 +12,7 @@ import plotly.graph_objects as go
 import pytest
 from dash import dcc, html
 
+from triscope.core.vocabulary import AcceleratorId
 from triscope.dashboard import waitfor_data
 from triscope.dashboard.figures import STATE_COLORS
 from triscope.dashboard.waitfor_data import AccelWaitFor, ChainEnd, DriverTime
@@ -24,7 +25,7 @@ from triscope.dashboard.waitfor_view import (
     end_label,
     node_panel,
 )
-from triscope.dashboard.workload_data import Accel, WorkloadRef
+from triscope.dashboard.workload_data import WorkloadRef
 
 T0 = 1_800_000_000.0
 LAB_B = WorkloadRef("lab", "lab-b", "lab-b", "")
@@ -36,7 +37,7 @@ def _sidecar() -> DriverTime:
     """lab-b's driving thread: waits on its throttled sidecar, staging-bound naming the sidecar."""
     n = 6
     return DriverTime(
-        Accel("gpu", "0"), LAB_B, [T0 + 10 * i for i in range(n)], 10.0,
+        AcceleratorId("gpu", "0"), LAB_B, [T0 + 10 * i for i in range(n)], 10.0,
         {"ipc": [0.9, 0.8, None, 0.85, 0.9, 0.9], "cpu": [0.1, 0.2, None, 0.15, 0.1, 0.1]},
         [1.0, 1.0, None, 1.0, 1.0, 1.0], 50.0, {"ipc": 0.87, "cpu": 0.13},
         [ChainEnd("cpu_throttled", "pod", "lab-b-prep", PREP, 0.62, "staging",
@@ -51,7 +52,7 @@ def _sidecar() -> DriverTime:
 def _upstream() -> DriverTime:
     """lab-a's driving thread: its chain ends on a lossy upstream connection and on requests."""
     return DriverTime(
-        Accel("gpu", "0"), LAB_A, [T0, T0 + 10], 10.0, {"network": [0.7, 0.6], "accelerator": [0.3, 0.4]},
+        AcceleratorId("gpu", "0"), LAB_A, [T0, T0 + 10], 10.0, {"network": [0.7, 0.6], "accelerator": [0.3, 0.4]},
         [2.0, 2.0], 40.0, {"network": 0.65, "accelerator": 0.35},
         [ChainEnd("network", "outbound", "10.0.0.5:8080", ("", "", "", ""), 0.5, "network",
                   "on its connection to 10.0.0.5:8080, which retransmits 4.0% of its segments (3.1/s)"),
@@ -63,7 +64,7 @@ def _upstream() -> DriverTime:
 
 
 def _accel(*rows: DriverTime, untraced: tuple[WorkloadRef, ...] = ()) -> AccelWaitFor:
-    return AccelWaitFor(Accel("gpu", "0"), list(rows), list(untraced))
+    return AccelWaitFor(AcceleratorId("gpu", "0"), list(rows), list(untraced))
 
 
 def test_end_labels_name_the_culprit_its_relation_and_what_it_did() -> None:

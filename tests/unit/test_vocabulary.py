@@ -3,15 +3,24 @@ tie-break that follows the states' order."""
 
 from __future__ import annotations
 
-from triscope.core.vocabulary import IO_STATES, QUIET_STATES, STATES, WORST_FIRST, State, is_healthy, is_io
-from triscope.dashboard.workload_data import Accel, AccelNow, rollup
+from triscope.core.vocabulary import (
+    IO_STATES,
+    QUIET_STATES,
+    STATES,
+    WORST_FIRST,
+    AcceleratorId,
+    State,
+    is_healthy,
+    is_io,
+)
+from triscope.dashboard.workload_data import AccelNow, rollup
 
 
 def test_each_state_has_its_facts_and_the_text_sets_are_read_off_them() -> None:
     assert STATES == ("idle", "demand-limited", "compute-bound", "balanced", "io-saturated", "staging-bound",
                       "network-bound")
-    assert IO_STATES == {"io-saturated", "staging-bound", "network-bound"}
-    assert QUIET_STATES == {"idle", "demand-limited"}
+    assert {"io-saturated", "staging-bound", "network-bound"} == IO_STATES
+    assert {"idle", "demand-limited"} == QUIET_STATES
     assert WORST_FIRST == ("io-saturated", "staging-bound", "network-bound", "balanced", "compute-bound",
                            "demand-limited", "idle")
     assert State.STAGING_BOUND == "staging-bound" and State.of("staging-bound") is State.STAGING_BOUND
@@ -23,11 +32,11 @@ def test_each_state_has_its_facts_and_the_text_sets_are_read_off_them() -> None:
 
 def test_the_roll_up_breaks_an_equal_score_by_the_states_order() -> None:
     """Two accelerators in I/O states with the same score: the one first in ``WORST_FIRST`` is the node's."""
-    net = AccelNow(Accel("gpu", "0"), "network-bound", 0.5)
-    io = AccelNow(Accel("gpu", "1"), "io-saturated", 0.5)
-    staged = AccelNow(Accel("gpu", "2"), "staging-bound", 0.5)
+    net = AccelNow(AcceleratorId("gpu", "0"), "network-bound", 0.5)
+    io = AccelNow(AcceleratorId("gpu", "1"), "io-saturated", 0.5)
+    staged = AccelNow(AcceleratorId("gpu", "2"), "staging-bound", 0.5)
     assert rollup([net, staged, io]) is io
     assert rollup([net, staged]) is staged
     # a higher score still wins, and any I/O state wins over a healthy one
-    assert rollup([AccelNow(Accel("gpu", "0"), "network-bound", 0.6), io]).state == "network-bound"
-    assert rollup([AccelNow(Accel("gpu", "0"), "compute-bound", 0.9), net]) is net
+    assert rollup([AccelNow(AcceleratorId("gpu", "0"), "network-bound", 0.6), io]).state == "network-bound"
+    assert rollup([AccelNow(AcceleratorId("gpu", "0"), "compute-bound", 0.9), net]) is net

@@ -3,7 +3,9 @@
 * An **accelerator** is named by its labels: ``gpu`` (NVML index) for a GPU, ``npu`` and ``chip``
   for an Ascend NPU (``ACCELERATOR_LABELS``).  As one string (a dictionary key, a track, a
   verdict's ``accelerator``) it is ``accelerator_name``: ``gpu=0``, ``chip=0,npu=1`` (label names
-  sorted), read back with ``accelerator_labels``.
+  sorted), read back with ``accelerator_labels``.  As a value it is an ``AcceleratorId`` (kind,
+  index, chip), made from labels (``AcceleratorId.of``), that string (``parse``) or a page's URL
+  parameters (``from_query``), sorted GPUs first by index.
 * A **workload** is ``(namespace, pod, container, workload)`` (``WORKLOAD_LABELS``,
   ``WorkloadKey``): empty strings where unknown, never missing; off Kubernetes ``workload`` holds
   ``unit:<name>.service`` or ``cmd:<comm>``.  ``NO_WORKLOAD`` is all four empty.
@@ -16,6 +18,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -132,3 +135,80 @@ def workload_key(labels: Mapping[str, str]) -> WorkloadKey:
 
 def workload_labels(key: WorkloadKey) -> dict[str, str]:
     return dict(zip(WORKLOAD_LABELS, key, strict=True))
+
+
+AcceleratorOrder = tuple[bool, tuple[int, str], tuple[int, str]]
+_SAFE = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+
+
+def _num(v: str) -> tuple[int, str]:
+    return (int(v), "") if v.isdigit() else (1 << 30, v)
+
+
+@dataclass(frozen=True)
+class AcceleratorId:
+    """One accelerator of a node: a GPU by its NVML index, an NPU by ``npu`` id and ``chip``."""
+
+    kind: str        # "gpu" or "npu"
+    index: str
+    chip: str = ""
+
+    @classmethod
+    def of(cls, labels: Mapping[str, str]) -> AcceleratorId | None:
+        """The accelerator a series' labels name, None for a node-wide series."""
+        g = labels.get("gpu")
+        if g:
+            return cls("gpu", str(g))
+        n = labels.get("npu")
+        if n:
+            return cls("npu", str(n), str(labels.get("chip") or ""))
+        return None
+
+    @classmethod
+    def parse(cls, name: str) -> AcceleratorId | None:
+        """The accelerator ``accelerator_name`` wrote (``gpu=0``, ``chip=0,npu=1``, a verdict run's
+        ``accelerator``); None for "" (the node's roll-up), ``node`` and anything else."""
+        return cls.of(accelerator_labels(name)) if name else None
+
+    @classmethod
+    def from_query(cls, gpu: str | None = None, npu: str | None = None, chip: str | None = None) -> AcceleratorId | None:
+        """The accelerator a page's ``?gpu=1`` / ``?npu=3&chip=0`` names (None: the whole node)."""
+        if gpu and _SAFE.fullmatch(str(gpu)):
+            return cls("gpu", str(gpu))
+        if npu and _SAFE.fullmatch(str(npu)):
+            return cls("npu", str(npu), str(chip) if chip and _SAFE.fullmatch(str(chip)) else "")
+        return None
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {"gpu": self.index} if self.kind == "gpu" else {"npu": self.index, "chip": self.chip}
+
+    @property
+    def key(self) -> str:
+        """``gpu=0``, ``chip=0,npu=1``: its ``accelerator_name``."""
+        return accelerator_name(self.labels) or ""
+
+    @property
+    def name(self) -> str:
+        """How the pages name it: ``GPU 0``, ``NPU 1/0``."""
+        if self.kind == "gpu":
+            return f"GPU {self.index}"
+        return f"NPU {self.index}/{self.chip}" if self.chip else f"NPU {self.index}"
+
+    @property
+    def query(self) -> str:
+        """The page's URL parameters for it: ``gpu=1``, ``npu=3&chip=0``."""
+        if self.kind == "gpu":
+            return f"gpu={self.index}"
+        return f"npu={self.index}" + (f"&chip={self.chip}" if self.chip else "")
+
+    @property
+    def sort_key(self) -> AcceleratorOrder:
+        """GPUs first, by index (numeric), then NPUs by id and chip."""
+        return (self.kind != "gpu", _num(self.index), _num(self.chip))
+
+    def __lt__(self, other: AcceleratorId) -> bool:
+        return self.sort_key < other.sort_key
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        return AcceleratorId.of(labels) == self
