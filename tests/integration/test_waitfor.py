@@ -561,3 +561,50 @@ def test_alternating_waits_are_each_counted_once(probes: EbpfCollector) -> None:
         assert all(w.waker_tgid == prod.pid for w in got), [(w.waker_tgid, w.ctx) for w in got]
         secs = sum(w.seconds for w in got)
         assert 0.8 * rounds * 0.002 < secs < rounds * 0.05, secs
+
+
+SLEEPER = r"""
+name("short-sleeps")
+print("ready", flush=True)
+while True:
+    burn(0.002)
+    time.sleep(0.013)
+"""
+
+
+def test_entries_in_their_slots_add_up_to_the_wall_clock_at_every_read(probes: EbpfCollector) -> None:
+    """A followed thread's entry moves to the array slot its tid picks at its first switch out, and
+    with the scheduler's BTF its times run on the run queue's clock, turned into the agent's with the
+    pairs the program leaves: read every 40 ms (shorter than the intervals, so that an open
+    interval's start matters), its time on a CPU, waiting for one and blocked adds up to the time
+    between reads at each read, not only over the window."""
+    from triscope.agent.ebpf import layout as L
+
+    wf = probes.waitfor
+    assert wf is not None
+    p = start(SLEEPER)
+    try:
+        wf.track([p.pid])
+        time.sleep(0.3)
+        wf.read()
+        sums, walls = [], []
+        for _ in range(40):
+            t0 = time.monotonic()
+            time.sleep(0.04)
+            got = wf.read()
+            walls.append(got.seconds)
+            t = got.threads.get(p.pid)
+            assert t is not None, "the thread's entry was not read"
+            sums.append(t.cpu + t.runq + t.blocked)
+            assert time.monotonic() - t0 < 1.0
+        slots = dict(wf.slots.entries())
+        hashed = {int.from_bytes(k[:4], "little") for k, _v in wf.cur.items()}
+    finally:
+        wf.track(())
+        stop(p)
+    assert p.pid in slots and p.pid not in hashed, "the entry did not move to its slot"
+    if wf.clk is not None:             # the scheduler's BTF: the run queue's clock
+        assert slots[p.pid][-1] == L.WF_CLK_RQ
+        assert wf._clock_offset() is not None
+    off = [abs(s - w) for s, w in zip(sums, walls, strict=True)]
+    assert max(off) < 0.004, [round(x * 1000, 2) for x in off]
