@@ -274,7 +274,8 @@ class WaitFor:
     def _forget(self, tgids: set[int]) -> None:
         """Their threads' bits cleared and hash entries deleted; a slot is left to the kernel, which
         gives it to the next thread whose id picks it (its holder no longer followed)."""
-        held = [(_U32.unpack_from(k)[0], L.WF_CUR.unpack(v), k) for k, v in self.cur.items()]
+        held: list[tuple[int, tuple, bytes | None]] = [(_U32.unpack_from(k)[0], L.WF_CUR.unpack(v), k)
+                                                       for k, v in self.cur.items()]
         held += [(tid, v, None) for tid, v in self.slots.entries()]
         for tid, v, k in held:
             if v[5] in tgids:
