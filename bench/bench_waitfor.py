@@ -19,6 +19,9 @@ without bcc: ``bench/wfload.py``).
 * **hand-off** — CPU time of a hand-off (a switch and its wakeup) of a pipe pair pinned to one CPU
   at real-time priority, detached against: the wait-for programs (pair not followed, and
   followed), empty programs on the classic and on the raw tracepoints, the raw prototype.
+* **interrupt markers** — the softirq/IRQ/hrtimer markers on raw tracepoints (as they are) against
+  classic ones (as they were): loopback UDP sends, each running the receive softirq in the sender's
+  context, markers detached / classic / raw alternated; added CPU time per send and kernel time per run.
 * **raw_syscalls** — not attached (the blocked syscall is read at ``sched_switch``); what its
   untracked filter would cost if it were: a ``getpid`` loop with the filter attached, classic and
   raw tracepoint.
@@ -295,6 +298,65 @@ def syscalls(exe: Path, progs: W.Programs, quick: bool) -> list[Row]:
     ]
 
 
+# ------------------------------------------------------------------------------------ interrupt markers
+def irq_markers(exe: Path, progs: W.Programs, quick: bool) -> list[Row]:
+    """The interrupt-context markers on raw tracepoints (as they are) against classic ones (as they
+    were: the same bodies): a loop of loopback UDP sends pinned to CPU 1, each running the network
+    receive softirq in the sender's context (softirq_entry/exit: one pair a send; this kernel has no
+    IRQ time accounting, so the softirq's time is the sender's CPU time), alternating none / classic /
+    raw; added CPU time per send (each side's least of its reps in a block: noise only adds), and
+    the markers' kernel time per run (bpf_stats) in the same loops."""
+    from triscope.agent.ebpf import progstats
+
+    n, blocks, reps = (50_000, 3, 4) if quick else (50_000, 6, 8)
+
+    def loop() -> float:
+        out = subprocess.run(["taskset", "-c", "1", str(exe), "udp", str(n)], capture_output=True, text=True,
+                             check=True).stdout.split()
+        return float(out[1])
+
+    variants = ("irq_classic", "irq_raw")
+    added: dict[str, list[float]] = {v: [] for v in variants}
+    base: list[float] = []
+    for _ in range(blocks):
+        got: dict[str, list[float]] = {v: [] for v in ("none", *variants)}
+        for _ in range(reps):
+            for v in ("none", *variants):
+                if v == "none":
+                    progs.detach()
+                else:
+                    progs.attach(v)
+                got[v].append(loop())
+        progs.detach()
+        base.append(min(got["none"]))
+        for v in variants:
+            added[v].append(min(got[v]) - min(got["none"]))
+    per: dict[tuple[str, str], list[float]] = {}
+    with progstats.stats_enabled():
+        for _ in range(2):
+            for v in variants:
+                progs.attach(v)
+                w = Window(progs.ids(v))
+                w.start()
+                loop()
+                d, _sw, _dt = w.stop()
+                progs.detach()
+                for fn, (t, c) in d.items():
+                    if c:
+                        per.setdefault((v, fn.replace("bench_tp_", "on_wf_")), []).append(t / c)
+    bm = "waitfor interrupt markers"
+    rows = [Row(bm, f"softirq markers on raw tracepoints (as it is): added per loopback UDP send, CPU time "
+                f"({_span(added['irq_raw'])}; {blocks} blocks x {reps} alternations of {n:,} sends)",
+                round(_med(added["irq_raw"]), 1), "ns", "", "the same markers on classic tracepoints (as before)",
+                round(_med(added["irq_classic"]), 1)),
+            Row(bm, f"a loopback UDP send, markers detached (CPU time; {_span(base)})", round(_med(base), 1), "ns", "")]
+    for fn in ("on_wf_softirq_entry", "on_wf_softirq_exit"):
+        rows.append(Row(bm, f"{fn} on the raw tracepoint: kernel time per run, bpf_stats "
+                        f"({_span(per.get(('irq_raw', fn), []))})", round(_med(per.get(("irq_raw", fn), [])), 1),
+                        "ns/run", "", "classic tracepoint, same body", round(_med(per.get(("irq_classic", fn), [])), 1)))
+    return rows
+
+
 # ------------------------------------------------------------------------------------ tracked
 class Tracked:
     """The followed load: one process of 100 threads (50 paced pipe pairs) at ~20,000 switches/s."""
@@ -484,11 +546,13 @@ def run(quick: bool = False) -> list[Row]:
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as td:
         exe = W.build_gen(Path(td))
-        progs = W.Programs.load(["waitfor", "empty", "empty_raw", "proto_raw", "sys_filter", "sys_filter_raw"])
+        progs = W.Programs.load(["waitfor", "empty", "empty_raw", "proto_raw", "sys_filter", "sys_filter_raw",
+                                 "irq_raw", "irq_classic"])
         try:
             rows += untracked(exe, progs, quick)
             rows += hand_off(exe, progs, quick)
             rows += syscalls(exe, progs, quick)
+            rows += irq_markers(exe, progs, quick)
         finally:
             progs.close()
         rows += tracked(exe, quick)

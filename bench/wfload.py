@@ -226,6 +226,20 @@ int proto_wf_waking_raw(struct bpf_raw_tracepoint_args *ctx) {
 @WAKING_BODY@
 }
 
+/* the interrupt markers on classic tracepoints, as they were before (the same bodies) */
+int bench_tp_softirq_entry(struct tracepoint__irq__softirq_entry *args) {
+    wf_push((WF_CTX_SOFTIRQ << 24) | (args->vec & 0xffffff));
+    return 0;
+}
+int bench_tp_softirq_exit(struct tracepoint__irq__softirq_exit *args) { wf_pop(); return 0; }
+int bench_tp_irq_entry(struct tracepoint__irq__irq_handler_entry *args) {
+    wf_push((WF_CTX_HARDIRQ << 24) | ((u32)args->irq & 0xffffff));
+    return 0;
+}
+int bench_tp_irq_exit(struct tracepoint__irq__irq_handler_exit *args) { wf_pop(); return 0; }
+int bench_tp_hrtimer_entry(struct tracepoint__timer__hrtimer_expire_entry *args) { wf_push(WF_CTX_HRTIMER << 24); return 0; }
+int bench_tp_hrtimer_exit(struct tracepoint__timer__hrtimer_expire_exit *args) { wf_pop(); return 0; }
+
 /* what a raw_syscalls probe would cost an untracked syscall: the process-bit filter, and for a
    tracked thread the syscall noted in its entry */
 int proto_wf_sys_enter(struct tracepoint__raw_syscalls__sys_enter *args) {
@@ -261,7 +275,7 @@ def _irq_markers() -> list[tuple[str, str, str]]:
     from triscope.agent.ebpf import layout as L
 
     spec = L.PROBE_BY_NAME["waitfor_irq"]
-    return [(tp, "tracepoint", fn) for tp, fn in zip(spec.tracepoints, spec.fns, strict=True)]
+    return [(tp, spec.kind, fn) for tp, fn in zip(spec.tracepoints, spec.fns, strict=True)]
 
 
 IRQ_MARKERS = _irq_markers()
@@ -274,6 +288,8 @@ VARIANTS: dict[str, list[tuple[str, str, str]]] = {
                   ("sched:sched_waking", "raw", "bench_empty_waking_raw")],
     "proto_raw": [("sched:sched_switch", "raw", "proto_wf_switch_raw"),
                   ("sched:sched_waking", "raw", "proto_wf_waking_raw"), *IRQ_MARKERS],
+    "irq_raw": IRQ_MARKERS,
+    "irq_classic": [(tp, "tracepoint", fn.replace("on_wf_", "bench_tp_")) for tp, _k, fn in IRQ_MARKERS],
     "sys_filter": [("raw_syscalls:sys_enter", "tracepoint", "proto_wf_sys_enter")],
     "sys_filter_raw": [("raw_syscalls:sys_enter", "raw", "proto_wf_sys_enter_raw")],
 }

@@ -109,7 +109,7 @@ PROBES: tuple[ProbeSpec, ...] = (
               ("sched:sched_switch:prev_state", "sched:sched_switch:next_pid", "sched:sched_waking:pid"),
               "wait-for: the tracked workloads' threads on a CPU, waiting for one, blocked (in which syscall "
               "and descriptor) and who ended each wait", fns=("on_wf_switch", "on_wf_waking")),
-    ProbeSpec("waitfor_irq", "WANT_WAITFOR", "on_wf_softirq_entry", "tracepoint",
+    ProbeSpec("waitfor_irq", "WANT_WAITFOR", "on_wf_softirq_entry", "raw",
               # exits attached before entries: an exit without its entry is ignored, an entry without
               # its exit would leave a stale context (the program also heals one after 5 ms)
               ("irq:softirq_exit", "irq:irq_handler_exit", "timer:hrtimer_expire_exit",

@@ -543,27 +543,30 @@ static __always_inline void wf_pop(void) {
         s->depth -= 1;
 }
 
-int on_wf_softirq_entry(struct tracepoint__irq__softirq_entry *args) {
-    wf_push((WF_CTX_SOFTIRQ << 24) | (args->vec & 0xffffff));
+/* on raw tracepoints: a classic one builds the event's record in a buffer before it calls the
+   program, on every softirq, device IRQ and hrtimer of the node whoever they interrupt (bench waitfor:
+   interrupt markers).  Arguments: softirq_entry (vec_nr), irq_handler_entry (irq, action). */
+int on_wf_softirq_entry(struct bpf_raw_tracepoint_args *ctx) {
+    wf_push((WF_CTX_SOFTIRQ << 24) | ((u32)ctx->args[0] & 0xffffff));
     return 0;
 }
-int on_wf_softirq_exit(struct tracepoint__irq__softirq_exit *args) {
+int on_wf_softirq_exit(struct bpf_raw_tracepoint_args *ctx) {
     wf_pop();
     return 0;
 }
-int on_wf_irq_entry(struct tracepoint__irq__irq_handler_entry *args) {
-    wf_push((WF_CTX_HARDIRQ << 24) | ((u32)args->irq & 0xffffff));
+int on_wf_irq_entry(struct bpf_raw_tracepoint_args *ctx) {
+    wf_push((WF_CTX_HARDIRQ << 24) | ((u32)ctx->args[0] & 0xffffff));
     return 0;
 }
-int on_wf_irq_exit(struct tracepoint__irq__irq_handler_exit *args) {
+int on_wf_irq_exit(struct bpf_raw_tracepoint_args *ctx) {
     wf_pop();
     return 0;
 }
-int on_wf_hrtimer_entry(struct tracepoint__timer__hrtimer_expire_entry *args) {
+int on_wf_hrtimer_entry(struct bpf_raw_tracepoint_args *ctx) {
     wf_push(WF_CTX_HRTIMER << 24);
     return 0;
 }
-int on_wf_hrtimer_exit(struct tracepoint__timer__hrtimer_expire_exit *args) {
+int on_wf_hrtimer_exit(struct bpf_raw_tracepoint_args *ctx) {
     wf_pop();
     return 0;
 }
