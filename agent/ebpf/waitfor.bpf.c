@@ -8,7 +8,7 @@
  * Cost is what decides the shape.  Every context switch on the node enters on_wf_switch, so the
  * test for "is this task tracked" is two bits in plain arrays indexed by pid (no hashing): a
  * process bit (tgid, set by the agent) and a thread bit (set here at a tracked process's thread's
- * first switch, and by the agent for the threads it lists).  Only tracked threads touch a hash.
+ * first switch, and by the agent for the threads it lists).  Only tracked threads go further.
  * The blocked syscall is read from the task's saved user registers at the switch
  * (bpf_task_pt_regs), so no raw_syscalls probe runs for every syscall of the node.
  *
