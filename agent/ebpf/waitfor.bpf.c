@@ -206,11 +206,12 @@ static __always_inline void wf_drop(u32 tid) {
     u32 s = tid & (WF_THREADS_MAX - 1);
     struct wf_slot *e = wf_slots.lookup(&s);
     if (e && e->tid == tid) {
-        e->tid = 0;
+        /* its bit first: a thread claiming the slot once it is free sets it again */
         u32 w = s >> 6;
         u64 *bits = wf_slot_bits.lookup(&w);
         if (bits)
             __sync_fetch_and_and(bits, ~(1ULL << (s & 63)));
+        e->tid = 0;
     } else {
         wf_cur.delete(&tid);
     }
