@@ -5,11 +5,9 @@ They read through the store's read interface only (``StoreReader``):
 * ``metric``: every point of a series of the metric (counters as per-second rates) satisfies
   ``op threshold`` for at least ``for``; the newest point must be fresh.
 * ``mismatch``: an accelerator's verdict has been state S (naming one workload) for at least ``for``
-  and is still published: read from the verdict history (``verdict_runs``, the record root cause
-  and the pages read; consecutive runs of one state and workload are one stretch), or, on a store
-  whose history holds nothing for the node (written before the history existed), from the
-  per-accelerator ``triscope_mismatch_state{state=S, gpu|npu, ...}`` series.  The node's roll-up
-  never triggers.
+  and is still published: read from the verdict history (the record root cause and the pages read;
+  consecutive runs of one state and workload are one stretch; migration 0008 backfilled it for data
+  written before it existed).  The node's roll-up never triggers.
 * ``slo``: the SLO's burn-rate status (from ``triscope.analysis.slo`` when it is installed) is ``page``
   (or ``ticket``, which ``page`` also satisfies).
 
@@ -17,11 +15,16 @@ They read through the store's read interface only (``StoreReader``):
 per-accelerator data, with its workload labels (the series' own, else its accelerator's verdict's).
 An accelerator whose verdict is ``idle`` or ``demand-limited`` never triggers.  Which state an
 accelerator is in, and which workload its verdict names (a metric trigger's quiet check, an XID's
-workload), is read from the verdict history too, with the same fallback.
+workload), is read from the verdict history too.
+
+The history is read through a ``VerdictReader``: every node's newest runs in one statement
+(``StoreReader.current_verdicts``) for one evaluation of every rule, read again only where a rule
+looks further back than the reader has read.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -56,8 +59,7 @@ class Condition:
 
 @dataclass(frozen=True)
 class Verdict:
-    """An accelerator's current state on a node (its verdict history's newest stretch, else its newest
-    ``triscope_mismatch_state`` point at 1)."""
+    """An accelerator's current state on a node (its verdict history's newest stretch)."""
 
     state: str
     labels: dict[str, str]
@@ -107,17 +109,44 @@ def workload_labels(labels: Mapping[str, str]) -> dict[str, str]:
 
 
 # the verdict history -----------------------------------------------------------------------------
+def verdict_lookback(for_s: float, stale_s: float) -> float:
+    """How far back a ``for_s`` condition first reads (further where a stretch reaches that far)."""
+    return max(2.0 * for_s, for_s + 120.0, stale_s * 2)
+
+
+class VerdictReader:
+    """The verdict history of every node, read once for one evaluation: each node's runs that end at or
+    after ``since`` (``StoreReader.current_verdicts``, one statement for the fleet, bounded by the
+    newest node's last tick); a read further back than that reads again, once."""
+
+    def __init__(self, store: StoreReader, since: float | None = None) -> None:
+        self.store = store
+        self.since = math.inf
+        self._runs: dict[str, list[VerdictRun]] = {}
+        if since is not None:
+            self._read(since)
+
+    def _read(self, since: float) -> None:
+        newest = max((n.last_seen for n in self.store.nodes()), default=since)
+        self._runs = self.store.current_verdicts(max(0.0, newest - since))
+        self.since = since
+
+    def runs(self, node: str, since: float, until: float) -> list[VerdictRun]:
+        """``node``'s runs that overlap [since, until], by start."""
+        if since < self.since:
+            self._read(since)
+        return [r for r in self._runs.get(node, []) if r.end >= since and r.start <= until]
+
+
 def _run_order(r: VerdictRun) -> tuple[float, float]:
     return r.start, r.end
 
 
-def stretches(store: StoreReader, node: str, since: float, now: float) -> dict[str, Stretch] | None:
-    """Each accelerator's newest verdict on ``node`` from the verdict history, up to ``now``; None when the
-    history holds nothing for the node since ``since`` (a store written before it existed: read the
-    series instead)."""
-    runs = [r for r in store.verdict_runs(node, since, now) if r.start <= now]
-    if not runs:
-        return None
+def stretches(store: StoreReader, node: str, since: float, now: float,
+              verdicts: VerdictReader | None = None) -> dict[str, Stretch]:
+    """Each accelerator's newest verdict on ``node`` from the verdict history, up to ``now``
+    (``verdicts``: the evaluation's reader, else one for this read)."""
+    runs = (verdicts or VerdictReader(store)).runs(node, since, now)
     by_acc: dict[str, list[VerdictRun]] = {}
     for r in runs:
         if r.accelerator:       # "": the node's roll-up, which never triggers
@@ -137,26 +166,13 @@ def stretches(store: StoreReader, node: str, since: float, now: float) -> dict[s
     return out
 
 
-def accelerator_verdicts(store: StoreReader, node: str, now: float, stale_s: float) -> dict[AcceleratorKey, Verdict]:
+def accelerator_verdicts(store: StoreReader, node: str, now: float, stale_s: float,
+                         verdicts: VerdictReader | None = None) -> dict[AcceleratorKey, Verdict]:
     """Each accelerator's current verdict on ``node``: its newest stretch in the verdict history, still
-    published (within ``stale_s``); without history, its newest fresh state series at 1."""
-    found = stretches(store, node, now - stale_s, now)
-    if found is None:
-        return _series_verdicts(store, node, now, stale_s)
+    published (within ``stale_s``)."""
+    found = stretches(store, node, now - stale_s, now, verdicts)
     return {accelerator_of(st.labels): Verdict(st.state, st.labels, st.end) for st in found.values()
             if now - st.end <= stale_s}
-
-
-def _series_verdicts(store: StoreReader, node: str, now: float, stale_s: float) -> dict[AcceleratorKey, Verdict]:
-    out: dict[AcceleratorKey, Verdict] = {}
-    for lv in store.latest(node, metric=MISMATCH_METRIC, since=now - stale_s):
-        acc = accelerator_of(lv.info.labels)
-        if not acc or lv.value < 0.5 or lv.ts > now + 1.0:
-            continue
-        cur = out.get(acc)
-        if cur is None or lv.ts > cur.ts:
-            out[acc] = Verdict(lv.info.labels.get("state", ""), dict(lv.info.labels), lv.ts)
-    return out
 
 
 def _stretch_condition(st: Stretch, node: str, for_s: float, now: float, stale_s: float) -> Condition:
@@ -173,15 +189,14 @@ def _stretch_condition(st: Stretch, node: str, for_s: float, now: float, stale_s
 
 
 def verdict_conditions(store: StoreReader, state: str, node: str, for_s: float, now: float, stale_s: float,
-                       only: Mapping[str, str] | None = None) -> list[Condition] | None:
+                       only: Mapping[str, str] | None = None, verdicts: VerdictReader | None = None) -> list[Condition]:
     """One condition per accelerator of ``node`` whose newest verdict is ``state`` (and whose labels
-    include ``only``), from the verdict history; None without history (then the series answer)."""
-    lookback = max(2.0 * for_s, for_s + 120.0, stale_s * 2)
+    include ``only``), from the verdict history."""
+    verdicts = verdicts or VerdictReader(store)
+    lookback = verdict_lookback(for_s, stale_s)
     out: list[Condition] = []
     for _attempt in range(2):
-        found = stretches(store, node, now - lookback, now)
-        if found is None:
-            return None
+        found = stretches(store, node, now - lookback, now, verdicts)
         out = [_stretch_condition(st, node, for_s, now, stale_s) for st in found.values() if st.state == state]
         out = [c for c in out if all(c.series.get(a) == v for a, v in (only or {}).items())]
         if not any(c.holds and c.started_at is not None and c.started_at <= now - lookback for c in out):
@@ -190,28 +205,15 @@ def verdict_conditions(store: StoreReader, state: str, node: str, for_s: float, 
     return out
 
 
-def xid_workload(store: StoreReader, node: str, gpu: str, ts: float, stale_s: float) -> dict[str, str]:
+def xid_workload(store: StoreReader, node: str, gpu: str, ts: float, stale_s: float,
+                 verdicts: VerdictReader | None = None) -> dict[str, str]:
     """The workload labels of GPU ``gpu``'s verdict at ``ts`` (its newest verdict up to it), {} when none is stored."""
-    runs = store.verdict_runs(node, ts - max(stale_s, 60.0), ts + 5.0)
-    if not runs:
-        return _xid_series_workload(store, node, gpu, ts, stale_s)
-    mine = [r for r in runs if r.accelerator == f"gpu={gpu}" and r.start <= ts + 5.0]
+    runs = (verdicts or VerdictReader(store)).runs(node, ts - max(stale_s, 60.0), ts + 5.0)
+    mine = [r for r in runs if r.accelerator == f"gpu={gpu}"]
     if not mine:
         return {}
     best = sorted(mine, key=_run_order)[-1]
     return workload_labels(dict(zip(WORKLOAD_LABELS, best.workload, strict=True)))
-
-
-def _xid_series_workload(store: StoreReader, node: str, gpu: str, ts: float, stale_s: float) -> dict[str, str]:
-    best: tuple[float, dict[str, str]] | None = None
-    for sd in store.query(MISMATCH_METRIC, node=node, labels={"gpu": gpu}, start=ts - max(stale_s, 60.0), end=ts + 5.0,
-                          max_points=None):
-        for t, v in zip(reversed(sd.ts), reversed(sd.values), strict=True):
-            if v >= 0.5:
-                if best is None or t > best[0]:
-                    best = (t, dict(sd.info.labels))
-                break
-    return workload_labels(best[1]) if best else {}
 
 
 # series ------------------------------------------------------------------------------------------
@@ -274,19 +276,16 @@ def _acc_text(acc: AcceleratorKey) -> str:
 
 
 def _mismatch_conditions(store: StoreReader, trigger: Trigger, node: str, now: float, stale_s: float,
-                         only: Mapping[str, str] | None) -> list[Condition]:
-    conds = verdict_conditions(store, trigger.state, node, trigger.for_s, now, stale_s, only)
-    if conds is None:   # no verdict history for the node: its state series
-        want = {"state": trigger.state, **(only or {})}
-        conds = [c for c in series_conditions(store, MISMATCH_METRIC, node, want, ">=", 0.5, trigger.for_s, now,
-                                              stale_s) if accelerator_of(c.series)]
+                         only: Mapping[str, str] | None, verdicts: VerdictReader | None) -> list[Condition]:
+    conds = verdict_conditions(store, trigger.state, node, trigger.for_s, now, stale_s, only, verdicts)
     for c in conds:
         c.workload = workload_labels(c.series)
     return conds
 
 
 def accelerator_conditions(store: StoreReader, trigger: Trigger, node: str, now: float, stale_s: float,
-                           only: Mapping[str, str] | None = None) -> list[Condition]:
+                           only: Mapping[str, str] | None = None,
+                           verdicts: VerdictReader | None = None) -> list[Condition]:
     """The ``metric`` / ``mismatch`` condition of each series on ``node``, with the workload it is about.
 
     ``mismatch``: each accelerator whose verdict is the state (the node's roll-up, which has no
@@ -294,22 +293,23 @@ def accelerator_conditions(store: StoreReader, trigger: Trigger, node: str, now:
     series of the metric; the workload is the series' own labels, else its accelerator's verdict's.
     A series of an accelerator whose verdict is ``idle`` or ``demand-limited`` does not hold: such an
     accelerator is not held back by anything.  ``only``: just the series with these labels (a recheck).
+    ``verdicts``: the evaluation's reader of the verdict history (else one for this call).
     """
     if trigger.kind == "mismatch":
-        return _mismatch_conditions(store, trigger, node, now, stale_s, only)
+        return _mismatch_conditions(store, trigger, node, now, stale_s, only, verdicts)
     want = {**dict(trigger.labels), **(only or {})}
     conds = series_conditions(store, trigger.metric, node, want, trigger.op, trigger.threshold, trigger.for_s, now,
                               stale_s)
-    verdicts: dict[AcceleratorKey, Verdict] | None = None
+    current: dict[AcceleratorKey, Verdict] | None = None
     for c in conds:
         acc = accelerator_of(c.series)
         own = workload_labels(c.series)
         if not acc:
             c.workload = own
             continue
-        if verdicts is None:
-            verdicts = accelerator_verdicts(store, node, now, stale_s)
-        v = verdicts.get(acc)
+        if current is None:
+            current = accelerator_verdicts(store, node, now, stale_s, verdicts)
+        v = current.get(acc)
         if v is not None and v.state in QUIET_STATES and c.holds:
             c.holds = False
             c.detail = f"{c.detail}; but {_acc_text(acc)} is {v.state}: an accelerator that is {v.state} never triggers"
@@ -347,12 +347,14 @@ def _slo_status(store: StoreReader, trigger: Trigger, node: str, now: float) -> 
     return st.status, f"SLO {spec.id} on {node}: {st.status} (burn rates {burns})"
 
 
-def evaluate_condition(store: StoreReader, trigger: Trigger, node: str, now: float, stale_s: float) -> Condition:
+def evaluate_condition(store: StoreReader, trigger: Trigger, node: str, now: float, stale_s: float,
+                       verdicts: VerdictReader | None = None) -> Condition:
     """The condition on ``node`` as a whole (any series holding; for ``mismatch`` and ``metric`` see
     :func:`accelerator_conditions` for one per series)."""
     if trigger.kind in ("metric", "mismatch"):
         what = trigger.metric if trigger.kind == "metric" else f"{MISMATCH_METRIC}{{state={trigger.state}}}"
-        return best_of(accelerator_conditions(store, trigger, node, now, stale_s), f"no data for {what} on {node}")
+        return best_of(accelerator_conditions(store, trigger, node, now, stale_s, verdicts=verdicts),
+                       f"no data for {what} on {node}")
     if trigger.kind == "slo":
         status, detail = _slo_status(store, trigger, node, now)
         holds = status == "page" or (trigger.slo_status == "ticket" and status == "ticket")

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from triscope import defaults
 from triscope.core.samples import parse_label_key
 from triscope.remediation import isolate, metrics
-from triscope.remediation.conditions import MISMATCH_METRIC
+from triscope.remediation.conditions import MISMATCH_METRIC, VerdictReader, verdict_lookback
 from triscope.remediation.decisions import Decisions, IntakeError
 from triscope.remediation.fallbacks import revert_due_fallbacks
 from triscope.remediation.kube.adapter import KubeAdapter
@@ -156,15 +156,30 @@ class Engine(Decisions):
                          stamp if isinstance(stamp, str) else "", resumed=True)
 
     # scheduled jobs ----------------------------------------------------------------------------------
+    def _verdict_reader(self, now: float) -> VerdictReader | None:
+        """One read of the verdict history for every rule of this evaluation, as far back as the
+        rules look (None when no rule reads it: nothing is read)."""
+        looks = [verdict_lookback(r.trigger.for_s, self.stale_s) for r in self.data_rules
+                 if r.trigger.kind in ("metric", "mismatch")]
+        looks += [max(self.stale_s, 60.0) + r.trigger.within_s for r in self.data_rules if r.trigger.kind == "xid"]
+        if not looks:
+            return None
+        try:
+            return VerdictReader(self.store, now - max(looks))
+        except Exception as e:  # noqa: BLE001 - each rule then reads for itself, and says why it failed
+            log.warning("remediation: reading the verdict history failed: %s", e)
+            return None
+
     def evaluate_triggers(self, now: float | None = None) -> int:
         """Evaluate every stored-data rule; queue new episodes; mark fallbacks whose condition cleared."""
         now = time.time() if now is None else now
         submitted = 0
         if self.leader is not None and not self.leader.is_leader:
             return 0  # the leader evaluates; a follower that became leader starts from fresh episodes
+        verdicts = self._verdict_reader(now)
         for rule in self.data_rules:
             try:
-                events = stored_data_events(self.store, rule, now, self.stale_s, self._episodes)
+                events = stored_data_events(self.store, rule, now, self.stale_s, self._episodes, verdicts)
             except Exception as e:  # noqa: BLE001 - one rule's failure must not stop the others
                 log.warning("remediation: evaluating rule %s failed: %s", rule.name, e)
                 continue

@@ -23,6 +23,7 @@ from typing import cast
 from pydantic import BaseModel, ConfigDict
 
 from triscope.remediation.conditions import (
+    VerdictReader,
     accelerator_conditions,
     accelerator_of,
     best_of,
@@ -150,7 +151,7 @@ def episode_scope(series: Mapping[str, str]) -> str:
 
 
 def _xid_events(store: StoreReader, rule: Rule, node: str, labels: dict[str, str], now: float,
-                stale_s: float) -> list[TriggerEvent]:
+                stale_s: float, verdicts: VerdictReader) -> list[TriggerEvent]:
     """One event per XID event of the rule's codes on ``node`` within its ``within``."""
     t = rule.trigger
     out = []
@@ -161,7 +162,7 @@ def _xid_events(store: StoreReader, rule: Rule, node: str, labels: dict[str, str
             continue
         xid = int(code)
         gpu = str(details.get("gpu", ""))
-        wl = xid_workload(store, node, gpu, ev.ts, stale_s) if gpu else {}
+        wl = xid_workload(store, node, gpu, ev.ts, stale_s, verdicts) if gpu else {}
         own = {k: str(v) for k, v in details.items() if k in ("gpu", "xid")}
         out.append(TriggerEvent(
             rule=rule, kind="xid", key=f"xid:{rule.name}:{node}:{ev.id}",
@@ -188,10 +189,11 @@ def _slo_event(store: StoreReader, rule: Rule, node: str, labels: dict[str, str]
 
 
 def _series_events(store: StoreReader, rule: Rule, node: str, labels: dict[str, str], now: float, stale_s: float,
-                   episodes: dict[tuple[str, str], float], holding: set[str]) -> list[TriggerEvent]:
+                   episodes: dict[tuple[str, str], float], holding: set[str],
+                   verdicts: VerdictReader) -> list[TriggerEvent]:
     t = rule.trigger
     out = []
-    for cond in accelerator_conditions(store, t, node, now, stale_s):
+    for cond in accelerator_conditions(store, t, node, now, stale_s, verdicts=verdicts):
         if not cond.holds or not workload_matches(t, cond.workload):
             continue
         ep = f"{t.kind}:{rule.name}:{node}:{episode_scope(cond.series)}"
@@ -206,15 +208,19 @@ def _series_events(store: StoreReader, rule: Rule, node: str, labels: dict[str, 
 
 
 def stored_data_events(store: StoreReader, rule: Rule, now: float, stale_s: float,
-                       episodes: dict[tuple[str, str], float]) -> list[TriggerEvent]:
+                       episodes: dict[tuple[str, str], float],
+                       verdicts: VerdictReader | None = None) -> list[TriggerEvent]:
     """Trigger events for one stored-data rule over every matching node.
 
     ``metric`` and ``mismatch``: one event per series that holds, so one per (node, accelerator,
     workload) for per-accelerator data, never one for a node's accelerators together; ``xid``: one
     per event; ``slo``: one per node.  Each event's labels are the node's stored labels, the
     workload labels and the series' labels, and ``node``: what its target is resolved from.
+    ``verdicts``: the evaluation's reader of the verdict history, shared by every rule (else one for
+    this rule): the history is read once for the fleet, not once per node.
     """
     t = rule.trigger
+    verdicts = verdicts or VerdictReader(store)
     out: list[TriggerEvent] = []
     holding: set[str] = set()
     for n in store.nodes():
@@ -222,12 +228,12 @@ def stored_data_events(store: StoreReader, rule: Rule, now: float, stale_s: floa
         if not node_matches(t, n.name, labels):
             continue
         if t.kind == "xid":
-            out += _xid_events(store, rule, n.name, labels, now, stale_s)
+            out += _xid_events(store, rule, n.name, labels, now, stale_s, verdicts)
         elif t.kind == "slo":
             ev = _slo_event(store, rule, n.name, labels, now, stale_s, episodes, holding)
             out += [ev] if ev is not None else []
         else:
-            out += _series_events(store, rule, n.name, labels, now, stale_s, episodes, holding)
+            out += _series_events(store, rule, n.name, labels, now, stale_s, episodes, holding, verdicts)
     for key in [kk for kk in episodes if kk[0] == rule.name and kk[1] not in holding]:
         del episodes[key]
     return out
