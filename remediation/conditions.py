@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from triscope.analysis.slo import SLOSpec, load_slo_file
 from triscope.analysis.slo import evaluate as evaluate_slo
 from triscope.core.vocabulary import (
-    ACCELERATOR_LABELS,
     QUIET_STATES,
     WORKLOAD_LABELS,
+    AcceleratorId,
     WorkloadKey,
     accelerator_labels,
 )
@@ -43,7 +43,6 @@ from triscope.store.reader import SeriesData, StoreReader, VerdictRun
 from triscope.store.verdicts import MAX_GAP_S
 
 MISMATCH_METRIC = "triscope_mismatch_state"
-AcceleratorKey = tuple[tuple[str, str], ...]      # (("gpu", "0"),): what accelerator_of answers
 
 
 # stored-data conditions --------------------------------------------------------------------------
@@ -94,11 +93,6 @@ def _run_start(ts: list[float], vals: list[float], op: str, thr: float) -> tuple
             break
         start = t
     return start, (vals[-1] if vals else None)
-
-
-def accelerator_of(labels: Mapping[str, str]) -> AcceleratorKey:
-    """The accelerator a series is about (``(("gpu", "0"),)``, ``(("npu", "1"), ("chip", "0"))``); () for a node series."""
-    return tuple((a, labels[a]) for a in ACCELERATOR_LABELS if labels.get(a))
 
 
 def workload_labels(labels: Mapping[str, str]) -> dict[str, str]:
@@ -167,12 +161,16 @@ def stretches(store: StoreReader, node: str, since: float, now: float,
 
 
 def accelerator_verdicts(store: StoreReader, node: str, now: float, stale_s: float,
-                         verdicts: VerdictReader | None = None) -> dict[AcceleratorKey, Verdict]:
+                         verdicts: VerdictReader | None = None) -> dict[AcceleratorId, Verdict]:
     """Each accelerator's current verdict on ``node``: its newest stretch in the verdict history, still
     published (within ``stale_s``)."""
     found = stretches(store, node, now - stale_s, now, verdicts)
-    return {accelerator_of(st.labels): Verdict(st.state, st.labels, st.end) for st in found.values()
-            if now - st.end <= stale_s}
+    out: dict[AcceleratorId, Verdict] = {}
+    for st in found.values():
+        acc = AcceleratorId.parse(st.accelerator)
+        if acc is not None and now - st.end <= stale_s:
+            out[acc] = Verdict(st.state, st.labels, st.end)
+    return out
 
 
 def _stretch_condition(st: Stretch, node: str, for_s: float, now: float, stale_s: float) -> Condition:
@@ -271,8 +269,8 @@ def fmt_labels(labels: Mapping[str, str]) -> str:
     return "{" + ",".join(f"{k}={v}" for k, v in sorted(labels.items())) + "}" if labels else ""
 
 
-def _acc_text(acc: AcceleratorKey) -> str:
-    return " ".join(f"{a} {v}" for a, v in acc)
+def _acc_text(acc: AcceleratorId) -> str:
+    return " ".join(f"{a} {v}" for a, v in sorted(acc.labels.items()) if v)
 
 
 def _mismatch_conditions(store: StoreReader, trigger: Trigger, node: str, now: float, stale_s: float,
@@ -300,11 +298,11 @@ def accelerator_conditions(store: StoreReader, trigger: Trigger, node: str, now:
     want = {**dict(trigger.labels), **(only or {})}
     conds = series_conditions(store, trigger.metric, node, want, trigger.op, trigger.threshold, trigger.for_s, now,
                               stale_s)
-    current: dict[AcceleratorKey, Verdict] | None = None
+    current: dict[AcceleratorId, Verdict] | None = None
     for c in conds:
-        acc = accelerator_of(c.series)
+        acc = AcceleratorId.of(c.series)
         own = workload_labels(c.series)
-        if not acc:
+        if acc is None:
             c.workload = own
             continue
         if current is None:

@@ -20,13 +20,10 @@ from triscope.core.configfile import ConfigModel, problem, show, str_map, unknow
 from triscope.core.durations import Duration
 from triscope.core.labels import Matcher
 from triscope.core.metrics import CATALOGUE, spec
-from triscope.core.vocabulary import QUIET_STATES
+from triscope.core.vocabulary import QUIET_STATES, STATES
 from triscope.remediation.targets import Text
 
 TRIGGER_KINDS = ("alert", "metric", "mismatch", "slo", "xid")
-# states of the per-accelerator verdict (docs/workloads.md section 2); the quiet ones never trigger
-MISMATCH_STATES = ("idle", "demand-limited", "compute-bound", "balanced", "io-saturated", "staging-bound",
-                   "network-bound")
 _ACCELERATOR_LABELS = ("gpu", "npu", "workload")
 
 
@@ -145,10 +142,10 @@ def _labels(value: Any) -> tuple[tuple[str, str], ...]:
 def _mismatch_state(value: str) -> str:
     if value in QUIET_STATES:
         raise ValueError(f"{show(value)} never triggers: an accelerator that is {value} is not held back by I/O or "
-                         "the host (one of: " + ", ".join(s for s in MISMATCH_STATES if s not in QUIET_STATES) + ")")
-    if value not in MISMATCH_STATES:
+                         "the host (one of: " + ", ".join(s for s in STATES if s not in QUIET_STATES) + ")")
+    if value not in STATES:
         raise ValueError(f"unknown mismatch state {show(value)} (one of: "
-                         + ", ".join(s for s in MISMATCH_STATES if s not in QUIET_STATES) + ")")
+                         + ", ".join(s for s in STATES if s not in QUIET_STATES) + ")")
     return value
 
 

@@ -22,10 +22,10 @@ from typing import cast
 
 from pydantic import BaseModel, ConfigDict
 
+from triscope.core.vocabulary import accelerator_name
 from triscope.remediation.conditions import (
     VerdictReader,
     accelerator_conditions,
-    accelerator_of,
     best_of,
     evaluate_condition,
     fmt_labels,
@@ -143,7 +143,7 @@ def workload_matches(trigger: Trigger, workload: Mapping[str, str]) -> bool:
 def episode_scope(series: Mapping[str, str]) -> str:
     """What one stored-data episode is about within its node: the accelerator and the workload (readable),
     and a short hash of the series' whole label set (one episode per series)."""
-    acc = ",".join(f"{a}={v}" for a, v in accelerator_of(series))
+    acc = accelerator_name(series) or ""
     wl = series.get("workload") or (f"{series.get('namespace', '')}/{series['pod']}" if series.get("pod") else "")
     plain: dict[str, str] = dict(series)
     digest = hashlib.sha1(json.dumps(plain, sort_keys=True).encode()).hexdigest()[:10]
