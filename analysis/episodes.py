@@ -42,7 +42,14 @@ from typing import Any, Protocol
 from triscope.analysis.mismatch import AcceleratorState, WindowState
 from triscope.analysis.reader import SeriesPoints, label_name
 from triscope.core.verdict import Verdict, fold
-from triscope.core.vocabulary import IO_STATES, NO_WORKLOAD, WORKLOAD_LABELS, WORST_FIRST, WorkloadKey
+from triscope.core.vocabulary import (
+    IO_STATES,
+    NO_WORKLOAD,
+    WORKLOAD_LABELS,
+    WORST_FIRST,
+    WorkloadKey,
+    accelerator_name,
+)
 
 MIN_EPISODE_S = 10.0          # the one flicker threshold: shorter runs are merged into a neighbour
 MIN_EPISODE_STEPS = 2         # ... or two sampling steps, on coarse (rollup) points
@@ -77,15 +84,6 @@ def is_healthy(state: str) -> bool:
 
 def min_episode_s(step: float) -> float:
     return max(MIN_EPISODE_S, MIN_EPISODE_STEPS * step)
-
-
-def accelerator_of(labels: Mapping[str, str]) -> str | None:
-    """``gpu=0``, ``chip=0,npu=1``: a series' accelerator, or None for a node-wide series."""
-    if "gpu" in labels:
-        return f"gpu={labels['gpu']}"
-    if "npu" in labels:
-        return label_name({k: labels[k] for k in ("npu", "chip") if k in labels})
-    return None
 
 
 def workload_of(labels: Mapping[str, str]) -> Workload:
@@ -138,17 +136,17 @@ def stored_state_samples(series: Iterable[SeriesPoints]) -> tuple[str, dict[str,
     none.  Per-accelerator series win over the node-level roll-up."""
     states = [sp for sp in series if sp.metric == STATE_METRIC and sp.labels.get("state")]
     scores = [sp for sp in series if sp.metric == SCORE_METRIC]
-    per_acc = [sp for sp in states if accelerator_of(sp.labels)]
+    per_acc = [sp for sp in states if accelerator_name(sp.labels)]
     if per_acc:
         source, use = "per-accelerator state series", per_acc
     else:
-        use = [sp for sp in states if accelerator_of(sp.labels) is None]
+        use = [sp for sp in states if accelerator_name(sp.labels) is None]
         source = "node state series" if use else ""
     rank = {s: i for i, s in enumerate(STATE_ORDER)}
     best: dict[str, dict[float, tuple[float, int, str, Workload]]] = {}
     all_ts: list[float] = []
     for sp in use:
-        acc = accelerator_of(sp.labels) or NODE
+        acc = accelerator_name(sp.labels) or NODE
         state = sp.labels["state"]
         w = workload_of(sp.labels)
         got = best.setdefault(acc, {})
@@ -161,7 +159,7 @@ def stored_state_samples(series: Iterable[SeriesPoints]) -> tuple[str, dict[str,
         all_ts.extend(sp.ts)
     score_at: dict[tuple[str, float], float] = {}
     for sp in scores:
-        acc = accelerator_of(sp.labels) or NODE
+        acc = accelerator_name(sp.labels) or NODE
         if (acc == NODE) != (source == "node state series"):
             continue
         for t, v in zip(sp.ts, sp.values, strict=True):
@@ -302,7 +300,7 @@ def assign_workloads(episodes: Iterable[Episode], info: Iterable[SeriesPoints]) 
             continue
         counts: dict[Workload, int] = {}
         for sp in infos:
-            if e.accelerator != NODE and accelerator_of(sp.labels) != e.accelerator:
+            if e.accelerator != NODE and accelerator_name(sp.labels) != e.accelerator:
                 continue
             i, j = bisect.bisect_left(sp.ts, e.start), bisect.bisect_left(sp.ts, e.end)
             n = sum(1 for v in sp.values[i:j] if v >= 0.5)

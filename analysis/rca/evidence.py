@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from triscope.analysis.config import MismatchThresholds
-from triscope.analysis.episodes import NODE, accelerator_of
+from triscope.analysis.episodes import NODE
 from triscope.analysis.features import (
     CPU_BUSY,
     DMA_MAPS,
@@ -59,6 +59,7 @@ from triscope.analysis.mismatch import busier_direction
 from triscope.analysis.mismatch_inputs import link_facts_from
 from triscope.analysis.rca.noise import agent_trouble, throttle_faults
 from triscope.analysis.reader import SeriesPoints, label_name
+from triscope.core.vocabulary import accelerator_name
 
 LIMIT_FLOOR = 0.25         # what a suspect far from its limit keeps of its relative score
 GPU_HOT_C = 85.0           # GPU temperature that counts as a health figure (H100/H200 slow down near 87-90 C)
@@ -140,11 +141,11 @@ def evidence_context(series: Iterable[SeriesPoints], events: Sequence[Any], th: 
     for gpu, bs in gpu_buses.items():
         ctx.buses[f"gpu={gpu}"] = list(bs)
     for sp in by_metric.get("triscope_npu_info", ()):
-        acc = accelerator_of(sp.labels)
+        acc = accelerator_name(sp.labels)
         if acc and sp.labels.get("bus_id"):
             ctx.buses.setdefault(acc, []).append(sp.labels["bus_id"])
     for sp in by_metric.get(GPU_BUSY, []) + by_metric.get(NPU_BUSY, []):
-        acc = accelerator_of(sp.labels)
+        acc = accelerator_name(sp.labels)
         if acc:
             ctx.busy[acc] = sp
     rx = {label_name(sp.labels): sp for sp in by_metric.get(PCIE_RX, ())}
@@ -177,7 +178,7 @@ def mine(sp: SeriesPoints, acc: str, ctx: EvidenceContext) -> bool:
     """Whether a series belongs to accelerator ``acc`` (or to the node, which sees every one)."""
     if acc == NODE:
         return True
-    own = accelerator_of(sp.labels)
+    own = accelerator_name(sp.labels)
     if own is not None:
         return own == acc
     dev = sp.labels.get("device")
@@ -342,23 +343,23 @@ def _health_figures(ctx: EvidenceContext, acc: str, a: float, b: float, add: Any
     for sp in series("triscope_gpu_up"):
         vals = _values(sp, a, b)
         if vals and min(vals) < 0.5:
-            add("gpu_health", "gpu_lost", 0.0, 1.0, f"{accelerator_of(sp.labels)} stopped answering NVML", strength=2.0)
+            add("gpu_health", "gpu_lost", 0.0, 1.0, f"{accelerator_name(sp.labels)} stopped answering NVML", strength=2.0)
     for sp in series("triscope_gpu_throttle_reasons"):
         share, names = throttle_faults(_values(sp, a, b))
         if names:
             add("gpu_health", "throttle_faults", share, 0.2,
-                f"{accelerator_of(sp.labels)} slowed down by {', '.join(names)} in {share:.0%} of ticks "
+                f"{accelerator_name(sp.labels)} slowed down by {', '.join(names)} in {share:.0%} of ticks "
                 "(the power cap is not counted)")
     for metric in ("triscope_gpu_temperature_celsius", "triscope_npu_temperature_celsius"):
         for sp in series(metric):
             vals = _values(sp, a, b)
             if vals and max(vals) >= 0.9 * GPU_HOT_C:
                 add("gpu_health", "temperature", max(vals), GPU_HOT_C,
-                    f"{accelerator_of(sp.labels)} at {max(vals):.0f} C")
+                    f"{accelerator_name(sp.labels)} at {max(vals):.0f} C")
     for sp in series("triscope_npu_health"):
         vals = _values(sp, a, b)
         if vals and max(vals) >= 1:
-            add("gpu_health", "npu_health", max(vals), 2.0, f"{accelerator_of(sp.labels)} health {max(vals):.0f}")
+            add("gpu_health", "npu_health", max(vals), 2.0, f"{accelerator_name(sp.labels)} health {max(vals):.0f}")
     _error_figures(ctx, acc, a, b, add)
 
 

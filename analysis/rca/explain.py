@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from triscope.analysis.episodes import Episode, accelerator_of
+from triscope.analysis.episodes import Episode
 from triscope.analysis.rca.categories import CATEGORY_BY_KEY, EVENT_CATEGORY, categorize
 from triscope.analysis.rca.chain import chain_cause, put_first
 from triscope.analysis.rca.changes import (
@@ -33,6 +33,7 @@ from triscope.analysis.rca.noise import noise_floor
 from triscope.analysis.rca.reference import Reference, compare_key
 from triscope.analysis.rca.score import Cause, rank, score_cause
 from triscope.analysis.reader import SeriesPoints
+from triscope.core.vocabulary import accelerator_name
 
 
 @dataclass(slots=True)
@@ -120,7 +121,7 @@ def events_in(e: Episode, events: Sequence[Any]) -> list[Any]:
         if not (e.start <= ev.ts < e.end) or ev.kind not in EVENT_CATEGORY:
             continue
         d = ev.details or {}
-        place = accelerator_of({k: str(v) for k, v in d.items() if k in ("gpu", "npu", "chip")})
+        place = accelerator_name({k: str(v) for k, v in d.items() if k in ("gpu", "npu", "chip")})
         if place is not None and e.accelerator not in ("node", place):
             continue
         out.append(ev)

@@ -36,7 +36,6 @@ from triscope.analysis.episodes import (
     STATE_METRIC,
     Episode,
     Workload,
-    accelerator_of,
     is_bad,
     is_healthy,
     merge_flickers,
@@ -46,6 +45,7 @@ from triscope.analysis.episodes import (
     workload_dict,
 )
 from triscope.analysis.reader import SeriesPoints, StoreReader, points_of
+from triscope.core.vocabulary import accelerator_name
 
 MIN_REFERENCE_S = 10.0
 REFERENCE_SPAN_S = 600.0
@@ -226,7 +226,7 @@ def fetch_workload_references(store: StoreReader, needs: Sequence[ReferenceNeed]
                 if got is None:
                     got = reads[(rn, lo_r, hi_r)] = _read_node(store, rn, metrics, lo_r, hi_r)
                 accs = {a for node, a in places if node == rn}
-                series += [sp for sp in got if accelerator_of(sp.labels) in accs or accelerator_of(sp.labels) is None]
+                series += [sp for sp in got if accelerator_name(sp.labels) in accs or accelerator_name(sp.labels) is None]
             ref.series = series
             out[(n.episode.accelerator, n.episode.start)] = ref
     return out
