@@ -119,16 +119,15 @@ class _Slots:
     def held(self) -> list[int]:
         """The slots the kernel holds now."""
         if self._bit_mem is not None:
-            word = int.from_bytes(self._bit_mem, "little")
+            words = list(enumerate(self._bit_mem.cast("Q").tolist()))
         else:
-            word = 0
-            for k, v in self.bits.items():
-                word |= _U64.unpack_from(v)[0] << (64 * _U32.unpack_from(k)[0])
+            words = [(_U32.unpack_from(k)[0], _U64.unpack_from(v)[0]) for k, v in self.bits.items()]
         out = []
-        while word:
-            low = word & -word
-            out.append(low.bit_length() - 1)
-            word ^= low
+        for i, word in words:
+            while word:                  # one u64 at a time (a 16,384-bit int costs its length per step)
+                low = word & -word
+                out.append(64 * i + low.bit_length() - 1)
+                word ^= low
         return out
 
     def read(self, slot: int) -> bytes | None:
@@ -142,11 +141,15 @@ class _Slots:
     def entries(self) -> list[tuple[int, tuple]]:
         """(tid, WF_CUR fields) of every held slot."""
         out = []
+        mem, size, unpack = self._slot_mem, L.WF_SLOT.size, L.WF_SLOT.unpack_from
         for slot in self.held():
-            raw = self.read(slot)
-            if raw is None:
-                continue
-            v = L.WF_SLOT.unpack_from(raw)
+            if mem is not None:
+                v = unpack(mem, slot * size)
+            else:
+                raw = self.slots.lookup(_U32.pack(slot))
+                if raw is None:
+                    continue
+                v = unpack(raw)
             if v[-1]:
                 out.append((v[-1], v[:-1]))
         return out
@@ -307,12 +310,18 @@ class WaitFor:
         """Each followed thread's entry: its closed totals since the last read into ``out.threads``,
         the open interval's part since then added, its last wait into ``lasts``.  Returns the
         intervals counted while open that have closed since (tid -> (state, ns counted)) and the
-        blocked intervals still open (tid, nr, fd, ns)."""
+        blocked intervals still open (tid, nr, fd, ns).  (Every tracked thread, every read: names
+        bound to locals, the agent's own CPU, bench waitfor.)"""
         correction: dict[int, tuple[int, int]] = {}
         seen: set[int] = set()
         opens: list[tuple[int, int, int, int]] = []
         tracked = self.tracked
         offset = self._clock_offset()
+        threads, prev, open_ = out.threads, self._prev, self._open
+        prev_get, open_get, open_pop, read_last = prev.get, open_.get, open_.pop, self._read_last
+        last = self._last
+        clk_rq, oncpu, runnable, unknown = L.WF_CLK_RQ, L.WF_ONCPU, L.WF_RUNNABLE, L.WF_UNKNOWN
+        zero = (0, 0, 0)
         for tid, (since, cpu, runq, blocked, _sw, tgid, state, nr, fd, _by, gen, _rd0, c_ns, c_cnt, c_nr, c_fd,
                   c_wtgid, c_wtid, c_ctx, clk) in self._entries():
             if tgid not in tracked:
@@ -320,35 +329,37 @@ class WaitFor:
             seen.add(tid)
             # `since` names the open interval; `start` is it on our clock (0: unknown, the run queue's
             # clock with no pair of both clocks read yet)
-            start = since if clk != L.WF_CLK_RQ or not since else (since + offset if offset is not None else 0)
+            start = since if clk != clk_rq or not since else (since + offset if offset is not None else 0)
             if c_cnt:
-                self._read_last(tid, gen, (c_nr, c_fd, c_wtgid, c_wtid, c_ctx), c_ns, c_cnt, lasts)
-            p = self._prev.get(tid, (0, 0, 0))
-            self._prev[tid] = (cpu, runq, blocked)
-            t = out.threads[tid] = ThreadTime(tid, tgid, max(0, cpu - p[0]) / 1e9, max(0, runq - p[1]) / 1e9,
-                                              max(0, blocked - p[2]) / 1e9)
-            o = self._open.get(tid)
+                read_last(tid, gen, (c_nr, c_fd, c_wtgid, c_wtid, c_ctx), c_ns, c_cnt, lasts)
+            p = prev_get(tid, zero)
+            prev[tid] = (cpu, runq, blocked)
+            t = threads[tid] = ThreadTime(tid, tgid, (cpu - p[0]) / 1e9 if cpu > p[0] else 0.0,
+                                          (runq - p[1]) / 1e9 if runq > p[1] else 0.0,
+                                          (blocked - p[2]) / 1e9 if blocked > p[2] else 0.0)
+            o = open_get(tid)
             if o is not None and o.since != since:       # the interval counted while open has closed
                 correction[tid] = (o.state, o.reported)
                 o = None
-            if state == L.WF_UNKNOWN or not start:
-                self._open.pop(tid, None)
+            if state == unknown or not start:
+                open_pop(tid, None)
                 continue
             if o is None:
-                o = self._open[tid] = _Open(since, state)
-            part = max(0, now - max(start, self._last))
+                o = open_[tid] = _Open(since, state)
+            part = now - (start if start > last else last)
+            part = part if part > 0 else 0
             o.reported += part
-            sec = part / 1e9
-            if state == L.WF_ONCPU:
-                t.cpu += sec
-            elif state == L.WF_RUNNABLE:
-                t.runq += sec
+            if state == oncpu:
+                t.cpu += part / 1e9
+            elif state == runnable:
+                t.runq += part / 1e9
             else:
-                t.blocked += sec
+                t.blocked += part / 1e9
                 opens.append((tid, nr, fd, part))
-        for d in (self._open, self._prev, self._last_wait, self._debt):
-            for tid in [x for x in d if x not in seen]:     # threads gone
-                del d[tid]
+        for d in (open_, prev, self._last_wait, self._debt):
+            if len(d) > len(seen) or not d.keys() <= seen:
+                for tid in d.keys() - seen:                 # threads gone
+                    del d[tid]
         return correction, opens
 
     def _entries(self) -> Iterable[tuple[int, tuple]]:
@@ -435,29 +446,40 @@ class WaitFor:
         for (tid, kind, nr, fd, wtgid, wtid, ctx, _), (ns, cnt) in zip(
                 L.WF_KEY.iter_unpack(kr), L.WF_VAL.iter_unpack(vr), strict=True):
             if tid in threads:
-                closed.setdefault(tid, []).append([kind, nr, fd, wtgid, wtid, ctx, ns, cnt])
-        for tid, rows in closed.items():
-            self._pay(tid, rows)
+                rows = closed.get(tid)
+                if rows is None:
+                    rows = closed[tid] = []
+                rows.append([kind, nr, fd, wtgid, wtid, ctx, ns, cnt])
+        if self._debt:
+            for tid, rows in closed.items():
+                self._pay(tid, rows)
         for tid, row in lasts.items():
             if tid in threads:
                 closed.setdefault(tid, []).append(row)
+        blocked_kind, blocked_state = L.WF_KIND_BLOCKED, L.WF_BLOCKED
+        new, append = tuple.__new__, out.waits.append          # Wait(...) without its argument binding
         for tid, rows in closed.items():
             fix = correction.get(tid)
-            if fix is not None and fix[0] == L.WF_BLOCKED and fix[1] > 0:
-                blocked = [r for r in rows if r[0] == L.WF_KIND_BLOCKED]
-                total = sum(r[6] for r in blocked)
-                if total > 0:
-                    for r in blocked:       # spread over its closed waits (the interval is one of them)
-                        r[6] = max(0, r[6] - fix[1] * r[6] // total)
-            append = out.waits.append
+            if fix is not None and fix[0] == blocked_state and fix[1] > 0:
+                _spread(rows, fix[1])
             for kind, nr, fd, wtgid, wtid, ctx, ns, cnt in rows:
                 if ns > 0 or cnt:
-                    append(Wait(tid, "blocked" if kind == L.WF_KIND_BLOCKED else "runq", nr, fd, wtgid, wtid, ctx,
-                                ns / 1e9, cnt))
+                    append(new(Wait, (tid, "blocked" if kind == blocked_kind else "runq", nr, fd, wtgid, wtid, ctx,
+                                      ns / 1e9, cnt)))
         for tid, nr, fd, ns in opens:
-            out.waits.append(Wait(tid, "open", nr, fd, 0, 0, 0, ns / 1e9))
+            append(new(Wait, (tid, "open", nr, fd, 0, 0, 0, ns / 1e9, 0)))
 
     def close(self) -> None:
         with contextlib.suppress(OSError, BpfError):
             self.track(())
         self.slots.close()
+
+
+def _spread(rows: list[list], ns: int) -> None:
+    """``ns`` counted while a blocked interval was open, taken off a thread's closed waits (the
+    interval is one of them) in proportion to their seconds."""
+    blocked = [r for r in rows if r[0] == L.WF_KIND_BLOCKED]
+    total = sum(r[6] for r in blocked)
+    if total > 0:
+        for r in blocked:
+            r[6] = max(0, r[6] - ns * r[6] // total)
