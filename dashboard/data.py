@@ -393,7 +393,7 @@ def history_segments(store: StoreReader, node: str, window: Window, accel: Accel
                      runs: Sequence[VerdictRun] | None = None) -> tuple[list[Segment], str] | None:
     """The ribbon from the verdict history (``store.verdict_runs``, or ``runs`` already read): the
     node's roll-up runs, or with ``accel`` that accelerator's own (a node with one accelerator and no
-    roll-up: that one's); None when the node has no history in the range (a store written before it)."""
+    roll-up: that one's); None when the node has no history in the range."""
     runs = store.verdict_runs(node, window.start, window.end) if runs is None else runs
     if not runs:
         return None
@@ -406,7 +406,6 @@ def history_segments(store: StoreReader, node: str, window: Window, accel: Accel
     if not mine:
         return ([], f"no stored state for {accel.name} in this range") if accel is not None else None
     segs = [Segment(a, b, r.state, r.score_mean) for r, a, b in wd.run_spans(mine, window.start, window.end)]
-    # the same words as for the stored state series: the runs are that state, kept as runs
     return segs, (f"{accel.name}'s state stored by the agent" if accel is not None else "state stored by the agent")
 
 
@@ -609,8 +608,7 @@ def mismatch_points(store: StoreReader, nodes: Sequence[str], window: Window, ma
     """The scatter's points and each node's share of time in each state, both from the verdict
     history (``store.verdict_runs``) — so this page says what the Node page, the Fleet page and root
     cause say for the same minutes — and no detector run.  A node's shares are its ribbon's time in
-    each state (``mismatch_segments``: the history, the stored state series for stores written
-    before it); a point is one window of the stored series (accelerator busy, and the busier PCIe
+    each state (``mismatch_segments``: the history); a point is one window of the stored series (accelerator busy, and the busier PCIe
     direction against the link's effective ceiling), coloured by the state its accelerator
     published for that window (the history read ``tracker_lag`` later: the tracker's state for a
     window comes that long after it)."""

@@ -346,8 +346,7 @@ def _badness(sg: Segment) -> tuple[float, float]:
 
 def history_shares(store: StoreReader, node: str, start: float, end: float, max_points: int = 600) -> StateShares:
     """The node's time in each state over [start, end]: the verdict history's roll-up runs (a node
-    with one accelerator and no roll-up: that one's), for stores written before it the stored
-    state series — the segments the Node page's ribbon draws (``data.mismatch_segments``)."""
+    with one accelerator and no roll-up: that one's) — the segments the Node page's ribbon draws (``data.mismatch_segments``)."""
     segs, source = mismatch_segments(store, node, Window(start, end, False), max_points)
     counts: dict[str, float] = {}
     for sg in segs:
