@@ -320,7 +320,8 @@ class WaitChain:
                     return "network", _FollowProc(peer, conn)
                 return "network", conn
             return "network", Term("network", conn=sock.remote, inbound=sock.inbound, inode=sock.inode)
-        if nr in ACCEPT_SYSCALLS or (fd is not None and fd.kind == "socket" and self.sockets.is_listener(fd.inode)):
+        if nr in ACCEPT_SYSCALLS or (fd is not None and fd.kind == "socket" and self.sockets.is_listener(fd.inode)) \
+                or (fd is not None and fd.kind == "epoll" and self._loop_waits_for_requests(tgid, fd, w)):
             return "network", Term("network", conn="listener", inbound=True)
         net_woken = kind == L.WF_CTX_SOFTIRQ and detail in _NET_VECS
         if fd is not None and fd.kind in ("socket", "epoll") and net_woken:
@@ -479,12 +480,39 @@ class WaitChain:
         if w.fd < 0:
             return False
         fd = self.fds.get(tgid, w.fd)
+        if fd.kind == "epoll":
+            return self._loop_waits_for_requests(tgid, fd, w)
         if fd.kind != "socket":
             return False
         if self.sockets.is_listener(fd.inode):
             return True
         s = self.sockets.get(fd.inode, allow_dump=False)
         return s is not None and s.inbound
+
+    def _loop_waits_for_requests(self, tgid: int, fd: Any, w: Wait) -> bool:
+        """An event loop's wait (asyncio, uvicorn, an aio gRPC server: one epoll set for every
+        connection) is a wait for requests when the set watches the server's side only (a listener
+        or inbound connections; its own wake-up pipes and Unix sockets aside) and no thread of its
+        own process ended it (a worker handing a result back to the loop is waited on, not demand).
+        A set that also watches an outbound connection may be waiting on a dependency: not read as
+        demand."""
+        if w.kind == "blocked" and w.waker_tgid == tgid:
+            return False
+        serving = False
+        for m in fd.members[:16]:
+            mf = self.fds.get(tgid, m)
+            if mf.kind != "socket" or not mf.inode:
+                continue
+            if self.sockets.is_listener(mf.inode):
+                serving = True
+                continue
+            s = self.sockets.get(mf.inode, allow_dump=False, holder=(tgid, m))
+            if s is None:
+                continue          # not TCP: the loop's self-pipe (a Unix socket pair)
+            if not s.inbound:
+                return False
+            serving = True
+        return serving
 
     def close(self) -> None:
         for c in self._cfs.values():

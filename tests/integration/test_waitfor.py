@@ -215,6 +215,67 @@ def test_a_spinning_thread_nobody_waits_on_is_no_cause(probes: EbpfCollector) ->
     assert f is not None and f.state == "", ((f.state, f.groups) if f else None, got.states, got.chain)
 
 
+LOOP_SERVICE = r"""
+name("loop-svc")
+import asyncio, threading
+ring = []                          # the GPU worker's ring: the event loop puts, the worker polls
+port = int(sys.argv[1])
+def worker():                      # the GPU worker: polls the ring with sched_yield while it is empty
+    name("loop-worker")
+    while True:
+        if not ring:
+            os.sched_yield()
+            continue
+        fut, loop = ring.pop()
+        burn(0.002)
+        loop.call_soon_threadsafe(fut.set_result, b"ok\n")
+async def handle(reader, writer):
+    loop = asyncio.get_running_loop()
+    while await reader.readline():
+        fut = loop.create_future()
+        ring.append((fut, loop))
+        writer.write(await fut)
+        await writer.drain()
+async def main():
+    srv = await asyncio.start_server(handle, "127.0.0.1", port)
+    threading.Thread(target=worker, daemon=True).start()
+    print("ready", flush=True)
+    await srv.serve_forever()
+asyncio.run(main())
+"""
+
+
+def test_an_event_loop_server_waits_for_requests_in_its_epoll_set(probes: EbpfCollector) -> None:
+    """An asyncio service (one epoll set for its listener and its clients' connections, as uvicorn's
+    or an aio gRPC server's) at 2 x 1 requests/s whose GPU worker polls an empty ring with
+    sched_yield: the loop's waits in epoll_wait are waits for requests (its set watches the server's
+    side only and its clients end them), so the demand counters say the workload waits for requests,
+    nobody waits on the worker, and the verdict's chain reads no I/O cause.  Fails when an epoll
+    wait is not read as one (the loop then reads as waiting on nothing identifiable: no demand)."""
+    from triscope.analysis.config import MismatchThresholds
+    from triscope.analysis.features import WaitEvidence, WorkloadEvidence
+    from triscope.analysis.waitverdict import chain_finding
+
+    port = _port()
+    svc = start(LOOP_SERVICE, str(port))
+    clients = [start(CLIENT, str(port), "1") for _ in range(2)]
+    try:
+        poller = next(int(t) for t in os.listdir(f"/proc/{svc.pid}/task")
+                      if _comm(svc.pid, int(t)) == "loop-worker")
+        got = trace(probes.waitfor, [svc.pid], [svc.pid], api=_Driving({poller}))
+    finally:
+        stop(*clients, svc)
+    assert got.found_by == "driver_calls"
+    assert got.share("cpu") + got.share("cpu_wait") > 0.8, got.states      # polling, or waiting for a CPU to poll on
+    assert got.requests_wait > 2 * got.waited_on and got.requests_wait > 1.0, (got.requests_wait, got.waited_on)
+    seconds = sum(got.states.values())
+    ev = WaitEvidence(seconds, {k: v / seconds for k, v in got.states.items()},
+                      {k: v / sum(got.chain.values()) for k, v in got.chain.items()},  # type: ignore[misc]
+                      got.requests_wait / 4.0, got.waited_on / 4.0, got.found_by)
+    f = chain_finding(WorkloadEvidence(("", "", "", "cmd:loop-svc"), wait=ev), engaged=0.02, th=MismatchThresholds())
+    assert f is not None and f.state == "", ((f.state, f.groups) if f else None, got.states, got.chain)
+
+
 def _comm(pid: int, tid: int) -> str:
     with open(f"/proc/{pid}/task/{tid}/comm") as f:
         return f.read().strip()
