@@ -158,7 +158,7 @@ class AgentProcess:
             return ""
 
     def metrics(self) -> str:
-        return get_metrics(self.port)
+        return get_metrics(self.port, timeout=20.0)    # a loaded machine can hold a tick's render for seconds
 
     def cost(self, window: float, warm: float = 0.0, scrape: list[int] | None = None,
              beside: tuple[int, ...] = ()) -> Cost:
@@ -213,4 +213,7 @@ class AgentProcess:
             p.wait(15)
         except subprocess.TimeoutExpired:
             p.kill()
-            p.wait(5)
+            try:
+                p.wait(60)
+            except subprocess.TimeoutExpired:   # killed; reaped when this process ends
+                pass
