@@ -203,6 +203,7 @@ class AgentProcess:
         raise RuntimeError("the agent's /metrics has no triscope_ticks_total")
 
     def stop(self) -> None:
+        import contextlib
         import subprocess
 
         p = self.proc
@@ -213,7 +214,5 @@ class AgentProcess:
             p.wait(15)
         except subprocess.TimeoutExpired:
             p.kill()
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):   # killed; reaped when this process ends
                 p.wait(60)
-            except subprocess.TimeoutExpired:   # killed; reaped when this process ends
-                pass
