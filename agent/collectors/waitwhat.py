@@ -171,10 +171,16 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _NR_PIDFD_GETFD = 438
 
 
+# key_of_fd's answer for a socket that is not TCP (UNIX, UDP, ...): no sock_diag dump of the TCP
+# tables can find it
+NOT_TCP: tuple[int, bytes] = (-1, b"")
+
+
 def key_of_fd(pid: int, fd: int) -> tuple[int, bytes] | None:
     """A TCP socket's sock_diag key read from the socket itself: the descriptor duplicated from its
     process (``pidfd_getfd``, Linux 5.6+, root), its own and its peer's address, then closed.  For a
-    socket no dump has seen yet (a connection per request).  None when it cannot be read."""
+    socket no dump has seen yet (a connection per request).  ``NOT_TCP`` for another kind of socket;
+    None when it cannot be read."""
     try:
         pidfd = os.pidfd_open(pid)
     except (OSError, AttributeError):
@@ -190,7 +196,7 @@ def key_of_fd(pid: int, fd: int) -> tuple[int, bytes] | None:
             return None
         try:
             if s.type != socket.SOCK_STREAM or s.family not in (socket.AF_INET, socket.AF_INET6):
-                return None
+                return NOT_TCP
             local, remote = s.getsockname(), s.getpeername()
         except OSError:
             return None
@@ -242,7 +248,7 @@ class SocketIndex:
         self._all: dict[int, tuple[int, bytes]] = {}      # the last whole-table read's keys
         self._by_tuple: dict[tuple[int, bytes], int] = {}  # (family, sport..dst) -> inode
         self._next_dump = 0.0
-        self._probed: dict[int, tuple[int, bytes] | None] = {}   # inode -> key read from the socket (None: not TCP)
+        self._probed: dict[int, tuple[int, bytes] | None] = {}   # inode -> key read from the socket (NOT_TCP, None: unreadable)
         self._owner: dict[int, tuple[int, float]] = {}     # inode -> (pid, when found)
         self._next_scan = 0.0
 
@@ -252,10 +258,14 @@ class SocketIndex:
         ``holder`` (pid, fd) when given, else a whole-table read (at most every ``dump_every`` s)."""
         key = self.keys().get(inode) or self._all.get(inode) or self._probed.get(inode)
         if key is None and holder is not None and inode not in self._probed and not self.is_listener(inode):
-            key = key_of_fd(*holder)          # None: not a TCP socket (UNIX, UDP, ...), remembered as such
+            key = key_of_fd(*holder)          # remembered, NOT_TCP (UNIX, UDP, ...) and unreadable too
             if len(self._probed) > 4096:
                 self._probed.clear()
             self._probed[inode] = key
+        if key is NOT_TCP:
+            # no dump of the TCP tables finds a UNIX socket: a whole-table read every 10 s for the
+            # sidecar's socket a driving thread waits on was most of the agent's CPU in the host lab
+            return None
         if key is None and allow_dump and self._refresh():
             key = self._all.get(inode)
         return None if key is None else sock_from_key(inode, key, self.ephemeral, self._listening_ports())
