@@ -97,7 +97,7 @@ from triscope.analysis.mismatch_inputs import MismatchInputs, fetch_mismatch_inp
 from triscope.analysis.reader import SeriesPoints, StoreReader, label_name
 from triscope.analysis.verdict import (  # noqa: F401 - re-exported
     AcceleratorVerdict,
-    Verdict,
+    NodeVerdict,
     accelerator_evidence,
     classify_accelerator,
     classify_window,
@@ -147,7 +147,7 @@ class WindowVerdict:
 
     start: float
     end: float
-    verdict: Verdict
+    verdict: NodeVerdict
 
     def node(self) -> WindowState:
         v = self.verdict

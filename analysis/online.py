@@ -69,9 +69,10 @@ from triscope.analysis.features import (
     workload_key,
 )
 from triscope.analysis.reader import label_name
-from triscope.analysis.verdict import Verdict, classify_window
+from triscope.analysis.verdict import NodeVerdict, classify_window
 from triscope.core.samples import EventRecord, Sample
-from triscope.core.vocabulary import IO_STATES, STATES, accelerator_name
+from triscope.core.verdict import Verdict, verdict_samples
+from triscope.core.vocabulary import IO_STATES, NO_WORKLOAD, accelerator_name
 
 _KIND = {GPU_INFO: "info", GPU_BUSY: "busy", NPU_BUSY: "busy", PCIE_RX: "rx", PCIE_TX: "tx", CPU_BUSY: "cpu", PRESSURE: "psi",
          DMA_MAPS: "dma", RETRANSMITS: "rtx", GPU_UTIL: "util", **dict.fromkeys(WORKLOAD_FIELDS, "wl"),
@@ -188,7 +189,7 @@ class MismatchTracker:
         self._node_dwell = _Dwell()
         self._acc_dwell: dict[str, _Dwell] = {}
         self.pin_churn = False
-        self.last: Verdict | None = None
+        self.last: NodeVerdict | None = None
 
     @property
     def accelerator_states(self) -> dict[str, str]:
@@ -411,16 +412,12 @@ class MismatchTracker:
             if reported != before and (before is not None or reported in IO_STATES):
                 out.append(accelerator_event(now, before, reported, av.score, labels,
                                              av.evidence.get("reasons", []) if reported == av.state else []))
-            out.append(Sample("triscope_mismatch_score", av.score, labels, "gauge"))
-            out.extend(Sample("triscope_mismatch_state", 1.0 if st == reported else 0.0, {"state": st, **labels}, "gauge")
-                       for st in STATES)
+            out.extend(verdict_samples(Verdict(now, reported, workload_key(av.workload), av.score, av.accelerator)))
         if len(seen) != len(self._acc_dwell):
             for gone in [k for k in self._acc_dwell if k not in seen]:
                 del self._acc_dwell[gone]
         state = self._node_dwell.update(now, verdict.state, dwell)
-        out.append(Sample("triscope_mismatch_score", verdict.score, {}, "gauge"))
-        out.extend(Sample("triscope_mismatch_state", 1.0 if st == state else 0.0, {"state": st}, "gauge")
-                   for st in STATES)
+        out.extend(verdict_samples(Verdict(now, state, NO_WORKLOAD, verdict.score)))
         out.append(Sample("triscope_mismatch_pin_churn", 1.0 if verdict.pin_churn else 0.0, {}, "gauge"))
         if state != self.state or verdict.pin_churn != self.pin_churn:
             prev = self.state

@@ -68,7 +68,7 @@ class AcceleratorVerdict:
 
 
 @dataclass(slots=True)
-class Verdict:
+class NodeVerdict:
     """The node's roll-up over one window, and every accelerator's verdict (``accelerators``)."""
 
     state: str
@@ -589,7 +589,7 @@ def _link_workload(acc: AcceleratorFeatures, th: MismatchThresholds) -> tuple[Wo
     return NO_WORKLOAD, "shared link"
 
 
-def classify_window(features: WindowFeatures, thresholds: MismatchThresholds | None = None) -> Verdict | None:
+def classify_window(features: WindowFeatures, thresholds: MismatchThresholds | None = None) -> NodeVerdict | None:
     """Classify one window of one node: every accelerator with enough data, and the node's roll-up;
     ``None`` when no accelerator has enough data.
 
@@ -642,4 +642,4 @@ def classify_window(features: WindowFeatures, thresholds: MismatchThresholds | N
         evidence["accelerators"] = {p[3].accelerator: {"state": p[3].state, "score": p[3].score,
                                                        "workload": workload_text(_key(p[3].workload))}
                                     for p in per}
-    return Verdict(av.state, av.score, pin_churn, evidence, [p[3] for p in per])
+    return NodeVerdict(av.state, av.score, pin_churn, evidence, [p[3] for p in per])

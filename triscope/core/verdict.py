@@ -2,11 +2,11 @@
 
 A ``Verdict`` is what the detector decided for one accelerator at one time: its state, the
 workload it named and its score (the share of the accelerator's time lost to I/O).  The agent's
-tracker publishes it as gauges (``triscope_mismatch_state{state=...}`` 1 for the state, 0 for the
-others, and ``triscope_mismatch_score``, with the accelerator's and the workload's labels; without
-accelerator labels the node's roll-up); ``verdicts_of`` reads a tick's gauges back into verdicts,
-the store keeps them as runs (store/verdicts.py, ``VerdictRun`` rows), and root cause, the pages
-and the engine read those runs.
+tracker publishes it as gauges (``verdict_samples``: ``triscope_mismatch_state{state=...}`` 1 for
+the state, 0 for the others, and ``triscope_mismatch_score``, with the accelerator's and the
+workload's labels; without accelerator labels the node's roll-up); ``verdicts_of`` reads a tick's
+gauges back into the same verdicts, the store keeps them as runs (store/verdicts.py, ``VerdictRun``
+rows), and root cause, the pages and the engine read those runs.
 
 ``fold`` turns verdicts in time order into **runs**: one stretch of one state naming one workload,
 a verdict of the same state and workload within ``max_gap`` of the run's last one extending it.
@@ -19,7 +19,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from triscope.core.samples import Sample
-from triscope.core.vocabulary import NO_WORKLOAD, WorkloadKey, accelerator_name, workload_key
+from triscope.core.vocabulary import (
+    NO_WORKLOAD,
+    STATES,
+    WorkloadKey,
+    accelerator_labels,
+    accelerator_name,
+    workload_key,
+    workload_labels,
+)
 
 STATE_METRIC = "triscope_mismatch_state"
 SCORE_METRIC = "triscope_mismatch_score"
@@ -35,6 +43,15 @@ class Verdict:
     workload: WorkloadKey = NO_WORKLOAD
     score: float | None = None
     accelerator: str = ""
+
+
+def verdict_samples(v: Verdict) -> list[Sample]:
+    """The gauges ``v`` is published as (``verdicts_of`` reads them back): its score, then one state
+    gauge per state (1 for its own), labelled with its accelerator and workload (none for the
+    node's roll-up, accelerator "")."""
+    labels = {**accelerator_labels(v.accelerator), **workload_labels(v.workload)} if v.accelerator else {}
+    return [Sample(SCORE_METRIC, 0.0 if v.score is None else v.score, labels, "gauge"),
+            *(Sample(STATE_METRIC, 1.0 if st == v.state else 0.0, {"state": st, **labels}, "gauge") for st in STATES)]
 
 
 def verdicts_of(ts: float, samples: Iterable[Sample]) -> dict[str, Verdict]:
