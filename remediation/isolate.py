@@ -59,14 +59,12 @@ GPU_INFO = "triscope_gpu_info"
 def pods_on_accelerator(store: StoreReader, node: str, accelerator: str, now: float,
                         stale_s: float = 120.0) -> list[tuple[str, str]]:
     """(namespace, pod) of every pod the agent attributed to ``accelerator`` of ``node`` (from the kubelet's
-    pod-resources, on its per-accelerator verdict series) within the last ``stale_s``."""
+    pod-resources, named by its verdicts) within the last ``stale_s``: the verdict history's runs."""
     out: set[tuple[str, str]] = set()
-    acc = accelerator_labels(accelerator)
-    for sd in store.query("triscope_mismatch_state", node=node, labels=acc, start=now - stale_s, end=now + 5.0,
-                          max_points=None):
-        lab = sd.info.labels
-        if all(lab.get(a) == v for a, v in acc.items()) and lab.get("pod") and lab.get("namespace") and sd.ts:
-            out.add((lab["namespace"], lab["pod"]))
+    for r in store.verdict_runs(node, now - stale_s, now + 5.0):
+        namespace, pod = r.workload[0], r.workload[1]
+        if r.accelerator == accelerator and namespace and pod:
+            out.add((namespace, pod))
     return sorted(out)
 
 
