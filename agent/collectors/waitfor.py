@@ -470,9 +470,10 @@ class WaitFor:
             append(new(Wait, (tid, "open", nr, fd, 0, 0, 0, ns / 1e9, 0)))
 
     def close(self) -> None:
+        """Follow nothing (the reader stays usable: a WorkloadWaits closing hands the maps back as they
+        were); the slots' mappings go with this object."""
         with contextlib.suppress(OSError, BpfError):
             self.track(())
-        self.slots.close()
 
 
 def _spread(rows: list[list], ns: int) -> None:
