@@ -147,6 +147,27 @@ RECORDINGS: tuple[Recording, ...] = (
               "made after the request-path rule changed on h200-lab-8/9/10, nothing changed since: the class that "
               "led to it, a healthy HTTP service with a thread pool (whose handlers' waits the rule reads too) and "
               "the light instance's upstream loss; on the device 9/9", LAB_TRACES),
+    Recording("cpu-lab-8", "2026-12-06, the CPU machine, host lab (GPU simulated), the fifth set's second half "
+              "(examples/hostlab/fifth.py, written before any recording: pool_pod_limit, mesh_reply_loss, "
+              "yield_spin_saturated, trickle_think; the agent of commit 0771673; 45 s a class)", "fitted",
+              "held out when made: 9/12, the three misses yield_spin_saturated (an asyncio service whose GPU worker "
+              "polls with sched_yield while a best-effort pod keeps both cores busy) paged as staging-bound naming "
+              "itself: its event loop's waits in epoll were not read as waits for requests, so its poller read as "
+              "host work.  The agent reads them since (commit 750212b): its recorded inputs predate that, so its "
+              "replay keeps the three pages (its floor), and it is fitted from here on", LAB_TRACES),
+    Recording("cpu-lab-9", "2026-12-06, the CPU machine, host lab (GPU simulated), the fifth set's first half "
+              "(frame_fifo, prep_rpc_throttled, hog_spare_cores, gpu_bound_pool; the agent of commit 0771673, the "
+              "rules unchanged since h200-lab-11; 45 s a class)", "held_out",
+              "12/12: a decoder container feeding raw frames through a named pipe (on the heavier instance), a "
+              "preprocessing container at 0.05 CPU asked per batch over a Unix socket, a CPU hog pod, a GPU-bound pool",
+              LAB_TRACES),
+    Recording("cpu-lab-10", "2026-12-06, the CPU machine, host lab (GPU simulated), fifth-set classes "
+              "yield_spin_saturated, trickle_think, mesh_reply_loss, hog_spare_cores (the agent of commit 750212b: "
+              "an event loop's epoll waits read as waits for requests; the rules unchanged; 45 s a class)",
+              "held_out",
+              "made after the epoll change cpu-lab-8 led to: 11/12, yield_spin_saturated 3/3 (demand-limited); one "
+              "miss, mesh_reply_loss's last window read demand-limited (the handlers' request path in that window "
+              "too short to decide on: 94 % of the driving thread's time waiting for requests), 2/3", LAB_TRACES),
 )
 """Every recording so far came before the whole-process-set, CFS-throttling and per-workload
 network evidence: none of them holds those series, so on them the verdict runs its older paths (a
