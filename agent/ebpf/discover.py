@@ -11,6 +11,7 @@ import platform
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from triscope.agent.ebpf.btfoffsets import waitfor_defines
 from triscope.agent.ebpf.layout import PROBES, ProbeSpec
 
 log = logging.getLogger(__name__)
@@ -239,7 +240,6 @@ def defines_for(plans: list[ProbePlan]) -> list[str]:
             out.append(f"WF_BITS_WORDS={(pid_max() + 63) // 64}")
             if not Path(BTF_VMLINUX).exists():
                 out.append("WF_NO_REGS")      # no kernel BTF: the blocked syscall is not read (its waker still is)
-            from triscope.agent.ebpf.btfoffsets import waitfor_defines
             out += waitfor_defines()[0]       # none: the slower path (a hash lookup and a clock read per wakeup)
     return out
 

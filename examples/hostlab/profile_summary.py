@@ -36,10 +36,10 @@ PARTS = {
 }
 
 
-def summary(lines: list[str], seconds: float, us: bool = False) -> list[str]:
+def summary(lines: list[str], seconds: float, us: bool = False, top: int = 0) -> list[str]:
     """``us``: counts are microseconds of CPU (the in-process sampler, examples/hostlab/selfprof),
     not 1 ms py-spy samples; its own line is left out and no stack is a wait (a waiting thread used
-    no CPU)."""
+    no CPU); ``top``: a second table, the ``top`` triscope functions by inclusive time."""
     parts: Counter[str] = Counter()
     total = 0
     for line in lines:
@@ -60,10 +60,12 @@ def summary(lines: list[str], seconds: float, us: bool = False) -> list[str]:
             continue
         for name in {f.split(" (")[0] for f in frames[1:] if "triscope/" in f or "(no Python" in f}:
             funcs[name] += int(n)
-    out = [f"active: {total / per_ms:.0f} ms, {total / per_ms / seconds:.2f} ms/s", "| where | ms/s | share |", "|---|---|---|"]
+    active = f"{total / per_ms:.0f} ms of CPU" if us else f"{total} samples"
+    out = [f"active: {active}, {total / per_ms / seconds:.2f} ms/s", "| where | ms/s | share |", "|---|---|---|"]
     out += [f"| {name} | {v / per_ms / seconds:.2f} | {100 * v / max(total, 1):.0f} % |" for name, v in parts.most_common()]
-    out += ["", "| function (inclusive, top 25) | ms/s | share |", "|---|---|---|"]
-    out += [f"| {name} | {v / per_ms / seconds:.2f} | {100 * v / max(total, 1):.0f} % |" for name, v in funcs.most_common(25)]
+    if top:
+        out += ["", f"| function (inclusive, top {top}) | ms/s | share |", "|---|---|---|"]
+        out += [f"| {name} | {v / per_ms / seconds:.2f} | {100 * v / max(total, 1):.0f} % |" for name, v in funcs.most_common(top)]
     return out
 
 
@@ -73,10 +75,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, required=True, help="how long the agent ran while sampled")
     ap.add_argument("--us", action="store_true",
                     help="the profile is the in-process sampler's (counts are microseconds of CPU)")
+    ap.add_argument("--top", type=int, default=0, metavar="N",
+                    help="also the N triscope functions with the most CPU, inclusive of what they call")
     args = ap.parse_args(argv)
     opener = gzip.open if args.profile.endswith(".gz") else open
     with opener(args.profile, "rt") as f:
-        print("\n".join(summary(f.read().splitlines(), args.seconds, args.us)))
+        print("\n".join(summary(f.read().splitlines(), args.seconds, args.us, args.top)))
     return 0
 
 
