@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from types import CodeType, FrameType
 
 
 def _cpu_ns(tid: int) -> int:
@@ -31,20 +32,20 @@ def _cpu_ns(tid: int) -> int:
         return 0
 
 
-_LABELS: dict[tuple[object, int], str] = {}
+_LABELS: dict[tuple[CodeType, int], str] = {}
 
 
-def _frames(frame: object) -> list[str]:
+def _frames(frame: FrameType | None) -> list[str]:
     out = []
     f = frame
     while f is not None:
-        key = (f.f_code, f.f_lineno)  # type: ignore[attr-defined]
+        key = (f.f_code, f.f_lineno)
         label = _LABELS.get(key)
         if label is None:
             code = key[0]
-            label = _LABELS[key] = f"{code.co_qualname} ({_short(code.co_filename)}:{key[1]})"  # type: ignore[attr-defined]
+            label = _LABELS[key] = f"{code.co_qualname} ({_short(code.co_filename)}:{key[1]})"
         out.append(label)
-        f = f.f_back  # type: ignore[attr-defined]
+        f = f.f_back
     return out[::-1]
 
 
