@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,7 +25,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from bench.common import Row
+from bench.common import Row, free_port, wait_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -187,21 +186,6 @@ def attach_time(quick: bool) -> list[Row]:
 
 
 # ------------------------------------------------------------------------------------- footprint
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_port(port: int, timeout: float = 30.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-        time.sleep(0.1)
-    return False
-
-
 def _cpu_ticks(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -270,7 +254,7 @@ def footprint(quick: bool, no_migrate: bool = False, huge_pages: bool = False) -
     window = 15.0 if quick else 60.0
     warmup = 5.0
     with tempfile.TemporaryDirectory() as td, open(f"{td}/agent.log", "w") as agent_log:
-        a_port, n_port = _free_port(), _free_port()
+        a_port, n_port = free_port(), free_port()
         db = f"sqlite:///{td}/bench.db"
         extra = []
         if no_migrate:   # a fleet's agents write to a store whose schema a job upgraded once
@@ -287,11 +271,11 @@ def footprint(quick: bool, no_migrate: bool = False, huge_pages: bool = False) -
             ne = subprocess.Popen([node_exporter, f"--web.listen-address=127.0.0.1:{n_port}"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            if not _wait_port(a_port, 60):
+            if not wait_port(a_port, 60):
                 log = Path(td, "agent.log").read_text()[-500:]
                 return [Row("ebpf footprint", f"agent did not serve /metrics: {log}", float("nan"), "", ok=False)]
             if ne is not None:
-                _wait_port(n_port, 10)
+                wait_port(n_port, 10)
             a_cpu, n_cpu, a_rss, n_rss, text = _measure(agent, ne, a_port, n_port, warmup, window)
             attached = sum(1 for line in text.splitlines()
                            if line.startswith("triscope_probe_attached{") and line.rstrip().endswith(" 1.0"))
@@ -517,7 +501,7 @@ def pages_touched(quick: bool) -> list[Row]:
     with tempfile.TemporaryDirectory() as td:
         try:
             for i, (label, (extra, env)) in enumerate(variants.items()):
-                port = _free_port()
+                port = free_port()
                 db = f"sqlite:///{td}/{i}.db"
                 subprocess.run([str(triscope), "db", "upgrade", "--db", db], check=True, capture_output=True)
                 procs[label] = (subprocess.Popen(
@@ -526,7 +510,7 @@ def pages_touched(quick: bool) -> list[Row]:
                      *extra], env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=td),
                     port)
             for label, (_p, port) in procs.items():
-                if not _wait_port(port, 60):
+                if not wait_port(port, 60):
                     return [Row("agent memory", f"agent ({label}) did not serve /metrics", float("nan"), "", ok=False)]
             t_end = time.monotonic() + settle
             while time.monotonic() < t_end:
