@@ -90,6 +90,17 @@ class Window:
         return d, (W.node_switches() - self.c0) / dt, dt
 
 
+def _kernel_time(progs: W.Programs, variant: str, load: Callable[[], object]) -> dict[str, tuple[int, int]]:
+    """The programs' kernel time (run ns, runs) by name while ``load`` runs with ``variant`` attached."""
+    progs.attach(variant)
+    w = Window(progs.ids(variant))
+    w.start()
+    load()
+    d, _sw, _dt = w.stop()
+    progs.detach()
+    return d
+
+
 # ------------------------------------------------------------------------------------ untracked
 def _next_work(work: int, rate: float) -> int:
     """The work per hand-off for ~100,000 switches/s, from the rate ``work`` gave (each CPU's
@@ -268,13 +279,7 @@ def syscalls(exe: Path, progs: W.Programs, quick: bool) -> list[Row]:
     with progstats.stats_enabled():
         for v in ("sys_filter", "sys_filter_raw"):
             for _ in range(2):
-                progs.attach(v)
-                w = Window(progs.ids(v))
-                w.start()
-                loop()
-                d, _sw, _dt = w.stop()
-                progs.detach()
-                t, c = next(iter(d.values()))
+                t, c = next(iter(_kernel_time(progs, v, loop).values()))
                 stats.setdefault(v, []).append(t / c if c else float("nan"))
     for _ in range(rounds):
         progs.detach()
@@ -335,13 +340,7 @@ def irq_markers(exe: Path, progs: W.Programs, quick: bool) -> list[Row]:
     with progstats.stats_enabled():
         for _ in range(2):
             for v in variants:
-                progs.attach(v)
-                w = Window(progs.ids(v))
-                w.start()
-                loop()
-                d, _sw, _dt = w.stop()
-                progs.detach()
-                for fn, (t, c) in d.items():
+                for fn, (t, c) in _kernel_time(progs, v, loop).items():
                     if c:
                         per.setdefault((v, fn.replace("bench_tp_", "on_wf_")), []).append(t / c)
     bm = "waitfor interrupt markers"
