@@ -16,11 +16,11 @@ from triscope.agent.collectors.aer import AerCollector
 from triscope.agent.collectors.base import Availability, Collector
 from triscope.agent.collectors.cpu import CpuCollector
 from triscope.agent.collectors.pcie import PcieLinkCollector
-from triscope.agent.collectors.podresources import probe
 from triscope.agent.collectors.pressure import PressureCollector
 from triscope.agent.collectors.scrape import ScrapeCollector
 from triscope.agent.collectors.tcp import TcpCollector
 from triscope.agent.collectors.topology import TopologyCollector
+from triscope.agent.workloads.podresources import probe
 
 
 class DoctorRow(NamedTuple):

@@ -57,9 +57,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from prometheus_client.utils import floatToGoString
 
 from triscope.agent.budget import SampleBudget, histogram_samples, otlp_sender
-from triscope.agent.collectors import attribution
 from triscope.agent.collectors.base import BaseCollector
 from triscope.agent.otlp_decode import TEMPORALITY_CUMULATIVE, Decoded, DecodeError, Point, decode
+from triscope.agent.workloads import attribution
 from triscope.core.samples import Sample
 from triscope.web.httpd import HttpServer, Limits, Request, Response
 

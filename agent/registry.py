@@ -144,13 +144,13 @@ def _workloads(opts: AgentOptions, npu: Collector | None, ebpf: Collector | None
     """Attribution and per-workload host evidence, fed by NVML's process lists and the npu-smi
     collector's process table (no npu-smi run of its own).  Without either it reports itself off
     at the start check (and costs nothing more)."""
-    from triscope.agent.collectors.accelprocs import NpuProcessSource, ProcessSource
     from triscope.agent.collectors.npu import NpuSmiCollector
-    from triscope.agent.collectors.workloads import WorkloadsCollector
+    from triscope.agent.workloads.accelprocs import NpuProcessSource, ProcessSource
+    from triscope.agent.workloads.collector import WorkloadsCollector
 
     sources: list[ProcessSource] = []
     if opts.nvml:
-        from triscope.agent.collectors.nvml_processes import NvmlProcessSource
+        from triscope.agent.workloads.nvml_processes import NvmlProcessSource
 
         sources.append(NvmlProcessSource())
     if isinstance(npu, NpuSmiCollector):

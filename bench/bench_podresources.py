@@ -1,5 +1,5 @@
 """Why the kubelet's pod-resources answer is decoded by hand: resident memory and decode time of the
-hand decoder (``agent/collectors/podresources.py``) against classes protoc generates from the
+hand decoder (``agent/workloads/podresources.py``) against classes protoc generates from the
 kubelet's ``.proto`` (``tests/proto/podresources_v1.proto``), in a process that holds the agent's
 modules (the CLI, ``triscope agent``'s runtime, every collector, h2), as the agent does.
 
@@ -30,14 +30,15 @@ def rss():
         return next(int(l.split()[1]) for l in f if l.startswith("VmRSS:")) / 1024
 mode, gen, payload = sys.argv[1], sys.argv[2], sys.argv[3]
 import triscope.cli, triscope.commands.agent, triscope.agent.runtime  # noqa: F401
-import triscope.agent.collectors as cols
-for m in pkgutil.iter_modules(cols.__path__):
-    try:
-        importlib.import_module(f"triscope.agent.collectors.{m.name}")
-    except Exception:
-        pass
+import triscope.agent.collectors as cols, triscope.agent.workloads as wls
+for pkg in (cols, wls):
+    for m in pkgutil.iter_modules(pkg.__path__):
+        try:
+            importlib.import_module(f"{pkg.__name__}.{m.name}")
+        except Exception:
+            pass
 import h2.config, h2.connection, h2.events  # noqa: F401 - the client's HTTP/2, either way
-from triscope.agent.collectors.podresources import decode_list_response
+from triscope.agent.workloads.podresources import decode_list_response
 data = open(payload, "rb").read() if payload != "-" else b""
 gc.collect()
 r0, t = rss(), 0.0
@@ -51,7 +52,7 @@ if mode.startswith("generated"):
                   for c in p.containers for d in c.devices for i in d.device_ids]
         t = time.perf_counter() - t0
 elif data and mode == "capped":      # the agent's own caps: refused while the container is decoded
-    from triscope.agent.collectors.podresources import PodResourcesError
+    from triscope.agent.workloads.podresources import PodResourcesError
     t0 = time.perf_counter()
     try:
         owners = decode_list_response(data).owners

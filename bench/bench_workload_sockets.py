@@ -6,7 +6,7 @@ that is not here): one GPU process, a real process holding 10,000 connected loop
 (5,000 connections, both ends its own), against the same agent whose listed process holds 16.  The
 agent's CPU is its ``utime + stime`` (``/proc/PID/stat``: every thread) over a window after a warm-up;
 medians of 3 alternating rounds (without, with, ...), each a fresh agent.  Issue 43: 0.4 % of a core
-without, 3.3-3.6 % with, before the read got its CPU budget (``workload_tcp.CPU_BUDGET``).
+without, 3.3-3.6 % with, before the read got its CPU budget (``workloads.tcp.CPU_BUDGET``).
 """
 
 from __future__ import annotations

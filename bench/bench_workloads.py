@@ -77,10 +77,10 @@ SITECUSTOMIZE = r"""
 import json, os
 if os.environ.get("TRISCOPE_BENCH_ROWS"):
     from triscope.agent import registry
-    from triscope.agent.collectors.accelprocs import AcceleratorProcess, ListedProcessSource, gpu_labels
+    from triscope.agent.workloads.accelprocs import AcceleratorProcess, ListedProcessSource, gpu_labels
 
     def _workloads(opts, npu, ebpf=None):
-        from triscope.agent.collectors.workloads import WorkloadsCollector
+        from triscope.agent.workloads.collector import WorkloadsCollector
 
         with open(os.environ["TRISCOPE_BENCH_ROWS"]) as f:
             rows = [AcceleratorProcess(gpu_labels(g), u, p, str(g), s) for g, u, p, s in json.load(f)]
@@ -96,7 +96,7 @@ class Farm:
     """The 128 processes, their cgroups and the pod log tree; ``close()`` removes all of it."""
 
     def __init__(self, tmp: Path) -> None:
-        from triscope.agent.collectors.cgroups import unified_root
+        from triscope.agent.workloads.cgroups import unified_root
 
         n = GPUS * PER_GPU
         self.proc = subprocess.Popen([sys.executable, "-c", FARM, str(n), str(THREADS), "0.9,0.9,0.2"],
@@ -170,9 +170,9 @@ def _worker_cpu(c) -> float:  # type: ignore[no-untyped-def]
 def tick_cost(farm: Farm, n_ticks: int, quiet_every: int, sys_root: str | None = None) -> dict[str, float]:
     """The tick's and the worker's CPU; with ``sys_root`` each GPU has a PCI address whose local CPUs
     and NUMA node that tree gives, so the placement (NUMA locality) is read too."""
-    from triscope.agent.collectors.accelprocs import AcceleratorProcess, ListedProcessSource, gpu_labels
-    from triscope.agent.collectors.workloads import WorkloadsCollector
     from triscope.agent.registry import AgentOptions, build_collectors, split_available
+    from triscope.agent.workloads.accelprocs import AcceleratorProcess, ListedProcessSource, gpu_labels
+    from triscope.agent.workloads.collector import WorkloadsCollector
 
     base, _ = split_available(build_collectors(AgentOptions(ebpf=False, nvml=False, npu=False, workloads=False)))
     rows = [AcceleratorProcess(gpu_labels(g), u, p, str(g), s, bus_id=f"0000:{0x1b + g:02x}:00.0" if sys_root else "")
@@ -265,8 +265,8 @@ class LoaderFarm:
 def process_set_cost(farm: LoaderFarm, n_ticks: int, whole_set: bool, quiet_every: int = 5) -> dict[str, float]:
     """Tick and worker CPU of the workloads collector over the loader farm: following each GPU
     process's whole process set (its 16 workers found as its descendants), or the GPU process alone."""
-    from triscope.agent.collectors.accelprocs import AcceleratorProcess, ListedProcessSource, gpu_labels
-    from triscope.agent.collectors.workloads import WorkloadsCollector
+    from triscope.agent.workloads.accelprocs import AcceleratorProcess, ListedProcessSource, gpu_labels
+    from triscope.agent.workloads.collector import WorkloadsCollector
 
     rows = [AcceleratorProcess(gpu_labels(g), u, p, str(g), s) for g, u, p, s in farm.rows]
     c = WorkloadsCollector([ListedProcessSource(rows, name="nvml")], pods_log_dir="/nonexistent/pods",
@@ -324,7 +324,7 @@ def _gpu_tree(tmp: Path) -> str:
 
 
 def _numa_maps_cost(pids: list[int]) -> float:
-    from triscope.agent.collectors.placement import numa_pages
+    from triscope.agent.workloads.placement import numa_pages
 
     t0 = time.thread_time()
     for p in pids:
@@ -345,7 +345,7 @@ def _tcp_read_cost(reps: int) -> dict[str, float]:
     with ``TIME_WAIT``, and against every state (the agent before)."""
     import socket
 
-    from triscope.agent.collectors.sockdiag import (
+    from triscope.agent.workloads.sockdiag import (
         ALL_STATES,
         DUMP_STATES,
         TCP_BOUND_INACTIVE,

@@ -131,7 +131,7 @@ class Host:
     """The upstream, the N workloads, their cgroups and pod logs; ``close()`` removes all of it."""
 
     def __init__(self, n: int, tmp: Path) -> None:
-        from triscope.agent.collectors.cgroups import unified_root
+        from triscope.agent.workloads.cgroups import unified_root
 
         self.made: list[Path] = []
         self.logs = tmp / "pods"

@@ -518,9 +518,9 @@ def agent_side(mode: str, pids: list[int]) -> None:
     from types import SimpleNamespace
 
     from triscope.agent.collectors.ebpf import EbpfCollector
-    from triscope.agent.collectors.workload_waits import WorkloadWaits
     from triscope.agent.ebpf import layout as L
     from triscope.agent.ebpf import progstats
+    from triscope.agent.workloads.waits import WorkloadWaits
 
     wl = ("", "", "", "cmd:wf-tracked")
     plan = [SimpleNamespace(labels=(("gpu", "0"),), groups=((wl, tuple(pids)),), listed=((wl, tuple(pids[:1])),))]

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from triscope.agent.collectors.attribution import attribute, read_pod_dirs, read_process
-from triscope.agent.collectors.workload_waits import WorkloadWaits
+from triscope.agent.workloads.attribution import attribute, read_pod_dirs, read_process
+from triscope.agent.workloads.waits import WorkloadWaits
 from triscope.core.samples import Sample
 
 PRELUDE = r"""

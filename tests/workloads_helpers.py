@@ -17,7 +17,7 @@ import time
 import uuid
 from pathlib import Path
 
-from triscope.agent.collectors.cgroups import unified_root
+from triscope.agent.workloads.cgroups import unified_root
 
 CHILD = r"""
 import hashlib, sys, threading, time

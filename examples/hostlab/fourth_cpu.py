@@ -53,9 +53,9 @@ class SimLab(Lab):
 def record(node: str, out: Path, hold: float, only: list[str] | None = None, ebpf: bool = True,
            by_name: dict[str, Any] | None = None, runner_cls: type[fourth.Runner] = fourth.Runner) -> Path:
     """``by_name``/``runner_cls``: another set's CPU classes and runner (the fifth set's, fifth.py)."""
-    from triscope.agent.collectors.workloads import WorkloadsCollector
     from triscope.agent.registry import AgentOptions, build_collectors, split_available
     from triscope.agent.sampler import Sampler
+    from triscope.agent.workloads.collector import WorkloadsCollector
     from triscope.analysis.online import MismatchTracker
     from triscope.core.samples import Tick
     from triscope.core.trace import export_trace

@@ -277,7 +277,7 @@ class Lab:
     """The services, the GPU stand-in and the collectors of one recording."""
 
     def __init__(self, tmp: Path) -> None:
-        from triscope.agent.collectors.accelprocs import ListedProcessSource
+        from triscope.agent.workloads.accelprocs import ListedProcessSource
 
         self.tmp = tmp
         self.source = ListedProcessSource(name="nvml")
@@ -301,7 +301,7 @@ class Lab:
         return p
 
     def rows(self) -> list[Any]:
-        from triscope.agent.collectors.accelprocs import AcceleratorProcess, gpu_labels
+        from triscope.agent.workloads.accelprocs import AcceleratorProcess, gpu_labels
 
         uuid = "GPU-1ab00000-0000-4000-8000-000000000000"
         return [AcceleratorProcess(gpu_labels(0), uuid, p.pid, "0", self.busy(w)) for w, p in self.procs.items()]
@@ -355,9 +355,9 @@ class LabGpu:
 
 
 def record(node: str, out: Path, hold: float) -> Path:
-    from triscope.agent.collectors.workloads import WorkloadsCollector
     from triscope.agent.registry import AgentOptions, build_collectors, split_available
     from triscope.agent.sampler import Sampler
+    from triscope.agent.workloads.collector import WorkloadsCollector
     from triscope.analysis.online import MismatchTracker
     from triscope.core.samples import Tick
     from triscope.core.trace import export_trace

@@ -7,7 +7,7 @@
     pod.set_weight(4)                                   # the pod's cpu.weight (v2) / cpu.shares (v1)
     pod.remove()                                        # processes back to the root, cgroups and log dirs gone
 
-The agent names a process's pod from its cgroup path (``agent/collectors/cgroups.py``) and the pod's
+The agent names a process's pod from its cgroup path (``agent/workloads/cgroups.py``) and the pod's
 namespace, name and containers from ``/var/log/pods/<namespace>_<pod>_<uid>/<container>/``
 (``attribution.read_pod_dirs``): this module makes both the way the kubelet's systemd cgroup driver
 with containerd does, so the agent cannot tell them from a kubelet's:

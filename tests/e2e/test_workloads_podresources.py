@@ -19,14 +19,14 @@ from pathlib import Path
 import pytest
 from podresources_server import PodResourcesServer
 
-from triscope.agent.collectors.accelprocs import owner_key
-from triscope.agent.collectors.podresources import (
+from triscope.agent.doctor import pod_resources_doctor
+from triscope.agent.workloads.accelprocs import owner_key
+from triscope.agent.workloads.podresources import (
     PodResourcesError,
     PodResourcesWatch,
     list_pod_resources,
     probe,
 )
-from triscope.agent.doctor import pod_resources_doctor
 
 GPU_A = "GPU-5b1c2a3d-0000-1111-2222-333344445555"
 GPU_B = "GPU-9e8d7c6b-aaaa-bbbb-cccc-ddddeeeeffff"
@@ -82,7 +82,7 @@ def test_list_against_the_real_grpc_runtime(server: PodResourcesServer) -> None:
 
 def test_watch_off_kubernetes_says_so_once(sockdir: Path, caplog: pytest.LogCaptureFixture) -> None:
     w = PodResourcesWatch(str(sockdir / "missing.sock"), every=0.0)
-    with caplog.at_level(logging.INFO, logger="triscope.agent.collectors.podresources"):
+    with caplog.at_level(logging.INFO, logger="triscope.agent.workloads.podresources"):
         changes = [w.refresh() for _ in range(3)]
     assert changes == [[], [], []]          # normal off Kubernetes: no event
     assert w.state == "missing" and w.owners == {}
@@ -115,7 +115,7 @@ def test_watch_degrades_once_then_recovers(sockdir: Path, caplog: pytest.LogCapt
     srv, _ = _garbage_server(path)
     w = PodResourcesWatch(str(path), every=0.0, timeout=1.0)
     try:
-        with caplog.at_level(logging.INFO, logger="triscope.agent.collectors.podresources"):
+        with caplog.at_level(logging.INFO, logger="triscope.agent.workloads.podresources"):
             first, second = w.refresh(), w.refresh()
     finally:
         srv.close()
@@ -180,7 +180,7 @@ def test_a_kubelets_error_text_reaches_no_log_raw(server: PodResourcesServer) ->
     goes to logs and stored events."""
     import grpc
 
-    from triscope.agent.collectors.podresources import PodResourcesError
+    from triscope.agent.workloads.podresources import PodResourcesError
 
     server.abort = (grpc.StatusCode.UNAVAILABLE, "pods \x1b[31mgone\x07 \u202eevil\u202c")
     with pytest.raises(PodResourcesError) as e:
@@ -196,7 +196,7 @@ def test_an_answer_past_the_caps_is_refused_quickly_and_said_once(server: PodRes
     refused within the timeout with one warning and one event; the last good answer stands meanwhile."""
     import time
 
-    from triscope.agent.collectors.podresources import MAX_OWNERS
+    from triscope.agent.workloads.podresources import MAX_OWNERS
 
     w = PodResourcesWatch(server.path, timeout=2.0)
     assert w.refresh() == [] and w.state == "ok"
@@ -227,7 +227,7 @@ def test_an_answer_past_the_caps_is_refused_quickly_and_said_once(server: PodRes
 # 4 MiB (under the size cap).  Peak RSS is reset (clear_refs 5) just before the refresh.
 _HUGE_CHILD = r"""
 import json, sys, time
-from triscope.agent.collectors.podresources import PodResourcesWatch
+from triscope.agent.workloads.podresources import PodResourcesWatch
 import h2.config, h2.connection, h2.events  # noqa: F401
 def kb(key):
     with open("/proc/self/status") as f:

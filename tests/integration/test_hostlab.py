@@ -13,7 +13,7 @@ from pathlib import Path
 
 from conftest import REPO
 
-from triscope.agent.collectors.processset import ProcessTree
+from triscope.agent.workloads.processset import ProcessTree
 
 
 def test_the_stand_in_service_does_the_work_it_is_given(tmp_path: Path) -> None:

@@ -283,7 +283,7 @@ def test_the_launch_loop_keeps_its_thread_busy_and_the_gpu_partly_busy(procs: Pr
 @needs_cgroups
 def test_pods_carry_the_labels_the_agent_reads_and_their_weights_bite(procs: Procs, tmp_path: Path) -> None:
     from examples.hostlab.pods import Pod
-    from triscope.agent.collectors.attribution import attribute, read_pod_dirs, read_process
+    from triscope.agent.workloads.attribution import attribute, read_pod_dirs, read_process
 
     logs = tmp_path / "pods"
     victim_pod, hog_pod = Pod("lab-a", logs=logs), Pod("lab-hog", logs=logs)
@@ -355,7 +355,7 @@ def test_a_fourth_set_scenario_starts_in_its_pods_and_cleans_up(libcuda: str, tm
         pytest.skip("the lab's network needs nftables")
     from examples.hostlab import fourth
     from examples.hostlab.lab import NFT_TABLE, lab_network, nft
-    from triscope.agent.collectors.attribution import attribute, read_pod_dirs, read_process
+    from triscope.agent.workloads.attribution import attribute, read_pod_dirs, read_process
 
     blob, limit = lab_network()
     r = fourth.Runner(tmp_path / "logs", tmp_path / "run", pods_log_dir=tmp_path / "pods", libcuda=libcuda)

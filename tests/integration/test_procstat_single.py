@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from triscope.agent.collectors.procstat import CLK_TCK, ProcStats
+from triscope.agent.workloads.procstat import CLK_TCK, ProcStats
 
 CHILD = r"""
 import sys, threading, time

@@ -15,10 +15,10 @@ import time
 
 import pytest
 
-from triscope.agent.collectors.workload_tcp import WorkloadTcp
+from triscope.agent.workloads.tcp import WorkloadTcp
 
 SOCKETS = 10_000
-BUDGET = 0.002       # workload_tcp.CPU_BUDGET: 0.2 % of a core (0.4 % before issue 46)
+BUDGET = 0.002       # workloads.tcp.CPU_BUDGET: 0.2 % of a core (0.4 % before issue 46)
 
 HOLDER = r"""
 import resource, socket, sys

@@ -22,9 +22,9 @@ import pytest
 from podresources_server import PodResourcesServer
 from workloads_helpers import Cgroups, cgroup_skip_reason, kube_path, spawn, stop, writable_cgroup_root
 
-from triscope.agent.collectors.accelprocs import AcceleratorProcess, ListedProcessSource, gpu_labels
 from triscope.agent.collectors.base import Availability
-from triscope.agent.collectors.workloads import WorkloadsCollector
+from triscope.agent.workloads.accelprocs import AcceleratorProcess, ListedProcessSource, gpu_labels
+from triscope.agent.workloads.collector import WorkloadsCollector
 from triscope.core.metrics import CATALOGUE
 from triscope.core.samples import EventRecord, Sample
 
@@ -432,7 +432,7 @@ def test_a_cgroup_two_workloads_share_gives_neither_its_pressure(monkeypatch: py
         monkeypatch.setattr(c, "_process_sets", lambda: {p: [p] for p in shared})
         # named by their commands whatever unit the test runs in (under a systemd service, all three
         # would be that one unit's: one workload)
-        monkeypatch.setattr("triscope.agent.collectors.workloads.attribute",
+        monkeypatch.setattr("triscope.agent.workloads.collector.attribute",
                             lambda info, owners, pods: ("", "", "", f"cmd:{info.comm}" if info else ""))
         c.refresh(force=True)
         assert c._dirs == {own.pid: "/sys/fs/cgroup/own.slice"}
@@ -453,7 +453,7 @@ def test_processes_that_just_exited_are_not_called_another_pid_namespace(caplog:
     c = WorkloadsCollector([ListedProcessSource([gone])], background=False,
                            pod_resources_socket="/nonexistent/kubelet.sock")
     try:
-        with caplog.at_level(logging.WARNING, logger="triscope.agent.collectors.workloads"):
+        with caplog.at_level(logging.WARNING, logger="triscope.agent.workloads.collector"):
             c.refresh(force=True)
             assert "hostPID" not in caplog.text
             c.refresh(force=True)

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from triscope.agent.collectors.nvml_processes import NvmlProcessSource
-from triscope.agent.collectors.workloads import WorkloadsCollector
+from triscope.agent.workloads.collector import WorkloadsCollector
+from triscope.agent.workloads.nvml_processes import NvmlProcessSource
 from triscope.core.samples import Sample
 
 pytestmark = pytest.mark.gpu

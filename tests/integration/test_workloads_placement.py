@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from workloads_helpers import spawn, stop
 
-from triscope.agent.collectors.accelprocs import AcceleratorProcess, ListedProcessSource, gpu_labels
-from triscope.agent.collectors.placement import WorkloadPlacement, numa_pages
-from triscope.agent.collectors.workloads import WorkloadsCollector
+from triscope.agent.workloads.accelprocs import AcceleratorProcess, ListedProcessSource, gpu_labels
+from triscope.agent.workloads.collector import WorkloadsCollector
+from triscope.agent.workloads.placement import WorkloadPlacement, numa_pages
 from triscope.analysis.config import MismatchThresholds
 from triscope.analysis.features import AcceleratorFeatures, WindowFeatures, WorkloadEvidence, WorkloadKey
 from triscope.analysis.verdict import classify_accelerator

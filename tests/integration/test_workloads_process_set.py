@@ -27,11 +27,11 @@ from test_workloads_collector import GPU_A, WL, row, series, ticks
 from workloads_helpers import Cgroups, cgroup_skip_reason, kube_path, spawn, stop, writable_cgroup_root
 
 from examples.hostlab.lab import CpuLimit, cpu_limit_available
-from triscope.agent.collectors.accelprocs import ListedProcessSource
-from triscope.agent.collectors.processset import CgroupCpu, ProcessTree, parse_cpu_stat, read_cpu_limit
-from triscope.agent.collectors.sockdiag import netns_tcp_totals, socket_inodes, tcp_counters
-from triscope.agent.collectors.workload_tcp import WorkloadTcp
-from triscope.agent.collectors.workloads import WorkloadsCollector
+from triscope.agent.workloads.accelprocs import ListedProcessSource
+from triscope.agent.workloads.collector import WorkloadsCollector
+from triscope.agent.workloads.processset import CgroupCpu, ProcessTree, parse_cpu_stat, read_cpu_limit
+from triscope.agent.workloads.sockdiag import netns_tcp_totals, socket_inodes, tcp_counters
+from triscope.agent.workloads.tcp import WorkloadTcp
 from triscope.core.samples import Sample
 
 ROOT = writable_cgroup_root()
@@ -482,7 +482,7 @@ def test_a_new_processs_past_is_not_counted_when_its_first_read_fails() -> None:
 def test_lookups_in_batches_and_a_socket_that_is_gone() -> None:
     """More keys than one batch, and one whose addresses no socket has (ENOENT): each answered or
     left out, no error."""
-    from triscope.agent.collectors.sockdiag import tcp_lookup
+    from triscope.agent.workloads.sockdiag import tcp_lookup
 
     lst = socket.socket()
     lst.bind(("127.0.0.1", 0))
@@ -509,7 +509,7 @@ def test_a_dump_that_failed_in_its_done_message_is_an_error() -> None:
     empty table (which would silently say no socket retransmitted)."""
     import struct
 
-    from triscope.agent.collectors.sockdiag import NLMSG_DONE, SockDiagError, parse_dump
+    from triscope.agent.workloads.sockdiag import NLMSG_DONE, SockDiagError, parse_dump
 
     done = struct.pack("=IHHII", 20, NLMSG_DONE, 2, 1, 0)
     assert parse_dump(done + struct.pack("=i", 0), {}) is True
@@ -521,7 +521,7 @@ def _dumped(states: int) -> list[tuple[int, int]]:
     """(TCP state, inode) of every socket one real dump of this namespace answered with."""
     import struct
 
-    from triscope.agent.collectors import sockdiag
+    from triscope.agent.workloads import sockdiag
 
     out: list[tuple[int, int]] = []
     with contextlib.closing(sockdiag._netlink()) as s:
@@ -543,7 +543,7 @@ def test_a_dump_leaves_time_wait_listeners_and_idle_binds_to_the_kernel() -> Non
     does not ask for them, so a host that opens a connection per request does not have thousands
     written out and parsed at every dump; nor for listeners, nor (6.8+) for sockets bound and never
     connected, whose state makes the kernel walk its bind table.  Live sockets are all still there."""
-    from triscope.agent.collectors.sockdiag import ALL_STATES, DUMP_STATES
+    from triscope.agent.workloads.sockdiag import ALL_STATES, DUMP_STATES
 
     lst = socket.socket()
     lst.bind(("127.0.0.1", 0))

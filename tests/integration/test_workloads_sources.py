@@ -19,11 +19,11 @@ import pytest
 from podresources_server import PodResourcesServer
 from workloads_helpers import Cgroups, cgroup_skip_reason, kube_path, spawn, stop, writable_cgroup_root
 
-from triscope.agent.collectors.accelprocs import NpuProcessSource, npu_labels
 from triscope.agent.collectors.npu import NpuSmiCollector
-from triscope.agent.collectors.nvml_processes import NvmlProcessSource
-from triscope.agent.collectors.workloads import WorkloadsCollector
 from triscope.agent.registry import AgentOptions, UnavailableCollector, build_collectors, split_available
+from triscope.agent.workloads.accelprocs import NpuProcessSource, npu_labels
+from triscope.agent.workloads.collector import WorkloadsCollector
+from triscope.agent.workloads.nvml_processes import NvmlProcessSource
 from triscope.core.samples import Sample
 
 ROOT = writable_cgroup_root()

@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from examples.hostlab.pods import Pod, remove_parents, shares_to_weight, weight_to_shares
-from triscope.agent.collectors.attribution import ProcessInfo, attribute, read_pod_dirs
-from triscope.agent.collectors.cgroups import owner_of, parse_proc_cgroup
+from triscope.agent.workloads.attribution import ProcessInfo, attribute, read_pod_dirs
+from triscope.agent.workloads.cgroups import owner_of, parse_proc_cgroup
 
 
 def v2_root(tmp_path: Path) -> Path:

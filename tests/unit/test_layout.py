@@ -26,6 +26,8 @@ LAZY: dict[tuple[str, str], str] = {
         "PostgreSQL dialect or the engine)",
     ("agent/registry.py", "triscope.agent.collectors.*"):
         "a collector's module (and its library: BCC, NVML, gRPC) loads only when it is enabled",
+    ("agent/registry.py", "triscope.agent.workloads.*"):
+        "the workloads collector's modules (and NVML for its process lists) load only when it is enabled",
     ("agent/registry.py", "triscope.analysis.online"):
         "the detector loads only when the agent publishes verdicts",
     ("agent/runtime.py", "triscope.agent.otlp"):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from triscope.agent.collectors.attribution import (
+from triscope.agent.workloads.attribution import (
     SHARED,
     PodDir,
     ProcessInfo,
@@ -16,8 +16,8 @@ from triscope.agent.collectors.attribution import (
     read_pod_dirs,
     read_process,
 )
-from triscope.agent.collectors.cgroups import owner_of
-from triscope.agent.collectors.podresources import DeviceOwner
+from triscope.agent.workloads.cgroups import owner_of
+from triscope.agent.workloads.podresources import DeviceOwner
 
 UA = "11111111-2222-4333-8444-555555555555"
 UB = "aaaaaaaa-bbbb-4ccc-8ddd-eeeeeeeeeeee"

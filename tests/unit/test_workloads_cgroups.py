@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from triscope.agent.collectors.cgroups import (
+from triscope.agent.workloads.cgroups import (
     classify,
     owner_of,
     parse_proc_cgroup,

@@ -98,7 +98,7 @@ _SPECS = [
     MetricSpec("triscope_npu_aivector_utilization_ratio", "gauge", "Ascend AI vector core utilization (npu-smi -t usages, newer releases).", ("npu", "chip")),
     MetricSpec("triscope_npu_hbm_bandwidth_utilization_ratio", "gauge", "Ascend HBM bandwidth utilization (npu-smi -t usages).", ("npu", "chip")),
     MetricSpec("triscope_npu_ddr_bandwidth_utilization_ratio", "gauge", "Ascend DDR bandwidth utilization (npu-smi -t usages).", ("npu", "chip")),
-    # workloads on each accelerator (agent/collectors/workloads.py; accelerator labels gpu, or npu and chip)
+    # workloads on each accelerator (agent/workloads/collector.py; accelerator labels gpu, or npu and chip)
     MetricSpec("triscope_accelerator_workload_info", "gauge", "Always 1 while the workload has a process on the accelerator (NVML / npu-smi processes, their cgroup, the kubelet's pod-resources); uuid is the GPU's.", ("gpu", "npu", "chip", "namespace", "pod", "container", "workload", "uuid")),
     MetricSpec("triscope_workload_processes", "gauge", "Processes of the workload on the accelerator.", ("gpu", "npu", "chip", "namespace", "pod", "container", "workload")),
     MetricSpec("triscope_workload_sm_ratio", "gauge", "The workload's share of the GPU's SM time (NVML per-process utilization; absent where the driver gives none).", ("gpu", "namespace", "pod", "container", "workload")),

@@ -43,8 +43,10 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from triscope.agent.collectors.accelprocs import AcceleratorProcess, ProcessSource, device_keys, owner_key
-from triscope.agent.collectors.attribution import (
+from triscope.agent.collectors.base import Availability, BaseCollector
+from triscope.agent.collectors.waitfor import WaitFor
+from triscope.agent.workloads.accelprocs import AcceleratorProcess, ProcessSource, device_keys, owner_key
+from triscope.agent.workloads.attribution import (
     DEFAULT_PODS_LOG_DIR,
     OTHER,
     WORKLOAD_LABELS,
@@ -55,15 +57,13 @@ from triscope.agent.collectors.attribution import (
     read_pod_dirs,
     read_process,
 )
-from triscope.agent.collectors.base import Availability, BaseCollector
-from triscope.agent.collectors.cgroups import resolve_v2_dir, unified_root
-from triscope.agent.collectors.placement import WorkloadPlacement
-from triscope.agent.collectors.podresources import DEFAULT_SOCKET, DeviceOwner, PodResourcesWatch
-from triscope.agent.collectors.processset import CgroupCpu, CgroupDirs, ProcessTree, cgroup_dirs, process_set
-from triscope.agent.collectors.procstat import ProcSample, ProcStats
-from triscope.agent.collectors.waitfor import WaitFor
-from triscope.agent.collectors.workload_tcp import WorkloadTcp
-from triscope.agent.collectors.workload_waits import WorkloadWaits
+from triscope.agent.workloads.cgroups import resolve_v2_dir, unified_root
+from triscope.agent.workloads.placement import WorkloadPlacement
+from triscope.agent.workloads.podresources import DEFAULT_SOCKET, DeviceOwner, PodResourcesWatch
+from triscope.agent.workloads.processset import CgroupCpu, CgroupDirs, ProcessTree, cgroup_dirs, process_set
+from triscope.agent.workloads.procstat import ProcSample, ProcStats
+from triscope.agent.workloads.tcp import WorkloadTcp
+from triscope.agent.workloads.waits import WorkloadWaits
 from triscope.core.samples import EventRecord, Sample
 
 log = logging.getLogger(__name__)

@@ -49,7 +49,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from triscope.agent.collectors.sockdiag import (
+from triscope.agent.workloads.sockdiag import (
     Counters,
     SockDiagError,
     SockKey,

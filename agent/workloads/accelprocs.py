@@ -5,7 +5,7 @@ A source answers ``processes()`` — every process with a context on one of its 
 it.  Both are called off the tick, on the workloads collector's refresh worker (every few seconds
 and every second), so a source may block briefly.
 
-* ``NvmlProcessSource`` (``agent/collectors/nvml_processes.py``): NVML's compute, graphics and MPS
+* ``NvmlProcessSource`` (``agent/workloads/nvml_processes.py``): NVML's compute, graphics and MPS
   process lists and ``nvmlDeviceGetProcessUtilization``.
 * ``NpuProcessSource``: the process table of the npu-smi collector's latest run (no npu-smi run of
   its own).

@@ -24,7 +24,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from triscope.agent.collectors.cgroups import CgroupOwner, resolve_v2_dir
+from triscope.agent.workloads.cgroups import CgroupOwner, resolve_v2_dir
 
 V1_CPU_HIERARCHIES = ("cpu,cpuacct", "cpu", "cpuacct,cpu")
 V1_MEMBER_HIERARCHIES = (*V1_CPU_HIERARCHIES, "pids", "name=systemd")

@@ -22,9 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from triscope.agent.collectors.accelprocs import AcceleratorProcess, gpu_labels
 from triscope.agent.collectors.base import Availability, CollectorUnavailable
 from triscope.agent.collectors.nvml import normalise_bus_id
+from triscope.agent.workloads.accelprocs import AcceleratorProcess, gpu_labels
 
 log = logging.getLogger(__name__)
 

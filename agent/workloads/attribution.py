@@ -27,8 +27,8 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from triscope.agent.collectors.cgroups import CgroupOwner, owner_of, parse_proc_cgroup
-from triscope.agent.collectors.podresources import DeviceOwner
+from triscope.agent.workloads.cgroups import CgroupOwner, owner_of, parse_proc_cgroup
+from triscope.agent.workloads.podresources import DeviceOwner
 from triscope.core.textsafe import label_text
 from triscope.core.vocabulary import WORKLOAD_LABELS  # noqa: F401 - re-exported for the collector
 
