@@ -15,8 +15,8 @@ collector's loader child); this module holds its maps and turns them into per-th
   in every read, not all at once when it wakes; what was counted while open is taken off the
   interval's total when it closes.
 
-Nothing here decides anything: ``waitchain.py`` follows the waits from an accelerator's driving
-thread; the verdict reads what that publishes.
+Nothing here decides anything: ``agent/workloads/waitchain.py`` follows the waits from an
+accelerator's driving thread; the verdict reads what that publishes.
 """
 
 from __future__ import annotations

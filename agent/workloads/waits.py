@@ -40,11 +40,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from triscope.agent.collectors.waitchain import Term, WaitChain, WorkloadChain
 from triscope.agent.collectors.waitfor import WaitFor
-from triscope.agent.collectors.waitwhat import FdIndex, Irqs, Procs, SocketIndex, peer_key
 from triscope.agent.workloads.attribution import WORKLOAD_LABELS, PodDir, ProcessInfo, Workload
 from triscope.agent.workloads.sockdiag import Counters, listening_ports, tcp_counters, tcp_lookup
+from triscope.agent.workloads.waitchain import Term, WaitChain, WorkloadChain
+from triscope.agent.workloads.waitwhat import FdIndex, Irqs, Procs, SocketIndex, peer_key
 from triscope.core.samples import Sample
 
 log = logging.getLogger(__name__)

@@ -9,8 +9,8 @@ import socket
 
 import pytest
 
-from triscope.agent.collectors.waitwhat import NOT_TCP, SocketIndex, key_of_fd
 from triscope.agent.workloads.sockdiag import tcp_counters
+from triscope.agent.workloads.waitwhat import NOT_TCP, SocketIndex, key_of_fd
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="pidfd_getfd needs root")
 

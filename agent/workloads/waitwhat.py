@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from triscope.agent.collectors.attribution import PodDir, ProcessInfo, Workload, attribute, read_process
+from triscope.agent.workloads.attribution import PodDir, ProcessInfo, Workload, attribute, read_process
 
 # x86_64 syscall numbers (what waitfor.bpf.c records); the sleep family and futexes by number
 SLEEP_SYSCALLS = frozenset({34, 35, 230})                 # pause, nanosleep, clock_nanosleep

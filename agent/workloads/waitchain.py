@@ -35,9 +35,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from triscope.agent.collectors.processset import CgroupCpu
 from triscope.agent.collectors.waitfor import ThreadTime, Wait, WaitRead
-from triscope.agent.collectors.waitwhat import (
+from triscope.agent.ebpf import layout as L
+from triscope.agent.workloads.processset import CgroupCpu
+from triscope.agent.workloads.waitwhat import (
     ACCEPT_SYSCALLS,
     CHILD_SYSCALLS,
     FUTEX_SYSCALLS,
@@ -49,7 +50,6 @@ from triscope.agent.collectors.waitwhat import (
     Sock,
     SocketIndex,
 )
-from triscope.agent.ebpf import layout as L
 
 log = logging.getLogger(__name__)
 
