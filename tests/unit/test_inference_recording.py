@@ -117,7 +117,8 @@ def test_the_engine_replayed_over_the_recording_acts_on_the_faulty_workload_only
     verdicts (the inputs replayed at import): it acts on inference-b in the pageable scenario and
     within 60 s of the closed loop's fault, only while one of b's faults runs, lifts the pageable
     fallback once b's staging ends (before the loop), and acts on nothing but inference-b even with the
-    policy's workload selector widened to every workload (docs/inference-validation.md, "The loop")."""
+    policy's workload selector widened to every workload, and still with the rule's hold cut to 5 s
+    (docs/inference-validation.md, "The loop")."""
     from examples.inference.replay import replay_engine
 
     url = f"sqlite:///{tmp_path / 'engine.db'}"
@@ -147,3 +148,12 @@ def test_the_engine_replayed_over_the_recording_acts_on_the_faulty_workload_only
     # before the loop began
     lifted = [r["ts"] for r in acted if "removed" in r["reason"]]
     assert lifted and lifted[0] < loop["start"], (lifted, loop["start"])
+    # and the naming, not the rule's 20 s hold, keeps it off the others: held for 5 s only, it still writes
+    # for inference-b alone and only while one of b's faults runs (a verdict naming whichever workload
+    # leads the SM share for a few seconds at a time would now be acted on)
+    short = tmp_path / "policy-5s.yaml"
+    short.write_text(policy.read_text().replace("for: 20s", "for: 5s"))
+    rows = replay_engine(url, short, info.start + 10, info.end, tmp_path / "knobs-5s")
+    wrote5 = [r for r in rows if r["outcome"] == "acted" and "removed" not in r["reason"]]
+    assert wrote5 and all(r["target_key"].endswith("/inference-b.yaml") for r in wrote5), wrote5
+    assert all(any(a <= r["ts"] <= b for a, b in faults) for r in wrote5), [r["ts"] for r in wrote5]
