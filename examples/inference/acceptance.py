@@ -168,6 +168,19 @@ RECORDINGS: tuple[Recording, ...] = (
               "made after the epoll change cpu-lab-8 led to: 11/12, yield_spin_saturated 3/3 (demand-limited); one "
               "miss, mesh_reply_loss's last window read demand-limited (the handlers' request path in that window "
               "too short to decide on: 94 % of the driving thread's time waiting for requests), 2/3", LAB_TRACES),
+    *(Recording(node, "2026-12-06, the device's H100 (80 GB HBM3, lent as nvidia-h100-x1), examples/hostlab/h200.py "
+                f"--only {only} (the fifth set, examples/hostlab/fifth.py, written before any recording; the agent of "
+                "commit a9b5a8e, its rules unchanged since the epoll change of 750212b; stock PyTorch and torchvision; "
+                "45 s a class, 3 windows each)", "held_out",
+                f"the fifth set's first run on a GPU: {what}; on the device 12/12", LAB_TRACES)
+      for node, only, what in (
+          ("h200-lab-13", "fifth-a", "a decoder container feeding raw frames through a named pipe (on the heavier "
+           "instance), a preprocessing container at 0.1 CPU asked per batch over a Unix socket, a CPU hog pod of 6 "
+           "busy processes, a GPU-bound vit_l_16 with a pool of 10 decoders"),
+          ("h200-lab-14", "fifth-b", "a multiprocessing pool of 8 decoders under one pod-wide 1.5-CPU limit with the "
+           "GPU process (on the heavier instance), an ambassador container whose upstream loses 8 % of its replies, "
+           "an asyncio service's GPU worker polling with sched_yield while a best-effort pod keeps all 16 cores "
+           "busy, 3 users with 2.5 s think times"))),
 )
 """Every recording so far came before the whole-process-set, CFS-throttling and per-workload
 network evidence: none of them holds those series, so on them the verdict runs its older paths (a
@@ -202,6 +215,10 @@ def replay_tracks(trace: Path, thresholds: Any = None, peers: PeerRecorder | Non
                 track.scores[t] = float(s.value)
             elif s.value >= 0.5:
                 track.points[t] = (lab.get("state", ""), identity(lab))
+        for av in getattr(tr.last, "accelerators", ()) if tr.last is not None else ():
+            why = av.evidence.get("workload_named_by")
+            if why and av.accelerator in out:
+                out[av.accelerator].named_by[round(tick.ts, 3)] = why
     return out
 
 
@@ -241,7 +258,8 @@ def score(node: str, thresholds: Any = None, traces: Path = TRACES) -> dict[str,
     peer = peer_windows(rec.data, lines)
     classes = {r["scenario"]: {"windows": r["windows"], "right": r["right"], "pages_on_healthy": r["pages_on_healthy"],
                                "expected": r["expected_b"], "faulty": r["faulty"], "states": r["states"],
-                               "io_named": r["io_named"], "first_right_s": r["first_right_s"],
+                               "io_named": r["io_named"], "io_named_by": r["io_named_by"],
+                               "first_right_s": r["first_right_s"],
                                "peers": peer.get(r["scenario"], {}),
                                "io_only_right": sum(int((w["state"] in IO_STATES) == any(e in IO_STATES for e in r["expected_b"]))
                                                     for w in r["window_detail"])}

@@ -39,7 +39,7 @@ import json
 import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,11 +57,14 @@ SCORE_OVER = 0.3
 
 @dataclass
 class Track:
-    """One accelerator's published state per tick: ts -> (state, workload label)."""
+    """One accelerator's published state per tick: ts -> (state, workload label); ``named_by``
+    (a replay's only): ts -> why the verdict named that workload (``workload_named_by`` of its
+    evidence: "wait-for chain: ...", "host evidence", "SM share", ...)."""
 
     accelerator: str
     points: dict[float, tuple[str, str]]
     scores: dict[float, float]
+    named_by: dict[float, str] = field(default_factory=dict)
 
     def between(self, a: float, b: float) -> list[tuple[float, str, str]]:
         return [(t, s, w) for t, (s, w) in sorted(self.points.items()) if a <= t < b]
@@ -224,10 +227,14 @@ def score_tracks(trs: dict[str, Track], lines: Sequence[dict[str, Any]], settle:
                 page = state in IO_STATES and any(names_instance(wl, h) for h in healthy)
                 right += ok
                 pages += page
-                wins.append({"start": round(t, 1), "state": state, "workload": wl, "right": ok})
+                why = Counter(tr.named_by[p] for p, st, _w in tr.between(t, t + window)
+                              if st == state and p in tr.named_by).most_common(1)
+                wins.append({"start": round(t, 1), "state": state, "workload": wl, "right": ok,
+                             "named_by": why[0][0] if why else None})
             t += window
         states = Counter(w["state"] for w in wins)
         named = Counter(w["workload"] for w in wins if w["state"] in IO_STATES)
+        named_by = Counter(w["named_by"] for w in wins if w["state"] in IO_STATES and w.get("named_by"))
         first_right = None
         if tr is not None and faulty is not None and not both_healthy and set(expect) & set(IO_STATES):
             # the fault's onset is the scenario's start (the workload script's own time stamp, taken once
@@ -242,6 +249,7 @@ def score_tracks(trs: dict[str, Track], lines: Sequence[dict[str, Any]], settle:
                                                            "b": (b.get("load") or {}).get("level")},
             "windows": len(wins), "right": right, "pages_on_healthy": pages, "first_right_s": first_right,
             "states": dict(states.most_common()), "io_named": dict(named.most_common()),
+            "io_named_by": dict(named_by.most_common()),
             "verdict": states.most_common(1)[0][0] if states else None,
             "client_p99_ms": {"a": (a.get("client") or {}).get("p99_ms"), "b": (b.get("client") or {}).get("p99_ms")},
             "alerts": alert_holds(tr, s0, s1) if tr is not None else {},
