@@ -1,22 +1,12 @@
 """A node's window cut into episodes: runs of one coordination state per accelerator, and health
 events.  Pure functions over points already read (``triscope.analysis.rca.timeline`` fetches them).
 
-Where the states come from, best first (``state_samples``):
-
-1. the agent's per-accelerator state series ``triscope_mismatch_state{state, gpu | npu+chip,
-   namespace, pod, container, workload}`` (docs/workloads.md section 2): one run per accelerator
-   and workload;
-2. the node-level roll-up ``triscope_mismatch_state{state}`` (older stores, the committed H200
-   trace): the node is one accelerator;
-3. neither: the stored-window classifier's verdicts (``triscope.analysis.mismatch.window_states``
-   over the same points), per accelerator where it gives them (``evidence["accelerators"]``).
-
-At each time the state whose series reads highest is the accelerator's state: raw points read 1
-for the published state and 0 for the others; a rollup or downsampled bucket reads each state's
-share of the bucket (the store reads state series as time shares, ``triscope.store.reads``), so
-the state the accelerator spent most of the minute in is the minute's state, never the "worst" one
-it touched.  Equal shares go to the I/O state (``STATE_ORDER``).  A run ends where the state or the workload changes
-or the data stops for more than ``GAP_STEPS`` sampling steps.  **Flickers** shorter than
+Where the states come from: the verdict history's runs (``store.verdict_runs``; ``run_episodes``):
+one run per accelerator and workload, or the node's roll-up; where a node has none, the
+stored-window classifier's verdicts (``triscope.analysis.mismatch.window_states`` over the same
+points, ``classifier_state_samples``), per accelerator where it gives them (``evidence["accelerators"]``).
+A run ends where the state or the workload changes or the data stops for more than ``GAP_STEPS``
+sampling steps.  **Flickers** shorter than
 ``min_episode_s(step)`` (``MIN_EPISODE_S``, 10 s, the detector's window, or two sampling steps on
 rollups) are merged into a neighbour, shortest first: into both neighbours when they have the same
 state, else into the neighbour of the same kind (I/O state next to I/O state, healthy next to
@@ -55,8 +45,6 @@ MIN_EPISODE_S = 10.0          # the one flicker threshold: shorter runs are merg
 MIN_EPISODE_STEPS = 2         # ... or two sampling steps, on coarse (rollup) points
 GAP_STEPS = 3.0               # no state for more than this many steps ends a run
 HEALTH_MERGE_S = 60.0         # health events of one kind and place closer than this are one episode
-STATE_METRIC = "triscope_mismatch_state"
-SCORE_METRIC = "triscope_mismatch_score"
 WORKLOAD_INFO = "triscope_accelerator_workload_info"
 NODE = "node"
 # worst first: which state a mixed sample takes
@@ -123,53 +111,6 @@ class Episode:
 
 
 # ---------------------------------------------------------------------------------------------- states
-def _step(ts: Sequence[float]) -> float:
-    if len(ts) < 2:
-        return 1.0
-    gaps = sorted(b - a for a, b in zip(ts, ts[1:], strict=False) if b > a)
-    return gaps[len(gaps) // 2] if gaps else 1.0
-
-
-def stored_state_samples(series: Iterable[SeriesPoints]) -> tuple[str, dict[str, list[Verdict]], float]:
-    """(source, accelerator -> samples in time order, sampling step) from stored
-    ``triscope_mismatch_state`` and ``triscope_mismatch_score`` series; source "" when there are
-    none.  Per-accelerator series win over the node-level roll-up."""
-    states = [sp for sp in series if sp.metric == STATE_METRIC and sp.labels.get("state")]
-    scores = [sp for sp in series if sp.metric == SCORE_METRIC]
-    per_acc = [sp for sp in states if accelerator_name(sp.labels)]
-    if per_acc:
-        source, use = "per-accelerator state series", per_acc
-    else:
-        use = [sp for sp in states if accelerator_name(sp.labels) is None]
-        source = "node state series" if use else ""
-    rank = {s: i for i, s in enumerate(STATE_ORDER)}
-    best: dict[str, dict[float, tuple[float, int, str, Workload]]] = {}
-    all_ts: list[float] = []
-    for sp in use:
-        acc = accelerator_name(sp.labels) or NODE
-        state = sp.labels["state"]
-        w = workload_of(sp.labels)
-        got = best.setdefault(acc, {})
-        r = rank.get(state, len(rank))
-        for t, v in zip(sp.ts, sp.values, strict=True):
-            if v > 0:          # the largest share at t; a tie goes to the worse state
-                cur = got.get(t)
-                if cur is None or (v, -r) > (cur[0], -cur[1]):
-                    got[t] = (v, r, state, w)
-        all_ts.extend(sp.ts)
-    score_at: dict[tuple[str, float], float] = {}
-    for sp in scores:
-        acc = accelerator_name(sp.labels) or NODE
-        if (acc == NODE) != (source == "node state series"):
-            continue
-        for t, v in zip(sp.ts, sp.values, strict=True):
-            if v == v:
-                score_at[(acc, t)] = max(v, score_at.get((acc, t), 0.0))
-    out = {acc: [Verdict(t, s, w, score_at.get((acc, t))) for t, (_v, _r, s, w) in sorted(got.items())]
-           for acc, got in best.items()}
-    return source, out, _step(sorted(set(all_ts)))
-
-
 def classifier_state_samples(windows: Iterable[AcceleratorState | WindowState]) -> dict[str, list[Verdict]]:
     """accelerator -> samples from the stored-window classifier: one sample per window at its
     start.  Takes ``AcceleratorState`` rows (``mismatch.accelerator_window_states``: accelerator,

@@ -115,9 +115,3 @@ def install_auth(server: Any, *, username: str = "triscope", password: str | Non
 
     server.triscope_basic_auth = bool(password)
     server.triscope_proxy_auth = proxy is not None
-
-
-def install_basic_auth(server: Any, username: str, password: str) -> None:
-    if not password:
-        raise ValueError("empty dashboard password")
-    install_auth(server, username=username, password=password)

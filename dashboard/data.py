@@ -30,7 +30,7 @@ from triscope.analysis.features import (
 from triscope.analysis.mismatch_inputs import link_facts_from
 from triscope.analysis.reader import SeriesPoints
 from triscope.core.names import shorten
-from triscope.core.samples import label_key, parse_label_key
+from triscope.core.samples import parse_label_key
 from triscope.core.vocabulary import ACCELERATOR_LABELS, STATES, AcceleratorId
 from triscope.dashboard import workload_data as wd
 from triscope.dashboard.jsontypes import HasDetails, text
@@ -71,10 +71,6 @@ def recordings(store: StoreReader) -> dict[str, str]:
     """node -> the trace file it was imported from, for every node that is a recording
     (``NodeInfo.recording``: the node labels ``triscope import-trace`` and ``make run`` write)."""
     return {n.name: rec for n in store.nodes() if (rec := n.recording)}
-
-
-def node_is_recording(store: StoreReader, node: str) -> bool:
-    return node in recordings(store)
 
 
 def recording_note(store: StoreReader, node: str | None = None) -> str:
@@ -373,22 +369,6 @@ def link_capacity_traces(store: StoreReader, node: str, window: Window, listed: 
             for gpu, cap in link_capacities(store, node, listed).items()]
 
 
-def segments_from_points(points: Iterable[tuple[float, str]], end: float, max_gap: float | None = None) -> list[Segment]:
-    """Runs of equal state from (ts, state) points sorted or not; a run ends at the next point
-    (or ``end``); a gap longer than ``max_gap`` ends a run early (no data is not a state)."""
-    pts = sorted(points)
-    out: list[Segment] = []
-    for i, (t, st) in enumerate(pts):
-        nxt = pts[i + 1][0] if i + 1 < len(pts) else end
-        if max_gap is not None and nxt - t > max_gap:
-            nxt = t + max_gap
-        if out and out[-1].state == st and abs(out[-1].end - t) < 1e-6:
-            out[-1].end = nxt
-        else:
-            out.append(Segment(t, nxt, st))
-    return out
-
-
 def history_segments(store: StoreReader, node: str, window: Window, accel: AcceleratorId | None = None,
                      runs: Sequence[VerdictRun] | None = None) -> tuple[list[Segment], str] | None:
     """The ribbon from the verdict history (``store.verdict_runs``, or ``runs`` already read): the
@@ -564,18 +544,6 @@ def _accelerator_text(gpu_keys: Iterable[tuple[str, str]], npu_keys: Iterable[tu
     if npus:
         parts.append(f"{len(npus)} x Ascend NPU")
     return ", ".join(parts) or "none"
-
-
-def accelerator_summary(store: StoreReader, node: str) -> str:
-    """'8 x NVIDIA H200', '2 x Ascend NPU', 'none' for one node."""
-    gk = {(s.metric, _label_key_of(s.labels)) for s in store.series(node=node, prefix="triscope_gpu_")}
-    nk = {(s.metric, _label_key_of(s.labels)) for s in store.series(node=node, prefix="triscope_npu_")}
-    return _accelerator_text(gk, nk)
-
-
-def _label_key_of(labels: Mapping[str, str]) -> str:
-
-    return label_key(labels)
 
 
 def last_remediation_by_node(store: Store) -> dict[str, str]:

@@ -421,23 +421,6 @@ def slo_figure(name: str, ts: Sequence[float], budget_remaining: Sequence[float 
     return fig
 
 
-def burn_rate_figure(name: str, burn: Mapping[str, float | None], page: float = 14.4, ticket: float = 1.0,
-                     height: int = 260) -> Figure:
-    windows = list(burn)
-    vals = [burn[w] for w in windows]
-    if not windows or all(v is None for v in vals):
-        return empty_figure(f"{name}: no traffic in any burn-rate window (no data)", height)
-    colors = ["#c62828" if (v or 0) >= page else "#f9a825" if (v or 0) >= ticket else "#2e7d32" for v in vals]
-    fig = new_figure()
-    fig.add_trace({"type": "bar", "x": windows, "y": [v if v is not None else 0 for v in vals],
-                   "marker": {"color": colors}, "text": ["no data" if v is None else f"{v:.2f}x" for v in vals],
-                   "textposition": "outside", "hovertemplate": "%{x}: %{text}<extra></extra>"})
-    fig.add_hline(y=ticket, line={"color": "#f9a825", "dash": "dot", "width": 1})
-    fig.update_yaxes(title_text="burn rate (x budget)")
-    _base_layout(fig, height)
-    return fig
-
-
 def evidence_figure(title: str, ts: Sequence[float], values: Sequence[float], window: tuple[float, float],
                     baseline: tuple[float, float] | None = None, onset: float | None = None,
                     unit: str = "", height: int = 220, labels: Mapping[str, str] | None = None) -> Figure:

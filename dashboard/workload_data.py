@@ -37,7 +37,6 @@ if TYPE_CHECKING:   # the workloads table is read with the store's own functions
 log = logging.getLogger(__name__)
 
 STATE_METRIC = "triscope_mismatch_state"
-SCORE_METRIC = "triscope_mismatch_score"
 INFO_METRIC = "triscope_accelerator_workload_info"
 WORKLOAD_PREFIX = "triscope_workload_"
 
@@ -212,44 +211,6 @@ def _labels_of(lk: Mapping[str, str] | str, parse: LabelParser | None) -> Mappin
 INFO_SLACK_S = 30.0   # workloads whose info point is this close to the newest one count as present now
 
 
-def current_from(entries: Iterable[tuple[str, Mapping[str, str] | str, float, float]],
-                 owners: Mapping[tuple[str, str], str] | None = None,
-                 parse: LabelParser | None = None) -> NodeNow:
-    """A node's current roll-up and per-accelerator state from the newest point of each of its
-    mismatch and workload-info series: ``(metric, labels, ts, value)``, labels as a dict or (with
-    ``parse``) as the store's label-key text, parsed only for the entries that matter."""
-    out = NodeNow()
-    info: dict[AcceleratorId, list[tuple[float, WorkloadRef]]] = {}
-    scores: dict[AcceleratorId, tuple[float, float]] = {}
-    node_score_ts = -1.0
-    for metric, lk, ts, value in entries:
-        if metric == STATE_METRIC and value < 0.5:
-            continue
-        lab = _labels_of(lk, parse)
-        acc = AcceleratorId.of(lab)
-        if metric == STATE_METRIC:
-            if acc is None:
-                if ts > out.ts:
-                    out.state, out.ts = str(lab.get("state", "?")), ts
-                continue
-            now = out.accels.setdefault(acc, AccelNow(acc))
-            if ts > now.ts:
-                now.state, now.ts, now.workload = str(lab.get("state", "?")), ts, WorkloadRef.of(lab, owners)
-        elif metric == SCORE_METRIC:
-            if acc is None:
-                if ts >= node_score_ts:
-                    out.score, node_score_ts = value, ts
-            elif ts >= scores.get(acc, (-1.0, 0.0))[0]:
-                scores[acc] = (ts, value)
-        elif metric == INFO_METRIC and acc is not None and value >= 0.5:
-            info.setdefault(acc, []).append((ts, WorkloadRef.of(lab, owners)))
-    for acc, (_ts, v) in scores.items():
-        out.accels.setdefault(acc, AccelNow(acc)).score = v
-    _add_workloads(out, info)
-    _rollup_if_missing(out)
-    return out
-
-
 def _by_workload_name(item: tuple[float, WorkloadRef]) -> tuple[str, str]:
     return item[1].display, item[1].container
 
@@ -306,7 +267,7 @@ def current_from_runs(runs: Iterable[VerdictRun], info: Iterable[tuple[str, Mapp
                       owners: Mapping[tuple[str, str], str] | None = None, parse: LabelParser | None = None) -> NodeNow:
     """A node's current roll-up and per-accelerator state from its newest verdict runs
     (``store.current_verdicts``), its workloads from the newest workload-info points (``info``:
-    ``(metric, labels, ts, value)`` as for ``current_from``)."""
+    ``(metric, labels, ts, value)``, labels as a dict or, with ``parse``, the store's label-key text)."""
     out = NodeNow()
     by_acc: dict[str, list[VerdictRun]] = {}
     for r in runs:

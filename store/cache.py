@@ -130,17 +130,6 @@ class WriteCache:
                 points[sid] = v
         return points
 
-    def cached_points(self, node_id: int, ticks: Sequence[Tick]) -> list[Point] | None:
-        """``tick_points`` of several ticks as (series id, ts, value) points; None unless all cached."""
-        rows: dict[tuple[int, float], float] = {}
-        for t in ticks:
-            points = self.tick_points(node_id, t)
-            if points is None:
-                return None
-            for sid, v in points.items():
-                rows[(sid, t.ts)] = v
-        return [(sid, ts, v) for (sid, ts), v in rows.items()]
-
     # ------------------------------------------------------------------ in-memory 1-minute rollups
     def feed(self, node_id: int, rows: Sequence[Point]) -> None:
         """Newly stored points of one node into its accumulator (one is started if none runs and

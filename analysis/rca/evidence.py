@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -413,8 +413,3 @@ def limit_factor(key: str, strength: float | None) -> float:
     if key in LOAD_FAMILIES and strength is not None:
         return max(LIMIT_FLOOR, min(1.0, strength))
     return 1.0
-
-
-def strengths(figs: Mapping[str, Sequence[Figure]]) -> dict[str, float]:
-    """cause key -> its strongest figure."""
-    return {k: max(f.strength for f in v) for k, v in figs.items() if v}

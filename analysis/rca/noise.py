@@ -102,11 +102,6 @@ def never_a_cause(metric: str, labels: Mapping[str, str], kind: str = "gauge") -
     return math.isinf(noise_floor(metric, labels, kind).floor)
 
 
-def below_floor(effect: float, metric: str, labels: Mapping[str, str], kind: str = "gauge") -> bool:
-    """True when a change of ``effect`` (in the series' unit) is within its noise floor."""
-    return effect < noise_floor(metric, labels, kind).floor
-
-
 # ---------------------------------------------------------------------------------------------- the agent
 AGENT_PREFIXES = ("triscope_collector", "triscope_probe", "triscope_tick", "triscope_ticks", "triscope_spool",
                   "triscope_dropped", "triscope_store", "triscope_process_", "triscope_exporter_")

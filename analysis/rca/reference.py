@@ -13,13 +13,13 @@ In order (``choose_reference``):
    episode, over the same time (at most ``MAX_PEERS``);
 5. **none**: ranked on absolute evidence only (``triscope.analysis.rca.evidence``).
 
-3 and 4 need the workload's labels: the per-accelerator state series carry them
-(docs/workloads.md); a workload is matched on ``namespace`` + ``workload`` when the owner is known,
+3 and 4 need the workload: the verdict history's per-accelerator runs name it (store/verdicts.py,
+docs/workloads.md); a workload is matched on ``namespace`` + ``workload`` when the owner is known,
 else on ``namespace`` + ``container`` + the pod name without its ReplicaSet / pod suffix.  They
-are read in a second fetch (``fetch_workload_references``): per workload, its state series on
-every node from hourly rollups over ``HISTORY_S`` (which hours were healthy where), the most recent
-candidate hours again at full resolution, its state series over the episode (peers), then one
-``query`` per metric on each reference node over the reference range.  Series of
+are read in a second fetch (``fetch_workload_references``): per workload, its runs on every node
+(``store.verdict_runs``, full resolution whatever the range) over ``HISTORY_S`` before the episode
+and over the episode (which hours were healthy where, the most recent candidate hours' runs, the
+peers), then one ``query`` per metric on each reference node over the reference range.  Series of
 another node or accelerator are matched by name and labels without the accelerator, device and
 pod labels (``compare_key``).
 """
@@ -33,19 +33,18 @@ from typing import Any
 
 from triscope.analysis.episodes import (
     NO_WORKLOAD,
-    STATE_METRIC,
     Episode,
     Workload,
     is_bad,
     is_healthy,
     merge_flickers,
     min_episode_s,
-    state_runs,
-    stored_state_samples,
+    run_episodes,
     workload_dict,
 )
 from triscope.analysis.reader import SeriesPoints, StoreReader, points_of
 from triscope.core.vocabulary import accelerator_name
+from triscope.store.reader import VerdictRun
 
 MIN_REFERENCE_S = 10.0
 REFERENCE_SPAN_S = 600.0
@@ -176,30 +175,20 @@ def needs_of(episodes: Iterable[Episode], node: str, start: float, end: float,
             and healthy_before(e, eps) is None and workload_key(e.workload) is not None]
 
 
-def _state_plan(span: float) -> tuple[str | None, int | None]:
-    return (None, None) if span <= 3600 else ("1m", None) if span <= 7 * 86400 else ("1h", None)
-
-
-def _selector(key: WorkloadKey) -> dict[str, str]:
-    return {"namespace": key[1], "workload": key[2]} if key[0] == "workload" else \
-        {"namespace": key[1], "container": key[2]}
-
-
-def _state_read(store: StoreReader, key: WorkloadKey, lo: float, hi: float, node: str | None = None,
-                tier: str | None = None) -> list[SeriesPoints]:
-    plan_tier, mp = _state_plan(hi - lo)
-    sds = store.query(STATE_METRIC, node=node, labels=_selector(key), start=lo, end=hi, max_points=mp,
-                      tier=tier or plan_tier)
-    return [sp for sp in map(points_of, sds) if _matches(key, sp.labels)]
+def _workload_runs(store: StoreReader, key: WorkloadKey, lo: float, hi: float) -> list[VerdictRun]:
+    """The workload's per-accelerator runs on every node that overlap [lo, hi] (the verdict history)."""
+    return [r for n in store.nodes() for r in store.verdict_runs(n.name, lo, hi)
+            if r.accelerator and _matches(key, workload_dict(r.workload))]
 
 
 def fetch_workload_references(store: StoreReader, needs: Sequence[ReferenceNeed], metrics: Sequence[str],
-                              guard: float = 0.0) -> dict[tuple[str, float], Reference]:
+                              guard: float = 0.0, lag: float = 0.0) -> dict[tuple[str, float], Reference]:
     """References for ``needs`` from the workload's history or its fleet peers, keyed by
-    (accelerator, episode start).  Per workload: its state series on every node over ``HISTORY_S``
-    before the episode from hourly rollups (the hours in which it was healthy somewhere), the most
-    recent such hour read again at full resolution (the healthy run itself, ``HISTORY_CANDIDATES``
-    hours at most); without history, the state series over the episode (peers).  Then
+    (accelerator, episode start).  Per workload: its runs in the verdict history on every node over
+    ``HISTORY_S`` before the episode and over it, read once; the hours in which it was healthy
+    somewhere, the most recent such hours' runs (the healthy run itself, ``HISTORY_CANDIDATES``
+    hours at most); without history, its runs over the episode (peers).  ``lag``: the tracker's
+    lag, by which runs are moved back as the timeline's own (``timeline.tracker_lag``).  Then
     ``metrics`` of each reference node over the reference range, one ``query`` per metric."""
     out: dict[tuple[str, float], Reference] = {}
     by_key: dict[WorkloadKey, list[ReferenceNeed]] = {}
@@ -210,10 +199,12 @@ def fetch_workload_references(store: StoreReader, needs: Sequence[ReferenceNeed]
     reads: dict[tuple[str, float, float], list[SeriesPoints]] = {}
     for key, ns in by_key.items():
         first = min(n.episode.start for n in ns)
-        hours = _healthy_hours(_state_read(store, key, first - HISTORY_S, first, tier="1h"))
-        now = _runs_by_place(_state_read(store, key, first, max(n.episode.end for n in ns)))
+        last = max(n.episode.end for n in ns)
+        runs = _workload_runs(store, key, first - HISTORY_S, last)
+        hours = _healthy_hours(runs, first - HISTORY_S, first, lag)
+        now = _runs_by_place(runs, first, last, lag)
         for n in ns:
-            ref = _history(store, key, n, hours, guard) or _peers(n, now)
+            ref = _history(runs, n, hours, guard, lag) or _peers(n, now)
             if ref is None:
                 continue
             lo_r = min(a for a, _ in ref.ranges)
@@ -235,26 +226,28 @@ def fetch_workload_references(store: StoreReader, needs: Sequence[ReferenceNeed]
 HISTORY_CANDIDATES = 3
 
 
-def _healthy_hours(state_series: Sequence[SeriesPoints]) -> list[tuple[float, str]]:
-    """(hour start, node) in which a healthy state was seen, most recent first."""
+def _healthy_hours(runs: Sequence[VerdictRun], lo: float, hi: float, lag: float) -> list[tuple[float, str]]:
+    """(hour start, node) in [lo, hi) in which a healthy run was seen, most recent first."""
     got: set[tuple[float, str]] = set()
-    for sp in state_series:
-        if not is_healthy(sp.labels.get("state", "")):
+    for r in runs:
+        a, b = max(lo, r.start - lag), min(hi, r.end)
+        if not is_healthy(r.state) or b < a:
             continue
-        for t, v in zip(sp.ts, sp.values, strict=True):
-            if v > 0:          # a coarse read holds the hour's share in the state: any share is "seen"
-                got.add((t // 3600 * 3600, sp.node))
+        h = a // 3600 * 3600
+        while h <= b:
+            got.add((h, r.node))
+            h += 3600
     return sorted(got, reverse=True)
 
 
-def _history(store: StoreReader, key: WorkloadKey, n: ReferenceNeed, hours: Sequence[tuple[float, str]],
-             guard: float) -> Reference | None:
+def _history(runs: Sequence[VerdictRun], n: ReferenceNeed, hours: Sequence[tuple[float, str]],
+             guard: float, lag: float) -> Reference | None:
     """The most recent healthy run of the workload before the episode, from the candidate hours."""
     e = n.episode
     for hour, node in [h for h in hours if h[0] < e.start][:HISTORY_CANDIDATES]:
-        runs = _runs_by_place(_state_read(store, key, hour, min(hour + 3600, e.start), node=node))
+        by_place = _runs_by_place([r for r in runs if r.node == node], hour, min(hour + 3600, e.start), lag)
         best = None
-        for (_node, _acc), eps in runs.items():
+        for (_node, _acc), eps in by_place.items():
             for h in eps:
                 if (is_healthy(h.state) and h.duration >= MIN_REFERENCE_S and h.end <= e.start + 1e-6
                         and (best is None or h.end > best.end)):
@@ -279,16 +272,23 @@ def _read_node(store: StoreReader, node: str, metrics: Sequence[str], lo: float,
     return out
 
 
-def _runs_by_place(state_series: Sequence[SeriesPoints]) -> dict[tuple[str, str], list[Episode]]:
-    """(node, accelerator) -> its merged state runs."""
-    by_node: dict[str, list[SeriesPoints]] = {}
-    for sp in state_series:
-        by_node.setdefault(sp.node, []).append(sp)
+def _runs_by_place(runs: Sequence[VerdictRun], lo: float, hi: float, lag: float) -> dict[tuple[str, str], list[Episode]]:
+    """(node, accelerator) -> its runs as episodes (moved back by ``lag``) cut to [lo, hi], merged
+    as the timeline merges its own (``merge_flickers`` at the runs' step)."""
+    by_place: dict[tuple[str, str], list[VerdictRun]] = {}
+    for r in sorted(runs, key=lambda r: (r.node, r.accelerator, r.start)):
+        by_place.setdefault((r.node, r.accelerator), []).append(r)
     out: dict[tuple[str, str], list[Episode]] = {}
-    for node, sps in by_node.items():
-        _src, samples, step = stored_state_samples(sps)
-        for e in merge_flickers(state_runs(samples, step), min_episode_s(step)):
-            out.setdefault((node, e.accelerator), []).append(e)
+    for (node, acc), rs in by_place.items():
+        steps = sorted((r.end - r.start) / (r.ticks - 1) for r in rs if r.ticks > 1 and r.end > r.start)
+        step = steps[len(steps) // 2] if steps else 1.0
+        eps = []
+        for e in run_episodes(acc, rs, step, lag):
+            e.start, e.end = max(e.start, lo), min(e.end, hi)
+            if e.end > e.start:
+                eps.append(e)
+        if eps:
+            out[(node, acc)] = merge_flickers(eps, min_episode_s(step))
     return out
 
 

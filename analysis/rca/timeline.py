@@ -409,6 +409,6 @@ def rca_timeline(store: StoreReader, node: str, start: float, end: float, baseli
     needs = needs_of(eps, node, start, end, baseline)
     if needs:
         metrics = sorted({sp.metric for sp in inputs.rca.series})
-        refs = fetch_workload_references(store, needs, metrics, reference_guard(step, th))
+        refs = fetch_workload_references(store, needs, metrics, reference_guard(step, th), tracker_lag(th))
     local = LocalEvidence(store, node, th) if inputs.rca.tier is not None else None
     return timeline_from(inputs, th, top, refs, (ctx, eps, source, step), local)

@@ -94,8 +94,8 @@ def test_workload_names() -> None:
 def test_current_state_per_accelerator_and_the_roll_up() -> None:
     """Newest state per accelerator (an NPU here), its dominant workload, the workloads present
     now; with no roll-up stored the worst accelerator stands for the node (I/O states first)."""
+    from tests.state_series import current_from
     from triscope.core.vocabulary import AcceleratorId
-    from triscope.dashboard.workload_data import current_from
 
     wl_a = {"namespace": "ml", "pod": "asr-0", "container": "asr", "workload": ""}
     wl_b = {"namespace": "ml", "pod": "tts-0", "container": "tts", "workload": ""}

@@ -13,7 +13,7 @@ import math
 
 import pytest
 
-from triscope.analysis.episodes import stored_state_samples
+from tests.state_series import stored_state_samples
 from triscope.analysis.reader import points_of
 from triscope.core.samples import Sample, Tick
 from triscope.store import Store

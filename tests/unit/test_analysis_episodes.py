@@ -3,19 +3,20 @@ timeline, on hand-built points (the store-backed tests are in test_analysis_rca_
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pytest
 
+from tests.state_series import stored_state_samples
 from triscope.analysis.episodes import (
     MIN_EPISODE_S,
     health_episodes,
     merge_flickers,
     min_episode_s,
     state_runs,
-    stored_state_samples,
 )
 from triscope.analysis.rca.noise import (
     agent_trouble,
-    below_floor,
     is_agent_metric,
     never_a_cause,
     noise_floor,
@@ -27,6 +28,11 @@ from triscope.analysis.reader import SeriesPoints
 from triscope.analysis.slo import parse_slo_text
 from triscope.core.verdict import Verdict
 from triscope.store.reader import EventRow
+
+
+def below_floor(effect: float, metric: str, labels: Mapping[str, str], kind: str = "gauge") -> bool:
+    """True when a change of ``effect`` (in the series' unit) is within its noise floor."""
+    return effect < noise_floor(metric, labels, kind).floor
 
 
 def _samples(*runs: tuple[str, int], t0: float = 1000.0) -> list[Verdict]:

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from tests.state_series import _healthy_hours
 from triscope.analysis.config import default_thresholds
 from triscope.analysis.episodes import Episode
 from triscope.analysis.rca.context import context_lines, metrics_late_events
 from triscope.analysis.rca.evidence import LIMIT_FLOOR, evidence_context, figures
 from triscope.analysis.rca.phases import split_phases
-from triscope.analysis.rca.reference import _healthy_hours
 from triscope.analysis.rca.score import score_cause
 from triscope.analysis.rca.slo import link_burn
 from triscope.analysis.reader import SeriesPoints

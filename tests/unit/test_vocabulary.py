@@ -11,9 +11,14 @@ from triscope.core.vocabulary import (
     AcceleratorId,
     State,
     is_healthy,
-    is_io,
 )
 from triscope.dashboard.workload_data import AccelNow, rollup
+
+
+def is_io(state: str | None) -> bool:
+    """Whether ``state`` (as stored or published) is an I/O state."""
+    st = State.of(state)
+    return st is not None and st.io
 
 
 def test_each_state_has_its_facts_and_the_text_sets_are_read_off_them() -> None:

@@ -99,12 +99,6 @@ WORST_FIRST: tuple[str, ...] = tuple(s.value for s in sorted(State, key=lambda s
 """Which state a mixed window or an equal score takes: I/O states first, then the busiest."""
 
 
-def is_io(state: str | None) -> bool:
-    """Whether ``state`` (as stored or published) is an I/O state."""
-    st = State.of(state)
-    return st is not None and st.io
-
-
 def is_healthy(state: str | None) -> bool:
     """Whether ``state`` is a known state that is no I/O state (an unknown one is not healthy)."""
     st = State.of(state)
