@@ -122,10 +122,6 @@ class AccelWaitFor:
     untraced: list[WorkloadRef] = field(default_factory=list)
     more: int = 0                                               # traced workloads not drawn (past MAX_WORKLOADS)
 
-    @property
-    def has_evidence(self) -> bool:
-        return bool(self.traced)
-
 
 def read_plan(span: float) -> tuple[str | None, int | None]:
     """(tier, max_points) of the wait-for read: every raw point up to ``RAW_SPAN_S`` (a sum of rates

@@ -12,8 +12,7 @@ Exactly once across a crash: :func:`decide` claims the delivery key, writes the 
 row (``in_progress`` for an action about to run) and its cooldown stamp, and removes the inbox
 entry, all in one transaction.  A crash leaves either nothing (the inbox entry is decided again,
 a re-delivery acts) or a decision (a re-delivery is a duplicate; an ``in_progress`` action is
-re-run on restart).  The dashboard reads the audit log through :func:`audit_log` and
-:func:`action_counts`.
+re-run on restart).  The dashboard reads the audit log through :func:`audit_log`.
 
 Dry-run keeps its own books: a dry-run decision (engine-wide or a rule's ``dry_run``) claims its
 delivery key and stamps its target's cooldown under :func:`dry_run_key` (``KEY#dry-run``), and counts
@@ -317,15 +316,6 @@ def record_duplicate(store: Store, key: str, row: AuditRow) -> int:
     return audit_id
 
 
-def reserve_action(store: Store, row: AuditRow) -> int:
-    """One transaction: the audit row of a decision that goes ahead, and its target's cooldown stamp
-    (dry-run's own for a ``dry_run`` decision)."""
-    with store.engine.begin() as conn:
-        audit_id = _add(conn, row)
-        _stamp_cooldown(conn, _own_key(row.target_key, row.dry_run), row.rule, row.ts)
-    return audit_id
-
-
 def update_decision(store: Store, audit_id: int, *, outcome: str, reason: str | None = None,
                     rail: str | None = None, response: dict[str, object] | None = None,
                     issued_ts: float | None = None, finished_ts: float | None = None) -> None:
@@ -368,44 +358,6 @@ def audit_log(store: Store, since: float | None = None, until: float | None = No
         return list(s.scalars(q.limit(limit)).all())
 
 
-def action_counts(store: Store, since: float | None = None, until: float | None = None) -> dict[tuple[str, str], int]:
-    """Number of decisions per (action, outcome) in the window (dashboard summary)."""
-    a = RemediationAudit
-    q = select(a.action, a.outcome, func.count()).group_by(a.action, a.outcome)
-    if since is not None:
-        q = q.where(a.ts >= since)
-    if until is not None:
-        q = q.where(a.ts <= until)
-    with store.engine.connect() as conn:
-        return {(action, outcome): int(n) for action, outcome, n in conn.execute(q)}
-
-
-def count_decisions(store: Store, since: float, *, rule: str | None = None,
-                    outcomes: Iterable[str] = COUNTED, dry_run: bool = False) -> int:
-    """Decisions that count against an acting decision's limits since ``since`` (one rule or all);
-    ``dry_run``: against a dry-run decision's (dry-run decisions too)."""
-    a = RemediationAudit
-    q = select(func.count()).select_from(a).where(a.ts >= since, a.outcome.in_(_texts(outcomes)))
-    if rule is not None:
-        q = q.where(a.rule == rule)
-    if not dry_run:
-        q = q.where(a.dry_run.is_(False))
-    with store.engine.connect() as conn:
-        return int(conn.execute(q).scalar_one())
-
-
-def targets_hit(store: Store, since: float, *, dry_run: bool = False) -> tuple[set[str], set[str]]:
-    """Distinct (target keys, nodes) acted on (or failed, in progress) since ``since``, by acting
-    decisions; ``dry_run``: by dry-run decisions too."""
-    a = RemediationAudit
-    q = select(a.target_key, a.node).distinct().where(a.ts >= since, a.outcome.in_(_texts(COUNTED)))
-    if not dry_run:
-        q = q.where(a.dry_run.is_(False))
-    with store.engine.connect() as conn:
-        rows = [(target_key, node) for target_key, node in conn.execute(q)]
-    return {t for t, _ in rows if t}, {n for _, n in rows if n}
-
-
 # cooldowns ---------------------------------------------------------------------------------------
 def _last_action(conn: Connection, target_key: str, dry_run: bool) -> float | None:
     c = RemediationCooldown
@@ -419,12 +371,6 @@ def last_action(store: Store, target_key: str, *, dry_run: bool = False) -> floa
     with ``dry_run``, as a dry-run decision does (the later of the acting and the dry-run stamp)."""
     with store.engine.connect() as conn:
         return _last_action(conn, target_key, dry_run)
-
-
-def set_last_action(store: Store, target_key: str, rule: str, ts: float, *, dry_run: bool = False) -> None:
-    """Stamp ``target_key``'s cooldown (dry-run's own stamp with ``dry_run``)."""
-    with store.engine.begin() as conn:
-        _stamp_cooldown(conn, _own_key(target_key, dry_run), rule, ts)
 
 
 # delivery dedupe ---------------------------------------------------------------------------------
@@ -448,25 +394,10 @@ def _is_claimed(conn: Connection, key: str, dry_run: bool) -> bool:
     return conn.execute(select(d.key).where(d.key.in_(_seen_keys(key, dry_run)))).first() is not None
 
 
-def claim_delivery(store: Store, key: str, ts: float | None = None, *, dry_run: bool = False) -> bool:
-    """Record a trigger delivery; False when it was already handled (durable dedupe).  With ``dry_run``
-    the claim is dry-run's own, and a delivery an acting decision handled counts as handled too."""
-    with store.engine.begin() as conn:
-        if dry_run and _is_claimed(conn, key, False):
-            return False
-        return _claim(conn, _own_key(key, dry_run), time.time() if ts is None else ts)
-
-
 def is_claimed(store: Store, key: str, *, dry_run: bool = False) -> bool:
     """Whether an acting decision handled the delivery ``key`` or, with ``dry_run``, any decision did."""
     with store.engine.connect() as conn:
         return _is_claimed(conn, key, dry_run)
-
-
-def release_delivery(store: Store, key: str, *, dry_run: bool = False) -> None:
-    """Forget a delivery (it was claimed but not handled, e.g. this engine lost leadership)."""
-    with store.engine.begin() as conn:
-        conn.execute(delete(RemediationDelivery).where(RemediationDelivery.key == _own_key(key, dry_run)))
 
 
 def prune(store: Store, deliveries_before: float) -> int:
@@ -593,12 +524,6 @@ def active_fallbacks(store: Store, target_key: str | None = None) -> list[Fallba
         q = q.where(f.target_key == target_key)
     with Session(store.engine) as s:
         return list(s.scalars(q).all())
-
-
-def fallbacks(store: Store, limit: int = 200) -> list[FallbackRow]:
-    f = RemediationFallback
-    with Session(store.engine) as s:
-        return list(s.scalars(select(f).order_by(f.id.desc()).limit(limit)).all())
 
 
 def set_fallback_clear(store: Store, fallback_id: int, since: float | None) -> None:
