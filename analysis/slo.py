@@ -49,7 +49,6 @@ which reads the status).  The generated Prometheus rules record the same coverag
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -545,10 +544,6 @@ def prometheusrule_yaml(slos: Sequence[SLOSpec], *, name: str, namespace: str | 
     doc = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule", "metadata": meta,
            "spec": {"groups": groups}}
     return header + yaml.dump(doc, Dumper=_RulesDumper, sort_keys=False, width=200)
-
-
-def finite(x: float | None) -> bool:
-    return x is not None and math.isfinite(x)
 
 
 ENV_SLO_FILE = "TRISCOPE_SLO_FILE"
