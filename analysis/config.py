@@ -195,6 +195,13 @@ class MismatchThresholds:
     when h200-lab-7 was recorded (held out: 14/18, two classes paged the healthy heavy instance,
     a paced DataLoader service with 36 % of its time working); 0.5 after it, so h200-lab-7 is
     fitted for this value and no held-out recording scores it yet."""
+    waitfor_seen_floor: float = 0.25
+    """The chain decides a workload's state only when at least this share of its driving threads'
+    time was followed to a known end; the rest waited on producers the chain could not follow (not
+    traced yet, too deep), which are evidence of nothing and left out of every share.  Set with
+    h200-lab-15 (a pod-wide CPU limit starving a pool of decoder processes: 55-62 % of the driving
+    thread's time on those unfollowed producers, read as demand before, so its fault read idle), so
+    h200-lab-15 is fitted for it."""
     waitfor_requests_min: float = 0.2
     """A workload whose threads wait for requests (blocked on the server's side of a connection or on
     a listener) at least this many thread-seconds per second, and longer than its threads wait on its

@@ -15,7 +15,9 @@ ends fall into groups:
   copies: the accelerator is the limit;
 * **demand** — waiting for requests that do not come (the server's side of a lossless connection,
   a listener), sleeping (pacing), ended by nothing identifiable;
-* **upstream** — the client's side of a lossless connection (a slow dependency, not a loss).
+* **upstream** — the client's side of a lossless connection (a slow dependency, not a loss);
+* **unseen** — a producer the chain could not follow (not traced yet, past ``max_depth``, nothing
+  of it traced in the tick): what it was doing is not known, so it is evidence of nothing.
 
 The driving thread's **own** CPU time is the one end read with care, because a busy thread is a
 symptom, not a cause: with the accelerator engaged (``waitfor_engaged``: it runs the work the
@@ -24,9 +26,12 @@ thread launches) it is launch overhead (accelerator group); with the workload wa
 thread) it is polling, nobody waits on it (demand group); otherwise it is the host work the
 accelerator waits on (decode on the main thread: staging).
 
-The groups' shares are read over the driving threads' **working** time (their time less demand):
-an I/O group holding ``waitfor_cause_share`` of it, and more than the accelerator group, makes the
-state; with less than ``waitfor_work_floor`` of their time working, nothing holds them back.
+The groups' shares are read over the driving threads' **working** time (their seen time less
+demand): an I/O group holding ``waitfor_cause_share`` of it, and more than the accelerator group,
+makes the state; with less than ``waitfor_work_floor`` of their seen time working, nothing holds them
+back; with less than ``waitfor_seen_floor`` of their time seen (followed to a known end), the chain
+decides nothing.  An unseen producer used to count as demand, which let a pool of decoder processes
+that the chain could not follow hide a pod-wide CPU limit starving the driving thread (h200-lab-15).
 """
 
 from __future__ import annotations
@@ -42,7 +47,8 @@ NETWORK = "network"
 ACCELERATOR = "accelerator"
 DEMAND = "demand"
 UPSTREAM = "upstream"
-GROUPS = (STAGING, NETWORK, ACCELERATOR, DEMAND, UPSTREAM)
+UNSEEN = "unseen"
+GROUPS = (STAGING, NETWORK, ACCELERATOR, DEMAND, UPSTREAM, UNSEEN)
 _STAGING_CAUSES = frozenset({"cpu", "cpu_wait", "cpu_throttled", "copy_pageable", "disk"})
 _ACCEL_CAUSES = frozenset({"accelerator", "copy_pinned"})
 
@@ -127,8 +133,9 @@ def _group(key: ChainKey, w: WorkloadEvidence, ev: WaitEvidence, engaged: float,
         return DEMAND, "waiting for a CPU to poll on while the workload waits for requests (nobody waits on it)"
     if cause in _STAGING_CAUSES:
         return STAGING, _staging_words(cause, relation, culprit, key)
-    return DEMAND, {"timer": "sleeping (pacing, timeouts)", "producer": f"on {culprit or 'a process'} (not traced yet)"
-                    }.get(cause, "on nothing identifiable")
+    if cause == "producer":
+        return UNSEEN, f"on {culprit or 'a process'} (not followed: not traced yet, or too deep)"
+    return DEMAND, {"timer": "sleeping (pacing, timeouts)"}.get(cause, "on nothing identifiable")
 
 
 def _runs_more_than_it_waits(ev: WaitEvidence) -> bool:
@@ -179,14 +186,17 @@ def chain_finding(w: WorkloadEvidence, engaged: float, th: MismatchThresholds) -
         g, words = _group(key, w, ev, engaged, demand_waits, th)
         groups[g] += share
         ends.append(End(key[0], key[1], key[2], (key[3], key[4], key[5], key[6]), share, g, words))
-    work = 1.0 - groups[DEMAND]
+    seen = 1.0 - groups[UNSEEN]
+    work = seen - groups[DEMAND]
     named = w.key
     f = ChainFinding(w.key, "", 0.0, named, groups, work, ends)
-    if groups[DEMAND] >= 0.5:
+    if seen < th.waitfor_seen_floor:
+        return f
+    if groups[DEMAND] >= 0.5 * seen:
         _service_finding(f, w, ev, engaged, demand_waits, th)
         if f.state:
             return f
-    if work < th.waitfor_work_floor or work <= 0:
+    if work < th.waitfor_work_floor * seen or work <= 0:
         return f
     staging, network, accel = groups[STAGING] / work, groups[NETWORK] / work, groups[ACCELERATOR] / work
     best = max(staging, network)
@@ -245,11 +255,18 @@ def chain_reasons(f: ChainFinding, accelerator: str, busy: float, w: WorkloadEvi
     first = ", ".join(f"{k} {v:.0%}" for k, v in sorted(ev.states.items(), key=lambda kv: -kv[1])[:3] if v >= 0.01)
     out = [f"{accelerator} busy {busy:.0%}: {who}'s driving thread{'s' if ev.found_by != 'main_thread' else ''} "
            f"waited {'; '.join(parts)} of the window" + (f" (it blocked in: {first})" if first else "")]
+    unseen = f.groups.get(UNSEEN, 0.0)
+    seen = 1.0 - unseen
+    aside = f"; {unseen:.0%} on producers not followed, left out" if unseen >= 0.01 else ""
     if deciding:
         out.append(f"the {deciding} causes hold {f.strength:.0%} of its working time "
-                   f"({f.work:.0%} of its time had work; the accelerator itself {f.groups[ACCELERATOR] / max(f.work, 1e-9):.0%})")
-    elif f.work < th.waitfor_work_floor:
-        out.append(f"{1 - f.work:.0%} of its time waiting for requests, pacing or idle: nothing holds it back")
+                   f"({f.work:.0%} of its time had work; the accelerator itself "
+                   f"{f.groups[ACCELERATOR] / max(f.work, 1e-9):.0%}{aside})")
+    elif seen < th.waitfor_seen_floor:
+        out.append(f"only {seen:.0%} of its time followed to a known end ({unseen:.0%} on producers not followed): "
+                   "the chain decides nothing")
+    elif f.work < th.waitfor_work_floor * seen:
+        out.append(f"{seen - f.work:.0%} of its time waiting for requests, pacing or idle{aside}: nothing holds it back")
     else:
         out.append(f"no I/O cause holds {th.waitfor_cause_share:.0%} of its working time ({f.work:.0%} of its time "
                    f"had work; staging {f.groups[STAGING] / f.work:.0%}, network {f.groups[NETWORK] / f.work:.0%}, "

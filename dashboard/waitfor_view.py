@@ -61,6 +61,7 @@ GROUP_COLORS: dict[str, str] = {
     "accelerator": STATE_COLORS["compute-bound"],
     "demand": STATE_COLORS["demand-limited"],
     "upstream": "#9fa8da",
+    "unseen": "#cfd8dc",
     "": UNKNOWN_STATE_COLOR,
 }
 GROUP_NAMES: dict[str, str] = {
@@ -69,10 +70,11 @@ GROUP_NAMES: dict[str, str] = {
     "accelerator": "the accelerator (its own limit)",
     "demand": "demand: requests, pacing, idle",
     "upstream": "a slow peer, no loss",
+    "unseen": "a producer not followed (left out)",
     "": "not classified",
 }
 GROUP_SHORT = {"staging": "staging", "network": "network", "accelerator": "accelerator", "demand": "demand",
-               "upstream": "upstream", "": "not classified"}
+               "upstream": "upstream", "unseen": "not followed", "": "not classified"}
 RELATION_SHORT = {"self": "itself", "process": "same process", "workload": "same workload", "pod": "same pod",
                   "other": "another workload", "kernel": "kernel thread"}
 DECIDING_LINE = "#212121"
