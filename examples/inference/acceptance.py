@@ -181,6 +181,13 @@ RECORDINGS: tuple[Recording, ...] = (
            "GPU process (on the heavier instance), an ambassador container whose upstream loses 8 % of its replies, "
            "an asyncio service's GPU worker polling with sched_yield while a best-effort pod keeps all 16 cores "
            "busy, 3 users with 2.5 s think times"))),
+    Recording("h200-lab-15", "2026-12-06, the device's H100 (80 GB HBM3, lent as nvidia-h100-x1), examples/hostlab/h200.py "
+              "--only fifth-b again (the agent of commit f40aeb3, the rules of h200-lab-14; without the in-process "
+              "sampler, for the agent's own cost; 45 s a class)", "fitted",
+              "held out when made: 9/12, pool_pod_limit 0/3 (read idle: the driving thread waited 55-62 % of its time "
+              "on the pool's decoder processes, which the chain did not follow, counted as demand, and a third for a "
+              "CPU under the pod's limit; on h200-lab-14 the same class had 56-68 % working and was right).  A producer "
+              "the chain does not follow is evidence of nothing since (waitfor_seen_floor): 12/12, so fitted", LAB_TRACES),
 )
 """Every recording so far came before the whole-process-set, CFS-throttling and per-workload
 network evidence: none of them holds those series, so on them the verdict runs its older paths (a
