@@ -276,7 +276,7 @@ class ScrapeCollector(BaseCollector):
 
         try:
             families = list(text_string_to_metric_families(body))
-        except Exception as e:  # the parser raises ValueError, IndexError, ... on bad input
+        except Exception as e:  # noqa: BLE001 - the parser raises ValueError, IndexError, KeyError, ... on bad input
             raise ScrapeError(f"scrape {self.url}: malformed Prometheus text: {e}",
                               "the endpoint must serve the Prometheus text format (0.0.4)") from None
         timestamped = {f.name for f in families if f.type in TIMESTAMPED}
