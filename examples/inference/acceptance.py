@@ -181,6 +181,12 @@ RECORDINGS: tuple[Recording, ...] = (
            "GPU process (on the heavier instance), an ambassador container whose upstream loses 8 % of its replies, "
            "an asyncio service's GPU worker polling with sched_yield while a best-effort pod keeps all 16 cores "
            "busy, 3 users with 2.5 s think times"))),
+    Recording("cpu-lab-11", "2026-12-06, the CPU machine, host lab (GPU simulated), the fifth set's second half "
+              "(pool_pod_limit, mesh_reply_loss, yield_spin_saturated, trickle_think; the agent and rules of commit "
+              "58fe0dc, after the unseen-producer rule; 45 s a class)", "held_out",
+              "10/12: pool_pod_limit 3/3, yield_spin_saturated and trickle_think 3/3; mesh_reply_loss 1/3, its other "
+              "two windows demand-limited (as cpu-lab-10's one miss: the handlers' request path too short in those "
+              "windows to decide on; on the device's H100 the class was 3/3 on h200-lab-14 and -15)", LAB_TRACES),
     Recording("h200-lab-15", "2026-12-06, the device's H100 (80 GB HBM3, lent as nvidia-h100-x1), examples/hostlab/h200.py "
               "--only fifth-b again (the agent of commit f40aeb3, the rules of h200-lab-14; without the in-process "
               "sampler, for the agent's own cost; 45 s a class)", "fitted",

