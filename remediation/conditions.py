@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from triscope.analysis.slo import SLOSpec, load_slo_file
 from triscope.analysis.slo import evaluate as evaluate_slo
+from triscope.core.verdict import Verdict
 from triscope.core.vocabulary import (
     QUIET_STATES,
     WORKLOAD_LABELS,
@@ -38,6 +39,7 @@ from triscope.core.vocabulary import (
     WorkloadKey,
     accelerator_labels,
 )
+from triscope.core.vocabulary import workload_labels as key_labels
 from triscope.remediation.trigger_forms import OPS, Trigger
 from triscope.store.reader import SeriesData, StoreReader, VerdictRun
 from triscope.store.verdicts import MAX_GAP_S
@@ -54,15 +56,6 @@ class Condition:
     detail: str = ""
     series: dict[str, str] = field(default_factory=dict)
     workload: dict[str, str] = field(default_factory=dict)   # the accelerator's workload labels (own or its verdict's)
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """An accelerator's current state on a node (its verdict history's newest stretch)."""
-
-    state: str
-    labels: dict[str, str]
-    ts: float
 
 
 @dataclass(frozen=True)
@@ -163,13 +156,13 @@ def stretches(store: StoreReader, node: str, since: float, now: float,
 def accelerator_verdicts(store: StoreReader, node: str, now: float, stale_s: float,
                          verdicts: VerdictReader | None = None) -> dict[AcceleratorId, Verdict]:
     """Each accelerator's current verdict on ``node``: its newest stretch in the verdict history, still
-    published (within ``stale_s``)."""
+    published (within ``stale_s``), as the detector's own ``Verdict`` at the stretch's end."""
     found = stretches(store, node, now - stale_s, now, verdicts)
     out: dict[AcceleratorId, Verdict] = {}
     for st in found.values():
         acc = AcceleratorId.parse(st.accelerator)
         if acc is not None and now - st.end <= stale_s:
-            out[acc] = Verdict(st.state, st.labels, st.end)
+            out[acc] = Verdict(st.end, st.state, st.workload, None, st.accelerator)
     return out
 
 
@@ -311,7 +304,7 @@ def accelerator_conditions(store: StoreReader, trigger: Trigger, node: str, now:
         if v is not None and v.state in QUIET_STATES and c.holds:
             c.holds = False
             c.detail = f"{c.detail}; but {_acc_text(acc)} is {v.state}: an accelerator that is {v.state} never triggers"
-        c.workload = own or (workload_labels(v.labels) if v is not None else {})
+        c.workload = own or (workload_labels(key_labels(v.workload)) if v is not None else {})
     return conds
 
 
