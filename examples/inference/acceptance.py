@@ -228,7 +228,7 @@ def replay_tracks(trace: Path, thresholds: Any = None, peers: PeerRecorder | Non
                 track.scores[t] = float(s.value)
             elif s.value >= 0.5:
                 track.points[t] = (lab.get("state", ""), identity(lab))
-        for av in getattr(tr.last, "accelerators", ()) if tr.last is not None else ():
+        for av in tr.last.accelerators if tr.last is not None else ():
             why = av.evidence.get("workload_named_by")
             if why and av.accelerator in out:
                 out[av.accelerator].named_by[round(tick.ts, 3)] = why
