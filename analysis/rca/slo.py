@@ -56,13 +56,18 @@ def _centred(ts: list[float], vals: list[float], window: float) -> list[float]:
     return out
 
 
+def slo_metrics(slos: Sequence[Any]) -> set[str]:
+    """The metrics the SLOs' queries name (what ``slo_burn_episodes`` reads from the series)."""
+    return {t.metric for slo in slos for q in (slo.error_query, slo.total_query) for t in q.terms}
+
+
 def slo_burn_episodes(slos: Sequence[Any], series: Sequence[SeriesPoints], start: float, end: float,
                       step: float = 1.0) -> list[Episode]:
     """The SLOs' burn periods in [start, end) (kind ``slo``, state ``slo-burn``, on the node)."""
     window = max(BURN_WINDOW_S, step)
     out: list[Episode] = []
     for slo in slos:
-        metrics = {t.metric for q in (slo.error_query, slo.total_query) for t in q.terms}
+        metrics = slo_metrics([slo])
         mine = [sp for sp in series if sp.metric in metrics and sp.kind == "counter"]
         if not mine:
             continue

@@ -62,7 +62,7 @@ from triscope.analysis.rca.inputs import RCAInputs, data_start_of, fetch_rca_inp
 from triscope.analysis.rca.phases import split_phases
 from triscope.analysis.rca.reference import Reference, choose_reference, fetch_workload_references, needs_of
 from triscope.analysis.rca.score import rank, score_cause
-from triscope.analysis.rca.slo import link_burn, slo_burn_episodes
+from triscope.analysis.rca.slo import link_burn, slo_burn_episodes, slo_metrics
 from triscope.analysis.reader import SeriesPoints, StoreReader
 from triscope.store.reader import VerdictRun
 
@@ -115,7 +115,7 @@ def fetch_timeline_inputs(store: StoreReader, node: str, start: float, end: floa
         raise ValueError("the window must end after it starts")
     th = thresholds or default_thresholds()
     lookback = baseline or (start - max(end - start, MIN_LOOKBACK_S), start)
-    rca = fetch_rca_inputs(store, node, start, end, lookback, TIMELINE_MAX_POINTS)
+    rca = fetch_rca_inputs(store, node, start, end, lookback, TIMELINE_MAX_POINTS, keep=slo_metrics(slos))
     lo = min(lookback[0], start)
     # the verdict history: every run at full resolution whatever the range (store/verdicts.py)
     runs = list(store.verdict_runs(node, lo, end))
