@@ -229,12 +229,19 @@ class TickWriter:
                          self.dropped_samples, _names.MAX_METRIC_NAME, _names.shorten(s.name, 80))
 
     # ------------------------------------------------------------------ the steady state
+    # a back-end whose steady state writes the ticks' events itself (in its one transaction)
+    steady_events = False
+    # a back-end whose steady state first creates the series a tick brings that are not cached yet
+    # (their own short transaction), rather than sending the whole write down the general path
+    steady_new_series = False
+
     def steady_points(self, node: str, ticks: Sequence[Tick], rollup: bool) -> SteadyWrite | None:
-        """The steady state, where a write needs no ORM: every id is cached, no events, no bucket
-        to roll.  None when the write needs the general path."""
+        """The steady state, where a write needs no ORM: every id is cached (or, with
+        ``steady_new_series``, created first), no events (unless ``steady_events``), no bucket to
+        roll.  None when the write needs the general path."""
         cache = self.cache
         nid = cache.node_ids.get(node)
-        if nid is None or any(t.events for t in ticks):
+        if nid is None or (not self.steady_events and any(t.events for t in ticks)):
             return None
         t_min = min(t.ts for t in ticks)
         t_max = max(t.ts for t in ticks)
@@ -248,8 +255,13 @@ class TickWriter:
             if min(math.floor(t_max / 3600.0), math.floor(wm1 / 3600.0)) * 3600.0 > wmh:
                 return None
         by_ts: dict[float, dict[int, float]] = {}
+        created = False
+        self.created_for_steady = []
         for t in ticks:
             points = self.tick_points(nid, t)
+            if points is None and self.steady_new_series and not created:
+                created = self.create_new_series(nid, ticks)
+                points = self.tick_points(nid, t) if created else None
             if points is None:
                 return None
             have = by_ts.get(t.ts)
@@ -261,6 +273,46 @@ class TickWriter:
         if any(per[i][0] >= per[i + 1][0] for i in range(len(per) - 1)):
             per.sort(key=_first)
         return (nid, t_max, per) if any(p for _, p in per) else None
+
+    def create_new_series(self, node_id: int, ticks: Sequence[Tick]) -> bool:
+        """Create (or look up) the series of the ticks' samples that the steady-state cache does not
+        know yet, in a short transaction of their own, and cache them; False when there is nothing
+        the cache can learn that way (no cache for the node yet, or only samples the write path
+        drops), so the write takes the general path.  A series created here whose samples then fail
+        to commit is only an empty series: the general path would have created it too."""
+        owner = self.cache.raw_sids.get(node_id)
+        if owner is None:
+            return False
+        new = [s for t in ticks for s in t.samples
+               if (s.name, tuple(s.labels.items()) if s.labels else ()) not in owner]
+        if not new:
+            return False
+        pending, keys = self.prepare([Tick(ticks[-1].ts, new, ())])
+        if not keys:
+            return False
+        ids = self.cache.series_ids
+        with self.cache.begin(self.engine) as conn:
+            self.load_series(conn, node_id)
+            known = {k for k in keys if (node_id, *k) in ids}
+            sids = self.series_id_map(conn, node_id, ((m, lk, k) for (m, lk), k in keys.items()))
+        self.cache.remember_raw(node_id, sids, pending)
+        self.created_for_steady = [sids[k] for k in keys if k not in known]
+        return True
+
+    # the series ``create_new_series`` created for the write under way: the back-end removes them
+    # again if that write fails (``drop_created``), so a failed write leaves no series behind, as
+    # the general path's one transaction leaves none
+    created_for_steady: list[int] = []
+
+    def drop_created(self) -> None:
+        """After a failed steady-state write: the series created for it, none of whose points were
+        stored, deleted again (the cache was cleared by the failure)."""
+        created, self.created_for_steady = self.created_for_steady, []
+        if not created:
+            return
+        with self.cache.begin(self.engine) as conn:
+            conn.execute(text("DELETE FROM series WHERE id = :i AND NOT EXISTS "
+                              "(SELECT 1 FROM samples WHERE series_id = :i)"), [{"i": i} for i in created])
 
     def tick_points(self, node_id: int, tick: Tick) -> dict[int, float] | None:
         """series id -> value of one tick's finite samples (the last wins), when every series id is
@@ -320,8 +372,7 @@ class TickWriter:
     def insert_events(self, conn: Connection, node_id: int, events: list[tuple[float, EventRecord]]) -> None:
         conn.execute(
             text("INSERT INTO events (node_id, ts, kind, severity, message, details) VALUES (:n, :t, :k, :s, :m, :d)"),
-            [{"n": node_id, "t": e.ts or ts, "k": str(e.kind)[:MAX_EVENT_KIND], "s": str(e.severity)[:16],
-              "m": _names.shorten(e.message, MAX_EVENT_MESSAGE), "d": details_json(e.details)} for ts, e in events],
+            [dict(zip("ntksmd", row, strict=True)) for row in event_rows(node_id, events)],
         )
 
     def add_events(self, node: str, events: Sequence[EventRecord], ts: float | None = None) -> None:
@@ -336,6 +387,13 @@ class TickWriter:
         with self.cache.begin(self.engine) as conn:
             nid = self.node_id(conn, node, time.time())
             conn.execute(text("UPDATE nodes SET labels = :l WHERE id = :n"), {"l": json.dumps(dict(labels)), "n": nid})
+
+
+def event_rows(node_id: int, events: Iterable[tuple[float, EventRecord]]) -> list[tuple[int, float, str, str, str, str]]:
+    """(node id, ts, kind, severity, message, details JSON) of each (tick ts, event), bounded as the
+    events table's columns are (an event's own ts wins over its tick's)."""
+    return [(node_id, e.ts or ts, str(e.kind)[:MAX_EVENT_KIND], str(e.severity)[:16],
+             _names.shorten(e.message, MAX_EVENT_MESSAGE), details_json(e.details)) for ts, e in events]
 
 
 def is_unique_violation(e: BaseException) -> bool:

@@ -60,3 +60,28 @@ def test_batches_of_ticks_store_every_point_and_roll_up_as_sql_does(db_url: str)
     assert set(rolled) == set(sql)
     for k, w in sql.items():
         assert rolled[k] == pytest.approx(w, rel=1e-12, abs=1e-9), k
+
+
+def test_sqlite_steady_state_takes_new_series_and_events(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On SQLite a batch that brings a series not seen before and an event stays on the steady path
+    (the general path cost twice as much a sample on the GPU machine's recordings): the series is
+    created first, the points and the event stored in one transaction.  PostgreSQL takes the general
+    path for them, as before."""
+    st = _open(db_url)
+    t0 = math.floor(1_700_000_000.0 / 60) * 60 + 5
+    ticks = _ticks(t0, 12)
+    st.write_ticks("n", ticks[:6])            # the node and its first series: the general path
+    general: list[int] = []
+    real = st.writer.write_general
+    monkeypatch.setattr(st.writer, "write_general", lambda *a, **k: general.append(1) or real(*a, **k))
+    batch = ticks[6:11]
+    batch[2].samples = [*batch[2].samples, Sample("triscope_new_series", 7.0, {"gpu": "0"})]
+    from triscope.core.samples import EventRecord
+    batch[3].events = [EventRecord("xid", "XID 79 on GPU 0", "critical", {"gpu": "0"})]
+    st.write_ticks("n", batch)
+    stored = _stored(st)
+    assert stored[("triscope_new_series", label_key({"gpu": "0"}), batch[2].ts)] == 7.0
+    assert [(e.kind, e.ts) for e in st.events(node="n")] == [("xid", batch[3].ts)]
+    assert len(stored) == sum(len(t.samples) for t in ticks[:11])
+    assert general == ([] if st.writer.steady_events else [1])
+    st.close()
