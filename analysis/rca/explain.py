@@ -71,7 +71,7 @@ def reference_values(ref: Reference, ix: IndexedSeries, by_key: Mapping[Any, lis
     if ref.series is None:
         for a, b in ref.ranges:
             _t, v = _slice(ix, a, b)
-            out.extend(float(x) for x in v)
+            out.extend(v.tolist())        # the same floats as float(x) of each, without a loop here
         return out
     for sp in by_key.get(ix.key, ()):
         for a, b in ref.ranges:
