@@ -187,6 +187,15 @@ RECORDINGS: tuple[Recording, ...] = (
               "10/12: pool_pod_limit 3/3, yield_spin_saturated and trickle_think 3/3; mesh_reply_loss 1/3, its other "
               "two windows demand-limited (as cpu-lab-10's one miss: the handlers' request path too short in those "
               "windows to decide on; on the device's H100 the class was 3/3 on h200-lab-14 and -15)", LAB_TRACES),
+    *(Recording(node, "2026-12-06, the device's H200 (lent as nvidia-h100-x1/nvidia-h200), examples/hostlab/h200.py "
+                f"--only {only} (the fifth set again; the agent and rules of commit 5a08ed5, after the unseen-producer "
+                f"rule of 58fe0dc{extra}; 45 s a class)", "held_out",
+                f"the fifth set after the unseen-producer rule: {what}; on the device 12/12", LAB_TRACES)
+      for node, only, extra, what in (
+          ("h200-lab-16", "fifth-a", "", "frame_fifo, prep_rpc_throttled, hog_spare_cores, gpu_bound_pool 3/3 each"),
+          ("h200-lab-17", "fifth-b", "; py-spy sampling the agent from outside, its profile beside the trace",
+           "pool_pod_limit (the class h200-lab-15 missed), mesh_reply_loss, yield_spin_saturated, trickle_think "
+           "3/3 each"))),
     Recording("h200-lab-15", "2026-12-06, the device's H100 (80 GB HBM3, lent as nvidia-h100-x1), examples/hostlab/h200.py "
               "--only fifth-b again (the agent of commit f40aeb3, the rules of h200-lab-14; without the in-process "
               "sampler, for the agent's own cost; 45 s a class)", "fitted",
