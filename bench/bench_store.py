@@ -117,6 +117,78 @@ def _query_bench(st: Store, node: str, start: float, end: float, runs: int) -> f
     return statistics.median(times) * 1000
 
 
+RECORDED = Path(__file__).resolve().parents[1] / "examples" / "hostlab" / "traces" / "h200-lab-17.jsonl.gz"
+
+
+def _recorded_batches(path: Path, offset: float) -> list[list[Tick]]:
+    """A recorded agent's ticks (its samples and, in the tick nearest each, its events) in the agent's
+    batches of five (``--write-every 5``)."""
+    from triscope.core.samples import EventRecord
+    from triscope.core.trace import iter_ticks, read_trace
+
+    rec = read_trace(path)
+    ticks = list(iter_ticks(rec, offset))
+    times = [t.ts for t in ticks]
+    events: dict[int, list[EventRecord]] = {}
+    for e in rec.events:
+        at = float(e["ts"]) + offset
+        i = min(range(len(times)), key=lambda k: abs(times[k] - at))
+        events.setdefault(i, []).append(EventRecord(str(e["kind"]), str(e.get("message", "")),
+                                                    e.get("severity", "info"), dict(e.get("details") or {})))
+    ticks = [Tick(t.ts, t.samples, tuple(events.get(i, ()))) for i, t in enumerate(ticks)]
+    return [ticks[i:i + 5] for i in range(0, len(ticks), 5)]
+
+
+def _recorded_cost(d: str, tag: str, steady_all: bool) -> tuple[float, float]:
+    """(CPU us a sample, share of batches on the general path) writing the recorded agent's batches
+    into a fresh SQLite store, its steady state taking events and new series (``steady_all``) or
+    sending those batches down the general path (the store before)."""
+    url = f"sqlite:///{Path(d) / f'rec-{tag}.db'}"
+    upgrade(url)
+    st = Store.open(url)
+    w = st.writer
+    w.steady_events = w.steady_new_series = steady_all
+    general = [0]
+    real = w.write_general
+
+    def counted(*a: object, **k: object) -> int:
+        general[0] += 1
+        return real(*a, **k)  # type: ignore[arg-type]
+
+    w.write_general = counted  # type: ignore[method-assign]
+    batches = _recorded_batches(RECORDED, time.time() - 3600.0)
+    st.write_ticks("rec", batches[0])
+    general[0] = 0
+    n = sum(len(t.samples) for b in batches[1:] for t in b)
+    t0 = time.thread_time()
+    for b in batches[1:]:
+        st.write_ticks("rec", b)
+    cpu = time.thread_time() - t0
+    st.close()
+    return cpu * 1e6 / n, general[0] / (len(batches) - 1)
+
+
+def recorded_agent(d: str, rounds: int = 3) -> list[Row]:
+    """The store's write of a recorded agent's batches on the GPU machine (h200-lab-17: wait-for
+    series appearing as causes and culprits change, state-change events), alternated with the
+    general path for batches with events or new series, as the store took them before."""
+    if not RECORDED.exists():
+        return [Row("ingest sqlite recorded", "needs examples/hostlab/traces/h200-lab-17.jsonl.gz", float("nan"), "")]
+    got: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
+    for r in range(rounds):
+        for steady_all in (False, True):
+            got[steady_all].append(_recorded_cost(d, f"{r}{int(steady_all)}", steady_all))
+    on = [g[0] for g in got[True]]
+    off = [g[0] for g in got[False]]
+    share_on, share_off = got[True][0][1], got[False][0][1]
+    return [Row("ingest sqlite recorded", "CPU us a sample, h200-lab-17's batches of 5 "
+                f"ticks replayed (events and new series on the steady path; {share_on:.0%} of batches on the general "
+                f"path; median of {rounds} alternating, min {min(on):.2f}, max {max(on):.2f})",
+                round(statistics.median(on), 2), "us/sample", "",
+                f"the same batches, those with events or new series on the general path ({share_off:.0%} of them; "
+                f"min {min(off):.2f}, max {max(off):.2f})", round(statistics.median(off), 2), None)]
+
+
 def run(quick: bool = False) -> list[Row]:
     rows: list[Row] = []
     n_ticks = 60 if quick else 300
@@ -130,6 +202,7 @@ def run(quick: bool = False) -> list[Row]:
         naive = _naive(url, _ticks(t0 + 10_000, 20 if quick else 60))
         rows.append(Row("ingest sqlite", "samples/s, one tick (200 series) per transaction", agent_rate, "samples/s",
                         ">= 100000", "naive ORM row-by-row", naive, agent_rate >= 100_000))
+        rows += recorded_agent(d, 1 if quick else 3)
         # queries: one series, 24 h at 1 Hz, and 30 days through the rollups
         day = 86_400
         qt0 = 1_700_000_000.0 - 30 * day
