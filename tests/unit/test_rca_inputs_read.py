@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -43,7 +44,7 @@ def _store(tmp_path: Path, n: int = 1500) -> Store:
     return st
 
 
-def _same(a: list[float], b: list[float]) -> bool:
+def _same(a: Sequence[float], b: Sequence[float]) -> bool:
     return len(a) == len(b) and all(x == y or (math.isnan(x) and math.isnan(y)) for x, y in zip(a, b, strict=True))
 
 
@@ -78,5 +79,26 @@ def test_buckets_left_out_where_the_count_carries_them(tmp_path: Path) -> None:
         kept = fetch_rca_inputs(st, NODE, a, b, keep={"lat_seconds_bucket"})
         assert sum(sp.metric == "lat_seconds_bucket" for sp in kept.series) == 3     # an SLO names it
         assert kept.series_examined == fetch_rca_inputs(st, NODE, a, b).series_examined
+    finally:
+        st.close()
+
+
+def test_a_dense_counter_is_left_to_the_stores_downsampling(tmp_path: Path) -> None:
+    """More raw points than the read may return (4 a second here): the store downsamples the rates
+    itself, and the read returns what it does."""
+    st = Store.open(f"sqlite:///{tmp_path / 'd.db'}")
+    st.upgrade()
+    try:
+        rnd = random.Random(3)
+        c, ticks = 0.0, []
+        for i in range(2400):
+            c = 0.0 if i % 500 == 499 else c + rnd.uniform(0, 10)
+            ticks.append(Tick(T0 + i * 0.25, [Sample("app_requests_total", c, {}, "counter")]))
+        st.write_ticks(NODE, ticks)
+        lo, hi = T0, T0 + 600
+        got = fetch_rca_inputs(st, NODE, T0 + 300, hi, (lo, T0 + 300), 400).series
+        want = st.query("app_requests_total", node=NODE, start=lo, end=hi, max_points=800)
+        assert len(got) == len(want) == 1 and len(want[0].ts) <= 800
+        assert got[0].ts == want[0].ts and _same(got[0].values, want[0].values)
     finally:
         st.close()
