@@ -418,6 +418,7 @@ class WorkloadShares:
     seconds: dict[str, float] = field(default_factory=dict)              # workload -> accelerator-seconds
     where: dict[str, set[tuple[str, AcceleratorId]]] = field(default_factory=dict)  # workload -> (node, accel)
     runs_read: int = 0            # verdict runs read (the history)
+    series_read: int = 0          # state series read: none (every verdict is in the history)
 
 
 NO_WORKLOAD = "(no workload attributed)"
