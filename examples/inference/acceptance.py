@@ -196,6 +196,12 @@ RECORDINGS: tuple[Recording, ...] = (
           ("h200-lab-17", "fifth-b", "; py-spy sampling the agent from outside, its profile beside the trace",
            "pool_pod_limit (the class h200-lab-15 missed), mesh_reply_loss, yield_spin_saturated, trickle_think "
            "3/3 each"))),
+    Recording("h200-lab-18", "2026-12-06, the device's H100 (80 GB HBM3, lent as nvidia-h100-x1), examples/hostlab/h200.py "
+              "--only fourth-a (sidecar_shm, sidecar_tcp, spin_poll, upstream_loss; the agent of commit 9134d79, its "
+              "rules those of h200-lab-16/17; 45 s a class)", "held_out",
+              "the fourth set's first half again after every rule change since it was fitted (the request path's loss "
+              "share, the epoll waits, the unseen producers): a decode sidecar over shared memory and over loopback "
+              "TCP, a worker spin-polling an empty queue, an upstream losing 5 %; on the device 12/12", LAB_TRACES),
     Recording("h200-lab-15", "2026-12-06, the device's H100 (80 GB HBM3, lent as nvidia-h100-x1), examples/hostlab/h200.py "
               "--only fifth-b again (the agent of commit f40aeb3, the rules of h200-lab-14; without the in-process "
               "sampler, for the agent's own cost; 45 s a class)", "fitted",

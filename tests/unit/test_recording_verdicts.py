@@ -183,7 +183,8 @@ CHECKS: dict[str, Callable[[Classes], None]] = {
                           "own_loss_12pct_2rps": {"network-bound": 4}}),
     "h200-lab-6": _lab_b({"workers_on_one_core": {"staging-bound": 4}, "own_loss_6pct": {"network-bound": 4}}),
     "cpu-lab-3": _cpu_lab_3,
-    **{n: _fourth for n in ("cpu-lab-7", "h200-lab-7", "h200-lab-8", "h200-lab-9", "h200-lab-10", "h200-lab-11")},
+    **{n: _fourth for n in ("cpu-lab-7", "h200-lab-7", "h200-lab-8", "h200-lab-9", "h200-lab-10", "h200-lab-11",
+                            "h200-lab-18")},
     **{n: _fifth(n) for n in ("cpu-lab-8", "cpu-lab-9", "cpu-lab-10", "cpu-lab-11", "h200-lab-13", "h200-lab-14", "h200-lab-15",
                                      "h200-lab-16", "h200-lab-17")},
 }
