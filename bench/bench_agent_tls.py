@@ -26,8 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.bench_ebpf import CLK_TCK, ROOT, _cpu_ticks, _free_port, _rss_mb, _wait_port
-from bench.common import Row
+from bench.bench_ebpf import CLK_TCK, ROOT, _cpu_ticks, _rss_mb
+from bench.common import Row, free_port, wait_port
 
 PASSWORD = "bench-scrape-password"
 
@@ -65,7 +65,7 @@ def run(quick: bool = False) -> list[Row]:
                                      f"basic_auth_users:\n  prometheus: '{hashed}'\n")
         ctx = ssl.create_default_context(cafile=str(tmp / "tls.crt"))
         auth = {"Authorization": "Basic " + base64.b64encode(f"prometheus:{PASSWORD}".encode()).decode()}
-        ports = {"plain": _free_port(), "tls": _free_port()}
+        ports = {"plain": free_port(), "tls": free_port()}
         procs = {}
         for name, port in ports.items():
             web = ["--web.config.file", str(tmp / "web.yml")] if name == "tls" else []
@@ -78,7 +78,7 @@ def run(quick: bool = False) -> list[Row]:
                 stdout=subprocess.DEVNULL, stderr=open(f"{td}/{name}.log", "w"), cwd=td, env=env)  # noqa: SIM115
         try:
             for name, port in ports.items():
-                if not _wait_port(port, 60):
+                if not wait_port(port, 60):
                     return [Row("agent /metrics TLS", f"{name} agent did not listen: "
                                 f"{Path(td, name + '.log').read_text()[-300:]}", float("nan"), "", ok=False)]
             conns = {"plain": _conn(ports["plain"], None), "tls": _conn(ports["tls"], ctx)}
@@ -136,7 +136,7 @@ def _spray(tmp: Path, env: dict[str, str], ctx: ssl.SSLContext, auth: dict[str, 
     import json
     import signal
 
-    port = _free_port()
+    port = free_port()
     subprocess.run([sys.executable, "-m", "triscope", "db", "upgrade", "--db", f"sqlite:///{tmp}/spray.db"],
                    check=True, capture_output=True, env=env, cwd=tmp)
     agent = subprocess.Popen(
@@ -146,7 +146,7 @@ def _spray(tmp: Path, env: dict[str, str], ctx: ssl.SSLContext, auth: dict[str, 
         stdout=subprocess.DEVNULL, stderr=open(tmp / "spray-agent.log", "w"), cwd=tmp, env=env)  # noqa: SIM115
     spray = None
     try:
-        if not _wait_port(port, 60):
+        if not wait_port(port, 60):
             return [Row("agent /metrics spray", "agent did not listen", float("nan"), "", ok=False)]
         spray = subprocess.Popen([sys.executable, str(ROOT / "tests" / "spray.py"), "spray", "--port", str(port),
                                   "--ca", str(tmp / "tls.crt"), "--rate", "160", "--sources", "64",
