@@ -278,8 +278,10 @@ class TickWriter:
         """Create (or look up) the series of the ticks' samples that the steady-state cache does not
         know yet, in a short transaction of their own, and cache them; False when there is nothing
         the cache can learn that way (no cache for the node yet, or only samples the write path
-        drops), so the write takes the general path.  A series created here whose samples then fail
-        to commit is only an empty series: the general path would have created it too."""
+        drops), so the write takes the general path.  The series it created (not merely found) are
+        kept in ``created_for_steady``, for ``drop_created`` to remove if the write then fails.  The
+        node's series are loaded first to tell the two apart (a second load when some are missing:
+        only when new series appear)."""
         owner = self.cache.raw_sids.get(node_id)
         if owner is None:
             return False
